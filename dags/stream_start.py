@@ -1,0 +1,50 @@
+"""
+### stream_start
+
+Runs every registered streaming query with `available-now` (process everything that has
+landed, then stop), one Spark job per query through `spark-submit` on the `spark_default`
+connection, then records each job's run summary (batches run, input rows, last committed
+batch, state rows per operator) as the task's return value.
+
+Each job takes its query's lifecycle lock, so a cleanup or rollback of the same query waits
+or fails instead of racing it. The queries come from the registry (`registry.yaml`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import dag, get_current_context, task
+from stateops_airflow.tasks import read_run_summary, registered_queries, run_query_operator
+
+
+@dag(
+    dag_id="stream_start",
+    schedule=timedelta(minutes=30),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+    tags=["stateops", "streaming", "start"],
+    doc_md=__doc__,
+)
+def stream_start() -> None:
+    for query in registered_queries():
+
+        @task(task_id=f"record_{query}")
+        def record(query: str = query) -> dict:
+            context = get_current_context()
+            summary = read_run_summary(query, context["run_id"])
+            print(
+                f"{query}: {summary['status']}, {summary['batches_run']} batches "
+                f"({summary['first_batch_id']}..{summary['last_batch_id']}), "
+                f"{summary['input_rows']} input rows, last committed batch "
+                f"{summary['last_committed_batch']}, state rows "
+                f"{[op['state_rows'] for op in summary['state_operators']]}"
+            )
+            return summary
+
+        run_query_operator(query) >> record()
+
+
+stream_start()

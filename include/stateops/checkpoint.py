@@ -1,0 +1,519 @@
+"""The checkpoint model: what a Spark streaming checkpoint holds and what a restart needs.
+
+Pure Python, no Spark. One directory walk builds the model; everything else is derived.
+
+Layout (Spark 4.x, checkpoint format v1):
+
+    metadata                       {"id": query id}
+    offsets/N, commits/N           batch N planned / committed ("v1" header + JSON lines)
+    sources/<i>/K[.compact]        source logs; a file source's K is its ``logOffset``
+    state/<op>/_metadata/metadata  operator metadata v1 (most operators)
+    state/<op>/_metadata/v2/B      operator metadata v2 (transformWithState), per batch B
+    state/<op>/_stateSchema/<store>/B_<uuid>   state schema files (v3)
+    state/<op>/<part>[/<store>]/   versions: HDFS ``V.delta``/``V.snapshot``,
+                                   RocksDB ``V.changelog``/``V.zip`` + ``SSTs/*.sst``
+    .<name>.crc                    checksum sidecar beside most files
+
+State version V holds the state after batch V - 1, so a restart after batch N loads V = N + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from stateops.errors import CheckpointError
+
+__all__ = [
+    "Checkpoint",
+    "OffsetEntry",
+    "OperatorState",
+    "SnapshotGroup",
+    "StoreState",
+    "load_checkpoint",
+]
+
+_VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
+_BATCH_FILE = re.compile(r"^(\d+)$")
+_SOURCE_LOG_FILE = re.compile(r"^(\d+)(\.compact)?$")
+_DEFAULT_STORE = "default"
+
+
+@dataclass(frozen=True)
+class OffsetEntry:
+    """One parsed ``offsets/N`` file."""
+
+    batch_id: int
+    watermark_ms: int
+    timestamp_ms: int
+    conf: dict[str, str]
+    source_offsets: list[dict | str | None]
+
+
+@dataclass(frozen=True)
+class SnapshotGroup:
+    """A base (a full snapshot, or version 0 = empty) and the deltas/changelogs built on it.
+
+    ``snapshot_version`` is 0 for the group that starts from an empty store. Loading any
+    version in ``[snapshot_version, next group's snapshot_version)`` needs only this group.
+    Sizes exclude RocksDB SST files, which several groups share.
+    """
+
+    snapshot_version: int
+    versions: tuple[int, ...]
+    files: tuple[str, ...]
+    bytes: int
+
+
+@dataclass
+class StoreState:
+    """The versioned files of one (operator, partition, store)."""
+
+    operator_id: int
+    partition: int
+    store_name: str
+    rel_dir: str
+    provider: str
+    deltas: dict[int, str] = field(default_factory=dict)
+    snapshots: dict[int, str] = field(default_factory=dict)
+    other_files: list[str] = field(default_factory=list)
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(set(self.deltas) | set(self.snapshots))
+
+    def load_chain(self, version: int) -> tuple[list[str], list[str]]:
+        """Files that load ``version`` (base snapshot first), and the names of missing ones."""
+        if version == 0:
+            return [], []
+        bases = [v for v in self.snapshots if v <= version]
+        base = max(bases) if bases else 0
+        files = [self.snapshots[base]] if base else []
+        missing = []
+        for v in range(base + 1, version + 1):
+            if v in self.deltas:
+                files.append(self.deltas[v])
+            else:
+                kind = "changelog" if self.provider == "rocksdb" else "delta"
+                missing.append(f"{self.rel_dir}/{v}.{kind}")
+        return files, missing
+
+    def snapshot_groups(self, sizes: dict[str, int]) -> list[SnapshotGroup]:
+        """Groups by base: every file whose version lies in ``[base, next base)``.
+
+        A base's own delta stays in its group, as Spark's own cleanup keeps it.
+        """
+        bases = sorted({0, *self.snapshots})
+        groups = []
+        for i, base in enumerate(bases):
+            upper = bases[i + 1] if i + 1 < len(bases) else None
+            versions = tuple(v for v in self.versions if v >= base and (upper is None or v < upper))
+            files = [self.snapshots[v] for v in versions if v in self.snapshots]
+            files += [self.deltas[v] for v in versions if v in self.deltas]
+            if files:
+                groups.append(
+                    SnapshotGroup(base, versions, tuple(files), sum(sizes[f] for f in files))
+                )
+        return groups
+
+
+@dataclass
+class OperatorState:
+    """One stateful operator: ``state/<operator_id>/``."""
+
+    operator_id: int
+    operator_name: str | None
+    stores: list[StoreState]
+    metadata_files: dict[int | None, str]
+    """Operator metadata: v1 ``_metadata/metadata`` under key None, v2 files by batch id."""
+    schema_files: dict[str, int]
+    """``_stateSchema`` files, relative path -> batch id that wrote them."""
+
+    @property
+    def provider(self) -> str:
+        providers = {s.provider for s in self.stores}
+        return providers.pop() if len(providers) == 1 else "mixed" if providers else "unknown"
+
+    @property
+    def num_partitions(self) -> int:
+        return len({s.partition for s in self.stores})
+
+    @property
+    def store_names(self) -> list[str]:
+        return sorted({s.store_name for s in self.stores})
+
+
+class Checkpoint:
+    """A parsed checkpoint directory. Build it with :func:`load_checkpoint`."""
+
+    def __init__(
+        self,
+        root: Path,
+        query_id: str,
+        sizes: dict[str, int],
+        offsets: dict[int, OffsetEntry],
+        commits: dict[int, dict],
+        sources: dict[str, dict[int, str]],
+        operators: list[OperatorState],
+    ) -> None:
+        self.root = root
+        self.query_id = query_id
+        self.sizes = sizes
+        self.offsets = offsets
+        self.commits = commits
+        self.sources = sources
+        self.operators = operators
+
+    @property
+    def last_committed_batch(self) -> int | None:
+        return max(self.commits) if self.commits else None
+
+    @property
+    def latest_offset_batch(self) -> int | None:
+        return max(self.offsets) if self.offsets else None
+
+    @property
+    def uncommitted_batches(self) -> list[int]:
+        """Batches planned (in ``offsets/``) after the last commit: a restart re-runs them."""
+        last = self.last_committed_batch
+        return sorted(b for b in self.offsets if last is None or b > last)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def gaps(self, log: str) -> list[int]:
+        """Batch ids missing inside the ``offsets`` or ``commits`` chain."""
+        ids = set(self.offsets if log == "offsets" else self.commits)
+        if not ids:
+            return []
+        return [b for b in range(min(ids), max(ids) + 1) if b not in ids]
+
+    def restart_files(self, batch: int) -> list[str]:
+        """The exact files (relative paths, sorted) a restart after committed ``batch`` needs.
+
+        Raises :class:`CheckpointError` when ``batch`` is not committed or a needed file is
+        missing, naming what is missing.
+        """
+        if batch not in self.commits or batch not in self.offsets:
+            committed = self.last_committed_batch
+            raise CheckpointError(
+                f"{self.root}: batch {batch} is not a committed batch "
+                f"(last committed batch: {committed}); pick a batch listed by `stateops inspect`"
+            )
+        needed = ["metadata", f"offsets/{batch}", f"commits/{batch}"]
+        missing: list[str] = []
+        # On restart Spark reads the previous batch's offsets as the committed start offsets.
+        if batch > 0:
+            needed.append(f"offsets/{batch - 1}")
+        needed += self._source_log_files(batch, missing)
+        version = batch + 1
+        for op in self.operators:
+            needed += self._operator_metadata_files(op, batch)
+            for store in op.stores:
+                chain, chain_missing = store.load_chain(version)
+                needed += chain
+                missing += chain_missing
+                needed += [f for f in store.other_files if f.endswith("/_metadata/schema")]
+                for rel in chain:
+                    if rel.endswith(".zip"):
+                        needed += self._rocksdb_zip_references(store, rel, missing)
+        missing += [f for f in needed if f not in self.sizes]
+        if missing:
+            raise CheckpointError(
+                f"{self.root}: a restart after batch {batch} needs files that are missing: "
+                f"{', '.join(sorted(set(missing))[:5])}"
+                f"{' ...' if len(set(missing)) > 5 else ''}; restore the checkpoint from a backup"
+            )
+        with_crc = set(needed)
+        for rel in needed:
+            crc = _crc_sidecar(rel)
+            if crc in self.sizes:
+                with_crc.add(crc)
+        return sorted(with_crc)
+
+    def _source_log_files(self, batch: int, missing: list[str]) -> list[str]:
+        files = []
+        source_offsets = self.offsets[batch].source_offsets
+        for name, log in sorted(self.sources.items()):
+            upper = batch
+            if name.isdigit() and int(name) < len(source_offsets):
+                offset = source_offsets[int(name)]
+                # A file source's log is keyed by its own logOffset, not by batch id.
+                if isinstance(offset, dict) and "logOffset" in offset:
+                    upper = int(offset["logOffset"])
+            ids = [i for i in log if i <= upper]
+            compacts = [i for i in ids if log[i].endswith(".compact")]
+            start = max(compacts) if compacts else (min(ids) if ids else 0)
+            for i in range(start, upper + 1):
+                if i in log:
+                    files.append(log[i])
+                elif compacts or ids:
+                    # A compactible log needs every entry after its latest compaction.
+                    missing.append(f"sources/{name}/{i}")
+        return files
+
+    def _operator_metadata_files(self, op: OperatorState, batch: int) -> list[str]:
+        files = []
+        if None in op.metadata_files:
+            files.append(op.metadata_files[None])
+        v2 = [b for b in op.metadata_files if b is not None and b <= batch]
+        referenced: set[str] = set()
+        if v2:
+            rel = op.metadata_files[max(v2)]
+            files.append(rel)
+            referenced = _schema_file_names(self.root / rel)
+        for rel, written_by in op.schema_files.items():
+            name = PurePosixPath(rel).name
+            if (name in referenced) if referenced else written_by <= batch:
+                files.append(rel)
+        return files
+
+    def _rocksdb_zip_references(self, store: StoreState, zip_rel: str, missing: list[str]) -> list[str]:
+        meta = read_rocksdb_zip_metadata(self.root / zip_rel)
+        refs = [f"{store.rel_dir}/SSTs/{f['dfsSstFileName']}" for f in meta.get("sstFiles", [])]
+        refs += [f"{store.rel_dir}/logs/{f['dfsLogFileName']}" for f in meta.get("logFiles", [])]
+        missing += [r for r in refs if r not in self.sizes]
+        return refs
+
+
+def read_rocksdb_zip_metadata(path: Path) -> dict:
+    """The ``metadata`` member of a RocksDB ``N.zip``: the SST and log files it refers to."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            text = zf.read("metadata").decode("utf-8")
+    except (zipfile.BadZipFile, KeyError, OSError) as err:
+        raise CheckpointError(
+            f"{path}: unreadable RocksDB snapshot ({err}); restore the checkpoint from a backup"
+        ) from err
+    return _parse_versioned_json(path, text)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read a checkpoint directory into a :class:`Checkpoint`.
+
+    Raises :class:`CheckpointError` naming the file when the path is not a checkpoint or an
+    offsets/commits/metadata file is corrupt.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: no such directory; pass the query's checkpoint location")
+    sizes = _walk(root)
+    has_logs = any(p.startswith(("offsets/", "commits/")) for p in sizes)
+    if "metadata" not in sizes:
+        if has_logs or any(p.startswith("state/") for p in sizes):
+            raise CheckpointError(
+                f"{root / 'metadata'}: missing, so the query id is lost; "
+                "restore the checkpoint from a backup"
+            )
+        raise CheckpointError(
+            f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
+        )
+    query_id = _read_query_id(root / "metadata")
+    offsets = {
+        b: _parse_offsets(root / rel, b) for b, rel in _batch_files(sizes, "offsets").items()
+    }
+    commits = {
+        b: _parse_commit(root / rel) for b, rel in _batch_files(sizes, "commits").items()
+    }
+    return Checkpoint(
+        root=root,
+        query_id=query_id,
+        sizes=sizes,
+        offsets=offsets,
+        commits=commits,
+        sources=_source_logs(sizes),
+        operators=_operators(root, sizes),
+    )
+
+
+def _walk(root: Path) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    stack = [(root, "")]
+    while stack:
+        directory, prefix = stack.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((Path(entry.path), rel + "/"))
+                elif entry.is_file(follow_symlinks=False):
+                    sizes[rel] = entry.stat(follow_symlinks=False).st_size
+    return sizes
+
+
+def _crc_sidecar(rel: str) -> str:
+    parent, _, name = rel.rpartition("/")
+    return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
+
+
+def _batch_files(sizes: dict[str, int], log: str) -> dict[int, str]:
+    out = {}
+    prefix = log + "/"
+    for rel in sizes:
+        if rel.startswith(prefix) and "/" not in rel[len(prefix) :]:
+            m = _BATCH_FILE.match(rel[len(prefix) :])
+            if m:
+                out[int(m.group(1))] = rel
+    return out
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: unreadable ({err})") from err
+
+
+def _read_query_id(path: Path) -> str:
+    try:
+        query_id = json.loads(_read_text(path))["id"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"{path}: corrupt query metadata (expected {{\"id\": ...}}); "
+            "restore the checkpoint from a backup"
+        ) from err
+    return str(query_id)
+
+
+def _parse_versioned_json(path: Path, text: str) -> dict:
+    lines = text.split("\n")
+    if not lines or not re.fullmatch(r"v\d+", lines[0].strip()):
+        raise CheckpointError(
+            f"{path}: corrupt (no version header); restore the checkpoint from a backup"
+        )
+    try:
+        value = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else None
+    except ValueError as err:
+        raise CheckpointError(
+            f"{path}: corrupt JSON on line 2; restore the checkpoint from a backup"
+        ) from err
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: corrupt (line 2 is not a JSON object)")
+    return value
+
+
+def _parse_commit(path: Path) -> dict:
+    return _parse_versioned_json(path, _read_text(path))
+
+
+def _parse_offsets(path: Path, batch_id: int) -> OffsetEntry:
+    text = _read_text(path)
+    meta = _parse_versioned_json(path, text)
+    source_offsets: list[dict | str | None] = []
+    for n, line in enumerate(text.split("\n")[2:], start=3):
+        line = line.strip()
+        if not line:
+            continue
+        if line == "-":
+            source_offsets.append(None)
+            continue
+        try:
+            source_offsets.append(json.loads(line))
+        except ValueError:
+            if line.startswith(("{", "[")):
+                raise CheckpointError(
+                    f"{path}: corrupt source offset on line {n}; "
+                    "restore the checkpoint from a backup"
+                ) from None
+            source_offsets.append(line)
+    return OffsetEntry(
+        batch_id=batch_id,
+        watermark_ms=int(meta.get("batchWatermarkMs", 0)),
+        timestamp_ms=int(meta.get("batchTimestampMs", 0)),
+        conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
+        source_offsets=source_offsets,
+    )
+
+
+def _source_logs(sizes: dict[str, int]) -> dict[str, dict[int, str]]:
+    logs: dict[str, dict[int, str]] = {}
+    for rel in sizes:
+        parts = rel.split("/")
+        if len(parts) == 3 and parts[0] == "sources":
+            m = _SOURCE_LOG_FILE.match(parts[2])
+            if m:
+                logs.setdefault(parts[1], {})[int(m.group(1))] = rel
+    return logs
+
+
+def _schema_file_names(metadata_path: Path) -> set[str]:
+    meta = _parse_versioned_json(metadata_path, _read_text(metadata_path))
+    names = set()
+    for info in meta.get("stateStoreInfo", []):
+        for p in info.get("stateSchemaFilePaths", []) or []:
+            names.add(PurePosixPath(str(p)).name)
+    return names
+
+
+def _operators(root: Path, sizes: dict[str, int]) -> list[OperatorState]:
+    by_op: dict[int, list[str]] = {}
+    for rel in sizes:
+        parts = rel.split("/")
+        if len(parts) >= 3 and parts[0] == "state" and parts[1].isdigit():
+            by_op.setdefault(int(parts[1]), []).append(rel)
+    return [_operator(root, op_id, rels) for op_id, rels in sorted(by_op.items())]
+
+
+def _operator(root: Path, op_id: int, rels: list[str]) -> OperatorState:
+    stores: dict[tuple[int, str], StoreState] = {}
+    metadata_files: dict[int | None, str] = {}
+    schema_files: dict[str, int] = {}
+    base = f"state/{op_id}/"
+    for rel in rels:
+        parts = rel[len(base) :].split("/")
+        name = parts[-1]
+        if parts[0] == "_metadata":
+            if parts[1:] == ["metadata"]:
+                metadata_files[None] = rel
+            elif len(parts) == 3 and parts[1] == "v2" and name.isdigit():
+                metadata_files[int(name)] = rel
+            continue
+        if parts[0] == "_stateSchema":
+            m = re.match(r"^(\d+)_", name)
+            if m:
+                schema_files[rel] = int(m.group(1))
+            continue
+        if not parts[0].isdigit() or name.endswith(".crc"):
+            continue
+        partition = int(parts[0])
+        # Stores other than "default" (e.g. the four of a stream-stream join) are subfolders.
+        store_name = _DEFAULT_STORE
+        rest = parts[1:]
+        if len(rest) >= 2 and not rest[0].startswith("_") and rest[0] not in ("SSTs", "logs"):
+            store_name, rest = rest[0], rest[1:]
+        rel_dir = base + parts[0] + ("" if store_name == _DEFAULT_STORE else "/" + store_name)
+        store = stores.setdefault(
+            (partition, store_name),
+            StoreState(op_id, partition, store_name, rel_dir, provider="unknown"),
+        )
+        m = _VERSION_FILE.match(name) if len(rest) == 1 else None
+        if not m:
+            store.other_files.append(rel)
+            continue
+        version, kind = int(m.group(1)), m.group(2)
+        if kind in ("delta", "changelog"):
+            store.deltas[version] = rel
+        else:
+            store.snapshots[version] = rel
+        store.provider = "rocksdb" if kind in ("zip", "changelog") else "hdfs"
+    operator_name = None
+    meta_rel = metadata_files.get(None) or (
+        metadata_files[max(k for k in metadata_files if k is not None)]
+        if any(k is not None for k in metadata_files)
+        else None
+    )
+    if meta_rel:
+        meta = _parse_versioned_json(root / meta_rel, _read_text(root / meta_rel))
+        operator_name = meta.get("operatorInfo", {}).get("operatorName")
+    return OperatorState(
+        operator_id=op_id,
+        operator_name=operator_name,
+        stores=sorted(stores.values(), key=lambda s: (s.partition, s.store_name)),
+        metadata_files=metadata_files,
+        schema_files=schema_files,
+    )

@@ -1,0 +1,156 @@
+"""The `stateops` command line. Bad input: one line on stderr, exit code 2, nothing changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from stateops.audit import read_audit
+from stateops.checkpoint import load_checkpoint
+from stateops.errors import StateOpsError
+from stateops.lock import force_release, read_lock
+from stateops.registry import load_registry
+from stateops.report import checkpoint_report, format_report
+from stateops.sampledata import generate_events
+
+__all__ = ["main"]
+
+
+def _checkpoint_and_deltas(target: str, registry: str | None, min_deltas: int | None) -> tuple[str, int]:
+    """A checkpoint path, or a registered query's checkpoint and its minDeltasForSnapshot."""
+    if Path(target).exists() or "/" in target:
+        return target, min_deltas or 10
+    query = load_registry(registry).query(target)
+    return query.checkpoint, min_deltas or query.state_store.min_deltas_for_snapshot
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path, min_deltas = _checkpoint_and_deltas(args.checkpoint, args.registry, args.min_deltas_for_snapshot)
+    cp = load_checkpoint(path)
+    if args.files_for_batch is not None:
+        files = cp.restart_files(args.files_for_batch)
+        if args.json:
+            print(json.dumps({"batch": args.files_for_batch, "files": files}, indent=2))
+        else:
+            print("\n".join(files))
+        return 0
+    report = checkpoint_report(cp, min_deltas)
+    print(json.dumps(report, indent=2) if args.json else format_report(report), end="" if not args.json else "\n")
+    return 0
+
+
+def cmd_queries(args: argparse.Namespace) -> int:
+    registry = load_registry(args.registry)
+    print(f"registry {registry.path} (data under {registry.data_dir})")
+    for q in registry.queries.values():
+        print(
+            f"  {q.name:<16} {q.source.format} {q.source.path} -> {q.sink.path}\n"
+            f"  {'':<16} checkpoint {q.checkpoint} ({q.state_store.provider}, "
+            f"{q.shuffle_partitions} partitions)"
+        )
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else load_registry(args.registry).data_dir / "landing"
+    written = generate_events(
+        out,
+        events_per_file=args.events, users=args.users, files=args.files, seed=args.seed, round_=args.round
+    )
+    for name, paths in written.items():
+        print(f"{name}: {len(paths)} files in {out / name}")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    registry = load_registry(args.registry)
+    path = registry.lock_path(registry.query(args.query).name)
+    held = force_release(path) if args.action == "release" else read_lock(path)
+    if held is None:
+        print(f"{args.query}: not locked")
+    else:
+        state = "released" if args.action == "release" else ("expired" if held.expired else "held")
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
+        print(f"{args.query}: {state}: {held.operation} run {held.run_id} by {held.owner}, until {until}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
+    for record in read_audit(path):
+        print(json.dumps(record, sort_keys=True) if args.json else
+              f"{record['time']}  {record['operation']:<10} {record['result']:<10} "
+              f"batch {record['batch_before']} -> {record['batch_after']}  run {record['run_id']}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    registry = load_registry(args.registry)
+    marker = registry.stop_marker(registry.query(args.query).name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    print(f"stop requested: {marker} (the running query stops after its current batch)")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stateops", description="Lifecycle operations for Spark streaming state.")
+    parser.add_argument("--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="what a checkpoint holds and what a restart needs")
+    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--files-for-batch", type=int, metavar="N", help="files a restart after committed batch N needs")
+    p.add_argument("--min-deltas-for-snapshot", type=int, metavar="K", help="for group ids (default: registry's, or 10)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("queries", help="validate the registry and list its queries")
+    p.set_defaults(func=cmd_queries)
+
+    p = sub.add_parser("generate", help="write deterministic sample events for both reference pipelines")
+    p.add_argument("--out", help="landing root (default: <data_dir>/landing)")
+    p.add_argument("--events", type=_positive, default=250, help="events per file")
+    p.add_argument("--users", type=_positive, default=50)
+    p.add_argument("--files", type=_positive, default=4)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--round", type=int, default=0, help="later rounds hold later event times")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("lock", help="show or force-release a query's lifecycle lock")
+    p.add_argument("action", choices=["show", "release"])
+    p.add_argument("query")
+    p.set_defaults(func=cmd_lock)
+
+    p = sub.add_parser("audit", help="a checkpoint's audit log")
+    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("stop", help="ask a continuously running query to stop after its current batch")
+    p.add_argument("query")
+    p.set_defaults(func=cmd_stop)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except StateOpsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""One lock per managed query, shared by every lifecycle operation (DAGs and CLI alike).
+
+The lock is a JSON file (owner, run id, operation, expiry). Reads and writes of it happen under
+an exclusive ``flock`` on a guard file beside it, so taking over an expired lock is atomic too.
+A holder that crashes stops renewing; once ``expires_at`` passes, the next taker wins.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from stateops.errors import LockHeldError
+
+__all__ = ["LockInfo", "QueryLock", "force_release", "read_lock"]
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    query: str
+    operation: str
+    run_id: str
+    owner: str
+    token: str
+    acquired_at: float
+    expires_at: float
+
+    @property
+    def expired(self) -> bool:
+        return time.time() >= self.expires_at
+
+
+def read_lock(path: Path) -> LockInfo | None:
+    """The current lock, or None when nobody holds it (an unreadable file counts as free)."""
+    try:
+        return LockInfo(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class QueryLock:
+    """``with QueryLock(path, query, operation, run_id):`` holds the lock, renewing it."""
+
+    def __init__(
+        self,
+        path: Path,
+        query: str,
+        operation: str,
+        run_id: str | None = None,
+        ttl_seconds: float = 600.0,
+    ) -> None:
+        self.path = Path(path)
+        self.query = query
+        self.operation = operation
+        self.run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
+        self.ttl = ttl_seconds
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".guard"), "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(guard, fcntl.LOCK_UN)
+
+    def _write(self, acquired_at: float) -> None:
+        info = LockInfo(
+            query=self.query,
+            operation=self.operation,
+            run_id=self.run_id,
+            owner=f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}",
+            token=self.token,
+            acquired_at=acquired_at,
+            expires_at=time.time() + self.ttl,
+        )
+        tmp = self.path.with_name(f".{self.path.name}.{self.token}.tmp")
+        tmp.write_text(json.dumps(asdict(info)), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def acquire(self) -> None:
+        with self._guard():
+            held = read_lock(self.path)
+            if held and not held.expired and held.token != self.token:
+                raise LockHeldError(
+                    f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "
+                    f"{held.owner}) until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(held.expires_at))}; "
+                    f"wait for it to finish, or if it is dead: stateops lock release {self.query}"
+                )
+            self._write(acquired_at=time.time())
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew_loop, daemon=True)
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            self.renew()
+
+    def renew(self) -> None:
+        with self._guard():
+            held = read_lock(self.path)
+            if held and held.token == self.token:
+                self._write(acquired_at=held.acquired_at)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer:
+            self._renewer.join()
+        with self._guard():
+            held = read_lock(self.path)
+            if held and held.token == self.token:
+                self.path.unlink()
+
+    def __enter__(self) -> QueryLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def force_release(path: Path) -> LockInfo | None:
+    """Remove a lock whatever its owner (an operator's decision); returns what it held."""
+    guard = QueryLock(path, query="", operation="release")
+    with guard._guard():
+        held = read_lock(path)
+        path.unlink(missing_ok=True)
+    return held

@@ -1,0 +1,233 @@
+"""The managed-query registry: one YAML file describing every streaming query.
+
+Relative paths in the file are resolved against ``data_dir`` (itself relative to the file);
+``STATEOPS_DATA_DIR`` overrides it and ``STATEOPS_REGISTRY`` names the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from stateops.errors import RegistryError
+
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "Query",
+    "Registry",
+    "load_registry",
+    "schema_columns",
+]
+
+# Inside a --py-files zip this file's location says nothing: STATEOPS_HOME names the project.
+PROJECT_ROOT = Path(os.environ.get("STATEOPS_HOME") or Path(__file__).resolve().parents[2])
+DEFAULT_REGISTRY = PROJECT_ROOT / "registry.yaml"
+
+PROVIDER_CLASSES = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+
+_Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Model):
+    format: Literal["json", "parquet", "csv"]
+    path: str
+    schema_: str = Field(alias="schema")
+    options: dict[str, str | int | bool] = {}
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema_parses(cls, value: str) -> str:
+        schema_columns(value)
+        return value
+
+
+class Watermark(_Model):
+    column: str
+    delay: str = Field(pattern=r"^\d+ (second|minute|hour|day)s?$")
+
+
+class Processor(_Model):
+    class_: str = Field(alias="class", pattern=r"^[\w.]+:[A-Za-z_]\w*$")
+    options: dict[str, str | int | float | bool] = {}
+    time_mode: Literal["None", "ProcessingTime", "EventTime"] = "None"
+    output_mode: Literal["Append", "Update"] = "Append"
+
+
+class Sink(_Model):
+    """Output written per batch id: a re-run of a batch replaces that batch's folder."""
+
+    format: Literal["parquet", "json"] = "parquet"
+    path: str
+
+
+class Trigger(_Model):
+    processing_time: str = Field("10 seconds", pattern=r"^\d+ (second|minute|hour)s?$")
+
+
+class StateStore(_Model):
+    provider: Literal["rocksdb", "hdfs"] = "rocksdb"
+    changelog_checkpointing: bool = True
+    min_deltas_for_snapshot: int = Field(10, ge=1)
+    min_batches_to_retain: int = Field(100, ge=1)
+
+
+class Query(_Model):
+    """One managed streaming query."""
+
+    name: _Name
+    description: str = ""
+    source: Source
+    watermark: Watermark | None = None
+    processor: Processor
+    key_columns: list[str] = Field(min_length=1)
+    output_schema: str
+    sink: Sink
+    checkpoint: str
+    trigger: Trigger = Trigger()
+    state_store: StateStore = StateStore()
+    shuffle_partitions: int = Field(4, ge=1)
+    spark_conf: dict[str, str] = {}
+
+    @field_validator("output_schema")
+    @classmethod
+    def _output_schema_parses(cls, value: str) -> str:
+        schema_columns(value)
+        return value
+
+    @model_validator(mode="after")
+    def _columns_exist(self) -> Query:
+        columns = schema_columns(self.source.schema_)
+        for key in self.key_columns:
+            if key not in columns:
+                raise ValueError(f"key column {key!r} is not in source.schema ({', '.join(columns)})")
+        if self.watermark and self.watermark.column not in columns:
+            raise ValueError(f"watermark.column {self.watermark.column!r} is not in source.schema")
+        if self.processor.time_mode == "EventTime" and not self.watermark:
+            raise ValueError("processor.time_mode EventTime needs a watermark")
+        return self
+
+    def spark_conf_for_query(self) -> dict[str, str]:
+        """Session settings that shape this query's state; extra ``spark_conf`` wins."""
+        store = self.state_store
+        conf = {
+            "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
+            "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[store.provider],
+            "spark.sql.streaming.stateStore.minDeltasForSnapshot": str(store.min_deltas_for_snapshot),
+            "spark.sql.streaming.minBatchesToRetain": str(store.min_batches_to_retain),
+        }
+        if store.provider == "rocksdb":
+            conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = (
+                str(store.changelog_checkpointing).lower()
+            )
+        conf.update(self.spark_conf)
+        return conf
+
+
+class Registry(_Model):
+    path: Path
+    data_dir: Path
+    queries: dict[str, Query]
+
+    @property
+    def state_dir(self) -> Path:
+        """Where locks, stop markers and run summaries live."""
+        return self.data_dir / "_stateops"
+
+    def query(self, name: str) -> Query:
+        try:
+            return self.queries[name]
+        except KeyError:
+            known = ", ".join(sorted(self.queries)) or "none"
+            raise RegistryError(
+                f"{self.path}: no query named {name!r} (registered: {known})"
+            ) from None
+
+    def lock_path(self, name: str) -> Path:
+        return self.state_dir / "locks" / f"{name}.lock"
+
+    def stop_marker(self, name: str) -> Path:
+        return self.state_dir / "control" / name / "stop"
+
+    def run_summary_path(self, name: str) -> Path:
+        return self.state_dir / "runs" / name / "latest.json"
+
+
+def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
+    """Read and validate the registry; errors name the bad field."""
+    path = Path(path or os.environ.get("STATEOPS_REGISTRY") or DEFAULT_REGISTRY).resolve()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise RegistryError(f"{path}: cannot read registry ({err.strerror})") from err
+    except yaml.YAMLError as err:
+        raise RegistryError(f"{path}: not valid YAML ({err})") from err
+    if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
+        raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
+    unknown = set(raw) - {"data_dir", "queries"}
+    if unknown:
+        raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
+    data_dir = Path(os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw.get("data_dir", "data"))
+    data_dir = data_dir.resolve()
+    queries = {}
+    for name, spec in raw["queries"].items():
+        if not isinstance(spec, dict):
+            raise RegistryError(f"{path}: queries.{name}: expected a mapping")
+        try:
+            query = Query.model_validate({"name": name, **spec})
+        except ValidationError as err:
+            first = err.errors()[0]
+            field_path = ".".join(
+                str(p).removesuffix("_") for p in (name, *first["loc"])
+            )
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
+        queries[name] = _resolve_paths(query, data_dir)
+    return Registry(path=path, data_dir=data_dir, queries=queries)
+
+
+def _resolve_paths(query: Query, data_dir: Path) -> Query:
+    def absolute(p: str) -> str:
+        return str((data_dir / p).resolve()) if "://" not in p else p
+
+    return query.model_copy(
+        update={
+            "checkpoint": absolute(query.checkpoint),
+            "source": query.source.model_copy(update={"path": absolute(query.source.path)}),
+            "sink": query.sink.model_copy(update={"path": absolute(query.sink.path)}),
+        }
+    )
+
+
+def schema_columns(ddl: str) -> list[str]:
+    """Top-level column names of a DDL schema string (``"a STRING, b STRUCT<x: INT>"``)."""
+    parts, depth, current = [], 0, []
+    for ch in ddl:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    columns = []
+    for part in parts:
+        m = re.fullmatch(r"\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*:?\s+(\S.*?)\s*", part)
+        if not m or depth != 0:
+            raise ValueError(f"not a DDL schema (expected 'name TYPE, ...'): {ddl!r}")
+        columns.append(m.group(1))
+    return columns
