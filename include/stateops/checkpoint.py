@@ -22,7 +22,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -30,6 +33,8 @@ from stateops.errors import CheckpointError
 
 __all__ = [
     "Checkpoint",
+    "copy_restart_set",
+    "hadoop_crc",
     "OffsetEntry",
     "OperatorState",
     "SnapshotGroup",
@@ -279,6 +284,53 @@ class Checkpoint:
         refs += [f"{store.rel_dir}/logs/{f['dfsLogFileName']}" for f in meta.get("logFiles", [])]
         missing += [r for r in refs if r not in self.sizes]
         return refs
+
+
+def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
+    """The ``.NAME.crc`` sidecar Hadoop's local file system writes (and checks on read)."""
+    chunks = range(0, len(data), bytes_per_checksum)
+    return b"crc\x00" + struct.pack(">i", bytes_per_checksum) + b"".join(
+        struct.pack(">I", zlib.crc32(data[i : i + bytes_per_checksum])) for i in chunks
+    )
+
+
+def copy_restart_set(cp: Checkpoint, batch: int, dest: str | os.PathLike[str]) -> list[str]:
+    """Copy the files a restart after ``batch`` needs into a new folder that Spark can run from.
+
+    Operator metadata v2 (transformWithState) names its schema files by absolute path; a plain
+    copy would keep reading (or fail on) the old folder, so those paths are rewritten to ``dest``
+    and the rewritten files get fresh ``.crc`` sidecars. Returns the copied relative paths.
+    """
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise CheckpointError(f"{dest}: not empty; copy a checkpoint into a new or empty folder")
+    files = cp.restart_files(batch)
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cp.root / rel, target)
+    for op in cp.operators:
+        for key, rel in op.metadata_files.items():
+            if key is not None and rel in files:
+                _relocate_schema_paths(dest, rel)
+    return files
+
+
+def _relocate_schema_paths(root: Path, rel: str) -> None:
+    path = root / rel
+    text = path.read_text(encoding="utf-8")
+    header, _, body = text.partition("\n")
+    meta = json.loads(body.split("\n")[0])
+    for info in meta.get("stateStoreInfo", []):
+        info["stateSchemaFilePaths"] = [
+            "file:" + str(root / "state" / str(p).split("/state/", 1)[1])
+            for p in info.get("stateSchemaFilePaths") or []
+        ]
+    data = (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
+    path.write_bytes(data)
+    crc = root / _crc_sidecar(rel)
+    if crc.exists():
+        crc.write_bytes(hadoop_crc(data))
 
 
 def read_rocksdb_zip_metadata(path: Path) -> dict:

@@ -1,0 +1,96 @@
+"""Shared fixtures. The environment mirrors scripts/env.sh so `pytest` works without make."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+os.environ.setdefault("STATEOPS_HOME", str(ROOT))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
+os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"
+
+# Small and fast: several snapshot groups after a handful of batches.
+TEST_STATE_STORE = {"min_deltas_for_snapshot": 2, "min_batches_to_retain": 100}
+TEST_SPARK_CONF = {"spark.sql.streaming.stateStore.maintenanceInterval": "200ms"}
+
+
+def write_registry(data_dir: Path, **query_overrides: dict) -> Path:
+    """The project's registry.yaml with test-sized settings, its data under ``data_dir``."""
+    raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
+    raw["data_dir"] = str(data_dir)
+    for name, spec in raw["queries"].items():
+        spec["shuffle_partitions"] = 2
+        spec["state_store"] = {**spec.get("state_store", {}), **TEST_STATE_STORE}
+        spec["spark_conf"] = dict(TEST_SPARK_CONF)
+        spec.update(query_overrides.get(name, {}))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "registry.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    """Every file under ``path`` with its sha256: 'byte-for-byte unchanged' is equality."""
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+def run_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(VENV_BIN / "stateops"), *args], capture_output=True, text=True, timeout=120
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"stateops {' '.join(args)} failed:\n{proc.stderr}")
+    return proc
+
+
+def spark_submit_run_query(
+    registry: Path,
+    query: str,
+    *extra: str,
+    master: str = "local[2]",
+    extra_submit: list[str] | None = None,
+    timeout: int = 300,
+) -> subprocess.CompletedProcess:
+    cmd = [
+        str(VENV_BIN / "spark-submit"),
+        "--master", master,
+        "--conf", "spark.ui.enabled=false",
+        *(extra_submit or []),
+        str(ROOT / "spark_jobs" / "run_query.py"),
+        "--registry", str(registry),
+        "--query", query,
+        *extra,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every in-process Spark test."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("stateops-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "200ms")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()

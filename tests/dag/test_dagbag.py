@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, write_registry
+
+pytestmark = pytest.mark.dag
+
+
+@pytest.fixture(scope="module")
+def dagbag(tmp_path_factory):
+    from airflow.dag_processing.dagbag import DagBag
+
+    registry = write_registry(tmp_path_factory.mktemp("dagbag"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STATEOPS_REGISTRY", str(registry))
+        yield DagBag(dag_folder=str(ROOT / "dags"), include_examples=False)
+
+
+def test_every_dag_imports_with_tags_and_retries(dagbag):
+    assert dagbag.import_errors == {}
+    assert dagbag.dags, "no DAG found"
+    for dag_id, dag in dagbag.dags.items():
+        assert dag.tags, f"{dag_id} has no tags"
+        assert dag.doc_md, f"{dag_id} has no documentation"
+        for t in dag.tasks:
+            assert t.retries >= 1, f"{dag_id}.{t.task_id} has no retries"
+
+
+def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
+    dag = dagbag.dags["stream_start"]
+    assert dag.max_active_runs == 1
+    assert {t.task_id for t in dag.tasks} == {
+        "run_user_sessions", "record_user_sessions", "run_page_visits", "record_page_visits",
+    }
+    for name in ("user_sessions", "page_visits"):
+        submit = dag.get_task(f"run_{name}")
+        assert submit.downstream_task_ids == {f"record_{name}"}
+        assert Path(submit.application) == ROOT / "spark_jobs" / "run_query.py"
+        assert submit._conn_id == "spark_default"
+        args = submit.application_args
+        assert args[args.index("--query") + 1] == name
+        assert args[args.index("--mode") + 1] == "available-now"
+        assert args[args.index("--run-id") + 1] == "{{ run_id }}"
+        assert Path(args[args.index("--registry") + 1]).name == "registry.yaml"

@@ -1,0 +1,174 @@
+"""Spark-side test harness: queries under test, landing files, sinks and state, read back."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from stateops.checkpoint import load_checkpoint
+from stateops.registry import PROVIDER_CLASSES, Query, load_registry
+from stateops.sampledata import generate_events
+from stateops.streaming import apply_query_conf, start_query
+from tests.conftest import write_registry
+
+_mtime = [1_700_000_000]
+
+
+def land(landing_root: Path, round_: int, files: int) -> None:
+    """Sample events for round ``round_``, with strictly increasing mtimes (file order)."""
+    written = generate_events(landing_root, events_per_file=40, users=12, files=files, round_=round_)
+    for paths in written.values():
+        for p in paths:
+            _mtime[0] += 10
+            os.utime(p, (_mtime[0], _mtime[0]))
+
+
+def read_sink(path: Path) -> dict[int, list[tuple]]:
+    """Per-batch output rows, sorted, from a ``batch_id=N`` sink folder."""
+    out: dict[int, list[tuple]] = {}
+    if not path.exists():
+        return out
+    for batch_dir in path.glob("batch_id=*"):
+        parts = sorted(batch_dir.glob("*.parquet"))
+        rows = []
+        for part in parts:
+            rows += [tuple(r.values()) for r in pq.read_table(part).to_pylist()]
+        out[int(batch_dir.name.split("=")[1])] = sorted(rows, key=repr)
+    return out
+
+
+def read_state(spark, checkpoint: Path, reads: list[dict[str, str]]) -> list[list[str]]:
+    """State rows per read (options of the ``statestore`` reader), sorted, as strings."""
+    result = []
+    for options in reads:
+        df = spark.read.format("statestore").options(**options).load(str(checkpoint))
+        result.append(sorted(repr(r) for r in df.collect()))
+    return result
+
+
+@dataclass
+class Case:
+    """A stateful query under test and how to read its state back."""
+
+    name: str
+    provider: str
+    landing: str  # landing subfolder (user_sessions or page_visits events)
+    state_reads: list[dict[str, str]]
+    start: Callable = field(repr=False)  # (spark, root, checkpoint, sink) -> StreamingQuery
+
+    def run(self, spark, root: Path, checkpoint: Path, sink: Path) -> None:
+        query = self.start(spark, root, checkpoint, sink)
+        try:
+            query.awaitTermination(240)
+            assert query.exception() is None, query.exception()
+            assert not query.isActive, f"{self.name} did not finish within 240 s"
+        finally:
+            query.stop()
+
+
+def _builtin_conf(spark, provider: str) -> None:
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[provider])
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    spark.conf.set("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
+
+
+def _per_batch_sink(writer, sink: Path):
+    return writer.foreachBatch(
+        lambda df, batch_id: df.write.mode("overwrite").parquet(f"{sink}/batch_id={batch_id}")
+    )
+
+
+def _visits_stream(spark, root: Path):
+    return (
+        spark.readStream.format("json")
+        .schema("user_id STRING, page STRING, event_time TIMESTAMP")
+        .option("maxFilesPerTrigger", 1)
+        .load(str(root / "landing" / "page_visits"))
+    )
+
+
+def aggregation_case(provider: str) -> Case:
+    def start(spark, root, checkpoint, sink):
+        from pyspark.sql import functions as F
+
+        _builtin_conf(spark, provider)
+        df = _visits_stream(spark, root).groupBy("user_id").agg(
+            F.count("*").alias("visits"), F.max("event_time").alias("last_seen")
+        )
+        writer = df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
+        return _per_batch_sink(writer, sink).trigger(availableNow=True).start()
+
+    return Case(f"aggregation-{provider}", provider, "page_visits", [{}], start)
+
+
+def join_case(provider: str) -> Case:
+    def start(spark, root, checkpoint, sink):
+        from pyspark.sql import functions as F
+
+        _builtin_conf(spark, provider)
+        src = _visits_stream(spark, root)
+        left = src.select(
+            F.col("user_id").alias("l_user"), F.col("event_time").alias("l_time"), "page"
+        ).withWatermark("l_time", "2 minutes")
+        right = src.select(
+            F.col("user_id").alias("r_user"),
+            F.col("event_time").alias("r_time"),
+            F.col("page").alias("r_page"),
+        ).withWatermark("r_time", "2 minutes")
+        joined = left.join(
+            right,
+            F.expr("l_user = r_user AND r_time BETWEEN l_time - interval 1 minute AND l_time"),
+        )
+        writer = joined.writeStream.outputMode("append").option("checkpointLocation", str(checkpoint))
+        return _per_batch_sink(writer, sink).trigger(availableNow=True).start()
+
+    return Case(
+        f"join-{provider}",
+        provider,
+        "page_visits",
+        [{"joinSide": "left"}, {"joinSide": "right"}],
+        start,
+    )
+
+
+def registered_query(root: Path, name: str, checkpoint: Path, sink: Path) -> Query:
+    query = load_registry(write_registry(root)).query(name)
+    return query.model_copy(
+        update={
+            "checkpoint": str(checkpoint),
+            "sink": query.sink.model_copy(update={"path": str(sink)}),
+        }
+    )
+
+
+def pipeline_case(name: str, state_reads: list[dict[str, str]]) -> Case:
+    def start(spark, root, checkpoint, sink):
+        query = registered_query(root, name, checkpoint, sink)
+        apply_query_conf(spark, query)
+        return start_query(spark, query, available_now=True)
+
+    return Case(f"{name}-rocksdb", "rocksdb", name, state_reads, start)
+
+
+ALL_CASES = [
+    pipeline_case(
+        "user_sessions",
+        [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
+    ),
+    pipeline_case("page_visits", [{"stateVarName": "pages"}, {"stateVarName": "count"}]),
+    aggregation_case("hdfs"),
+    aggregation_case("rocksdb"),
+    join_case("hdfs"),
+    join_case("rocksdb"),
+]
+
+
+
+def last_committed(checkpoint: Path) -> int:
+    batch = load_checkpoint(checkpoint).last_committed_batch
+    assert batch is not None
+    return batch

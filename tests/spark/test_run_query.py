@@ -1,0 +1,159 @@
+"""spark_jobs/run_query.py through real spark-submit: summaries, pipeline semantics, lock, stop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stateops.checkpoint import load_checkpoint
+from stateops.lock import QueryLock, read_lock
+from stateops.registry import load_registry
+from tests.conftest import ROOT, VENV_BIN, run_cli, spark_submit_run_query, tree_digest, write_registry
+from tests.spark.harness import land, read_sink
+
+pytestmark = pytest.mark.spark
+
+EVENTS_PER_FILE = 40  # harness.land()
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """Both reference pipelines run once with available-now on three landed files."""
+    root = tmp_path_factory.mktemp("run_query")
+    registry = write_registry(root)
+    land(root / "landing", round_=0, files=3)
+    results = {}
+    for name in ("user_sessions", "page_visits"):
+        proc = spark_submit_run_query(registry, name, "--mode", "available-now", "--run-id", f"t-{name}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return root, load_registry(registry), results
+
+
+@pytest.mark.parametrize("name", ["user_sessions", "page_visits"])
+def test_summary_counts_batches_rows_and_state(ran, name):
+    root, registry, results = ran
+    summary = results[name]
+    assert summary["status"] == "succeeded" and summary["run_id"] == f"t-{name}"
+    assert summary["input_rows"] == 3 * EVENTS_PER_FILE
+    assert summary["last_committed_batch_before"] is None
+    committed = load_checkpoint(registry.query(name).checkpoint).last_committed_batch
+    assert summary["last_committed_batch"] == committed == summary["last_batch_id"]
+    assert summary["first_batch_id"] == 0 and summary["batches_run"] >= 3
+    assert summary["state_operators"][0]["state_rows"] > 0
+    on_disk = json.loads(registry.run_summary_path(name).read_text())
+    assert on_disk == summary
+    audit = run_cli("--registry", str(registry.path), "audit", name, "--json", check=True)
+    record = json.loads(audit.stdout.splitlines()[-1])
+    assert (record["operation"], record["run_id"], record["batch_after"]) == ("run", f"t-{name}", committed)
+    assert read_lock(registry.lock_path(name)) is None, "the lock must be released"
+
+
+def _landed(root: Path, name: str) -> list[dict]:
+    return [
+        json.loads(line)
+        for p in sorted((root / "landing" / name).glob("*.json"))
+        for line in p.read_text().splitlines()
+    ]
+
+
+def test_user_sessions_keep_no_expired_session_and_lose_no_event(ran, spark):
+    root, registry, _ = ran
+    query = registry.query("user_sessions")
+    cp = load_checkpoint(query.checkpoint)
+    watermark_ms = cp.commits[cp.last_committed_batch]["nextBatchWatermarkMs"]
+    timeout_ms = query.processor.options["session_timeout_seconds"] * 1000
+    open_events = spark.read.format("statestore").option("stateVarName", "events").load(query.checkpoint)
+    per_user = {}
+    for row in open_events.collect():
+        ms = int(row.list_element.event_time.timestamp() * 1000)
+        per_user[row.key.user_id] = max(per_user.get(row.key.user_id, 0), ms)
+    assert per_user, "some sessions should still be open"
+    expired = [u for u, last in per_user.items() if last + timeout_ms <= watermark_ms]
+    assert expired == [], f"expired sessions left in state: {expired}"
+    out = [row for rows in read_sink(Path(query.sink.path)).values() for row in rows]
+    assert {r[5] for r in out} == {"last", "timeout"}
+    emitted = sum(r[3] for r in out)
+    in_state = open_events.count()
+    assert emitted + in_state == len(_landed(root, "user_sessions"))
+
+
+def test_page_visits_count_every_visit_per_user(ran, spark):
+    root, registry, _ = ran
+    ckpt = registry.query("page_visits").checkpoint
+    counts = {
+        r.key.user_id: r.value.visits
+        for r in spark.read.format("statestore").option("stateVarName", "count").load(ckpt).collect()
+    }
+    expected: dict[str, int] = {}
+    for event in _landed(root, "page_visits"):
+        expected[event["user_id"]] = expected.get(event["user_id"], 0) + 1
+    assert counts == expected
+    pages = spark.read.format("statestore").option("stateVarName", "pages").load(ckpt).count()
+    assert pages == sum(expected.values())
+
+
+def test_a_held_lock_refuses_the_run_and_changes_nothing(ran):
+    root, registry, _ = ran
+    ckpt = Path(registry.query("page_visits").checkpoint)
+    before = tree_digest(ckpt)
+    with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", run_id="c-1"):
+        proc = spark_submit_run_query(registry.path, "page_visits")
+    assert proc.returncode == 2
+    assert "locked by cleanup (run c-1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert tree_digest(ckpt) == before
+
+
+def test_unknown_query_is_one_line_exit_2(ran):
+    _, registry, _ = ran
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "spark_jobs" / "run_query.py"), "--registry", str(registry.path),
+         "--query", "nope"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no query named 'nope'" in proc.stderr
+
+
+def test_continuous_mode_stops_after_the_current_batch_on_a_stop_marker(tmp_path):
+    registry = write_registry(tmp_path, page_visits={"trigger": {"processing_time": "1 second"}})
+    land(tmp_path / "landing", round_=0, files=1)
+    ckpt = Path(load_registry(registry).query("page_visits").checkpoint)
+    cmd = [str(VENV_BIN / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+           str(ROOT / "spark_jobs" / "run_query.py"), "--registry", str(registry),
+           "--query", "page_visits", "--mode", "continuous", "--run-id", "cont-1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def committed() -> int | None:
+            try:
+                return load_checkpoint(ckpt).last_committed_batch
+            except Exception:
+                return None
+
+        deadline = time.time() + 120
+        while committed() is None and time.time() < deadline:
+            time.sleep(1)
+        assert committed() == 0, "the first batch did not commit"
+        land(tmp_path / "landing", round_=1, files=1)
+        while committed() != 1 and time.time() < deadline:
+            time.sleep(1)
+        assert committed() == 1, "the query did not pick up new input while running"
+        assert proc.poll() is None, "continuous mode must keep running until asked to stop"
+        run_cli("--registry", str(registry), "stop", "page_visits", check=True)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["stopped_by_marker"] is True and summary["mode"] == "continuous"
+    assert summary["last_committed_batch"] == 1 and summary["input_rows"] == 2 * EVENTS_PER_FILE
+    cp = load_checkpoint(ckpt)
+    assert cp.uncommitted_batches == [], "a graceful stop leaves no planned-but-uncommitted batch"
+    assert not load_registry(registry).stop_marker("page_visits").exists()

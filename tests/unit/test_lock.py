@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+
+import pytest
+
+from stateops.errors import LockHeldError
+from stateops.lock import QueryLock, force_release, read_lock
+
+pytestmark = pytest.mark.unit
+
+
+def test_second_holder_is_refused_with_owner_and_run(tmp_path):
+    path = tmp_path / "q.lock"
+    with QueryLock(path, "q", "cleanup", run_id="run-1"):
+        with pytest.raises(LockHeldError, match=r"locked by cleanup \(run run-1"):
+            QueryLock(path, "q", "backup", run_id="run-2").acquire()
+    assert read_lock(path) is None
+
+
+def test_expired_lock_of_a_crashed_holder_is_taken_over(tmp_path):
+    path = tmp_path / "q.lock"
+    crashed = QueryLock(path, "q", "rollback", ttl_seconds=0.2)
+    crashed.acquire()
+    crashed._stop.set()  # simulate a crash: no more renewals, no release
+    time.sleep(0.3)
+    assert read_lock(path).expired
+    with QueryLock(path, "q", "run", run_id="new") as lock:
+        assert read_lock(path).run_id == "new"
+        assert read_lock(path).token == lock.token
+    crashed.release()  # a late release of the old holder must not remove someone else's lock
+
+
+def test_holder_renews_before_expiry(tmp_path):
+    path = tmp_path / "q.lock"
+    with QueryLock(path, "q", "run", ttl_seconds=0.3):
+        first = read_lock(path).expires_at
+        time.sleep(0.5)
+        assert read_lock(path).expires_at > first
+        assert not read_lock(path).expired
+
+
+def test_release_only_removes_own_lock_and_force_release_removes_any(tmp_path):
+    path = tmp_path / "q.lock"
+    holder = QueryLock(path, "q", "run")
+    holder.acquire()
+    other = QueryLock(path, "q", "other")
+    other.release()
+    assert read_lock(path).token == holder.token
+    assert force_release(path).operation == "run"
+    assert read_lock(path) is None
+    holder.release()
+
+
+def _try_acquire(path, results):
+    try:
+        QueryLock(path, "q", "race").acquire()
+        results.put("won")
+    except LockHeldError:
+        results.put("lost")
+
+
+def test_exactly_one_of_many_processes_wins(tmp_path):
+    path = tmp_path / "q.lock"
+    results = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=_try_acquire, args=(path, results)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    outcomes = sorted(results.get(timeout=5) for _ in procs)
+    assert outcomes.count("won") == 1, outcomes
+    assert json.loads(path.read_text())["operation"] == "race"

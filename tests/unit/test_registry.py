@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from stateops.errors import RegistryError
+from stateops.registry import PROVIDER_CLASSES, load_registry, schema_columns
+from tests.conftest import ROOT, write_registry
+
+pytestmark = pytest.mark.unit
+
+
+def _registry_with(tmp_path, mutate) -> str:
+    raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
+    mutate(raw)
+    path = tmp_path / "registry.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_project_registry_loads_both_reference_pipelines(tmp_path, monkeypatch):
+    monkeypatch.setenv("STATEOPS_DATA_DIR", str(tmp_path))
+    registry = load_registry(ROOT / "registry.yaml")
+    assert set(registry.queries) == {"user_sessions", "page_visits"}
+    q = registry.query("user_sessions")
+    assert q.checkpoint == str(tmp_path / "checkpoints" / "user_sessions")
+    assert q.source.path == str(tmp_path / "landing" / "user_sessions")
+    assert q.processor.time_mode == "EventTime"
+    conf = q.spark_conf_for_query()
+    assert conf["spark.sql.streaming.stateStore.providerClass"] == PROVIDER_CLASSES["rocksdb"]
+    assert conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "true"
+    assert conf["spark.sql.streaming.stateStore.minDeltasForSnapshot"] == "4"
+
+
+def test_test_registry_overrides_reach_spark_conf(tmp_path):
+    registry = load_registry(write_registry(tmp_path))
+    conf = registry.query("page_visits").spark_conf_for_query()
+    assert conf["spark.sql.shuffle.partitions"] == "2"
+    assert conf["spark.sql.streaming.stateStore.minDeltasForSnapshot"] == "2"
+    assert conf["spark.sql.streaming.stateStore.maintenanceInterval"] == "200ms"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda r: r["queries"]["page_visits"]["source"].update(format="avro"),
+         "queries.page_visits.source.format"),
+        (lambda r: r["queries"]["page_visits"].update(key_columns=["account_id"]),
+         "key column 'account_id' is not in source.schema"),
+        (lambda r: r["queries"]["page_visits"].update(shuffle_partitions=0),
+         "queries.page_visits.shuffle_partitions"),
+        (lambda r: r["queries"]["page_visits"]["processor"].update({"class": "no_colon_here"}),
+         "queries.page_visits.processor.class"),
+        (lambda r: r["queries"]["page_visits"].update(checkpoint_dir="x"),
+         "queries.page_visits.checkpoint_dir: Extra inputs are not permitted"),
+        (lambda r: r["queries"]["page_visits"]["state_store"].update(provider="memory"),
+         "queries.page_visits.state_store.provider"),
+        (lambda r: r["queries"]["page_visits"]["source"].update(schema="user_id"),
+         "queries.page_visits.source.schema"),
+        (lambda r: r["queries"]["user_sessions"].pop("watermark"),
+         "EventTime needs a watermark"),
+        (lambda r: r.update(extra=1), "unknown top-level field(s): extra"),
+    ],
+)
+def test_errors_name_the_bad_field(tmp_path, mutate, expected):
+    with pytest.raises(RegistryError) as err:
+        load_registry(_registry_with(tmp_path, mutate))
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_query_lists_the_registered_ones(tmp_path):
+    registry = load_registry(write_registry(tmp_path))
+    with pytest.raises(RegistryError, match="no query named 'nope' .*page_visits, user_sessions"):
+        registry.query("nope")
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(RegistryError, match="cannot read registry"):
+        load_registry(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queries: [unclosed")
+    with pytest.raises(RegistryError, match="not valid YAML"):
+        load_registry(bad)
+
+
+def test_schema_columns_handles_nested_types():
+    assert schema_columns("a STRING, b STRUCT<x: INT, y: ARRAY<STRING>>, c DECIMAL(10,2)") == [
+        "a", "b", "c",
+    ]
+    with pytest.raises(ValueError):
+        schema_columns("a STRING, b STRUCT<x: INT")
