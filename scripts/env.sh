@@ -10,4 +10,6 @@ export AIRFLOW__CORE__DAGS_FOLDER="$STATEOPS_HOME/dags"
 export AIRFLOW__CORE__PLUGINS_FOLDER="$STATEOPS_HOME/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__UNIT_TEST_MODE="${AIRFLOW__CORE__UNIT_TEST_MODE:-False}"
-export AIRFLOW_CONN_SPARK_DEFAULT="${AIRFLOW_CONN_SPARK_DEFAULT:-{\"conn_type\":\"spark\",\"host\":\"local[2]\"}}"
+# (A literal default inside ${VAR:-...} would end at its first '}'.)
+_stateops_spark_conn='{"conn_type":"spark","host":"local[2]"}'
+export AIRFLOW_CONN_SPARK_DEFAULT="${AIRFLOW_CONN_SPARK_DEFAULT:-$_stateops_spark_conn}"

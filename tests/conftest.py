@@ -92,5 +92,8 @@ def spark():
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "200ms")
         .getOrCreate()
     )
+    # The statestore reader on RocksDB needs the StateStoreCoordinator, which a session only
+    # creates once it touches streaming (see shared/FACTS.md).
+    session.streams.active
     yield session
     session.stop()

@@ -16,7 +16,7 @@ def dagbag(tmp_path_factory):
     registry = write_registry(tmp_path_factory.mktemp("dagbag"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STATEOPS_REGISTRY", str(registry))
-        yield DagBag(dag_folder=str(ROOT / "dags"), include_examples=False)
+        yield DagBag(dag_folder=str(ROOT / "dags"))
 
 
 def test_every_dag_imports_with_tags_and_retries(dagbag):

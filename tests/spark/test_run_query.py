@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stateops.checkpoint import load_checkpoint
 from stateops.lock import QueryLock, read_lock
@@ -25,7 +26,13 @@ EVENTS_PER_FILE = 40  # harness.land()
 def ran(tmp_path_factory):
     """Both reference pipelines run once with available-now on three landed files."""
     root = tmp_path_factory.mktemp("run_query")
-    registry = write_registry(root)
+    processor = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["user_sessions"][
+        "processor"
+    ]
+    # A 10-minute timeout: sessions close both ways (is_last and the timer) in three files.
+    registry = write_registry(
+        root, user_sessions={"processor": {**processor, "options": {"session_timeout_seconds": 600}}}
+    )
     land(root / "landing", round_=0, files=3)
     results = {}
     for name in ("user_sessions", "page_visits"):
@@ -104,9 +111,11 @@ def test_a_held_lock_refuses_the_run_and_changes_nothing(ran):
     before = tree_digest(ckpt)
     with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", run_id="c-1"):
         proc = spark_submit_run_query(registry.path, "page_visits")
+    # spark-submit passes the Python driver's stderr through on its stdout.
+    output = proc.stdout + proc.stderr
     assert proc.returncode == 2
-    assert "locked by cleanup (run c-1" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "locked by cleanup (run c-1" in output
+    assert "Traceback" not in output
     assert tree_digest(ckpt) == before
 
 
