@@ -28,11 +28,11 @@ build/stateops.zip: $(VENV)/.installed $(shell find include/stateops -name '*.py
 demo: prereqs $(VENV)/.installed build/stateops.zip
 	@scripts/demo.sh
 
-test: prereqs $(VENV)/.installed build/stateops.zip
+test: prereqs lint build/stateops.zip
 	@source scripts/env.sh && $(PY) -m pytest $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check include spark_jobs dags plugins tests benchmarks
+	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests
 
 lock: $(VENV)/.installed
 	$(PY) -m pip install --quiet -r requirements.in

@@ -15,6 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import dag, get_current_context, task
+
 from stateops_airflow.tasks import read_run_summary, registered_queries, run_query_operator
 
 

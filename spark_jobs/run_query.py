@@ -29,15 +29,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="run_query.py", description=__doc__.splitlines()[0])
     parser.add_argument("--query", required=True, help="name of a registered query")
     parser.add_argument("--mode", choices=["available-now", "continuous"], default="available-now")
-    parser.add_argument("--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)")
-    parser.add_argument("--run-id", help="caller's run id, recorded in the lock, summary and audit log")
+    parser.add_argument(
+        "--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)"
+    )
+    parser.add_argument(
+        "--run-id", help="caller's run id, recorded in the lock, summary and audit log"
+    )
     parser.add_argument("--summary", help="where to write the run summary JSON")
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="stop-marker poll interval")
     return parser.parse_args(argv)
 
 
 def last_committed(checkpoint: str) -> int | None:
-    return load_checkpoint(checkpoint).last_committed_batch if Path(checkpoint, "metadata").exists() else None
+    return (
+        load_checkpoint(checkpoint).last_committed_batch
+        if Path(checkpoint, "metadata").exists()
+        else None
+    )
 
 
 def run(args: argparse.Namespace, registry: Registry) -> dict:

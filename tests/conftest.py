@@ -66,12 +66,16 @@ def spark_submit_run_query(
 ) -> subprocess.CompletedProcess:
     cmd = [
         str(VENV_BIN / "spark-submit"),
-        "--master", master,
-        "--conf", "spark.ui.enabled=false",
+        "--master",
+        master,
+        "--conf",
+        "spark.ui.enabled=false",
         *(extra_submit or []),
         str(ROOT / "spark_jobs" / "run_query.py"),
-        "--registry", str(registry),
-        "--query", query,
+        "--registry",
+        str(registry),
+        "--query",
+        query,
         *extra,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -94,6 +98,6 @@ def spark():
     )
     # The statestore reader on RocksDB needs the StateStoreCoordinator, which a session only
     # creates once it touches streaming (see shared/FACTS.md).
-    session.streams.active
+    _ = session.streams.active
     yield session
     session.stop()

@@ -278,7 +278,9 @@ class Checkpoint:
                 files.append(rel)
         return files
 
-    def _rocksdb_zip_references(self, store: StoreState, zip_rel: str, missing: list[str]) -> list[str]:
+    def _rocksdb_zip_references(
+        self, store: StoreState, zip_rel: str, missing: list[str]
+    ) -> list[str]:
         meta = read_rocksdb_zip_metadata(self.root / zip_rel)
         refs = [f"{store.rel_dir}/SSTs/{f['dfsSstFileName']}" for f in meta.get("sstFiles", [])]
         refs += [f"{store.rel_dir}/logs/{f['dfsLogFileName']}" for f in meta.get("logFiles", [])]
@@ -289,8 +291,10 @@ class Checkpoint:
 def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
     """The ``.NAME.crc`` sidecar Hadoop's local file system writes (and checks on read)."""
     chunks = range(0, len(data), bytes_per_checksum)
-    return b"crc\x00" + struct.pack(">i", bytes_per_checksum) + b"".join(
-        struct.pack(">I", zlib.crc32(data[i : i + bytes_per_checksum])) for i in chunks
+    return (
+        b"crc\x00"
+        + struct.pack(">i", bytes_per_checksum)
+        + b"".join(struct.pack(">I", zlib.crc32(data[i : i + bytes_per_checksum])) for i in chunks)
     )
 
 
@@ -369,9 +373,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     offsets = {
         b: _parse_offsets(root / rel, b) for b, rel in _batch_files(sizes, "offsets").items()
     }
-    commits = {
-        b: _parse_commit(root / rel) for b, rel in _batch_files(sizes, "commits").items()
-    }
+    commits = {b: _parse_commit(root / rel) for b, rel in _batch_files(sizes, "commits").items()}
     return Checkpoint(
         root=root,
         query_id=query_id,
@@ -426,7 +428,7 @@ def _read_query_id(path: Path) -> str:
         query_id = json.loads(_read_text(path))["id"]
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(
-            f"{path}: corrupt query metadata (expected {{\"id\": ...}}); "
+            f'{path}: corrupt query metadata (expected {{"id": ...}}); '
             "restore the checkpoint from a backup"
         ) from err
     return str(query_id)

@@ -19,7 +19,9 @@ from stateops.sampledata import generate_events
 __all__ = ["main"]
 
 
-def _checkpoint_and_deltas(target: str, registry: str | None, min_deltas: int | None) -> tuple[str, int]:
+def _checkpoint_and_deltas(
+    target: str, registry: str | None, min_deltas: int | None
+) -> tuple[str, int]:
     """A checkpoint path, or a registered query's checkpoint and its minDeltasForSnapshot."""
     if Path(target).exists() or "/" in target:
         return target, min_deltas or 10
@@ -28,7 +30,9 @@ def _checkpoint_and_deltas(target: str, registry: str | None, min_deltas: int | 
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    path, min_deltas = _checkpoint_and_deltas(args.checkpoint, args.registry, args.min_deltas_for_snapshot)
+    path, min_deltas = _checkpoint_and_deltas(
+        args.checkpoint, args.registry, args.min_deltas_for_snapshot
+    )
     cp = load_checkpoint(path)
     if args.files_for_batch is not None:
         files = cp.restart_files(args.files_for_batch)
@@ -38,7 +42,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print("\n".join(files))
         return 0
     report = checkpoint_report(cp, min_deltas)
-    print(json.dumps(report, indent=2) if args.json else format_report(report), end="" if not args.json else "\n")
+    print(
+        json.dumps(report, indent=2) if args.json else format_report(report),
+        end="" if not args.json else "\n",
+    )
     return 0
 
 
@@ -58,7 +65,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else load_registry(args.registry).data_dir / "landing"
     written = generate_events(
         out,
-        events_per_file=args.events, users=args.users, files=args.files, seed=args.seed, round_=args.round
+        events_per_file=args.events,
+        users=args.users,
+        files=args.files,
+        seed=args.seed,
+        round_=args.round,
     )
     for name, paths in written.items():
         print(f"{name}: {len(paths)} files in {out / name}")
@@ -74,16 +85,22 @@ def cmd_lock(args: argparse.Namespace) -> int:
     else:
         state = "released" if args.action == "release" else ("expired" if held.expired else "held")
         until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
-        print(f"{args.query}: {state}: {held.operation} run {held.run_id} by {held.owner}, until {until}")
+        print(
+            f"{args.query}: {state}: {held.operation} run {held.run_id} "
+            f"by {held.owner}, until {until}"
+        )
     return 0
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
     for record in read_audit(path):
-        print(json.dumps(record, sort_keys=True) if args.json else
-              f"{record['time']}  {record['operation']:<10} {record['result']:<10} "
-              f"batch {record['batch_before']} -> {record['batch_after']}  run {record['run_id']}")
+        print(
+            json.dumps(record, sort_keys=True)
+            if args.json
+            else f"{record['time']}  {record['operation']:<10} {record['result']:<10} "
+            f"batch {record['batch_before']} -> {record['batch_after']}  run {record['run_id']}"
+        )
     return 0
 
 
@@ -104,21 +121,37 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stateops", description="Lifecycle operations for Spark streaming state.")
-    parser.add_argument("--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)")
+    parser = argparse.ArgumentParser(
+        prog="stateops", description="Lifecycle operations for Spark streaming state."
+    )
+    parser.add_argument(
+        "--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("inspect", help="what a checkpoint holds and what a restart needs")
     p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--files-for-batch", type=int, metavar="N", help="files a restart after committed batch N needs")
-    p.add_argument("--min-deltas-for-snapshot", type=int, metavar="K", help="for group ids (default: registry's, or 10)")
+    p.add_argument(
+        "--files-for-batch",
+        type=int,
+        metavar="N",
+        help="files a restart after committed batch N needs",
+    )
+    p.add_argument(
+        "--min-deltas-for-snapshot",
+        type=int,
+        metavar="K",
+        help="for group ids (default: registry's, or 10)",
+    )
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)
 
-    p = sub.add_parser("generate", help="write deterministic sample events for both reference pipelines")
+    p = sub.add_parser(
+        "generate", help="write deterministic sample events for both reference pipelines"
+    )
     p.add_argument("--out", help="landing root (default: <data_dir>/landing)")
     p.add_argument("--events", type=_positive, default=250, help="events per file")
     p.add_argument("--users", type=_positive, default=50)
@@ -137,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_audit)
 
-    p = sub.add_parser("stop", help="ask a continuously running query to stop after its current batch")
+    p = sub.add_parser(
+        "stop", help="ask a continuously running query to stop after its current batch"
+    )
     p.add_argument("query")
     p.set_defaults(func=cmd_stop)
     return parser

@@ -96,9 +96,10 @@ class QueryLock:
         with self._guard():
             held = read_lock(self.path)
             if held and not held.expired and held.token != self.token:
+                until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
                 raise LockHeldError(
                     f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "
-                    f"{held.owner}) until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(held.expires_at))}; "
+                    f"{held.owner}) until {until}; "
                     f"wait for it to finish, or if it is dead: stateops lock release {self.query}"
                 )
             self._write(acquired_at=time.time())

@@ -111,7 +111,9 @@ class Query(_Model):
         columns = schema_columns(self.source.schema_)
         for key in self.key_columns:
             if key not in columns:
-                raise ValueError(f"key column {key!r} is not in source.schema ({', '.join(columns)})")
+                raise ValueError(
+                    f"key column {key!r} is not in source.schema ({', '.join(columns)})"
+                )
         if self.watermark and self.watermark.column not in columns:
             raise ValueError(f"watermark.column {self.watermark.column!r} is not in source.schema")
         if self.processor.time_mode == "EventTime" and not self.watermark:
@@ -124,13 +126,15 @@ class Query(_Model):
         conf = {
             "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
             "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[store.provider],
-            "spark.sql.streaming.stateStore.minDeltasForSnapshot": str(store.min_deltas_for_snapshot),
+            "spark.sql.streaming.stateStore.minDeltasForSnapshot": str(
+                store.min_deltas_for_snapshot
+            ),
             "spark.sql.streaming.minBatchesToRetain": str(store.min_batches_to_retain),
         }
         if store.provider == "rocksdb":
-            conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = (
-                str(store.changelog_checkpointing).lower()
-            )
+            conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = str(
+                store.changelog_checkpointing
+            ).lower()
         conf.update(self.spark_conf)
         return conf
 
@@ -178,7 +182,9 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     unknown = set(raw) - {"data_dir", "queries"}
     if unknown:
         raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
-    data_dir = Path(os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw.get("data_dir", "data"))
+    data_dir = Path(
+        os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw.get("data_dir", "data")
+    )
     data_dir = data_dir.resolve()
     queries = {}
     for name, spec in raw["queries"].items():
@@ -188,9 +194,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             query = Query.model_validate({"name": name, **spec})
         except ValidationError as err:
             first = err.errors()[0]
-            field_path = ".".join(
-                str(p).removesuffix("_") for p in (name, *first["loc"])
-            )
+            field_path = ".".join(str(p).removesuffix("_") for p in (name, *first["loc"]))
             message = str(first["msg"]).removeprefix("Value error, ")
             raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
         queries[name] = _resolve_paths(query, data_dir)

@@ -103,11 +103,16 @@ def format_bytes(n: int) -> str:
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    cells = [[str(c) for c in headers]] + [[("-" if c is None else str(c)) for c in r] for r in rows]
+    cells = [[str(c) for c in headers]] + [
+        [("-" if c is None else str(c)) for c in r] for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cells[0], widths)).rstrip()]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells[1:]]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in cells[1:]
+    ]
     return ["  " + line for line in lines]
 
 
@@ -118,7 +123,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"query id    {report['query_id']}",
         f"batches     last committed {report['last_committed_batch']}, "
         f"latest planned {report['latest_offset_batch']}"
-        + (f", NOT committed: {report['uncommitted_batches']}" if report["uncommitted_batches"] else ""),
+        + (
+            f", NOT committed: {report['uncommitted_batches']}"
+            if report["uncommitted_batches"]
+            else ""
+        ),
         f"offsets     {off['count']} entries ({off['min']}..{off['max']})"
         + (f", GAPS at {off['gaps']}" if off["gaps"] else ""),
         f"commits     {com['count']} entries ({com['min']}..{com['max']})"

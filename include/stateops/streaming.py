@@ -56,14 +56,17 @@ def load_processor(query: Query) -> Any:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as err:
         raise RegistryError(
-            f"query {query.name}: processor.class {query.processor.class_!r} cannot be imported ({err})"
+            f"query {query.name}: processor.class {query.processor.class_!r} "
+            f"cannot be imported ({err})"
         ) from err
     return cls(**query.processor.options)
 
 
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
     """Idempotent per batch id: a re-run of a batch replaces its folder instead of adding to it."""
-    df.write.mode("overwrite").format(query.sink.format).save(f"{query.sink.path}/batch_id={batch_id}")
+    df.write.mode("overwrite").format(query.sink.format).save(
+        f"{query.sink.path}/batch_id={batch_id}"
+    )
 
 
 def start_query(
@@ -82,7 +85,9 @@ def start_query(
     )
     if query.watermark:
         df = df.withWatermark(query.watermark.column, query.watermark.delay)
-    grouped_initial = initial_state.groupBy(*query.key_columns) if initial_state is not None else None
+    grouped_initial = (
+        initial_state.groupBy(*query.key_columns) if initial_state is not None else None
+    )
     out = df.groupBy(*query.key_columns).transformWithStateInPandas(
         statefulProcessor=load_processor(query),
         outputStructType=query.output_schema,
@@ -108,7 +113,9 @@ def progress_summary(progress: list[Any]) -> dict[str, Any]:
     events = [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in progress]
     batch_ids = [e["batchId"] for e in events]
     # A no-data batch (watermark advance) can report no operators: take the last that did.
-    last_state = next((e["stateOperators"] for e in reversed(events) if e.get("stateOperators")), [])
+    last_state = next(
+        (e["stateOperators"] for e in reversed(events) if e.get("stateOperators")), []
+    )
     return {
         "batches_run": len(set(batch_ids)),
         "first_batch_id": min(batch_ids) if batch_ids else None,

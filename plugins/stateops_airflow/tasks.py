@@ -25,7 +25,9 @@ def registered_queries() -> list[str]:
     return sorted(load_registry().queries)
 
 
-def run_query_operator(query: str, mode: str = "available-now", **kwargs: Any) -> SparkSubmitOperator:
+def run_query_operator(
+    query: str, mode: str = "available-now", **kwargs: Any
+) -> SparkSubmitOperator:
     """``spark-submit run_query.py`` for one query, on the ``spark_default`` connection."""
     return SparkSubmitOperator(
         task_id=kwargs.pop("task_id", f"run_{query}"),
@@ -35,10 +37,14 @@ def run_query_operator(query: str, mode: str = "available-now", **kwargs: Any) -
         py_files=str(PY_FILES) if PY_FILES.exists() else None,
         conf={"spark.ui.enabled": "false"},
         application_args=[
-            "--registry", str(load_registry().path),
-            "--query", query,
-            "--mode", mode,
-            "--run-id", "{{ run_id }}",
+            "--registry",
+            str(load_registry().path),
+            "--query",
+            query,
+            "--mode",
+            mode,
+            "--run-id",
+            "{{ run_id }}",
         ],
         **kwargs,
     )

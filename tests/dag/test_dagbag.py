@@ -33,7 +33,10 @@ def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
     dag = dagbag.dags["stream_start"]
     assert dag.max_active_runs == 1
     assert {t.task_id for t in dag.tasks} == {
-        "run_user_sessions", "record_user_sessions", "run_page_visits", "record_page_visits",
+        "run_user_sessions",
+        "record_user_sessions",
+        "run_page_visits",
+        "record_page_visits",
     }
     for name in ("user_sessions", "page_visits"):
         submit = dag.get_task(f"run_{name}")

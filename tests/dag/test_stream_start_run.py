@@ -25,7 +25,11 @@ def _airflow(tmp_path, *args: str) -> subprocess.CompletedProcess:
     }
     return subprocess.run(
         ["bash", "-c", 'source scripts/env.sh && exec airflow "$@"', "airflow", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -42,7 +46,8 @@ def test_airflow_dags_test_stream_start_runs_both_queries(tmp_path):
         assert summary["status"] == "succeeded"
         assert summary["run_id"].startswith("manual__")
         assert summary["input_rows"] == 80
-        assert summary["last_committed_batch"] == load_checkpoint(
-            registry.query(name).checkpoint
-        ).last_committed_batch
+        assert (
+            summary["last_committed_batch"]
+            == load_checkpoint(registry.query(name).checkpoint).last_committed_batch
+        )
         assert f"{name}: succeeded" in log

@@ -46,18 +46,39 @@ def cluster(tmp_path):
     logs = [open(tmp_path / "master.log", "w"), open(tmp_path / "worker.log", "w")]
     procs = [
         subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master",
-             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
-            env=env, stdout=logs[0], stderr=subprocess.STDOUT,
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            env=env,
+            stdout=logs[0],
+            stderr=subprocess.STDOUT,
         )
     ]
     try:
         _wait_for(f"http://127.0.0.1:{ui}/json/", '"status" : "ALIVE"')
         procs.append(
             subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
-                 "--cores", "2", "--memory", "2g", "--webui-port", str(_free_port())],
-                env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    f"spark://127.0.0.1:{port}",
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "2g",
+                    "--webui-port",
+                    str(_free_port()),
+                ],
+                env=env,
+                stdout=logs[1],
+                stderr=subprocess.STDOUT,
             )
         )
         _wait_for(f"http://127.0.0.1:{ui}/json/", '"aliveworkers" : 1')
@@ -80,8 +101,12 @@ def test_run_query_on_a_standalone_cluster_with_the_library_as_py_files(cluster,
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=2)
     proc = spark_submit_run_query(
-        registry, "user_sessions", "--run-id", "cluster-1",
-        master=cluster, extra_submit=["--py-files", str(py_files)],
+        registry,
+        "user_sessions",
+        "--run-id",
+        "cluster-1",
+        master=cluster,
+        extra_submit=["--py-files", str(py_files)],
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,4 +116,6 @@ def test_run_query_on_a_standalone_cluster_with_the_library_as_py_files(cluster,
     assert load_checkpoint(ckpt).last_committed_batch == summary["last_committed_batch"]
     app_dirs = list(Path(tmp_path / "work").glob("app-*"))
     assert app_dirs, "no executor ran on the worker"
-    assert any((d / "0" / "stateops.zip").exists() or list(d.rglob("stateops.zip")) for d in app_dirs)
+    assert any(
+        (d / "0" / "stateops.zip").exists() or list(d.rglob("stateops.zip")) for d in app_dirs
+    )

@@ -20,7 +20,9 @@ _mtime = [1_700_000_000]
 
 def land(landing_root: Path, round_: int, files: int) -> None:
     """Sample events for round ``round_``, with strictly increasing mtimes (file order)."""
-    written = generate_events(landing_root, events_per_file=40, users=12, files=files, round_=round_)
+    written = generate_events(
+        landing_root, events_per_file=40, users=12, files=files, round_=round_
+    )
     for paths in written.values():
         for p in paths:
             _mtime[0] += 10
@@ -96,8 +98,10 @@ def aggregation_case(provider: str) -> Case:
         from pyspark.sql import functions as F
 
         _builtin_conf(spark, provider)
-        df = _visits_stream(spark, root).groupBy("user_id").agg(
-            F.count("*").alias("visits"), F.max("event_time").alias("last_seen")
+        df = (
+            _visits_stream(spark, root)
+            .groupBy("user_id")
+            .agg(F.count("*").alias("visits"), F.max("event_time").alias("last_seen"))
         )
         writer = df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
         return _per_batch_sink(writer, sink).trigger(availableNow=True).start()
@@ -123,7 +127,9 @@ def join_case(provider: str) -> Case:
             right,
             F.expr("l_user = r_user AND r_time BETWEEN l_time - interval 1 minute AND l_time"),
         )
-        writer = joined.writeStream.outputMode("append").option("checkpointLocation", str(checkpoint))
+        writer = joined.writeStream.outputMode("append").option(
+            "checkpointLocation", str(checkpoint)
+        )
         return _per_batch_sink(writer, sink).trigger(availableNow=True).start()
 
     return Case(
@@ -165,7 +171,6 @@ ALL_CASES = [
     join_case("hdfs"),
     join_case("rocksdb"),
 ]
-
 
 
 def last_committed(checkpoint: Path) -> int:

@@ -146,7 +146,8 @@ def test_several_snapshot_groups_exist_and_partition_the_versions(story: Story):
 
 def test_restart_set_is_a_strict_subset_without_old_groups(story: Story):
     state_files = {
-        rel for rel in story.before.sizes
+        rel
+        for rel in story.before.sizes
         if rel.startswith("state/") and not rel.endswith(".crc") and "_metadata" not in rel
     }
     needed = set(story.restart_files)

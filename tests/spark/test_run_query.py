@@ -14,7 +14,14 @@ import yaml
 from stateops.checkpoint import load_checkpoint
 from stateops.lock import QueryLock, read_lock
 from stateops.registry import load_registry
-from tests.conftest import ROOT, VENV_BIN, run_cli, spark_submit_run_query, tree_digest, write_registry
+from tests.conftest import (
+    ROOT,
+    VENV_BIN,
+    run_cli,
+    spark_submit_run_query,
+    tree_digest,
+    write_registry,
+)
 from tests.spark.harness import land, read_sink
 
 pytestmark = pytest.mark.spark
@@ -31,12 +38,15 @@ def ran(tmp_path_factory):
     ]
     # A 10-minute timeout: sessions close both ways (is_last and the timer) in three files.
     registry = write_registry(
-        root, user_sessions={"processor": {**processor, "options": {"session_timeout_seconds": 600}}}
+        root,
+        user_sessions={"processor": {**processor, "options": {"session_timeout_seconds": 600}}},
     )
     land(root / "landing", round_=0, files=3)
     results = {}
     for name in ("user_sessions", "page_visits"):
-        proc = spark_submit_run_query(registry, name, "--mode", "available-now", "--run-id", f"t-{name}")
+        proc = spark_submit_run_query(
+            registry, name, "--mode", "available-now", "--run-id", f"t-{name}"
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     return root, load_registry(registry), results
@@ -57,7 +67,11 @@ def test_summary_counts_batches_rows_and_state(ran, name):
     assert on_disk == summary
     audit = run_cli("--registry", str(registry.path), "audit", name, "--json", check=True)
     record = json.loads(audit.stdout.splitlines()[-1])
-    assert (record["operation"], record["run_id"], record["batch_after"]) == ("run", f"t-{name}", committed)
+    assert (record["operation"], record["run_id"], record["batch_after"]) == (
+        "run",
+        f"t-{name}",
+        committed,
+    )
     assert read_lock(registry.lock_path(name)) is None, "the lock must be released"
 
 
@@ -75,7 +89,9 @@ def test_user_sessions_keep_no_expired_session_and_lose_no_event(ran, spark):
     cp = load_checkpoint(query.checkpoint)
     watermark_ms = cp.commits[cp.last_committed_batch]["nextBatchWatermarkMs"]
     timeout_ms = query.processor.options["session_timeout_seconds"] * 1000
-    open_events = spark.read.format("statestore").option("stateVarName", "events").load(query.checkpoint)
+    open_events = (
+        spark.read.format("statestore").option("stateVarName", "events").load(query.checkpoint)
+    )
     per_user = {}
     for row in open_events.collect():
         ms = int(row.list_element.event_time.timestamp() * 1000)
@@ -95,7 +111,10 @@ def test_page_visits_count_every_visit_per_user(ran, spark):
     ckpt = registry.query("page_visits").checkpoint
     counts = {
         r.key.user_id: r.value.visits
-        for r in spark.read.format("statestore").option("stateVarName", "count").load(ckpt).collect()
+        for r in spark.read.format("statestore")
+        .option("stateVarName", "count")
+        .load(ckpt)
+        .collect()
     }
     expected: dict[str, int] = {}
     for event in _landed(root, "page_visits"):
@@ -122,9 +141,17 @@ def test_a_held_lock_refuses_the_run_and_changes_nothing(ran):
 def test_unknown_query_is_one_line_exit_2(ran):
     _, registry, _ = ran
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "spark_jobs" / "run_query.py"), "--registry", str(registry.path),
-         "--query", "nope"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(ROOT / "spark_jobs" / "run_query.py"),
+            "--registry",
+            str(registry.path),
+            "--query",
+            "nope",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no query named 'nope'" in proc.stderr
@@ -134,11 +161,25 @@ def test_continuous_mode_stops_after_the_current_batch_on_a_stop_marker(tmp_path
     registry = write_registry(tmp_path, page_visits={"trigger": {"processing_time": "1 second"}})
     land(tmp_path / "landing", round_=0, files=1)
     ckpt = Path(load_registry(registry).query("page_visits").checkpoint)
-    cmd = [str(VENV_BIN / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-           str(ROOT / "spark_jobs" / "run_query.py"), "--registry", str(registry),
-           "--query", "page_visits", "--mode", "continuous", "--run-id", "cont-1"]
+    cmd = [
+        str(VENV_BIN / "spark-submit"),
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+        str(ROOT / "spark_jobs" / "run_query.py"),
+        "--registry",
+        str(registry),
+        "--query",
+        "page_visits",
+        "--mode",
+        "continuous",
+        "--run-id",
+        "cont-1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+
         def committed() -> int | None:
             try:
                 return load_checkpoint(ckpt).last_committed_batch

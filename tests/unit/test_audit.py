@@ -11,7 +11,9 @@ def test_records_append_beside_the_checkpoint(tmp_path):
     ckpt = tmp_path / "checkpoints" / "q"
     ckpt.mkdir(parents=True)
     append_audit(ckpt, "run", run_id="r1", result="succeeded", batch_before=None, batch_after=3)
-    append_audit(ckpt, "cleanup", run_id="r2", result="failed", batch_before=3, batch_after=3, why="x")
+    append_audit(
+        ckpt, "cleanup", run_id="r2", result="failed", batch_before=3, batch_after=3, why="x"
+    )
     assert audit_dir(ckpt) == tmp_path / "checkpoints" / "q.audit"
     assert not any(p.name.startswith("audit") for p in ckpt.iterdir())
     records = read_audit(ckpt)

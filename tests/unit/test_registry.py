@@ -43,22 +43,35 @@ def test_test_registry_overrides_reach_spark_conf(tmp_path):
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda r: r["queries"]["page_visits"]["source"].update(format="avro"),
-         "queries.page_visits.source.format"),
-        (lambda r: r["queries"]["page_visits"].update(key_columns=["account_id"]),
-         "key column 'account_id' is not in source.schema"),
-        (lambda r: r["queries"]["page_visits"].update(shuffle_partitions=0),
-         "queries.page_visits.shuffle_partitions"),
-        (lambda r: r["queries"]["page_visits"]["processor"].update({"class": "no_colon_here"}),
-         "queries.page_visits.processor.class"),
-        (lambda r: r["queries"]["page_visits"].update(checkpoint_dir="x"),
-         "queries.page_visits.checkpoint_dir: Extra inputs are not permitted"),
-        (lambda r: r["queries"]["page_visits"]["state_store"].update(provider="memory"),
-         "queries.page_visits.state_store.provider"),
-        (lambda r: r["queries"]["page_visits"]["source"].update(schema="user_id"),
-         "queries.page_visits.source.schema"),
-        (lambda r: r["queries"]["user_sessions"].pop("watermark"),
-         "EventTime needs a watermark"),
+        (
+            lambda r: r["queries"]["page_visits"]["source"].update(format="avro"),
+            "queries.page_visits.source.format",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"].update(key_columns=["account_id"]),
+            "key column 'account_id' is not in source.schema",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"].update(shuffle_partitions=0),
+            "queries.page_visits.shuffle_partitions",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"]["processor"].update({"class": "no_colon_here"}),
+            "queries.page_visits.processor.class",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"].update(checkpoint_dir="x"),
+            "queries.page_visits.checkpoint_dir: Extra inputs are not permitted",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"]["state_store"].update(provider="memory"),
+            "queries.page_visits.state_store.provider",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"]["source"].update(schema="user_id"),
+            "queries.page_visits.source.schema",
+        ),
+        (lambda r: r["queries"]["user_sessions"].pop("watermark"), "EventTime needs a watermark"),
         (lambda r: r.update(extra=1), "unknown top-level field(s): extra"),
     ],
 )
@@ -86,7 +99,9 @@ def test_missing_and_malformed_files(tmp_path):
 
 def test_schema_columns_handles_nested_types():
     assert schema_columns("a STRING, b STRUCT<x: INT, y: ARRAY<STRING>>, c DECIMAL(10,2)") == [
-        "a", "b", "c",
+        "a",
+        "b",
+        "c",
     ]
     with pytest.raises(ValueError):
         schema_columns("a STRING, b STRUCT<x: INT")

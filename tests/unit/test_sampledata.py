@@ -12,7 +12,9 @@ pytestmark = pytest.mark.unit
 def test_same_seed_same_bytes_and_rounds_move_time_forward(tmp_path):
     a = generate_events(tmp_path / "a", events_per_file=50, files=3, seed=1)
     b = generate_events(tmp_path / "b", events_per_file=50, files=3, seed=1)
-    assert [p.read_bytes() for p in a["user_sessions"]] == [p.read_bytes() for p in b["user_sessions"]]
+    assert [p.read_bytes() for p in a["user_sessions"]] == [
+        p.read_bytes() for p in b["user_sessions"]
+    ]
     later = generate_events(tmp_path / "a", events_per_file=50, files=3, seed=1, round_=1)
     first = [json.loads(line) for p in a["page_visits"] for line in p.read_text().splitlines()]
     second = [json.loads(line) for p in later["page_visits"] for line in p.read_text().splitlines()]

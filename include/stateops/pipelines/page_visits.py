@@ -46,7 +46,7 @@ class PageVisitsProcessor(StatefulProcessor):
         self, key: tuple, initialState: pd.DataFrame, timerValues: TimerValues
     ) -> None:
         rows = initialState.sort_values(["visited_at", "page"], kind="stable")
-        self._apply(list(zip(rows["page"], rows["visited_at"])))
+        self._apply(list(zip(rows["page"], rows["visited_at"], strict=True)))
 
     def handleInputRows(
         self, key: tuple, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -55,7 +55,7 @@ class PageVisitsProcessor(StatefulProcessor):
         incoming = pd.concat(list(rows), ignore_index=True).sort_values(
             ["event_time", "page"], kind="stable"
         )
-        total, pages = self._apply(list(zip(incoming["page"], incoming["event_time"])))
+        total, pages = self._apply(list(zip(incoming["page"], incoming["event_time"], strict=True)))
         yield pd.DataFrame(
             [(user_id, total, pages[-1][0], len({p for p, _ in pages}))],
             columns=["user_id", "visits", "last_page", "distinct_pages"],

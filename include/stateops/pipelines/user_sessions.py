@@ -49,7 +49,7 @@ class UserSessionsProcessor(StatefulProcessor):
         open_events = [(d, t) for d, t in self.events.get()]
         closed = []
         for data, is_last, event_time in zip(
-            incoming["data"], incoming["is_last"], incoming["event_time"]
+            incoming["data"], incoming["is_last"], incoming["event_time"], strict=True
         ):
             open_events.append((data, event_time))
             if bool(is_last):
@@ -73,7 +73,9 @@ class UserSessionsProcessor(StatefulProcessor):
         open_events = [(d, t) for d, t in self.events.get()]
         self.events.clear()
         if open_events:
-            yield pd.DataFrame([_session_row(user_id, open_events, "timeout")], columns=_OUTPUT_COLUMNS)
+            yield pd.DataFrame(
+                [_session_row(user_id, open_events, "timeout")], columns=_OUTPUT_COLUMNS
+            )
 
     def close(self) -> None:
         pass
