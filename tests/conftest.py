@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import subprocess
 import sys
@@ -17,6 +18,9 @@ os.environ.setdefault("STATEOPS_HOME", str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
 os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"
+
+# py4j logs its connection shutdown at interpreter exit, after pytest closed the streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 # Small and fast: several snapshot groups after a handful of batches.
 TEST_STATE_STORE = {"min_deltas_for_snapshot": 2, "min_batches_to_retain": 100}
