@@ -76,6 +76,8 @@ def _builtin_conf(spark, provider: str) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[provider])
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     spark.conf.set("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
+    # Compact the file source's log every 3 entries, so restart sets cross a compaction.
+    spark.conf.set("spark.sql.streaming.fileSource.log.compactInterval", "3")
 
 
 def _per_batch_sink(writer, sink: Path):
