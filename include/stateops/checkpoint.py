@@ -19,6 +19,7 @@ State version V holds the state after batch V - 1, so a restart after batch N lo
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -113,16 +114,16 @@ class StoreState:
         A base's own delta stays in its group, as Spark's own cleanup keeps it.
         """
         bases = sorted({0, *self.snapshots})
+        by_base: dict[int, list[int]] = {}
+        for v in self.versions:
+            by_base.setdefault(bases[bisect.bisect_right(bases, v) - 1], []).append(v)
         groups = []
-        for i, base in enumerate(bases):
-            upper = bases[i + 1] if i + 1 < len(bases) else None
-            versions = tuple(v for v in self.versions if v >= base and (upper is None or v < upper))
+        for base, versions in sorted(by_base.items()):
             files = [self.snapshots[v] for v in versions if v in self.snapshots]
             files += [self.deltas[v] for v in versions if v in self.deltas]
-            if files:
-                groups.append(
-                    SnapshotGroup(base, versions, tuple(files), sum(sizes[f] for f in files))
-                )
+            groups.append(
+                SnapshotGroup(base, tuple(versions), tuple(files), sum(sizes[f] for f in files))
+            )
         return groups
 
 
@@ -358,7 +359,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{root}: no such directory; pass the query's checkpoint location")
-    sizes = _walk(root)
+    sizes, dirs = _walk(root)
     has_logs = any(p.startswith(("offsets/", "commits/")) for p in sizes)
     if "metadata" not in sizes:
         if has_logs or any(p.startswith("state/") for p in sizes):
@@ -370,34 +371,36 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
         )
     query_id = _read_query_id(root / "metadata")
-    offsets = {
-        b: _parse_offsets(root / rel, b) for b, rel in _batch_files(sizes, "offsets").items()
-    }
-    commits = {b: _parse_commit(root / rel) for b, rel in _batch_files(sizes, "commits").items()}
+    offsets = {b: _parse_offsets(root / rel, b) for b, rel in _batch_files(dirs, "offsets").items()}
+    commits = {b: _parse_commit(root / rel) for b, rel in _batch_files(dirs, "commits").items()}
     return Checkpoint(
         root=root,
         query_id=query_id,
         sizes=sizes,
         offsets=offsets,
         commits=commits,
-        sources=_source_logs(sizes),
-        operators=_operators(root, sizes),
+        sources=_source_logs(dirs),
+        operators=_operators(root, dirs),
     )
 
 
-def _walk(root: Path) -> dict[str, int]:
+def _walk(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """Sizes by relative path, and file names by relative directory ("" is the root)."""
     sizes: dict[str, int] = {}
+    dirs: dict[str, list[str]] = {}
     stack = [(root, "")]
     while stack:
-        directory, prefix = stack.pop()
+        directory, rel_dir = stack.pop()
+        names = dirs.setdefault(rel_dir, [])
+        prefix = rel_dir + "/" if rel_dir else ""
         with os.scandir(directory) as entries:
             for entry in entries:
-                rel = prefix + entry.name
                 if entry.is_dir(follow_symlinks=False):
-                    stack.append((Path(entry.path), rel + "/"))
+                    stack.append((Path(entry.path), prefix + entry.name))
                 elif entry.is_file(follow_symlinks=False):
-                    sizes[rel] = entry.stat(follow_symlinks=False).st_size
-    return sizes
+                    names.append(entry.name)
+                    sizes[prefix + entry.name] = entry.stat(follow_symlinks=False).st_size
+    return sizes, dirs
 
 
 def _crc_sidecar(rel: str) -> str:
@@ -405,15 +408,8 @@ def _crc_sidecar(rel: str) -> str:
     return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
 
 
-def _batch_files(sizes: dict[str, int], log: str) -> dict[int, str]:
-    out = {}
-    prefix = log + "/"
-    for rel in sizes:
-        if rel.startswith(prefix) and "/" not in rel[len(prefix) :]:
-            m = _BATCH_FILE.match(rel[len(prefix) :])
-            if m:
-                out[int(m.group(1))] = rel
-    return out
+def _batch_files(dirs: dict[str, list[str]], log: str) -> dict[int, str]:
+    return {int(name): f"{log}/{name}" for name in dirs.get(log, []) if name.isdigit()}
 
 
 def _read_text(path: Path) -> str:
@@ -484,14 +480,15 @@ def _parse_offsets(path: Path, batch_id: int) -> OffsetEntry:
     )
 
 
-def _source_logs(sizes: dict[str, int]) -> dict[str, dict[int, str]]:
+def _source_logs(dirs: dict[str, list[str]]) -> dict[str, dict[int, str]]:
     logs: dict[str, dict[int, str]] = {}
-    for rel in sizes:
-        parts = rel.split("/")
-        if len(parts) == 3 and parts[0] == "sources":
-            m = _SOURCE_LOG_FILE.match(parts[2])
-            if m:
-                logs.setdefault(parts[1], {})[int(m.group(1))] = rel
+    for rel_dir, names in dirs.items():
+        parts = rel_dir.split("/")
+        if len(parts) == 2 and parts[0] == "sources":
+            for name in names:
+                m = _SOURCE_LOG_FILE.match(name)
+                if m:
+                    logs.setdefault(parts[1], {})[int(m.group(1))] = f"{rel_dir}/{name}"
     return logs
 
 
@@ -504,63 +501,63 @@ def _schema_file_names(metadata_path: Path) -> set[str]:
     return names
 
 
-def _operators(root: Path, sizes: dict[str, int]) -> list[OperatorState]:
-    by_op: dict[int, list[str]] = {}
-    for rel in sizes:
-        parts = rel.split("/")
-        if len(parts) >= 3 and parts[0] == "state" and parts[1].isdigit():
-            by_op.setdefault(int(parts[1]), []).append(rel)
-    return [_operator(root, op_id, rels) for op_id, rels in sorted(by_op.items())]
+def _operators(root: Path, dirs: dict[str, list[str]]) -> list[OperatorState]:
+    by_op: dict[int, dict[str, list[str]]] = {}
+    for rel_dir, names in dirs.items():
+        parts = rel_dir.split("/", 2)
+        if len(parts) >= 3 and parts[0] == "state" and parts[1].isdigit() and names:
+            by_op.setdefault(int(parts[1]), {})[parts[2]] = names
+    return [_operator(root, op_id, op_dirs) for op_id, op_dirs in sorted(by_op.items())]
 
 
-def _operator(root: Path, op_id: int, rels: list[str]) -> OperatorState:
+def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> OperatorState:
+    """Classify ``state/<op_id>/`` one directory at a time (``op_dirs``: sub-path -> names)."""
     stores: dict[tuple[int, str], StoreState] = {}
     metadata_files: dict[int | None, str] = {}
     schema_files: dict[str, int] = {}
     base = f"state/{op_id}/"
-    for rel in rels:
-        parts = rel[len(base) :].split("/")
-        name = parts[-1]
+    for sub, names in op_dirs.items():
+        parts = sub.split("/")
+        rel_dir = base + sub
         if parts[0] == "_metadata":
-            if parts[1:] == ["metadata"]:
-                metadata_files[None] = rel
-            elif len(parts) == 3 and parts[1] == "v2" and name.isdigit():
-                metadata_files[int(name)] = rel
+            if parts == ["_metadata"] and "metadata" in names:
+                metadata_files[None] = rel_dir + "/metadata"
+            elif parts == ["_metadata", "v2"]:
+                metadata_files.update({int(n): f"{rel_dir}/{n}" for n in names if n.isdigit()})
             continue
         if parts[0] == "_stateSchema":
-            m = re.match(r"^(\d+)_", name)
-            if m:
-                schema_files[rel] = int(m.group(1))
+            for name in names:
+                m = re.match(r"^(\d+)_", name)
+                if m:
+                    schema_files[f"{rel_dir}/{name}"] = int(m.group(1))
             continue
-        if not parts[0].isdigit() or name.endswith(".crc"):
+        if not parts[0].isdigit():
             continue
-        partition = int(parts[0])
         # Stores other than "default" (e.g. the four of a stream-stream join) are subfolders.
-        store_name = _DEFAULT_STORE
         rest = parts[1:]
-        if len(rest) >= 2 and not rest[0].startswith("_") and rest[0] not in ("SSTs", "logs"):
+        store_name = _DEFAULT_STORE
+        if rest and not rest[0].startswith("_") and rest[0] not in ("SSTs", "logs"):
             store_name, rest = rest[0], rest[1:]
-        rel_dir = base + parts[0] + ("" if store_name == _DEFAULT_STORE else "/" + store_name)
+        store_dir = base + parts[0] + ("" if store_name == _DEFAULT_STORE else "/" + store_name)
         store = stores.setdefault(
-            (partition, store_name),
-            StoreState(op_id, partition, store_name, rel_dir, provider="unknown"),
+            (int(parts[0]), store_name),
+            StoreState(op_id, int(parts[0]), store_name, store_dir, provider="unknown"),
         )
-        m = _VERSION_FILE.match(name) if len(rest) == 1 else None
-        if not m:
-            store.other_files.append(rel)
-            continue
-        version, kind = int(m.group(1)), m.group(2)
-        if kind in ("delta", "changelog"):
-            store.deltas[version] = rel
-        else:
-            store.snapshots[version] = rel
-        store.provider = "rocksdb" if kind in ("zip", "changelog") else "hdfs"
+        for name in names:
+            if name.endswith(".crc"):
+                continue
+            m = _VERSION_FILE.match(name) if not rest else None
+            if not m:
+                store.other_files.append(f"{rel_dir}/{name}")
+            elif m.group(2) in ("delta", "changelog"):
+                store.deltas[int(m.group(1))] = f"{rel_dir}/{name}"
+            else:
+                store.snapshots[int(m.group(1))] = f"{rel_dir}/{name}"
+            if m:
+                store.provider = "rocksdb" if m.group(2) in ("zip", "changelog") else "hdfs"
     operator_name = None
-    meta_rel = metadata_files.get(None) or (
-        metadata_files[max(k for k in metadata_files if k is not None)]
-        if any(k is not None for k in metadata_files)
-        else None
-    )
+    v2 = [k for k in metadata_files if k is not None]
+    meta_rel = metadata_files.get(None) or (metadata_files[max(v2)] if v2 else None)
     if meta_rel:
         meta = _parse_versioned_json(root / meta_rel, _read_text(root / meta_rel))
         operator_name = meta.get("operatorInfo", {}).get("operatorName")
