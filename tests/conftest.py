@@ -60,28 +60,26 @@ def run_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess:
     return proc
 
 
-def spark_submit_run_query(
-    registry: Path,
-    query: str,
-    *extra: str,
-    master: str = "local[2]",
-    extra_submit: list[str] | None = None,
-    timeout: int = 300,
-) -> subprocess.CompletedProcess:
-    cmd = [
+def run_query_command(
+    registry: Path, query: str, *extra: str, master: str = "local[2]", submit: list[str] = ()
+) -> list[str]:
+    """``spark-submit [submit...] run_query.py --registry R --query Q [extra...]``."""
+    return [
         str(VENV_BIN / "spark-submit"),
-        "--master",
-        master,
-        "--conf",
-        "spark.ui.enabled=false",
-        *(extra_submit or []),
+        "--master", master,
+        "--conf", "spark.ui.enabled=false",
+        *submit,
         str(ROOT / "spark_jobs" / "run_query.py"),
-        "--registry",
-        str(registry),
-        "--query",
-        query,
+        "--registry", str(registry),
+        "--query", query,
         *extra,
-    ]
+    ]  # fmt: skip
+
+
+def spark_submit_run_query(
+    registry: Path, query: str, *extra: str, timeout: int = 300, **kwargs
+) -> subprocess.CompletedProcess:
+    cmd = run_query_command(registry, query, *extra, **kwargs)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 

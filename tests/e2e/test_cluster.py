@@ -106,7 +106,7 @@ def test_run_query_on_a_standalone_cluster_with_the_library_as_py_files(cluster,
         "--run-id",
         "cluster-1",
         master=cluster,
-        extra_submit=["--py-files", str(py_files)],
+        submit=["--py-files", str(py_files)],
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

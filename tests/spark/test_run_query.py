@@ -16,8 +16,8 @@ from stateops.lock import QueryLock, read_lock
 from stateops.registry import load_registry
 from tests.conftest import (
     ROOT,
-    VENV_BIN,
     run_cli,
+    run_query_command,
     spark_submit_run_query,
     tree_digest,
     write_registry,
@@ -161,22 +161,7 @@ def test_continuous_mode_stops_after_the_current_batch_on_a_stop_marker(tmp_path
     registry = write_registry(tmp_path, page_visits={"trigger": {"processing_time": "1 second"}})
     land(tmp_path / "landing", round_=0, files=1)
     ckpt = Path(load_registry(registry).query("page_visits").checkpoint)
-    cmd = [
-        str(VENV_BIN / "spark-submit"),
-        "--master",
-        "local[2]",
-        "--conf",
-        "spark.ui.enabled=false",
-        str(ROOT / "spark_jobs" / "run_query.py"),
-        "--registry",
-        str(registry),
-        "--query",
-        "page_visits",
-        "--mode",
-        "continuous",
-        "--run-id",
-        "cont-1",
-    ]
+    cmd = run_query_command(registry, "page_visits", "--mode", "continuous", "--run-id", "cont-1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
 
