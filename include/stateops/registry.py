@@ -118,6 +118,12 @@ class Query(_Model):
             raise ValueError(f"watermark.column {self.watermark.column!r} is not in source.schema")
         if self.processor.time_mode == "EventTime" and not self.watermark:
             raise ValueError("processor.time_mode EventTime needs a watermark")
+        if self.state_store.provider != "rocksdb":
+            # Spark 4.2: UNSUPPORTED_FEATURE.STORE_BACKEND_NOT_SUPPORTED_FOR_TWS, at run time.
+            raise ValueError(
+                f"state_store.provider {self.state_store.provider!r}: transformWithState "
+                "processors run only on rocksdb in Spark 4.2 (hdfs serves built-in operators)"
+            )
         return self
 
     def spark_conf_for_query(self) -> dict[str, str]:

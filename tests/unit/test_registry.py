@@ -72,6 +72,10 @@ def test_test_registry_overrides_reach_spark_conf(tmp_path):
             "queries.page_visits.source.schema",
         ),
         (lambda r: r["queries"]["user_sessions"].pop("watermark"), "EventTime needs a watermark"),
+        (
+            lambda r: r["queries"]["page_visits"]["state_store"].update(provider="hdfs"),
+            "transformWithState processors run only on rocksdb",
+        ),
         (lambda r: r.update(extra=1), "unknown top-level field(s): extra"),
     ],
 )
