@@ -40,46 +40,66 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def last_committed(checkpoint: str) -> int | None:
-    return (
-        load_checkpoint(checkpoint).last_committed_batch
-        if Path(checkpoint, "metadata").exists()
-        else None
-    )
+def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
+    """Last committed batch and planned-but-uncommitted batches; (None, []) for a new query.
+
+    Anything already in the folder goes through the checkpoint model first, so a damaged
+    checkpoint is a one-line error here rather than a Spark stack trace.
+    """
+    path = Path(checkpoint)
+    if not path.is_dir() or not any(path.iterdir()):
+        return None, []
+    cp = load_checkpoint(path)
+    return cp.last_committed_batch, cp.uncommitted_batches
+
+
+def await_run(streaming, marker: Path | None, poll_seconds: float) -> bool:
+    """Wait for the query to end, or (continuous mode) for ``marker``; True if it stopped it."""
+    while streaming.isActive:
+        if marker is not None and marker.exists():
+            # Graceful: let the current batch commit before stopping. A trigger may still start
+            # in between; the summary then lists that batch as uncommitted.
+            while streaming.isActive and streaming.status["isTriggerActive"]:
+                time.sleep(0.2)
+            streaming.stop()
+            marker.unlink(missing_ok=True)
+            return True
+        streaming.awaitTermination(poll_seconds)
+    return False
 
 
 def run(args: argparse.Namespace, registry: Registry) -> dict:
+    from pyspark.errors import AnalysisException, StreamingQueryException
+
     from stateops.streaming import build_session, progress_summary, start_query
 
     query = registry.query(args.query)
     run_id = args.run_id or f"run-{uuid.uuid4().hex[:8]}"
-    marker = registry.stop_marker(query.name)
-    with QueryLock(registry.lock_path(query.name), query.name, "run", run_id):
-        before = last_committed(query.checkpoint)
+    marker = registry.stop_marker(query.name) if args.mode == "continuous" else None
+    with QueryLock(registry.lock_path(query.name), query.name, "run", run_id) as lock:
+        before, _ = checkpoint_state(query.checkpoint)
         started = time.time()
-        if args.mode == "continuous" and marker.exists():
+        if marker is not None and marker.exists():
             print(f"removing a stale stop marker {marker}", file=sys.stderr)
             marker.unlink()
         spark = build_session(query, app_name=f"stateops-run-{query.name}")
-        streaming = start_query(spark, query, available_now=args.mode == "available-now")
+        try:
+            streaming = start_query(spark, query, available_now=marker is None)
+        except AnalysisException as err:
+            raise StateOpsError(
+                f"query {query.name}: Spark cannot start it: {str(err).splitlines()[0]}"
+            ) from err
         stopped_by_marker = False
         try:
-            while streaming.isActive:
-                if args.mode == "continuous" and marker.exists():
-                    # Graceful: let the current batch commit before stopping.
-                    while streaming.isActive and streaming.status["isTriggerActive"]:
-                        time.sleep(0.2)
-                    streaming.stop()
-                    marker.unlink(missing_ok=True)
-                    stopped_by_marker = True
-                    break
-                streaming.awaitTermination(args.poll_seconds)
+            stopped_by_marker = await_run(streaming, marker, args.poll_seconds)
+        except StreamingQueryException:
+            pass  # recorded below from streaming.exception()
         finally:
             error = streaming.exception()
             progress = streaming.recentProgress
             if streaming.isActive:
                 streaming.stop()
-        after = last_committed(query.checkpoint)
+        after, uncommitted = checkpoint_state(query.checkpoint)
         summary = {
             "query": query.name,
             "run_id": run_id,
@@ -93,6 +113,8 @@ def run(args: argparse.Namespace, registry: Registry) -> dict:
             "checkpoint": query.checkpoint,
             "last_committed_batch_before": before,
             "last_committed_batch": after,
+            "uncommitted_batches": uncommitted,
+            "lock_lost": lock.lost,
             **progress_summary(progress),
         }
         append_audit(

@@ -28,7 +28,7 @@ import struct
 import zipfile
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from stateops.errors import CheckpointError
 
@@ -227,7 +227,7 @@ class Checkpoint:
                 needed += [f for f in store.other_files if f.endswith("/_metadata/schema")]
                 for rel in chain:
                     if rel.endswith(".zip"):
-                        needed += self._rocksdb_zip_references(store, rel, missing)
+                        needed += self._rocksdb_zip_references(store, rel)
         missing += [f for f in needed if f not in self.sizes]
         if missing:
             raise CheckpointError(
@@ -246,20 +246,21 @@ class Checkpoint:
         files = []
         source_offsets = self.offsets[batch].source_offsets
         for name, log in sorted(self.sources.items()):
-            upper = batch
+            offset = None
             if name.isdigit() and int(name) < len(source_offsets):
                 offset = source_offsets[int(name)]
-                # A file source's log is keyed by its own logOffset, not by batch id.
-                if isinstance(offset, dict) and "logOffset" in offset:
-                    upper = int(offset["logOffset"])
-            ids = [i for i in log if i <= upper]
-            compacts = [i for i in ids if log[i].endswith(".compact")]
-            start = max(compacts) if compacts else (min(ids) if ids else 0)
-            for i in range(start, upper + 1):
+            if not (isinstance(offset, dict) and "logOffset" in offset):
+                # Other sources (rate, Kafka) log their initial offsets: keep what is there.
+                files += [rel for i, rel in sorted(log.items()) if i <= batch]
+                continue
+            # A file source's log is keyed by its own logOffset, not by batch id, and a restart
+            # reads its latest compaction plus every entry after it.
+            upper = int(offset["logOffset"])
+            compacts = [i for i, rel in log.items() if i <= upper and rel.endswith(".compact")]
+            for i in range(max(compacts) if compacts else 0, upper + 1):
                 if i in log:
                     files.append(log[i])
-                elif compacts or ids:
-                    # A compactible log needs every entry after its latest compaction.
+                else:
                     missing.append(f"sources/{name}/{i}")
         return files
 
@@ -268,25 +269,25 @@ class Checkpoint:
         if None in op.metadata_files:
             files.append(op.metadata_files[None])
         v2 = [b for b in op.metadata_files if b is not None and b <= batch]
-        referenced: set[str] = set()
-        if v2:
-            rel = op.metadata_files[max(v2)]
-            files.append(rel)
-            referenced = _schema_file_names(self.root / rel)
-        for rel, written_by in op.schema_files.items():
-            name = PurePosixPath(rel).name
-            if (name in referenced) if referenced else written_by <= batch:
-                files.append(rel)
-        return files
+        if not v2:
+            return files + [
+                rel for rel, written_by in op.schema_files.items() if written_by <= batch
+            ]
+        rel = op.metadata_files[max(v2)]
+        # The v2 metadata names the schema files it was written with; a missing one is flagged.
+        return files + [rel] + sorted(_schema_file_refs(self.root, rel, op.operator_id))
 
-    def _rocksdb_zip_references(
-        self, store: StoreState, zip_rel: str, missing: list[str]
-    ) -> list[str]:
+    def _rocksdb_zip_references(self, store: StoreState, zip_rel: str) -> list[str]:
         meta = read_rocksdb_zip_metadata(self.root / zip_rel)
-        refs = [f"{store.rel_dir}/SSTs/{f['dfsSstFileName']}" for f in meta.get("sstFiles", [])]
-        refs += [f"{store.rel_dir}/logs/{f['dfsLogFileName']}" for f in meta.get("logFiles", [])]
-        missing += [r for r in refs if r not in self.sizes]
-        return refs
+        try:
+            return [
+                f"{store.rel_dir}/SSTs/{f['dfsSstFileName']}" for f in meta.get("sstFiles", [])
+            ] + [f"{store.rel_dir}/logs/{f['dfsLogFileName']}" for f in meta.get("logFiles", [])]
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(
+                f"{self.root / zip_rel}: corrupt RocksDB snapshot metadata ({err!r}); "
+                "restore the checkpoint from a backup"
+            ) from err
 
 
 def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
@@ -317,18 +318,18 @@ def copy_restart_set(cp: Checkpoint, batch: int, dest: str | os.PathLike[str]) -
     for op in cp.operators:
         for key, rel in op.metadata_files.items():
             if key is not None and rel in files:
-                _relocate_schema_paths(dest, rel)
+                _relocate_schema_paths(dest, rel, op.operator_id)
     return files
 
 
-def _relocate_schema_paths(root: Path, rel: str) -> None:
+def _relocate_schema_paths(root: Path, rel: str, op_id: int) -> None:
     path = root / rel
-    text = path.read_text(encoding="utf-8")
-    header, _, body = text.partition("\n")
+    header, _, body = path.read_text(encoding="utf-8").partition("\n")
     meta = json.loads(body.split("\n")[0])
+    marker = f"/state/{op_id}/_stateSchema/"
     for info in meta.get("stateStoreInfo", []):
         info["stateSchemaFilePaths"] = [
-            "file:" + str(root / "state" / str(p).split("/state/", 1)[1])
+            f"file:{root}{marker}{str(p).rpartition(marker)[2]}"
             for p in info.get("stateSchemaFilePaths") or []
         ]
     data = (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
@@ -471,13 +472,19 @@ def _parse_offsets(path: Path, batch_id: int) -> OffsetEntry:
                     "restore the checkpoint from a backup"
                 ) from None
             source_offsets.append(line)
-    return OffsetEntry(
-        batch_id=batch_id,
-        watermark_ms=int(meta.get("batchWatermarkMs", 0)),
-        timestamp_ms=int(meta.get("batchTimestampMs", 0)),
-        conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
-        source_offsets=source_offsets,
-    )
+    try:
+        return OffsetEntry(
+            batch_id=batch_id,
+            watermark_ms=int(meta.get("batchWatermarkMs", 0)),
+            timestamp_ms=int(meta.get("batchTimestampMs", 0)),
+            conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
+            source_offsets=source_offsets,
+        )
+    except (AttributeError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: corrupt batch metadata on line 2 ({err}); "
+            "restore the checkpoint from a backup"
+        ) from err
 
 
 def _source_logs(dirs: dict[str, list[str]]) -> dict[str, dict[int, str]]:
@@ -492,13 +499,24 @@ def _source_logs(dirs: dict[str, list[str]]) -> dict[str, dict[int, str]]:
     return logs
 
 
-def _schema_file_names(metadata_path: Path) -> set[str]:
-    meta = _parse_versioned_json(metadata_path, _read_text(metadata_path))
-    names = set()
-    for info in meta.get("stateStoreInfo", []):
-        for p in info.get("stateSchemaFilePaths", []) or []:
-            names.add(PurePosixPath(str(p)).name)
-    return names
+def _schema_file_refs(root: Path, metadata_rel: str, op_id: int) -> set[str]:
+    """Checkpoint-relative paths of the schema files a v2 operator metadata file names."""
+    meta = _parse_versioned_json(root / metadata_rel, _read_text(root / metadata_rel))
+    marker = f"/state/{op_id}/_stateSchema/"
+    refs = set()
+    try:
+        for info in meta.get("stateStoreInfo", []):
+            for p in info.get("stateSchemaFilePaths") or []:
+                head, sep, tail = str(p).rpartition(marker)
+                if not sep:
+                    raise ValueError(p)
+                refs.add(f"state/{op_id}/_stateSchema/{tail}")
+    except (AttributeError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{root / metadata_rel}: corrupt operator metadata (schema file paths: {err}); "
+            "restore the checkpoint from a backup"
+        ) from err
+    return refs
 
 
 def _operators(root: Path, dirs: dict[str, list[str]]) -> list[OperatorState]:
@@ -560,7 +578,8 @@ def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> Operator
     meta_rel = metadata_files.get(None) or (metadata_files[max(v2)] if v2 else None)
     if meta_rel:
         meta = _parse_versioned_json(root / meta_rel, _read_text(root / meta_rel))
-        operator_name = meta.get("operatorInfo", {}).get("operatorName")
+        info = meta.get("operatorInfo")
+        operator_name = info.get("operatorName") if isinstance(info, dict) else None
     return OperatorState(
         operator_id=op_id,
         operator_name=operator_name,

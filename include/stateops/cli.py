@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from stateops.audit import read_audit
+from stateops.audit import audit_dir, read_audit
 from stateops.checkpoint import load_checkpoint
-from stateops.errors import StateOpsError
+from stateops.errors import RegistryError, StateOpsError
 from stateops.lock import force_release, read_lock
 from stateops.registry import load_registry
 from stateops.report import checkpoint_report, format_report
@@ -22,11 +22,25 @@ __all__ = ["main"]
 def _checkpoint_and_deltas(
     target: str, registry: str | None, min_deltas: int | None
 ) -> tuple[str, int]:
-    """A checkpoint path, or a registered query's checkpoint and its minDeltasForSnapshot."""
+    """A checkpoint path or a registered query's name, and the query's minDeltasForSnapshot.
+
+    For a path, the registered query whose checkpoint it is gives K; without one (or without a
+    readable registry) it is Spark's default, 10. ``min_deltas`` given by the user wins.
+    """
     if Path(target).exists() or "/" in target:
-        return target, min_deltas or 10
+        try:
+            resolved = str(Path(target).resolve())
+            owners = [
+                q for q in load_registry(registry).queries.values() if q.checkpoint == resolved
+            ]
+        except RegistryError:
+            owners = []
+        registered = owners[0].state_store.min_deltas_for_snapshot if owners else 10
+        return target, min_deltas if min_deltas is not None else registered
     query = load_registry(registry).query(target)
-    return query.checkpoint, min_deltas or query.state_store.min_deltas_for_snapshot
+    if min_deltas is None:
+        min_deltas = query.state_store.min_deltas_for_snapshot
+    return query.checkpoint, min_deltas
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -94,6 +108,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
+    if not Path(path).is_dir() and not audit_dir(path).is_dir():
+        raise StateOpsError(f"{path}: no such checkpoint and no audit log beside it")
     for record in read_audit(path):
         print(
             json.dumps(record, sort_keys=True)
@@ -140,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--min-deltas-for-snapshot",
-        type=int,
+        type=_positive,
         metavar="K",
         help="for group ids (default: registry's, or 10)",
     )

@@ -48,6 +48,18 @@ def read_lock(path: Path) -> LockInfo | None:
         return None
 
 
+@contextmanager
+def _guarded(path: Path) -> Iterator[None]:
+    """Exclusive flock on ``<lock>.guard``: every read-modify-write of a lock happens under it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".guard"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
 class QueryLock:
     """``with QueryLock(path, query, operation, run_id):`` holds the lock, renewing it."""
 
@@ -65,18 +77,10 @@ class QueryLock:
         self.run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
         self.ttl = ttl_seconds
         self.token = uuid.uuid4().hex
+        self.lost = False
+        """Set when a renewal finds the lock gone or taken over: the holder should stop."""
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".guard"), "a") as guard:
-            fcntl.flock(guard, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(guard, fcntl.LOCK_UN)
 
     def _write(self, acquired_at: float) -> None:
         info = LockInfo(
@@ -93,7 +97,7 @@ class QueryLock:
         os.replace(tmp, self.path)
 
     def acquire(self) -> None:
-        with self._guard():
+        with _guarded(self.path):
             held = read_lock(self.path)
             if held and not held.expired and held.token != self.token:
                 until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
@@ -109,19 +113,24 @@ class QueryLock:
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            self.renew()
+            try:
+                self.renew()
+            except OSError:
+                self.lost = True
 
     def renew(self) -> None:
-        with self._guard():
+        with _guarded(self.path):
             held = read_lock(self.path)
             if held and held.token == self.token:
                 self._write(acquired_at=held.acquired_at)
+            else:
+                self.lost = True
 
     def release(self) -> None:
         self._stop.set()
         if self._renewer:
             self._renewer.join()
-        with self._guard():
+        with _guarded(self.path):
             held = read_lock(self.path)
             if held and held.token == self.token:
                 self.path.unlink()
@@ -136,8 +145,7 @@ class QueryLock:
 
 def force_release(path: Path) -> LockInfo | None:
     """Remove a lock whatever its owner (an operator's decision); returns what it held."""
-    guard = QueryLock(path, query="", operation="release")
-    with guard._guard():
+    with _guarded(path):
         held = read_lock(path)
         path.unlink(missing_ok=True)
     return held

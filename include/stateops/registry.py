@@ -188,14 +188,19 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     unknown = set(raw) - {"data_dir", "queries"}
     if unknown:
         raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
-    data_dir = Path(
-        os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw.get("data_dir", "data")
-    )
+    raw_data_dir = raw.get("data_dir", "data")
+    if not isinstance(raw_data_dir, str):
+        raise RegistryError(f"{path}: data_dir: expected a folder path, got {raw_data_dir!r}")
+    data_dir = Path(os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw_data_dir)
     data_dir = data_dir.resolve()
     queries = {}
     for name, spec in raw["queries"].items():
         if not isinstance(spec, dict):
             raise RegistryError(f"{path}: queries.{name}: expected a mapping")
+        if "name" in spec:
+            raise RegistryError(
+                f"{path}: queries.{name}.name: a query's name is its key; remove it"
+            )
         try:
             query = Query.model_validate({"name": name, **spec})
         except ValidationError as err:

@@ -10,7 +10,9 @@ __all__ = ["checkpoint_report", "format_bytes", "format_report"]
 
 
 def checkpoint_report(cp: Checkpoint, min_deltas_for_snapshot: int = 10) -> dict[str, Any]:
-    """Everything `inspect` shows; group ids are ``snapshot_version // min_deltas_for_snapshot``."""
+    """Everything `inspect` shows. Group id = snapshot version // ``min_deltas_for_snapshot``
+    (0 for the versions before any snapshot); a group with several snapshot versions means the
+    partitions snapshotted at different versions."""
     last = cp.last_committed_batch
     return {
         "checkpoint": str(cp.root),
@@ -51,14 +53,29 @@ def _operator(
     prefix = f"state/{op.operator_id}/"
     files = {rel: size for rel, size in cp.sizes.items() if rel.startswith(prefix)}
     versions = sorted({v for s in op.stores for v in s.versions})
+    # Partitions may snapshot at different versions: a row per group id sums them all.
     groups: dict[int, dict[str, Any]] = {}
+    stores = []
     for store in op.stores:
+        present = store.versions
+        stores.append(
+            {
+                "partition": store.partition,
+                "store_name": store.store_name,
+                "min_version": present[0] if present else None,
+                "max_version": present[-1] if present else None,
+                "snapshots": sorted(store.snapshots),
+                "missing_versions": sorted(
+                    set(range(present[0], present[-1] + 1)) - set(present) if present else []
+                ),
+            }
+        )
         for g in store.snapshot_groups(cp.sizes):
             agg = groups.setdefault(
-                g.snapshot_version,
+                g.snapshot_version // min_deltas,
                 {
-                    "snapshot_version": g.snapshot_version,
                     "group_id": g.snapshot_version // min_deltas,
+                    "snapshot_versions": [],
                     "min_version": min(g.versions),
                     "max_version": max(g.versions),
                     "stores": 0,
@@ -66,6 +83,8 @@ def _operator(
                     "bytes": 0,
                 },
             )
+            if g.snapshot_version and g.snapshot_version not in agg["snapshot_versions"]:
+                agg["snapshot_versions"] = sorted([*agg["snapshot_versions"], g.snapshot_version])
             agg["stores"] += 1
             agg["file_count"] += len(g.files)
             agg["bytes"] += g.bytes
@@ -86,6 +105,7 @@ def _operator(
             v for v in versions if restart_version is not None and v > restart_version
         ],
         "snapshot_groups": [groups[k] for k in sorted(groups)],
+        "stores": stores,
         "sst_files": len(sst),
         "sst_bytes": sum(sst),
         "file_count": len(files),
@@ -158,6 +178,12 @@ def format_report(report: dict[str, Any]) -> str:
                 ]
             ],
         )
+        for st in op["stores"]:
+            if st["missing_versions"]:
+                lines.append(
+                    f"  partition {st['partition']} store {st['store_name']}: "
+                    f"versions MISSING {st['missing_versions']}"
+                )
         if op["uncommitted_versions"]:
             lines.append(f"  versions of uncommitted batches: {op['uncommitted_versions']}")
         if op["sst_files"]:
@@ -171,7 +197,7 @@ def format_report(report: dict[str, Any]) -> str:
             [
                 [
                     g["group_id"],
-                    g["snapshot_version"] or "(empty base)",
+                    ",".join(map(str, g["snapshot_versions"])) or "(empty base)",
                     f"{g['min_version']}..{g['max_version']}",
                     g["stores"],
                     g["file_count"],

@@ -59,7 +59,12 @@ def load_processor(query: Query) -> Any:
             f"query {query.name}: processor.class {query.processor.class_!r} "
             f"cannot be imported ({err})"
         ) from err
-    return cls(**query.processor.options)
+    try:
+        return cls(**query.processor.options)
+    except (TypeError, ValueError) as err:
+        raise RegistryError(
+            f"query {query.name}: processor.options do not fit {query.processor.class_}: {err}"
+        ) from err
 
 
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:

@@ -212,6 +212,18 @@ def test_a_needed_version_that_is_gone_is_named(story: Story, tmp_path):
         load_checkpoint(damaged).restart_files(n)
 
 
+def test_a_missing_schema_file_that_the_operator_metadata_names_is_named(story: Story, tmp_path):
+    op = story.before.operators[0]
+    if not any(k is not None for k in op.metadata_files):
+        pytest.skip("only transformWithState writes operator metadata v2")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(story.root / "ck-original", damaged)
+    schema = next(iter(op.schema_files))
+    (damaged / schema).unlink()
+    with pytest.raises(CheckpointError, match="_stateSchema/"):
+        load_checkpoint(damaged).restart_files(story.restart_batch)
+
+
 def test_a_missing_sst_that_a_needed_zip_lists_is_named(story: Story, tmp_path):
     if story.case.provider != "rocksdb":
         pytest.skip("HDFS stores have no SST files")

@@ -53,12 +53,16 @@ def test_json_has_the_documented_fields(checkpoint):
     assert (op["operator_id"], op["provider"], op["num_partitions"]) == (0, "hdfs", 2)
     assert (op["min_version"], op["max_version"]) == (1, 5)
     groups = op["snapshot_groups"]
-    assert len(groups) >= 2 and groups[0]["snapshot_version"] == 0
-    assert all(g["group_id"] == g["snapshot_version"] // 2 for g in groups)
+    assert len(groups) >= 2 and groups[0]["snapshot_versions"] == []
+    assert all(g["group_id"] == v // 2 for g in groups for v in g["snapshot_versions"])
+    assert [
+        (s["partition"], s["store_name"], s["max_version"], s["missing_versions"])
+        for s in op["stores"]
+    ] == [(0, "default", 5, []), (1, "default", 5, [])]
 
 
 def test_table_output_is_readable(checkpoint):
-    out = run_cli("inspect", str(checkpoint), check=True).stdout
+    out = run_cli("inspect", str(checkpoint), "--min-deltas-for-snapshot", "2", check=True).stdout
     assert "last committed 4" in out
     assert "stateStoreSave" in out and "hdfs" in out
     assert any(
@@ -141,9 +145,13 @@ def test_a_batch_that_was_never_committed(checkpoint):
 def test_planned_but_uncommitted_batch_and_gaps_are_reported(damaged):
     (damaged / "commits" / "4").unlink()
     (damaged / "offsets" / "1").unlink()
+    (damaged / "state" / "0" / "1" / "2.delta").unlink()
     report = json.loads(run_cli("inspect", str(damaged), "--json", check=True).stdout)
     assert report["last_committed_batch"] == 3 and report["uncommitted_batches"] == [4]
     assert report["offsets"]["gaps"] == [1] and report["commits"]["gaps"] == []
     assert report["operators"][0]["uncommitted_versions"] == [5]
+    stores = report["operators"][0]["stores"]
+    assert [s["missing_versions"] for s in stores] == [[], [2]]
     table = run_cli("inspect", str(damaged), check=True).stdout
     assert "NOT committed: [4]" in table and "GAPS at [1]" in table
+    assert "partition 1 store default: versions MISSING [2]" in table

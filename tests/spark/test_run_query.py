@@ -138,6 +138,55 @@ def test_a_held_lock_refuses_the_run_and_changes_nothing(ran):
     assert tree_digest(ckpt) == before
 
 
+def test_inspect_by_path_uses_the_registered_snapshot_interval(ran):
+    _, registry, _ = ran
+    path = registry.query("page_visits").checkpoint
+    by_name = run_cli(
+        "--registry", str(registry.path), "inspect", "page_visits", "--json", check=True
+    )
+    by_path = run_cli("--registry", str(registry.path), "inspect", path, "--json", check=True)
+    assert by_name.stdout == by_path.stdout
+    groups = json.loads(by_path.stdout)["operators"][0]["snapshot_groups"]
+    assert all(g["group_id"] == v // 2 for g in groups for v in g["snapshot_versions"])
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    output = proc.stdout + proc.stderr  # spark-submit passes the driver's stderr on stdout
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and needle in errors[0], output[-3000:]
+
+
+def test_bad_processor_options_and_a_missing_source_are_one_line_errors(tmp_path):
+    processor = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["page_visits"][
+        "processor"
+    ]
+    registry = write_registry(
+        tmp_path, page_visits={"processor": {**processor, "options": {"max_pagez": 3}}}
+    )
+    _one_line_error(spark_submit_run_query(registry, "page_visits"), "Path does not exist")
+    land(tmp_path / "landing", round_=0, files=1)
+    _one_line_error(spark_submit_run_query(registry, "page_visits"), "processor.options")
+    assert not (tmp_path / "checkpoints" / "page_visits").exists()
+
+
+def test_a_failing_query_still_writes_a_failed_summary_and_audit_record(tmp_path):
+    (tmp_path / "not-a-folder").write_text("the sink cannot write under a file")
+    registry = write_registry(
+        tmp_path, page_visits={"sink": {"format": "parquet", "path": "not-a-folder"}}
+    )
+    land(tmp_path / "landing", round_=0, files=1)
+    proc = spark_submit_run_query(registry, "page_visits", "--run-id", "doomed")
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads(load_registry(registry).run_summary_path("page_visits").read_text())
+    assert summary["status"] == "failed" and summary["error"]
+    assert summary["last_committed_batch"] is None and summary["uncommitted_batches"] == [0]
+    audit = run_cli("--registry", str(registry), "audit", "page_visits", "--json", check=True)
+    assert json.loads(audit.stdout.splitlines()[-1])["result"] == "failed"
+    assert read_lock(load_registry(registry).lock_path("page_visits")) is None
+
+
 def test_unknown_query_is_one_line_exit_2(ran):
     _, registry, _ = ran
     proc = subprocess.run(

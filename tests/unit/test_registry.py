@@ -77,6 +77,11 @@ def test_test_registry_overrides_reach_spark_conf(tmp_path):
             "transformWithState processors run only on rocksdb",
         ),
         (lambda r: r.update(extra=1), "unknown top-level field(s): extra"),
+        (lambda r: r.update(data_dir=None), "data_dir: expected a folder path"),
+        (
+            lambda r: r["queries"]["page_visits"].update(name="other"),
+            "queries.page_visits.name: a query's name is its key",
+        ),
     ],
 )
 def test_errors_name_the_bad_field(tmp_path, mutate, expected):
