@@ -14,7 +14,7 @@ from stateops.errors import RegistryError, StateOpsError
 from stateops.lock import force_release, read_lock
 from stateops.registry import load_registry
 from stateops.report import checkpoint_report, format_report
-from stateops.sampledata import generate_events
+from stateops.sampledata import DATASETS, generate_events
 
 __all__ = ["main"]
 
@@ -76,9 +76,13 @@ def cmd_queries(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else load_registry(args.registry).data_dir / "landing"
+    if args.out:
+        landing = {name: Path(args.out) / name for name in DATASETS}
+    else:
+        queries = load_registry(args.registry).queries
+        landing = {name: Path(queries[name].source.path) for name in DATASETS if name in queries}
     written = generate_events(
-        out,
+        landing,
         events_per_file=args.events,
         users=args.users,
         files=args.files,
@@ -86,7 +90,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         round_=args.round,
     )
     for name, paths in written.items():
-        print(f"{name}: {len(paths)} files in {out / name}")
+        print(f"{name}: {len(paths)} files in {landing[name]}")
     return 0
 
 
@@ -168,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "generate", help="write deterministic sample events for both reference pipelines"
     )
-    p.add_argument("--out", help="landing root (default: <data_dir>/landing)")
+    p.add_argument(
+        "--out", help="write to OUT/<dataset> (default: each registered query's source.path)"
+    )
     p.add_argument("--events", type=_positive, default=250, help="events per file")
     p.add_argument("--users", type=_positive, default=50)
     p.add_argument("--files", type=_positive, default=4)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-__all__ = ["generate_events"]
+__all__ = ["DATASETS", "generate_events"]
+
+DATASETS = ("user_sessions", "page_visits")
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 PAGES = ["home", "search", "product", "cart", "checkout", "help", "account", "blog"]
@@ -18,7 +21,7 @@ def _ts(t: datetime) -> str:
 
 
 def generate_events(
-    out_dir: str | Path,
+    landing: Mapping[str, str | Path],
     *,
     events_per_file: int = 250,
     users: int = 50,
@@ -27,20 +30,25 @@ def generate_events(
     round_: int = 0,
     minutes_per_round: int = 120,
 ) -> dict[str, list[Path]]:
-    """Write ``files`` JSON files of ``events_per_file`` events each for both pipelines.
+    """Write ``files`` JSON files of ``events_per_file`` events each into the landing folders.
 
-    Same arguments, same bytes. Round ``r`` covers event times ``[r, r + 1) * minutes_per_round``
+    ``landing`` maps ``user_sessions`` and/or ``page_visits`` to a folder (a query's
+    ``source.path``); both datasets come from the same users and times. Same arguments, same
+    bytes. Round ``r`` covers event times ``[r, r + 1) * minutes_per_round``
     after 2026-01-01, so later rounds move event time (and the watermark) forward. Returns the
     written paths per landing folder (``user_sessions``, ``page_visits``).
     """
+    unknown = set(landing) - set(DATASETS)
+    if unknown:
+        raise ValueError(f"no sample data for {sorted(unknown)}; known: {list(DATASETS)}")
     if events_per_file < 1 or users < 1 or files < 1:
         raise ValueError("events_per_file, users and files must be at least 1")
     rng = random.Random(f"{seed}-{round_}")
     start = EPOCH + timedelta(minutes=round_ * minutes_per_round)
     span_ms = minutes_per_round * 60_000
-    written: dict[str, list[Path]] = {"user_sessions": [], "page_visits": []}
-    for name in written:
-        (Path(out_dir) / name).mkdir(parents=True, exist_ok=True)
+    written: dict[str, list[Path]] = {name: [] for name in landing}
+    for folder in landing.values():
+        Path(folder).mkdir(parents=True, exist_ok=True)
     per_file = events_per_file
     for f in range(files):
         lo = span_ms * f // files
@@ -62,7 +70,9 @@ def generate_events(
             {"user_id": user, "page": rng.choice(PAGES), "event_time": _ts(t)} for t, user in rows
         ]
         for name, records in (("user_sessions", sessions), ("page_visits", visits)):
-            path = Path(out_dir) / name / f"events-r{round_:03d}-{f:04d}.json"
+            if name not in landing:
+                continue
+            path = Path(landing[name]) / f"events-r{round_:03d}-{f:04d}.json"
             path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
             written[name].append(path)
     return written

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from stateops.checkpoint import load_checkpoint
 from stateops.registry import PROVIDER_CLASSES, Query, load_registry
-from stateops.sampledata import generate_events
+from stateops.sampledata import DATASETS, generate_events
 from stateops.streaming import apply_query_conf, start_query
 from tests.conftest import write_registry
 
@@ -21,7 +21,11 @@ _mtime = [1_700_000_000]
 def land(landing_root: Path, round_: int, files: int) -> None:
     """Sample events for round ``round_``, with strictly increasing mtimes (file order)."""
     written = generate_events(
-        landing_root, events_per_file=40, users=12, files=files, round_=round_
+        {name: landing_root / name for name in DATASETS},
+        events_per_file=40,
+        users=12,
+        files=files,
+        round_=round_,
     )
     for paths in written.values():
         for p in paths:
