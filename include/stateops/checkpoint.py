@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateops.errors import CheckpointError
+from stateops.errors import CheckpointError, NotACheckpointError
 
 __all__ = [
     "Checkpoint",
@@ -205,6 +205,20 @@ class Checkpoint:
         Raises :class:`CheckpointError` when ``batch`` is not committed or a needed file is
         missing, naming what is missing.
         """
+        needed, missing = self.restart_requirements(batch)
+        if missing:
+            raise CheckpointError(
+                f"{self.root}: a restart after batch {batch} needs files that are missing: "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                "restore the checkpoint from a backup"
+            )
+        return needed
+
+    def restart_requirements(self, batch: int) -> tuple[list[str], list[str]]:
+        """(files present that a restart after ``batch`` needs, with sidecars; needed but missing).
+
+        Raises :class:`CheckpointError` when ``batch`` is not a committed batch.
+        """
         if batch not in self.commits or batch not in self.offsets:
             committed = self.last_committed_batch
             raise CheckpointError(
@@ -226,21 +240,12 @@ class Checkpoint:
                 missing += chain_missing
                 needed += [f for f in store.other_files if f.endswith("/_metadata/schema")]
                 for rel in chain:
-                    if rel.endswith(".zip"):
+                    if rel.endswith(".zip") and rel in self.sizes:
                         needed += self._rocksdb_zip_references(store, rel)
         missing += [f for f in needed if f not in self.sizes]
-        if missing:
-            raise CheckpointError(
-                f"{self.root}: a restart after batch {batch} needs files that are missing: "
-                f"{', '.join(sorted(set(missing))[:5])}"
-                f"{' ...' if len(set(missing)) > 5 else ''}; restore the checkpoint from a backup"
-            )
-        with_crc = set(needed)
-        for rel in needed:
-            crc = _crc_sidecar(rel)
-            if crc in self.sizes:
-                with_crc.add(crc)
-        return sorted(with_crc)
+        present = {f for f in needed if f in self.sizes}
+        present |= {_crc_sidecar(f) for f in present if _crc_sidecar(f) in self.sizes}
+        return sorted(present), sorted(set(missing))
 
     def _source_log_files(self, batch: int, missing: list[str]) -> list[str]:
         files = []
@@ -359,7 +364,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """
     root = Path(path)
     if not root.is_dir():
-        raise CheckpointError(f"{root}: no such directory; pass the query's checkpoint location")
+        raise NotACheckpointError(
+            f"{root}: no such directory; pass the query's checkpoint location"
+        )
     sizes, dirs = _walk(root)
     has_logs = any(p.startswith(("offsets/", "commits/")) for p in sizes)
     if "metadata" not in sizes:
@@ -368,7 +375,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 f"{root / 'metadata'}: missing, so the query id is lost; "
                 "restore the checkpoint from a backup"
             )
-        raise CheckpointError(
+        raise NotACheckpointError(
             f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
         )
     query_id = _read_query_id(root / "metadata")

@@ -15,6 +15,7 @@ from stateops.lock import force_release, read_lock
 from stateops.registry import load_registry
 from stateops.report import checkpoint_report, format_report
 from stateops.sampledata import DATASETS, generate_events
+from stateops.verify import format_findings, verify_checkpoint
 
 __all__ = ["main"]
 
@@ -61,6 +62,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         end="" if not args.json else "\n",
     )
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
+    result = verify_checkpoint(path)
+    print(json.dumps(result, indent=2) + "\n" if args.json else format_findings(result), end="")
+    return 0 if result["ok"] else 1
 
 
 def cmd_queries(args: argparse.Namespace) -> int:
@@ -165,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="for group ids (default: registry's, or 10)",
     )
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "verify", help="file-level integrity: exit 0 sound, 1 with errors (each names a file)"
+    )
+    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "LockHeldError",
+    "NotACheckpointError",
     "RegistryError",
     "StateOpsError",
 ]
@@ -16,6 +17,10 @@ class StateOpsError(Exception):
 
 class CheckpointError(StateOpsError):
     """A path is not a readable Spark checkpoint, or one of its files is corrupt."""
+
+
+class NotACheckpointError(CheckpointError):
+    """The path does not exist or holds no Spark checkpoint at all (as opposed to a damaged one)."""
 
 
 class RegistryError(StateOpsError):
