@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from stateops.audit import audit_dir, read_audit
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import RegistryError, StateOpsError
 from stateops.lock import force_release, read_lock
-from stateops.registry import load_registry
+from stateops.registry import PROJECT_ROOT, load_registry
 from stateops.report import checkpoint_report, format_report
 from stateops.sampledata import DATASETS, generate_events
 from stateops.verify import format_findings, verify_checkpoint
@@ -69,6 +70,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     result = verify_checkpoint(path)
     print(json.dumps(result, indent=2) + "\n" if args.json else format_findings(result), end="")
     return 0 if result["ok"] else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
+    cp = load_checkpoint(path)  # bad input is a one-line error before a JVM starts
+    cp.restart_files(cp.last_committed_batch if args.batch is None else args.batch)
+    cmd = [
+        str(Path(sys.executable).with_name("spark-submit")),
+        "--master", args.master,
+        "--conf", "spark.ui.enabled=false",
+        str(PROJECT_ROOT / "spark_jobs" / "export_state.py"),
+        "--checkpoint", str(path),
+        "--out", args.out,
+    ] + (["--batch", str(args.batch)] if args.batch is not None else [])  # fmt: skip
+    return subprocess.run(cmd).returncode
 
 
 def cmd_queries(args: argparse.Namespace) -> int:
@@ -180,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("export", help="state at a committed batch as Parquet + manifest (Spark)")
+    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("--out", required=True, help="a new or empty folder")
+    p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
+    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)

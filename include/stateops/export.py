@@ -1,0 +1,127 @@
+"""State export: a checkpoint's state at a committed batch, as Parquet plus a manifest.
+
+The portable form of state used by bootstrap, validation, backfill and migration. One Parquet
+folder per (operator, state variable or store); the manifest records its schema, row count and
+an order-independent checksum, so two exports of the same state compare equal whatever the
+partitioning or row order. Spark-side: PySpark is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stateops.checkpoint import load_checkpoint
+from stateops.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["MANIFEST", "export_state", "state_checksum", "state_reads"]
+
+MANIFEST = "manifest.json"
+
+
+def state_checksum(df: DataFrame) -> tuple[int, str]:
+    """(rows, checksum): the checksum is the sum of each row's xxhash64, order-independent."""
+    from pyspark.sql import functions as F
+
+    columns = [c for c in df.columns if c != "partition_id"]
+    row = df.select(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.xxhash64(*columns).cast("decimal(38,0)")).alias("checksum"),
+    ).first()
+    return int(row["rows"]), str(row["checksum"] or 0)
+
+
+def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[str, Any]]:
+    """What to read, per operator: state variables and timers (transformWithState) or stores."""
+    # The statestore reader on RocksDB needs the StateStoreCoordinator (see shared/FACTS.md).
+    _ = spark.streams.active
+    reads = []
+    meta = spark.read.format("state-metadata").option("batchId", batch).load(checkpoint)
+    for row in meta.orderBy("operatorId", "stateStoreName").collect():
+        base = {"operator_id": int(row["operatorId"]), "operator_name": row["operatorName"]}
+        props = json.loads(row["operatorProperties"] or "{}")
+        variables = props.get("stateVariables")
+        if variables is None:
+            store = row["stateStoreName"]
+            options = {} if store == "default" else {"storeName": store}
+            reads.append({**base, "variable": store, "kind": "store", "options": options})
+            continue
+        for var in variables:
+            name = var["stateName"]
+            if var["stateVariableType"] == "TimerState":
+                # Internal timer families are read through readRegisteredTimers, once.
+                if not any(
+                    r.get("kind") == "timers" and r["operator_id"] == base["operator_id"]
+                    for r in reads
+                ):
+                    reads.append(
+                        {
+                            **base,
+                            "variable": "timers",
+                            "kind": "timers",
+                            "options": {"readRegisteredTimers": "true"},
+                        }
+                    )
+            elif not name.startswith("$"):
+                kind = var["stateVariableType"].removesuffix("State").lower()
+                reads.append(
+                    {**base, "variable": name, "kind": kind, "options": {"stateVarName": name}}
+                )
+    return reads  # fmt: skip
+
+
+def export_state(
+    spark: SparkSession, checkpoint: str, out: str | Path, batch: int | None = None
+) -> dict[str, Any]:
+    """Export the state after committed ``batch`` (default: the last) to ``out``; the manifest.
+
+    Refuses (before Spark reads anything) an uncommitted batch or a non-empty ``out``; the
+    manifest is written last, so an export without one is incomplete.
+    """
+    cp = load_checkpoint(checkpoint)
+    batch = cp.last_committed_batch if batch is None else batch
+    if batch is None:
+        raise CheckpointError(f"{checkpoint}: no committed batch yet: there is no state to export")
+    cp.restart_files(batch)  # the batch is committed and its state files are all there
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out}: not empty; export into a new or empty folder")
+    entries = []
+    for read in state_reads(spark, str(cp.root), batch):
+        df = (
+            spark.read.format("statestore")
+            .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
+            .load(str(cp.root))
+            .drop("partition_id")
+        )
+        folder = f"op{read['operator_id']}/{re.sub(r'[^A-Za-z0-9_.-]', '_', read['variable'])}"
+        df.write.parquet(str(out / folder))
+        rows, checksum = state_checksum(spark.read.parquet(str(out / folder)))
+        entries.append(
+            {
+                "operator_id": read["operator_id"],
+                "operator_name": read["operator_name"],
+                "variable": read["variable"],
+                "kind": read["kind"],
+                "path": folder,
+                "schema": json.loads(df.schema.json()),
+                "rows": rows,
+                "checksum": checksum,
+            }
+        )
+    manifest = {
+        "query_id": cp.query_id,
+        "checkpoint": str(cp.root.resolve()),
+        "batch_id": batch,
+        "spark_version": spark.version,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "entries": entries,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
