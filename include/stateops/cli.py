@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from stateops.audit import audit_dir, read_audit
+from stateops.bootstrap import FORMATS, plan_bootstrap
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import RegistryError, StateOpsError
 from stateops.lock import force_release, read_lock
@@ -84,6 +85,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         "--checkpoint", str(path),
         "--out", args.out,
     ] + (["--batch", str(args.batch)] if args.batch is not None else [])  # fmt: skip
+    return subprocess.run(cmd).returncode
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    registry = load_registry(args.registry)
+    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format)
+    if args.dry_run:
+        print("dry run: nothing changed. A bootstrap would:")
+        print(f"  read the initial state {plan['initial_state']} ({plan['format']})")
+        print(f"  validate it against {plan['schema']} (null keys, repeated keys)")
+        print(f"  start {plan['query']} on {plan['source']} into {plan['checkpoint']}")
+        print("  and be complete once batch 0 commits (every start passes it until then)")
+        return 0
+    cmd = [
+        str(Path(sys.executable).with_name("spark-submit")),
+        "--master", args.master,
+        "--conf", "spark.ui.enabled=false",
+        str(PROJECT_ROOT / "spark_jobs" / "bootstrap_state.py"),
+        "--registry", str(registry.path),
+        "--query", args.query,
+        "--initial-state", plan["initial_state"],
+        "--format", plan["format"],
+    ]  # fmt: skip
     return subprocess.run(cmd).returncode
 
 
@@ -203,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("bootstrap", help="start a query on a new checkpoint with initial state")
+    p.add_argument("query")
+    p.add_argument("--initial-state", required=True, help="a state export, or data files")
+    p.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
+    p.add_argument("--dry-run", action="store_true", help="print what it would do")
+    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    p.set_defaults(func=cmd_bootstrap)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)

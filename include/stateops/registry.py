@@ -65,6 +65,22 @@ class Processor(_Model):
     output_mode: Literal["Append", "Update"] = "Append"
 
 
+class InitialState(_Model):
+    """What ``handleInitialState`` takes, and how a state export of the query maps onto it."""
+
+    schema_: str = Field(alias="schema")
+    unique_keys: bool = False
+    """True where the processor keeps one value per key: duplicate keys are then refused."""
+    from_export: dict[str, str] = {}
+    """Initial-state column -> column expression over one exported variable (``variable``)."""
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema_parses(cls, value: str) -> str:
+        schema_columns(value)
+        return value
+
+
 class Sink(_Model):
     """Output written per batch id: a re-run of a batch replaces that batch's folder."""
 
@@ -92,6 +108,7 @@ class Query(_Model):
     watermark: Watermark | None = None
     processor: Processor
     key_columns: list[str] = Field(min_length=1)
+    initial_state: InitialState | None = None
     output_schema: str
     sink: Sink
     checkpoint: str
@@ -113,6 +130,17 @@ class Query(_Model):
             if key not in columns:
                 raise ValueError(
                     f"key column {key!r} is not in source.schema ({', '.join(columns)})"
+                )
+        if self.initial_state:
+            state_columns = schema_columns(self.initial_state.schema_)
+            for key in self.key_columns:
+                if key not in state_columns:
+                    raise ValueError(f"key column {key!r} is not in initial_state.schema")
+            mapped = set(self.initial_state.from_export) - {"variable"}
+            if self.initial_state.from_export and mapped != set(state_columns):
+                raise ValueError(
+                    "initial_state.from_export must map every initial_state.schema column "
+                    f"({', '.join(state_columns)}) and name the exported 'variable'"
                 )
         if self.watermark and self.watermark.column not in columns:
             raise ValueError(f"watermark.column {self.watermark.column!r} is not in source.schema")
@@ -169,6 +197,10 @@ class Registry(_Model):
 
     def stop_marker(self, name: str) -> Path:
         return self.state_dir / "control" / name / "stop"
+
+    def bootstrap_marker(self, name: str) -> Path:
+        """Present while a bootstrap of the query waits for batch 0 to commit."""
+        return self.state_dir / "bootstrap" / f"{name}.json"
 
     def run_summary_path(self, name: str) -> Path:
         return self.state_dir / "runs" / name / "latest.json"

@@ -1,0 +1,153 @@
+"""Run a registered query under its lifecycle lock and summarise the run (Spark-side).
+
+The one run path of the project: ``run_query.py`` and ``bootstrap_state.py`` both call
+:func:`run_registered_query`. PySpark is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stateops.audit import append_audit
+from stateops.checkpoint import load_checkpoint
+from stateops.errors import StateOpsError
+from stateops.lock import QueryLock
+from stateops.registry import Registry
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["checkpoint_state", "run_registered_query", "write_summary"]
+
+
+def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
+    """Last committed batch and planned-but-uncommitted batches; (None, []) for a new query.
+
+    Anything already in the folder goes through the checkpoint model first, so a damaged
+    checkpoint is a one-line error here rather than a Spark stack trace.
+    """
+    path = Path(checkpoint)
+    if not path.is_dir() or not any(path.iterdir()):
+        return None, []
+    cp = load_checkpoint(path)
+    return cp.last_committed_batch, cp.uncommitted_batches
+
+
+def await_run(streaming, marker: Path | None, poll_seconds: float) -> bool:
+    """Wait for the query to end, or (continuous mode) for ``marker``; True if it stopped it."""
+    while streaming.isActive:
+        if marker is not None and marker.exists():
+            # Graceful: let the current batch commit before stopping. A trigger may still start
+            # in between; the summary then lists that batch as uncommitted.
+            while streaming.isActive and streaming.status["isTriggerActive"]:
+                time.sleep(0.2)
+            streaming.stop()
+            marker.unlink(missing_ok=True)
+            return True
+        streaming.awaitTermination(poll_seconds)
+    return False
+
+
+def run_registered_query(
+    registry: Registry,
+    name: str,
+    *,
+    mode: str = "available-now",
+    run_id: str | None = None,
+    poll_seconds: float = 1.0,
+    operation: str = "run",
+    prepare: Callable[[SparkSession], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Run a registered query under its lock; returns the run summary (also audited).
+
+    ``prepare`` runs under the lock before the query starts (bootstrap validates its initial
+    state there). While a bootstrap is pending, the initial state is passed on this start.
+    """
+    from pyspark.errors import AnalysisException, StreamingQueryException
+
+    from stateops.bootstrap import pending_initial_state
+    from stateops.streaming import build_session, progress_summary, start_query
+
+    query = registry.query(name)
+    run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
+    marker = registry.stop_marker(query.name) if mode == "continuous" else None
+    with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
+        before, _ = checkpoint_state(query.checkpoint)
+        started = time.time()
+        if marker is not None and marker.exists():
+            print(f"removing a stale stop marker {marker}", file=sys.stderr)
+            marker.unlink()
+        spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
+        prepared = prepare(spark) if prepare else None
+        initial_state = pending_initial_state(spark, registry, query, before)
+        try:
+            streaming = start_query(
+                spark, query, available_now=marker is None, initial_state=initial_state
+            )
+        except AnalysisException as err:
+            raise StateOpsError(
+                f"query {query.name}: Spark cannot start it: {str(err).splitlines()[0]}"
+            ) from err
+        stopped_by_marker = False
+        try:
+            stopped_by_marker = await_run(streaming, marker, poll_seconds)
+        except StreamingQueryException:
+            pass  # recorded below from streaming.exception()
+        finally:
+            error = streaming.exception()
+            progress = streaming.recentProgress
+            if streaming.isActive:
+                streaming.stop()
+        after, uncommitted = checkpoint_state(query.checkpoint)
+        bootstrap = None
+        if initial_state is not None:
+            # Batch 0 committed with the initial state: the bootstrap is complete.
+            bootstrap = "complete" if after is not None else "pending"
+            if after is not None:
+                registry.bootstrap_marker(query.name).unlink(missing_ok=True)
+        summary = {
+            "query": query.name,
+            "operation": operation,
+            "run_id": run_id,
+            "mode": mode,
+            "master": spark.sparkContext.master,
+            "status": "failed" if error else "succeeded",
+            "error": str(error).splitlines()[0] if error else None,
+            "stopped_by_marker": stopped_by_marker,
+            "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+            "duration_seconds": round(time.time() - started, 1),
+            "checkpoint": query.checkpoint,
+            "last_committed_batch_before": before,
+            "last_committed_batch": after,
+            "uncommitted_batches": uncommitted,
+            "lock_lost": lock.lost,
+            "bootstrap": bootstrap,
+            "prepared": prepared,
+            **progress_summary(progress),
+        }
+        append_audit(
+            query.checkpoint,
+            operation,
+            run_id=run_id,
+            result=summary["status"],
+            batch_before=before,
+            batch_after=after,
+            mode=mode,
+            batches_run=summary["batches_run"],
+            bootstrap=bootstrap,
+        )
+    return summary
+
+
+def write_summary(registry: Registry, summary: dict[str, Any], path: str | None = None) -> Path:
+    target = Path(path) if path else registry.run_summary_path(summary["query"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return target
