@@ -60,27 +60,39 @@ def run_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess:
     return proc
 
 
-def run_query_command(
-    registry: Path, query: str, *extra: str, master: str = "local[2]", submit: list[str] = ()
+def job_command(
+    job: str, *args: str, master: str = "local[2]", submit: list[str] = ()
 ) -> list[str]:
-    """``spark-submit [submit...] run_query.py --registry R --query Q [extra...]``."""
+    """``spark-submit [submit...] spark_jobs/<job> [args...]``."""
     return [
         str(VENV_BIN / "spark-submit"),
         "--master", master,
         "--conf", "spark.ui.enabled=false",
         *submit,
-        str(ROOT / "spark_jobs" / "run_query.py"),
-        "--registry", str(registry),
-        "--query", query,
-        *extra,
+        str(ROOT / "spark_jobs" / job),
+        *args,
     ]  # fmt: skip
+
+
+def spark_job(job: str, *args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        job_command(job, *args, **kwargs), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_query_command(registry: Path, query: str, *extra: str, **kwargs) -> list[str]:
+    return job_command(
+        "run_query.py", "--registry", str(registry), "--query", query, *extra, **kwargs
+    )
 
 
 def spark_submit_run_query(
     registry: Path, query: str, *extra: str, timeout: int = 300, **kwargs
 ) -> subprocess.CompletedProcess:
-    cmd = run_query_command(registry, query, *extra, **kwargs)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return spark_job(
+        "run_query.py", "--registry", str(registry), "--query", query, *extra,
+        timeout=timeout, **kwargs,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ folder names the initial state, and every start of the query passes it again unt
 from __future__ import annotations
 
 import json
+import operator
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +109,7 @@ def validate_initial_state(df: DataFrame, query: Query) -> int:
 
     keys = query.key_columns
     problems = []
-    null_rows = df.filter(F.greatest(*[F.col(k).isNull() for k in keys])).count()
+    null_rows = df.filter(reduce(operator.or_, [F.col(k).isNull() for k in keys])).count()
     if null_rows:
         problems.append(f"{null_rows} rows have a null key ({', '.join(keys)})")
     if query.initial_state is not None and query.initial_state.unique_keys:

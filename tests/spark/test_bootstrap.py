@@ -1,0 +1,158 @@
+"""Bootstrap through spark-submit: refusals, validation, pending until batch 0, equality."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.registry import load_registry
+from tests.conftest import (
+    ROOT,
+    run_cli,
+    spark_job,
+    spark_submit_run_query,
+    tree_digest,
+    write_registry,
+)
+from tests.spark.harness import land
+
+pytestmark = pytest.mark.spark
+
+INITIAL = [  # previously visited pages; u90001 never appears in the sample events
+    {"user_id": "u00001", "page": "home", "visited_at": "2025-12-31T10:00:00Z"},
+    {"user_id": "u00001", "page": "cart", "visited_at": "2025-12-31T11:00:00Z"},
+    {"user_id": "u00002", "page": "blog", "visited_at": "2025-12-30T09:00:00Z"},
+    {"user_id": "u90001", "page": "help", "visited_at": "2025-12-29T08:00:00Z"},
+]
+
+
+def _write_json(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _bootstrap(registry: Path, initial: Path, *extra: str):
+    proc = spark_job(
+        "bootstrap_state.py", "--registry", str(registry), "--query", "page_visits",
+        "--initial-state", str(initial), *extra,
+    )  # fmt: skip
+    return proc, proc.stdout + proc.stderr  # spark-submit passes the driver's stderr on stdout
+
+
+def _summary(proc) -> dict:
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _counts(spark, checkpoint: str) -> dict[str, int]:
+    df = spark.read.format("statestore").option("stateVarName", "count").load(checkpoint)
+    return {r.key.user_id: r.value.visits for r in df.collect()}
+
+
+def _landed(root: Path) -> Counter:
+    return Counter(
+        json.loads(line)["user_id"]
+        for p in (root / "landing" / "page_visits").glob("*.json")
+        for line in p.read_text().splitlines()
+    )
+
+
+def test_bootstrap_equals_initial_state_plus_batch_0(spark, tmp_path):
+    registry = write_registry(tmp_path)
+    land(tmp_path / "landing", round_=0, files=1)
+    initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
+    summary = _summary(_bootstrap(registry, initial, "--run-id", "boot-1")[0])
+    assert summary["operation"] == "bootstrap" and summary["bootstrap"] == "complete"
+    assert summary["last_committed_batch"] == 0 and summary["prepared"]["rows"] == len(INITIAL)
+    reg = load_registry(registry)
+    assert not reg.bootstrap_marker("page_visits").exists()
+    expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
+    assert _counts(spark, reg.query("page_visits").checkpoint) == dict(expected)
+    pages = spark.read.format("statestore").option("stateVarName", "pages")
+    u1 = [r.list_element.page for r in pages.load(reg.query("page_visits").checkpoint).collect()
+          if r.key.user_id == "u00001"]  # fmt: skip
+    assert u1[:2] == ["home", "cart"], "the initial pages come first, in visit order"
+    audit = run_cli("--registry", str(registry), "audit", "page_visits", "--json", check=True)
+    record = json.loads(audit.stdout.splitlines()[-1])
+    assert (record["operation"], record["bootstrap"], record["run_id"]) == (
+        "bootstrap",
+        "complete",
+        "boot-1",
+    )
+
+    # A second bootstrap would be ignored by Spark: refused, the checkpoint byte-identical.
+    ckpt = Path(reg.query("page_visits").checkpoint)
+    before = tree_digest(ckpt)
+    proc, out = _bootstrap(registry, initial)
+    assert proc.returncode == 2
+    assert "has committed batch 0: Spark would ignore the initial state" in out
+    assert "Traceback" not in out and tree_digest(ckpt) == before
+
+
+def test_a_start_on_an_empty_source_keeps_the_bootstrap_pending(spark, tmp_path):
+    registry = write_registry(tmp_path)
+    (tmp_path / "landing" / "page_visits").mkdir(parents=True)
+    initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
+    summary = _summary(_bootstrap(registry, initial)[0])
+    assert summary["bootstrap"] == "pending" and summary["last_committed_batch"] is None
+    reg = load_registry(registry)
+    assert reg.bootstrap_marker("page_visits").exists()
+    # The scheduled start passes the initial state again, and batch 0 commits it.
+    land(tmp_path / "landing", round_=0, files=1)
+    start = _summary(spark_submit_run_query(registry, "page_visits"))
+    assert start["bootstrap"] == "complete" and start["last_committed_batch"] == 0
+    assert not reg.bootstrap_marker("page_visits").exists()
+    expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
+    assert _counts(spark, reg.query("page_visits").checkpoint) == dict(expected)
+
+
+def test_null_and_repeated_keys_are_refused_by_name(tmp_path):
+    spec = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["page_visits"]
+    registry = write_registry(
+        tmp_path, page_visits={"initial_state": {**spec["initial_state"], "unique_keys": True}}
+    )
+    land(tmp_path / "landing", round_=0, files=1)
+    bad = _write_json(
+        tmp_path / "bad" / "pages.json",
+        INITIAL + [{"user_id": None, "page": "home", "visited_at": "2025-12-31T10:00:00Z"}],
+    )
+    proc, out = _bootstrap(registry, bad)
+    assert proc.returncode == 2 and "Traceback" not in out
+    error = next(line for line in out.splitlines() if line.startswith("error: "))
+    assert "1 rows have a null key (user_id)" in error
+    assert "1 keys appear more than once: u00001 (2 rows)" in error
+    reg = load_registry(registry)
+    assert not Path(reg.query("page_visits").checkpoint).exists()
+    assert not reg.bootstrap_marker("page_visits").exists()
+
+
+def test_bootstrap_from_a_state_export(spark, tmp_path):
+    old = write_registry(tmp_path / "old")
+    land(tmp_path / "old" / "landing", round_=0, files=2)
+    _summary(spark_submit_run_query(old, "page_visits"))
+    old_ckpt = load_registry(old).query("page_visits").checkpoint
+    export = tmp_path / "export"
+    assert run_cli("export", old_ckpt, "--out", str(export)).returncode == 0
+    new = write_registry(tmp_path / "new")
+    land(tmp_path / "new" / "landing", round_=1, files=1)
+    summary = _summary(_bootstrap(new, export)[0])
+    assert summary["bootstrap"] == "complete"
+    expected = Counter(_counts(spark, old_ckpt)) + _landed(tmp_path / "new")
+    assert _counts(spark, load_registry(new).query("page_visits").checkpoint) == dict(expected)
+
+
+def test_dry_run_and_queries_without_initial_state(tmp_path):
+    registry = write_registry(tmp_path)
+    initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
+    proc = run_cli("--registry", str(registry), "bootstrap", "page_visits",
+                   "--initial-state", str(initial), "--dry-run", check=True)  # fmt: skip
+    assert "dry run: nothing changed" in proc.stdout and "(json)" in proc.stdout
+    assert not (tmp_path / "checkpoints").exists()
+    proc = run_cli("--registry", str(registry), "bootstrap", "user_sessions",
+                   "--initial-state", str(initial), "--dry-run")  # fmt: skip
+    assert proc.returncode == 2 and "no initial_state in the registry" in proc.stderr
