@@ -11,43 +11,64 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from stateops.registry import load_registry
+from stateops.verify import format_findings, verify_checkpoint
 
-__all__ = ["PROJECT_ROOT", "read_run_summary", "registered_queries", "run_query_operator"]
+__all__ = [
+    "PROJECT_ROOT",
+    "read_run_summary",
+    "registered_queries",
+    "run_query_operator",
+    "spark_job_operator",
+    "verify_state",
+]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-RUN_QUERY = PROJECT_ROOT / "spark_jobs" / "run_query.py"
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
 
 
-def registered_queries() -> list[str]:
-    return sorted(load_registry().queries)
+def registered_queries(with_initial_state: bool = False) -> list[str]:
+    queries = load_registry().queries.values()
+    return sorted(q.name for q in queries if q.initial_state or not with_initial_state)
+
+
+def spark_job_operator(
+    task_id: str, job: str, args: list[str], **kwargs: Any
+) -> SparkSubmitOperator:
+    """``spark-submit spark_jobs/<job> --registry R [args...]`` on ``spark_default``."""
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=str(PROJECT_ROOT / "spark_jobs" / job),
+        conn_id="spark_default",
+        name=f"stateops-{task_id}",
+        py_files=str(PY_FILES) if PY_FILES.exists() else None,
+        conf={"spark.ui.enabled": "false"},
+        application_args=["--registry", str(load_registry().path), *args],
+        **kwargs,
+    )
 
 
 def run_query_operator(
     query: str, mode: str = "available-now", **kwargs: Any
 ) -> SparkSubmitOperator:
-    """``spark-submit run_query.py`` for one query, on the ``spark_default`` connection."""
-    return SparkSubmitOperator(
-        task_id=kwargs.pop("task_id", f"run_{query}"),
-        application=str(RUN_QUERY),
-        conn_id="spark_default",
-        name=f"stateops-{query}",
-        py_files=str(PY_FILES) if PY_FILES.exists() else None,
-        conf={"spark.ui.enabled": "false"},
-        application_args=[
-            "--registry",
-            str(load_registry().path),
-            "--query",
-            query,
-            "--mode",
-            mode,
-            "--run-id",
-            "{{ run_id }}",
-        ],
-        **kwargs,
-    )
+    """``run_query.py`` for one query."""
+    args = ["--query", query, "--mode", mode, "--run-id", "{{ run_id }}"]
+    return spark_job_operator(kwargs.pop("task_id", f"run_{query}"), "run_query.py", args, **kwargs)
+
+
+def verify_state(query: str) -> dict[str, Any]:
+    """File-level integrity of the query's checkpoint; raises (fails the task) on errors."""
+    result = verify_checkpoint(load_registry().query(query).checkpoint)
+    print(format_findings(result), end="")
+    if not result["ok"]:
+        raise AirflowFailException(
+            f"{query}: checkpoint {result['checkpoint']} failed verification with "
+            f"{result['errors']} errors: {result['findings'][0]['path']}: "
+            f"{result['findings'][0]['problem']}"
+        )
+    return result
 
 
 def read_run_summary(query: str, run_id: str) -> dict[str, Any]:

@@ -48,3 +48,18 @@ def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
         assert args[args.index("--mode") + 1] == "available-now"
         assert args[args.index("--run-id") + 1] == "{{ run_id }}"
         assert Path(args[args.index("--registry") + 1]).name == "registry.yaml"
+
+
+def test_stream_bootstrap_form_and_order(dagbag):
+    dag = dagbag.dags["stream_bootstrap"]
+    assert dag.schedule is None if hasattr(dag, "schedule") else True
+    params = dag.params
+    assert params["dry_run"] is True, "dry run must be the default"
+    query = params.get_param("query")
+    assert query.schema["enum"] == ["page_visits"], "only queries with an initial_state"
+    assert query.schema["title"] and query.description
+    assert params.get_param("format").schema["enum"] == ["auto", "export", "parquet", "json", "csv"]
+    assert params.get_param("initial_state").schema["minLength"] == 1
+    order = ["plan", "not_a_dry_run", "bootstrap", "record", "verify_state"]
+    for upstream, downstream in zip(order, order[1:], strict=False):
+        assert dag.get_task(upstream).downstream_task_ids == {downstream}

@@ -51,3 +51,37 @@ def test_airflow_dags_test_stream_start_runs_both_queries(tmp_path):
             == load_checkpoint(registry.query(name).checkpoint).last_committed_batch
         )
         assert f"{name}: succeeded" in log
+
+
+def test_airflow_dags_test_stream_bootstrap_dry_run_then_real(tmp_path):
+    registry = load_registry(write_registry(tmp_path))
+    land(tmp_path / "landing", round_=0, files=1)
+    initial = tmp_path / "initial.json"
+    initial.write_text(
+        json.dumps({"user_id": "u90001", "page": "help", "visited_at": "2025-12-29T08:00:00Z"})
+        + "\n"
+    )
+    assert _airflow(tmp_path, "db", "migrate").returncode == 0
+    conf = {"query": "page_visits", "initial_state": str(initial), "dry_run": True}
+    dry = _airflow(tmp_path, "dags", "test", "stream_bootstrap", "--conf", json.dumps(conf))
+    log = dry.stdout + dry.stderr
+    assert dry.returncode == 0, log[-5000:]
+    assert "DRY RUN: would bootstrap page_visits" in log
+    checkpoint = registry.query("page_visits").checkpoint
+    assert not os.path.exists(checkpoint), "a dry run must not start anything"
+
+    real = _airflow(
+        tmp_path,
+        "dags",
+        "test",
+        "stream_bootstrap",
+        "--conf",
+        json.dumps({**conf, "dry_run": False}),
+    )
+    log = real.stdout + real.stderr
+    assert real.returncode == 0, log[-5000:]
+    summary = json.loads(registry.run_summary_path("page_visits").read_text())
+    assert summary["operation"] == "bootstrap" and summary["bootstrap"] == "complete"
+    assert summary["prepared"]["rows"] == 1 and summary["run_id"].startswith("manual__")
+    assert "page_visits: bootstrap complete, 1 initial rows" in log
+    assert "OK: " in log and "0 errors" in log  # verify_state ran on the new checkpoint

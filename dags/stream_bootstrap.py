@@ -1,0 +1,123 @@
+"""
+### stream_bootstrap
+
+Starts a registered query on a **new** checkpoint with state you already have (a state export
+made by `stateops export`, or Parquet/JSON/CSV files), instead of replaying history.
+
+Trigger it with the form. **Dry run** (on by default) only prints the plan. Otherwise:
+
+1. `plan`: checks the query, the initial state path and the checkpoint. A checkpoint that already
+   has a committed batch is refused: Spark would silently ignore the initial state there.
+2. `bootstrap`: validates the initial state (null keys, repeated keys where the registry says
+   keys are unique) and starts the query with it. The bootstrap is complete once batch 0
+   commits; if the source is still empty it stays *pending*, and every later start of the
+   query (`stream_start`) passes the initial state again until batch 0 commits.
+3. `record`: the run summary (`bootstrap`: `complete` or `pending`).
+4. `verify_state`: file-level integrity of the new checkpoint.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from stateops_airflow.tasks import (
+    read_run_summary,
+    registered_queries,
+    spark_job_operator,
+    verify_state,
+)
+
+QUERIES = registered_queries(with_initial_state=True)
+
+
+@dag(
+    dag_id="stream_bootstrap",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
+    tags=["stateops", "streaming", "bootstrap"],
+    doc_md=__doc__,
+    params={
+        "query": Param(
+            QUERIES[0] if QUERIES else "",
+            type="string",
+            enum=QUERIES,
+            title="Query",
+            description="A registered query whose registry entry has an initial_state section.",
+        ),
+        "initial_state": Param(
+            "",
+            type="string",
+            minLength=1,
+            title="Initial state",
+            description="Path of a state export (folder with manifest.json) or data files.",
+        ),
+        "format": Param(
+            "auto",
+            type="string",
+            enum=["auto", "export", "parquet", "json", "csv"],
+            title="Format",
+            description="auto: a state export if the folder has a manifest, else by suffix.",
+        ),
+        "dry_run": Param(
+            True,
+            type="boolean",
+            title="Dry run",
+            description="Only print what the bootstrap would do.",
+        ),
+    },
+)
+def stream_bootstrap() -> None:
+    @task
+    def plan() -> dict:
+        from stateops.bootstrap import plan_bootstrap
+        from stateops.registry import load_registry
+
+        params = get_current_context()["params"]
+        fmt = None if params["format"] == "auto" else params["format"]
+        result = plan_bootstrap(load_registry(), params["query"], params["initial_state"], fmt)
+        print(
+            f"{'DRY RUN: would bootstrap' if params['dry_run'] else 'bootstrapping'} "
+            f"{result['query']} from {result['initial_state']} ({result['format']}) into "
+            f"{result['checkpoint']}; complete once batch 0 commits"
+        )
+        return result
+
+    @task.short_circuit
+    def not_a_dry_run() -> bool:
+        return not get_current_context()["params"]["dry_run"]
+
+    bootstrap = spark_job_operator(
+        "bootstrap",
+        "bootstrap_state.py",
+        [
+            "--query", "{{ params.query }}",
+            "--initial-state", "{{ ti.xcom_pull(task_ids='plan')['initial_state'] }}",
+            "--format", "{{ ti.xcom_pull(task_ids='plan')['format'] }}",
+            "--run-id", "{{ run_id }}",
+        ],
+    )  # fmt: skip
+
+    @task
+    def record() -> dict:
+        context = get_current_context()
+        summary = read_run_summary(context["params"]["query"], context["run_id"])
+        print(
+            f"{summary['query']}: bootstrap {summary['bootstrap']}, "
+            f"{summary['prepared']['rows']} initial rows, last committed batch "
+            f"{summary['last_committed_batch']}"
+        )
+        return summary
+
+    @task(task_id="verify_state")
+    def verify() -> dict:
+        return verify_state(get_current_context()["params"]["query"])
+
+    plan() >> not_a_dry_run() >> bootstrap >> record() >> verify()
+
+
+stream_bootstrap()
