@@ -18,6 +18,8 @@ os.environ.setdefault("STATEOPS_HOME", str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
 os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"
+# Spark's Python workers import test-only processors (tests.spark.leaky) by module path.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 # py4j logs its connection shutdown at interpreter exit, after pytest closed the streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)

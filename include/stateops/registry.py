@@ -81,6 +81,24 @@ class InitialState(_Model):
         return value
 
 
+class Expiry(_Model):
+    """No expired state left behind: per key, the latest ``time_column`` of ``variable`` plus
+    the timeout (the processor option ``timeout_option``, in seconds) must be after the
+    watermark of the validated batch."""
+
+    variable: str
+    time_column: str
+    timeout_option: str
+
+
+class Expectations(_Model):
+    """Data-level checks beyond the defaults (keys non-null; one row per key for value state)."""
+
+    non_negative: list[str] = []
+    """``variable.column`` paths (struct fields joined by ``_``) that must be >= 0."""
+    expiry: Expiry | None = None
+
+
 class Sink(_Model):
     """Output written per batch id: a re-run of a batch replaces that batch's folder."""
 
@@ -109,6 +127,7 @@ class Query(_Model):
     processor: Processor
     key_columns: list[str] = Field(min_length=1)
     initial_state: InitialState | None = None
+    expectations: Expectations = Expectations()
     output_schema: str
     sink: Sink
     checkpoint: str
@@ -142,6 +161,12 @@ class Query(_Model):
                     "initial_state.from_export must map every initial_state.schema column "
                     f"({', '.join(state_columns)}) and name the exported 'variable'"
                 )
+        expiry = self.expectations.expiry
+        if expiry and not isinstance(self.processor.options.get(expiry.timeout_option), int):
+            raise ValueError(
+                f"expectations.expiry.timeout_option {expiry.timeout_option!r} is not an integer "
+                "option of the processor"
+            )
         if self.watermark and self.watermark.column not in columns:
             raise ValueError(f"watermark.column {self.watermark.column!r} is not in source.schema")
         if self.processor.time_mode == "EventTime" and not self.watermark:

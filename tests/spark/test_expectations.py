@@ -1,0 +1,81 @@
+"""Data-level integrity with Great Expectations on Spark-written state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.checkpoint import load_checkpoint
+from stateops.expectations import leaking_keys, validate_state
+from stateops.registry import load_registry
+from stateops.streaming import apply_query_conf, start_query
+from tests.conftest import ROOT, write_registry
+from tests.spark.harness import land
+
+pytestmark = pytest.mark.spark
+
+
+def _run_user_sessions(spark, root: Path, processor_class: str):
+    processor = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["user_sessions"][
+        "processor"
+    ]
+    options = {"session_timeout_seconds": 600}  # sessions time out within the sample data
+    registry = write_registry(
+        root,
+        user_sessions={"processor": {**processor, "class": processor_class, "options": options}},
+    )
+    query = load_registry(registry).query("user_sessions")
+    land(root / "landing", round_=0, files=3)
+    apply_query_conf(spark, query)
+    streaming = start_query(spark, query, available_now=True)
+    try:
+        streaming.awaitTermination(240)
+        assert streaming.exception() is None
+    finally:
+        streaming.stop()
+    return query
+
+
+def _expired_by_hand(spark, query) -> int:
+    cp = load_checkpoint(query.checkpoint)
+    watermark_ms = cp.offsets[cp.last_committed_batch].watermark_ms
+    latest: dict[str, int] = {}
+    events = spark.read.format("statestore").option("stateVarName", "events")
+    for row in events.load(query.checkpoint).collect():
+        ms = int(row.list_element.event_time.timestamp() * 1000)
+        latest[row.key.user_id] = max(latest.get(row.key.user_id, 0), ms)
+    return sum(1 for ms in latest.values() if ms + 600_000 <= watermark_ms)
+
+
+def test_the_expired_state_expectation_names_how_many_keys_leak(spark, tmp_path):
+    query = _run_user_sessions(spark, tmp_path, "tests.spark.leaky:ForgetfulUserSessions")
+    leaking = _expired_by_hand(spark, query)
+    assert leaking > 0, "the sample data should time some sessions out"
+    result = validate_state(spark, query)
+    assert not result["ok"]
+    assert leaking_keys(result) == leaking
+    events = next(v for v in result["variables"] if v["variable"] == "events")
+    failed = [e for e in events["expectations"] if not e["success"]]
+    assert [(e["column"], e["unexpected_count"]) for e in failed] == [("expired", leaking)]
+    assert Path(result["data_docs"]).is_file()
+    on_disk = json.loads(Path(result["results_file"]).read_text())
+    assert on_disk["ok"] is False and on_disk["batch_id"] == result["batch_id"]
+
+
+def test_the_reference_processor_leaves_no_expired_state(spark, tmp_path):
+    query = _run_user_sessions(
+        spark, tmp_path, "stateops.pipelines.user_sessions:UserSessionsProcessor"
+    )
+    assert _expired_by_hand(spark, query) == 0
+    result = validate_state(spark, query)
+    assert result["ok"] and leaking_keys(result) == 0
+    kinds = {
+        v["variable"]: [e["expectation"] for e in v["expectations"]] for v in result["variables"]
+    }
+    assert kinds == {
+        "timers": ["expect_column_values_to_not_be_null"],
+        "events": ["expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"],
+    }
