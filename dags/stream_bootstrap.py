@@ -14,6 +14,8 @@ Trigger it with the form. **Dry run** (on by default) only prints the plan. Othe
    query (`stream_start`) passes the initial state again until batch 0 commits.
 3. `record`: the run summary (`bootstrap`: `complete` or `pending`).
 4. `verify_state`: file-level integrity of the new checkpoint.
+5. `validate_state`: Great Expectations on the state itself (keys, bounds, no expired state);
+   a failure lists the failed expectations and the path of the Data Docs.
 """
 
 from __future__ import annotations
@@ -117,7 +119,11 @@ def stream_bootstrap() -> None:
     def verify() -> dict:
         return verify_state(get_current_context()["params"]["query"])
 
-    plan() >> not_a_dry_run() >> bootstrap >> record() >> verify()
+    validate = spark_job_operator(
+        "validate_state", "validate_state.py", ["--query", "{{ params.query }}"]
+    )
+
+    plan() >> not_a_dry_run() >> bootstrap >> record() >> verify() >> validate
 
 
 stream_bootstrap()

@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query", required=True)
     parser.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     parser.add_argument("--registry")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         query = load_registry(args.registry).query(args.query)
@@ -43,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     except StateOpsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(format_validation(result), end="", file=sys.stderr)
-    print(json.dumps(result))
+    print(
+        json.dumps(result) if args.json else format_validation(result),
+        end="\n" if args.json else "",
+    )
     return 0 if result["ok"] else 1
 
 

@@ -70,7 +70,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
     result = verify_checkpoint(path)
     print(json.dumps(result, indent=2) + "\n" if args.json else format_findings(result), end="")
-    return 0 if result["ok"] else 1
+    if not result["ok"] or not args.data:
+        return 0 if result["ok"] else 1
+    registry = load_registry(args.registry)
+    cmd = [
+        str(Path(sys.executable).with_name("spark-submit")),
+        "--master", args.master,
+        "--conf", "spark.ui.enabled=false",
+        str(PROJECT_ROOT / "spark_jobs" / "validate_state.py"),
+        "--registry", str(registry.path),
+        "--query", registry.query(args.checkpoint).name,
+    ] + (["--json"] if args.json else [])  # fmt: skip
+    return subprocess.run(cmd).returncode
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -219,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--data", action="store_true", help="then Great Expectations on the state (a QUERY; Spark)"
+    )
+    p.add_argument("--master", default="local[2]", help="Spark master for --data")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("export", help="state at a committed batch as Parquet + manifest (Spark)")

@@ -60,6 +60,6 @@ def test_stream_bootstrap_form_and_order(dagbag):
     assert query.schema["title"] and query.description
     assert params.get_param("format").schema["enum"] == ["auto", "export", "parquet", "json", "csv"]
     assert params.get_param("initial_state").schema["minLength"] == 1
-    order = ["plan", "not_a_dry_run", "bootstrap", "record", "verify_state"]
+    order = ["plan", "not_a_dry_run", "bootstrap", "record", "verify_state", "validate_state"]
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert dag.get_task(upstream).downstream_task_ids == {downstream}

@@ -85,3 +85,4 @@ def test_airflow_dags_test_stream_bootstrap_dry_run_then_real(tmp_path):
     assert summary["prepared"]["rows"] == 1 and summary["run_id"].startswith("manual__")
     assert "page_visits: bootstrap complete, 1 initial rows" in log
     assert "OK: " in log and "0 errors" in log  # verify_state ran on the new checkpoint
+    assert "OK: state of page_visits after batch 0; Data Docs: " in log  # validate_state ran
