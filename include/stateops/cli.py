@@ -16,7 +16,7 @@ from stateops.errors import RegistryError, StateOpsError
 from stateops.lock import force_release, read_lock
 from stateops.registry import PROJECT_ROOT, load_registry
 from stateops.report import checkpoint_report, format_report
-from stateops.sampledata import DATASETS, generate_events
+from stateops.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.verify import format_findings, verify_checkpoint
 
 __all__ = ["main"]
@@ -140,6 +140,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         queries = load_registry(args.registry).queries
         landing = {name: Path(queries[name].source.path) for name in DATASETS if name in queries}
+    if args.initial_pages:
+        path = generate_initial_pages(args.initial_pages, users=args.users, seed=args.seed)
+        print(f"page_visits initial state: {path}")
     written = generate_events(
         landing,
         events_per_file=args.events,
@@ -265,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--files", type=_positive, default=4)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--round", type=int, default=0, help="later rounds hold later event times")
+    p.add_argument("--initial-pages", metavar="FILE", help="also write a page_visits initial state")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("lock", help="show or force-release a query's lifecycle lock")

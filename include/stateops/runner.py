@@ -106,6 +106,8 @@ def run_registered_query(
             if streaming.isActive:
                 streaming.stop()
         after, uncommitted = checkpoint_state(query.checkpoint)
+        first = 0 if before is None else before + 1
+        committed = [] if after is None else list(range(first, after + 1))
         bootstrap = None
         if initial_state is not None:
             # Batch 0 committed with the initial state: the bootstrap is complete.
@@ -127,6 +129,9 @@ def run_registered_query(
             "last_committed_batch_before": before,
             "last_committed_batch": after,
             "uncommitted_batches": uncommitted,
+            "batches_run": len(committed),
+            "first_batch_id": committed[0] if committed else None,
+            "last_batch_id": committed[-1] if committed else None,
             "lock_lost": lock.lost,
             "bootstrap": bootstrap,
             "prepared": prepared,

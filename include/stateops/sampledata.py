@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-__all__ = ["DATASETS", "generate_events"]
+__all__ = ["DATASETS", "generate_events", "generate_initial_pages"]
 
 DATASETS = ("user_sessions", "page_visits")
 
@@ -76,3 +76,19 @@ def generate_events(
             path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
             written[name].append(path)
     return written
+
+
+def generate_initial_pages(path: str | Path, *, users: int = 50, seed: int = 7) -> Path:
+    """A page_visits initial state (JSON lines): pages each user visited before 2026."""
+    rng = random.Random(f"{seed}-initial")
+    rows = []
+    for u in range(users):
+        for i in range(rng.randrange(1, 4)):
+            visited = EPOCH - timedelta(days=1, minutes=rng.randrange(24 * 60) - i)
+            rows.append(
+                {"user_id": f"u{u:05d}", "page": rng.choice(PAGES), "visited_at": _ts(visited)}
+            )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path

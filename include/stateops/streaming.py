@@ -114,17 +114,17 @@ def start_query(
 
 
 def progress_summary(progress: list[Any]) -> dict[str, Any]:
-    """Batches, input rows and state rows per operator from a run's progress events."""
+    """Input rows and state rows per operator from a run's progress events.
+
+    Batch counts come from the checkpoint instead: an idle trigger also reports a progress
+    event, with the next batch id, though it commits nothing.
+    """
     events = [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in progress]
-    batch_ids = [e["batchId"] for e in events]
     # A no-data batch (watermark advance) can report no operators: take the last that did.
     last_state = next(
         (e["stateOperators"] for e in reversed(events) if e.get("stateOperators")), []
     )
     return {
-        "batches_run": len(set(batch_ids)),
-        "first_batch_id": min(batch_ids) if batch_ids else None,
-        "last_batch_id": max(batch_ids) if batch_ids else None,
         "input_rows": sum(int(e.get("numInputRows", 0)) for e in events),
         "state_operators": [
             {
