@@ -36,12 +36,15 @@ def stream_start() -> None:
         def record(query: str = query) -> dict:
             context = get_current_context()
             summary = read_run_summary(query, context["run_id"])
+            batches = (
+                f"{summary['batches_run']} batches "
+                f"({summary['first_batch_id']}..{summary['last_batch_id']})"
+                if summary["batches_run"]
+                else "no new input"
+            )
             print(
-                f"{query}: {summary['status']}, {summary['batches_run']} batches "
-                f"({summary['first_batch_id']}..{summary['last_batch_id']}), "
-                f"{summary['input_rows']} input rows, last committed batch "
-                f"{summary['last_committed_batch']}, state rows "
-                f"{[op['state_rows'] for op in summary['state_operators']]}"
+                f"{query}: {summary['status']}, {batches}, {summary['input_rows']} input rows, "
+                f"last committed batch {summary['last_committed_batch']}"
             )
             return summary
 
