@@ -46,6 +46,18 @@ def _checkpoint_and_deltas(
     return query.checkpoint, min_deltas
 
 
+def _spark_submit(job: str, master: str, *args: str) -> int:
+    """Run ``spark_jobs/<job>`` through the venv's spark-submit; its exit code."""
+    cmd = [
+        str(Path(sys.executable).with_name("spark-submit")),
+        "--master", master,
+        "--conf", "spark.ui.enabled=false",
+        str(PROJECT_ROOT / "spark_jobs" / job),
+        *args,
+    ]  # fmt: skip
+    return subprocess.run(cmd).returncode
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path, min_deltas = _checkpoint_and_deltas(
         args.checkpoint, args.registry, args.min_deltas_for_snapshot
@@ -73,30 +85,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not result["ok"] or not args.data:
         return 0 if result["ok"] else 1
     registry = load_registry(args.registry)
-    cmd = [
-        str(Path(sys.executable).with_name("spark-submit")),
-        "--master", args.master,
-        "--conf", "spark.ui.enabled=false",
-        str(PROJECT_ROOT / "spark_jobs" / "validate_state.py"),
-        "--registry", str(registry.path),
-        "--query", registry.query(args.checkpoint).name,
-    ] + (["--json"] if args.json else [])  # fmt: skip
-    return subprocess.run(cmd).returncode
+    query = registry.query(args.checkpoint).name
+    json_flag = ["--json"] if args.json else []
+    return _spark_submit(
+        "validate_state.py",
+        args.master,
+        "--registry",
+        str(registry.path),
+        "--query",
+        query,
+        *json_flag,
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
     cp = load_checkpoint(path)  # bad input is a one-line error before a JVM starts
     cp.restart_files(cp.last_committed_batch if args.batch is None else args.batch)
-    cmd = [
-        str(Path(sys.executable).with_name("spark-submit")),
-        "--master", args.master,
-        "--conf", "spark.ui.enabled=false",
-        str(PROJECT_ROOT / "spark_jobs" / "export_state.py"),
-        "--checkpoint", str(path),
-        "--out", args.out,
-    ] + (["--batch", str(args.batch)] if args.batch is not None else [])  # fmt: skip
-    return subprocess.run(cmd).returncode
+    batch = ["--batch", str(args.batch)] if args.batch is not None else []
+    return _spark_submit(
+        "export_state.py", args.master, "--checkpoint", str(path), "--out", args.out, *batch
+    )
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -109,17 +118,13 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         print(f"  start {plan['query']} on {plan['source']} into {plan['checkpoint']}")
         print("  and be complete once batch 0 commits (every start passes it until then)")
         return 0
-    cmd = [
-        str(Path(sys.executable).with_name("spark-submit")),
-        "--master", args.master,
-        "--conf", "spark.ui.enabled=false",
-        str(PROJECT_ROOT / "spark_jobs" / "bootstrap_state.py"),
+    return _spark_submit(
+        "bootstrap_state.py", args.master,
         "--registry", str(registry.path),
         "--query", args.query,
         "--initial-state", plan["initial_state"],
         "--format", plan["format"],
-    ]  # fmt: skip
-    return subprocess.run(cmd).returncode
+    )  # fmt: skip
 
 
 def cmd_queries(args: argparse.Namespace) -> int:

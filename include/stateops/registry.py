@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stateops.errors import RegistryError
 
@@ -36,6 +36,15 @@ PROVIDER_CLASSES = {
 _Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
+def _ddl(value: str) -> str:
+    schema_columns(value)
+    return value
+
+
+DDLSchema = Annotated[str, AfterValidator(_ddl)]
+"""A DDL schema string (``"a STRING, b TIMESTAMP"``), checked when the registry loads."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -43,14 +52,8 @@ class _Model(BaseModel):
 class Source(_Model):
     format: Literal["json", "parquet", "csv"]
     path: str
-    schema_: str = Field(alias="schema")
+    schema_: DDLSchema = Field(alias="schema")
     options: dict[str, str | int | bool] = {}
-
-    @field_validator("schema_")
-    @classmethod
-    def _schema_parses(cls, value: str) -> str:
-        schema_columns(value)
-        return value
 
 
 class Watermark(_Model):
@@ -68,17 +71,11 @@ class Processor(_Model):
 class InitialState(_Model):
     """What ``handleInitialState`` takes, and how a state export of the query maps onto it."""
 
-    schema_: str = Field(alias="schema")
+    schema_: DDLSchema = Field(alias="schema")
     unique_keys: bool = False
     """True where the processor keeps one value per key: duplicate keys are then refused."""
     from_export: dict[str, str] = {}
     """Initial-state column -> column expression over one exported variable (``variable``)."""
-
-    @field_validator("schema_")
-    @classmethod
-    def _schema_parses(cls, value: str) -> str:
-        schema_columns(value)
-        return value
 
 
 class Expiry(_Model):
@@ -128,19 +125,13 @@ class Query(_Model):
     key_columns: list[str] = Field(min_length=1)
     initial_state: InitialState | None = None
     expectations: Expectations = Expectations()
-    output_schema: str
+    output_schema: DDLSchema
     sink: Sink
     checkpoint: str
     trigger: Trigger = Trigger()
     state_store: StateStore = StateStore()
     shuffle_partitions: int = Field(4, ge=1)
     spark_conf: dict[str, str] = {}
-
-    @field_validator("output_schema")
-    @classmethod
-    def _output_schema_parses(cls, value: str) -> str:
-        schema_columns(value)
-        return value
 
     @model_validator(mode="after")
     def _columns_exist(self) -> Query:
