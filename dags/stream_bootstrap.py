@@ -20,11 +20,12 @@ Trigger it with the form. **Dry run** (on by default) only prints the plan. Othe
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops_airflow.tasks import (
+    LIFECYCLE_DAG,
     read_run_summary,
     registered_queries,
     spark_job_operator,
@@ -37,9 +38,7 @@ QUERIES = registered_queries(with_initial_state=True)
 @dag(
     dag_id="stream_bootstrap",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
+    **LIFECYCLE_DAG,
     default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
     tags=["stateops", "streaming", "bootstrap"],
     doc_md=__doc__,

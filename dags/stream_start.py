@@ -12,19 +12,22 @@ or fails instead of racing it. The queries come from the registry (`registry.yam
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import dag, get_current_context, task
 
-from stateops_airflow.tasks import read_run_summary, registered_queries, run_query_operator
+from stateops_airflow.tasks import (
+    LIFECYCLE_DAG,
+    read_run_summary,
+    registered_queries,
+    run_query_operator,
+)
 
 
 @dag(
     dag_id="stream_start",
     schedule=timedelta(minutes=30),
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
+    **LIFECYCLE_DAG,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     tags=["stateops", "streaming", "start"],
     doc_md=__doc__,

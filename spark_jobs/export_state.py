@@ -21,17 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        from pyspark.sql import SparkSession
-
         from stateops.checkpoint import load_checkpoint
         from stateops.export import export_state
+        from stateops.streaming import spark_session
 
         load_checkpoint(args.checkpoint)  # a one-line error before a JVM starts
-        spark = (
-            SparkSession.builder.appName("stateops-export")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
-        )
+        spark = spark_session("stateops-export")
         manifest = export_state(spark, args.checkpoint, args.out, args.batch)
     except StateOpsError as err:
         print(f"error: {err}", file=sys.stderr)

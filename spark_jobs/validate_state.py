@@ -31,15 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         if not files["ok"]:
             print(format_findings(files), end="", file=sys.stderr)
             raise StateOpsError(f"{query.checkpoint}: fails file-level verification; see above")
-        from pyspark.sql import SparkSession
-
         from stateops.expectations import format_validation, validate_state
+        from stateops.streaming import spark_session
 
-        spark = (
-            SparkSession.builder.appName(f"stateops-validate-{query.name}")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
-        )
+        spark = spark_session(f"stateops-validate-{query.name}")
         result = validate_state(spark, query, args.batch)
     except StateOpsError as err:
         print(f"error: {err}", file=sys.stderr)

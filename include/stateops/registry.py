@@ -21,6 +21,7 @@ __all__ = [
     "Query",
     "Registry",
     "load_registry",
+    "registry_path",
     "schema_columns",
 ]
 
@@ -222,9 +223,14 @@ class Registry(_Model):
         return self.state_dir / "runs" / name / "latest.json"
 
 
+def registry_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The registry file: ``path``, else ``STATEOPS_REGISTRY``, else the project's."""
+    return Path(path or os.environ.get("STATEOPS_REGISTRY") or DEFAULT_REGISTRY).resolve()
+
+
 def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     """Read and validate the registry; errors name the bad field."""
-    path = Path(path or os.environ.get("STATEOPS_REGISTRY") or DEFAULT_REGISTRY).resolve()
+    path = registry_path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:

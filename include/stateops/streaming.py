@@ -18,6 +18,7 @@ __all__ = [
     "build_session",
     "load_processor",
     "progress_summary",
+    "spark_session",
     "start_query",
     "write_batch",
 ]
@@ -30,7 +31,8 @@ _SESSION_CONF = {
 }
 
 
-def build_session(query: Query, app_name: str, master: str | None = None) -> SparkSession:
+def spark_session(app_name: str, master: str | None = None) -> SparkSession:
+    """The session every job uses (UTC, no console progress bars, all progress kept)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -38,7 +40,12 @@ def build_session(query: Query, app_name: str, master: str | None = None) -> Spa
         builder = builder.master(master)
     for key, value in _SESSION_CONF.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    return builder.getOrCreate()
+
+
+def build_session(query: Query, app_name: str, master: str | None = None) -> SparkSession:
+    """:func:`spark_session` with the state-shaping settings of ``query``."""
+    spark = spark_session(app_name, master)
     apply_query_conf(spark, query)
     return spark
 

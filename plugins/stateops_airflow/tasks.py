@@ -7,16 +7,18 @@ variable or Spark session is touched until a task runs.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from stateops.registry import load_registry
+from stateops.registry import load_registry, registry_path
 from stateops.verify import format_findings, verify_checkpoint
 
 __all__ = [
+    "LIFECYCLE_DAG",
     "PROJECT_ROOT",
     "read_run_summary",
     "registered_queries",
@@ -27,6 +29,14 @@ __all__ = [
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
+
+# What every lifecycle DAG shares: no catch-up, one run at a time (runs of different DAGs on
+# the same query are serialised by the query's lock, not by Airflow).
+LIFECYCLE_DAG: dict[str, Any] = {
+    "start_date": datetime(2026, 1, 1),
+    "catchup": False,
+    "max_active_runs": 1,
+}
 
 
 def registered_queries(with_initial_state: bool = False) -> list[str]:
@@ -45,7 +55,7 @@ def spark_job_operator(
         name=f"stateops-{task_id}",
         py_files=str(PY_FILES) if PY_FILES.exists() else None,
         conf={"spark.ui.enabled": "false"},
-        application_args=["--registry", str(load_registry().path), *args],
+        application_args=["--registry", str(registry_path()), *args],
         **kwargs,
     )
 
