@@ -199,6 +199,55 @@ class Checkpoint:
             return []
         return [b for b in range(min(ids), max(ids) + 1) if b not in ids]
 
+    def input_files(self, batch: int, source: int = 0) -> list[dict]:
+        """The files file source ``source`` read in ``batch``: ``[{"path", "timestamp"}]``.
+
+        A file source logs its files by its own ``logOffset``; batch N read the entries after
+        batch N-1's logOffset up to its own, found in the plain log file or, once compacted,
+        in the next ``.compact`` file.
+        """
+        if batch not in self.offsets:
+            raise CheckpointError(f"{self.root}: batch {batch} is not in offsets/")
+        upper = self._log_offset(batch, source)
+        lower = self._log_offset(batch - 1, source) if batch > 0 else -1
+        log = self.sources.get(str(source), {})
+        entries: list[dict] = []
+        for wanted in range(lower + 1, upper + 1):
+            plain = log.get(wanted)
+            if plain is None or plain.endswith(".compact"):
+                plain = next((log[i] for i in sorted(log) if i >= wanted and
+                              log[i].endswith(".compact")), None)  # fmt: skip
+            if plain is None:
+                raise CheckpointError(
+                    f"{self.root}: sources/{source}/{wanted} is missing: the files batch "
+                    f"{batch} read are no longer logged"
+                )
+            for line in _read_text(self.root / plain).split("\n")[1:]:
+                try:
+                    entry = json.loads(line) if line.strip() else None
+                except ValueError:
+                    raise CheckpointError(
+                        f"{self.root / plain}: corrupt entry; restore the checkpoint from a backup"
+                    ) from None
+                if entry and entry.get("batchId") == wanted:
+                    entries.append({"path": entry["path"], "timestamp": entry.get("timestamp")})
+        return entries
+
+    def _log_offset(self, batch: int, source: int) -> int:
+        if batch not in self.offsets:
+            raise CheckpointError(
+                f"{self.root}: offsets/{batch} is gone: where batch {batch + 1}'s input starts "
+                "is unknown"
+            )
+        offsets = self.offsets[batch].source_offsets
+        offset = offsets[source] if source < len(offsets) else None
+        if not (isinstance(offset, dict) and "logOffset" in offset):
+            raise CheckpointError(
+                f"{self.root}: source {source} is not a file source; only file sources log "
+                "the files of each batch"
+            )
+        return int(offset["logOffset"])
+
     def restart_files(self, batch: int) -> list[str]:
         """The exact files (relative paths, sorted) a restart after committed ``batch`` needs.
 

@@ -73,6 +73,7 @@ def run_registered_query(
     from pyspark.errors import AnalysisException, StreamingQueryException
 
     from stateops.bootstrap import pending_initial_state
+    from stateops.proof import format_proof, proof_failures, prove_first_batch
     from stateops.streaming import build_session, progress_summary, start_query
 
     query = registry.query(name)
@@ -108,12 +109,20 @@ def run_registered_query(
         after, uncommitted = checkpoint_state(query.checkpoint)
         first = 0 if before is None else before + 1
         committed = [] if after is None else list(range(first, after + 1))
-        bootstrap = None
+        bootstrap = proof = None
         if initial_state is not None:
             # Batch 0 committed with the initial state: the bootstrap is complete.
             bootstrap = "complete" if after is not None else "pending"
             if after is not None:
                 registry.bootstrap_marker(query.name).unlink(missing_ok=True)
+                if not error:
+                    proof = prove_first_batch(spark, query, initial_state)
+                    print(format_proof(proof), end="", file=sys.stderr)
+                    if not proof["ok"]:
+                        error = (
+                            f"carry-over proof failed: {proof_failures(proof)}; details in "
+                            f"{proof['proof_file']}; move the checkpoint aside and bootstrap again"
+                        )
         summary = {
             "query": query.name,
             "operation": operation,
@@ -134,6 +143,7 @@ def run_registered_query(
             "last_batch_id": committed[-1] if committed else None,
             "lock_lost": lock.lost,
             "bootstrap": bootstrap,
+            "proof": _proof_summary(proof),
             "prepared": prepared,
             **progress_summary(progress),
         }
@@ -147,8 +157,20 @@ def run_registered_query(
             mode=mode,
             batches_run=summary["batches_run"],
             bootstrap=bootstrap,
+            proof=None if proof is None else proof["ok"],
         )
     return summary
+
+
+def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:
+    if proof is None:
+        return None
+    return {
+        "ok": proof["ok"],
+        "sample": proof["sample"],
+        "variables": {v["variable"]: v["actual_rows"] for v in proof["variables"]},
+        "proof_file": proof["proof_file"],
+    }
 
 
 def write_summary(registry: Registry, summary: dict[str, Any], path: str | None = None) -> Path:

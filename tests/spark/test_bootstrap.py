@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stateops.bootstrap import read_initial_state
+from stateops.proof import prove_first_batch
 from stateops.registry import load_registry
 from tests.conftest import (
     ROOT,
@@ -69,6 +71,10 @@ def test_bootstrap_equals_initial_state_plus_batch_0(spark, tmp_path):
     summary = _summary(_bootstrap(registry, initial, "--run-id", "boot-1")[0])
     assert summary["operation"] == "bootstrap" and summary["bootstrap"] == "complete"
     assert summary["last_committed_batch"] == 0 and summary["prepared"]["rows"] == len(INITIAL)
+    # The job proved the state it left: initial state + batch 0, read back from the checkpoint.
+    proof = summary["proof"]
+    assert proof["ok"] and proof["sample"] == "all keys"
+    assert set(proof["variables"]) == {"pages", "count"}
     reg = load_registry(registry)
     assert not reg.bootstrap_marker("page_visits").exists()
     expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
@@ -156,3 +162,42 @@ def test_dry_run_and_queries_without_initial_state(tmp_path):
     proc = run_cli("--registry", str(registry), "bootstrap", "user_sessions",
                    "--initial-state", str(initial), "--dry-run")  # fmt: skip
     assert proc.returncode == 2 and "no initial_state in the registry" in proc.stderr
+
+
+def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp_path):
+    registry = write_registry(tmp_path)
+    land(tmp_path / "landing", round_=0, files=1)
+    initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
+    assert _summary(_bootstrap(registry, initial)[0])["proof"]["ok"]
+    query = load_registry(registry).query("page_visits")
+    ckpt = Path(query.checkpoint)
+    before = tree_digest(ckpt)
+    right = read_initial_state(spark, query, str(initial), "json")
+    assert prove_first_batch(spark, query, right)["ok"]
+    sampled = prove_first_batch(spark, query, right, max_keys=3)
+    assert sampled["ok"] and sampled["sample"].startswith("1 in ")
+
+    # Claim a different initial state: the proof names the variables and their row counts.
+    wrong = right.filter("user_id != 'u90001'")
+    result = prove_first_batch(spark, query, wrong)
+    assert not result["ok"]
+    by_name = {v["variable"]: v for v in result["variables"]}
+    assert by_name["count"]["actual_rows"] == by_name["count"]["expected_rows"] + 1
+    assert by_name["pages"]["actual_rows"] == by_name["pages"]["expected_rows"] + 1
+    # Same keys, different contents: counts agree, checksums do not.
+    shifted = right.selectExpr("user_id", "'elsewhere' AS page", "visited_at")
+    result = prove_first_batch(spark, query, shifted)
+    pages = next(v for v in result["variables"] if v["variable"] == "pages")
+    assert not pages["ok"] and pages["actual_rows"] == pages["expected_rows"]
+    assert tree_digest(ckpt) == before, "a proof only reads"
+
+
+def test_the_proof_covers_list_state_and_timers_without_initial_state(spark, tmp_path):
+    registry = write_registry(tmp_path)
+    land(tmp_path / "landing", round_=0, files=1)
+    _summary(spark_submit_run_query(registry, "user_sessions"))
+    query = load_registry(registry).query("user_sessions")
+    result = prove_first_batch(spark, query, None)
+    assert result["ok"], result
+    rows = {v["variable"]: v["actual_rows"] for v in result["variables"]}
+    assert rows["events"] > 0 and rows["timers"] > 0

@@ -234,3 +234,15 @@ def test_a_missing_sst_that_a_needed_zip_lists_is_named(story: Story, tmp_path):
     (damaged / sst).unlink()
     with pytest.raises(CheckpointError, match="SSTs/"):
         load_checkpoint(damaged).restart_files(story.restart_batch)
+
+
+def test_input_files_of_each_batch_across_compactions(story: Story):
+    """Every landed file was read by exactly one batch, also where the log was compacted."""
+    cp = story.before
+    read = [f["path"] for b in sorted(cp.commits) for f in cp.input_files(b)]
+    # `before` is the checkpoint after round 0 (round 1 landed later).
+    landed = sorted(p.name for p in (story.root / "landing" / story.case.landing).glob("*r000*"))
+    assert sorted(Path(p).name for p in read) == landed
+    assert len(landed) == 6
+    with pytest.raises(CheckpointError, match="offsets/99 is gone|batch 99 is not in offsets"):
+        cp.input_files(99)
