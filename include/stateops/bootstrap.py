@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMATS",
+    "check_initial_types",
+    "check_processor_fit",
     "pending_initial_state",
     "plan_bootstrap",
     "prepare_bootstrap",
@@ -72,15 +74,14 @@ def plan_bootstrap(registry: Registry, name: str, source: str, fmt: str | None) 
     }
 
 
-def read_initial_state(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
-    """The initial state as a DataFrame of ``initial_state.schema`` (columns cast to it)."""
+def _read_raw(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
+    """The initial state with ``initial_state.schema``'s column names, types as found."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
 
     spec = query.initial_state
     assert spec is not None
-    schema = StructType.fromDDL(spec.schema_)
+    schema = _initial_schema(query)
     try:
         if fmt == "export":
             manifest = json.loads((Path(source) / MANIFEST).read_text(encoding="utf-8"))
@@ -89,18 +90,59 @@ def read_initial_state(spark: SparkSession, query: Query, source: str, fmt: str)
             if entry is None:
                 raise StateOpsError(f"{source}: the export has no state variable {variable!r}")
             df = spark.read.parquet(str(Path(source) / entry["path"]))
-            df = df.select(*[F.expr(spec.from_export[f.name]).alias(f.name) for f in schema])
-        else:
-            reader = spark.read.format(fmt)
-            if fmt == "csv":
-                reader = reader.option("header", "true").schema(schema)
-            df = reader.load(source)
-        return df.select(*[F.col(f.name).cast(f.dataType) for f in schema])
+            return df.select(*[F.expr(spec.from_export[f.name]).alias(f.name) for f in schema])
+        reader = spark.read.format(fmt)
+        if fmt == "csv":  # every column as text: the type check below names bad values
+            reader = reader.option("header", "true")
+        return reader.load(source).select(*[F.col(f.name) for f in schema])
     except AnalysisException as err:
         raise StateOpsError(
             f"{source}: does not fit initial_state.schema ({spec.schema_}): "
             f"{str(err).splitlines()[0]}"
         ) from err
+
+
+def _initial_schema(query: Query) -> Any:
+    from pyspark.sql.types import StructType
+
+    assert query.initial_state is not None
+    return StructType.fromDDL(query.initial_state.schema_)
+
+
+def _typed(raw: DataFrame, query: Query) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    schema = _initial_schema(query)
+    return raw.select(*[F.col(f.name).try_cast(f.dataType).alias(f.name) for f in schema])
+
+
+def read_initial_state(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
+    """The initial state as a DataFrame of ``initial_state.schema`` (columns cast to it)."""
+    return _typed(_read_raw(spark, query, source, fmt), query)
+
+
+def check_initial_types(raw: DataFrame, query: Query) -> None:
+    """Refuse values that do not convert to ``initial_state.schema`` (they would become null)."""
+    from pyspark.sql import functions as F
+
+    schema = _initial_schema(query)
+    lost = {
+        f.name: F.col(f.name).isNotNull() & F.col(f.name).try_cast(f.dataType).isNull()
+        for f in schema
+    }
+    row = raw.select(
+        *[F.sum(cond.cast("long")).alias(name) for name, cond in lost.items()],
+        *[F.first(F.when(cond, F.col(name)), ignorenulls=True).alias(f"e_{name}")
+          for name, cond in lost.items()],
+    ).first()  # fmt: skip
+    problems = [
+        f"column {f.name}: {row[f.name]} values are not {f.dataType.simpleString().upper()} "
+        f"(e.g. {row[f'e_{f.name}']!r})"
+        for f in schema
+        if row[f.name]
+    ]
+    if problems:
+        raise StateOpsError(f"initial state refused: {'; '.join(problems)}; fix them and retry")
 
 
 def validate_initial_state(df: DataFrame, query: Query) -> int:
@@ -126,20 +168,65 @@ def validate_initial_state(df: DataFrame, query: Query) -> int:
     return df.count()
 
 
+def check_processor_fit(
+    spark: SparkSession, query: Query, df: DataFrame, sample_keys: int = 1000
+) -> int:
+    """Run the processor's ``handleInitialState`` on the initial state of some keys, in memory,
+    and check that what it stores fits the state schemas it declares. Returns keys checked."""
+    from stateops.simulator import simulate_batch
+    from stateops.streaming import load_processor
+
+    keys = query.key_columns
+    sample = df.join(df.select(*keys).distinct().limit(sample_keys), keys).toPandas()
+    try:
+        state = simulate_batch(
+            load_processor(query),
+            time_mode=query.processor.time_mode,
+            key_columns=keys,
+            input_rows=None,
+            initial_state=sample,
+        )
+    except StateOpsError as err:
+        raise StateOpsError(f"initial state refused: {err}") from err
+    except Exception as err:  # the user's processor: any failure is a misfit, named
+        raise StateOpsError(
+            f"initial state refused: {type(load_processor(query)).__name__}.handleInitialState "
+            f"fails on it: {type(err).__name__}: {err}"
+        ) from err
+    for name, variable in state.variables.items():
+        rows = state.rows(name)
+        parts = [("list_element" if variable.kind == "list" else "value", variable.schema)]
+        if variable.kind == "map":
+            parts = [("user_map_key", variable.key_schema), ("user_map_value", variable.schema)]
+        for column, schema in parts:
+            try:
+                spark.createDataFrame([r[column] for r in rows], schema=schema, verifySchema=True)
+            except (TypeError, ValueError) as err:
+                raise StateOpsError(
+                    f"initial state refused: it does not fit the processor's state {name!r} "
+                    f"({schema}): {str(err).splitlines()[0]}"
+                ) from err
+    return int(sample[keys].drop_duplicates().shape[0]) if len(sample) else 0
+
+
 def prepare_bootstrap(
     spark: SparkSession, registry: Registry, plan: dict[str, Any]
 ) -> dict[str, Any]:
-    """Validate the initial state, then mark the bootstrap pending (until batch 0 commits)."""
+    """Validate the initial state (types, keys, fit with the processor's state), then mark the
+    bootstrap pending (until batch 0 commits)."""
     query = registry.query(plan["query"])
-    df = read_initial_state(spark, query, plan["initial_state"], plan["format"])
+    raw = _read_raw(spark, query, plan["initial_state"], plan["format"])
+    check_initial_types(raw, query)
+    df = _typed(raw, query)
     rows = validate_initial_state(df, query)
+    fit_keys = check_processor_fit(spark, query, df)
     marker = registry.bootstrap_marker(query.name)
     marker.parent.mkdir(parents=True, exist_ok=True)
     record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
     tmp.replace(marker)
-    return record
+    return record | {"processor_fit_keys": fit_keys}
 
 
 def pending_initial_state(

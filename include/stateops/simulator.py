@@ -52,7 +52,8 @@ def _columns(schema: Any) -> list[str]:
 
 class _Variable:
     def __init__(self, handle: SimulatedHandle, name: str, kind: str, schema: Any) -> None:
-        self.handle, self.name, self.kind, self.columns = handle, name, kind, _columns(schema)
+        self.handle, self.name, self.kind, self.schema = handle, name, kind, schema
+        self.columns = _columns(schema)
         self.data: dict[tuple, Any] = {}
 
     def _fit(self, value: Any, columns: list[str] | None = None) -> tuple:
@@ -101,7 +102,7 @@ class _ListState(_Variable):
 class _MapState(_Variable):
     def __init__(self, handle: SimulatedHandle, name: str, key_schema: Any, schema: Any) -> None:
         super().__init__(handle, name, "map", schema)
-        self.key_columns = _columns(key_schema)
+        self.key_schema, self.key_columns = key_schema, _columns(key_schema)
 
     def _map(self) -> dict[tuple, tuple]:
         return self.data.get(self.handle.key, {})

@@ -1,13 +1,16 @@
-"""A deliberately broken processor: it emits timed-out sessions but forgets to clear them."""
+"""Deliberately broken processors, for tests that must see their faults named."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from stateops.pipelines.page_visits import PageVisitsProcessor
 from stateops.pipelines.user_sessions import _OUTPUT_COLUMNS, UserSessionsProcessor, _session_row
 
 
 class ForgetfulUserSessions(UserSessionsProcessor):
+    """Emits timed-out sessions but forgets to clear them."""
+
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
         (user_id,) = key
         open_events = [(d, t) for d, t in self.events.get()]
@@ -15,3 +18,11 @@ class ForgetfulUserSessions(UserSessionsProcessor):
             yield pd.DataFrame(
                 [_session_row(user_id, open_events, "timeout")], columns=_OUTPUT_COLUMNS
             )
+
+
+class CountAsText(PageVisitsProcessor):
+    """Stores the visit count as text, though it declares ``count`` as ``visits LONG``."""
+
+    def handleInitialState(self, key, initialState, timerValues):
+        super().handleInitialState(key, initialState, timerValues)
+        self.count.update((str(self.count.get()[0]),))

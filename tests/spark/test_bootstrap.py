@@ -201,3 +201,32 @@ def test_the_proof_covers_list_state_and_timers_without_initial_state(spark, tmp
     assert result["ok"], result
     rows = {v["variable"]: v["actual_rows"] for v in result["variables"]}
     assert rows["events"] > 0 and rows["timers"] > 0
+
+
+def test_values_of_the_wrong_type_and_a_processor_misfit_are_refused(tmp_path):
+    registry = write_registry(tmp_path)
+    land(tmp_path / "landing", round_=0, files=1)
+    bad = _write_json(
+        tmp_path / "bad" / "pages.json",
+        INITIAL + [{"user_id": "u00003", "page": "home", "visited_at": "yesterday"}],
+    )
+    proc, out = _bootstrap(registry, bad)
+    assert proc.returncode == 2 and "Traceback" not in out
+    assert (
+        "error: initial state refused: column visited_at: 1 values are not TIMESTAMP "
+        "(e.g. 'yesterday')" in out
+    )
+    ckpt = Path(load_registry(registry).query("page_visits").checkpoint)
+    assert not ckpt.exists()
+
+    # A processor that stores what its declared state schema does not allow: found in memory,
+    # before Spark starts the query.
+    spec = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["page_visits"]
+    misfit = {**spec["processor"], "class": "tests.spark.leaky:CountAsText"}
+    registry = write_registry(tmp_path / "misfit", page_visits={"processor": misfit})
+    land(tmp_path / "misfit" / "landing", round_=0, files=1)
+    good = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
+    proc, out = _bootstrap(registry, good)
+    assert proc.returncode == 2 and "Traceback" not in out
+    assert "error: initial state refused: it does not fit the processor's state 'count'" in out
+    assert not Path(load_registry(registry).query("page_visits").checkpoint).exists()
