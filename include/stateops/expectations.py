@@ -1,21 +1,25 @@
 """Data-level integrity: Great Expectations on the state itself (Spark-side, lazy imports).
 
 For every state variable (or store) of the query at a committed batch: key columns non-null,
-one row per key for value state, the registry's ``non_negative`` bounds, and no expired state
-left behind (``expectations.expiry``). Results go to ``<checkpoint>.audit/validations/`` as
-JSON and to Great Expectations Data Docs (HTML) under ``<checkpoint>.audit/gx/``.
+one row per key for value state, rows only in the partitions ``state-metadata`` names, row
+counts within ``expectations.row_change_factor`` of the previous validation, the registry's
+``non_negative`` bounds, and no expired state left behind: no session past its timeout
+(``expectations.expiry``) and no entry past its TTL (variables with TTL enabled). Results go
+to ``<checkpoint>.audit/validations/`` as JSON and to Great Expectations Data Docs (HTML)
+under ``<checkpoint>.audit/gx/``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.audit import audit_dir
 from stateops.checkpoint import load_checkpoint
-from stateops.errors import CheckpointError
+from stateops.errors import CheckpointError, RegistryError
 from stateops.export import state_reads
 from stateops.registry import Query
 
@@ -32,22 +36,42 @@ __all__ = [
 
 
 def flatten_state(df: DataFrame) -> DataFrame:
-    """Top-level columns only: struct fields become ``<struct>_<field>``, key fields keep their
-    names (``key.user_id`` -> ``user_id``), so expectations can name them."""
+    """Top-level columns only: struct fields become ``<struct>_<field>`` (at every depth), key
+    fields keep their names (``key.user_id`` -> ``user_id``), so expectations can name them."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    columns = []
-    for field in df.schema.fields:
-        if field.name == "partition_id":
-            continue
-        if isinstance(field.dataType, StructType):
-            for sub in field.dataType.fields:
-                alias = sub.name if field.name == "key" else f"{field.name}_{sub.name}"
-                columns.append(F.col(f"`{field.name}`.`{sub.name}`").alias(alias))
-        else:
-            columns.append(F.col(f"`{field.name}`"))
-    return df.select(*columns)
+    def leaves(path: list[str], dtype: Any, alias: str) -> list:
+        if not isinstance(dtype, StructType):
+            return [F.col(".".join(f"`{p}`" for p in path)).alias(alias)]
+        # A variable with TTL wraps its value as {value, ttlExpirationMs}: keep the value's
+        # column names as without TTL, so expectations survive turning TTL on.
+        ttl_wrapped = dtype.fieldNames() == ["value", "ttlExpirationMs"]
+        columns = []
+        for sub in dtype.fields:
+            if path == ["key"]:
+                sub_alias = sub.name
+            elif ttl_wrapped and sub.name == "value":
+                sub_alias = alias
+            else:
+                sub_alias = f"{alias}_{sub.name}"
+            columns += leaves([*path, sub.name], sub.dataType, sub_alias)
+        return columns
+
+    return df.select(*[c for f in df.schema.fields for c in leaves([f.name], f.dataType, f.name)])
+
+
+def _previous_rows(audit: Path, batch: int) -> dict[str, int]:
+    """Rows per variable at the latest validation of an earlier batch ({} if none)."""
+    earlier = []
+    for path in (audit / "validations").glob("batch-*.json"):
+        number = path.stem.removeprefix("batch-")
+        if number.isdigit() and int(number) < batch:
+            earlier.append((int(number), path))
+    if not earlier:
+        return {}
+    result = json.loads(max(earlier)[1].read_text(encoding="utf-8"))
+    return {v["variable"]: int(v["rows"]) for v in result.get("variables", [])}
 
 
 def _expired_keys(df: DataFrame, query: Query, watermark_ms: int) -> DataFrame:
@@ -76,7 +100,9 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         raise CheckpointError(f"{query.checkpoint}: no committed batch yet: no state to validate")
     cp.restart_files(batch)
     watermark_ms = cp.offsets[batch].watermark_ms
+    batch_timestamp_ms = cp.offsets[batch].timestamp_ms
     audit = audit_dir(query.checkpoint)
+    previous_rows = _previous_rows(audit, batch)
     ctx = gx.get_context(mode="file", project_root_dir=str(audit))
     # GX draws a progress bar per metric, which floods task logs.
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -93,6 +119,23 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         checks: list[tuple[DataFrame, Any]] = []
         keys = [k for k in query.key_columns if k in df.columns]
         checks += [(df, gxe.ExpectColumnValuesToNotBeNull(column=k)) for k in keys]
+        # Consistent with state-metadata: rows only in the operator's partitions.
+        checks.append(
+            (df, gxe.ExpectColumnValuesToBeBetween(
+                column="partition_id", min_value=0, max_value=read["num_partitions"] - 1))
+        )  # fmt: skip
+        previous = previous_rows.get(variable)
+        if previous:
+            factor = query.expectations.row_change_factor
+            low, high = math.floor(previous / factor), math.ceil(previous * factor)
+            checks.append((df, gxe.ExpectTableRowCountToBeBetween(min_value=low, max_value=high)))
+        if read.get("ttl"):
+            # Spark evicts an entry whose TTL ran out by the batch's processing time.
+            ttl_column = next(c for c in df.columns if c.endswith("_ttlExpirationMs"))
+            checks.append(
+                (df, gxe.ExpectColumnValuesToBeBetween(
+                    column=ttl_column, min_value=batch_timestamp_ms, strict_min=True))
+            )  # fmt: skip
         if read["kind"] == "value" and keys:
             unique = (
                 gxe.ExpectColumnValuesToBeUnique(column=keys[0])
@@ -103,6 +146,11 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         for path in query.expectations.non_negative:
             var, _, column = path.partition(".")
             if var == variable:
+                if column not in df.columns:
+                    raise RegistryError(
+                        f"query {query.name}: expectations.non_negative: {path}: no such column "
+                        f"(columns of {variable}: {', '.join(df.columns)})"
+                    )
                 checks.append((df, gxe.ExpectColumnValuesToBeBetween(column=column, min_value=0)))
         expiry = query.expectations.expiry
         if expiry and expiry.variable == variable:
@@ -156,6 +204,12 @@ def _run_checks(ctx: Any, source: Any, name: str, variable: str, checks: list) -
                     or r.expectation_config.kwargs.get("column_list"),
                     "success": bool(r.success),
                     "unexpected_count": r.result.get("unexpected_count"),
+                    "observed": r.result.get("observed_value"),
+                    "bounds": [
+                        r.expectation_config.kwargs.get(b) for b in ("min_value", "max_value")
+                    ]
+                    if r.expectation_config.type == "expect_table_row_count_to_be_between"
+                    else None,
                 }
             )
     rows = checks[0][0].count() if checks else 0
@@ -173,7 +227,11 @@ def format_validation(result: dict[str, Any]) -> str:
         for e in var["expectations"]:
             mark = "ok    " if e["success"] else "FAILED"
             extra = "" if e["success"] else f": {e['unexpected_count']} unexpected"
-            lines.append(f"{mark} {var['variable']}: {e['expectation']}({e['column']}){extra}")
+            if not e["success"] and e.get("bounds"):
+                low, high = e["bounds"]
+                extra = f": {e['observed']} rows, the last validation allows {low}..{high}"
+            column = f"({e['column']})" if e["column"] else ""
+            lines.append(f"{mark} {var['variable']}: {e['expectation']}{column}{extra}")
     verdict = "OK" if result["ok"] else "FAILED"
     lines.append(
         f"{verdict}: state of {result['query']} after batch {result['batch_id']}; "

@@ -44,7 +44,11 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
     reads = []
     meta = spark.read.format("state-metadata").option("batchId", batch).load(checkpoint)
     for row in meta.orderBy("operatorId", "stateStoreName").collect():
-        base = {"operator_id": int(row["operatorId"]), "operator_name": row["operatorName"]}
+        base = {
+            "operator_id": int(row["operatorId"]),
+            "operator_name": row["operatorName"],
+            "num_partitions": int(row["numPartitions"]),
+        }
         props = json.loads(row["operatorProperties"] or "{}")
         variables = props.get("stateVariables")
         if variables is None:
@@ -71,7 +75,13 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
             elif not name.startswith("$"):
                 kind = var["stateVariableType"].removesuffix("State").lower()
                 reads.append(
-                    {**base, "variable": name, "kind": kind, "options": {"stateVarName": name}}
+                    {
+                        **base,
+                        "variable": name,
+                        "kind": kind,
+                        "ttl": bool(var.get("ttlEnabled")),
+                        "options": {"stateVarName": name},
+                    }
                 )
     return reads  # fmt: skip
 

@@ -95,6 +95,8 @@ class Expectations(_Model):
     non_negative: list[str] = []
     """``variable.column`` paths (struct fields joined by ``_``) that must be >= 0."""
     expiry: Expiry | None = None
+    row_change_factor: float = Field(10.0, ge=1.0)
+    """Rows per variable may grow or shrink by at most this factor since the last validation."""
 
 
 class Sink(_Model):

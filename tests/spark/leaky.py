@@ -26,3 +26,11 @@ class CountAsText(PageVisitsProcessor):
     def handleInitialState(self, key, initialState, timerValues):
         super().handleInitialState(key, initialState, timerValues)
         self.count.update((str(self.count.get()[0]),))
+
+
+class VisitsWithTtl(PageVisitsProcessor):
+    """page_visits with a one-hour TTL on both variables (needs ProcessingTime mode)."""
+
+    def init(self, handle):
+        self.pages = handle.getListState("pages", "page STRING, visited_at TIMESTAMP", 3_600_000)
+        self.count = handle.getValueState("count", "visits LONG", 3_600_000)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from stateops.checkpoint import load_checkpoint
-from stateops.expectations import leaking_keys, validate_state
+from stateops.expectations import format_validation, leaking_keys, validate_state
 from stateops.registry import load_registry
 from stateops.streaming import apply_query_conf, start_query
 from tests.conftest import ROOT, write_registry
@@ -76,6 +76,76 @@ def test_the_reference_processor_leaves_no_expired_state(spark, tmp_path):
         v["variable"]: [e["expectation"] for e in v["expectations"]] for v in result["variables"]
     }
     assert kinds == {
-        "timers": ["expect_column_values_to_not_be_null"],
-        "events": ["expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"],
+        "timers": ["expect_column_values_to_not_be_null", "expect_column_values_to_be_between"],
+        "events": [
+            "expect_column_values_to_not_be_null",
+            "expect_column_values_to_be_between",
+            "expect_column_values_to_be_in_set",
+        ],
     }
+
+
+def _run(spark, query, *, available_now=True):
+    apply_query_conf(spark, query)
+    streaming = start_query(spark, query, available_now=available_now)
+    try:
+        if available_now:
+            streaming.awaitTermination(240)
+        else:  # processing-time trigger: wait for batch 0 to commit
+            for _ in range(240):
+                if Path(query.checkpoint, "commits", "0").exists():
+                    break
+                streaming.awaitTermination(0.5)
+        assert streaming.exception() is None
+    finally:
+        streaming.stop()
+
+
+def test_row_counts_may_change_only_by_the_configured_factor(spark, tmp_path):
+    registry = write_registry(tmp_path, page_visits={"expectations": {"row_change_factor": 1.2}})
+    query = load_registry(registry).query("page_visits")
+    land(tmp_path / "landing", round_=0, files=1)
+    _run(spark, query)
+    first = validate_state(spark, query)
+    assert first["ok"]
+    rows = {v["variable"]: v["rows"] for v in first["variables"]}
+    land(tmp_path / "landing", round_=1, files=3)  # three times the visits
+    _run(spark, query)
+    second = validate_state(spark, query)
+    assert not second["ok"]
+    pages = next(v for v in second["variables"] if v["variable"] == "pages")
+    failed = [e for e in pages["expectations"] if not e["success"]]
+    assert [e["expectation"] for e in failed] == ["expect_table_row_count_to_be_between"]
+    low, high = failed[0]["bounds"]
+    assert (low, high) == (int(rows["pages"] / 1.2), -(-rows["pages"] * 12 // 10))
+    assert failed[0]["observed"] == pages["rows"] > high
+    assert f"{pages['rows']} rows, the last validation allows {low}..{high}" in format_validation(
+        second
+    )
+
+
+def test_ttl_state_is_checked_against_the_batch_time(spark, tmp_path):
+    spec = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["page_visits"]
+    processor = {
+        **spec["processor"],
+        "class": "tests.spark.leaky:VisitsWithTtl",
+        "time_mode": "ProcessingTime",
+    }
+    registry = write_registry(
+        tmp_path, page_visits={"processor": processor, "trigger": {"processing_time": "1 second"}}
+    )
+    query = load_registry(registry).query("page_visits")
+    land(tmp_path / "landing", round_=0, files=1)
+    _run(spark, query, available_now=False)
+    result = validate_state(spark, query)
+    assert result["ok"], format_validation(result)
+    ttl_checks = [
+        (v["variable"], e["column"])
+        for v in result["variables"]
+        for e in v["expectations"]
+        if e["column"] and e["column"].endswith("ttlExpirationMs")
+    ]
+    assert sorted(ttl_checks) == [
+        ("count", "value_ttlExpirationMs"),
+        ("pages", "list_element_ttlExpirationMs"),
+    ]
