@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def job(name: str, *args: str) -> float:
+def job(name: str, *args: str) -> tuple[float, str]:
+    """(seconds, the job's last line of output: its JSON summary where it prints one)."""
     start = time.perf_counter()
     proc = subprocess.run(
         [str(BIN / "spark-submit"), "--master", "local[2]", "--driver-memory", "4g",
@@ -36,7 +37,7 @@ def job(name: str, *args: str) -> float:
     )  # fmt: skip
     if proc.returncode != 0:
         sys.exit(f"{name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, (proc.stdout.strip().splitlines() or [""])[-1]
 
 
 def registry(root: Path, checkpoint: str, landing: str) -> Path:
@@ -86,13 +87,15 @@ def run(root: Path, keys: int, per_key: int) -> None:
         + "\n"
     )
     replay_reg = registry(root, "replayed", str(root / "landing" / "all"))
-    replay = job("run_query.py", "--registry", str(replay_reg), "--query", "page_visits")
-    export = job(
+    replay, _ = job("run_query.py", "--registry", str(replay_reg), "--query", "page_visits")
+    export, _ = job(
         "export_state.py", "--checkpoint", str(root / "replayed"), "--out", str(root / "export")
     )
     boot_reg = registry(root, "bootstrapped", str(root / "landing" / "new"))
-    boot = job("bootstrap_state.py", "--registry", str(boot_reg), "--query", "page_visits",
-               "--initial-state", str(root / "export"))  # fmt: skip
+    boot, summary = job(
+        "bootstrap_state.py", "--registry", str(boot_reg), "--query", "page_visits",
+        "--initial-state", str(root / "export"),
+    )  # fmt: skip
     n = keys
     print(f"{n} keys, {events} events (page_visits, local[2], RocksDB, 8 partitions)")
     rows = [
@@ -103,6 +106,11 @@ def run(root: Path, keys: int, per_key: int) -> None:
     for label, seconds in rows:
         ratio = "(baseline)" if seconds is replay else f"{replay / seconds:6.1f}x faster"
         print(f"{label:<22}{seconds:8.1f} s  {n / seconds:9.0f} keys/s  {ratio}")
+    proof = json.loads(summary)["proof"]
+    print(
+        f"  bootstrap includes validation and the carry-over proof: {proof['seconds']} s, "
+        f"{proof['sample']}, proven: {proof['ok']}"
+    )
 
 
 if __name__ == "__main__":

@@ -173,24 +173,17 @@ def check_processor_fit(
 ) -> int:
     """Run the processor's ``handleInitialState`` on the initial state of some keys, in memory,
     and check that what it stores fits the state schemas it declares. Returns keys checked."""
-    from stateops.simulator import simulate_batch
-    from stateops.streaming import load_processor
+    from stateops.proof import simulate_query
 
     keys = query.key_columns
     sample = df.join(df.select(*keys).distinct().limit(sample_keys), keys).toPandas()
     try:
-        state = simulate_batch(
-            load_processor(query),
-            time_mode=query.processor.time_mode,
-            key_columns=keys,
-            input_rows=None,
-            initial_state=sample,
-        )
+        state = simulate_query(query, None, sample)
     except StateOpsError as err:
         raise StateOpsError(f"initial state refused: {err}") from err
     except Exception as err:  # the user's processor: any failure is a misfit, named
         raise StateOpsError(
-            f"initial state refused: {type(load_processor(query)).__name__}.handleInitialState "
+            f"initial state refused: {query.processor.class_}.handleInitialState "
             f"fails on it: {type(err).__name__}: {err}"
         ) from err
     for name, variable in state.variables.items():

@@ -21,16 +21,44 @@ from stateops.checkpoint import load_checkpoint
 from stateops.errors import StateOpsError
 from stateops.export import state_checksum, state_reads
 from stateops.registry import Query
-from stateops.simulator import simulate_batch
+from stateops.simulator import SimulatedHandle, simulate_batch
 
 if TYPE_CHECKING:
+    import pandas as pd
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["DEFAULT_MAX_KEYS", "format_proof", "proof_failures", "prove_first_batch"]
+__all__ = [
+    "DEFAULT_MAX_KEYS",
+    "format_proof",
+    "proof_failures",
+    "prove_first_batch",
+    "simulate_query",
+]
 
 # Above this many keys the simulation runs on a 1-in-m sample of keys (the processor runs
 # once per key in Python: about 10,000 keys/s).
 DEFAULT_MAX_KEYS = 200_000
+
+
+def simulate_query(
+    query: Query,
+    input_rows: pd.DataFrame | None,
+    initial_state: pd.DataFrame | None,
+    batch_timestamp_ms: int = 0,
+    watermark_ms: int = 0,
+) -> SimulatedHandle:
+    """One micro-batch of the registered query's processor, in memory (no state store)."""
+    from stateops.streaming import load_processor
+
+    return simulate_batch(
+        load_processor(query),
+        time_mode=query.processor.time_mode,
+        key_columns=query.key_columns,
+        input_rows=input_rows,
+        initial_state=initial_state,
+        batch_timestamp_ms=batch_timestamp_ms,
+        watermark_ms=watermark_ms,
+    )
 
 
 def _batch_input(spark: SparkSession, query: Query, files: list[str]) -> DataFrame:
@@ -81,18 +109,10 @@ def prove_first_batch(
     input_pdf = sample(input_df, columns).toPandas()
     initial_pdf = None if initial_state is None else sample(initial_state, columns).toPandas()
 
-    from stateops.streaming import load_processor
-
     offsets = cp.offsets[0]
     try:
-        simulated = simulate_batch(
-            load_processor(query),
-            time_mode=query.processor.time_mode,
-            key_columns=keys,
-            input_rows=input_pdf,
-            initial_state=initial_pdf,
-            batch_timestamp_ms=offsets.timestamp_ms,
-            watermark_ms=offsets.watermark_ms,
+        simulated = simulate_query(
+            query, input_pdf, initial_pdf, offsets.timestamp_ms, offsets.watermark_ms
         )
     except StateOpsError as err:
         raise StateOpsError(

@@ -116,7 +116,9 @@ def run_registered_query(
             if after is not None:
                 registry.bootstrap_marker(query.name).unlink(missing_ok=True)
                 if not error:
+                    proof_started = time.time()
                     proof = prove_first_batch(spark, query, initial_state)
+                    proof["seconds"] = round(time.time() - proof_started, 1)
                     print(format_proof(proof), end="", file=sys.stderr)
                     if not proof["ok"]:
                         error = (
@@ -168,6 +170,7 @@ def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "ok": proof["ok"],
         "sample": proof["sample"],
+        "seconds": proof["seconds"],
         "variables": {v["variable"]: v["actual_rows"] for v in proof["variables"]},
         "proof_file": proof["proof_file"],
     }
