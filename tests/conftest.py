@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,15 @@ def tree_digest(path: Path) -> dict[str, str]:
     }
 
 
-def run_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, check: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [str(VENV_BIN / "stateops"), *args], capture_output=True, text=True, timeout=120
+        [str(VENV_BIN / "stateops"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"stateops {' '.join(args)} failed:\n{proc.stderr}")
@@ -117,3 +124,52 @@ def spark():
     _ = session.streams.active
     yield session
     session.stop()
+
+
+S3_KEY, S3_SECRET = "stateops-test", "test-secret-not-for-logs"
+
+
+@dataclass
+class S3Server:
+    root: Path  # each folder under it is a bucket
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        from stateops.s3server import start_s3_server
+
+        self.proc = start_s3_server(self.root, ["backups"], S3_KEY, S3_SECRET, self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+            self.proc = None
+
+    def client(self, secret: str = S3_SECRET):
+        from stateops.s3 import S3Settings, s3_client
+
+        return s3_client(S3Settings(self.endpoint, "us-east-1", S3_KEY, secret))
+
+    def env(self) -> dict[str, str]:
+        """The environment the CLI reads S3 settings from."""
+        return {
+            "STATEOPS_S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": S3_KEY,
+            "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        }
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A real S3 API (rclone serve s3) on loopback, with the bucket `backups`."""
+    from stateops.s3server import free_port
+
+    server = S3Server(tmp_path_factory.mktemp("s3"), free_port())
+    server.start()
+    yield server
+    server.stop()

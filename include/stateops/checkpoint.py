@@ -41,6 +41,7 @@ __all__ = [
     "SnapshotGroup",
     "StoreState",
     "load_checkpoint",
+    "relocate_checkpoint",
 ]
 
 _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
@@ -369,11 +370,25 @@ def copy_restart_set(cp: Checkpoint, batch: int, dest: str | os.PathLike[str]) -
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(cp.root / rel, target)
+    relocate_checkpoint(dest)
+    return files
+
+
+def relocate_checkpoint(root: str | os.PathLike[str]) -> list[str]:
+    """Point the operator metadata v2 files of a copied checkpoint at its own schema files.
+
+    ``transformWithState`` metadata names ``_stateSchema`` files by absolute path: after a copy
+    or a restore they still name the old folder. Returns the rewritten relative paths.
+    """
+    root = Path(root).resolve()
+    cp = load_checkpoint(root)
+    rewritten = []
     for op in cp.operators:
         for key, rel in op.metadata_files.items():
-            if key is not None and rel in files:
-                _relocate_schema_paths(dest, rel, op.operator_id)
-    return files
+            if key is not None:
+                _relocate_schema_paths(root, rel, op.operator_id)
+                rewritten.append(rel)
+    return rewritten
 
 
 def _relocate_schema_paths(root: Path, rel: str, op_id: int) -> None:

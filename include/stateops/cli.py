@@ -127,6 +127,50 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def _s3(args: argparse.Namespace):
+    from stateops.s3 import s3_client, s3_settings
+
+    return s3_client(s3_settings(args.conn_id))
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    from stateops.backup import backup_checkpoint
+
+    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
+    manifest = backup_checkpoint(path, args.to, _s3(args), batch=args.batch, log=_log)
+    print(json.dumps({k: v for k, v in manifest.items() if k != "files"}))
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from stateops.backup import restore_backup
+
+    print(json.dumps(restore_backup(args.url, args.to, _s3(args), replace=args.replace, log=_log)))
+    return 0
+
+
+def cmd_backups(args: argparse.Namespace) -> int:
+    from stateops.backup import list_backups, verify_backup
+
+    if args.action == "list":
+        rows = list_backups(args.url, _s3(args))
+        for r in rows:
+            print(f"{r['backup_id']}  batch {r['batch_id']:>6}  {r['files']:>6} files  "
+                  f"{r['bytes']:>12} bytes  {r['created_at']}")  # fmt: skip
+        print(f"{len(rows)} backups under {args.url}")
+        return 0
+    result = verify_backup(args.url, _s3(args))
+    for problem in result["problems"]:
+        print(f"ERROR    {problem}")
+    verdict = "OK" if result["ok"] else "FAILED"
+    print(f"{verdict}: {result['backup_id']}: {result['objects']} objects checked")
+    return 0 if result["ok"] else 1
+
+
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     print(f"registry {registry.path} (data under {registry.data_dir})")
@@ -258,6 +302,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print what it would do")
     p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
     p.set_defaults(func=cmd_bootstrap)
+
+    s3_conn = argparse.ArgumentParser(add_help=False)
+    s3_conn.add_argument(
+        "--conn-id", help="Airflow aws connection (AIRFLOW_CONN_<ID>); default: the environment"
+    )
+    p = sub.add_parser(
+        "backup", parents=[s3_conn], help="upload the restart set of a committed batch to S3"
+    )
+    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("--to", required=True, help="s3://BUCKET/PREFIX")
+    p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
+    p.set_defaults(func=cmd_backup)
+
+    p = sub.add_parser("restore", parents=[s3_conn], help="restore a backup into a new folder")
+    p.add_argument("url", help="s3://BUCKET/PREFIX/BACKUP_ID")
+    p.add_argument("--to", required=True, help="a new or empty folder")
+    p.add_argument("--replace", action="store_true", help="move a non-empty target aside")
+    p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser("backups", parents=[s3_conn], help="list backups, or verify one")
+    p.add_argument("action", choices=["list", "verify"])
+    p.add_argument("url", help="list: s3://BUCKET/PREFIX; verify: s3://BUCKET/PREFIX/BACKUP_ID")
+    p.set_defaults(func=cmd_backups)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)

@@ -1,0 +1,120 @@
+"""S3 settings, client and errors: one place that knows credentials, and never prints them.
+
+Settings come from an Airflow connection of type ``aws`` (``AIRFLOW_CONN_<ID>`` as JSON: login =
+access key, password = secret key, ``extra.endpoint_url``, ``extra.region_name``) or from the
+environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``STATEOPS_S3_ENDPOINT_URL``,
+``AWS_DEFAULT_REGION``). Inside Airflow tasks the same connection is read by Airflow itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from stateops.errors import StateOpsError
+
+__all__ = ["S3Location", "S3Settings", "parse_s3_url", "s3_client", "s3_error", "s3_settings"]
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # no leading or trailing slash; may be empty
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+
+def parse_s3_url(url: str) -> S3Location:
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise StateOpsError(f"{url}: not an S3 URL; use s3://BUCKET/PREFIX")
+    bucket, _, prefix = url[5:].partition("/")
+    return S3Location(bucket, prefix.strip("/"))
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    endpoint_url: str | None
+    region: str
+    access_key: str | None
+    secret_key: str | None = None
+
+    def __repr__(self) -> str:  # never the secret, not even in a traceback's locals
+        return f"S3Settings(endpoint_url={self.endpoint_url!r}, region={self.region!r})"
+
+
+def s3_settings(conn_id: str | None = None) -> S3Settings:
+    """From Airflow connection ``conn_id`` (its ``AIRFLOW_CONN_*`` variable) or the environment."""
+    env = os.environ
+    if conn_id:
+        raw = env.get(f"AIRFLOW_CONN_{conn_id.upper()}")
+        if raw is None:
+            raise StateOpsError(
+                f"connection {conn_id!r}: AIRFLOW_CONN_{conn_id.upper()} is not set "
+                "(JSON: conn_type aws, login, password, extra.endpoint_url)"
+            )
+        try:
+            conn = json.loads(raw)
+            extra = conn.get("extra") or {}
+            extra = json.loads(extra) if isinstance(extra, str) else extra
+        except (ValueError, AttributeError):
+            raise StateOpsError(
+                f"connection {conn_id!r}: AIRFLOW_CONN_{conn_id.upper()} is not JSON"
+            ) from None
+        return S3Settings(
+            endpoint_url=extra.get("endpoint_url"),
+            region=extra.get("region_name") or "us-east-1",
+            access_key=conn.get("login"),
+            secret_key=conn.get("password"),
+        )
+    return S3Settings(
+        endpoint_url=env.get("STATEOPS_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL"),
+        region=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+        access_key=env.get("AWS_ACCESS_KEY_ID"),
+        secret_key=env.get("AWS_SECRET_ACCESS_KEY"),
+    )
+
+
+def s3_client(settings: S3Settings) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.endpoint_url,
+        region_name=settings.region,
+        aws_access_key_id=settings.access_key,
+        aws_secret_access_key=settings.secret_key,
+        config=Config(
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=60,
+            s3={"addressing_style": "path"},
+            max_pool_connections=16,
+        ),
+    )
+
+
+def s3_error(err: Exception, what: str) -> StateOpsError:
+    """One line naming the operation and the S3 error code; never credentials."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(err, ClientError):
+        error = err.response.get("Error", {})
+        code = error.get("Code", "?")
+        hint = {
+            "InvalidAccessKeyId": "check the access key of the S3 connection",
+            "SignatureDoesNotMatch": "check the secret key of the S3 connection",
+            "AccessDenied": "check the S3 connection's credentials and permissions",
+            "NoSuchBucket": "create the bucket or fix the URL",
+            "NoSuchKey": "no such object; list the backups with `stateops backups list`",
+        }.get(code, "see the S3 server's log")
+        return StateOpsError(f"S3 {what}: {code}: {hint}")
+    if isinstance(err, BotoCoreError):
+        return StateOpsError(f"S3 {what}: {type(err).__name__}: {err}")
+    return StateOpsError(f"S3 {what}: {type(err).__name__}")

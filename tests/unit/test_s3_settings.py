@@ -1,0 +1,53 @@
+"""S3 URLs, settings from an Airflow connection or the environment, and safe manifest paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stateops.backup import safe_relative_path
+from stateops.errors import StateOpsError
+from stateops.s3 import parse_s3_url, s3_settings
+
+pytestmark = pytest.mark.unit
+
+
+def test_s3_urls():
+    loc = parse_s3_url("s3://bucket/a/b/")
+    assert (loc.bucket, loc.prefix, loc.key("objects", "x")) == ("bucket", "a/b", "a/b/objects/x")
+    assert parse_s3_url("s3://bucket").key("manifests") == "manifests"
+    for bad in ("/local/path", "s3:///nobucket", "http://x/y"):
+        with pytest.raises(StateOpsError, match="not an S3 URL"):
+            parse_s3_url(bad)
+
+
+def test_settings_from_an_airflow_connection_never_show_the_secret(monkeypatch):
+    extra = {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}
+    conn = {"conn_type": "aws", "login": "AK", "password": "s3cr3t", "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_BACKUP_S3", json.dumps(conn))
+    settings = s3_settings("backup_s3")
+    assert (settings.endpoint_url, settings.region, settings.access_key, settings.secret_key) == (
+        "http://127.0.0.1:9000", "eu-west-1", "AK", "s3cr3t"
+    )  # fmt: skip
+    assert "s3cr3t" not in repr(settings) and "s3cr3t" not in str(settings)
+    with pytest.raises(StateOpsError, match="AIRFLOW_CONN_MISSING is not set"):
+        s3_settings("missing")
+
+
+def test_settings_from_the_environment(monkeypatch):
+    monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", "http://127.0.0.1:9100")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AK")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    settings = s3_settings()
+    assert (settings.endpoint_url, settings.access_key) == ("http://127.0.0.1:9100", "AK")
+
+
+@pytest.mark.parametrize("path", ["../x", "a/../../x", "/etc/passwd", "./../x", "a\\..\\b", ""])
+def test_paths_that_escape_the_target_are_refused(path):
+    with pytest.raises(StateOpsError, match="escapes the restore target"):
+        safe_relative_path(path)
+
+
+def test_checkpoint_paths_are_accepted():
+    assert str(safe_relative_path("state/0/1/pages/3.zip")) == "state/0/1/pages/3.zip"
