@@ -32,6 +32,7 @@ from stateops.s3 import S3Location, parse_s3_url, s3_error
 __all__ = [
     "backup_checkpoint",
     "list_backups",
+    "prune_backups",
     "restore_backup",
     "safe_relative_path",
     "verify_backup",
@@ -327,3 +328,77 @@ def verify_backup(url: str, client: Any) -> dict[str, Any]:
             raise s3_error(err, f"verify {url}") from None
     return {"backup_id": backup_id, "objects": len({f["sha256"] for f in manifest["files"]}),
             "ok": not problems, "problems": problems}  # fmt: skip
+
+
+def _age_seconds(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``45s`` in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit():
+        raise StateOpsError(f"{text!r}: not an age; use e.g. 30d, 12h, 90m")
+    return int(text[:-1]) * units[text[-1]]
+
+
+def prune_backups(
+    url: str,
+    client: Any,
+    *,
+    keep_last: int | None = None,
+    max_age: str | None = None,
+    grace: str = "1h",
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Retention: keep the last ``keep_last`` backups and those younger than ``max_age``
+    (and always the newest); then delete objects no kept manifest names.
+
+    Manifests go first, objects after: an object is deleted only once no manifest that names
+    it is left. Unreferenced objects younger than ``grace`` are kept: a backup running right
+    now uploads its objects before it writes its manifest. A backup that *reuses* an old
+    object while a prune deletes it is not protected: run them one after the other (the
+    backup DAG does).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if keep_last is None and max_age is None:
+        raise StateOpsError("say what to keep: --keep-last K and/or --max-age AGE")
+    if keep_last is not None and keep_last < 1:
+        raise StateOpsError("--keep-last must be at least 1: the newest backup is always kept")
+    loc = parse_s3_url(url)
+    now = now or datetime.now(UTC)
+    backups = list_backups(url, client)
+    keep = {b["backup_id"] for b in backups[-(keep_last or 1) :]}
+    if max_age is not None:
+        oldest = now.timestamp() - _age_seconds(max_age)
+        keep |= {
+            b["backup_id"]
+            for b in backups
+            if datetime.fromisoformat(b["created_at"]).timestamp() >= oldest
+        }
+    drop = [b["backup_id"] for b in backups if b["backup_id"] not in keep]
+    try:
+        referenced = {
+            f["sha256"] for backup_id in keep for f in _manifest(client, loc, backup_id)["files"]
+        }
+        grace_start = now.timestamp() - _age_seconds(grace)
+        unreferenced = []
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=loc.bucket, Prefix=loc.key("objects") + "/"):
+            for obj in page.get("Contents", []):
+                sha = obj["Key"].rpartition("/")[2]
+                if sha not in referenced and obj["LastModified"].timestamp() < grace_start:
+                    unreferenced.append((obj["Key"], obj["Size"]))
+        if not dry_run:
+            for backup_id in drop:
+                manifest_key = loc.key("manifests", f"{backup_id}.json")
+                client.delete_object(Bucket=loc.bucket, Key=manifest_key)
+            for key, _ in unreferenced:
+                client.delete_object(Bucket=loc.bucket, Key=key)
+    except (BotoCoreError, ClientError) as err:
+        raise s3_error(err, f"prune {loc}") from None
+    return {
+        "dry_run": dry_run,
+        "kept": sorted(keep),
+        "deleted_backups": drop,
+        "deleted_objects": len(unreferenced),
+        "freed_bytes": sum(size for _, size in unreferenced),
+    }

@@ -154,7 +154,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_backups(args: argparse.Namespace) -> int:
-    from stateops.backup import list_backups, verify_backup
+    from stateops.backup import list_backups, prune_backups, verify_backup
 
     if args.action == "list":
         rows = list_backups(args.url, _s3(args))
@@ -162,6 +162,17 @@ def cmd_backups(args: argparse.Namespace) -> int:
             print(f"{r['backup_id']}  batch {r['batch_id']:>6}  {r['files']:>6} files  "
                   f"{r['bytes']:>12} bytes  {r['created_at']}")  # fmt: skip
         print(f"{len(rows)} backups under {args.url}")
+        return 0
+    if args.action == "prune":
+        plan = prune_backups(
+            args.url, _s3(args), keep_last=args.keep_last, max_age=args.max_age,
+            grace=args.grace, dry_run=args.dry_run,
+        )  # fmt: skip
+        verb = "would delete" if plan["dry_run"] else "deleted"
+        print(f"keeps {len(plan['kept'])} backups: {', '.join(plan['kept'])}")
+        print(f"{verb} {len(plan['deleted_backups'])} backups: "
+              f"{', '.join(plan['deleted_backups']) or '-'}")  # fmt: skip
+        print(f"{verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes")
         return 0
     result = verify_backup(args.url, _s3(args))
     for problem in result["problems"]:
@@ -321,9 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true", help="move a non-empty target aside")
     p.set_defaults(func=cmd_restore)
 
-    p = sub.add_parser("backups", parents=[s3_conn], help="list backups, or verify one")
-    p.add_argument("action", choices=["list", "verify"])
-    p.add_argument("url", help="list: s3://BUCKET/PREFIX; verify: s3://BUCKET/PREFIX/BACKUP_ID")
+    p = sub.add_parser(
+        "backups", parents=[s3_conn], help="list backups, verify one, or apply retention"
+    )
+    p.add_argument("action", choices=["list", "verify", "prune"])
+    p.add_argument(
+        "url", help="list/prune: s3://BUCKET/PREFIX; verify: s3://BUCKET/PREFIX/BACKUP_ID"
+    )
+    p.add_argument("--keep-last", type=int, help="prune: keep the newest K backups")
+    p.add_argument("--max-age", help="prune: keep backups younger than this (30d, 12h)")
+    p.add_argument("--grace", default="1h", help="prune: keep unreferenced objects this young")
+    p.add_argument("--dry-run", action="store_true", help="prune: print the plan, delete nothing")
     p.set_defaults(func=cmd_backups)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
