@@ -8,10 +8,13 @@ Trigger it with the form. **Dry run** (on by default) only prints the plan. Othe
 
 1. `plan`: checks the query, the initial state path and the checkpoint. A checkpoint that already
    has a committed batch is refused: Spark would silently ignore the initial state there.
-2. `bootstrap`: validates the initial state (null keys, repeated keys where the registry says
-   keys are unique) and starts the query with it. The bootstrap is complete once batch 0
+2. `bootstrap`: validates the initial state (values of the wrong type, null keys, repeated keys
+   where the registry says keys are unique, and the processor's own `handleInitialState` on a
+   sample, in memory) and starts the query with it. The bootstrap is complete once batch 0
    commits; if the source is still empty it stays *pending*, and every later start of the
-   query (`stream_start`) passes the initial state again until batch 0 commits.
+   query (`stream_start`) passes the initial state again until batch 0 commits. When batch 0
+   commits, the job proves the state: it must equal the initial state plus batch 0's input
+   (rows and order-independent checksums per state variable); a failed proof fails the task.
 3. `record`: the run summary (`bootstrap`: `complete` or `pending`).
 4. `verify_state`: file-level integrity of the new checkpoint.
 5. `validate_state`: Great Expectations on the state itself (keys, bounds, no expired state);

@@ -192,10 +192,24 @@ class Query(_Model):
         return conf
 
 
+class Backups(_Model):
+    """Where scheduled backups go (``<url>/<query>``) and how many are kept."""
+
+    url: str = Field("s3://stateops-backups", pattern=r"^s3://[^/]+(/.*)?$")
+    conn_id: str = "aws_default"
+    schedule: str = "@daily"
+    keep_last: int = Field(7, ge=1)
+    max_age: str | None = Field("30d", pattern=r"^\d+[smhd]$")
+
+    def url_for(self, query: str) -> str:
+        return f"{self.url.rstrip('/')}/{query}"
+
+
 class Registry(_Model):
     path: Path
     data_dir: Path
     queries: dict[str, Query]
+    backups: Backups = Backups()
 
     @property
     def state_dir(self) -> Path:
@@ -241,7 +255,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         raise RegistryError(f"{path}: not valid YAML ({err})") from err
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
-    unknown = set(raw) - {"data_dir", "queries"}
+    unknown = set(raw) - {"data_dir", "queries", "backups"}
     if unknown:
         raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     raw_data_dir = raw.get("data_dir", "data")
@@ -265,7 +279,13 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             message = str(first["msg"]).removeprefix("Value error, ")
             raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
         queries[name] = _resolve_paths(query, data_dir)
-    return Registry(path=path, data_dir=data_dir, queries=queries)
+    try:
+        backups = Backups.model_validate(raw.get("backups") or {})
+    except ValidationError as err:
+        first = err.errors()[0]
+        field_path = ".".join(str(p) for p in first["loc"])
+        raise RegistryError(f"{path}: backups.{field_path}: {first['msg']}") from None
+    return Registry(path=path, data_dir=data_dir, queries=queries, backups=backups)
 
 
 def _resolve_paths(query: Query, data_dir: Path) -> Query:

@@ -19,6 +19,8 @@ from stateops.verify import format_findings, verify_checkpoint
 
 __all__ = [
     "LIFECYCLE_DAG",
+    "airflow_s3_client",
+    "backup_query",
     "PROJECT_ROOT",
     "read_run_summary",
     "registered_queries",
@@ -91,3 +93,45 @@ def read_run_summary(query: str, run_id: str) -> dict[str, Any]:
             "write its summary; read the spark-submit task's log"
         )
     return summary
+
+
+def airflow_s3_client(conn_id: str) -> Any:
+    """An S3 client from Airflow connection ``conn_id`` (type aws; extra.endpoint_url)."""
+    from airflow.sdk import BaseHook
+
+    from stateops.s3 import S3Settings, s3_client
+
+    conn = BaseHook.get_connection(conn_id)
+    extra = conn.extra_dejson
+    return s3_client(
+        S3Settings(
+            endpoint_url=extra.get("endpoint_url"),
+            region=extra.get("region_name") or "us-east-1",
+            access_key=conn.login,
+            secret_key=conn.password,
+        )
+    )
+
+
+def backup_query(query: str) -> dict[str, Any]:
+    """Back up the query's checkpoint to ``<backups.url>/<query>``, then apply retention."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from stateops.backup import backup_checkpoint, prune_backups
+    from stateops.runner import checkpoint_state
+
+    registry = load_registry()
+    settings = registry.backups
+    checkpoint = registry.query(query).checkpoint
+    if checkpoint_state(checkpoint)[0] is None:
+        raise AirflowSkipException(f"{query}: {checkpoint} has no committed batch yet")
+    client = airflow_s3_client(settings.conn_id)
+    url = settings.url_for(query)
+    manifest = backup_checkpoint(checkpoint, url, client, log=print)
+    retention = prune_backups(url, client, keep_last=settings.keep_last, max_age=settings.max_age)
+    print(
+        f"retention: kept {len(retention['kept'])} backups, deleted "
+        f"{len(retention['deleted_backups'])} and {retention['deleted_objects']} unreferenced "
+        f"objects ({retention['freed_bytes']} bytes)"
+    )
+    return {k: v for k, v in manifest.items() if k != "files"} | {"retention": retention}

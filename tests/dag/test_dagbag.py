@@ -63,3 +63,10 @@ def test_stream_bootstrap_form_and_order(dagbag):
     order = ["plan", "not_a_dry_run", "bootstrap", "record", "verify_state", "validate_state"]
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert dag.get_task(upstream).downstream_task_ids == {downstream}
+
+
+def test_stream_checkpoint_backup_backs_up_each_query_on_the_registry_schedule(dagbag):
+    dag = dagbag.dags["stream_checkpoint_backup"]
+    assert {t.task_id for t in dag.tasks} == {"backup_user_sessions", "backup_page_visits"}
+    assert dag.max_active_runs == 1 and not dag.catchup
+    assert dag.schedule == "@daily"  # from the registry

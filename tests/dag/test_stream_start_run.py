@@ -7,21 +7,26 @@ import os
 import subprocess
 
 import pytest
+import yaml
 
+from stateops.backup import list_backups
 from stateops.checkpoint import load_checkpoint
 from stateops.registry import load_registry
-from tests.conftest import ROOT, write_registry
+from tests.conftest import ROOT, S3_KEY, S3_SECRET, spark_submit_run_query, write_registry
 from tests.spark.harness import land
 
 pytestmark = pytest.mark.dag
 
 
-def _airflow(tmp_path, *args: str) -> subprocess.CompletedProcess:
+def _airflow(
+    tmp_path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(tmp_path / "airflow"),
         "STATEOPS_REGISTRY": str(tmp_path / "registry.yaml"),
         "STATEOPS_DATA_DIR": str(tmp_path),
+        **(env or {}),
     }
     return subprocess.run(
         ["bash", "-c", 'source scripts/env.sh && exec airflow "$@"', "airflow", *args],
@@ -86,3 +91,26 @@ def test_airflow_dags_test_stream_bootstrap_dry_run_then_real(tmp_path):
     assert "page_visits: bootstrap complete, 1 initial rows" in log
     assert "OK: " in log and "0 errors" in log  # verify_state ran on the new checkpoint
     assert "OK: state of page_visits after batch 0; Data Docs: " in log  # validate_state ran
+
+
+def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(tmp_path, s3):
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["backups"] = {"url": "s3://backups/dagtest", "conn_id": "aws_default", "keep_last": 2}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    registry = load_registry(path)
+    land(tmp_path / "landing", round_=0, files=1)
+    proc = spark_submit_run_query(path, "page_visits")  # user_sessions never ran: skipped
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
+            "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
+    env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
+    assert _airflow(tmp_path, "db", "migrate").returncode == 0
+    run = _airflow(tmp_path, "dags", "test", "stream_checkpoint_backup", env=env)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    backups = list_backups("s3://backups/dagtest/page_visits", s3.client())
+    last = load_checkpoint(registry.query("page_visits").checkpoint).last_committed_batch
+    assert [b["batch_id"] for b in backups] == [last]
+    assert "has no committed batch yet" in log  # user_sessions
+    assert "uploaded" in log and "reused" in log and S3_SECRET not in log

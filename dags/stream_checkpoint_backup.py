@@ -1,0 +1,46 @@
+"""
+### stream_checkpoint_backup
+
+Backs up every registered query's checkpoint to S3 on the registry's `backups.schedule`:
+exactly the files a restart after the last committed batch needs, as content-addressed objects
+(`<backups.url>/<query>/objects/<sha256>`) plus one manifest per backup, written last. Objects
+already in the bucket are not uploaded again: the log says how much was uploaded and reused.
+It runs while the queries run (files of a committed batch never change; a file that Spark's
+maintenance deletes during the copy makes the backup start over on the newest batch).
+
+After each backup, retention keeps the last `backups.keep_last` backups and those younger than
+`backups.max_age`, then deletes the objects no kept manifest names.
+
+S3 comes from the Airflow connection `backups.conn_id` (type `aws`; `extra.endpoint_url` for an
+S3-compatible endpoint). Restore with the DAG `stream_restore` or `stateops restore`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import dag, task
+
+from stateops.registry import load_registry
+from stateops_airflow.tasks import LIFECYCLE_DAG, backup_query, registered_queries
+
+
+@dag(
+    dag_id="stream_checkpoint_backup",
+    schedule=load_registry().backups.schedule,
+    **LIFECYCLE_DAG,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=2)},
+    tags=["stateops", "streaming", "backup"],
+    doc_md=__doc__,
+)
+def stream_checkpoint_backup() -> None:
+    for query in registered_queries():
+
+        @task(task_id=f"backup_{query}")
+        def backup(query: str = query) -> dict:
+            return backup_query(query)
+
+        backup()
+
+
+stream_checkpoint_backup()
