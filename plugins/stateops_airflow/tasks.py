@@ -21,6 +21,8 @@ __all__ = [
     "LIFECYCLE_DAG",
     "airflow_s3_client",
     "backup_query",
+    "plan_restore",
+    "restore_query",
     "PROJECT_ROOT",
     "read_run_summary",
     "registered_queries",
@@ -135,3 +137,48 @@ def backup_query(query: str) -> dict[str, Any]:
         f"objects ({retention['freed_bytes']} bytes)"
     )
     return {k: v for k, v in manifest.items() if k != "files"} | {"retention": retention}
+
+
+def plan_restore(query: str, backup_id: str, target: str) -> dict[str, Any]:
+    """Which backup a restore of ``query`` would use (``latest`` resolves), and where to."""
+    from stateops.backup import list_backups
+    from stateops.errors import StateOpsError
+
+    registry = load_registry()
+    url = registry.backups.url_for(query)
+    backups = list_backups(url, airflow_s3_client(registry.backups.conn_id))
+    if not backups:
+        raise StateOpsError(f"{query}: no backups under {url}")
+    chosen = backups[-1] if backup_id == "latest" else None
+    chosen = chosen or next((b for b in backups if b["backup_id"] == backup_id), None)
+    if chosen is None:
+        known = ", ".join(b["backup_id"] for b in backups[-5:])
+        raise StateOpsError(f"{query}: no backup {backup_id!r} under {url} (latest: {known})")
+    path = Path(target or registry.query(query).checkpoint)
+    occupied = path.exists() and any(path.iterdir())
+    return {
+        "query": query,
+        "url": f"{url}/{chosen['backup_id']}",
+        "backup": chosen,
+        "target": str(path),
+        "target_in_use": occupied,
+        "is_query_checkpoint": str(path) == registry.query(query).checkpoint,
+    }
+
+
+def restore_query(plan: dict[str, Any], replace: bool, run_id: str) -> dict[str, Any]:
+    """Restore under the query's lock when the target is its checkpoint (a run must not race)."""
+    from contextlib import nullcontext
+
+    from stateops.backup import restore_backup
+    from stateops.lock import QueryLock
+
+    registry = load_registry()
+    lock = (
+        QueryLock(registry.lock_path(plan["query"]), plan["query"], "restore", run_id)
+        if plan["is_query_checkpoint"]
+        else nullcontext()
+    )
+    with lock:
+        client = airflow_s3_client(registry.backups.conn_id)
+        return restore_backup(plan["url"], plan["target"], client, replace=replace, log=print)

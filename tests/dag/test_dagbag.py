@@ -70,3 +70,15 @@ def test_stream_checkpoint_backup_backs_up_each_query_on_the_registry_schedule(d
     assert {t.task_id for t in dag.tasks} == {"backup_user_sessions", "backup_page_visits"}
     assert dag.max_active_runs == 1 and not dag.catchup
     assert dag.schedule == "@daily"  # from the registry
+
+
+def test_stream_restore_form_and_order(dagbag):
+    dag = dagbag.dags["stream_restore"]
+    assert dag.schedule is None
+    params = dag.params
+    assert params["dry_run"] is True and params["backup_id"] == "latest"
+    assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
+    order = [("plan", "not_a_dry_run"), ("not_a_dry_run", "restore"), ("restore", "verify_state")]
+    for upstream, downstream in order:
+        assert downstream in dag.get_task(upstream).downstream_task_ids
+    assert len(dag.tasks) == 4

@@ -114,3 +114,10 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(tmp_
     assert [b["batch_id"] for b in backups] == [last]
     assert "has no committed batch yet" in log  # user_sessions
     assert "uploaded" in log and "reused" in log and S3_SECRET not in log
+    # ... and stream_restore brings it back, into a new folder.
+    target = tmp_path / "restored"
+    conf = {"query": "page_visits", "target": str(target), "dry_run": False}
+    run = _airflow(tmp_path, "dags", "test", "stream_restore", "--conf", json.dumps(conf), env=env)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    assert load_checkpoint(target).last_committed_batch == last
+    assert f"restoring {backups[0]['backup_id']}" in run.stdout + run.stderr
