@@ -253,7 +253,7 @@ def restore_backup(
                     f"s3://{loc.bucket}/{key} is corrupt: its content does not match the sha256 "
                     f"of {f['path']} in the manifest; restore an older backup"
                 )
-        relocate_checkpoint(staging)
+        relocate_checkpoint(staging, location=target)
         result = verify_checkpoint(staging)
         if not result["ok"]:
             first = next(f for f in result["findings"] if f["severity"] == "error")

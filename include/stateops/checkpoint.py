@@ -374,31 +374,36 @@ def copy_restart_set(cp: Checkpoint, batch: int, dest: str | os.PathLike[str]) -
     return files
 
 
-def relocate_checkpoint(root: str | os.PathLike[str]) -> list[str]:
+def relocate_checkpoint(
+    root: str | os.PathLike[str], location: str | os.PathLike[str] | None = None
+) -> list[str]:
     """Point the operator metadata v2 files of a copied checkpoint at its own schema files.
 
     ``transformWithState`` metadata names ``_stateSchema`` files by absolute path: after a copy
-    or a restore they still name the old folder. Returns the rewritten relative paths.
+    or a restore they still name the old folder. ``location`` is where the checkpoint will
+    live (default: ``root``; a restore stages elsewhere, then renames). Returns the rewritten
+    relative paths.
     """
     root = Path(root).resolve()
+    location = Path(location).resolve() if location is not None else root
     cp = load_checkpoint(root)
     rewritten = []
     for op in cp.operators:
         for key, rel in op.metadata_files.items():
             if key is not None:
-                _relocate_schema_paths(root, rel, op.operator_id)
+                _relocate_schema_paths(root, rel, op.operator_id, location)
                 rewritten.append(rel)
     return rewritten
 
 
-def _relocate_schema_paths(root: Path, rel: str, op_id: int) -> None:
+def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> None:
     path = root / rel
     header, _, body = path.read_text(encoding="utf-8").partition("\n")
     meta = json.loads(body.split("\n")[0])
     marker = f"/state/{op_id}/_stateSchema/"
     for info in meta.get("stateStoreInfo", []):
         info["stateSchemaFilePaths"] = [
-            f"file:{root}{marker}{str(p).rpartition(marker)[2]}"
+            f"file:{location}{marker}{str(p).rpartition(marker)[2]}"
             for p in info.get("stateSchemaFilePaths") or []
         ]
     data = (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")

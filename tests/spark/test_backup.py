@@ -84,8 +84,15 @@ def test_backups_are_incremental_and_restore_verified(s3, checkpoint, tmp_path):
     restored = load_checkpoint(target)
     assert restored.last_committed_batch == first["batch_id"]
     assert verify_checkpoint(target)["ok"]
-    schema_refs = (target / "state/0/_metadata/v2").glob("*")
-    assert all(str(ckpt) not in p.read_text() for p in schema_refs if not p.name.startswith("."))
+    # transformWithState metadata names its schema files by absolute path: the restored
+    # checkpoint's own, not the original's nor the staging folder's.
+    metadata = [p for p in (target / "state/0/_metadata/v2").glob("*") if p.name[0] != "."]
+    assert metadata and all(
+        f"file:{target.resolve()}/state/0/_stateSchema/" in p.read_text()
+        and str(ckpt) not in p.read_text()
+        and ".restoring-" not in p.read_text()
+        for p in metadata
+    )
 
     # A non-empty target is refused; with replace it is moved aside, never deleted.
     with pytest.raises(StateOpsError, match="not empty"):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from stateops.backup import backup_checkpoint, restore_backup
 from stateops.checkpoint import Checkpoint, copy_restart_set, load_checkpoint
 from stateops.errors import CheckpointError
 from stateops.report import checkpoint_report
@@ -46,13 +47,17 @@ class Story:
     earlier_out: dict[int, list[tuple]]
     round0_out: dict[int, list[tuple]]
     round0_state: list[list[str]]
+    backup: dict  # the S3 backup of the original after round 0
+    restored_out: dict[int, list[tuple]]
+    restored_state: list[list[str]]
 
 
 @pytest.fixture(scope="module", params=ALL_CASES, ids=lambda c: c.name)
-def story(request, spark, tmp_path_factory) -> Story:
+def story(request, spark, s3, tmp_path_factory) -> Story:
     case: Case = request.param
     root = tmp_path_factory.mktemp(case.name)
     original, copy, earlier = root / "ck-original", root / "ck-copy", root / "ck-earlier"
+    restored = root / "ck-restored"
 
     land(root / "landing", round_=0, files=6)
     case.run(spark, root, original, root / "out-original")
@@ -61,6 +66,11 @@ def story(request, spark, tmp_path_factory) -> Story:
     before = load_checkpoint(original)
     n = last_committed(original)
     files = copy_restart_set(before, n, copy)
+    # The same restart point through S3: backup, then restore into a new folder.
+    quiet = lambda _: None  # noqa: E731
+    backup = backup_checkpoint(original, f"s3://backups/{case.name}", s3.client(), log=quiet)
+    url = f"s3://backups/{case.name}/{backup['backup_id']}"
+    restore_backup(url, restored, s3.client(), log=quiet)
     # An earlier committed batch too (what a rollback to it keeps), re-run on the same input:
     # watermark queries plan no-data batches, so only the same input gives the same batch ids.
     earlier_batch = n - 2
@@ -73,6 +83,7 @@ def story(request, spark, tmp_path_factory) -> Story:
     original_state = read_state(spark, original, case.state_reads)
     with _moved_away(original):
         case.run(spark, root, copy, root / "out-copy")
+        case.run(spark, root, restored, root / "out-restored")
 
     return Story(
         case=case,
@@ -89,6 +100,9 @@ def story(request, spark, tmp_path_factory) -> Story:
         earlier_out=read_sink(root / "out-earlier"),
         round0_out=round0_out,
         round0_state=round0_state,
+        backup=backup,
+        restored_out=read_sink(root / "out-restored"),
+        restored_state=read_state(spark, restored, case.state_reads),
     )
 
 
@@ -190,6 +204,17 @@ def test_restart_from_only_the_restart_set_continues_identically(story: Story):
     assert {b: rows for b, rows in story.copy_out.items() if b > n} == new_batches
     assert any(rows for rows in story.original_state), "state should not be empty"
     assert story.copy_state == story.original_state
+
+
+def test_restore_from_an_s3_backup_continues_identically(story: Story):
+    """Backup to S3, restore into a new folder, restart there: same output, same state."""
+    n = story.restart_batch
+    assert story.backup["batch_id"] == n
+    assert [f["path"] for f in story.backup["files"]] == story.restart_files
+    new_batches = {b: rows for b, rows in story.original_out.items() if b > n}
+    assert new_batches, "round 1 should have produced output"
+    assert {b: rows for b, rows in story.restored_out.items() if b > n} == new_batches
+    assert story.restored_state == story.original_state
 
 
 def test_restart_set_of_an_earlier_batch_reprocesses_to_the_same_state(story: Story):
