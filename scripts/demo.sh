@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make demo`: the lifecycle story so far, on the embedded defaults (local Spark, SQLite Airflow).
-# Generates sample events, runs both registered queries through the stream_start DAG, lands more
-# events, runs again, and prints what each checkpoint holds.
+# `make demo`: the lifecycle story so far, on the embedded defaults (local Spark, SQLite Airflow,
+# rclone serve s3). Generates sample events, bootstraps page_visits, runs both registered queries
+# through the stream_start DAG, backs them up, lands more events, runs and backs up again (only
+# the changes are uploaded), restores the first backup, and prints what each checkpoint holds.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$STATEOPS_HOME"
@@ -42,11 +43,34 @@ if ! airflow dags test stream_bootstrap --conf "$conf" > "$log" 2>&1; then
   grep -E "error|Error" "$log" | tail -15; echo "stream_bootstrap failed; full log: $log" >&2; exit 1
 fi
 grep -E "page_visits: bootstrap|^OK: " "$log" | sed 's/^.*\] //; s/^/  /' | sort -u || true
+grep -oE "(NOT )?PROVEN: .* input \([^)]*\)" "$log" | sed 's/^/  /' || true
 run_dag round1
+
+step "Embedded S3 endpoint ($STATEOPS_S3_ENDPOINT_URL, rclone serve s3) and a backup of both queries"
+python -m stateops.s3server "$DATA/s3" > "$DATA/s3.log" 2>&1 &
+S3_PID=$!
+trap 'kill "$S3_PID" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do grep -q "S3 endpoint" "$DATA/s3.log" && break; sleep 0.2; done
+grep -q "S3 endpoint" "$DATA/s3.log" || { cat "$DATA/s3.log"; exit 1; }
+BACKUPS="$(python -c 'from stateops.registry import load_registry; print(load_registry().backups.url)')"
+backup() {  # the one-line result: files, uploaded, reused
+  stateops backup "$1" --to "$BACKUPS/$1" 2>&1 >/dev/null | tail -1 | sed 's/^/  /'
+}
+for q in user_sessions page_visits; do backup "$q"; done
 
 step "Round 2: more events land (later event times), stream_start runs again"
 stateops generate --round 1 --events 250 --files 4 --users 40
 run_dag round2
+
+step "Backups again: only what round 2 changed is uploaded"
+for q in user_sessions page_visits; do backup "$q"; done
+stateops backups list "$BACKUPS/page_visits" | sed 's/^/  /'
+first="$(stateops backups list "$BACKUPS/page_visits" | head -1 | cut -d' ' -f1)"
+
+step "Restore page_visits' first backup into a new folder, verified"
+stateops restore "$BACKUPS/page_visits/$first" --to "$DATA/restored/page_visits" 2>&1 >/dev/null \
+  | sed 's/^/  /'
+stateops verify "$DATA/restored/page_visits" | tail -1 | sed 's/^/  /'
 
 for q in user_sessions page_visits; do
   step "stateops inspect $q"

@@ -51,3 +51,33 @@ def start_s3_server(
         time.sleep(0.1)
     proc.kill()
     raise StateOpsError(f"rclone serve s3 did not listen on 127.0.0.1:{port} within 20 s")
+
+
+def main() -> int:
+    """``python -m stateops.s3server DIR``: serve until stopped (Ctrl-C or SIGTERM).
+
+    Port and credentials from the environment that ``scripts/env.sh`` sets: the port of
+    ``STATEOPS_S3_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``; the bucket
+    of the registry's ``backups.url``.
+    """
+    import signal
+    from urllib.parse import urlparse
+
+    from stateops.registry import load_registry
+
+    root = Path(sys.argv[1])
+    port = urlparse(os.environ["STATEOPS_S3_ENDPOINT_URL"]).port or 9000
+    bucket = load_registry().backups.url[5:].split("/", 1)[0]
+    key, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    proc = start_s3_server(root, [bucket], key, secret, port)
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    print(f"S3 endpoint http://127.0.0.1:{port} (bucket {bucket}) serving {root}", flush=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
