@@ -29,6 +29,8 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
+    dry_run_param,
+    query_param,
     read_run_summary,
     registered_queries,
     spark_job_operator,
@@ -46,12 +48,8 @@ QUERIES = registered_queries(with_initial_state=True)
     tags=["stateops", "streaming", "bootstrap"],
     doc_md=__doc__,
     params={
-        "query": Param(
-            QUERIES[0] if QUERIES else "",
-            type="string",
-            enum=QUERIES,
-            title="Query",
-            description="A registered query whose registry entry has an initial_state section.",
+        "query": query_param(
+            QUERIES, "A registered query whose registry entry has an initial_state section."
         ),
         "initial_state": Param(
             "",
@@ -67,12 +65,7 @@ QUERIES = registered_queries(with_initial_state=True)
             title="Format",
             description="auto: a state export if the folder has a manifest, else by suffix.",
         ),
-        "dry_run": Param(
-            True,
-            type="boolean",
-            title="Dry run",
-            description="Only print what the bootstrap would do.",
-        ),
+        "dry_run": dry_run_param("Only print what the bootstrap would do."),
     },
 )
 def stream_bootstrap() -> None:

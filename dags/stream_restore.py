@@ -22,7 +22,9 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
+    dry_run_param,
     plan_restore,
+    query_param,
     registered_queries,
     restore_query,
     verify_state,
@@ -39,13 +41,7 @@ QUERIES = registered_queries()
     tags=["stateops", "streaming", "restore"],
     doc_md=__doc__,
     params={
-        "query": Param(
-            QUERIES[0] if QUERIES else "",
-            type="string",
-            enum=QUERIES,
-            title="Query",
-            description="The registered query whose backups to restore from.",
-        ),
+        "query": query_param(QUERIES, "The registered query whose backups to restore from."),
         "backup_id": Param(
             "latest",
             type="string",
@@ -65,7 +61,7 @@ QUERIES = registered_queries()
             title="Replace",
             description="Move a non-empty target aside (never deleted) instead of refusing.",
         ),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="Only print the plan."),
+        "dry_run": dry_run_param("Only print the plan."),
     },
 )
 def stream_restore() -> None:

@@ -21,7 +21,9 @@ __all__ = [
     "LIFECYCLE_DAG",
     "airflow_s3_client",
     "backup_query",
+    "dry_run_param",
     "plan_restore",
+    "query_param",
     "restore_query",
     "PROJECT_ROOT",
     "read_run_summary",
@@ -41,6 +43,26 @@ LIFECYCLE_DAG: dict[str, Any] = {
     "catchup": False,
     "max_active_runs": 1,
 }
+
+
+def query_param(queries: list[str], description: str) -> Any:
+    """The form's query field: an enum of registered queries."""
+    from airflow.sdk import Param
+
+    return Param(
+        queries[0] if queries else "",
+        type="string",
+        enum=queries,
+        title="Query",
+        description=description,
+    )
+
+
+def dry_run_param(description: str) -> Any:
+    """The form's dry-run switch, on by default: a manual DAG prints its plan first."""
+    from airflow.sdk import Param
+
+    return Param(True, type="boolean", title="Dry run", description=description)
 
 
 def registered_queries(with_initial_state: bool = False) -> list[str]:
