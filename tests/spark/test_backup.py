@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stateops.backup import (
     backup_checkpoint,
@@ -23,11 +26,12 @@ from tests.conftest import (
     S3_SECRET,
     S3Server,
     run_cli,
+    run_query_command,
     spark_submit_run_query,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land
+from tests.spark.harness import land, read_state
 
 pytestmark = pytest.mark.spark
 
@@ -203,3 +207,51 @@ def test_retention_deletes_old_manifests_first_and_only_unreferenced_objects(s3,
     assert [b["backup_id"] for b in list_backups(to, client)] == [new["backup_id"]]
     assert not any((objects / sha).exists() for sha in only_old)
     assert verify_backup(f"{to}/{new['backup_id']}", client)["ok"]
+
+
+def test_backups_taken_while_the_query_runs_restore_and_restart(spark, s3, tmp_path):
+    registry = write_registry(tmp_path, page_visits={"trigger": {"processing_time": "1 second"}})
+    query = load_registry(registry).query("page_visits")
+    ckpt, client, to = Path(query.checkpoint), s3.client(), "s3://backups/running"
+    land(tmp_path / "landing", round_=0, files=1)
+    cmd = run_query_command(registry, "page_visits", "--mode", "continuous")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    backups: list[dict] = []
+    try:
+        deadline = time.time() + 240
+        for round_ in range(1, 5):  # input keeps landing; a backup after each new commit
+            while time.time() < deadline:
+                try:
+                    if load_checkpoint(ckpt).last_committed_batch == round_ - 1:
+                        break
+                except StateOpsError:
+                    pass  # no checkpoint yet
+                time.sleep(0.5)
+            land(tmp_path / "landing", round_=round_, files=1)
+            backups.append(backup_checkpoint(ckpt, to, client, log=lambda _: None))
+        assert proc.poll() is None, "the query kept running during the backups"
+        run_cli("--registry", str(registry), "stop", "page_visits", check=True)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [b["batch_id"] for b in backups] == [0, 1, 2, 3]
+    assert all(verify_backup(f"{to}/{b['backup_id']}", client)["ok"] for b in backups)
+
+    # The original finishes the landed input; the restored backup of batch 1, restarted on the
+    # same input, ends with the same state.
+    _run(registry)
+    restored = tmp_path / "restored"
+    restore_backup(f"{to}/{backups[1]['backup_id']}", restored, client, log=lambda _: None)
+    raw = yaml.safe_load(registry.read_text())
+    raw["queries"]["page_visits"]["checkpoint"] = str(restored)
+    raw["queries"]["page_visits"]["sink"]["path"] = str(tmp_path / "output-restored")
+    other = tmp_path / "registry-restored.yaml"
+    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    _run(other)
+    reads = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
+    assert (
+        load_checkpoint(restored).last_committed_batch == load_checkpoint(ckpt).last_committed_batch
+    )
+    assert read_state(spark, restored, reads) == read_state(spark, ckpt, reads)
