@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.audit import audit_dir
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, RegistryError
-from stateops.export import state_reads
+from stateops.export import read_state_variable, state_reads
 from stateops.registry import Query
 
 if TYPE_CHECKING:
@@ -110,11 +110,7 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     variables = []
     for read in state_reads(spark, query.checkpoint, batch):
         variable = read["variable"]
-        df = flatten_state(
-            spark.read.format("statestore")
-            .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
-            .load(query.checkpoint)
-        )
+        df = flatten_state(read_state_variable(spark, query.checkpoint, batch, read))
         name = f"{query.name}.op{read['operator_id']}.{variable}"
         checks: list[tuple[DataFrame, Any]] = []
         keys = [k for k in query.key_columns if k in df.columns]

@@ -20,7 +20,7 @@ from stateops.errors import CheckpointError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["MANIFEST", "export_state", "state_checksum", "state_reads"]
+__all__ = ["MANIFEST", "export_state", "read_state_variable", "state_checksum", "state_reads"]
 
 MANIFEST = "manifest.json"
 
@@ -86,6 +86,17 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
     return reads  # fmt: skip
 
 
+def read_state_variable(
+    spark: SparkSession, checkpoint: str, batch: int, read: dict[str, Any]
+) -> DataFrame:
+    """One entry of :func:`state_reads` after ``batch``, with Spark's ``partition_id`` column."""
+    return (
+        spark.read.format("statestore")
+        .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
+        .load(checkpoint)
+    )
+
+
 def export_state(
     spark: SparkSession, checkpoint: str, out: str | Path, batch: int | None = None
 ) -> dict[str, Any]:
@@ -104,12 +115,7 @@ def export_state(
         raise CheckpointError(f"{out}: not empty; export into a new or empty folder")
     entries = []
     for read in state_reads(spark, str(cp.root), batch):
-        df = (
-            spark.read.format("statestore")
-            .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
-            .load(str(cp.root))
-            .drop("partition_id")
-        )
+        df = read_state_variable(spark, str(cp.root), batch, read).drop("partition_id")
         folder = f"op{read['operator_id']}/{re.sub(r'[^A-Za-z0-9_.-]', '_', read['variable'])}"
         df.write.parquet(str(out / folder))
         rows, checksum = state_checksum(spark.read.parquet(str(out / folder)))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.audit import audit_dir
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import StateOpsError
-from stateops.export import state_checksum, state_reads
+from stateops.export import read_state_variable, state_checksum, state_reads
 from stateops.registry import Query
 from stateops.simulator import SimulatedHandle, simulate_batch
 
@@ -66,18 +66,16 @@ def _batch_input(spark: SparkSession, query: Query, files: list[str]) -> DataFra
     if not files:
         return spark.createDataFrame([], source.schema_)
     reader = spark.read.format(source.format).schema(source.schema_)
-    return reader.options(**{k: str(v) for k, v in source.options.items()}).load(files)
+    return reader.options(**source.reader_options).load(files)
 
 
-def _sampler(modulus: int):
+def _sample(df: DataFrame, keys: list[Column], modulus: int) -> DataFrame:
+    """The rows of 1 in ``modulus`` keys, chosen by key hash (the same keys in every frame)."""
     from pyspark.sql import functions as F
 
-    def sample(df: DataFrame, keys: list[Column]) -> DataFrame:
-        if modulus == 1:
-            return df
-        return df.filter(F.pmod(F.xxhash64(*keys), F.lit(modulus)) == 0)
-
-    return sample
+    if modulus == 1:
+        return df
+    return df.filter(F.pmod(F.xxhash64(*keys), F.lit(modulus)) == 0)
 
 
 def prove_first_batch(
@@ -104,10 +102,11 @@ def prove_first_batch(
         key_frames.append(initial_state.select(*keys))
     total_keys = reduce(lambda a, b: a.unionByName(b), key_frames).distinct().count()
     modulus = max(1, math.ceil(total_keys / max_keys))
-    sample = _sampler(modulus)
     columns = [F.col(k) for k in keys]
-    input_pdf = sample(input_df, columns).toPandas()
-    initial_pdf = None if initial_state is None else sample(initial_state, columns).toPandas()
+    input_pdf = _sample(input_df, columns, modulus).toPandas()
+    initial_pdf = (
+        None if initial_state is None else _sample(initial_state, columns, modulus).toPandas()
+    )
 
     offsets = cp.offsets[0]
     try:
@@ -124,13 +123,8 @@ def prove_first_batch(
     for read in state_reads(spark, str(cp.root), 0):
         name = read["variable"]
         seen.add(name)
-        actual = (
-            spark.read.format("statestore")
-            .options(batchId="0", operatorId=str(read["operator_id"]), **read["options"])
-            .load(str(cp.root))
-            .drop("partition_id")
-        )
-        actual = sample(actual, [F.col("key")[k] for k in keys])
+        actual = read_state_variable(spark, str(cp.root), 0, read).drop("partition_id")
+        actual = _sample(actual, [F.col("key")[k] for k in keys], modulus)
         known = name == "timers" or name in simulated.variables
         rows = simulated.rows(name) if known else []
         fields = [f.name for f in actual.schema.fields]

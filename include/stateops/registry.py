@@ -56,6 +56,11 @@ class Source(_Model):
     schema_: DDLSchema = Field(alias="schema")
     options: dict[str, str | int | bool] = {}
 
+    @property
+    def reader_options(self) -> dict[str, str]:
+        """``options`` as the strings Spark's readers take (streaming and batch alike)."""
+        return {k: str(v) for k, v in self.options.items()}
+
 
 class Watermark(_Model):
     column: str

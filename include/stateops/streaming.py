@@ -92,7 +92,7 @@ def start_query(
     df = (
         spark.readStream.format(source.format)
         .schema(source.schema_)
-        .options(**{k: str(v) for k, v in source.options.items()})
+        .options(**source.reader_options)
         .load(source.path)
     )
     if query.watermark:
