@@ -187,11 +187,8 @@ def check_processor_fit(
             f"fails on it: {type(err).__name__}: {err}"
         ) from err
     for name, variable in state.variables.items():
-        rows = state.rows(name)
-        parts = [("list_element" if variable.kind == "list" else "value", variable.schema)]
-        if variable.kind == "map":
-            parts = [("user_map_key", variable.key_schema), ("user_map_value", variable.schema)]
-        for column, schema in parts:
+        rows = variable.rows()
+        for column, schema in variable.declared().items():
             try:
                 spark.createDataFrame([r[column] for r in rows], schema=schema, verifySchema=True)
             except (TypeError, ValueError) as err:

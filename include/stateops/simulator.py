@@ -71,6 +71,14 @@ class _Variable:
     def clear(self) -> None:
         self.data.pop(self.handle.key, None)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The state as Spark's state reader lays it out for this kind of variable."""
+        return [{"key": k, "value": v} for k, v in self.data.items()]
+
+    def declared(self) -> dict[str, Any]:
+        """Column of :meth:`rows` -> the schema the processor declared for it."""
+        return {"value": self.schema}
+
 
 class _ValueState(_Variable):
     def get(self) -> tuple | None:
@@ -97,6 +105,12 @@ class _ListState(_Variable):
     def appendList(self, newState: list[tuple]) -> None:
         if newState:
             self.data.setdefault(self.handle.key, []).extend(self._fit(v) for v in newState)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"key": k, "list_element": e} for k, items in self.data.items() for e in items]
+
+    def declared(self) -> dict[str, Any]:
+        return {"list_element": self.schema}
 
 
 class _MapState(_Variable):
@@ -131,6 +145,16 @@ class _MapState(_Variable):
         entries.pop(self._fit(key, self.key_columns), None)
         if not entries:
             self.clear()
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {"key": k, "user_map_key": mk, "user_map_value": mv}
+            for k, entries in self.data.items()
+            for mk, mv in entries.items()
+        ]
+
+    def declared(self) -> dict[str, Any]:
+        return {"user_map_key": self.key_schema, "user_map_value": self.schema}
 
 
 class SimulatedHandle:
@@ -197,18 +221,7 @@ class SimulatedHandle:
                 for key, timers in self.timers.items()
                 for t in sorted(timers)
             ]
-        variable = self.variables[name]
-        if variable.kind == "value":
-            return [{"key": k, "value": v} for k, v in variable.data.items()]
-        if variable.kind == "list":
-            return [
-                {"key": k, "list_element": e} for k, items in variable.data.items() for e in items
-            ]
-        return [
-            {"key": k, "user_map_key": mk, "user_map_value": mv}
-            for k, entries in variable.data.items()
-            for mk, mv in entries.items()
-        ]
+        return self.variables[name].rows()
 
 
 def _groups(df: pd.DataFrame | None, key_columns: list[str]) -> dict[tuple, pd.DataFrame]:
