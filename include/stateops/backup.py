@@ -42,12 +42,17 @@ FORMAT = "stateops-backup/1"
 _CHUNK = 1 << 20
 
 
-def _sha256(path: Path) -> str:
+def _digest(stream: Any) -> str:
+    """sha256 of a binary stream (a file, or an S3 object's body), read in chunks."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
+    while chunk := stream.read(_CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return _digest(f)
 
 
 def _human(n: float) -> str:
@@ -58,12 +63,15 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def _existing_objects(client: Any, loc: S3Location) -> set[str]:
-    names = set()
+def _listing(client: Any, loc: S3Location, folder: str) -> list[dict[str, Any]]:
+    """Every object under ``PREFIX/folder/`` (S3's entries: Key, Size, LastModified)."""
     paginator = client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=loc.bucket, Prefix=loc.key("objects") + "/"):
-        names |= {obj["Key"].rpartition("/")[2] for obj in page.get("Contents", [])}
-    return names
+    pages = paginator.paginate(Bucket=loc.bucket, Prefix=loc.key(folder) + "/")
+    return [obj for page in pages for obj in page.get("Contents", [])]
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return obj["Key"].rpartition("/")[2]
 
 
 def _transfer(client: Any, workers: int) -> Any:
@@ -115,7 +123,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
     backup_id = f"b-{n:06d}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
     log(f"backup {backup_id}: batch {n}, {len(files)} files, {_human(total)} to {loc}")
     try:
-        existing = _existing_objects(client, loc)
+        existing = {_name(obj) for obj in _listing(client, loc, "objects")}
         todo: dict[str, dict] = {}
         for f in files:
             if f["sha256"] not in existing:
@@ -285,25 +293,25 @@ def restore_backup(
     }
 
 
-def list_backups(url: str, client: Any) -> list[dict[str, Any]]:
-    """The backups under ``s3://BUCKET/PREFIX``, oldest first."""
+def _manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
+    """Every backup manifest under ``loc``, oldest first."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    loc = parse_s3_url(url)
-    rows = []
     try:
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=loc.bucket, Prefix=loc.key("manifests") + "/"):
-            for obj in page.get("Contents", []):
-                backup_id = obj["Key"].rpartition("/")[2].removesuffix(".json")
-                m = _manifest(client, loc, backup_id)
-                rows.append(
-                    {k: m[k] for k in ("backup_id", "batch_id", "created_at", "bytes")}
-                    | {"files": len(m["files"]), "query_id": m["query_id"]}
-                )
+        ids = [_name(obj).removesuffix(".json") for obj in _listing(client, loc, "manifests")]
     except (BotoCoreError, ClientError) as err:
         raise s3_error(err, f"list {loc}") from None
-    return sorted(rows, key=lambda r: (r["created_at"], r["backup_id"]))
+    manifests = [_manifest(client, loc, backup_id) for backup_id in ids]
+    return sorted(manifests, key=lambda m: (m["created_at"], m["backup_id"]))
+
+
+def list_backups(url: str, client: Any) -> list[dict[str, Any]]:
+    """The backups under ``s3://BUCKET/PREFIX``, oldest first: a summary of each manifest."""
+    return [
+        {k: m[k] for k in ("backup_id", "batch_id", "created_at", "bytes", "query_id")}
+        | {"files": len(m["files"])}
+        for m in _manifests(client, parse_s3_url(url))
+    ]
 
 
 def verify_backup(url: str, client: Any) -> dict[str, Any]:
@@ -316,11 +324,7 @@ def verify_backup(url: str, client: Any) -> dict[str, Any]:
     for sha in sorted({f["sha256"] for f in manifest["files"]}):
         key = loc.key("objects", sha)
         try:
-            body = client.get_object(Bucket=loc.bucket, Key=key)["Body"]
-            digest = hashlib.sha256()
-            for chunk in iter(lambda b=body: b.read(_CHUNK), b""):
-                digest.update(chunk)
-            if digest.hexdigest() != sha:
+            if _digest(client.get_object(Bucket=loc.bucket, Key=key)["Body"]) != sha:
                 problems.append(f"s3://{loc.bucket}/{key}: content does not match its sha256")
         except ClientError as err:
             problems.append(f"s3://{loc.bucket}/{key}: {s3_error(err, 'get')}")
@@ -365,7 +369,7 @@ def prune_backups(
         raise StateOpsError("--keep-last must be at least 1: the newest backup is always kept")
     loc = parse_s3_url(url)
     now = now or datetime.now(UTC)
-    backups = list_backups(url, client)
+    backups = _manifests(client, loc)
     keep = {b["backup_id"] for b in backups[-(keep_last or 1) :]}
     if max_age is not None:
         oldest = now.timestamp() - _age_seconds(max_age)
@@ -376,17 +380,13 @@ def prune_backups(
         }
     drop = [b["backup_id"] for b in backups if b["backup_id"] not in keep]
     try:
-        referenced = {
-            f["sha256"] for backup_id in keep for f in _manifest(client, loc, backup_id)["files"]
-        }
+        referenced = {f["sha256"] for b in backups if b["backup_id"] in keep for f in b["files"]}
         grace_start = now.timestamp() - _age_seconds(grace)
-        unreferenced = []
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=loc.bucket, Prefix=loc.key("objects") + "/"):
-            for obj in page.get("Contents", []):
-                sha = obj["Key"].rpartition("/")[2]
-                if sha not in referenced and obj["LastModified"].timestamp() < grace_start:
-                    unreferenced.append((obj["Key"], obj["Size"]))
+        unreferenced = [
+            (obj["Key"], obj["Size"])
+            for obj in _listing(client, loc, "objects")
+            if _name(obj) not in referenced and obj["LastModified"].timestamp() < grace_start
+        ]
         if not dry_run:
             for backup_id in drop:
                 manifest_key = loc.key("manifests", f"{backup_id}.json")
