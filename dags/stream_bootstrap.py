@@ -30,6 +30,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
+    not_a_dry_run,
     query_param,
     read_run_summary,
     registered_queries,
@@ -83,10 +84,6 @@ def stream_bootstrap() -> None:
             f"{result['checkpoint']}; complete once batch 0 commits"
         )
         return result
-
-    @task.short_circuit
-    def not_a_dry_run() -> bool:
-        return not get_current_context()["params"]["dry_run"]
 
     bootstrap = spark_job_operator(
         "bootstrap",

@@ -23,6 +23,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
+    not_a_dry_run,
     plan_restore,
     query_param,
     registered_queries,
@@ -81,10 +82,6 @@ def stream_restore() -> None:
                 + ("it will be moved aside" if params["replace"] else "refused without Replace")
             )
         return result
-
-    @task.short_circuit
-    def not_a_dry_run() -> bool:
-        return not get_current_context()["params"]["dry_run"]
 
     @task
     def restore(plan: dict) -> dict:

@@ -22,6 +22,7 @@ __all__ = [
     "airflow_s3_client",
     "backup_query",
     "dry_run_param",
+    "not_a_dry_run",
     "plan_restore",
     "query_param",
     "restore_query",
@@ -63,6 +64,17 @@ def dry_run_param(description: str) -> Any:
     from airflow.sdk import Param
 
     return Param(True, type="boolean", title="Dry run", description=description)
+
+
+def not_a_dry_run() -> Any:
+    """The gate after a manual DAG's plan: with the form's dry run on, what follows is skipped."""
+    from airflow.sdk import get_current_context, task
+
+    @task.short_circuit(task_id="not_a_dry_run")
+    def gate() -> bool:
+        return not get_current_context()["params"]["dry_run"]
+
+    return gate()
 
 
 def registered_queries(with_initial_state: bool = False) -> list[str]:
