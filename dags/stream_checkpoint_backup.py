@@ -24,17 +24,19 @@ from airflow.sdk import dag, task
 from stateops.registry import load_registry
 from stateops_airflow.tasks import LIFECYCLE_DAG, backup_query, registered_queries
 
+REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query
+
 
 @dag(
     dag_id="stream_checkpoint_backup",
-    schedule=load_registry().backups.schedule,
+    schedule=REGISTRY.backups.schedule,
     **LIFECYCLE_DAG,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2)},
     tags=["stateops", "streaming", "backup"],
     doc_md=__doc__,
 )
 def stream_checkpoint_backup() -> None:
-    for query in registered_queries():
+    for query in registered_queries(registry=REGISTRY):
 
         @task(task_id=f"backup_{query}")
         def backup(query: str = query) -> dict:

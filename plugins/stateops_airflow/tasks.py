@@ -14,7 +14,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from stateops.registry import load_registry, registry_path
+from stateops.registry import Registry, load_registry, registry_path
 from stateops.verify import format_findings, verify_checkpoint
 
 __all__ = [
@@ -77,8 +77,11 @@ def not_a_dry_run() -> Any:
     return gate()
 
 
-def registered_queries(with_initial_state: bool = False) -> list[str]:
-    queries = load_registry().queries.values()
+def registered_queries(
+    with_initial_state: bool = False, registry: Registry | None = None
+) -> list[str]:
+    """Names of the registered queries (pass ``registry`` when the DAG file already read it)."""
+    queries = (registry or load_registry()).queries.values()
     return sorted(q.name for q in queries if q.initial_state or not with_initial_state)
 
 
