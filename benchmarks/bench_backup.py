@@ -16,7 +16,6 @@ endpoint (rclone serve s3 on loopback), then in the same run:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
+from synthetic import start_tree, write_batch_logs  # noqa: E402
+
 from stateops.backup import backup_checkpoint  # noqa: E402
 from stateops.checkpoint import load_checkpoint  # noqa: E402
 from stateops.s3 import S3Settings, s3_client  # noqa: E402
@@ -35,27 +36,14 @@ from stateops.s3server import free_port, start_s3_server  # noqa: E402
 KEY, SECRET = "bench", "bench-secret"
 
 
-def _log(path: Path, text: str) -> None:
-    path.write_text(text)
-    (path.parent / f".{path.name}.crc").write_bytes(b"crc\x00\x00\x00\x02\x00")
-
-
 def add_batch(root: Path, b: int, partitions: int, delta_bytes: int) -> None:
-    _log(root / "offsets" / str(b), f'v1\n{{"batchWatermarkMs":0,"batchTimestampMs":{b}}}\n'
-         f'{{"logOffset":{b}}}')  # fmt: skip
-    _log(root / "commits" / str(b), 'v1\n{"nextBatchWatermarkMs":0}')
-    _log(root / "sources" / "0" / str(b), f'v1\n{{"path":"f{b}","timestamp":0,"batchId":{b}}}')
+    write_batch_logs(root, b)
     for p in range(partitions):
         (root / "state" / "0" / str(p) / f"{b + 1}.delta").write_bytes(os.urandom(delta_bytes))
 
 
 def build(root: Path, gb: float, partitions: int) -> None:
-    for d in ("offsets", "commits", "sources/0", "state/0/_metadata"):
-        (root / d).mkdir(parents=True)
-    _log(root / "metadata", json.dumps({"id": "bench"}))
-    _log(root / "state" / "0" / "_metadata" / "metadata", "v1\n{}")
-    for p in range(partitions):
-        (root / "state" / "0" / str(p)).mkdir()
+    start_tree(root, partitions)
     for b in range(10):
         add_batch(root, b, partitions, 64 << 10)
     snapshot_bytes = int(gb * (1 << 30) / partitions)

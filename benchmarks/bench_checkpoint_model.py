@@ -10,7 +10,6 @@ only offsets/commits/metadata are parsed. Reports seconds and the ratio to `find
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -21,13 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
+from synthetic import start_tree, write_batch_logs, write_log  # noqa: E402
+
 from stateops.checkpoint import load_checkpoint  # noqa: E402
 from stateops.report import checkpoint_report  # noqa: E402
-
-
-def _write(path: Path, text: str) -> None:
-    path.write_text(text)
-    (path.parent / f".{path.name}.crc").write_bytes(b"crc\x00\x00\x00\x02\x00")
 
 
 def build_tree(root: Path, files: int, partitions: int = 200) -> int:
@@ -35,28 +31,15 @@ def build_tree(root: Path, files: int, partitions: int = 200) -> int:
     # 10th); each with a sidecar.
     per_batch = 2 * (3 + partitions + partitions / 10)
     batches = max(2, int(files / per_batch))
-    (root / "offsets").mkdir(parents=True)
-    (root / "commits").mkdir()
-    (root / "sources" / "0").mkdir(parents=True)
-    _write(root / "metadata", json.dumps({"id": "bench"}))
+    start_tree(root, partitions)
     for b in range(batches):
-        _write(
-            root / "offsets" / str(b),
-            f'v1\n{{"batchWatermarkMs":0,"batchTimestampMs":{b}}}\n{{"logOffset":{b}}}',
-        )
-        _write(root / "commits" / str(b), 'v1\n{"nextBatchWatermarkMs":0}')
-        _write(
-            root / "sources" / "0" / str(b), f'v1\n{{"path":"f{b}","timestamp":0,"batchId":{b}}}'
-        )
+        write_batch_logs(root, b)
     for p in range(partitions):
         d = root / "state" / "0" / str(p)
-        d.mkdir(parents=True)
         for v in range(1, batches + 1):
-            _write(d / f"{v}.delta", "d")
+            write_log(d / f"{v}.delta", "d")
             if v % 10 == 0:
-                _write(d / f"{v}.snapshot", "s")
-    (root / "state" / "0" / "_metadata").mkdir()
-    _write(root / "state" / "0" / "_metadata" / "metadata", "v1\n{}")
+                write_log(d / f"{v}.snapshot", "s")
     return batches
 
 
