@@ -27,6 +27,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from stateops.bootstrap import FORMATS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
@@ -62,7 +63,7 @@ QUERIES = registered_queries(with_initial_state=True)
         "format": Param(
             "auto",
             type="string",
-            enum=["auto", "export", "parquet", "json", "csv"],
+            enum=["auto", *FORMATS],
             title="Format",
             description="auto: a state export if the folder has a manifest, else by suffix.",
         ),
