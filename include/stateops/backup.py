@@ -123,10 +123,11 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
     backup_id = f"b-{n:06d}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
     log(f"backup {backup_id}: batch {n}, {len(files)} files, {_human(total)} to {loc}")
     try:
-        existing = {_name(obj) for obj in _listing(client, loc, "objects")}
+        # Reuse an object only at its full size: a store killed mid-write may keep a stub.
+        existing = {(_name(obj), obj["Size"]) for obj in _listing(client, loc, "objects")}
         todo: dict[str, dict] = {}
         for f in files:
-            if f["sha256"] not in existing:
+            if (f["sha256"], f["size"]) not in existing:
                 todo.setdefault(f["sha256"], f)
         uploaded = sum(f["size"] for f in todo.values())
         manager = _transfer(client, workers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -159,26 +160,43 @@ def test_wrong_credentials_are_one_line_without_the_secret(s3, checkpoint):
     assert tree_digest(ckpt) == before
 
 
-def test_endpoint_down_leaves_no_backup_and_a_later_one_succeeds(checkpoint, tmp_path):
+def test_endpoint_down_mid_backup_leaves_no_backup_and_a_later_one_reuses_the_uploads(
+    checkpoint, tmp_path
+):
     _, ckpt = checkpoint
+    cp = load_checkpoint(ckpt)
+    files = [ckpt / rel for rel in cp.restart_files(cp.last_committed_batch)]
+    needed = {(hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size) for p in files}
     server = S3Server(tmp_path / "s3", free_port())
     server.start()
     try:
         client = server.client()
-        # Partly there: the backup of an earlier batch uploaded most objects.
-        earlier = load_checkpoint(ckpt).last_committed_batch - 1
-        backup_checkpoint(ckpt, "s3://backups/down", client, batch=earlier, log=lambda _: None)
+        puts = []
 
-        def stop_at_start(line: str) -> None:
-            if "to s3://" in line:
-                server.stop()  # the endpoint goes away before the uploads
+        def kill_after_some_uploads(http_response, **_) -> None:
+            puts.append(http_response.status_code)
+            if len(puts) >= 5:
+                server.proc.kill()  # kill -9 while the transfer manager is uploading
 
+        client.meta.events.register("after-call.s3.PutObject", kill_after_some_uploads)
         with pytest.raises(StateOpsError, match="S3 backup to s3://backups/down: "):
-            backup_checkpoint(ckpt, "s3://backups/down", client, log=stop_at_start)
+            backup_checkpoint(ckpt, "s3://backups/down", client, log=lambda _: None)
+        client.meta.events.unregister("after-call.s3.PutObject", kill_after_some_uploads)
+        server.proc.wait()
         server.start()
-        assert [b["batch_id"] for b in list_backups("s3://backups/down", client)] == [earlier]
+
+        assert list_backups("s3://backups/down", client) == []  # no manifest: no backup
+        # A store killed mid-write can keep a stub under the object's name: not reused.
+        stub = next(p for p in files if p.stat().st_size > 10)
+        sha = hashlib.sha256(stub.read_bytes()).hexdigest()
+        client.put_object(Bucket="backups", Key=f"down/objects/{sha}", Body=stub.read_bytes()[:10])
+        listing = client.list_objects_v2(Bucket="backups", Prefix="down/objects/")["Contents"]
+        there = {(o["Key"].rpartition("/")[2], o["Size"]) for o in listing}
+        assert 5 <= len(there & needed) < len(needed)  # partly uploaded
         later = backup_checkpoint(ckpt, "s3://backups/down", client, log=lambda _: None)
-        assert later["reused"]["files"] > 0 and later["uploaded"]["objects"] > 0
+        assert later["uploaded"]["objects"] == len(needed - there)  # only the rest
+        assert later["reused"]["files"] >= 5
+        assert verify_backup(f"s3://backups/down/{later['backup_id']}", client)["ok"]
     finally:
         server.stop()
 
