@@ -10,6 +10,10 @@ DATA="${STATEOPS_DATA_DIR:-$STATEOPS_HOME/data}"
 export STATEOPS_DATA_DIR="$DATA"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+logged() {  # logged NAME COMMAND...: output to $DATA/NAME.log; on failure, its tail
+  local log="$DATA/$1.log"; shift
+  "$@" > "$log" 2>&1 || { tail -20 "$log"; echo "failed; full log: $log" >&2; exit 1; }
+}
 
 # The demo owns its data folder: it starts afresh, but never wipes a folder it did not create.
 if [ -d "$DATA" ] && [ ! -f "$DATA/.demo" ] && [ -n "$(ls -A "$DATA")" ]; then
@@ -72,6 +76,24 @@ stateops restore "$BACKUPS/page_visits/$first" --to "$DATA/restored/page_visits"
   | sed 's/^/  /'
 stateops verify "$DATA/restored/page_visits" | tail -1 | sed 's/^/  /'
 
+step "Restart the restored page_visits (as page_visits_restored, own sink) on the same landing files"
+python - "$DATA/restored/registry.yaml" <<'EOF'
+import sys
+import yaml
+from stateops.registry import load_registry
+raw = yaml.safe_load(load_registry().path.read_text())
+query = raw["queries"]["page_visits"]
+query.update(checkpoint="restored/page_visits", sink={**query["sink"], "path": "restored/output"})
+raw["queries"] = {"page_visits_restored": query}
+with open(sys.argv[1], "w") as f:
+    yaml.safe_dump(raw, f, sort_keys=False)
+EOF
+echo "stateops --registry $DATA/restored/registry.yaml run page_visits_restored"
+logged restart stateops --registry "$DATA/restored/registry.yaml" run page_visits_restored
+grep '^{' "$DATA/restart.log" | tail -1 | python -c 'import json, sys; s = json.load(sys.stdin)
+print("  %s: batches %s..%s, last committed batch %s" % (
+    s["status"], s["first_batch_id"], s["last_batch_id"], s["last_committed_batch"]))'
+
 for q in user_sessions page_visits; do
   step "stateops inspect $q"
   stateops inspect "$q"
@@ -84,11 +106,21 @@ for q in user_sessions page_visits; do
   stateops audit "$q"
 done
 
-step "stateops export page_visits: the state as Parquet + manifest (the portable form)"
-stateops export page_visits --out "$DATA/exports/page_visits" 2>/dev/null \
-  | python -c 'import json, sys
-m = json.loads(sys.stdin.read().splitlines()[-1])
-for e in m["entries"]:
-    print("  %s: %s rows, checksum %s" % (e["variable"], e["rows"], e["checksum"]))'
+step "stateops export: page_visits' state as Parquet + manifest, live vs restored and restarted"
+logged export stateops export page_visits --out "$DATA/exports/page_visits"
+logged export-restored stateops --registry "$DATA/restored/registry.yaml" \
+  export page_visits_restored --out "$DATA/exports/page_visits_restored"
+python - "$DATA/exports" <<'EOF'
+import json, sys
+from pathlib import Path
+live, restored = (json.loads((Path(sys.argv[1]) / name / "manifest.json").read_text())["entries"]
+                  for name in ("page_visits", "page_visits_restored"))
+for a, b in zip(live, restored, strict=True):
+    same = (a["rows"], a["checksum"]) == (b["rows"], b["checksum"])
+    print("  %s: %s rows, checksum %s; restored: %s" % (
+        a["variable"], a["rows"], a["checksum"], "equal" if same else "DIFFERENT"))
+    if not same:
+        sys.exit("the restored query's state differs from the live query's")
+EOF
 echo "  manifest: $DATA/exports/page_visits/manifest.json"
 printf '\nDemo data is in %s (landing/, checkpoints/, output/).\n' "$DATA"

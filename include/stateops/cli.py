@@ -246,6 +246,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    registry = load_registry(args.registry)
+    query = registry.query(args.query).name  # an unknown query fails before a JVM starts
+    return _spark_submit(
+        "run_query.py", args.master,
+        "--registry", str(registry.path), "--query", query, "--mode", args.mode,
+    )  # fmt: skip
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     marker = registry.stop_marker(registry.query(args.query).name)
@@ -371,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("run", help="run a registered query under its lock (Spark)")
+    p.add_argument("query")
+    p.add_argument("--mode", choices=["available-now", "continuous"], default="available-now")
+    p.add_argument("--master", default="local[2]", help="Spark master")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
         "stop", help="ask a continuously running query to stop after its current batch"

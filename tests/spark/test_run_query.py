@@ -129,7 +129,7 @@ def test_a_held_lock_refuses_the_run_and_changes_nothing(ran):
     ckpt = Path(registry.query("page_visits").checkpoint)
     before = tree_digest(ckpt)
     with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", run_id="c-1"):
-        proc = spark_submit_run_query(registry.path, "page_visits")
+        proc = run_cli("--registry", str(registry.path), "run", "page_visits")  # spark-submit
     # spark-submit passes the Python driver's stderr through on its stdout.
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2
@@ -202,6 +202,9 @@ def test_unknown_query_is_one_line_exit_2(ran):
         text=True,
         timeout=60,
     )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no query named 'nope'" in proc.stderr
+    proc = run_cli("--registry", str(registry.path), "run", "nope")
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no query named 'nope'" in proc.stderr
 
