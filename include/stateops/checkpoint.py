@@ -291,7 +291,7 @@ class Checkpoint:
                 needed += [f for f in store.other_files if f.endswith("/_metadata/schema")]
                 for rel in chain:
                     if rel.endswith(".zip") and rel in self.sizes:
-                        needed += self._rocksdb_zip_references(store, rel)
+                        needed += self.rocksdb_zip_references(store, rel)
         missing += [f for f in needed if f not in self.sizes]
         present = {f for f in needed if f in self.sizes}
         present |= {_crc_sidecar(f) for f in present if _crc_sidecar(f) in self.sizes}
@@ -332,7 +332,7 @@ class Checkpoint:
         # The v2 metadata names the schema files it was written with; a missing one is flagged.
         return files + [rel] + sorted(_schema_file_refs(self.root, rel, op.operator_id))
 
-    def _rocksdb_zip_references(self, store: StoreState, zip_rel: str) -> list[str]:
+    def rocksdb_zip_references(self, store: StoreState, zip_rel: str) -> list[str]:
         meta = read_rocksdb_zip_metadata(self.root / zip_rel)
         try:
             return [

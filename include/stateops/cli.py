@@ -30,20 +30,10 @@ def _checkpoint_and_deltas(
     For a path, the registered query whose checkpoint it is gives K; without one (or without a
     readable registry) it is Spark's default, 10. ``min_deltas`` given by the user wins.
     """
-    if Path(target).exists() or "/" in target:
-        try:
-            resolved = str(Path(target).resolve())
-            owners = [
-                q for q in load_registry(registry).queries.values() if q.checkpoint == resolved
-            ]
-        except RegistryError:
-            owners = []
-        registered = owners[0].state_store.min_deltas_for_snapshot if owners else 10
-        return target, min_deltas if min_deltas is not None else registered
-    query = load_registry(registry).query(target)
+    path, _, owner = _owned_checkpoint(target, registry)
     if min_deltas is None:
-        min_deltas = query.state_store.min_deltas_for_snapshot
-    return query.checkpoint, min_deltas
+        min_deltas = owner.state_store.min_deltas_for_snapshot if owner else 10
+    return path, min_deltas
 
 
 def _spark_submit(job: str, master: str, *args: str) -> int:
@@ -180,6 +170,60 @@ def cmd_backups(args: argparse.Namespace) -> int:
     verdict = "OK" if result["ok"] else "FAILED"
     print(f"{verdict}: {result['backup_id']}: {result['objects']} objects checked")
     return 0 if result["ok"] else 1
+
+
+def _owned_checkpoint(target: str, registry_file: str | None):
+    """(checkpoint path, registry or None, the query that owns it or None) for a path or a
+    registered query's name."""
+    if Path(target).exists() or "/" in target:
+        try:
+            registry = load_registry(registry_file)
+        except RegistryError:
+            return target, None, None
+        return target, registry, registry.owner_of(target)
+    registry = load_registry(registry_file)
+    query = registry.query(target)
+    return query.checkpoint, registry, query
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from stateops.cleanup import checkpoint_lock, new_run_id, run_cleanup
+
+    path, registry, _ = _owned_checkpoint(args.checkpoint, args.registry)
+    lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
+    log = _log if args.json else print
+    plan = run_cleanup(path, args.retain_batches, lock, dry_run=args.dry_run, log=log)
+    if args.json:
+        print(json.dumps(plan, indent=1))
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from stateops.backup import backup_checkpoint
+    from stateops.cleanup import checkpoint_lock, new_run_id, run_rollback
+
+    path, registry, query = _owned_checkpoint(args.checkpoint, args.registry)
+    backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)
+    if not args.no_backup and not backup_to:
+        raise StateOpsError(
+            f"{path}: not a registered query's checkpoint, so there is no backup location; "
+            "give --backup-to s3://BUCKET/PREFIX (or --no-backup)"
+        )
+    sink = args.sink or (query.sink.path if query else None)
+
+    def backup() -> str:
+        _log(f"backup of {path} to {backup_to} before the rollback")
+        return backup_checkpoint(path, backup_to, _s3(args), log=_log)["backup_id"]
+
+    lock = checkpoint_lock(path, registry, "rollback", new_run_id("rollback"))
+    log = _log if args.json else print
+    plan = run_rollback(
+        path, args.to_batch, lock, sink=sink, backup=None if args.no_backup else backup,
+        dry_run=args.dry_run, log=log,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(plan, indent=1))
+    return 0
 
 
 def cmd_queries(args: argparse.Namespace) -> int:
@@ -353,6 +397,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", default="1h", help="prune: keep unreferenced objects this young")
     p.add_argument("--dry-run", action="store_true", help="prune: print the plan, delete nothing")
     p.set_defaults(func=cmd_backups)
+
+    p = sub.add_parser(
+        "cleanup", help="delete snapshot groups and log entries no retained restart needs"
+    )
+    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument(
+        "--retain-batches", type=_positive, required=True, metavar="K",
+        help="keep what restarts after each of the last K committed batches need",
+    )  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="print the plan, delete nothing")
+    p.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
+    p.set_defaults(func=cmd_cleanup)
+
+    p = sub.add_parser(
+        "rollback", parents=[s3_conn], help="make committed batch N the last one (backup first)"
+    )
+    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("--to-batch", type=int, required=True, metavar="N")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--no-backup", action="store_true", help="skip the backup (not advised)")
+    p.add_argument("--backup-to", help="s3://BUCKET/PREFIX (default: the registry's)")
+    p.add_argument("--sink", help="the sink folder to make consistent (default: the registry's)")
+    p.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)

@@ -2,7 +2,8 @@
 
 The lock is a JSON file (owner, run id, operation, expiry). Reads and writes of it happen under
 an exclusive ``flock`` on a guard file beside it, so taking over an expired lock is atomic too.
-A holder that crashes stops renewing; once ``expires_at`` passes, the next taker wins.
+A holder that crashes stops renewing; once ``expires_at`` passes, the next taker wins. On
+the holder's own host a taker sees at once that its process is gone (``kill -9``) and wins.
 """
 
 from __future__ import annotations
@@ -60,6 +61,20 @@ def _guarded(path: Path) -> Iterator[None]:
             fcntl.flock(guard, fcntl.LOCK_UN)
 
 
+def _holder_gone(held: LockInfo) -> bool:
+    """The holder was a process on this host that no longer exists (killed, crashed)."""
+    host, _, pid = held.owner.rpartition("@")[2].rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 class QueryLock:
     """``with QueryLock(path, query, operation, run_id):`` holds the lock, renewing it."""
 
@@ -99,7 +114,7 @@ class QueryLock:
     def acquire(self) -> None:
         with _guarded(self.path):
             held = read_lock(self.path)
-            if held and not held.expired and held.token != self.token:
+            if held and not held.expired and not _holder_gone(held) and held.token != self.token:
                 until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
                 raise LockHeldError(
                     f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "

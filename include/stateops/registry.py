@@ -230,6 +230,11 @@ class Registry(_Model):
                 f"{self.path}: no query named {name!r} (registered: {known})"
             ) from None
 
+    def owner_of(self, checkpoint: str | os.PathLike[str]) -> Query | None:
+        """The registered query whose checkpoint ``checkpoint`` is, if any."""
+        resolved = str(Path(checkpoint).resolve())
+        return next((q for q in self.queries.values() if q.checkpoint == resolved), None)
+
     def lock_path(self, name: str) -> Path:
         return self.state_dir / "locks" / f"{name}.lock"
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.audit import append_audit
 from stateops.checkpoint import load_checkpoint
+from stateops.cleanup import refuse_pending_rollback
 from stateops.errors import StateOpsError
 from stateops.lock import QueryLock
 from stateops.registry import Registry
@@ -80,6 +81,7 @@ def run_registered_query(
     run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
     marker = registry.stop_marker(query.name) if mode == "continuous" else None
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
+        refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
         before, _ = checkpoint_state(query.checkpoint)
         started = time.time()
         if marker is not None and marker.exists():

@@ -1,0 +1,542 @@
+"""Snapshot-group cleanup and rollback: plan first, then delete exactly what the plan names.
+
+Both plan from the checkpoint model and never delete a file that a restart after any batch
+they keep needs. Both are safe to kill at any point: the next run plans again from what is
+left and finishes the job. A rollback leaves a marker (``<checkpoint>.audit/rollback.json``)
+while it runs; the query refuses to start until a rollback run has finished it.
+
+Cleanup, retaining the last K committed batches, deletes:
+
+- ``snapshot-group``: every file of a snapshot group (a base snapshot and the deltas or
+  changelogs built on it) that no retained batch's restart loads;
+- ``orphan-version``: state versions beyond the last committed batch + 1;
+- ``unreferenced-sst``: RocksDB SST and log files that no kept ``N.zip`` refers to;
+- ``old-log``: offsets, commits, source-log, operator-metadata and state-schema entries older
+  than what a restart after the oldest retained batch reads;
+- ``temp``: temp files (``*.tmp``) of interrupted writes;
+- ``crc``: the ``.crc`` sidecars of deleted files, and sidecars whose file is gone.
+
+Rollback to batch N deletes everything after N (``after-rollback-point``): commits and
+offsets after N, source-log entries after N's, state versions after N + 1, operator metadata
+and schema files written after N, then the RocksDB files and sidecars left unreferenced.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stateops.audit import append_audit, audit_dir
+from stateops.checkpoint import Checkpoint, load_checkpoint
+from stateops.errors import CheckpointError, StateOpsError
+from stateops.lock import QueryLock
+from stateops.report import format_bytes
+
+__all__ = [
+    "checkpoint_lock",
+    "format_plan",
+    "plan_cleanup",
+    "plan_rollback",
+    "plan_sink_rollback",
+    "refuse_pending_rollback",
+    "rollback_marker",
+    "run_cleanup",
+    "run_rollback",
+]
+
+# Deletion order: each prefix of it leaves a checkpoint that the next run can plan on again.
+CATEGORIES = {
+    "after-rollback-point": "after the rollback point",
+    "temp": "temp files of interrupted writes",
+    "orphan-version": "state versions beyond the last committed batch + 1",
+    "snapshot-group": "snapshot groups no retained batch needs",
+    "old-log": "log entries older than the oldest retained restart reads",
+    "unreferenced-sst": "RocksDB files no kept N.zip refers to",
+    "crc": "checksum sidecars of deleted files",
+}
+_NUMBER = re.compile(r"^(\d+)")
+
+
+def rollback_marker(checkpoint: str | os.PathLike[str]) -> Path:
+    return audit_dir(checkpoint) / "rollback.json"
+
+
+def refuse_pending_rollback(checkpoint: str | os.PathLike[str], to_batch: int | None = None):
+    """Raise while an interrupted rollback (to another batch than ``to_batch``) is pending."""
+    marker = rollback_marker(checkpoint)
+    if not marker.exists():
+        return None
+    pending = json.loads(marker.read_text(encoding="utf-8"))
+    if to_batch is None or pending["to_batch"] != to_batch:
+        raise StateOpsError(
+            f"{checkpoint}: a rollback to batch {pending['to_batch']} (run {pending['run_id']}) "
+            f"was interrupted; finish it first: stateops rollback {checkpoint} "
+            f"--to-batch {pending['to_batch']}"
+        )
+    return pending
+
+
+def _refuse_gaps(cp: Checkpoint) -> None:
+    for log in ("offsets", "commits"):
+        if gaps := cp.gaps(log):
+            raise CheckpointError(
+                f"{cp.root}: {log}/ has a gap (batch {gaps[0]} is missing); the checkpoint is "
+                "damaged: restore it from a backup before cleaning or rolling back"
+            )
+
+
+def _restart_set(cp: Checkpoint, batch: int, what: str) -> list[str]:
+    """The restart set of committed ``batch``; refuses, naming the oldest usable batch, when
+    its files are gone (cleaned up before, by Spark or by us)."""
+    needed, missing = cp.restart_requirements(batch)
+    if not missing:
+        return needed
+    usable = None
+    for b in sorted((b for b in cp.commits if b > batch), reverse=True):
+        if b not in cp.offsets or cp.restart_requirements(b)[1]:
+            break
+        usable = b
+    raise CheckpointError(
+        f"{cp.root}: batch {batch} is older than the oldest batch a restart can use "
+        f"({usable if usable is not None else 'none'}; {missing[0]} is gone): {what}"
+    )
+
+
+def _number(rel: str) -> int:
+    """The batch or version number a file's name starts with (-1 for none)."""
+    m = _NUMBER.match(rel.rpartition("/")[2])
+    return int(m.group(1)) if m else -1
+
+
+def _sst_files(cp: Checkpoint) -> dict[str, Any]:
+    """RocksDB SST/log files of every store, by path, with the store they belong to."""
+    return {
+        rel: store
+        for op in cp.operators
+        for store in op.stores
+        for rel in store.other_files
+        if rel.startswith((store.rel_dir + "/SSTs/", store.rel_dir + "/logs/"))
+    }
+
+
+def _sst_references(cp: Checkpoint, deleted: dict[str, str]) -> set[str]:
+    refs: set[str] = set()
+    for op in cp.operators:
+        for store in op.stores:
+            for rel in store.snapshots.values():
+                if rel.endswith(".zip") and rel not in deleted:
+                    refs.update(cp.rocksdb_zip_references(store, rel))
+    return refs
+
+
+def _finish(cp: Checkpoint, delete: dict[str, str], keep: set[str]) -> None:
+    """Add the RocksDB files left unreferenced, temp files and sidecars; check the guard."""
+    refs = _sst_references(cp, delete)
+    for rel in _sst_files(cp):
+        if rel not in refs and rel not in delete:
+            delete[rel] = "unreferenced-sst"
+    for rel in cp.sizes:
+        name = rel.rpartition("/")[2]
+        if name.endswith(".tmp") or (name.endswith(".tmp.crc") and name.startswith(".")):
+            delete.setdefault(rel, "temp")
+    for rel in cp.sizes:
+        parent, _, name = rel.rpartition("/")
+        if name.startswith(".") and name.endswith(".crc") and rel not in delete:
+            main = f"{parent}/{name[1:-4]}" if parent else name[1:-4]
+            if main in delete or main not in cp.sizes:
+                delete[rel] = "crc"
+    unsafe = sorted(set(delete) & keep)
+    if unsafe:  # a bug, never an input: refuse rather than delete a needed file
+        raise AssertionError(f"plan would delete files a kept restart needs: {unsafe[:5]}")
+
+
+def _plan(cp: Checkpoint, operation: str, delete: dict[str, str], keep: set[str], **extra) -> dict:
+    _finish(cp, delete, keep)
+    summary: dict[str, dict[str, int]] = {}
+    for rel, why in delete.items():
+        entry = summary.setdefault(why, {"files": 0, "bytes": 0})
+        entry["files"] += 1
+        entry["bytes"] += cp.sizes[rel]
+    return {
+        "operation": operation,
+        "checkpoint": str(cp.root),
+        "last_committed_batch": cp.last_committed_batch,
+        **extra,
+        "delete": {"files": len(delete), "bytes": sum(cp.sizes[r] for r in delete)},
+        "keep": {
+            "files": len(cp.sizes) - len(delete),
+            "bytes": cp.total_bytes - sum(cp.sizes[r] for r in delete),
+            "needed_by_restarts": len(keep),
+        },
+        "by_category": {k: summary[k] for k in CATEGORIES if k in summary},
+        "files": [
+            {"path": rel, "bytes": cp.sizes[rel], "why": why}
+            for rel, why in sorted(delete.items(), key=_order)
+        ],
+    }
+
+
+def _order(item: tuple[str, str]) -> tuple:
+    """Old entries oldest first (never a gap); a rollback's and orphans newest first, commits
+    before offsets before the rest, so the last committed batch only ever moves down."""
+    rel, why = item
+    rank = list(CATEGORIES).index(why)
+    if why in ("after-rollback-point", "orphan-version"):
+        log = 0 if rel.startswith("commits/") else 1 if rel.startswith("offsets/") else 2
+        return (rank, log, -_number(rel), rel)
+    return (rank, 0, _number(rel), rel)
+
+
+def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dict[str, Any]:
+    """What cleanup deletes so that restarts after the last ``retain_batches`` batches work."""
+    if retain_batches < 1:
+        raise StateOpsError(f"--retain-batches must be at least 1, got {retain_batches}")
+    cp = load_checkpoint(checkpoint)
+    refuse_pending_rollback(cp.root)
+    _refuse_gaps(cp)
+    committed = sorted(cp.commits)
+    if not committed:
+        raise CheckpointError(f"{cp.root}: no committed batch yet: nothing to clean")
+    retained = committed[-retain_batches:]
+    keep: set[str] = set()
+    for b in retained:
+        keep.update(_restart_set(cp, b, "retain fewer batches (--retain-batches)"))
+    last = committed[-1]
+    delete: dict[str, str] = {}
+    groups = []
+    for op in cp.operators:
+        for store in op.stores:
+            bases = sorted({0, *store.snapshots})
+            needed = {bases[bisect.bisect_right(bases, b + 1) - 1] for b in retained}
+            for g in store.snapshot_groups(cp.sizes):
+                action = "keep" if g.snapshot_version in needed else "delete"
+                for v in g.versions:
+                    why = "orphan-version" if v > last + 1 else None
+                    why = why or ("snapshot-group" if action == "delete" else None)
+                    for f in (store.snapshots.get(v), store.deltas.get(v)):
+                        if f and why:
+                            delete[f] = why
+                groups.append({
+                    "operator": op.operator_id, "partition": store.partition,
+                    "store": store.store_name, "base": g.snapshot_version,
+                    "versions": [g.versions[0], g.versions[-1]], "files": len(g.files),
+                    "bytes": g.bytes, "action": action,
+                })  # fmt: skip
+    oldest = retained[0]
+    for log, batches, below in (
+        ("offsets", cp.offsets, oldest - 1),
+        ("commits", cp.commits, oldest),
+    ):
+        for b in batches:
+            if b < below:
+                delete[f"{log}/{b}"] = "old-log"
+    for log in cp.sources.values():
+        kept = [i for i, rel in log.items() if rel in keep]
+        for i, rel in log.items():
+            if kept and i < min(kept) and rel not in keep:
+                delete[rel] = "old-log"
+    for op in cp.operators:
+        for b, rel in op.metadata_files.items():
+            if b is not None and b < oldest and rel not in keep:
+                delete[rel] = "old-log"
+        for rel, written_by in op.schema_files.items():
+            if written_by < oldest and rel not in keep:
+                delete[rel] = "old-log"
+    return _plan(cp, "cleanup", delete, keep, retained=[retained[0], retained[-1]], groups=groups)
+
+
+def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
+    """What a rollback to committed batch ``to_batch`` deletes (it becomes the last one)."""
+    cp = load_checkpoint(checkpoint)
+    refuse_pending_rollback(cp.root, to_batch)
+    _refuse_gaps(cp)
+    last = cp.last_committed_batch
+    if cp.commits and to_batch < min(cp.commits):
+        raise CheckpointError(
+            f"{cp.root}: batch {to_batch} is older than the oldest retained batch "
+            f"({min(cp.commits)}): cleanup removed it; roll back to a later batch, or restore "
+            "an older backup"
+        )
+    if to_batch not in cp.commits:
+        raise CheckpointError(
+            f"{cp.root}: batch {to_batch} is not a committed batch (last committed batch: "
+            f"{last}); pick a batch listed by `stateops inspect`"
+        )
+    keep = set(_restart_set(cp, to_batch, "roll back to a later batch, or restore an older backup"))
+    delete: dict[str, str] = {}
+    for b in [*cp.commits, *cp.offsets]:
+        for log in ("commits", "offsets"):
+            if b > to_batch and f"{log}/{b}" in cp.sizes:
+                delete[f"{log}/{b}"] = "after-rollback-point"
+    offsets = cp.offsets[to_batch].source_offsets
+    for name, log in cp.sources.items():
+        offset = offsets[int(name)] if name.isdigit() and int(name) < len(offsets) else None
+        upper = int(offset["logOffset"]) if isinstance(offset, dict) and "logOffset" in offset \
+            else to_batch  # fmt: skip
+        for i, rel in log.items():
+            if i > upper:
+                delete[rel] = "after-rollback-point"
+    for op in cp.operators:
+        for b, rel in op.metadata_files.items():
+            if b is not None and b > to_batch:
+                delete[rel] = "after-rollback-point"
+        for rel, written_by in op.schema_files.items():
+            if written_by > to_batch and rel not in keep:
+                delete[rel] = "after-rollback-point"
+        for store in op.stores:
+            for v in store.versions:
+                if v > to_batch + 1:
+                    for f in (store.snapshots.get(v), store.deltas.get(v)):
+                        if f:
+                            delete[f] = "after-rollback-point"
+    return _plan(cp, "rollback", delete, keep, to_batch=to_batch)
+
+
+def execute_plan(
+    plan: dict[str, Any], progress: Callable[[str], None] = print, every_seconds: float = 5.0
+) -> dict[str, int]:
+    """Delete the plan's files in its order; a file already gone was deleted by a killed run."""
+    root = Path(plan["checkpoint"])
+    deleted = {"files": 0, "bytes": 0}
+    last_log = time.time()
+    for f in plan["files"]:
+        (root / f["path"]).unlink(missing_ok=True)
+        deleted["files"] += 1
+        deleted["bytes"] += f["bytes"]
+        if time.time() - last_log > every_seconds:
+            progress(f"  deleted {deleted['files']}/{len(plan['files'])} files")
+            last_log = time.time()
+    return deleted
+
+
+def audit_plan(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> None:
+    append_audit(
+        plan["checkpoint"], plan["operation"], run_id=run_id, result=result,
+        batch_before=plan["last_committed_batch"],
+        batch_after=plan.get("to_batch", plan["last_committed_batch"]),
+        deleted_files=plan["delete"]["files"], deleted_bytes=plan["delete"]["bytes"], **details,
+    )  # fmt: skip
+
+
+def new_run_id(operation: str) -> str:
+    return f"{operation[0]}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
+    """The plan for a person: what goes, grouped, and what is kept and why."""
+    lines = [f"{plan['operation']} plan for {plan['checkpoint']}"]
+    if plan["operation"] == "cleanup":
+        first, last = plan["retained"]
+        lines.append(
+            f"  keep restarts after batches {first}..{last} (last committed "
+            f"{plan['last_committed_batch']}): {plan['keep']['needed_by_restarts']} files needed"
+        )
+        groups: dict[tuple, list[dict]] = {}
+        for g in plan["groups"]:
+            groups.setdefault((g["operator"], g["store"], g["action"]), []).append(g)
+        for (op, store, action), gs in sorted(groups.items()):
+            versions = f"{min(g['versions'][0] for g in gs)}..{max(g['versions'][1] for g in gs)}"
+            why = (
+                "a retained restart loads them"
+                if action == "keep"
+                else "no retained batch needs them"
+            )
+            lines.append(
+                f"  operator {op} store {store}: {action} {len(gs)} snapshot groups "
+                f"(versions {versions}, {sum(g['files'] for g in gs)} files, "
+                f"{format_bytes(sum(g['bytes'] for g in gs))}): {why}"
+            )
+    else:
+        lines.append(
+            f"  batch {plan['to_batch']} becomes the last committed batch "
+            f"(now {plan['last_committed_batch']}); everything after it goes"
+        )
+        sink = plan.get("sink")
+        if sink:
+            lines.append(
+                f"  sink {sink['path']}: move {len(sink['folders'])} batch folders and "
+                f"{len(sink['data_files'])} data files aside (_rolled_back/), drop "
+                f"{len(sink['log_entries'])} _spark_metadata entries"
+            )
+        if not plan.get("backup_first"):
+            warning = "WARNING: no backup is taken first (--no-backup)"
+            lines.append(f"  \033[31m{warning}\033[0m" if sys.stdout.isatty() else f"  {warning}")
+    for why, entry in plan["by_category"].items():
+        lines.append(
+            f"  delete {entry['files']} files, {format_bytes(entry['bytes'])}: {CATEGORIES[why]}"
+        )
+    verb = "would delete" if dry_run else "deletes"
+    lines.append(
+        f"  {verb} {plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}; "
+        f"keeps {plan['keep']['files']} files, {format_bytes(plan['keep']['bytes'])}"
+    )
+    return "\n".join(lines)
+
+
+def checkpoint_lock(
+    checkpoint: str | os.PathLike[str], registry: Any, operation: str, run_id: str
+) -> QueryLock:
+    """The lifecycle lock of the query that owns ``checkpoint`` (a running query holds it);
+    an unregistered checkpoint gets a lock beside its audit log."""
+    owner = registry.owner_of(checkpoint) if registry is not None else None
+    if owner is not None:
+        return QueryLock(registry.lock_path(owner.name), owner.name, operation, run_id)
+    path = audit_dir(checkpoint) / "lifecycle.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return QueryLock(path, str(checkpoint), operation, run_id)
+
+
+def run_cleanup(
+    checkpoint: str | os.PathLike[str],
+    retain_batches: int,
+    lock: QueryLock,
+    *,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Plan, print the plan, and (unless a dry run) delete under the query's lock."""
+    if dry_run:
+        plan = plan_cleanup(checkpoint, retain_batches)
+        log(format_plan(plan, dry_run=True))
+        return plan
+    with lock:
+        started = time.time()
+        plan = plan_cleanup(checkpoint, retain_batches)
+        log(format_plan(plan, dry_run=False))
+        execute_plan(plan, log)
+        seconds = round(time.time() - started, 1)
+        audit_plan(plan, lock.run_id, "succeeded", retained=plan["retained"], seconds=seconds)
+    log(
+        f"cleanup {lock.run_id}: deleted {plan['delete']['files']} files, "
+        f"{format_bytes(plan['delete']['bytes'])}; kept {plan['keep']['files']} files, "
+        f"{format_bytes(plan['keep']['bytes'])}; {seconds} s"
+    )
+    return plan
+
+
+def plan_sink_rollback(sink: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
+    """What makes a sink consistent with a rollback to ``to_batch``.
+
+    A per-batch sink (``batch_id=K`` folders, the registered queries' ``foreachBatch``) moves
+    the folders of later batches aside. Spark's file sink drops its ``_spark_metadata``
+    entries after ``to_batch`` and moves the data files only they name aside. Moved aside is
+    ``<sink>/_rolled_back/<run id>/``: readers skip ``_`` folders, and nothing is lost.
+    """
+    root = Path(sink)
+    folders = sorted(
+        p.name for p in root.glob("batch_id=*") if int(p.name.split("=", 1)[1]) > to_batch
+    )
+    log_dir = root / "_spark_metadata"
+    entries = {}
+    if log_dir.is_dir():
+        for p in log_dir.iterdir():
+            m = re.fullmatch(r"(\d+)(\.compact)?", p.name)
+            if m:
+                entries[int(m.group(1))] = p.name
+    later = sorted((b for b in entries if b > to_batch), reverse=True)
+    data_files: list[str] = []
+    if later:
+        compacts = [b for b in entries if b <= to_batch and entries[b].endswith(".compact")]
+        start = max(compacts) if compacts else 0
+        kept = [entries.get(b) for b in range(start, to_batch + 1)]
+        if None in kept:
+            raise StateOpsError(
+                f"{log_dir}: compacted after batch {to_batch} and the entries before it are gone; "
+                "the file sink cannot be rolled back to that batch"
+            )
+        named_later = {p for b in later for p in _sink_log_paths(log_dir / entries[b])}
+        named_kept = {p for name in kept for p in _sink_log_paths(log_dir / name)}
+        data_files = sorted(named_later - named_kept)
+    return {
+        "path": str(root),
+        "folders": folders,
+        "log_entries": [entries[b] for b in later],
+        "data_files": data_files,
+    }
+
+
+def _sink_log_paths(path: Path) -> list[str]:
+    paths = []
+    for line in path.read_text(encoding="utf-8").split("\n")[1:]:
+        if line.strip():
+            paths.append(json.loads(line)["path"])
+    return paths
+
+
+def _execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
+    root = Path(sink["path"])
+    aside = root / "_rolled_back" / run_id
+    for name in sink["folders"]:
+        aside.mkdir(parents=True, exist_ok=True)
+        if (root / name).exists():
+            (root / name).rename(aside / name)
+    for name in sink["log_entries"]:  # newest first, like the checkpoint's logs
+        (root / "_spark_metadata" / name).unlink(missing_ok=True)
+    for uri in sink["data_files"]:
+        src = Path(uri.removeprefix("file:"))
+        if src.exists():
+            dest = aside / src.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            src.rename(dest)
+
+
+def run_rollback(
+    checkpoint: str | os.PathLike[str],
+    to_batch: int,
+    lock: QueryLock,
+    *,
+    sink: str | os.PathLike[str] | None = None,
+    backup: Callable[[], str] | None = None,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Make ``to_batch`` the last committed batch: backup (``backup()`` returns its id),
+    marker, checkpoint deletions, sink, audit, marker removed. A rerun after a kill resumes."""
+
+    def plan_all() -> dict[str, Any]:
+        plan = plan_rollback(checkpoint, to_batch)
+        plan["sink"] = plan_sink_rollback(sink, to_batch) if sink else None
+        plan["backup_first"] = backup is not None
+        return plan
+
+    if dry_run:
+        plan = plan_all()
+        log(format_plan(plan, dry_run=True))
+        return plan
+    with lock:
+        started = time.time()
+        plan = plan_all()
+        log(format_plan(plan, dry_run=False))
+        marker = rollback_marker(checkpoint)
+        pending = refuse_pending_rollback(checkpoint, to_batch)
+        if pending:
+            run_id, backup_id = pending["run_id"], pending.get("backup_id")
+            log(f"resuming the interrupted rollback {run_id}")
+        else:
+            run_id, backup_id = lock.run_id, backup() if backup else None
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            tmp = marker.with_name(marker.name + ".tmp")
+            tmp.write_text(json.dumps({"to_batch": to_batch, "run_id": run_id,
+                                       "backup_id": backup_id}), encoding="utf-8")  # fmt: skip
+            os.replace(tmp, marker)
+        execute_plan(plan, log)
+        if plan["sink"]:
+            _execute_sink_plan(plan["sink"], run_id)
+        seconds = round(time.time() - started, 1)
+        audit_plan(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
+        marker.unlink()
+    log(
+        f"rollback {run_id}: batch {to_batch} is the last committed batch; deleted "
+        f"{plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}"
+        + (f"; backup {backup_id}" if backup_id else "; no backup")
+        + f"; {seconds} s"
+    )
+    return plan
