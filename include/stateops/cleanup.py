@@ -250,7 +250,8 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
         for rel, written_by in op.schema_files.items():
             if written_by < oldest and rel not in keep:
                 delete[rel] = "old-log"
-    return _plan(cp, "cleanup", delete, keep, retained=[retained[0], retained[-1]], groups=groups)
+    return _plan(cp, "cleanup", delete, keep, retain_batches=retain_batches,
+                 retained=[retained[0], retained[-1]], groups=groups)  # fmt: skip
 
 
 def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
@@ -335,9 +336,11 @@ def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
     lines = [f"{plan['operation']} plan for {plan['checkpoint']}"]
     if plan["operation"] == "cleanup":
         first, last = plan["retained"]
+        fewer = last - first + 1 < plan["retain_batches"]
         lines.append(
-            f"  keep restarts after batches {first}..{last} (last committed "
-            f"{plan['last_committed_batch']}): {plan['keep']['needed_by_restarts']} files needed"
+            f"  keep restarts after batches {first}..{last}"
+            + (f" (only {last - first + 1} committed batches are left)" if fewer else "")
+            + f": {plan['keep']['needed_by_restarts']} files needed"
         )
         groups: dict[tuple, list[dict]] = {}
         for g in plan["groups"]:
