@@ -210,11 +210,19 @@ class Backups(_Model):
         return f"{self.url.rstrip('/')}/{query}"
 
 
+class Cleanup(_Model):
+    """Scheduled snapshot-group cleanup (DAG stream_snapshot_cleanup)."""
+
+    schedule: str = "@daily"
+    retain_batches: int = Field(10, ge=1)
+
+
 class Registry(_Model):
     path: Path
     data_dir: Path
     queries: dict[str, Query]
     backups: Backups = Backups()
+    cleanup: Cleanup = Cleanup()
 
     @property
     def state_dir(self) -> Path:
@@ -265,7 +273,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         raise RegistryError(f"{path}: not valid YAML ({err})") from err
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
-    unknown = set(raw) - {"data_dir", "queries", "backups"}
+    unknown = set(raw) - {"data_dir", "queries", "backups", "cleanup"}
     if unknown:
         raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     raw_data_dir = raw.get("data_dir", "data")
@@ -289,13 +297,15 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             message = str(first["msg"]).removeprefix("Value error, ")
             raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
         queries[name] = _resolve_paths(query, data_dir)
-    try:
-        backups = Backups.model_validate(raw.get("backups") or {})
-    except ValidationError as err:
-        first = err.errors()[0]
-        field_path = ".".join(str(p) for p in first["loc"])
-        raise RegistryError(f"{path}: backups.{field_path}: {first['msg']}") from None
-    return Registry(path=path, data_dir=data_dir, queries=queries, backups=backups)
+    sections = {}
+    for section, model in (("backups", Backups), ("cleanup", Cleanup)):
+        try:
+            sections[section] = model.model_validate(raw.get(section) or {})
+        except ValidationError as err:
+            first = err.errors()[0]
+            field_path = ".".join(str(p) for p in first["loc"])
+            raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
+    return Registry(path=path, data_dir=data_dir, queries=queries, **sections)
 
 
 def _resolve_paths(query: Query, data_dir: Path) -> Query:

@@ -176,6 +176,23 @@ def backup_query(query: str) -> dict[str, Any]:
     return {k: v for k, v in manifest.items() if k != "files"} | {"retention": retention}
 
 
+def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
+    """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
+    plan first, then the deletions under the query's lock (a running query holds it)."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from stateops.cleanup import checkpoint_lock, run_cleanup
+    from stateops.runner import checkpoint_state
+
+    registry = load_registry()
+    checkpoint = registry.query(query).checkpoint
+    if checkpoint_state(checkpoint)[0] is None:
+        raise AirflowSkipException(f"{query}: {checkpoint} has no committed batch yet")
+    lock = checkpoint_lock(checkpoint, registry, "cleanup", run_id)
+    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock, log=print)
+    return {k: v for k, v in plan.items() if k not in ("files", "groups")}
+
+
 def plan_restore(query: str, backup_id: str, target: str) -> dict[str, Any]:
     """Which backup a restore of ``query`` would use (``latest`` resolves), and where to."""
     from stateops.backup import list_backups

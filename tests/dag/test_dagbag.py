@@ -72,6 +72,13 @@ def test_stream_checkpoint_backup_backs_up_each_query_on_the_registry_schedule(d
     assert dag.schedule == "@daily"  # from the registry
 
 
+def test_stream_snapshot_cleanup_cleans_each_query_on_the_registry_schedule(dagbag):
+    dag = dagbag.dags["stream_snapshot_cleanup"]
+    assert {t.task_id for t in dag.tasks} == {"cleanup_user_sessions", "cleanup_page_visits"}
+    assert dag.max_active_runs == 1 and not dag.catchup
+    assert dag.schedule == "@daily"  # from the registry
+
+
 def test_stream_restore_form_and_order(dagbag):
     dag = dagbag.dags["stream_restore"]
     assert dag.schedule is None

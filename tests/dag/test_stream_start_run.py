@@ -9,6 +9,7 @@ import subprocess
 import pytest
 import yaml
 
+from stateops.audit import read_audit
 from stateops.backup import list_backups
 from stateops.checkpoint import load_checkpoint
 from stateops.registry import load_registry
@@ -121,3 +122,26 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(tmp_
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     assert load_checkpoint(target).last_committed_batch == last
     assert f"restoring {backups[0]['backup_id']}" in run.stdout + run.stderr
+
+
+def test_airflow_dags_test_stream_snapshot_cleanup(tmp_path):
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["cleanup"] = {"retain_batches": 2}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    registry = load_registry(path)
+    land(tmp_path / "landing", round_=0, files=5)
+    proc = spark_submit_run_query(path, "page_visits")  # user_sessions never ran: skipped
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    checkpoint = registry.query("page_visits").checkpoint
+    before = load_checkpoint(checkpoint)
+    assert _airflow(tmp_path, "db", "migrate").returncode == 0
+    run = _airflow(tmp_path, "dags", "test", "stream_snapshot_cleanup")
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    after = load_checkpoint(checkpoint)
+    assert len(after.sizes) < len(before.sizes)
+    assert sorted(after.commits) == sorted(before.commits)[-2:]
+    assert "cleanup plan for" in log and "snapshot groups" in log  # the plan, then the result
+    assert "has no committed batch yet" in log  # user_sessions
+    assert read_audit(checkpoint)[-1]["operation"] == "cleanup"

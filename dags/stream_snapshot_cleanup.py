@@ -1,0 +1,48 @@
+"""
+### stream_snapshot_cleanup
+
+Cleans every registered query's checkpoint on the registry's `cleanup.schedule`, keeping what
+restarts after each of the last `cleanup.retain_batches` committed batches need (so rollback
+and backfill can go back that far, and no further). It deletes snapshot groups no retained
+restart loads, state versions beyond the last committed batch + 1, RocksDB SST files no kept
+`N.zip` refers to, old offsets/commits/source-log/operator-metadata entries, temp files and the
+`.crc` sidecars of what it deletes. The log shows the plan first (what goes and what is kept,
+per snapshot group), then one result line. Each run leaves an audit record beside the
+checkpoint (`stateops audit QUERY`).
+
+It takes the query's lifecycle lock: while the query runs (or another lifecycle operation
+holds the lock) the task fails with the holder's name and retries later. A killed cleanup is
+finished by the next run. By hand: `stateops cleanup QUERY --retain-batches K --dry-run`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import dag, get_current_context, task
+
+from stateops.registry import load_registry
+from stateops_airflow.tasks import LIFECYCLE_DAG, cleanup_query, registered_queries
+
+REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query
+
+
+@dag(
+    dag_id="stream_snapshot_cleanup",
+    schedule=REGISTRY.cleanup.schedule,
+    **LIFECYCLE_DAG,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},
+    tags=["stateops", "streaming", "cleanup"],
+    doc_md=__doc__,
+)
+def stream_snapshot_cleanup() -> None:
+    for query in registered_queries(registry=REGISTRY):
+
+        @task(task_id=f"cleanup_{query}")
+        def cleanup(query: str = query) -> dict:
+            return cleanup_query(query, run_id=get_current_context()["run_id"])
+
+        cleanup()
+
+
+stream_snapshot_cleanup()
