@@ -54,22 +54,38 @@ def test_release_only_removes_own_lock_and_force_release_removes_any(tmp_path):
     holder.release()
 
 
-def _try_acquire(path, results):
+def _try_acquire(path, results, done=None):
     try:
         QueryLock(path, "q", "race").acquire()
         results.put("won")
     except LockHeldError:
         results.put("lost")
+    if done is not None:
+        done.wait(30)  # the winner stays alive (a dead holder's lock is free) until all tried
 
 
 def test_exactly_one_of_many_processes_wins(tmp_path):
     path = tmp_path / "q.lock"
-    results = multiprocessing.Queue()
-    procs = [multiprocessing.Process(target=_try_acquire, args=(path, results)) for _ in range(8)]
+    results, done = multiprocessing.Queue(), multiprocessing.Event()
+    procs = [
+        multiprocessing.Process(target=_try_acquire, args=(path, results, done)) for _ in range(8)
+    ]
     for p in procs:
         p.start()
+    outcomes = sorted(results.get(timeout=30) for _ in procs)
+    done.set()
     for p in procs:
         p.join(30)
-    outcomes = sorted(results.get(timeout=5) for _ in procs)
     assert outcomes.count("won") == 1, outcomes
     assert json.loads(path.read_text())["operation"] == "race"
+
+
+def test_a_lock_whose_holder_process_died_is_taken_at_once(tmp_path):
+    path = tmp_path / "q.lock"
+    holder = multiprocessing.Process(target=_try_acquire, args=(path, multiprocessing.Queue()))
+    holder.start()
+    holder.join(30)  # it took the lock and exited without releasing it (as kill -9 would)
+    held = read_lock(path)
+    assert held is not None and not held.expired
+    with QueryLock(path, "q", "cleanup") as lock:
+        assert read_lock(path).token == lock.token
