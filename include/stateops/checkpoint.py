@@ -35,6 +35,7 @@ from stateops.errors import CheckpointError, NotACheckpointError
 __all__ = [
     "Checkpoint",
     "copy_restart_set",
+    "crc_sidecar",
     "hadoop_crc",
     "OffsetEntry",
     "OperatorState",
@@ -294,7 +295,7 @@ class Checkpoint:
                         needed += self.rocksdb_zip_references(store, rel)
         missing += [f for f in needed if f not in self.sizes]
         present = {f for f in needed if f in self.sizes}
-        present |= {_crc_sidecar(f) for f in present if _crc_sidecar(f) in self.sizes}
+        present |= {crc_sidecar(f) for f in present if crc_sidecar(f) in self.sizes}
         return sorted(present), sorted(set(missing))
 
     def _source_log_files(self, batch: int, missing: list[str]) -> list[str]:
@@ -408,7 +409,7 @@ def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> 
         ]
     data = (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
     path.write_bytes(data)
-    crc = root / _crc_sidecar(rel)
+    crc = root / crc_sidecar(rel)
     if crc.exists():
         crc.write_bytes(hadoop_crc(data))
 
@@ -480,7 +481,7 @@ def _walk(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
     return sizes, dirs
 
 
-def _crc_sidecar(rel: str) -> str:
+def crc_sidecar(rel: str) -> str:
     parent, _, name = rel.rpartition("/")
     return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from stateops.audit import append_audit, audit_dir
-from stateops.checkpoint import Checkpoint, load_checkpoint
+from stateops.checkpoint import Checkpoint, crc_sidecar, load_checkpoint
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.lock import QueryLock
 from stateops.report import format_bytes
@@ -62,6 +62,7 @@ CATEGORIES = {
     "unreferenced-sst": "RocksDB files no kept N.zip refers to",
     "crc": "checksum sidecars of deleted files",
 }
+_RANK = {why: i for i, why in enumerate(CATEGORIES)}
 _NUMBER = re.compile(r"^(\d+)")
 
 
@@ -143,16 +144,17 @@ def _finish(cp: Checkpoint, delete: dict[str, str], keep: set[str]) -> None:
     for rel in _sst_files(cp):
         if rel not in refs and rel not in delete:
             delete[rel] = "unreferenced-sst"
-    for rel in cp.sizes:
+    for rel in cp.sizes:  # one pass: temp files, and sidecars whose file is gone
         name = rel.rpartition("/")[2]
-        if name.endswith(".tmp") or (name.endswith(".tmp.crc") and name.startswith(".")):
+        if name.endswith((".tmp", ".tmp.crc")):
             delete.setdefault(rel, "temp")
-    for rel in cp.sizes:
-        parent, _, name = rel.rpartition("/")
-        if name.startswith(".") and name.endswith(".crc") and rel not in delete:
-            main = f"{parent}/{name[1:-4]}" if parent else name[1:-4]
-            if main in delete or main not in cp.sizes:
-                delete[rel] = "crc"
+        elif name.startswith(".") and name.endswith(".crc"):
+            if rel[: len(rel) - len(name)] + name[1:-4] not in cp.sizes:
+                delete.setdefault(rel, "crc")
+    for rel in [r for r, why in delete.items() if why != "crc"]:
+        sidecar = crc_sidecar(rel)
+        if sidecar in cp.sizes:
+            delete.setdefault(sidecar, "crc")
     unsafe = sorted(set(delete) & keep)
     if unsafe:  # a bug, never an input: refuse rather than delete a needed file
         raise AssertionError(f"plan would delete files a kept restart needs: {unsafe[:5]}")
@@ -165,15 +167,16 @@ def _plan(cp: Checkpoint, operation: str, delete: dict[str, str], keep: set[str]
         entry = summary.setdefault(why, {"files": 0, "bytes": 0})
         entry["files"] += 1
         entry["bytes"] += cp.sizes[rel]
+    deleted = sum(entry["bytes"] for entry in summary.values())
     return {
         "operation": operation,
         "checkpoint": str(cp.root),
         "last_committed_batch": cp.last_committed_batch,
         **extra,
-        "delete": {"files": len(delete), "bytes": sum(cp.sizes[r] for r in delete)},
+        "delete": {"files": len(delete), "bytes": deleted},
         "keep": {
             "files": len(cp.sizes) - len(delete),
-            "bytes": cp.total_bytes - sum(cp.sizes[r] for r in delete),
+            "bytes": cp.total_bytes - deleted,
             "needed_by_restarts": len(keep),
         },
         "by_category": {k: summary[k] for k in CATEGORIES if k in summary},
@@ -188,7 +191,7 @@ def _order(item: tuple[str, str]) -> tuple:
     """Old entries oldest first (never a gap); a rollback's and orphans newest first, commits
     before offsets before the rest, so the last committed batch only ever moves down."""
     rel, why = item
-    rank = list(CATEGORIES).index(why)
+    rank = _RANK[why]
     if why in ("after-rollback-point", "orphan-version"):
         log = 0 if rel.startswith("commits/") else 1 if rel.startswith("offsets/") else 2
         return (rank, log, -_number(rel), rel)
