@@ -94,6 +94,10 @@ class StoreState:
     def versions(self) -> list[int]:
         return sorted(set(self.deltas) | set(self.snapshots))
 
+    def version_files(self, version: int) -> list[str]:
+        """The files of one version: its snapshot and/or its delta (changelog)."""
+        return [f for f in (self.snapshots.get(version), self.deltas.get(version)) if f]
+
     def load_chain(self, version: int) -> tuple[list[str], list[str]]:
         """Files that load ``version`` (base snapshot first), and the names of missing ones."""
         if version == 0:
@@ -235,20 +239,28 @@ class Checkpoint:
                     entries.append({"path": entry["path"], "timestamp": entry.get("timestamp")})
         return entries
 
+    def file_log_offset(self, batch: int, source: int) -> int | None:
+        """The ``logOffset`` of file source ``source`` in ``offsets/<batch>``; None for other
+        sources (rate, Kafka), whose logs are keyed by batch id."""
+        offsets = self.offsets[batch].source_offsets
+        offset = offsets[source] if source < len(offsets) else None
+        if isinstance(offset, dict) and "logOffset" in offset:
+            return int(offset["logOffset"])
+        return None
+
     def _log_offset(self, batch: int, source: int) -> int:
         if batch not in self.offsets:
             raise CheckpointError(
                 f"{self.root}: offsets/{batch} is gone: where batch {batch + 1}'s input starts "
                 "is unknown"
             )
-        offsets = self.offsets[batch].source_offsets
-        offset = offsets[source] if source < len(offsets) else None
-        if not (isinstance(offset, dict) and "logOffset" in offset):
+        offset = self.file_log_offset(batch, source)
+        if offset is None:
             raise CheckpointError(
                 f"{self.root}: source {source} is not a file source; only file sources log "
                 "the files of each batch"
             )
-        return int(offset["logOffset"])
+        return offset
 
     def restart_files(self, batch: int) -> list[str]:
         """The exact files (relative paths, sorted) a restart after committed ``batch`` needs.
@@ -300,18 +312,14 @@ class Checkpoint:
 
     def _source_log_files(self, batch: int, missing: list[str]) -> list[str]:
         files = []
-        source_offsets = self.offsets[batch].source_offsets
         for name, log in sorted(self.sources.items()):
-            offset = None
-            if name.isdigit() and int(name) < len(source_offsets):
-                offset = source_offsets[int(name)]
-            if not (isinstance(offset, dict) and "logOffset" in offset):
+            upper = self.file_log_offset(batch, int(name)) if name.isdigit() else None
+            if upper is None:
                 # Other sources (rate, Kafka) log their initial offsets: keep what is there.
                 files += [rel for i, rel in sorted(log.items()) if i <= batch]
                 continue
             # A file source's log is keyed by its own logOffset, not by batch id, and a restart
             # reads its latest compaction plus every entry after it.
-            upper = int(offset["logOffset"])
             compacts = [i for i, rel in log.items() if i <= upper and rel.endswith(".compact")]
             for i in range(max(compacts) if compacts else 0, upper + 1):
                 if i in log:

@@ -224,9 +224,8 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
                 for v in g.versions:
                     why = "orphan-version" if v > last + 1 else None
                     why = why or ("snapshot-group" if action == "delete" else None)
-                    for f in (store.snapshots.get(v), store.deltas.get(v)):
-                        if f and why:
-                            delete[f] = why
+                    if why:
+                        delete.update(dict.fromkeys(store.version_files(v), why))
                 groups.append({
                     "operator": op.operator_id, "partition": store.partition,
                     "store": store.store_name, "base": g.snapshot_version,
@@ -234,13 +233,12 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
                     "bytes": g.bytes, "action": action,
                 })  # fmt: skip
     oldest = retained[0]
+    # A restart after batch N reads offsets N and N - 1, and commits N.
     for log, batches, below in (
         ("offsets", cp.offsets, oldest - 1),
         ("commits", cp.commits, oldest),
     ):
-        for b in batches:
-            if b < below:
-                delete[f"{log}/{b}"] = "old-log"
+        delete.update({f"{log}/{b}": "old-log" for b in batches if b < below})
     for log in cp.sources.values():
         kept = [i for i, rel in log.items() if rel in keep]
         for i, rel in log.items():
@@ -276,15 +274,11 @@ def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str
         )
     keep = set(_restart_set(cp, to_batch, "roll back to a later batch, or restore an older backup"))
     delete: dict[str, str] = {}
-    for b in [*cp.commits, *cp.offsets]:
-        for log in ("commits", "offsets"):
-            if b > to_batch and f"{log}/{b}" in cp.sizes:
-                delete[f"{log}/{b}"] = "after-rollback-point"
-    offsets = cp.offsets[to_batch].source_offsets
+    for log, batches in (("commits", cp.commits), ("offsets", cp.offsets)):
+        delete.update({f"{log}/{b}": "after-rollback-point" for b in batches if b > to_batch})
     for name, log in cp.sources.items():
-        offset = offsets[int(name)] if name.isdigit() and int(name) < len(offsets) else None
-        upper = int(offset["logOffset"]) if isinstance(offset, dict) and "logOffset" in offset \
-            else to_batch  # fmt: skip
+        upper = cp.file_log_offset(to_batch, int(name)) if name.isdigit() else None
+        upper = to_batch if upper is None else upper  # other sources' logs go by batch id
         for i, rel in log.items():
             if i > upper:
                 delete[rel] = "after-rollback-point"
@@ -298,9 +292,7 @@ def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str
         for store in op.stores:
             for v in store.versions:
                 if v > to_batch + 1:
-                    for f in (store.snapshots.get(v), store.deltas.get(v)):
-                        if f:
-                            delete[f] = "after-rollback-point"
+                    delete.update(dict.fromkeys(store.version_files(v), "after-rollback-point"))
     return _plan(cp, "rollback", delete, keep, to_batch=to_batch)
 
 
