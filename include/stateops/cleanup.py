@@ -38,11 +38,13 @@ from stateops.audit import append_audit, audit_dir
 from stateops.checkpoint import Checkpoint, crc_sidecar, load_checkpoint
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.lock import QueryLock
+from stateops.registry import Registry
 from stateops.report import format_bytes
 
 __all__ = [
     "checkpoint_lock",
     "format_plan",
+    "new_run_id",
     "plan_cleanup",
     "plan_rollback",
     "plan_sink_rollback",
@@ -117,10 +119,10 @@ def _number(rel: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _sst_files(cp: Checkpoint) -> dict[str, Any]:
-    """RocksDB SST/log files of every store, by path, with the store they belong to."""
+def _sst_files(cp: Checkpoint) -> set[str]:
+    """RocksDB SST/log files of every store."""
     return {
-        rel: store
+        rel
         for op in cp.operators
         for store in op.stores
         for rel in store.other_files
@@ -258,7 +260,7 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
 def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
     """What a rollback to committed batch ``to_batch`` deletes (it becomes the last one)."""
     cp = load_checkpoint(checkpoint)
-    refuse_pending_rollback(cp.root, to_batch)
+    pending = refuse_pending_rollback(cp.root, to_batch)
     _refuse_gaps(cp)
     last = cp.last_committed_batch
     if cp.commits and to_batch < min(cp.commits):
@@ -293,27 +295,23 @@ def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str
             for v in store.versions:
                 if v > to_batch + 1:
                     delete.update(dict.fromkeys(store.version_files(v), "after-rollback-point"))
-    return _plan(cp, "rollback", delete, keep, to_batch=to_batch)
+    return _plan(cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending)
 
 
 def execute_plan(
     plan: dict[str, Any], progress: Callable[[str], None] = print, every_seconds: float = 5.0
-) -> dict[str, int]:
+) -> None:
     """Delete the plan's files in its order; a file already gone was deleted by a killed run."""
     root = Path(plan["checkpoint"])
-    deleted = {"files": 0, "bytes": 0}
     last_log = time.time()
-    for f in plan["files"]:
+    for i, f in enumerate(plan["files"], 1):
         (root / f["path"]).unlink(missing_ok=True)
-        deleted["files"] += 1
-        deleted["bytes"] += f["bytes"]
         if time.time() - last_log > every_seconds:
-            progress(f"  deleted {deleted['files']}/{len(plan['files'])} files")
+            progress(f"  deleted {i}/{len(plan['files'])} files")
             last_log = time.time()
-    return deleted
 
 
-def audit_plan(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> None:
+def _audit(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> None:
     append_audit(
         plan["checkpoint"], plan["operation"], run_id=run_id, result=result,
         batch_before=plan["last_committed_batch"],
@@ -380,7 +378,7 @@ def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
 
 
 def checkpoint_lock(
-    checkpoint: str | os.PathLike[str], registry: Any, operation: str, run_id: str
+    checkpoint: str | os.PathLike[str], registry: Registry | None, operation: str, run_id: str
 ) -> QueryLock:
     """The lifecycle lock of the query that owns ``checkpoint`` (a running query holds it);
     an unregistered checkpoint gets a lock beside its audit log."""
@@ -411,7 +409,7 @@ def run_cleanup(
         log(format_plan(plan, dry_run=False))
         execute_plan(plan, log)
         seconds = round(time.time() - started, 1)
-        audit_plan(plan, lock.run_id, "succeeded", retained=plan["retained"], seconds=seconds)
+        _audit(plan, lock.run_id, "succeeded", retained=plan["retained"], seconds=seconds)
     log(
         f"cleanup {lock.run_id}: deleted {plan['delete']['files']} files, "
         f"{format_bytes(plan['delete']['bytes'])}; kept {plan['keep']['files']} files, "
@@ -514,8 +512,7 @@ def run_rollback(
         plan = plan_all()
         log(format_plan(plan, dry_run=False))
         marker = rollback_marker(checkpoint)
-        pending = refuse_pending_rollback(checkpoint, to_batch)
-        if pending:
+        if pending := plan["resumes"]:  # an interrupted run already backed up and marked
             run_id, backup_id = pending["run_id"], pending.get("backup_id")
             log(f"resuming the interrupted rollback {run_id}")
         else:
@@ -529,7 +526,7 @@ def run_rollback(
         if plan["sink"]:
             _execute_sink_plan(plan["sink"], run_id)
         seconds = round(time.time() - started, 1)
-        audit_plan(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
+        _audit(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
         marker.unlink()
     log(
         f"rollback {run_id}: batch {to_batch} is the last committed batch; deleted "
