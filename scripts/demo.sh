@@ -10,9 +10,12 @@ DATA="${STATEOPS_DATA_DIR:-$STATEOPS_HOME/data}"
 export STATEOPS_DATA_DIR="$DATA"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-logged() {  # logged NAME COMMAND...: output to $DATA/NAME.log; on failure, its tail
-  local log="$DATA/$1.log"; shift
-  "$@" > "$log" 2>&1 || { tail -20 "$log"; echo "failed; full log: $log" >&2; exit 1; }
+logged() {  # logged NAME COMMAND...: output to $DATA/NAME.log; on failure, its errors
+  local name="$1" log="$DATA/$1.log"; shift
+  if ! "$@" > "$log" 2>&1; then
+    { grep -E "error|Error" "$log" || tail -20 "$log"; } | tail -15
+    echo "$name failed; full log: $log" >&2; exit 1
+  fi
 }
 
 # The demo owns its data folder: it starts afresh, but never wipes a folder it did not create.
@@ -26,16 +29,13 @@ step "Registry"
 stateops queries
 
 step "Airflow metadata database (SQLite in $AIRFLOW_HOME)"
-airflow db migrate > "$DATA/airflow-db-migrate.log" 2>&1 || { tail -20 "$DATA/airflow-db-migrate.log"; exit 1; }
+logged airflow-db-migrate airflow db migrate
 echo "ready"
 
 run_dag() {
-  local log="$DATA/stream_start-$1.log"
-  echo "airflow dags test stream_start  (log: $log)"
-  if ! airflow dags test stream_start > "$log" 2>&1; then
-    grep -E "error|Error" "$log" | tail -15; echo "stream_start failed; full log: $log" >&2; exit 1
-  fi
-  grep -E "^(user_sessions|page_visits): " "$log" | sed 's/^/  /' || true
+  echo "airflow dags test stream_start  (log: $DATA/stream_start-$1.log)"
+  logged "stream_start-$1" airflow dags test stream_start
+  grep -E "^(user_sessions|page_visits): " "$DATA/stream_start-$1.log" | sed 's/^/  /' || true
 }
 
 step "Round 1: sample events land; page_visits is bootstrapped with pages users visited before"
@@ -43,9 +43,7 @@ stateops generate --round 0 --events 250 --files 4 --users 40 --initial-pages "$
 conf="{\"query\": \"page_visits\", \"initial_state\": \"$DATA/initial/page_visits.json\", \"dry_run\": false}"
 log="$DATA/stream_bootstrap.log"
 echo "airflow dags test stream_bootstrap --conf '$conf'  (log: $log)"
-if ! airflow dags test stream_bootstrap --conf "$conf" > "$log" 2>&1; then
-  grep -E "error|Error" "$log" | tail -15; echo "stream_bootstrap failed; full log: $log" >&2; exit 1
-fi
+logged stream_bootstrap airflow dags test stream_bootstrap --conf "$conf"
 grep -E "page_visits: bootstrap|^OK: " "$log" | sed 's/^.*\] //; s/^/  /' | sort -u || true
 grep -oE "(NOT )?PROVEN: .* input \([^)]*\)" "$log" | sed 's/^/  /' || true
 run_dag round1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,3 +185,20 @@ def last_committed(checkpoint: Path) -> int:
     batch = load_checkpoint(checkpoint).last_committed_batch
     assert batch is not None
     return batch
+
+
+@contextmanager
+def moved_away(checkpoint: Path):
+    """Nothing outside the copied set can be read while the copy runs.
+
+    A stopped query's state stores stay loaded in this JVM, and their maintenance thread may
+    still upload a snapshot to the old path meanwhile (a finished spark-submit job would not):
+    whatever it writes there is dropped when the original comes back.
+    """
+    moved = checkpoint.with_name(checkpoint.name + "-moved-away")
+    checkpoint.rename(moved)
+    try:
+        yield
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        moved.rename(checkpoint)

@@ -9,7 +9,6 @@ with the original query given the same further input.
 from __future__ import annotations
 
 import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tests.spark.harness import (
     Case,
     land,
     last_committed,
+    moved_away,
     read_sink,
     read_state,
 )
@@ -75,13 +75,13 @@ def story(request, spark, s3, tmp_path_factory) -> Story:
     # watermark queries plan no-data batches, so only the same input gives the same batch ids.
     earlier_batch = n - 2
     copy_restart_set(before, earlier_batch, earlier)
-    with _moved_away(original):
+    with moved_away(original):
         case.run(spark, root, earlier, root / "out-earlier")
 
     land(root / "landing", round_=1, files=3)
     case.run(spark, root, original, root / "out-original")
     original_state = read_state(spark, original, case.state_reads)
-    with _moved_away(original):
+    with moved_away(original):
         case.run(spark, root, copy, root / "out-copy")
         case.run(spark, root, restored, root / "out-restored")
 
@@ -104,23 +104,6 @@ def story(request, spark, s3, tmp_path_factory) -> Story:
         restored_out=read_sink(root / "out-restored"),
         restored_state=read_state(spark, restored, case.state_reads),
     )
-
-
-@contextmanager
-def _moved_away(checkpoint: Path):
-    """Nothing outside the copied set can be read while the copy runs.
-
-    A stopped query's state stores stay loaded in this JVM, and their maintenance thread may
-    still upload a snapshot to the old path meanwhile (a finished spark-submit job would not):
-    whatever it writes there is dropped when the original comes back.
-    """
-    moved = checkpoint.with_name(checkpoint.name + "-moved-away")
-    checkpoint.rename(moved)
-    try:
-        yield
-    finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
-        moved.rename(checkpoint)
 
 
 def test_model_sees_operators_stores_and_provider(story: Story):
