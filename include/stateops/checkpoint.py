@@ -179,6 +179,7 @@ class Checkpoint:
         self.commits = commits
         self.sources = sources
         self.operators = operators
+        self._zip_references: dict[str, list[str]] = {}
 
     @property
     def last_committed_batch(self) -> int | None:
@@ -342,9 +343,13 @@ class Checkpoint:
         return files + [rel] + sorted(_schema_file_refs(self.root, rel, op.operator_id))
 
     def rocksdb_zip_references(self, store: StoreState, zip_rel: str) -> list[str]:
+        """The SST and log files a RocksDB ``N.zip`` names (read once per checkpoint object:
+        the restart sets of many batches share their base snapshot)."""
+        if zip_rel in self._zip_references:
+            return self._zip_references[zip_rel]
         meta = read_rocksdb_zip_metadata(self.root / zip_rel)
         try:
-            return [
+            refs = [
                 f"{store.rel_dir}/SSTs/{f['dfsSstFileName']}" for f in meta.get("sstFiles", [])
             ] + [f"{store.rel_dir}/logs/{f['dfsLogFileName']}" for f in meta.get("logFiles", [])]
         except (KeyError, TypeError) as err:
@@ -352,6 +357,8 @@ class Checkpoint:
                 f"{self.root / zip_rel}: corrupt RocksDB snapshot metadata ({err!r}); "
                 "restore the checkpoint from a backup"
             ) from err
+        self._zip_references[zip_rel] = refs
+        return refs
 
 
 def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
