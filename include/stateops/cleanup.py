@@ -242,10 +242,9 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
     ):
         delete.update({f"{log}/{b}": "old-log" for b in batches if b < below})
     for log in cp.sources.values():
-        kept = [i for i, rel in log.items() if rel in keep]
-        for i, rel in log.items():
-            if kept and i < min(kept) and rel not in keep:
-                delete[rel] = "old-log"
+        first_kept = min((i for i, rel in log.items() if rel in keep), default=None)
+        if first_kept is not None:
+            delete.update({rel: "old-log" for i, rel in log.items() if i < first_kept})
     for op in cp.operators:
         for b, rel in op.metadata_files.items():
             if b is not None and b < oldest and rel not in keep:
