@@ -7,12 +7,13 @@ variable or Spark session is touched until a task runs.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from stateops.registry import Registry, load_registry, registry_path
 from stateops.verify import format_findings, verify_checkpoint
@@ -152,18 +153,23 @@ def airflow_s3_client(conn_id: str) -> Any:
     )
 
 
+def committed_checkpoint(registry: Registry, query: str) -> str:
+    """The query's checkpoint; skips the task while it has no committed batch. Only lists
+    ``commits/``: the operation that follows loads the checkpoint model itself."""
+    checkpoint = registry.query(query).checkpoint
+    commits = Path(checkpoint) / "commits"
+    if not (commits.is_dir() and any(name.isdigit() for name in os.listdir(commits))):
+        raise AirflowSkipException(f"{query}: {checkpoint} has no committed batch yet")
+    return checkpoint
+
+
 def backup_query(query: str) -> dict[str, Any]:
     """Back up the query's checkpoint to ``<backups.url>/<query>``, then apply retention."""
-    from airflow.sdk.exceptions import AirflowSkipException
-
     from stateops.backup import backup_checkpoint, prune_backups
-    from stateops.runner import checkpoint_state
 
     registry = load_registry()
     settings = registry.backups
-    checkpoint = registry.query(query).checkpoint
-    if checkpoint_state(checkpoint)[0] is None:
-        raise AirflowSkipException(f"{query}: {checkpoint} has no committed batch yet")
+    checkpoint = committed_checkpoint(registry, query)
     client = airflow_s3_client(settings.conn_id)
     url = settings.url_for(query)
     manifest = backup_checkpoint(checkpoint, url, client, log=print)
@@ -179,15 +185,10 @@ def backup_query(query: str) -> dict[str, Any]:
 def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
     plan first, then the deletions under the query's lock (a running query holds it)."""
-    from airflow.sdk.exceptions import AirflowSkipException
-
     from stateops.cleanup import checkpoint_lock, run_cleanup
-    from stateops.runner import checkpoint_state
 
     registry = load_registry()
-    checkpoint = registry.query(query).checkpoint
-    if checkpoint_state(checkpoint)[0] is None:
-        raise AirflowSkipException(f"{query}: {checkpoint} has no committed batch yet")
+    checkpoint = committed_checkpoint(registry, query)
     lock = checkpoint_lock(checkpoint, registry, "cleanup", run_id)
     plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock, log=print)
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
