@@ -384,9 +384,7 @@ def checkpoint_lock(
     owner = registry.owner_of(checkpoint) if registry is not None else None
     if owner is not None:
         return QueryLock(registry.lock_path(owner.name), owner.name, operation, run_id)
-    path = audit_dir(checkpoint) / "lifecycle.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return QueryLock(path, str(checkpoint), operation, run_id)
+    return QueryLock(audit_dir(checkpoint) / "lifecycle.lock", str(checkpoint), operation, run_id)
 
 
 def run_cleanup(
