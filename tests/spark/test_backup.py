@@ -186,13 +186,14 @@ def test_endpoint_down_mid_backup_leaves_no_backup_and_a_later_one_reuses_the_up
         server.start()
 
         assert list_backups("s3://backups/down", client) == []  # no manifest: no backup
-        # A store killed mid-write can keep a stub under the object's name: not reused.
-        stub = next(p for p in files if p.stat().st_size > 10)
-        sha = hashlib.sha256(stub.read_bytes()).hexdigest()
-        client.put_object(Bucket="backups", Key=f"down/objects/{sha}", Body=stub.read_bytes()[:10])
         listing = client.list_objects_v2(Bucket="backups", Prefix="down/objects/")["Contents"]
         there = {(o["Key"].rpartition("/")[2], o["Size"]) for o in listing}
         assert 5 <= len(there & needed) < len(needed)  # partly uploaded
+        # A store killed mid-write can keep a stub under the object's name: not reused.
+        stub, sha = next((p, s) for p in files if p.stat().st_size > 10 and (s := hashlib.sha256(
+            p.read_bytes()).hexdigest(), p.stat().st_size) not in there)  # fmt: skip
+        client.put_object(Bucket="backups", Key=f"down/objects/{sha}", Body=stub.read_bytes()[:10])
+        there.add((sha, 10))
         later = backup_checkpoint(ckpt, "s3://backups/down", client, log=lambda _: None)
         assert later["uploaded"]["objects"] == len(needed - there)  # only the rest
         assert later["reused"]["files"] >= 5
