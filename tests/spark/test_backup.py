@@ -166,7 +166,8 @@ def test_endpoint_down_mid_backup_leaves_no_backup_and_a_later_one_reuses_the_up
     _, ckpt = checkpoint
     cp = load_checkpoint(ckpt)
     files = [ckpt / rel for rel in cp.restart_files(cp.last_committed_batch)]
-    needed = {(hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size) for p in files}
+    digests = {p: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size) for p in files}
+    needed = set(digests.values())
     server = S3Server(tmp_path / "s3", free_port())
     server.start()
     try:
@@ -190,8 +191,8 @@ def test_endpoint_down_mid_backup_leaves_no_backup_and_a_later_one_reuses_the_up
         there = {(o["Key"].rpartition("/")[2], o["Size"]) for o in listing}
         assert 5 <= len(there & needed) < len(needed)  # partly uploaded
         # A store killed mid-write can keep a stub under the object's name: not reused.
-        stub, sha = next((p, s) for p in files if p.stat().st_size > 10 and (s := hashlib.sha256(
-            p.read_bytes()).hexdigest(), p.stat().st_size) not in there)  # fmt: skip
+        stub = next(p for p in files if digests[p][1] > 10 and digests[p] not in there)
+        sha = digests[stub][0]
         client.put_object(Bucket="backups", Key=f"down/objects/{sha}", Body=stub.read_bytes()[:10])
         there.add((sha, 10))
         later = backup_checkpoint(ckpt, "s3://backups/down", client, log=lambda _: None)
