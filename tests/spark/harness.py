@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +53,7 @@ def read_state(spark, checkpoint: Path, reads: list[dict[str, str]]) -> list[lis
     for options in reads:
         df = spark.read.format("statestore").options(**options).load(str(checkpoint))
         result.append(sorted(repr(r) for r in df.collect()))
+    quiesce(spark)
     return result
 
 
@@ -76,6 +75,25 @@ class Case:
             assert not query.isActive, f"{self.name} did not finish within 240 s"
         finally:
             query.stop()
+            quiesce(spark)
+
+
+def quiesce(spark) -> None:
+    """Unload this JVM's state stores and wait for their maintenance to finish.
+
+    A stopped query's stores stay loaded, and their maintenance thread (every 200 ms in the
+    tests) goes on uploading snapshots into the checkpoint: a copy or listing taken later would
+    race with it. A finished spark-submit job leaves nothing behind; this makes the in-process
+    session do the same. The next query loads its stores and restarts maintenance.
+    """
+    jvm = spark._jvm
+    store = jvm.java.lang.Class.forName(
+        "org.apache.spark.sql.execution.streaming.state.StateStore$"
+    ).getField("MODULE$").get(None)  # the Scala object: its package-private methods too
+    # First let running maintenance finish without holding the providers' lock (work in
+    # flight needs it to unload: StateStore.stop() alone waits on it for minutes), then unload.
+    store.stopMaintenanceTaskWithoutLock()
+    store.stop()
 
 
 def _builtin_conf(spark, provider: str) -> None:
@@ -185,20 +203,3 @@ def last_committed(checkpoint: Path) -> int:
     batch = load_checkpoint(checkpoint).last_committed_batch
     assert batch is not None
     return batch
-
-
-@contextmanager
-def moved_away(checkpoint: Path):
-    """Nothing outside the copied set can be read while the copy runs.
-
-    A stopped query's state stores stay loaded in this JVM, and their maintenance thread may
-    still upload a snapshot to the old path meanwhile (a finished spark-submit job would not):
-    whatever it writes there is dropped when the original comes back.
-    """
-    moved = checkpoint.with_name(checkpoint.name + "-moved-away")
-    checkpoint.rename(moved)
-    try:
-        yield
-    finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
-        moved.rename(checkpoint)
