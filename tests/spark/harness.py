@@ -87,9 +87,11 @@ def quiesce(spark) -> None:
     session do the same. The next query loads its stores and restarts maintenance.
     """
     jvm = spark._jvm
-    store = jvm.java.lang.Class.forName(
-        "org.apache.spark.sql.execution.streaming.state.StateStore$"
-    ).getField("MODULE$").get(None)  # the Scala object: its package-private methods too
+    store = (
+        jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
+        .getField("MODULE$")
+        .get(None)
+    )  # the Scala object: its package-private methods too
     # First let running maintenance finish without holding the providers' lock (work in
     # flight needs it to unload: StateStore.stop() alone waits on it for minutes), then unload.
     store.stopMaintenanceTaskWithoutLock()
