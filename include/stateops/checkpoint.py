@@ -25,8 +25,10 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 import zipfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +37,6 @@ from stateops.errors import CheckpointError, NotACheckpointError
 __all__ = [
     "Checkpoint",
     "copy_restart_set",
-    "crc_sidecar",
     "hadoop_crc",
     "OffsetEntry",
     "OperatorState",
@@ -49,6 +50,7 @@ _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
 _BATCH_FILE = re.compile(r"^(\d+)$")
 _SOURCE_LOG_FILE = re.compile(r"^(\d+)(\.compact)?$")
 _DEFAULT_STORE = "default"
+_FIND = shutil.which("find")
 
 
 @dataclass(frozen=True)
@@ -120,16 +122,18 @@ class StoreState:
         A base's own delta stays in its group, as Spark's own cleanup keeps it.
         """
         bases = sorted({0, *self.snapshots})
-        by_base: dict[int, list[int]] = {}
-        for v in self.versions:
-            by_base.setdefault(bases[bisect.bisect_right(bases, v) - 1], []).append(v)
+        versions = self.versions
         groups = []
-        for base, versions in sorted(by_base.items()):
-            files = [self.snapshots[v] for v in versions if v in self.snapshots]
-            files += [self.deltas[v] for v in versions if v in self.deltas]
-            groups.append(
-                SnapshotGroup(base, tuple(versions), tuple(files), sum(sizes[f] for f in files))
-            )
+        for i, base in enumerate(bases):
+            lo = bisect.bisect_left(versions, base)
+            hi = bisect.bisect_left(versions, bases[i + 1]) if i + 1 < len(bases) else None
+            group = versions[lo:hi]
+            if not group:
+                continue
+            files = [self.snapshots[v] for v in group if v in self.snapshots]
+            files += [self.deltas[v] for v in group if v in self.deltas]
+            size = sum(map(sizes.__getitem__, files))
+            groups.append(SnapshotGroup(base, tuple(group), tuple(files), size))
         return groups
 
 
@@ -308,7 +312,7 @@ class Checkpoint:
                         needed += self.rocksdb_zip_references(store, rel)
         missing += [f for f in needed if f not in self.sizes]
         present = {f for f in needed if f in self.sizes}
-        present |= {crc_sidecar(f) for f in present if crc_sidecar(f) in self.sizes}
+        present |= {_crc_sidecar(f) for f in present if _crc_sidecar(f) in self.sizes}
         return sorted(present), sorted(set(missing))
 
     def _source_log_files(self, batch: int, missing: list[str]) -> list[str]:
@@ -424,7 +428,7 @@ def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> 
         ]
     data = (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
     path.write_bytes(data)
-    crc = root / crc_sidecar(rel)
+    crc = root / _crc_sidecar(rel)
     if crc.exists():
         crc.write_bytes(hadoop_crc(data))
 
@@ -479,24 +483,81 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 def _walk(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
     """Sizes by relative path, and file names by relative directory ("" is the root)."""
-    sizes: dict[str, int] = {}
+    sizes = _list_files(root)
     dirs: dict[str, list[str]] = {}
-    stack = [(root, "")]
-    while stack:
-        directory, rel_dir = stack.pop()
-        names = dirs.setdefault(rel_dir, [])
-        prefix = rel_dir + "/" if rel_dir else ""
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((Path(entry.path), prefix + entry.name))
-                elif entry.is_file(follow_symlinks=False):
-                    names.append(entry.name)
-                    sizes[prefix + entry.name] = entry.stat(follow_symlinks=False).st_size
+    for rel in sizes:
+        parent, _, name = rel.rpartition("/")
+        names = dirs.get(parent)
+        if names is None:
+            dirs[parent] = [name]
+        else:
+            names.append(name)
     return sizes, dirs
 
 
-def crc_sidecar(rel: str) -> str:
+def _list_files(root: Path) -> dict[str, int]:
+    """Every regular file's size by relative path.
+
+    Most of a large checkpoint is ``state/<op>/<partition>/``: those folders are listed by GNU
+    ``find`` (a stat per file in C, not in Python), by several processes at once; the few
+    files above them, and everything where ``find`` is missing or fails (a file deleted during
+    the listing), by ``os.scandir``.
+    """
+    sizes: dict[str, int] = {}
+    subtrees = _scan(root, "", sizes, expand=lambda rel: rel == "state" or _is_operator(rel))
+    if not subtrees:
+        return sizes
+    workers = min(len(subtrees), os.cpu_count() or 1, 4)
+    batches = [subtrees[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        outputs = list(pool.map(lambda starts: _find(root, starts), batches))
+    for starts, out in zip(batches, outputs, strict=True):
+        if out is None:
+            for rel in starts:
+                _scan(root / rel, rel, sizes, expand=lambda _: True)
+            continue
+        parts = out.split("\0")
+        sizes.update(zip(parts[1::2], map(int, parts[0:-1:2]), strict=True))
+    return sizes
+
+
+def _is_operator(rel: str) -> bool:
+    parent, _, name = rel.rpartition("/")
+    return parent == "state" and name.isdigit()
+
+
+def _scan(directory: Path, rel_dir: str, sizes: dict[str, int], expand) -> list[str]:
+    """Add the files under ``directory`` to ``sizes``, descending into the folders ``expand``
+    accepts; return the relative paths of the others (for ``find``)."""
+    left: list[str] = []
+    stack = [(directory, rel_dir)]
+    while stack:
+        folder, rel_folder = stack.pop()
+        prefix = rel_folder + "/" if rel_folder else ""
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if expand(rel) or _FIND is None or entry.name.startswith("-"):
+                        stack.append((Path(entry.path), rel))
+                    else:
+                        left.append(rel)
+                elif entry.is_file(follow_symlinks=False):
+                    sizes[rel] = entry.stat(follow_symlinks=False).st_size
+    return left
+
+
+def _find(root: Path, starts: list[str]) -> str | None:
+    """``size NUL path NUL`` for every file under ``starts`` (relative to ``root``), or None."""
+    proc = subprocess.run(
+        [_FIND, *starts, "-type", "f", "-printf", "%s\\0%p\\0"],
+        cwd=root,
+        capture_output=True,
+    )
+    return proc.stdout.decode("utf-8", "surrogateescape") if proc.returncode == 0 else None
+
+
+def _crc_sidecar(rel: str) -> str:
     parent, _, name = rel.rpartition("/")
     return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
 
@@ -653,18 +714,25 @@ def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> Operator
             (int(parts[0]), store_name),
             StoreState(op_id, int(parts[0]), store_name, store_dir, provider="unknown"),
         )
+        if rest:  # SSTs/, logs/ and the like: no versions here
+            store.other_files += [f"{rel_dir}/{n}" for n in names if not n.endswith(".crc")]
+            continue
+        prefix, kinds = rel_dir + "/", set()
         for name in names:
             if name.endswith(".crc"):
                 continue
-            m = _VERSION_FILE.match(name) if not rest else None
-            if not m:
-                store.other_files.append(f"{rel_dir}/{name}")
-            elif m.group(2) in ("delta", "changelog"):
-                store.deltas[int(m.group(1))] = f"{rel_dir}/{name}"
+            m = _VERSION_FILE.match(name)
+            if m is None:
+                store.other_files.append(prefix + name)
+                continue
+            version, kind = m.groups()
+            kinds.add(kind)
+            if kind == "delta" or kind == "changelog":
+                store.deltas[int(version)] = prefix + name
             else:
-                store.snapshots[int(m.group(1))] = f"{rel_dir}/{name}"
-            if m:
-                store.provider = "rocksdb" if m.group(2) in ("zip", "changelog") else "hdfs"
+                store.snapshots[int(version)] = prefix + name
+        if kinds:
+            store.provider = "rocksdb" if kinds & {"zip", "changelog"} else "hdfs"
     operator_name = None
     v2 = [k for k in metadata_files if k is not None]
     meta_rel = metadata_files.get(None) or (metadata_files[max(v2)] if v2 else None)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from stateops.audit import append_audit, audit_dir
-from stateops.checkpoint import Checkpoint, crc_sidecar, load_checkpoint
+from stateops.checkpoint import Checkpoint, load_checkpoint
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.lock import QueryLock
 from stateops.registry import Registry
@@ -64,7 +64,6 @@ CATEGORIES = {
     "unreferenced-sst": "RocksDB files no kept N.zip refers to",
     "crc": "checksum sidecars of deleted files",
 }
-_RANK = {why: i for i, why in enumerate(CATEGORIES)}
 _NUMBER = re.compile(r"^(\d+)")
 
 
@@ -146,29 +145,31 @@ def _finish(cp: Checkpoint, delete: dict[str, str], keep: set[str]) -> None:
     for rel in _sst_files(cp):
         if rel not in refs and rel not in delete:
             delete[rel] = "unreferenced-sst"
-    for rel in cp.sizes:  # one pass: temp files, and sidecars whose file is gone
-        name = rel.rpartition("/")[2]
-        if name.endswith((".tmp", ".tmp.crc")):
-            delete.setdefault(rel, "temp")
-        elif name.startswith(".") and name.endswith(".crc"):
-            if rel[: len(rel) - len(name)] + name[1:-4] not in cp.sizes:
-                delete.setdefault(rel, "crc")
-    for rel in [r for r, why in delete.items() if why != "crc"]:
-        sidecar = crc_sidecar(rel)
-        if sidecar in cp.sizes:
-            delete.setdefault(sidecar, "crc")
-    unsafe = sorted(set(delete) & keep)
+    sizes = cp.sizes
+    # Temp files; then sidecars, which go with their file, or when that is gone.
+    for rel in [r for r in sizes if r.endswith((".tmp", ".tmp.crc"))]:
+        delete.setdefault(rel, "temp")
+    for rel in [r for r in sizes if r.endswith(".crc") and r not in delete]:
+        i = rel.rfind("/") + 1
+        if rel[i] == ".":
+            target = rel[:i] + rel[i + 1 : -4]
+            if delete.get(target, "crc") != "crc" or target not in sizes:
+                delete[rel] = "crc"
+    unsafe = sorted(rel for rel in keep if rel in delete)
     if unsafe:  # a bug, never an input: refuse rather than delete a needed file
         raise AssertionError(f"plan would delete files a kept restart needs: {unsafe[:5]}")
 
 
 def _plan(cp: Checkpoint, operation: str, delete: dict[str, str], keep: set[str], **extra) -> dict:
     _finish(cp, delete, keep)
-    summary: dict[str, dict[str, int]] = {}
+    by_why: dict[str, list[str]] = {why: [] for why in CATEGORIES}
     for rel, why in delete.items():
-        entry = summary.setdefault(why, {"files": 0, "bytes": 0})
-        entry["files"] += 1
-        entry["bytes"] += cp.sizes[rel]
+        by_why[why].append(rel)
+    files = {why: _in_order(why, rels) for why, rels in by_why.items() if rels}
+    summary = {
+        why: {"files": len(rels), "bytes": sum(map(cp.sizes.__getitem__, rels))}
+        for why, rels in files.items()
+    }
     deleted = sum(entry["bytes"] for entry in summary.values())
     return {
         "operation": operation,
@@ -181,23 +182,29 @@ def _plan(cp: Checkpoint, operation: str, delete: dict[str, str], keep: set[str]
             "bytes": cp.total_bytes - deleted,
             "needed_by_restarts": len(keep),
         },
-        "by_category": {k: summary[k] for k in CATEGORIES if k in summary},
-        "files": [
-            {"path": rel, "bytes": cp.sizes[rel], "why": why}
-            for rel, why in sorted(delete.items(), key=_order)
-        ],
+        "by_category": summary,
+        "files": files,
     }
 
 
-def _order(item: tuple[str, str]) -> tuple:
-    """Old entries oldest first (never a gap); a rollback's and orphans newest first, commits
-    before offsets before the rest, so the last committed batch only ever moves down."""
-    rel, why = item
-    rank = _RANK[why]
+def _in_order(why: str, rels: list[str]) -> list[str]:
+    """Deletion order within a category, so that every prefix leaves a plannable checkpoint.
+
+    Old log entries go oldest first (never a gap); a rollback's files and orphan versions
+    newest first, commits before offsets before the rest, so the last committed batch only
+    ever moves down. Whole snapshot groups, unreferenced SSTs, temp files and sidecars need
+    no order: they are kept in the order planned.
+    """
+    if why == "old-log":
+        return sorted(rels, key=lambda rel: (_number(rel), rel))
     if why in ("after-rollback-point", "orphan-version"):
-        log = 0 if rel.startswith("commits/") else 1 if rel.startswith("offsets/") else 2
-        return (rank, log, -_number(rel), rel)
-    return (rank, 0, _number(rel), rel)
+        return sorted(rels, key=_newest_first)
+    return rels
+
+
+def _newest_first(rel: str) -> tuple:
+    log = 0 if rel.startswith("commits/") else 1 if rel.startswith("offsets/") else 2
+    return (log, -_number(rel), rel)
 
 
 def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dict[str, Any]:
@@ -223,17 +230,16 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
             needed = {bases[bisect.bisect_right(bases, b + 1) - 1] for b in retained}
             for g in store.snapshot_groups(cp.sizes):
                 action = "keep" if g.snapshot_version in needed else "delete"
-                for v in g.versions:
-                    why = "orphan-version" if v > last + 1 else None
-                    why = why or ("snapshot-group" if action == "delete" else None)
-                    if why:
-                        delete.update(dict.fromkeys(store.version_files(v), why))
+                if action == "delete":
+                    delete.update(dict.fromkeys(g.files, "snapshot-group"))
                 groups.append({
                     "operator": op.operator_id, "partition": store.partition,
                     "store": store.store_name, "base": g.snapshot_version,
                     "versions": [g.versions[0], g.versions[-1]], "files": len(g.files),
                     "bytes": g.bytes, "action": action,
                 })  # fmt: skip
+            for v in [v for v in store.versions if v > last + 1]:
+                delete.update(dict.fromkeys(store.version_files(v), "orphan-version"))
     oldest = retained[0]
     # A restart after batch N reads offsets N and N - 1, and commits N.
     for log, batches, below in (
@@ -302,12 +308,16 @@ def execute_plan(
 ) -> None:
     """Delete the plan's files in its order; a file already gone was deleted by a killed run."""
     root = Path(plan["checkpoint"])
+    total = plan["delete"]["files"]
     last_log = time.time()
-    for i, f in enumerate(plan["files"], 1):
-        (root / f["path"]).unlink(missing_ok=True)
-        if time.time() - last_log > every_seconds:
-            progress(f"  deleted {i}/{len(plan['files'])} files")
-            last_log = time.time()
+    done = 0
+    for rels in plan["files"].values():
+        for rel in rels:
+            (root / rel).unlink(missing_ok=True)
+            done += 1
+            if time.time() - last_log > every_seconds:
+                progress(f"  deleted {done}/{total} files")
+                last_log = time.time()
 
 
 def _audit(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> None:
@@ -492,7 +502,9 @@ def run_rollback(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Make ``to_batch`` the last committed batch: backup (``backup()`` returns its id),
-    marker, checkpoint deletions, sink, audit, marker removed. A rerun after a kill resumes."""
+    marker, checkpoint deletions, sink, audit, marker removed. A rerun after a kill resumes.
+    The plan it returns names the ``run_id`` (the sink's ``_rolled_back/<run_id>/``) and the
+    ``backup_id``."""
 
     def plan_all() -> dict[str, Any]:
         plan = plan_rollback(checkpoint, to_batch)
@@ -525,6 +537,7 @@ def run_rollback(
         seconds = round(time.time() - started, 1)
         _audit(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
         marker.unlink()
+    plan.update(run_id=run_id, backup_id=backup_id)
     log(
         f"rollback {run_id}: batch {to_batch} is the last committed batch; deleted "
         f"{plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}"

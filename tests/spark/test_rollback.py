@@ -97,7 +97,7 @@ def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark,
     plan = json.loads(run_cli("--registry", str(registry), "rollback", "user_sessions",
                               "--to-batch", str(n), "--no-backup", "--dry-run", "--json",
                               check=True).stdout)  # fmt: skip
-    stale = [f["path"] for f in plan["files"] if f["path"].endswith(".zip")]
+    stale = [rel for rel in plan["files"]["after-rollback-point"] if rel.endswith(".zip")]
     assert stale, "the invalidated run left no snapshot group: the stale case is not exercised"
     proc = run_cli("--registry", str(registry), "rollback", "user_sessions", "--to-batch",
                    str(n), "--no-backup")  # fmt: skip
