@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,14 @@ __all__ = [
     "backup_query",
     "dry_run_param",
     "not_a_dry_run",
+    "plan_backfill",
     "plan_restore",
     "query_param",
     "restore_query",
     "PROJECT_ROOT",
     "read_run_summary",
+    "report_backfill",
+    "rollback_for_backfill",
     "registered_queries",
     "run_query_operator",
     "spark_job_operator",
@@ -87,9 +91,10 @@ def registered_queries(
 
 
 def spark_job_operator(
-    task_id: str, job: str, args: list[str], **kwargs: Any
+    task_id: str, job: str, args: list[str], registry: str | None = None, **kwargs: Any
 ) -> SparkSubmitOperator:
-    """``spark-submit spark_jobs/<job> --registry R [args...]`` on ``spark_default``."""
+    """``spark-submit spark_jobs/<job> --registry R [args...]`` on ``spark_default``; R is the
+    user's registry unless ``registry`` (templated) names another."""
     return SparkSubmitOperator(
         task_id=task_id,
         application=str(PROJECT_ROOT / "spark_jobs" / job),
@@ -97,7 +102,7 @@ def spark_job_operator(
         name=f"stateops-{task_id}",
         py_files=str(PY_FILES) if PY_FILES.exists() else None,
         conf={"spark.ui.enabled": "false"},
-        application_args=["--registry", str(registry_path()), *args],
+        application_args=["--registry", registry or str(registry_path()), *args],
         **kwargs,
     )
 
@@ -237,3 +242,81 @@ def restore_query(plan: dict[str, Any], replace: bool, run_id: str) -> dict[str,
     with lock:
         client = airflow_s3_client(registry.backups.conn_id)
         return restore_backup(plan["url"], plan["target"], client, replace=replace, log=print)
+
+
+def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The backfill's rollback point, its rollback plan and the registry to reprocess with."""
+    from stateops.backfill import last_batch_before, parse_time, registry_with_overrides
+    from stateops.cleanup import format_plan, plan_rollback, plan_sink_rollback
+    from stateops.errors import StateOpsError
+
+    registry = load_registry()
+    query = registry.query(params["query"])
+    to_batch, before = params.get("to_batch"), (params.get("input_before") or "").strip()
+    if (to_batch is None) == (not before):
+        raise StateOpsError(
+            "give either a batch to roll back to or an input time, not "
+            + ("both" if before else "neither")
+        )
+    if to_batch is None:
+        to_batch = last_batch_before(query.checkpoint, parse_time(before))
+        print(f"the last batch whose input is older than {before}: {to_batch}")
+    plan = plan_rollback(query.checkpoint, to_batch)
+    plan.update(sink=plan_sink_rollback(query.sink.path, to_batch), backup_first=True)
+    path = str(registry.path)
+    if params.get("overrides"):
+        folder = registry.state_dir / "backfill" / re.sub(r"[^\w.-]", "_", run_id)
+        path = str(registry_with_overrides(registry, query.name, params["overrides"],
+                                           folder / "registry.yaml"))  # fmt: skip
+    print(format_plan(plan, dry_run=params["dry_run"]))
+    print(
+        f"then: reprocess {query.name} after batch {to_batch} with available-now "
+        f"(registry {path}; overrides {json.dumps(params.get('overrides') or {})}), "
+        "check the state and compare the reprocessed output with the old one"
+    )
+    return {
+        "query": query.name,
+        "checkpoint": query.checkpoint,
+        "to_batch": to_batch,
+        "last_committed_batch": plan["last_committed_batch"],
+        "registry": path,
+        "delete": plan["delete"],
+    }
+
+
+def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
+    """Backup to the registry's backup location, then the rollback, under the query's lock."""
+    from stateops.backup import backup_checkpoint
+    from stateops.cleanup import checkpoint_lock, new_run_id, run_rollback
+
+    registry = load_registry()
+    query = registry.query(plan["query"])
+
+    def backup() -> str:
+        client = airflow_s3_client(registry.backups.conn_id)
+        url = registry.backups.url_for(query.name)
+        return backup_checkpoint(query.checkpoint, url, client, log=print)["backup_id"]
+
+    lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
+    done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
+                        backup=backup, log=print)  # fmt: skip
+    return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
+
+
+def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str, Any]:
+    """What the reprocessing changed in the output of the batches after the rollback point."""
+    from stateops.backfill import diff_output
+
+    query = load_registry().query(plan["query"])
+    old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
+    diff = diff_output(query.sink.path, old, plan["to_batch"], query.key_columns)
+    print(
+        f"{query.name}: batches {diff['batches_before']} -> {diff['batches_after']}: "
+        f"{diff['rows_before']} rows before, {diff['rows_after']} after; "
+        f"{diff['unchanged']} unchanged, {diff['added']} added, {diff['removed']} removed, "
+        f"{diff['changed_keys']} keys changed (by {', '.join(query.key_columns)}); "
+        f"the old output is kept in {old}"
+    )
+    for line in diff["examples"]:
+        print(f"  changed {line}")
+    return diff

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,27 @@ def test_stream_restore_form_and_order(dagbag):
     for upstream, downstream in order:
         assert downstream in dag.get_task(upstream).downstream_task_ids
     assert len(dag.tasks) == 4
+
+
+def test_stream_backfill_form_and_order(dagbag):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    dag = dagbag.dags["stream_backfill"]
+    assert dag.schedule is None
+    params = dag.params
+    assert params["dry_run"] is True and params["to_batch"] is None
+    assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
+    order = ["plan", "not_a_dry_run", "rollback", "reprocess", "record", "report",
+             "verify_state", "validate_state"]  # fmt: skip
+    for upstream, downstream in itertools.pairwise(order):
+        assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    assert len(dag.tasks) == len(order)
+    # The form refuses what the plan could not use.
+    for name, bad in [("to_batch", -1), ("input_before", "yesterday"),
+                      ("overrides", {"checkpoint": "elsewhere"})]:  # fmt: skip
+        with pytest.raises(ParamValidationError):
+            params.get_param(name).resolve(bad)
+    assert params.get_param("input_before").resolve("2026-11-21T03:00:00Z")
+    submit = dag.get_task("reprocess")
+    args = submit.application_args
+    assert args[args.index("--registry") + 1] == "{{ ti.xcom_pull(task_ids='plan')['registry'] }}"

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,8 +16,17 @@ from stateops.audit import read_audit
 from stateops.backup import list_backups
 from stateops.checkpoint import load_checkpoint
 from stateops.registry import load_registry
-from tests.conftest import ROOT, S3_KEY, S3_SECRET, spark_submit_run_query, write_registry
-from tests.spark.harness import land
+from tests.conftest import (
+    ROOT,
+    S3_KEY,
+    S3_SECRET,
+    spark_submit_run_query,
+    tree_digest,
+    write_registry,
+)
+from tests.spark.harness import land, read_sink
+
+OUTPUT_COLUMNS = ["user_id", "visits", "last_page", "distinct_pages"]
 
 pytestmark = pytest.mark.dag
 
@@ -145,3 +157,67 @@ def test_airflow_dags_test_stream_snapshot_cleanup(tmp_path):
     assert "cleanup plan for" in log and "snapshot groups" in log  # the plan, then the result
     assert "has no committed batch yet" in log  # user_sessions
     assert read_audit(checkpoint)[-1]["operation"] == "cleanup"
+
+
+def test_airflow_dags_test_stream_backfill_with_changed_logic(tmp_path, s3):
+    """Dry run changes nothing; then roll back to the input before a time, reprocess with a
+    smaller max_pages, and report what changed."""
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["backups"] = {"url": "s3://backups/backfill", "conn_id": "aws_default"}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    registry = load_registry(path)
+    query = registry.query("page_visits")
+    land(tmp_path / "landing", round_=0, files=5)
+    proc = spark_submit_run_query(path, "page_visits")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    before = load_checkpoint(query.checkpoint)
+    assert before.last_committed_batch == 4  # one landing file per batch
+    sink = Path(query.sink.path)
+    conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
+            "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
+    env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
+    assert _airflow(tmp_path, "db", "migrate").returncode == 0
+    overrides = {"processor": {"options": {"max_pages": 2}}}
+
+    untouched = tree_digest(tmp_path)
+    conf = {"query": "page_visits", "to_batch": 1, "overrides": overrides}  # dry run: default
+    dry = _airflow(tmp_path, "dags", "test", "stream_backfill", "--conf", json.dumps(conf), env=env)
+    log = dry.stdout + dry.stderr
+    assert dry.returncode == 0, log[-5000:]
+    assert "would delete" in log and "then: reprocess page_visits after batch 1" in log
+    changed = {p for p, d in tree_digest(tmp_path).items() if untouched.get(p) != d}
+    assert all(p.startswith(("airflow/", "_stateops/backfill/")) for p in changed), changed
+    assert list_backups("s3://backups/backfill/page_visits", s3.client()) == []
+
+    # Batch 2 read the first file modified at this time: batch 1 is the rollback point.
+    cutoff = before.input_files(2)[0]["timestamp"] / 1000
+    when = datetime.fromtimestamp(cutoff, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    old_rows = read_sink(sink)
+    conf = {"query": "page_visits", "input_before": when, "overrides": overrides, "dry_run": False}
+    run = _airflow(tmp_path, "dags", "test", "stream_backfill", "--conf", json.dumps(conf), env=env)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    assert f"the last batch whose input is older than {when}: 1" in log
+
+    backups = list_backups("s3://backups/backfill/page_visits", s3.client())
+    assert [b["batch_id"] for b in backups] == [4]  # taken before the rollback
+    rollback = next(r for r in read_audit(query.checkpoint) if r["operation"] == "rollback")
+    assert rollback["backup_id"] == backups[0]["backup_id"]
+    assert (rollback["batch_before"], rollback["batch_after"]) == (4, 1)
+    aside = sink / "_rolled_back" / rollback["run_id"]
+    assert read_sink(aside) == {b: old_rows[b] for b in (2, 3, 4)}  # the old output, kept
+
+    after = load_checkpoint(query.checkpoint)
+    assert after.last_committed_batch == 4 and after.query_id == before.query_id
+    new_rows = read_sink(sink)
+    assert {b: new_rows[b] for b in (0, 1)} == {b: old_rows[b] for b in (0, 1)}
+    distinct = OUTPUT_COLUMNS.index("distinct_pages")
+    reprocessed = [r for b in (2, 3, 4) for r in new_rows[b]]
+    assert reprocessed and max(r[distinct] for r in reprocessed) <= 2  # the new logic
+    assert max(r[distinct] for b in (2, 3, 4) for r in old_rows[b]) > 2  # ... which differs
+    m = re.search(r"(\d+) rows before, (\d+) after; .* (\d+) keys changed", log)
+    assert m, log[-3000:]
+    assert int(m.group(1)) == sum(len(old_rows[b]) for b in (2, 3, 4))
+    assert int(m.group(2)) == len(reprocessed) and int(m.group(3)) > 0
+    assert "validate_state" in log and S3_SECRET not in log

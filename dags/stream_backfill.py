@@ -1,0 +1,140 @@
+"""
+### stream_backfill
+
+On-call reprocessing of a registered query: roll it back and run the rolled-back batches
+again, with the same logic or a changed one. Trigger it by hand with the form; **dry run**
+(on by default) only prints the plan.
+
+1. `plan`: the rollback point is the batch you give, **or** the last batch whose input files
+   (and every earlier batch's) were modified before the time you give. Prints the rollback
+   plan (what goes from the checkpoint, which output batches are moved aside) and, with
+   **overrides**, writes the registry the reprocessing runs with: the query's entry with the
+   overrides merged in (`processor`, `watermark`, `expectations`, `spark_conf`; e.g.
+   `{"processor": {"options": {"session_timeout_seconds": 600}}}`), validated first.
+2. `rollback`: takes a backup to the registry's `backups.url` (through `backups.conn_id`),
+   then rolls back under the query's lifecycle lock: the checkpoint's batches after the
+   point, every state version and snapshot group written after it, and the file source's log
+   entries go; the sink's later `batch_id=K` folders move to `<sink>/_rolled_back/<run id>/`.
+3. `reprocess`: the query with `available-now` through `spark-submit`, on the same checkpoint
+   and sink (and, with overrides, the new registry).
+4. `record`: the Spark job's run summary.
+5. `report`: what changed in the output of the reprocessed batches: rows unchanged, added,
+   removed, and keys whose rows changed, with examples. The old output stays in
+   `_rolled_back/` for comparison.
+6. `verify_state` and `validate_state`: file-level integrity and Great Expectations on the
+   state.
+
+If `reprocess` fails, fix the cause and clear that task (not the whole run): the rollback is
+done, and the report compares with the output that rollback moved aside.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from stateops.backfill import OVERRIDABLE
+from stateops_airflow.tasks import (
+    LIFECYCLE_DAG,
+    dry_run_param,
+    not_a_dry_run,
+    plan_backfill,
+    query_param,
+    read_run_summary,
+    registered_queries,
+    report_backfill,
+    rollback_for_backfill,
+    spark_job_operator,
+    verify_state,
+)
+
+QUERIES = registered_queries()
+PLANNED_REGISTRY = "{{ ti.xcom_pull(task_ids='plan')['registry'] }}"
+
+
+@dag(
+    dag_id="stream_backfill",
+    schedule=None,
+    **LIFECYCLE_DAG,
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
+    tags=["stateops", "streaming", "backfill"],
+    doc_md=__doc__,
+    params={
+        "query": query_param(QUERIES, "The registered query to roll back and reprocess."),
+        "to_batch": Param(
+            None,
+            type=["null", "integer"],
+            minimum=0,
+            title="Roll back to batch",
+            description="The last batch to keep; every later batch is reprocessed. Leave "
+            "empty to give an input time instead.",
+        ),
+        "input_before": Param(
+            "",
+            type="string",
+            pattern=r"^$|^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:\d{2})?$",
+            title="... or to the input before",
+            description="A time (2026-11-21T03:00:00Z; UTC without a zone): roll back to the "
+            "last batch whose input files were all modified before it.",
+        ),
+        "overrides": Param(
+            {},
+            type="object",
+            propertyNames={"enum": list(OVERRIDABLE)},
+            title="Registry overrides",
+            description="Merged into the query's registry entry for the reprocessing, e.g. "
+            '{"processor": {"options": {"session_timeout_seconds": 600}}}.',
+        ),
+        "dry_run": dry_run_param("Only print the plan."),
+    },
+)
+def stream_backfill() -> None:
+    @task
+    def plan() -> dict:
+        context = get_current_context()
+        return plan_backfill(dict(context["params"]), context["run_id"])
+
+    @task
+    def rollback(plan: dict) -> dict:
+        return rollback_for_backfill(plan)
+
+    reprocess = spark_job_operator(
+        "reprocess",
+        "run_query.py",
+        ["--query", "{{ params.query }}", "--mode", "available-now", "--run-id", "{{ run_id }}"],
+        registry=PLANNED_REGISTRY,
+    )
+
+    @task
+    def record() -> dict:
+        context = get_current_context()
+        summary = read_run_summary(context["params"]["query"], context["run_id"])
+        print(
+            f"{summary['query']}: {summary['status']}, {summary['batches_run']} batches, "
+            f"{summary['input_rows']} input rows, last committed batch "
+            f"{summary['last_committed_batch']}"
+        )
+        return summary
+
+    @task
+    def report(plan: dict, rollback: dict) -> dict:
+        return report_backfill(plan, rollback)
+
+    @task(task_id="verify_state")
+    def verify() -> dict:
+        return verify_state(get_current_context()["params"]["query"])
+
+    validate = spark_job_operator(
+        "validate_state", "validate_state.py", ["--query", "{{ params.query }}"],
+        registry=PLANNED_REGISTRY,
+    )  # fmt: skip
+
+    planned = plan()
+    rolled = rollback(planned)
+    reported = report(planned, rolled)
+    planned >> not_a_dry_run() >> rolled >> reprocess >> record() >> reported
+    reported >> verify() >> validate
+
+
+stream_backfill()
