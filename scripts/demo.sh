@@ -2,7 +2,8 @@
 # `make demo`: the lifecycle story so far, on the embedded defaults (local Spark, SQLite Airflow,
 # rclone serve s3). Generates sample events, bootstraps page_visits, runs both registered queries
 # through the stream_start DAG, backs them up, lands more events, runs and backs up again (only
-# the changes are uploaded), restores the first backup, and prints what each checkpoint holds.
+# the changes are uploaded), restores the first backup, and prints what each checkpoint holds;
+# then many small batches, a snapshot-group cleanup, and a backfill with changed logic.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$STATEOPS_HOME"
@@ -121,4 +122,33 @@ for a, b in zip(live, restored, strict=True):
         sys.exit("the restored query's state differs from the live query's")
 EOF
 echo "  manifest: $DATA/exports/page_visits/manifest.json"
+
+step "Round 3: many small batches (one landing file each)"
+stateops generate --round 2 --events 40 --files 12 --users 40
+run_dag round3
+
+last_batch() { stateops inspect "$1" --json | python -c 'import json, sys
+print(json.load(sys.stdin)["last_committed_batch"])'; }
+retain="$(python -c 'from stateops.registry import load_registry
+print(load_registry().cleanup.retain_batches)')"
+step "Snapshot-group cleanup: the plan first (dry run), keeping restarts after the last $retain batches"
+stateops cleanup user_sessions --retain-batches "$retain" --dry-run | sed 's/^/  /'
+
+step "airflow dags test stream_snapshot_cleanup: both queries, under their locks"
+declare -A size_before
+for q in user_sessions page_visits; do size_before[$q]="$(du -sk "$DATA/checkpoints/$q" | cut -f1)"; done
+logged stream_snapshot_cleanup airflow dags test stream_snapshot_cleanup
+grep -oE "cleanup manual__[^ ]+ of .*" "$DATA/stream_snapshot_cleanup.log" | sed "s/^/  /"
+for q in user_sessions page_visits; do
+  after="$(du -sk "$DATA/checkpoints/$q" | cut -f1)"
+  echo "  $q: ${size_before[$q]} KB -> $after KB on disk ($(( size_before[$q] - after )) KB saved)"
+done
+
+to=$(( $(last_batch user_sessions) - 3 ))
+conf="{\"query\": \"user_sessions\", \"to_batch\": $to, \"dry_run\": false, \"overrides\": {\"processor\": {\"options\": {\"session_timeout_seconds\": 2700}}}}"
+step "Backfill: roll user_sessions back 3 batches (to $to), reprocess with a 45-minute session timeout"
+echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backfill.log)"
+logged stream_backfill airflow dags test stream_backfill --conf "$conf"
+grep -E "^(rollback r-|user_sessions: (succeeded|batches)|  changed )" "$DATA/stream_backfill.log" \
+  | sed 's/^/  /'
 printf '\nDemo data is in %s (landing/, checkpoints/, output/).\n' "$DATA"

@@ -418,8 +418,8 @@ def run_cleanup(
         seconds = round(time.time() - started, 1)
         _audit(plan, lock.run_id, "succeeded", retained=plan["retained"], seconds=seconds)
     log(
-        f"cleanup {lock.run_id}: deleted {plan['delete']['files']} files, "
-        f"{format_bytes(plan['delete']['bytes'])}; kept {plan['keep']['files']} files, "
+        f"cleanup {lock.run_id} of {plan['checkpoint']}: deleted {plan['delete']['files']} "
+        f"files, {format_bytes(plan['delete']['bytes'])}; kept {plan['keep']['files']} files, "
         f"{format_bytes(plan['keep']['bytes'])}; {seconds} s"
     )
     return plan
@@ -539,7 +539,8 @@ def run_rollback(
         marker.unlink()
     plan.update(run_id=run_id, backup_id=backup_id)
     log(
-        f"rollback {run_id}: batch {to_batch} is the last committed batch; deleted "
+        f"rollback {run_id} of {plan['checkpoint']}: batch {to_batch} is the last committed "
+        "batch; deleted "
         f"{plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}"
         + (f"; backup {backup_id}" if backup_id else "; no backup")
         + f"; {seconds} s"
