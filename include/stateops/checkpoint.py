@@ -482,16 +482,20 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 
 def _walk(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Sizes by relative path, and file names by relative directory ("" is the root)."""
+    """Sizes by relative path, and the relative paths by relative directory ("" is the root).
+
+    The model keeps these very path objects (their hashes are computed once, and a plan on a
+    large checkpoint looks each up several times).
+    """
     sizes = _list_files(root)
     dirs: dict[str, list[str]] = {}
     for rel in sizes:
-        parent, _, name = rel.rpartition("/")
-        names = dirs.get(parent)
-        if names is None:
-            dirs[parent] = [name]
+        parent = rel[: max(rel.rfind("/"), 0)]
+        paths = dirs.get(parent)
+        if paths is None:
+            dirs[parent] = [rel]
         else:
-            names.append(name)
+            paths.append(rel)
     return sizes, dirs
 
 
@@ -563,7 +567,8 @@ def _crc_sidecar(rel: str) -> str:
 
 
 def _batch_files(dirs: dict[str, list[str]], log: str) -> dict[int, str]:
-    return {int(name): f"{log}/{name}" for name in dirs.get(log, []) if name.isdigit()}
+    cut = len(log) + 1
+    return {int(rel[cut:]): rel for rel in dirs.get(log, []) if rel[cut:].isdigit()}
 
 
 def _read_text(path: Path) -> str:
@@ -642,13 +647,13 @@ def _parse_offsets(path: Path, batch_id: int) -> OffsetEntry:
 
 def _source_logs(dirs: dict[str, list[str]]) -> dict[str, dict[int, str]]:
     logs: dict[str, dict[int, str]] = {}
-    for rel_dir, names in dirs.items():
+    for rel_dir, paths in dirs.items():
         parts = rel_dir.split("/")
         if len(parts) == 2 and parts[0] == "sources":
-            for name in names:
-                m = _SOURCE_LOG_FILE.match(name)
+            for rel in paths:
+                m = _SOURCE_LOG_FILE.match(rel[len(rel_dir) + 1 :])
                 if m:
-                    logs.setdefault(parts[1], {})[int(m.group(1))] = f"{rel_dir}/{name}"
+                    logs.setdefault(parts[1], {})[int(m.group(1))] = rel
     return logs
 
 
@@ -674,22 +679,24 @@ def _schema_file_refs(root: Path, metadata_rel: str, op_id: int) -> set[str]:
 
 def _operators(root: Path, dirs: dict[str, list[str]]) -> list[OperatorState]:
     by_op: dict[int, dict[str, list[str]]] = {}
-    for rel_dir, names in dirs.items():
+    for rel_dir, paths in dirs.items():
         parts = rel_dir.split("/", 2)
-        if len(parts) >= 3 and parts[0] == "state" and parts[1].isdigit() and names:
-            by_op.setdefault(int(parts[1]), {})[parts[2]] = names
+        if len(parts) >= 3 and parts[0] == "state" and parts[1].isdigit() and paths:
+            by_op.setdefault(int(parts[1]), {})[parts[2]] = paths
     return [_operator(root, op_id, op_dirs) for op_id, op_dirs in sorted(by_op.items())]
 
 
 def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> OperatorState:
-    """Classify ``state/<op_id>/`` one directory at a time (``op_dirs``: sub-path -> names)."""
+    """Classify ``state/<op_id>/`` one directory at a time (``op_dirs``: sub-path -> paths)."""
     stores: dict[tuple[int, str], StoreState] = {}
     metadata_files: dict[int | None, str] = {}
     schema_files: dict[str, int] = {}
     base = f"state/{op_id}/"
-    for sub, names in op_dirs.items():
+    for sub, paths in op_dirs.items():
         parts = sub.split("/")
         rel_dir = base + sub
+        cut = len(rel_dir) + 1
+        names = [rel[cut:] for rel in paths]
         if parts[0] == "_metadata":
             if parts == ["_metadata"] and "metadata" in names:
                 metadata_files[None] = rel_dir + "/metadata"
@@ -715,22 +722,22 @@ def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> Operator
             StoreState(op_id, int(parts[0]), store_name, store_dir, provider="unknown"),
         )
         if rest:  # SSTs/, logs/ and the like: no versions here
-            store.other_files += [f"{rel_dir}/{n}" for n in names if not n.endswith(".crc")]
+            store.other_files += [rel for rel in paths if not rel.endswith(".crc")]
             continue
-        prefix, kinds = rel_dir + "/", set()
-        for name in names:
+        kinds = set()
+        for name, rel in zip(names, paths, strict=True):
             if name.endswith(".crc"):
                 continue
             m = _VERSION_FILE.match(name)
             if m is None:
-                store.other_files.append(prefix + name)
+                store.other_files.append(rel)
                 continue
             version, kind = m.groups()
             kinds.add(kind)
             if kind == "delta" or kind == "changelog":
-                store.deltas[int(version)] = prefix + name
+                store.deltas[int(version)] = rel
             else:
-                store.snapshots[int(version)] = prefix + name
+                store.snapshots[int(version)] = rel
         if kinds:
             store.provider = "rocksdb" if kinds & {"zip", "changelog"} else "hdfs"
     operator_name = None
