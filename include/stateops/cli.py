@@ -235,6 +235,10 @@ def cmd_queries(args: argparse.Namespace) -> int:
             f"  {'':<16} checkpoint {q.checkpoint} ({q.state_store.provider}, "
             f"{q.shuffle_partitions} partitions)"
         )
+        switch = registry.switch_path(q.name)
+        current = json.loads(switch.read_text())["current"] if switch.exists() else None
+        if current and current["checkpoint"] == q.checkpoint:
+            print(f"  {'':<16} source and checkpoint switched by a migration: {switch}")
     return 0
 
 

@@ -6,6 +6,7 @@ Relative paths in the file are resolved against ``data_dir`` (itself relative to
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -23,6 +24,7 @@ __all__ = [
     "load_registry",
     "registry_path",
     "schema_columns",
+    "write_switch",
 ]
 
 # Inside a --py-files zip this file's location says nothing: STATEOPS_HOME names the project.
@@ -256,6 +258,68 @@ class Registry(_Model):
     def run_summary_path(self, name: str) -> Path:
         return self.state_dir / "runs" / name / "latest.json"
 
+    def switch_path(self, name: str) -> Path:
+        """Where a migration records the query's current source and checkpoint."""
+        return _switch_path(self.data_dir, name)
+
+
+def write_switch(
+    registry: Registry, name: str, source: dict, checkpoint: str, lineage: dict
+) -> Path:
+    """Record that ``name`` now runs on ``source`` and ``checkpoint`` (a migration's switch).
+
+    The registry file is not edited: the switch is kept beside the data and applies while the
+    file still declares what was there before the first switch. ``lineage`` is appended to
+    the switch's history.
+    """
+    query = registry.query(name)
+    path = registry.switch_path(name)
+    here = {"source": query.source.model_dump(by_alias=True), "checkpoint": query.checkpoint}
+    previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    applied = previous.get("current") == here
+    switch = {
+        "declared": previous["declared"] if applied else here,
+        "current": {
+            "source": Source.model_validate(source).model_dump(by_alias=True),
+            "checkpoint": str(Path(checkpoint).resolve()),
+        },
+        "history": [*previous.get("history", []), lineage],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _switch_path(data_dir: Path, name: str) -> Path:
+    return data_dir / "_stateops" / "switch" / f"{name}.json"
+
+
+def _switched(query: Query, data_dir: Path) -> Query:
+    """The query on the source and checkpoint a migration switched it to.
+
+    The switch applies while the registry file still declares what it switched from: edit the
+    file's source or checkpoint and the file wins again.
+    """
+    path = _switch_path(data_dir, query.name)
+    if not path.exists():
+        return query
+    try:
+        switch = json.loads(path.read_text(encoding="utf-8"))
+        declared, current = switch["declared"], switch["current"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RegistryError(f"{path}: unreadable migration switch ({err})") from None
+    here = {"source": query.source.model_dump(by_alias=True), "checkpoint": query.checkpoint}
+    if here != declared:
+        return query
+    try:
+        data = query.model_dump(by_alias=True)
+        data.update(source=current["source"], checkpoint=str(current["checkpoint"]))
+        return Query.model_validate(data)
+    except (ValidationError, KeyError, TypeError) as err:
+        raise RegistryError(f"{path}: invalid migration switch ({err})") from None
+
 
 def registry_path(path: str | os.PathLike[str] | None = None) -> Path:
     """The registry file: ``path``, else ``STATEOPS_REGISTRY``, else the project's."""
@@ -296,7 +360,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             field_path = ".".join(str(p).removesuffix("_") for p in (name, *first["loc"]))
             message = str(first["msg"]).removeprefix("Value error, ")
             raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
-        queries[name] = _resolve_paths(query, data_dir)
+        queries[name] = _switched(_resolve_paths(query, data_dir), data_dir)
     sections = {}
     for section, model in (("backups", Backups), ("cleanup", Cleanup)):
         try:

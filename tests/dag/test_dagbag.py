@@ -57,7 +57,7 @@ def test_stream_bootstrap_form_and_order(dagbag):
     params = dag.params
     assert params["dry_run"] is True, "dry run must be the default"
     query = params.get_param("query")
-    assert query.schema["enum"] == ["page_visits"], "only queries with an initial_state"
+    assert query.schema["enum"] == ["page_visits", "user_sessions"], "with an initial_state"
     assert query.schema["title"] and query.description
     assert params.get_param("format").schema["enum"] == ["auto", "export", "parquet", "json", "csv"]
     assert params.get_param("initial_state").schema["minLength"] == 1

@@ -159,6 +159,7 @@ def test_dry_run_and_queries_without_initial_state(tmp_path):
                    "--initial-state", str(initial), "--dry-run", check=True)  # fmt: skip
     assert "dry run: nothing changed" in proc.stdout and "(json)" in proc.stdout
     assert not (tmp_path / "checkpoints").exists()
+    registry = write_registry(tmp_path / "other", user_sessions={"initial_state": None})
     proc = run_cli("--registry", str(registry), "bootstrap", "user_sessions",
                    "--initial-state", str(initial), "--dry-run")  # fmt: skip
     assert proc.returncode == 2 and "no initial_state in the registry" in proc.stderr

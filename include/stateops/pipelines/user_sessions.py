@@ -39,6 +39,24 @@ class UserSessionsProcessor(StatefulProcessor):
         self.handle = handle
         self.events = handle.getListState("events", EVENTS_SCHEMA)
 
+    def handleInitialState(
+        self, key: tuple, initialState: pd.DataFrame, timerValues: TimerValues
+    ) -> None:
+        """Open sessions carried over (a migration, a bootstrap from an export): the events,
+        and the timer that closes the session ``session_timeout_seconds`` after its last one."""
+        rows = initialState.sort_values(["event_time", "data"], kind="stable")
+        self._keep_open(list(zip(rows["data"], rows["event_time"], strict=True)))
+
+    def _keep_open(self, open_events: list[tuple]) -> None:
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        if open_events:
+            self.events.put(open_events)
+            last_ms = max(_to_ms(t) for _, t in open_events)
+            self.handle.registerTimer(last_ms + self.timeout_ms)
+        else:
+            self.events.clear()
+
     def handleInputRows(
         self, key: tuple, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
@@ -55,14 +73,7 @@ class UserSessionsProcessor(StatefulProcessor):
             if bool(is_last):
                 closed.append(_session_row(user_id, open_events, "last"))
                 open_events = []
-        for timer in list(self.handle.listTimers()):
-            self.handle.deleteTimer(timer)
-        if open_events:
-            self.events.put(open_events)
-            last_ms = max(_to_ms(t) for _, t in open_events)
-            self.handle.registerTimer(last_ms + self.timeout_ms)
-        else:
-            self.events.clear()
+        self._keep_open(open_events)
         if closed:
             yield pd.DataFrame(closed, columns=_OUTPUT_COLUMNS)
 

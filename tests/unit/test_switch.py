@@ -1,0 +1,82 @@
+"""A migration's switch: the registry follows it without the user's file being edited."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from stateops.errors import RegistryError
+from stateops.registry import load_registry, write_switch
+from tests.conftest import run_cli, write_registry
+
+pytestmark = pytest.mark.unit
+
+NEW_SOURCE = {
+    "format": "parquet",
+    "path": "/data/landing-v2/page_visits",
+    "schema": "user_id STRING, page STRING, event_time TIMESTAMP, referrer STRING",
+}
+
+
+def test_a_switch_moves_the_query_and_only_its_source_and_checkpoint(tmp_path):
+    path = write_registry(tmp_path)
+    before = load_registry(path)
+    write_switch(before, "page_visits", NEW_SOURCE, str(tmp_path / "ck-v2"), {"run": "m-1"})
+    after = load_registry(path)
+    q = after.query("page_visits")
+    assert q.source.format == "parquet" and q.source.path == NEW_SOURCE["path"]
+    assert q.checkpoint == str(tmp_path / "ck-v2")
+    old = before.query("page_visits")
+    assert q.model_dump(exclude={"source", "checkpoint"}) == old.model_dump(
+        exclude={"source", "checkpoint"}
+    )
+    assert after.query("user_sessions") == before.query("user_sessions")
+    assert yaml.safe_load(path.read_text())["queries"]["page_visits"]["source"]["format"] == "json"
+
+
+def test_a_second_switch_keeps_what_the_file_declares_and_the_history(tmp_path):
+    path = write_registry(tmp_path)
+    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {"n": 1})
+    third = {**NEW_SOURCE, "path": "/data/landing-v3/page_visits"}
+    write_switch(load_registry(path), "page_visits", third, str(tmp_path / "v3"), {"n": 2})
+    switch = json.loads(load_registry(path).switch_path("page_visits").read_text())
+    assert switch["declared"]["source"]["format"] == "json"  # the file's, not v2's
+    assert switch["history"] == [{"n": 1}, {"n": 2}]
+    assert load_registry(path).query("page_visits").checkpoint == str(tmp_path / "v3")
+
+
+def test_editing_the_registry_file_wins_over_an_old_switch(tmp_path):
+    path = write_registry(tmp_path)
+    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["page_visits"]["checkpoint"] = "checkpoints/page_visits-edited"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    q = load_registry(path).query("page_visits")
+    assert q.checkpoint == str(tmp_path / "checkpoints" / "page_visits-edited")
+    assert q.source.format == "json"
+
+
+def test_a_damaged_or_invalid_switch_is_a_clear_error(tmp_path):
+    path = write_registry(tmp_path)
+    switch = write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
+    switch.write_text("{not json")
+    with pytest.raises(RegistryError, match="page_visits.json: unreadable migration switch"):
+        load_registry(path)
+    switch.unlink()
+    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
+    bad = json.loads(switch.read_text())
+    bad["current"]["source"]["schema"] = "page STRING"  # no user_id: the key column
+    switch.write_text(json.dumps(bad))
+    with pytest.raises(RegistryError, match="invalid migration switch"):
+        load_registry(path)
+
+
+def test_stateops_queries_shows_where_a_switched_query_runs(tmp_path):
+    path = write_registry(tmp_path)
+    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
+    out = run_cli("--registry", str(path), "queries", check=True).stdout
+    assert f"page_visits      parquet {NEW_SOURCE['path']}" in out
+    assert f"checkpoint {tmp_path / 'v2'}" in out
+    assert out.count("switched by a migration") == 1
