@@ -14,11 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
-from stateops.registry import Registry, load_registry
+from stateops.registry import Registry, derived_registry
 
 __all__ = [
     "OVERRIDABLE",
@@ -76,30 +74,20 @@ def last_batch_before(checkpoint: str | os.PathLike[str], before: datetime, sour
 def registry_with_overrides(
     registry: Registry, query: str, overrides: dict[str, Any], dest: str | os.PathLike[str]
 ) -> Path:
-    """Write a registry for reprocessing ``query`` with ``overrides`` merged into its entry.
-
-    It holds only that query, with the same data folder, so the same checkpoint, sink, lock
-    and run summary; it is validated like the user's registry before anyone runs with it.
-    """
-    registry.query(query)  # refuses an unknown name, listing the known ones
+    """Write a registry for reprocessing ``query`` with ``overrides`` merged into its entry
+    (only its logic and checks change: the same checkpoint, sink, lock and run summary)."""
+    current = registry.query(query).model_dump(by_alias=True)  # refuses an unknown name
     unknown = sorted(set(overrides) - set(OVERRIDABLE))
     if unknown:
         raise RegistryError(
             f"overrides: {', '.join(unknown)} cannot be changed by a backfill (only "
             f"{', '.join(OVERRIDABLE)}): the checkpoint, source and sink stay where they are"
         )
-    raw = yaml.safe_load(registry.path.read_text(encoding="utf-8"))
-    entry = _merged(raw["queries"][query], overrides)
-    raw.update(data_dir=str(registry.data_dir), queries={query: entry})
-    path = Path(dest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    changes = {k: _merged(current[k], v) for k, v in overrides.items()}
     try:
-        load_registry(path)
+        return derived_registry(registry, query, changes, dest)
     except RegistryError as err:
-        path.unlink()
         raise RegistryError(f"overrides: {err}") from None
-    return path
 
 
 def _merged(base: Any, override: Any) -> Any:

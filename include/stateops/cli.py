@@ -13,7 +13,7 @@ from stateops.audit import audit_dir, read_audit
 from stateops.bootstrap import FORMATS, plan_bootstrap
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import RegistryError, StateOpsError
-from stateops.lock import force_release, read_lock
+from stateops.lock import force_release, read_hold, read_lock
 from stateops.registry import PROJECT_ROOT, load_registry
 from stateops.report import checkpoint_report, format_report
 from stateops.sampledata import DATASETS, generate_events, generate_initial_pages
@@ -267,7 +267,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_lock(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     path = registry.lock_path(registry.query(args.query).name)
-    held = force_release(path) if args.action == "release" else read_lock(path)
+    held = force_release(path) if args.action == "release" else read_lock(path) or read_hold(path)
     if held is None:
         print(f"{args.query}: not locked")
     else:

@@ -4,6 +4,10 @@ The lock is a JSON file (owner, run id, operation, expiry). Reads and writes of 
 an exclusive ``flock`` on a guard file beside it, so taking over an expired lock is atomic too.
 A holder that crashes stops renewing; once ``expires_at`` passes, the next taker wins. On
 the holder's own host a taker sees at once that its process is gone (``kill -9``) and wins.
+
+An operation made of several processes (a migration: one Airflow task per step) puts a *hold*
+on the query (``<lock>.hold``): while it lasts, only locks taken with the holding run's id are
+granted, so each step takes the lock for its own work and nothing else gets in between.
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ from pathlib import Path
 
 from stateops.errors import LockHeldError
 
-__all__ = ["LockInfo", "QueryLock", "force_release", "read_lock"]
+__all__ = [
+    "LockInfo",
+    "QueryLock",
+    "force_release",
+    "hold_query",
+    "read_hold",
+    "read_lock",
+    "release_hold",
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,73 @@ def read_lock(path: Path) -> LockInfo | None:
         return LockInfo(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _hold_path(path: Path) -> Path:
+    return path.with_name(path.name + ".hold")
+
+
+def read_hold(path: Path) -> LockInfo | None:
+    """The hold on the query of lock ``path``, or None (an expired hold counts as none)."""
+    held = read_lock(_hold_path(path))
+    return None if held is None or held.expired else held
+
+
+def _until(info: LockInfo) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.expires_at))
+
+
+def _refuse_hold(path: Path, query: str, run_id: str) -> None:
+    hold = read_hold(path)
+    if hold and hold.run_id != run_id:
+        raise LockHeldError(
+            f"query {query!r} is held by {hold.operation} (run {hold.run_id}) until "
+            f"{_until(hold)}; wait for that run to finish or roll back, or if it is dead: "
+            f"stateops lock release {query}"
+        )
+
+
+def hold_query(
+    path: Path, query: str, operation: str, run_id: str, ttl_seconds: float = 6 * 3600
+) -> LockInfo:
+    """Hold the query for ``run_id`` (taken again by the same run: renewed).
+
+    Refused while another run holds it, or while an operation other than a query run holds the
+    lock (a run may go on: the holder stops it, then takes the lock with its own run id).
+    """
+    with _guarded(path):
+        _refuse_hold(path, query, run_id)
+        held = read_lock(path)
+        if held and not held.expired and not _holder_gone(held) and held.operation != "run":
+            raise LockHeldError(
+                f"query {query!r} is locked by {held.operation} (run {held.run_id}, "
+                f"{held.owner}) until {_until(held)}; wait for it to finish"
+            )
+        now = time.time()
+        info = LockInfo(
+            query=query,
+            operation=operation,
+            run_id=run_id,
+            owner=f"{getpass.getuser()}@{socket.gethostname()}",
+            token=run_id,
+            acquired_at=now,
+            expires_at=now + ttl_seconds,
+        )
+        target = _hold_path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(asdict(info)), encoding="utf-8")
+        os.replace(tmp, target)
+    return info
+
+
+def release_hold(path: Path, run_id: str) -> bool:
+    """End ``run_id``'s hold; False when it held none."""
+    with _guarded(path):
+        held = read_lock(_hold_path(path))
+        if held is None or held.run_id != run_id:
+            return False
+        _hold_path(path).unlink()
+    return True
 
 
 @contextmanager
@@ -113,12 +192,12 @@ class QueryLock:
 
     def acquire(self) -> None:
         with _guarded(self.path):
+            _refuse_hold(self.path, self.query, self.run_id)
             held = read_lock(self.path)
             if held and not held.expired and not _holder_gone(held) and held.token != self.token:
-                until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
                 raise LockHeldError(
                     f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "
-                    f"{held.owner}) until {until}; "
+                    f"{held.owner}) until {_until(held)}; "
                     f"wait for it to finish, or if it is dead: stateops lock release {self.query}"
                 )
             self._write(acquired_at=time.time())
@@ -159,8 +238,10 @@ class QueryLock:
 
 
 def force_release(path: Path) -> LockInfo | None:
-    """Remove a lock whatever its owner (an operator's decision); returns what it held."""
+    """Remove a lock and any hold whatever their owner (an operator's decision); returns what
+    was there (the lock, else the hold)."""
     with _guarded(path):
-        held = read_lock(path)
+        held = read_lock(path) or read_lock(_hold_path(path))
         path.unlink(missing_ok=True)
+        _hold_path(path).unlink(missing_ok=True)
     return held

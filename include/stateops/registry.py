@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_REGISTRY",
     "Query",
     "Registry",
+    "derived_registry",
     "load_registry",
     "registry_path",
     "schema_columns",
@@ -289,6 +290,30 @@ def write_switch(
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)
+    return path
+
+
+def derived_registry(
+    registry: Registry, name: str, changes: dict, dest: str | os.PathLike[str]
+) -> Path:
+    """Write a registry holding only query ``name`` as it is now (a switch applied), with
+    ``changes`` replacing fields of its entry.
+
+    The same data folder, so the same lock, markers and run summaries as the user's registry
+    (a backfill or migration step runs under the caller's lock); validated before anyone runs
+    with it: an invalid change is a RegistryError and nothing is left behind.
+    """
+    entry = registry.query(name).model_dump(by_alias=True, exclude={"name"}) | changes
+    raw = yaml.safe_load(registry.path.read_text(encoding="utf-8"))
+    raw.update(data_dir=str(registry.data_dir), queries={name: entry})
+    path = Path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    try:
+        load_registry(path)
+    except RegistryError:
+        path.unlink()
+        raise
     return path
 
 

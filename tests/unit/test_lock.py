@@ -7,7 +7,7 @@ import time
 import pytest
 
 from stateops.errors import LockHeldError
-from stateops.lock import QueryLock, force_release, read_lock
+from stateops.lock import QueryLock, force_release, hold_query, read_hold, read_lock, release_hold
 
 pytestmark = pytest.mark.unit
 
@@ -89,3 +89,41 @@ def test_a_lock_whose_holder_process_died_is_taken_at_once(tmp_path):
     assert held is not None and not held.expired
     with QueryLock(path, "q", "cleanup") as lock:
         assert read_lock(path).token == lock.token
+
+
+def test_a_hold_admits_only_its_own_run_until_released(tmp_path):
+    path = tmp_path / "q.lock"
+    hold_query(path, "q", "migration", "mig-1")
+    with pytest.raises(LockHeldError, match=r"held by migration \(run mig-1\)"):
+        QueryLock(path, "q", "cleanup", run_id="cleanup-1").acquire()
+    with pytest.raises(LockHeldError, match=r"held by migration \(run mig-1\)"):
+        hold_query(path, "q", "migration", "mig-2")
+    with QueryLock(path, "q", "run", run_id="mig-1"):  # a step of the holding run
+        assert read_lock(path).run_id == "mig-1"
+    hold_query(path, "q", "migration", "mig-1")  # taken again by the same run: renewed
+    assert not release_hold(path, "mig-2") and read_hold(path).run_id == "mig-1"
+    assert release_hold(path, "mig-1") and read_hold(path) is None
+    with QueryLock(path, "q", "cleanup", run_id="cleanup-2"):
+        pass
+
+
+def test_a_hold_waits_for_no_run_but_for_other_operations(tmp_path):
+    path = tmp_path / "q.lock"
+    with QueryLock(path, "q", "run", run_id="start-1"):
+        hold_query(path, "q", "migration", "mig-1")  # the migration stops the run itself
+    release_hold(path, "mig-1")
+    with QueryLock(path, "q", "cleanup", run_id="cleanup-1"):
+        with pytest.raises(LockHeldError, match=r"locked by cleanup \(run cleanup-1"):
+            hold_query(path, "q", "migration", "mig-2")
+    assert read_hold(path) is None
+
+
+def test_expired_hold_is_no_hold_and_force_release_removes_it(tmp_path):
+    path = tmp_path / "q.lock"
+    hold_query(path, "q", "migration", "mig-1", ttl_seconds=0.1)
+    time.sleep(0.2)
+    assert read_hold(path) is None
+    QueryLock(path, "q", "cleanup").acquire()
+    force_release(path)
+    hold_query(path, "q", "migration", "mig-2")
+    assert force_release(path).run_id == "mig-2" and read_hold(path) is None
