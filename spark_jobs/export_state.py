@@ -1,6 +1,6 @@
 """spark-submit entry point: export a checkpoint's state as Parquet plus a manifest.
 
-    spark-submit spark_jobs/export_state.py --checkpoint PATH --out DIR [--batch N]
+    spark-submit spark_jobs/export_state.py --checkpoint PATH|QUERY --out DIR [--batch N]
 
 Exit codes: 0 done, 2 bad input (not a checkpoint, uncommitted batch, non-empty DIR).
 """
@@ -10,13 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from stateops.errors import StateOpsError
+from stateops.registry import load_registry
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="export_state.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint folder or a query name")
+    parser.add_argument("--registry", help="where query names are looked up")
     parser.add_argument("--out", required=True, help="a new or empty folder")
     parser.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -25,9 +28,12 @@ def main(argv: list[str] | None = None) -> int:
         from stateops.export import export_state
         from stateops.streaming import spark_session
 
-        load_checkpoint(args.checkpoint)  # a one-line error before a JVM starts
+        checkpoint = args.checkpoint
+        if not Path(checkpoint).is_dir():
+            checkpoint = load_registry(args.registry).query(checkpoint).checkpoint
+        load_checkpoint(checkpoint)  # a one-line error before a JVM starts
         spark = spark_session("stateops-export")
-        manifest = export_state(spark, args.checkpoint, args.out, args.batch)
+        manifest = export_state(spark, checkpoint, args.out, args.batch)
     except StateOpsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -425,17 +425,22 @@ def run_cleanup(
     return plan
 
 
-def plan_sink_rollback(sink: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
+def plan_sink_rollback(
+    sink: str | os.PathLike[str], to_batch: int, batch_offset: int = 0
+) -> dict[str, Any]:
     """What makes a sink consistent with a rollback to ``to_batch``.
 
-    A per-batch sink (``batch_id=K`` folders, the registered queries' ``foreachBatch``) moves
-    the folders of later batches aside. Spark's file sink drops its ``_spark_metadata``
-    entries after ``to_batch`` and moves the data files only they name aside. Moved aside is
+    A per-batch sink (``batch_id=K`` folders, the registered queries' ``foreachBatch``; K is
+    the batch plus the sink's ``batch_offset``) moves the folders of later batches aside.
+    Spark's file sink drops its ``_spark_metadata`` entries after ``to_batch`` and moves the
+    data files only they name aside. Moved aside is
     ``<sink>/_rolled_back/<run id>/``: readers skip ``_`` folders, and nothing is lost.
     """
     root = Path(sink)
     folders = sorted(
-        p.name for p in root.glob("batch_id=*") if int(p.name.split("=", 1)[1]) > to_batch
+        p.name
+        for p in root.glob("batch_id=*")
+        if int(p.name.split("=", 1)[1]) > to_batch + batch_offset
     )
     log_dir = root / "_spark_metadata"
     entries = {}
@@ -497,6 +502,7 @@ def run_rollback(
     lock: QueryLock,
     *,
     sink: str | os.PathLike[str] | None = None,
+    sink_batch_offset: int = 0,
     backup: Callable[[], str] | None = None,
     dry_run: bool = False,
     log: Callable[[str], None] = print,
@@ -508,7 +514,7 @@ def run_rollback(
 
     def plan_all() -> dict[str, Any]:
         plan = plan_rollback(checkpoint, to_batch)
-        plan["sink"] = plan_sink_rollback(sink, to_batch) if sink else None
+        plan["sink"] = plan_sink_rollback(sink, to_batch, sink_batch_offset) if sink else None
         plan["backup_first"] = backup is not None
         return plan
 

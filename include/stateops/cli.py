@@ -219,6 +219,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     log = _log if args.json else print
     plan = run_rollback(
         path, args.to_batch, lock, sink=sink, backup=None if args.no_backup else backup,
+        sink_batch_offset=query.sink.batch_offset if query and not args.sink else 0,
         dry_run=args.dry_run, log=log,
     )  # fmt: skip
     if args.json:

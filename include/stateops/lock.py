@@ -61,6 +61,12 @@ def read_lock(path: Path) -> LockInfo | None:
         return None
 
 
+def live_lock(path: Path) -> LockInfo | None:
+    """The lock while its holder holds it (not expired, its process not known to be gone)."""
+    held = read_lock(path)
+    return None if held is None or held.expired or _holder_gone(held) else held
+
+
 def _hold_path(path: Path) -> Path:
     return path.with_name(path.name + ".hold")
 

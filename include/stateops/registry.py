@@ -25,6 +25,7 @@ __all__ = [
     "load_registry",
     "registry_path",
     "schema_columns",
+    "schema_fields",
     "write_switch",
 ]
 
@@ -112,6 +113,13 @@ class Sink(_Model):
 
     format: Literal["parquet", "json"] = "parquet"
     path: str
+    batch_offset: int = Field(0, ge=0)
+    """Batch K of the checkpoint writes ``batch_id=K+batch_offset``: after a migration the new
+    checkpoint starts at batch 0, and its output continues the old one's numbering."""
+
+    def folder_batch(self, batch: int) -> int:
+        """The ``batch_id=`` folder of the checkpoint's batch ``batch``."""
+        return batch + self.batch_offset
 
 
 class Trigger(_Model):
@@ -265,9 +273,15 @@ class Registry(_Model):
 
 
 def write_switch(
-    registry: Registry, name: str, source: dict, checkpoint: str, lineage: dict
+    registry: Registry,
+    name: str,
+    source: dict,
+    checkpoint: str,
+    lineage: dict,
+    sink_batch_offset: int = 0,
 ) -> Path:
-    """Record that ``name`` now runs on ``source`` and ``checkpoint`` (a migration's switch).
+    """Record that ``name`` now runs on ``source`` and ``checkpoint`` (a migration's switch),
+    its output numbered from ``sink_batch_offset`` (see :class:`Sink`).
 
     The registry file is not edited: the switch is kept beside the data and applies while the
     file still declares what was there before the first switch. ``lineage`` is appended to
@@ -277,12 +291,14 @@ def write_switch(
     path = registry.switch_path(name)
     here = {"source": query.source.model_dump(by_alias=True), "checkpoint": query.checkpoint}
     previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    applied = previous.get("current") == here
+    current = previous.get("current") or {}
+    applied = {k: current.get(k) for k in here} == here
     switch = {
         "declared": previous["declared"] if applied else here,
         "current": {
             "source": Source.model_validate(source).model_dump(by_alias=True),
             "checkpoint": str(Path(checkpoint).resolve()),
+            "sink_batch_offset": sink_batch_offset,
         },
         "history": [*previous.get("history", []), lineage],
     }
@@ -341,6 +357,7 @@ def _switched(query: Query, data_dir: Path) -> Query:
     try:
         data = query.model_dump(by_alias=True)
         data.update(source=current["source"], checkpoint=str(current["checkpoint"]))
+        data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
         return Query.model_validate(data)
     except (ValidationError, KeyError, TypeError) as err:
         raise RegistryError(f"{path}: invalid migration switch ({err})") from None
@@ -412,6 +429,11 @@ def _resolve_paths(query: Query, data_dir: Path) -> Query:
 
 def schema_columns(ddl: str) -> list[str]:
     """Top-level column names of a DDL schema string (``"a STRING, b STRUCT<x: INT>"``)."""
+    return [name for name, _ in schema_fields(ddl)]
+
+
+def schema_fields(ddl: str) -> list[tuple[str, str]]:
+    """Top-level (name, upper-case type) pairs of a DDL schema string."""
     parts, depth, current = [], 0, []
     for ch in ddl:
         if ch in "<(":
@@ -424,10 +446,10 @@ def schema_columns(ddl: str) -> list[str]:
         else:
             current.append(ch)
     parts.append("".join(current))
-    columns = []
+    fields = []
     for part in parts:
         m = re.fullmatch(r"\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*:?\s+(\S.*?)\s*", part)
         if not m or depth != 0:
             raise ValueError(f"not a DDL schema (expected 'name TYPE, ...'): {ddl!r}")
-        columns.append(m.group(1))
-    return columns
+        fields.append((m.group(1), " ".join(m.group(2).upper().split())))
+    return fields

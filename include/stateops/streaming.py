@@ -77,7 +77,7 @@ def load_processor(query: Query) -> Any:
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
     """Idempotent per batch id: a re-run of a batch replaces its folder instead of adding to it."""
     df.write.mode("overwrite").format(query.sink.format).save(
-        f"{query.sink.path}/batch_id={batch_id}"
+        f"{query.sink.path}/batch_id={query.sink.folder_batch(batch_id)}"
     )
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "airflow_s3_client",
     "backup_query",
     "dry_run_param",
+    "inject_fault",
     "not_a_dry_run",
     "plan_backfill",
     "plan_restore",
@@ -69,6 +70,14 @@ def dry_run_param(description: str) -> Any:
     from airflow.sdk import Param
 
     return Param(True, type="boolean", title="Dry run", description=description)
+
+
+def inject_fault(context: Any, result: Any = None) -> None:
+    """``post_execute`` hook: with ``STATEOPS_FAIL_AFTER=<task id>`` in the environment, that
+    task fails after doing its work (failure-injection tests, game days)."""
+    task_id = context["ti"].task_id
+    if os.environ.get("STATEOPS_FAIL_AFTER") == task_id:
+        raise AirflowFailException(f"injected failure after {task_id} (STATEOPS_FAIL_AFTER)")
 
 
 def not_a_dry_run() -> Any:
@@ -262,7 +271,10 @@ def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         to_batch = last_batch_before(query.checkpoint, parse_time(before))
         print(f"the last batch whose input is older than {before}: {to_batch}")
     plan = plan_rollback(query.checkpoint, to_batch)
-    plan.update(sink=plan_sink_rollback(query.sink.path, to_batch), backup_first=True)
+    plan.update(
+        sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
+        backup_first=True,
+    )
     path = str(registry.path)
     if params.get("overrides"):
         folder = registry.state_dir / "backfill" / re.sub(r"[^\w.-]", "_", run_id)
@@ -299,7 +311,8 @@ def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
 
     lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
     done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
-                        backup=backup, log=print)  # fmt: skip
+                        sink_batch_offset=query.sink.batch_offset, backup=backup,
+                        log=print)  # fmt: skip
     return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
 
 
@@ -309,7 +322,8 @@ def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str,
 
     query = load_registry().query(plan["query"])
     old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
-    diff = diff_output(query.sink.path, old, plan["to_batch"], query.key_columns)
+    after = query.sink.folder_batch(plan["to_batch"])
+    diff = diff_output(query.sink.path, old, after, query.key_columns)
     print(
         f"{query.name}: batches {diff['batches_before']} -> {diff['batches_after']}: "
         f"{diff['rows_before']} rows before, {diff['rows_after']} after; "

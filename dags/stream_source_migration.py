@@ -1,0 +1,233 @@
+"""
+### stream_source_migration
+
+Moves a registered query to a **new source** (another landing folder, another format) and
+carries its state over, instead of replaying history. Trigger it with the form; **dry run**
+(on by default) runs the preflight only and prints the plan.
+
+1. `preflight`: the query is registered with an `initial_state.from_export` section; the new
+   source is valid, its folder exists, its schema has every column the query reads with the
+   same type (for Parquet, the files' own schema too); the old checkpoint has a committed batch
+   and verifies clean; the new checkpoint is new or empty (default: `<checkpoint>.v2` beside
+   the old one); no other lifecycle operation holds the query. Then the migration **holds** the
+   query: until it ends, only its own steps take the query's lock.
+2. `stop_query`: a running query is stopped gracefully (its stop marker; the current batch
+   commits) and waited for. `drain`: the old source runs to its end with `available-now`.
+3. `backup`: the old checkpoint to the registry's `backups.url`.
+4. `export`: the state at the last committed batch; `validate_export`: Great Expectations on
+   that state.
+5. `bootstrap`: the query on the new source, into the new checkpoint, with the exported state
+   as its initial state; complete when batch 0 commits (if the new source is still empty it
+   stays pending, and the next start completes it).
+6. `prove`: the new checkpoint's state equals the exported state plus batch 0's input (rows and
+   order-independent checksums per state variable, computed by the bootstrap) and verifies
+   clean; `validate_new_state`: Great Expectations on the new state.
+7. `switch`: the query now runs on the new source and checkpoint (recorded beside the data,
+   the registry file is not edited; `stream_start` and the CLI follow it); lineage in
+   `<new checkpoint>.audit/lineage.json`; the old checkpoint's files become read-only; the
+   hold is released.
+
+`roll_back` runs when a step after preflight fails: the new checkpoint moves aside
+(`<new>.failed-<run id>`), a switch already written is undone, the old checkpoint is writable
+again and the hold is released. The old query can start again; fix the cause and trigger again.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from stateops.registry import Source
+from stateops_airflow.tasks import (
+    LIFECYCLE_DAG,
+    airflow_s3_client,
+    dry_run_param,
+    inject_fault,
+    not_a_dry_run,
+    query_param,
+    registered_queries,
+    run_query_operator,
+    spark_job_operator,
+)
+
+QUERIES = registered_queries(with_initial_state=True)
+PLAN = "ti.xcom_pull(task_ids='preflight')"
+FORMATS = list(Source.model_fields["format"].annotation.__args__)
+
+
+@dag(
+    dag_id="stream_source_migration",
+    schedule=None,
+    **LIFECYCLE_DAG,
+    default_args={"retries": 0, "post_execute": inject_fault},
+    tags=["stateops", "streaming", "migration"],
+    doc_md=__doc__,
+    params={
+        "query": query_param(QUERIES, "The registered query to move to the new source."),
+        "new_source_format": Param(
+            "parquet", type="string", enum=FORMATS, title="New source: format"
+        ),
+        "new_source_path": Param(
+            "",
+            type="string",
+            minLength=1,
+            title="New source: folder",
+            description="Where the new input lands (relative to the registry's data_dir, or "
+            "absolute). Events after the cutover belong here.",
+        ),
+        "new_source_schema": Param(
+            "",
+            type="string",
+            title="New source: schema",
+            description="DDL, e.g. 'user_id STRING, page STRING, event_time TIMESTAMP'. Empty: "
+            "the query's current schema. It must have every column the query reads.",
+        ),
+        "new_source_options": Param(
+            {},
+            type="object",
+            title="New source: options",
+            description='Reader options, e.g. {"maxFilesPerTrigger": 1}.',
+        ),
+        "new_checkpoint": Param(
+            "",
+            type="string",
+            title="New checkpoint",
+            description="A new or empty folder (relative to data_dir, or absolute). Empty: "
+            "<checkpoint>.v2 beside the old one.",
+        ),
+        "dry_run": dry_run_param("Only run the preflight and print the plan."),
+    },
+)
+def stream_source_migration() -> None:
+    @task
+    def preflight() -> dict:
+        from stateops.migration import plan_migration, prepare_migration
+        from stateops.registry import load_registry
+
+        context = get_current_context()
+        params, registry = context["params"], load_registry()
+        source = {
+            "format": params["new_source_format"],
+            "path": params["new_source_path"],
+            "schema": params["new_source_schema"],
+            "options": params["new_source_options"],
+        }
+        plan = plan_migration(registry, params["query"], source, params["new_checkpoint"],
+                              context["run_id"])  # fmt: skip
+        old, new = plan["old"], plan["new"]
+        print(
+            f"{'DRY RUN: would migrate' if params['dry_run'] else 'migrating'} {plan['query']}: "
+            f"{old['source']['format']} {old['source']['path']} -> {new['source']['format']} "
+            f"{new['source']['path']} ({plan['new_source_files']} files there now)\n"
+            f"  old checkpoint {old['checkpoint']} (last committed batch "
+            f"{old['last_committed_batch']}, verifies clean)"
+            + (f", running as {plan['running']}: will be stopped" if plan["running"] else "")
+            + f"\n  new checkpoint {new['checkpoint']}\n"
+            "  then: drain the old source, back up, export and validate the state, bootstrap "
+            "on the new source, prove, switch"
+        )
+        if not params["dry_run"]:
+            prepare_migration(registry, plan)
+            print(f"{plan['query']}: held by this run; other lifecycle operations wait")
+        return plan
+
+    @task
+    def stop_query() -> None:
+        from stateops.migration import stop_running_query
+        from stateops.registry import load_registry
+
+        stop_running_query(load_registry(), get_current_context()["params"]["query"])
+
+    drain = run_query_operator("{{ params.query }}", task_id="drain")
+
+    @task
+    def backup(plan: dict) -> dict:
+        from stateops.backup import backup_checkpoint
+        from stateops.migration import settle_migration
+        from stateops.registry import load_registry
+
+        registry = load_registry()
+        settled = settle_migration(registry, plan)
+        print(
+            f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
+            f"checkpoint's output continues at batch_id={settled['sink_batch_offset']}"
+        )
+        client = airflow_s3_client(registry.backups.conn_id)
+        url = registry.backups.url_for(plan["query"])
+        manifest = backup_checkpoint(plan["old"]["checkpoint"], url, client,
+                                     batch=settled["last_committed_batch"], log=print)  # fmt: skip
+        return settled | {"backup_id": manifest["backup_id"]}
+
+    export = spark_job_operator(
+        "export", "export_state.py",
+        ["--checkpoint", "{{ " + PLAN + "['old']['checkpoint'] }}",
+         "--out", "{{ " + PLAN + "['export'] }}"],
+    )  # fmt: skip
+    validate_export = spark_job_operator(
+        "validate_export", "validate_state.py", ["--query", "{{ params.query }}"]
+    )
+    new_registry = "{{ " + PLAN + "['new']['registry'] }}"
+    bootstrap = spark_job_operator(
+        "bootstrap", "bootstrap_state.py",
+        ["--query", "{{ params.query }}", "--initial-state", "{{ " + PLAN + "['export'] }}",
+         "--format", "export", "--run-id", "{{ run_id }}"],
+        registry=new_registry,
+    )  # fmt: skip
+
+    @task
+    def prove(plan: dict) -> dict:
+        from stateops.migration import check_carry_over
+
+        result = check_carry_over(plan, get_current_context()["run_id"])
+        proof = result["proof"]
+        print(
+            f"{plan['query']}: bootstrap {result['bootstrap']}; "
+            + (
+                f"carry-over proven ({proof['variables']}; {proof['proof_file']})"
+                if proof
+                else "the proof runs when batch 0 commits (the new source is empty)"
+            )
+        )
+        return result
+
+    validate_new_state = spark_job_operator(
+        "validate_new_state", "validate_state.py", ["--query", "{{ params.query }}"],
+        registry=new_registry,
+    )  # fmt: skip
+
+    @task
+    def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
+        from stateops.migration import switch_query
+        from stateops.registry import load_registry
+
+        lineage = switch_query(load_registry(), plan, settled, carry_over)
+        print(
+            f"{plan['query']}: switched to {plan['new']['source']['path']} and "
+            f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
+            f"(backup {settled['backup_id']}); lineage in "
+            f"{plan['new']['checkpoint']}.audit/lineage.json"
+        )
+        return lineage
+
+    @task(trigger_rule="one_failed")
+    def roll_back() -> dict | None:
+        from stateops.migration import roll_back_migration
+        from stateops.registry import load_registry
+
+        plan = get_current_context()["ti"].xcom_pull(task_ids="preflight")
+        if not plan:
+            print("preflight did not finish: nothing to roll back")
+            return None
+        return roll_back_migration(load_registry(), plan)
+
+    planned = preflight()
+    stopped = stop_query()
+    backed_up = backup(planned)
+    proven = prove(planned)
+    switched = switch(planned, backed_up, proven)
+    planned >> not_a_dry_run() >> stopped >> drain >> backed_up >> export >> validate_export
+    validate_export >> bootstrap >> proven >> validate_new_state >> switched
+    [stopped, drain, backed_up, export, validate_export, bootstrap, proven, validate_new_state,
+     switched] >> roll_back()  # fmt: skip
+
+
+stream_source_migration()

@@ -1,0 +1,399 @@
+"""Source migration with state carry-over: the library behind ``stream_source_migration``.
+
+The DAG runs one task per step: preflight (this module's plan, then the query's hold), stop
+the running query, drain the old source, back up, export and validate the state, bootstrap
+the query on the new source into a new checkpoint with the exported state, prove the
+carry-over, switch. The hold (see :mod:`stateops.lock`) keeps every other lifecycle operation
+out from preflight to the switch or the roll back; each step takes the query's lock with the
+migration's run id for its own work.
+
+A failure after preflight rolls back: the new checkpoint is moved aside, a switch already
+written is undone, the old checkpoint is writable again and the hold is released, so the old
+query can start again and a new trigger of the DAG can do the migration again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from stateops.audit import append_audit, audit_dir
+from stateops.checkpoint import load_checkpoint
+from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
+from stateops.lock import hold_query, live_lock, release_hold
+from stateops.registry import (
+    Query,
+    Registry,
+    Source,
+    derived_registry,
+    load_registry,
+    schema_fields,
+    write_switch,
+)
+from stateops.verify import verify_checkpoint
+
+__all__ = [
+    "OPERATION",
+    "check_carry_over",
+    "plan_migration",
+    "prepare_migration",
+    "roll_back_migration",
+    "settle_migration",
+    "stop_running_query",
+    "switch_query",
+]
+
+OPERATION = "migration"
+
+# Parquet column types as the registry's DDL names them (for the preflight's file check).
+_ARROW_TYPES = {
+    "string": "STRING",
+    "large_string": "STRING",
+    "bool": "BOOLEAN",
+    "int32": "INT",
+    "int64": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "date32[day]": "DATE",
+}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _safe(run_id: str) -> str:
+    return re.sub(r"[^\w.-]", "_", run_id)
+
+
+def _work_dir(registry: Registry, run_id: str) -> Path:
+    return registry.state_dir / "migration" / _safe(run_id)
+
+
+def default_checkpoint(query: Query) -> Path:
+    """``<checkpoint>.v2`` beside the old one (``.v3`` after that, ...): the first free one."""
+    current = Path(query.checkpoint)
+    stem = re.sub(r"\.v\d+$", "", current.name)
+    n = 2
+    while True:
+        candidate = current.with_name(f"{stem}.v{n}")
+        if candidate != current and not (candidate.exists() and any(candidate.iterdir())):
+            return candidate
+        n += 1
+
+
+def plan_migration(
+    registry: Registry,
+    name: str,
+    new_source: dict[str, Any],
+    new_checkpoint: str = "",
+    run_id: str = "",
+) -> dict[str, Any]:
+    """Preflight: everything a migration needs, checked without changing anything.
+
+    Raises a one-line StateOpsError naming what is wrong: an unknown query or one without
+    ``initial_state.from_export``, an invalid or missing new source, a new schema without the
+    columns (and types) the query reads, an old checkpoint without a committed batch or that
+    fails verification, a non-empty new checkpoint, another operation holding the query.
+    """
+    query = registry.query(name)
+    if query.initial_state is None or not query.initial_state.from_export:
+        raise RegistryError(
+            f"query {name}: no initial_state.from_export in the registry, so its processor "
+            "cannot take carried-over state; add one (see the README) and trigger again"
+        )
+    source = _new_source(registry, query, new_source)
+    folder = Path(source.path)
+    if not folder.is_dir():
+        raise StateOpsError(
+            f"new source path {folder} does not exist or is not a folder: create it and land "
+            "the new source's input there, then trigger again"
+        )
+    if source.format == query.source.format and source.path == query.source.path:
+        raise StateOpsError(f"the new source is {name}'s current source: nothing to migrate")
+    _check_schema(query, source)
+    _check_files(source)
+    new = Path(registry.data_dir / new_checkpoint if new_checkpoint else default_checkpoint(query))
+    new = new.resolve()
+    old = Path(query.checkpoint)
+    if new == old or old in new.parents or new in old.parents:
+        raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
+    if new.exists() and (not new.is_dir() or any(new.iterdir())):
+        raise StateOpsError(
+            f"new checkpoint {new} is not empty: name a new or empty folder (or leave the field "
+            "empty for the default beside the old checkpoint)"
+        )
+    try:
+        Query.model_validate(
+            {**query.model_dump(by_alias=True), "source": source.model_dump(by_alias=True)}
+        )
+    except ValidationError as err:
+        first = err.errors()[0]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise StateOpsError(f"new source: {message}") from None
+    cp = load_checkpoint(old)
+    if cp.last_committed_batch is None:
+        raise CheckpointError(
+            f"{old} has no committed batch: there is no state to carry over; start {name} on "
+            "the new source instead"
+        )
+    findings = verify_checkpoint(old)
+    if not findings["ok"]:
+        first = next(f for f in findings["findings"] if f["severity"] == "error")
+        raise CheckpointError(
+            f"{old} fails verification ({findings['errors']} errors; first: {first['path']}: "
+            f"{first['problem']}); repair or restore it before migrating"
+        )
+    lock = live_lock(registry.lock_path(name))
+    if lock and lock.operation != "run":
+        raise LockHeldError(
+            f"query {name!r} is locked by {lock.operation} (run {lock.run_id}); wait for it"
+        )
+    work = _work_dir(registry, run_id or "plan")
+    return {
+        "query": name,
+        "run_id": run_id,
+        "old": {
+            "source": query.source.model_dump(by_alias=True),
+            "checkpoint": str(old),
+            "query_id": cp.query_id,
+            "last_committed_batch": cp.last_committed_batch,
+            "sink_batch_offset": query.sink.batch_offset,
+        },
+        "new": {
+            "source": source.model_dump(by_alias=True),
+            "checkpoint": str(new),
+            "registry": str(work / "registry.yaml"),
+        },
+        "export": str(work / "export"),
+        "running": None if lock is None else lock.run_id,
+        "new_source_files": sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_"))),
+    }
+
+
+def _new_source(registry: Registry, query: Query, spec: dict[str, Any]) -> Source:
+    spec = {k: v for k, v in spec.items() if v not in (None, "")}
+    spec.setdefault("schema", query.source.schema_)
+    path = str(spec.get("path", ""))
+    if path and "://" not in path:
+        spec["path"] = str((registry.data_dir / path).resolve())
+    try:
+        return Source.model_validate(spec)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise StateOpsError(f"new source: {field}: {first['msg']}") from None
+
+
+def _check_schema(query: Query, source: Source) -> None:
+    """The new schema has every column of the query's current source, with the same type."""
+    new = dict(schema_fields(source.schema_))
+    for column, kind in schema_fields(query.source.schema_):
+        if column not in new:
+            raise StateOpsError(
+                f"new source schema has no column {column!r}, which {query.name} reads "
+                f"(its current schema: {query.source.schema_})"
+            )
+        if new[column] != kind:
+            raise StateOpsError(
+                f"new source column {column!r} is {new[column]}, but {query.name} reads it as "
+                f"{kind}: convert it, or declare it {kind}"
+            )
+
+
+def _check_files(source: Source) -> None:
+    """Parquet files carry their schema: the first one must have the declared columns."""
+    if source.format != "parquet":
+        return
+    import pyarrow.parquet as pq
+
+    first = next(iter(sorted(Path(source.path).rglob("*.parquet"))), None)
+    if first is None:
+        return
+    found = {f.name: _ARROW_TYPES.get(str(f.type), str(f.type)) for f in pq.read_schema(first)}
+    for column, kind in schema_fields(source.schema_):
+        have = found.get(column)
+        if have is None:
+            raise StateOpsError(f"{first}: no column {column!r} (the new source schema has it)")
+        if have != kind and not (kind == "TIMESTAMP" and have.startswith("timestamp")):
+            raise StateOpsError(f"{first}: column {column!r} is {have}, not {kind}")
+
+
+def prepare_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
+    """Hold the query for the run: until the switch or the roll back, only its steps run."""
+    hold_query(registry.lock_path(plan["query"]), plan["query"], OPERATION, plan["run_id"])
+    return plan
+
+
+def settle_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
+    """After the drain: the old checkpoint's final batch, and the registry the new query runs
+    with (new source and checkpoint; its output continues the old numbering after that batch).
+    """
+    query = registry.query(plan["query"])
+    if query.checkpoint != plan["old"]["checkpoint"]:
+        raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
+    last = load_checkpoint(query.checkpoint).last_committed_batch
+    offset = query.sink.folder_batch(last) + 1
+    changes = {
+        "source": plan["new"]["source"],
+        "checkpoint": plan["new"]["checkpoint"],
+        "sink": query.sink.model_dump() | {"batch_offset": offset},
+    }
+    derived_registry(registry, query.name, changes, plan["new"]["registry"])
+    return {"last_committed_batch": last, "sink_batch_offset": offset}
+
+
+def stop_running_query(
+    registry: Registry,
+    name: str,
+    log: Callable[[str], None] = print,
+    timeout_seconds: float = 600,
+) -> str | None:
+    """Stop a running query gracefully (its stop marker) and wait until its run ends.
+
+    Returns the stopped run's id (None when nothing ran). A run on an ``available-now``
+    trigger ignores the marker and ends by itself; it is waited for just the same.
+    """
+    path = registry.lock_path(name)
+    held = live_lock(path)
+    if held is None:
+        log(f"{name}: not running")
+        return None
+    if held.operation != "run":
+        raise LockHeldError(f"query {name!r} is locked by {held.operation} (run {held.run_id})")
+    marker = registry.stop_marker(name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    log(f"{name}: stopping run {held.run_id} after its current batch ({marker})")
+    deadline = time.monotonic() + timeout_seconds
+    while (current := live_lock(path)) is not None and current.token == held.token:
+        if time.monotonic() > deadline:
+            raise StateOpsError(
+                f"{name}: run {held.run_id} did not stop within {timeout_seconds:.0f} s; stop it "
+                f"(stateops stop {name}), then trigger the migration again"
+            )
+        time.sleep(1)
+    marker.unlink(missing_ok=True)
+    log(f"{name}: run {held.run_id} stopped")
+    return held.run_id
+
+
+def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The bootstrap's outcome on the new checkpoint: its proof, and file-level integrity."""
+    registry = load_registry(plan["new"]["registry"])
+    path = registry.run_summary_path(plan["query"])
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    if summary.get("run_id") != run_id:
+        raise StateOpsError(f"{path} is not from run {run_id}: the bootstrap wrote no summary")
+    if summary["status"] != "succeeded":
+        raise StateOpsError(f"bootstrap of {plan['query']} failed: {summary['error']}")
+    proof = summary.get("proof")
+    if summary["bootstrap"] == "complete" and not (proof and proof["ok"]):
+        raise StateOpsError(f"carry-over of {plan['query']} not proven: {proof}")
+    findings = verify_checkpoint(plan["new"]["checkpoint"])
+    if not findings["ok"]:
+        first = next(f for f in findings["findings"] if f["severity"] == "error")
+        raise CheckpointError(
+            f"new checkpoint fails verification: {first['path']}: {first['problem']}"
+        )
+    return {
+        "bootstrap": summary["bootstrap"],
+        "proof": proof,
+        "last_committed_batch": summary["last_committed_batch"],
+    }
+
+
+def switch_query(
+    registry: Registry,
+    plan: dict[str, Any],
+    settled: dict[str, Any],
+    carry_over: dict[str, Any],
+) -> dict[str, Any]:
+    """Point the query at the new source and checkpoint, record the lineage, keep the old
+    checkpoint read-only, and release the hold. ``settled`` is :func:`settle_migration`'s
+    result plus the ``backup_id``."""
+    name, old, new = plan["query"], plan["old"], plan["new"]
+    backup_id = settled["backup_id"]
+    lineage = {
+        "operation": OPERATION,
+        "run_id": plan["run_id"],
+        "time": _now(),
+        "from": {
+            "checkpoint": old["checkpoint"],
+            "query_id": old["query_id"],
+            "last_committed_batch": settled["last_committed_batch"],
+            "source": old["source"],
+        },
+        "to": {
+            "checkpoint": new["checkpoint"],
+            "source": new["source"],
+            "sink_batch_offset": settled["sink_batch_offset"],
+        },
+        "backup_id": backup_id,
+        "export": plan["export"],
+        "bootstrap": carry_over["bootstrap"],
+        "proof": (carry_over["proof"] or {}).get("proof_file"),
+    }
+    target = audit_dir(new["checkpoint"]) / "lineage.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
+    common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
+    append_audit(new["checkpoint"], OPERATION, result="derived", derived_from=old["checkpoint"],
+                 backup_id=backup_id, **common)  # fmt: skip
+    write_switch(registry, name, new["source"], new["checkpoint"], lineage,
+                 sink_batch_offset=settled["sink_batch_offset"])  # fmt: skip
+    _set_read_only(Path(old["checkpoint"]), True)
+    append_audit(old["checkpoint"], OPERATION, result="retired (read-only)",
+                 migrated_to=new["checkpoint"], backup_id=backup_id, **common)  # fmt: skip
+    release_hold(registry.lock_path(name), plan["run_id"])
+    return lineage
+
+
+def roll_back_migration(
+    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Undo what a failed migration run did; the old query can start again afterwards."""
+    name, old, new = plan["query"], plan["old"], Path(plan["new"]["checkpoint"])
+    done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
+    if registry.query(name).checkpoint == str(new):
+        undo = {"operation": "migration rolled back", "run_id": plan["run_id"], "time": _now()}
+        write_switch(registry, name, old["source"], old["checkpoint"], undo,
+                     sink_batch_offset=old["sink_batch_offset"])  # fmt: skip
+        done["switch_undone"] = True
+        log(f"{name}: switch undone: back on {old['checkpoint']}")
+    _set_read_only(Path(old["checkpoint"]), False)
+    aside = new.with_name(f"{new.name}.failed-{_safe(plan['run_id'])}")
+    for here, there in ((new, aside), (audit_dir(new), audit_dir(aside))):
+        if here.exists():
+            os.replace(here, there)
+            done["moved_aside"].append(str(there))
+            log(f"moved {here} aside to {there}")
+    marker = registry.bootstrap_marker(name)
+    if marker.exists() and json.loads(marker.read_text()).get("checkpoint") == str(new):
+        marker.unlink()  # the pending bootstrap belonged to the moved checkpoint
+    if release_hold(registry.lock_path(name), plan["run_id"]):
+        log(f"{name}: hold of run {plan['run_id']} released")
+    if old["checkpoint"]:
+        append_audit(old["checkpoint"], OPERATION, run_id=plan["run_id"], result="rolled back")
+    log(f"{name}: migration rolled back; the query runs on {old['checkpoint']} as before")
+    return done
+
+
+def _set_read_only(root: Path, read_only: bool) -> None:
+    """Files of a retired checkpoint are read-only (folders stay writable: a roll back can
+    make the files writable again and the old query can restart)."""
+    write = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder, name)
+            mode = path.stat().st_mode
+            path.chmod(mode & ~write if read_only else mode | stat.S_IWUSR)
