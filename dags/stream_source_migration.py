@@ -27,9 +27,15 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    `<new checkpoint>.audit/lineage.json`; the old checkpoint's files become read-only; the
    hold is released.
 
-`roll_back` runs when a step after preflight fails: the new checkpoint moves aside
-(`<new>.failed-<run id>`), a switch already written is undone, the old checkpoint is writable
-again and the hold is released. The old query can start again; fix the cause and trigger again.
+`roll_back` runs when a step fails: the new checkpoint moves aside (`<new>.failed-<run id>`),
+a switch already written is undone, the old checkpoint is writable again and the hold is
+released; then it fails itself, so the run shows as failed. The old query can start again;
+fix the cause and trigger again. Each step's failure is final (no retries): a failed migration
+is rolled back at once.
+
+Not built yet: a cutover at an input-file time (the old source drained only up to it). Spark
+refuses `modifiedBefore` on streaming file sources, so the drain always reads the old source
+to its end: land the new source's input in its own folder only.
 """
 
 from __future__ import annotations
@@ -209,15 +215,22 @@ def stream_source_migration() -> None:
         return lineage
 
     @task(trigger_rule="one_failed")
-    def roll_back() -> dict | None:
+    def roll_back() -> None:
+        """Runs only when a step failed; undoes the run, then fails itself so the run fails."""
+        from airflow.sdk.exceptions import AirflowFailException
+
         from stateops.migration import roll_back_migration
         from stateops.registry import load_registry
 
         plan = get_current_context()["ti"].xcom_pull(task_ids="preflight")
-        if not plan:
-            print("preflight did not finish: nothing to roll back")
-            return None
-        return roll_back_migration(load_registry(), plan)
+        if plan:
+            roll_back_migration(load_registry(), plan)
+        else:
+            print("preflight did not finish: nothing changed, nothing to roll back")
+        raise AirflowFailException(
+            "the migration failed (see the failed step's log)"
+            + ("; it was rolled back and the query runs on its old source" if plan else "")
+        )
 
     planned = preflight()
     stopped = stop_query()

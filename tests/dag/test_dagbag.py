@@ -26,8 +26,13 @@ def test_every_dag_imports_with_tags_and_retries(dagbag):
     for dag_id, dag in dagbag.dags.items():
         assert dag.tags, f"{dag_id} has no tags"
         assert dag.doc_md, f"{dag_id} has no documentation"
+        rolls_back = "roll_back" in dag.task_dict
         for t in dag.tasks:
-            assert t.retries >= 1, f"{dag_id}.{t.task_id} has no retries"
+            # A DAG that rolls back on failure does so at once: the operator triggers again.
+            if rolls_back:
+                assert t.retries == 0, f"{dag_id}.{t.task_id} retries before rolling back"
+            else:
+                assert t.retries >= 1, f"{dag_id}.{t.task_id} has no retries"
 
 
 def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
@@ -114,3 +119,31 @@ def test_stream_backfill_form_and_order(dagbag):
     submit = dag.get_task("reprocess")
     args = submit.application_args
     assert args[args.index("--registry") + 1] == "{{ ti.xcom_pull(task_ids='plan')['registry'] }}"
+
+
+def test_stream_source_migration_form_order_and_roll_back(dagbag):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    dag = dagbag.dags["stream_source_migration"]
+    assert dag.schedule is None and dag.max_active_runs == 1
+    params = dag.params
+    assert params["dry_run"] is True
+    assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
+    assert params.get_param("new_source_format").schema["enum"] == ["json", "parquet", "csv"]
+    for name, bad in [("new_source_path", ""), ("new_source_format", "kafka"),
+                      ("new_source_options", "maxFilesPerTrigger=1")]:  # fmt: skip
+        with pytest.raises(ParamValidationError):
+            params.get_param(name).resolve(bad)
+    order = ["preflight", "not_a_dry_run", "stop_query", "drain", "backup", "export",
+             "validate_export", "bootstrap", "prove", "validate_new_state", "switch"]  # fmt: skip
+    for upstream, downstream in itertools.pairwise(order):
+        assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    roll_back = dag.get_task("roll_back")
+    assert roll_back.trigger_rule == "one_failed"
+    assert roll_back.upstream_task_ids == set(order[2:])
+    assert len(dag.tasks) == len(order) + 1
+    args = dag.get_task("bootstrap").application_args
+    assert args[args.index("--registry") + 1] == (
+        "{{ ti.xcom_pull(task_ids='preflight')['new']['registry'] }}"
+    )
+    assert args[args.index("--run-id") + 1] == "{{ run_id }}"

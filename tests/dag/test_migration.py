@@ -155,3 +155,49 @@ def test_user_sessions_migrates_to_parquet_and_open_sessions_close_there(spark, 
     carried = [r for b, rows in sink.items() if b >= m.query.sink.batch_offset for r in rows
                if r[4].startswith("e0-")]  # fmt: skip
     assert carried, "no session open at the cutover closed on the new source"
+
+
+# Every step after preflight; CI injects a failure after the first Spark step, the bootstrap
+# and the switch (each failed run costs the steps before it). STATEOPS_ALL_FAULTS=1: every step.
+STEPS = ["stop_query", "drain", "backup", "export", "validate_export", "bootstrap", "prove",
+         "validate_new_state", "switch"]  # fmt: skip
+FAULTS = STEPS if os.environ.get("STATEOPS_ALL_FAULTS") else ["drain", "bootstrap", "switch"]
+
+
+def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates(
+    spark, s3, tmp_path
+):
+    from stateops.lock import read_hold
+
+    whole = _uninterrupted(tmp_path, "page_visits")
+    m = Migration(tmp_path, "page_visits", s3)
+    old = Path(m.query.checkpoint)
+    lock = load_registry(m.path).lock_path("page_visits")
+    drained = None
+    for step in FAULTS:
+        run, log = m.trigger(m.conf(), STATEOPS_FAIL_AFTER=step)
+        assert run.returncode != 0, log[-3000:]
+        assert f"injected failure after {step}" in log
+        assert "migration rolled back; the query runs on" in log, log[-5000:]
+        query = m.query
+        assert (query.source.format, query.checkpoint, query.sink.batch_offset) == (
+            "json",
+            str(old),
+            0,
+        ), f"after a failure at {step}, the registry still points at the old source"
+        assert read_hold(lock) is None, "the hold is released"
+        assert not Path(f"{old}.v2").exists(), "the new checkpoint is moved aside"
+        assert all(p.stat().st_mode & stat.S_IWUSR for p in old.rglob("*") if p.is_file())
+        digest = tree_digest(old)
+        if step != "stop_query":  # the drain ran: from then on, the old checkpoint is fixed
+            drained = drained or digest
+            assert digest == drained, f"a failure at {step} changed the old checkpoint"
+    assert len(list(tmp_path.glob("checkpoints/page_visits.v2.failed-*"))) >= 2  # kept aside
+
+    # The old query is still runnable: nothing new to read, so no batch and no change.
+    _ok(spark_submit_run_query(m.path, "page_visits"))
+    assert tree_digest(old) == drained
+
+    run, log = m.trigger(m.conf())
+    assert run.returncode == 0, log[-8000:]
+    _assert_migrated(spark, m, whole, log)

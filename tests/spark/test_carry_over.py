@@ -83,6 +83,6 @@ def test_open_sessions_carry_over_and_close_like_an_uninterrupted_run(spark, tmp
     ), "state (open sessions and their timers) differs from the uninterrupted run's"
     split = _all_rows(queries["old"].sink.path) + _all_rows(queries["new"].sink.path)
     assert split == _all_rows(queries["whole"].sink.path)
-    # Sessions that began before the cutover (round 0 events are "e1-...") ended after it.
-    carried = [r for r in _all_rows(queries["new"].sink.path) if r[DATA].startswith("e1-")]
+    # Sessions that began before the cutover (round 0 events are "e0-...") ended after it.
+    carried = [r for r in _all_rows(queries["new"].sink.path) if r[DATA].startswith("e0-")]
     assert carried, "no carried-over session closed on the new source"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -80,3 +81,18 @@ def test_stateops_queries_shows_where_a_switched_query_runs(tmp_path):
     assert f"page_visits      parquet {NEW_SOURCE['path']}" in out
     assert f"checkpoint {tmp_path / 'v2'}" in out
     assert out.count("switched by a migration") == 1
+
+
+def test_a_switch_numbers_the_new_checkpoints_output_after_the_old(tmp_path):
+    from stateops.cleanup import plan_sink_rollback
+
+    path = write_registry(tmp_path)
+    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {},
+                 sink_batch_offset=8)  # fmt: skip
+    sink = load_registry(path).query("page_visits").sink
+    assert (sink.batch_offset, sink.folder_batch(0), sink.folder_batch(3)) == (8, 8, 11)
+    for k in range(12):  # old checkpoint's batches 0-7, the new one's 0-3
+        (Path(sink.path) / f"batch_id={k}").mkdir(parents=True)
+    # A rollback of the new checkpoint to its batch 1 moves its batches 2 and 3 only.
+    plan = plan_sink_rollback(sink.path, 1, sink.batch_offset)
+    assert plan["folders"] == ["batch_id=10", "batch_id=11"]

@@ -1,0 +1,109 @@
+"""A migration's preflight refuses bad form input with one clear line and changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stateops.errors import StateOpsError
+from stateops.lock import QueryLock, read_hold
+from stateops.migration import plan_migration, prepare_migration
+from stateops.registry import load_registry
+from tests.conftest import spark_submit_run_query, tree_digest, write_registry
+from tests.spark.harness import land
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("preflight")
+    path = write_registry(root)
+    land(root / "landing", round_=0, files=1)
+    proc = spark_submit_run_query(path, "page_visits")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (root / "landing_v2").mkdir()
+    return root
+
+
+def _source(**changes) -> dict:
+    return {"format": "parquet", "path": "landing_v2", **changes}
+
+
+def _parquet(folder: Path, **types: pa.DataType) -> None:
+    columns = {"user_id": pa.string(), "page": pa.string(),
+               "event_time": pa.timestamp("us", "UTC"), **types}  # fmt: skip
+    schema = pa.schema(list(columns.items()))
+    pq.write_table(pa.Table.from_pylist([], schema=schema), folder / "part-0.parquet")
+
+
+BAD = [
+    ("nope", _source(), "", r"no query named 'nope' \(registered: page_visits, user_sessions\)"),
+    ("page_visits", _source(path="landing_v3"), "",
+     r"new source path .*/landing_v3 does not exist or is not a folder: create it"),
+    ("page_visits", _source(format="kafka"), "", r"new source: format: Input should be"),
+    ("page_visits", _source(schema="user_id STRING, event_time TIMESTAMP"), "",
+     r"new source schema has no column 'page', which page_visits reads"),
+    ("page_visits", _source(schema="user_id STRING, page STRING, event_time STRING"), "",
+     r"new source column 'event_time' is STRING, but page_visits reads it as TIMESTAMP"),
+    ("page_visits", _source(path="landing/page_visits", format="json"), "",
+     r"the new source is page_visits's current source: nothing to migrate"),
+    ("page_visits", _source(), "landing", r"new checkpoint .*/landing is not empty"),
+    ("page_visits", _source(), "checkpoints/page_visits/offsets",
+     r"new checkpoint .* overlaps the current checkpoint"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("query", "source", "checkpoint", "message"), BAD)
+def test_bad_input_is_refused_in_preflight_and_changes_nothing(
+    data, query, source, checkpoint, message
+):
+    registry = load_registry(data / "registry.yaml")
+    before = tree_digest(data)
+    with pytest.raises(StateOpsError, match=message) as err:
+        plan_migration(registry, query, source, checkpoint, "manual__bad")
+    assert "\n" not in str(err.value)
+    assert tree_digest(data) == before
+
+
+def test_parquet_files_whose_columns_do_not_match_the_schema_are_refused(data, tmp_path):
+    registry = load_registry(data / "registry.yaml")
+    folder = tmp_path / "v2"
+    folder.mkdir()
+    _parquet(folder, event_time=pa.string())
+    with pytest.raises(StateOpsError, match=r"part-0.parquet: column 'event_time' is STRING, "
+                                            r"not TIMESTAMP"):  # fmt: skip
+        plan_migration(registry, "page_visits", _source(path=str(folder)), "", "manual__bad")
+    _parquet(folder, event_time=pa.timestamp("us", "UTC"))
+    plan = plan_migration(registry, "page_visits", _source(path=str(folder)), "", "manual__ok")
+    assert plan["new"]["checkpoint"] == str(data / "checkpoints" / "page_visits.v2")
+    assert plan["old"]["last_committed_batch"] == 0 and plan["new_source_files"] == 1
+
+
+def test_a_query_held_by_another_operation_is_refused_and_a_held_query_admits_only_the_run(data):
+    registry = load_registry(data / "registry.yaml")
+    lock = registry.lock_path("page_visits")
+    with QueryLock(lock, "page_visits", "cleanup", run_id="cleanup-1"):
+        with pytest.raises(StateOpsError, match=r"locked by cleanup \(run cleanup-1\)"):
+            plan_migration(registry, "page_visits", _source(), "", "manual__1")
+    plan = plan_migration(registry, "page_visits", _source(), "", "manual__1")
+    prepare_migration(registry, plan)
+    try:
+        assert read_hold(lock).run_id == "manual__1"
+        proc = spark_submit_run_query(data / "registry.yaml", "page_visits")
+        assert proc.returncode == 2
+        assert "held by migration (run manual__1)" in proc.stdout + proc.stderr
+    finally:
+        from stateops.lock import release_hold
+
+        assert release_hold(lock, "manual__1")
+
+
+def test_a_query_without_carry_over_support_is_refused(tmp_path):
+    path = write_registry(tmp_path, page_visits={"initial_state": None})
+    registry = load_registry(path)
+    with pytest.raises(StateOpsError, match=r"no initial_state.from_export in the registry"):
+        plan_migration(registry, "page_visits", _source(), "", "manual__x")
