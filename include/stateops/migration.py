@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from stateops.audit import append_audit, audit_dir
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
-from stateops.lock import hold_query, live_lock, release_hold
+from stateops.lock import hold_query, live_lock, read_hold, release_hold
 from stateops.registry import (
     Query,
     Registry,
@@ -153,7 +153,12 @@ def plan_migration(
             f"{old} fails verification ({findings['errors']} errors; first: {first['path']}: "
             f"{first['problem']}); repair or restore it before migrating"
         )
-    lock = live_lock(registry.lock_path(name))
+    lock, hold = live_lock(registry.lock_path(name)), read_hold(registry.lock_path(name))
+    if hold and hold.run_id != run_id:
+        raise LockHeldError(
+            f"query {name!r} is held by {hold.operation} (run {hold.run_id}); wait for it to "
+            f"finish or roll back, or if it is dead: stateops lock release {name}"
+        )
     if lock and lock.operation != "run":
         raise LockHeldError(
             f"query {name!r} is locked by {lock.operation} (run {lock.run_id}); wait for it"

@@ -93,6 +93,8 @@ def test_a_query_held_by_another_operation_is_refused_and_a_held_query_admits_on
     prepare_migration(registry, plan)
     try:
         assert read_hold(lock).run_id == "manual__1"
+        with pytest.raises(StateOpsError, match=r"held by migration \(run manual__1\)"):
+            plan_migration(registry, "page_visits", _source(), "", "manual__2")
         proc = spark_submit_run_query(data / "registry.yaml", "page_visits")
         assert proc.returncode == 2
         assert "held by migration (run manual__1)" in proc.stdout + proc.stderr
