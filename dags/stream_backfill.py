@@ -37,6 +37,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from stateops.backfill import OVERRIDABLE
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
+    TIME_PATTERN,
     dry_run_param,
     not_a_dry_run,
     plan_backfill,
@@ -73,7 +74,7 @@ PLANNED_REGISTRY = "{{ ti.xcom_pull(task_ids='plan')['registry'] }}"
         "input_before": Param(
             "",
             type="string",
-            pattern=r"^$|^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:\d{2})?$",
+            pattern="^$|^" + TIME_PATTERN,
             title="... or to the input before",
             description="A time (2026-11-21T03:00:00Z; UTC without a zone): roll back to the "
             "last batch whose input files were all modified before it.",

@@ -12,7 +12,9 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    the old one); no other lifecycle operation holds the query. Then the migration **holds** the
    query: until it ends, only its own steps take the query's lock.
 2. `stop_query`: a running query is stopped gracefully (its stop marker; the current batch
-   commits) and waited for. `drain`: the old source runs to its end with `available-now`.
+   commits) and waited for. `drain`: the old source runs to its end with `available-now`,
+   or, with a cutover time, reads in one batch exactly the files not read yet and modified
+   before it (refused if the query already read a later one).
 3. `backup`: the old checkpoint to the registry's `backups.url`.
 4. `export`: the state at the last committed batch; `validate_export`: Great Expectations on
    that state.
@@ -33,9 +35,6 @@ released; then it fails itself, so the run shows as failed. The old query can st
 fix the cause and trigger again. Each step's failure is final (no retries): a failed migration
 is rolled back at once.
 
-Not built yet: a cutover at an input-file time (the old source drained only up to it). Spark
-refuses `modifiedBefore` on streaming file sources, so the drain always reads the old source
-to its end: land the new source's input in its own folder only.
 """
 
 from __future__ import annotations
@@ -45,13 +44,13 @@ from airflow.sdk import Param, dag, get_current_context, task
 from stateops.registry import Source
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
+    TIME_PATTERN,
     airflow_s3_client,
     dry_run_param,
     inject_fault,
     not_a_dry_run,
     query_param,
     registered_queries,
-    run_query_operator,
     spark_job_operator,
 )
 
@@ -93,6 +92,15 @@ FORMATS = list(Source.model_fields["format"].annotation.__args__)
             title="New source: options",
             description='Reader options, e.g. {"maxFilesPerTrigger": 1}.',
         ),
+        "cutover": Param(
+            "drain",
+            type="string",
+            pattern="^drain$|^" + TIME_PATTERN,
+            title="Cutover",
+            description="drain: the old source is read to its end. Or a past time "
+            "(2026-11-21T03:00:00Z; UTC without a zone): the old source reads only the input "
+            "files modified before it; what comes after belongs in the new source.",
+        ),
         "new_checkpoint": Param(
             "",
             type="string",
@@ -118,7 +126,7 @@ def stream_source_migration() -> None:
             "options": params["new_source_options"],
         }
         plan = plan_migration(registry, params["query"], source, params["new_checkpoint"],
-                              context["run_id"])  # fmt: skip
+                              context["run_id"], params["cutover"])  # fmt: skip
         old, new = plan["old"], plan["new"]
         print(
             f"{'DRY RUN: would migrate' if params['dry_run'] else 'migrating'} {plan['query']}: "
@@ -128,6 +136,7 @@ def stream_source_migration() -> None:
             f"{old['last_committed_batch']}, verifies clean)"
             + (f", running as {plan['running']}: will be stopped" if plan["running"] else "")
             + f"\n  new checkpoint {new['checkpoint']}\n"
+            + f"  cutover: {plan['cutover']}\n"
             "  then: drain the old source, back up, export and validate the state, bootstrap "
             "on the new source, prove, switch"
         )
@@ -143,7 +152,11 @@ def stream_source_migration() -> None:
 
         stop_running_query(load_registry(), get_current_context()["params"]["query"])
 
-    drain = run_query_operator("{{ params.query }}", task_id="drain")
+    drain = spark_job_operator(
+        "drain", "run_query.py",
+        ["--query", "{{ params.query }}", "--mode", "available-now", "--run-id", "{{ run_id }}",
+         "--cutover", "{{ " + PLAN + "['cutover'] }}"],
+    )  # fmt: skip
 
     @task
     def backup(plan: dict) -> dict:

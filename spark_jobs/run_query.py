@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from stateops.backfill import parse_time
 from stateops.errors import StateOpsError
 from stateops.registry import load_registry
 from stateops.runner import run_registered_query, write_summary
@@ -31,6 +32,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--summary", help="where to write the run summary JSON")
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="stop-marker poll interval")
+    parser.add_argument(
+        "--cutover",
+        default="drain",
+        help="drain (default: all input) or a time: read only the input files not read yet and "
+        "modified before it, in one batch, then stop (a migration's cutover)",
+    )
     return parser.parse_args(argv)
 
 
@@ -38,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         registry = load_registry(args.registry)
+        cutover = None if args.cutover == "drain" else parse_time(args.cutover)
         summary = run_registered_query(
-            registry, args.query, mode=args.mode, run_id=args.run_id, poll_seconds=args.poll_seconds
-        )
+            registry, args.query, mode=args.mode, run_id=args.run_id,
+            poll_seconds=args.poll_seconds, cutover=cutover,
+        )  # fmt: skip
     except StateOpsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -244,6 +244,21 @@ class Checkpoint:
                     entries.append({"path": entry["path"], "timestamp": entry.get("timestamp")})
         return entries
 
+    def seen_files(self, source: int = 0) -> set[str]:
+        """Local paths of every file file source ``source`` has logged (read or planned): its
+        latest ``.compact`` file holds all entries up to it, plain files the rest."""
+        from urllib.parse import unquote, urlparse
+
+        log = self.sources.get(str(source), {})
+        compacts = [i for i, rel in log.items() if rel.endswith(".compact")]
+        start = max(compacts) if compacts else min(log, default=0)
+        seen = set()
+        for i in sorted(i for i in log if i >= start):
+            for line in _read_text(self.root / log[i]).split("\n")[1:]:
+                if line.strip():
+                    seen.add(unquote(urlparse(json.loads(line)["path"]).path))
+        return seen
+
     def file_log_offset(self, batch: int, source: int) -> int | None:
         """The ``logOffset`` of file source ``source`` in ``offsets/<batch>``; None for other
         sources (rate, Kafka), whose logs are keyed by batch id."""

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from stateops.audit import append_audit, audit_dir
+from stateops.backfill import parse_time
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
 from stateops.lock import hold_query, live_lock, read_hold, release_hold
@@ -97,8 +98,12 @@ def plan_migration(
     new_source: dict[str, Any],
     new_checkpoint: str = "",
     run_id: str = "",
+    cutover: str = "drain",
 ) -> dict[str, Any]:
     """Preflight: everything a migration needs, checked without changing anything.
+
+    ``cutover``: ``drain`` (the old source is read to its end) or a time: the old source
+    reads only the input files modified before it (see ``runner.files_before``).
 
     Raises a one-line StateOpsError naming what is wrong: an unknown query or one without
     ``initial_state.from_export``, an invalid or missing new source, a new schema without the
@@ -112,6 +117,14 @@ def plan_migration(
             "cannot take carried-over state; add one (see the README) and trigger again"
         )
     source = _new_source(registry, query, new_source)
+    if cutover != "drain":
+        moment = parse_time(cutover)
+        if moment.timestamp() > time.time():
+            raise StateOpsError(
+                f"the cutover {moment.isoformat()} is in the future: files modified before it "
+                "may still land in the old source; trigger once it has passed"
+            )
+        cutover = moment.isoformat()
     folder = Path(source.path)
     if not folder.is_dir():
         raise StateOpsError(
@@ -180,6 +193,7 @@ def plan_migration(
             "registry": str(work / "registry.yaml"),
         },
         "export": str(work / "export"),
+        "cutover": cutover,
         "running": None if lock is None else lock.run_id,
         "new_source_files": sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_"))),
     }

@@ -20,12 +20,12 @@ from stateops.checkpoint import load_checkpoint
 from stateops.cleanup import refuse_pending_rollback
 from stateops.errors import StateOpsError
 from stateops.lock import QueryLock
-from stateops.registry import Registry
+from stateops.registry import Query, Registry, Trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["checkpoint_state", "run_registered_query", "write_summary"]
+__all__ = ["checkpoint_state", "files_before", "run_registered_query", "write_summary"]
 
 
 def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
@@ -41,9 +41,55 @@ def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
     return cp.last_committed_batch, cp.uncommitted_batches
 
 
-def await_run(streaming, marker: Path | None, poll_seconds: float) -> bool:
-    """Wait for the query to end, or (continuous mode) for ``marker``; True if it stopped it."""
+def files_before(query: Query, before: datetime) -> list[Path]:
+    """The query's input files not read yet and modified before ``before`` (a cutover).
+
+    Refused when the query already read, or planned to read, a file modified at or after it:
+    that input is past the cutover, and it cannot be taken back.
+    """
+    if before.timestamp() > time.time():
+        raise StateOpsError(
+            f"the cutover {before.isoformat()} is in the future: files modified before it may "
+            "still land; cut over once it has passed"
+        )
+    path = Path(query.checkpoint)
+    seen = set()
+    if path.is_dir() and any(path.iterdir()):
+        cp = load_checkpoint(path)
+        if cp.uncommitted_batches:
+            raise StateOpsError(
+                f"{query.name}: batch {cp.uncommitted_batches[0]} is planned but not committed; "
+                "run the query once to finish it, then cut over"
+            )
+        seen = cp.seen_files()
+    limit = before.timestamp()
+    pending, past = [], []
+    for file in Path(query.source.path).iterdir():
+        if file.name.startswith((".", "_")) or not file.is_file():
+            continue
+        modified = file.stat().st_mtime
+        if str(file) in seen:
+            past += [file] if modified >= limit else []
+        elif modified < limit:
+            pending.append(file)
+    if past:
+        raise StateOpsError(
+            f"{query.name} already read {len(past)} input files modified at or after the "
+            f"cutover {before.isoformat()} (e.g. {past[0].name}); choose a later cutover"
+        )
+    return sorted(pending)
+
+
+def await_run(
+    streaming, marker: Path | None, poll_seconds: float, until_batch: int | None = None
+) -> bool:
+    """Wait for the query to end, or (continuous mode) for ``marker``, or until batch
+    ``until_batch`` has committed; True if it stopped the query."""
     while streaming.isActive:
+        last = streaming.lastProgress
+        if until_batch is not None and last and last["batchId"] >= until_batch:
+            streaming.stop()
+            return True
         if marker is not None and marker.exists():
             # Graceful: let the current batch commit before stopping. A trigger may still start
             # in between; the summary then lists that batch as uncommitted.
@@ -65,17 +111,19 @@ def run_registered_query(
     poll_seconds: float = 1.0,
     operation: str = "run",
     prepare: Callable[[SparkSession], dict[str, Any]] | None = None,
+    cutover: datetime | None = None,
 ) -> dict[str, Any]:
     """Run a registered query under its lock; returns the run summary (also audited).
 
     ``prepare`` runs under the lock before the query starts (bootstrap validates its initial
     state there). While a bootstrap is pending, the initial state is passed on this start.
+    With a ``cutover``, the run reads exactly the input files not read yet and modified before
+    it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
+    their number, the trigger a long one, and the query stops once that batch commits.
     """
-    from pyspark.errors import AnalysisException, StreamingQueryException
-
     from stateops.bootstrap import pending_initial_state
     from stateops.proof import format_proof, proof_failures, prove_first_batch
-    from stateops.streaming import build_session, progress_summary, start_query
+    from stateops.streaming import build_session, progress_summary
 
     query = registry.query(name)
     run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
@@ -83,33 +131,33 @@ def run_registered_query(
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
         refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
         before, _ = checkpoint_state(query.checkpoint)
+        first = 0 if before is None else before + 1
         started = time.time()
+        until_batch = None
+        if cutover is not None:
+            pending = files_before(query, cutover)
+            print(f"{query.name}: {len(pending)} input files modified before "
+                  f"{cutover.isoformat()} not read yet", file=sys.stderr)  # fmt: skip
+            options = {**query.source.options, "maxFilesPerTrigger": max(len(pending), 1)}
+            query = query.model_copy(update={
+                "source": query.source.model_copy(update={"options": options}),
+                "trigger": Trigger(processing_time="24 hours"),
+            })  # fmt: skip
+            until_batch = first if pending else first - 1
+            marker = None
         if marker is not None and marker.exists():
             print(f"removing a stale stop marker {marker}", file=sys.stderr)
             marker.unlink()
         spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
         prepared = prepare(spark) if prepare else None
         initial_state = pending_initial_state(spark, registry, query, before)
-        try:
-            streaming = start_query(
-                spark, query, available_now=marker is None, initial_state=initial_state
+        if until_batch is None or until_batch >= first:
+            stopped_by_marker, error, progress = _run_stream(
+                spark, query, marker, poll_seconds, until_batch, initial_state
             )
-        except AnalysisException as err:
-            raise StateOpsError(
-                f"query {query.name}: Spark cannot start it: {str(err).splitlines()[0]}"
-            ) from err
-        stopped_by_marker = False
-        try:
-            stopped_by_marker = await_run(streaming, marker, poll_seconds)
-        except StreamingQueryException:
-            pass  # recorded below from streaming.exception()
-        finally:
-            error = streaming.exception()
-            progress = streaming.recentProgress
-            if streaming.isActive:
-                streaming.stop()
+        else:  # a cutover with nothing before it: starting would read input past it
+            stopped_by_marker, error, progress = False, None, []
         after, uncommitted = checkpoint_state(query.checkpoint)
-        first = 0 if before is None else before + 1
         committed = [] if after is None else list(range(first, after + 1))
         bootstrap = proof = None
         if initial_state is not None:
@@ -164,6 +212,41 @@ def run_registered_query(
             proof=None if proof is None else proof["ok"],
         )
     return summary
+
+
+def _run_stream(
+    spark: SparkSession,
+    query: Query,
+    marker: Path | None,
+    poll_seconds: float,
+    until_batch: int | None,
+    initial_state: Any,
+) -> tuple[bool, Any, list]:
+    """Start the query and wait for its end: (stopped by us, its exception, its progress)."""
+    from pyspark.errors import AnalysisException, StreamingQueryException
+
+    from stateops.streaming import start_query
+
+    try:
+        streaming = start_query(
+            spark, query, available_now=marker is None and until_batch is None,
+            initial_state=initial_state,
+        )  # fmt: skip
+    except AnalysisException as err:
+        raise StateOpsError(
+            f"query {query.name}: Spark cannot start it: {str(err).splitlines()[0]}"
+        ) from err
+    stopped = False
+    try:
+        stopped = await_run(streaming, marker, poll_seconds, until_batch)
+    except StreamingQueryException:
+        pass  # the caller records streaming.exception()
+    finally:
+        error = streaming.exception()
+        progress = streaming.recentProgress
+        if streaming.isActive:
+            streaming.stop()
+    return stopped, error, progress
 
 
 def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ __all__ = [
     "query_param",
     "restore_query",
     "PROJECT_ROOT",
+    "TIME_PATTERN",
     "read_run_summary",
     "report_backfill",
     "rollback_for_backfill",
@@ -41,6 +42,8 @@ __all__ = [
 ]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# A form's time field (what stateops.backfill.parse_time reads), to put after "^" in a pattern.
+TIME_PATTERN = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:\d{2})?$"
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
 
 # What every lifecycle DAG shares: no catch-up, one run at a time (runs of different DAGs on

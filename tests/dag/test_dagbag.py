@@ -131,9 +131,12 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
     assert params.get_param("new_source_format").schema["enum"] == ["json", "parquet", "csv"]
     for name, bad in [("new_source_path", ""), ("new_source_format", "kafka"),
-                      ("new_source_options", "maxFilesPerTrigger=1")]:  # fmt: skip
+                      ("new_source_options", "maxFilesPerTrigger=1"),
+                      ("cutover", "yesterday")]:  # fmt: skip
         with pytest.raises(ParamValidationError):
             params.get_param(name).resolve(bad)
+    assert params["cutover"] == "drain"
+    assert params.get_param("cutover").resolve("2026-11-21T03:00:00Z")
     order = ["preflight", "not_a_dry_run", "stop_query", "drain", "backup", "export",
              "validate_export", "bootstrap", "prove", "validate_new_state", "switch"]  # fmt: skip
     for upstream, downstream in itertools.pairwise(order):
@@ -142,6 +145,10 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert roll_back.trigger_rule == "one_failed"
     assert roll_back.upstream_task_ids == set(order[2:])
     assert len(dag.tasks) == len(order) + 1
+    args = dag.get_task("drain").application_args
+    assert (
+        args[args.index("--cutover") + 1] == "{{ ti.xcom_pull(task_ids='preflight')['cutover'] }}"
+    )
     args = dag.get_task("bootstrap").application_args
     assert args[args.index("--registry") + 1] == (
         "{{ ti.xcom_pull(task_ids='preflight')['new']['registry'] }}"

@@ -109,3 +109,37 @@ def test_a_query_without_carry_over_support_is_refused(tmp_path):
     registry = load_registry(path)
     with pytest.raises(StateOpsError, match=r"no initial_state.from_export in the registry"):
         plan_migration(registry, "page_visits", _source(), "", "manual__x")
+
+
+def test_a_cutover_time_drains_exactly_the_files_before_it(tmp_path):
+    from datetime import UTC, datetime
+
+    from stateops.checkpoint import load_checkpoint
+
+    path = write_registry(tmp_path)
+    land(tmp_path / "landing", round_=0, files=3)
+    query = load_registry(path).query("user_sessions")
+    files = sorted(Path(query.source.path).iterdir(), key=lambda p: p.stat().st_mtime)
+
+    def at(file: Path) -> str:
+        return datetime.fromtimestamp(file.stat().st_mtime, UTC).isoformat()
+
+    proc = spark_submit_run_query(path, "user_sessions", "--cutover", at(files[2]))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    cp = load_checkpoint(query.checkpoint)
+    assert cp.last_committed_batch == 0, "one batch, and no no-data batch after it"
+    assert sorted(f["path"].rpartition("/")[2] for f in cp.input_files(0)) == [
+        f.name for f in files[:2]
+    ]
+    assert cp.seen_files() == {str(f) for f in files[:2]}, "the file after the cutover is unread"
+
+    before = tree_digest(Path(query.checkpoint))
+    again = spark_submit_run_query(path, "user_sessions", "--cutover", at(files[2]))
+    assert again.returncode == 0 and '"batches_run": 0' in again.stdout, again.stdout[-2000:]
+    assert tree_digest(Path(query.checkpoint)) == before, "nothing before the cutover is left"
+
+    for cutover, message in [(at(files[1]), "already read 1 input files modified at or after"),
+                             ("2999-01-01T00:00:00Z", "is in the future")]:  # fmt: skip
+        refused = spark_submit_run_query(path, "user_sessions", "--cutover", cutover)
+        assert refused.returncode == 2 and message in refused.stdout + refused.stderr
+        assert tree_digest(Path(query.checkpoint)) == before
