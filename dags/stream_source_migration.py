@@ -6,11 +6,11 @@ carries its state over, instead of replaying history. Trigger it with the form; 
 (on by default) runs the preflight only and prints the plan.
 
 1. `preflight`: the query is registered with an `initial_state.from_export` section; the new
-   source is valid, its folder exists, its schema has every column the query reads with the
-   same type (for Parquet, the files' own schema too); the old checkpoint has a committed batch
-   and verifies clean; the new checkpoint is new or empty (default: `<checkpoint>.v2` beside
-   the old one); no other lifecycle operation holds the query. Then the migration **holds** the
-   query: until it ends, only its own steps take the query's lock.
+   source is valid, its folder exists and has input, its schema has every column the query
+   reads with the same type (for Parquet, the files' own schema too); the old checkpoint has a
+   committed batch and verifies clean; the new checkpoint is new or empty (default:
+   `<checkpoint>.v2` beside the old one); no other lifecycle operation holds the query. Then
+   the migration **holds** the query: until it ends, only its own steps take the query's lock.
 2. `stop_query`: a running query is stopped gracefully (its stop marker; the current batch
    commits) and waited for. `drain`: the old source runs to its end with `available-now`,
    or, with a cutover time, reads in one batch exactly the files not read yet and modified
@@ -19,8 +19,8 @@ carries its state over, instead of replaying history. Trigger it with the form; 
 4. `export`: the state at the last committed batch; `validate_export`: Great Expectations on
    that state.
 5. `bootstrap`: the query on the new source, into the new checkpoint, with the exported state
-   as its initial state; complete when batch 0 commits (if the new source is still empty it
-   stays pending, and the next start completes it).
+   as its initial state; complete when batch 0 commits (the preflight refuses a new source
+   without input: the proof needs that first batch).
 6. `prove`: the new checkpoint's state equals the exported state plus batch 0's input (rows and
    order-independent checksums per state variable, computed by the bootstrap) and verifies
    clean; `validate_new_state`: Great Expectations on the new state.
@@ -198,14 +198,7 @@ def stream_source_migration() -> None:
 
         result = check_carry_over(plan, get_current_context()["run_id"])
         proof = result["proof"]
-        print(
-            f"{plan['query']}: bootstrap {result['bootstrap']}; "
-            + (
-                f"carry-over proven ({proof['variables']}; {proof['proof_file']})"
-                if proof
-                else "the proof runs when batch 0 commits (the new source is empty)"
-            )
-        )
+        print(f"{plan['query']}: carry-over proven ({proof['variables']}; {proof['proof_file']})")
         return result
 
     validate_new_state = spark_job_operator(

@@ -133,6 +133,12 @@ def plan_migration(
         )
     if source.format == query.source.format and source.path == query.source.path:
         raise StateOpsError(f"the new source is {name}'s current source: nothing to migrate")
+    files = sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_")))
+    if not files:
+        raise StateOpsError(
+            f"new source folder {folder} has no input yet: land its first files (the carry-over "
+            "is proven on the new source's first batch), then trigger again"
+        )
     _check_schema(query, source)
     _check_files(source)
     new = Path(registry.data_dir / new_checkpoint if new_checkpoint else default_checkpoint(query))
@@ -195,7 +201,7 @@ def plan_migration(
         "export": str(work / "export"),
         "cutover": cutover,
         "running": None if lock is None else lock.run_id,
-        "new_source_files": sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_"))),
+        "new_source_files": files,
     }
 
 
@@ -316,7 +322,12 @@ def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     if summary["status"] != "succeeded":
         raise StateOpsError(f"bootstrap of {plan['query']} failed: {summary['error']}")
     proof = summary.get("proof")
-    if summary["bootstrap"] == "complete" and not (proof and proof["ok"]):
+    if summary["bootstrap"] != "complete":
+        raise StateOpsError(
+            f"bootstrap of {plan['query']} is {summary['bootstrap']}: batch 0 did not commit on "
+            "the new source, so the carry-over is not proven"
+        )
+    if not (proof and proof["ok"]):
         raise StateOpsError(f"carry-over of {plan['query']} not proven: {proof}")
     findings = verify_checkpoint(plan["new"]["checkpoint"])
     if not findings["ok"]:

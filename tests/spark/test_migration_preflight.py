@@ -26,6 +26,8 @@ def data(tmp_path_factory) -> Path:
     proc = spark_submit_run_query(path, "page_visits")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     (root / "landing_v2").mkdir()
+    (root / "landing_v3_empty").mkdir()
+    _parquet(root / "landing_v2")
     return root
 
 
@@ -44,6 +46,8 @@ BAD = [
     ("nope", _source(), "", r"no query named 'nope' \(registered: page_visits, user_sessions\)"),
     ("page_visits", _source(path="landing_v3"), "",
      r"new source path .*/landing_v3 does not exist or is not a folder: create it"),
+    ("page_visits", _source(path="landing_v3_empty"), "",
+     r"new source folder .*/landing_v3_empty has no input yet: land its first files"),
     ("page_visits", _source(format="kafka"), "", r"new source: format: Input should be"),
     ("page_visits", _source(schema="user_id STRING, event_time TIMESTAMP"), "",
      r"new source schema has no column 'page', which page_visits reads"),
