@@ -30,8 +30,9 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    hold is released.
 
 `roll_back` runs when a step fails: the new checkpoint moves aside (`<new>.failed-<run id>`),
-a switch already written is undone, the old checkpoint is writable again and the hold is
-released; then it fails itself, so the run shows as failed. The old query can start again;
+a switch already written is undone, the new checkpoint's output moves to
+`<sink>/_rolled_back/migration-<run id>/`, the old checkpoint is writable again and the hold
+is released; then it fails itself, so the run shows as failed. The old query can start again;
 fix the cause and trigger again. Each step's failure is final (no retries): a failed migration
 is rolled back at once.
 
@@ -146,11 +147,13 @@ def stream_source_migration() -> None:
         return plan
 
     @task
-    def stop_query() -> None:
-        from stateops.migration import stop_running_query
+    def stop_query(plan: dict) -> None:
+        from stateops.migration import prepare_migration, stop_running_query
         from stateops.registry import load_registry
 
-        stop_running_query(load_registry(), get_current_context()["params"]["query"])
+        registry = load_registry()
+        prepare_migration(registry, plan)  # the hold, renewed
+        stop_running_query(registry, plan["query"])
 
     drain = spark_job_operator(
         "drain", "run_query.py",
@@ -161,10 +164,11 @@ def stream_source_migration() -> None:
     @task
     def backup(plan: dict) -> dict:
         from stateops.backup import backup_checkpoint
-        from stateops.migration import settle_migration
+        from stateops.migration import prepare_migration, settle_migration
         from stateops.registry import load_registry
 
         registry = load_registry()
+        prepare_migration(registry, plan)
         settled = settle_migration(registry, plan)
         print(
             f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
@@ -179,7 +183,8 @@ def stream_source_migration() -> None:
     export = spark_job_operator(
         "export", "export_state.py",
         ["--checkpoint", "{{ " + PLAN + "['old']['checkpoint'] }}",
-         "--out", "{{ " + PLAN + "['export'] }}"],
+         "--out", "{{ " + PLAN + "['export'] }}",
+         "--batch", "{{ ti.xcom_pull(task_ids='backup')['last_committed_batch'] }}"],
     )  # fmt: skip
     validate_export = spark_job_operator(
         "validate_export", "validate_state.py", ["--query", "{{ params.query }}"]
@@ -194,8 +199,10 @@ def stream_source_migration() -> None:
 
     @task
     def prove(plan: dict) -> dict:
-        from stateops.migration import check_carry_over
+        from stateops.migration import check_carry_over, prepare_migration
+        from stateops.registry import load_registry
 
+        prepare_migration(load_registry(), plan)
         result = check_carry_over(plan, get_current_context()["run_id"])
         proof = result["proof"]
         print(f"{plan['query']}: carry-over proven ({proof['variables']}; {proof['proof_file']})")
@@ -208,10 +215,12 @@ def stream_source_migration() -> None:
 
     @task
     def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
-        from stateops.migration import switch_query
+        from stateops.migration import prepare_migration, switch_query
         from stateops.registry import load_registry
 
-        lineage = switch_query(load_registry(), plan, settled, carry_over)
+        registry = load_registry()
+        prepare_migration(registry, plan)
+        lineage = switch_query(registry, plan, settled, carry_over)
         print(
             f"{plan['query']}: switched to {plan['new']['source']['path']} and "
             f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
@@ -225,21 +234,25 @@ def stream_source_migration() -> None:
         """Runs only when a step failed; undoes the run, then fails itself so the run fails."""
         from airflow.sdk.exceptions import AirflowFailException
 
+        from stateops.lock import release_hold
         from stateops.migration import roll_back_migration
         from stateops.registry import load_registry
 
-        plan = get_current_context()["ti"].xcom_pull(task_ids="preflight")
+        context = get_current_context()
+        plan, registry = context["ti"].xcom_pull(task_ids="preflight"), load_registry()
         if plan:
-            roll_back_migration(load_registry(), plan)
+            roll_back_migration(registry, plan)
         else:
             print("preflight did not finish: nothing changed, nothing to roll back")
+            query = context["params"]["query"]  # a hold taken before preflight failed goes
+            release_hold(registry.lock_path(query), context["run_id"])
         raise AirflowFailException(
             "the migration failed (see the failed step's log)"
             + ("; it was rolled back and the query runs on its old source" if plan else "")
         )
 
     planned = preflight()
-    stopped = stop_query()
+    stopped = stop_query(planned)
     backed_up = backup(planned)
     proven = prove(planned)
     switched = switch(planned, backed_up, proven)

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from stateops.backfill import parse_time
+from stateops.backfill import parse_past_time
 from stateops.errors import StateOpsError
 from stateops.registry import load_registry
 from stateops.runner import run_registered_query, write_summary
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         registry = load_registry(args.registry)
-        cutover = None if args.cutover == "drain" else parse_time(args.cutover)
+        cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
         summary = run_registered_query(
             registry, args.query, mode=args.mode, run_id=args.run_id,
             poll_seconds=args.poll_seconds, cutover=cutover,

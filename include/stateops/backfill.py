@@ -22,6 +22,7 @@ __all__ = [
     "OVERRIDABLE",
     "diff_output",
     "last_batch_before",
+    "parse_past_time",
     "parse_time",
     "registry_with_overrides",
 ]
@@ -39,6 +40,17 @@ def parse_time(value: str) -> datetime:
             f"{value!r} is not a time; write it like 2026-11-21T03:00:00Z"
         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def parse_past_time(value: str, what: str) -> datetime:
+    """:func:`parse_time`, refusing a time still to come (input before it may yet land)."""
+    moment = parse_time(value)
+    if moment > datetime.now(UTC):
+        raise StateOpsError(
+            f"the {what} {moment.isoformat()} is in the future: input modified before it may "
+            "still land; try again once it has passed"
+        )
+    return moment
 
 
 def last_batch_before(checkpoint: str | os.PathLike[str], before: datetime, source: int = 0) -> int:

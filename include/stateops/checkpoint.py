@@ -255,8 +255,14 @@ class Checkpoint:
         seen = set()
         for i in sorted(i for i in log if i >= start):
             for line in _read_text(self.root / log[i]).split("\n")[1:]:
-                if line.strip():
-                    seen.add(unquote(urlparse(json.loads(line)["path"]).path))
+                try:
+                    path = json.loads(line)["path"] if line.strip() else None
+                except (ValueError, KeyError, TypeError):
+                    raise CheckpointError(
+                        f"{self.root / log[i]}: corrupt entry; restore the checkpoint from a backup"
+                    ) from None
+                if path:
+                    seen.add(unquote(urlparse(path).path))
         return seen
 
     def file_log_offset(self, batch: int, source: int) -> int | None:

@@ -48,6 +48,7 @@ __all__ = [
     "plan_cleanup",
     "plan_rollback",
     "plan_sink_rollback",
+    "execute_sink_plan",
     "refuse_pending_rollback",
     "rollback_marker",
     "run_cleanup",
@@ -479,7 +480,8 @@ def _sink_log_paths(path: Path) -> list[str]:
     return paths
 
 
-def _execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
+def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
+    """Move a sink plan's folders and files to ``<sink>/_rolled_back/<run_id>/``."""
     root = Path(sink["path"])
     aside = root / "_rolled_back" / run_id
     for name in sink["folders"]:
@@ -539,7 +541,7 @@ def run_rollback(
             os.replace(tmp, marker)
         execute_plan(plan, log)
         if plan["sink"]:
-            _execute_sink_plan(plan["sink"], run_id)
+            execute_sink_plan(plan["sink"], run_id)
         seconds = round(time.time() - started, 1)
         _audit(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
         marker.unlink()

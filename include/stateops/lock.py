@@ -91,6 +91,19 @@ def _refuse_hold(path: Path, query: str, run_id: str) -> None:
         )
 
 
+def refuse_unholdable(path: Path, query: str, run_id: str) -> LockInfo | None:
+    """Raise LockHeldError unless ``run_id`` may hold the query; returns a live query run's
+    lock (a run does not block a hold: the holder stops it)."""
+    _refuse_hold(path, query, run_id)
+    held = live_lock(path)
+    if held and held.operation != "run" and held.run_id != run_id:
+        raise LockHeldError(
+            f"query {query!r} is locked by {held.operation} (run {held.run_id}, "
+            f"{held.owner}) until {_until(held)}; wait for it to finish"
+        )
+    return held
+
+
 def hold_query(
     path: Path, query: str, operation: str, run_id: str, ttl_seconds: float = 6 * 3600
 ) -> LockInfo:
@@ -100,13 +113,7 @@ def hold_query(
     lock (a run may go on: the holder stops it, then takes the lock with its own run id).
     """
     with _guarded(path):
-        _refuse_hold(path, query, run_id)
-        held = read_lock(path)
-        if held and not held.expired and not _holder_gone(held) and held.operation != "run":
-            raise LockHeldError(
-                f"query {query!r} is locked by {held.operation} (run {held.run_id}, "
-                f"{held.owner}) until {_until(held)}; wait for it to finish"
-            )
+        refuse_unholdable(path, query, run_id)
         now = time.time()
         info = LockInfo(
             query=query,

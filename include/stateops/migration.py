@@ -27,10 +27,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from stateops.audit import append_audit, audit_dir
-from stateops.backfill import parse_time
+from stateops.backfill import parse_past_time
 from stateops.checkpoint import load_checkpoint
+from stateops.cleanup import execute_sink_plan, plan_sink_rollback
 from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
-from stateops.lock import hold_query, live_lock, read_hold, release_hold
+from stateops.lock import hold_query, live_lock, refuse_unholdable, release_hold
 from stateops.registry import (
     Query,
     Registry,
@@ -118,13 +119,7 @@ def plan_migration(
         )
     source = _new_source(registry, query, new_source)
     if cutover != "drain":
-        moment = parse_time(cutover)
-        if moment.timestamp() > time.time():
-            raise StateOpsError(
-                f"the cutover {moment.isoformat()} is in the future: files modified before it "
-                "may still land in the old source; trigger once it has passed"
-            )
-        cutover = moment.isoformat()
+        cutover = parse_past_time(cutover, "cutover").isoformat()
     folder = Path(source.path)
     if not folder.is_dir():
         raise StateOpsError(
@@ -172,16 +167,7 @@ def plan_migration(
             f"{old} fails verification ({findings['errors']} errors; first: {first['path']}: "
             f"{first['problem']}); repair or restore it before migrating"
         )
-    lock, hold = live_lock(registry.lock_path(name)), read_hold(registry.lock_path(name))
-    if hold and hold.run_id != run_id:
-        raise LockHeldError(
-            f"query {name!r} is held by {hold.operation} (run {hold.run_id}); wait for it to "
-            f"finish or roll back, or if it is dead: stateops lock release {name}"
-        )
-    if lock and lock.operation != "run":
-        raise LockHeldError(
-            f"query {name!r} is locked by {lock.operation} (run {lock.run_id}); wait for it"
-        )
+    lock = refuse_unholdable(registry.lock_path(name), name, run_id)
     work = _work_dir(registry, run_id or "plan")
     return {
         "query": name,
@@ -254,7 +240,9 @@ def _check_files(source: Source) -> None:
 
 
 def prepare_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
-    """Hold the query for the run: until the switch or the roll back, only its steps run."""
+    """Hold the query for the run: until the switch or the roll back, only its steps run.
+    Every later step calls it again: the hold is renewed, and a hold lost (expired and taken
+    by another run) fails the step instead of going on unprotected."""
     hold_query(registry.lock_path(plan["query"]), plan["query"], OPERATION, plan["run_id"])
     return plan
 
@@ -302,6 +290,7 @@ def stop_running_query(
     deadline = time.monotonic() + timeout_seconds
     while (current := live_lock(path)) is not None and current.token == held.token:
         if time.monotonic() > deadline:
+            marker.unlink(missing_ok=True)  # a later stop would surprise whoever runs it then
             raise StateOpsError(
                 f"{name}: run {held.run_id} did not stop within {timeout_seconds:.0f} s; stop it "
                 f"(stateops stop {name}), then trigger the migration again"
@@ -316,7 +305,7 @@ def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     """The bootstrap's outcome on the new checkpoint: its proof, and file-level integrity."""
     registry = load_registry(plan["new"]["registry"])
     path = registry.run_summary_path(plan["query"])
-    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     if summary.get("run_id") != run_id:
         raise StateOpsError(f"{path} is not from run {run_id}: the bootstrap wrote no summary")
     if summary["status"] != "succeeded":
@@ -353,6 +342,12 @@ def switch_query(
     result plus the ``backup_id``."""
     name, old, new = plan["query"], plan["old"], plan["new"]
     backup_id = settled["backup_id"]
+    last = load_checkpoint(old["checkpoint"]).last_committed_batch
+    if last != settled["last_committed_batch"]:
+        raise StateOpsError(
+            f"{old['checkpoint']} moved on to batch {last} after the drain (batch "
+            f"{settled['last_committed_batch']}): its later input is not in the export"
+        )
     lineage = {
         "operation": OPERATION,
         "run_id": plan["run_id"],
@@ -394,6 +389,8 @@ def roll_back_migration(
     """Undo what a failed migration run did; the old query can start again afterwards."""
     name, old, new = plan["query"], plan["old"], Path(plan["new"]["checkpoint"])
     done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
+    prepare_migration(registry, plan)  # held again (a switch releases it) while undoing
+    stop_running_query(registry, name, log)  # e.g. started on the new checkpoint meanwhile
     if registry.query(name).checkpoint == str(new):
         undo = {"operation": "migration rolled back", "run_id": plan["run_id"], "time": _now()}
         write_switch(registry, name, old["source"], old["checkpoint"], undo,
@@ -407,6 +404,13 @@ def roll_back_migration(
             os.replace(here, there)
             done["moved_aside"].append(str(there))
             log(f"moved {here} aside to {there}")
+    query = registry.query(name)  # on the old checkpoint again
+    old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
+    sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
+    if sink["folders"]:  # the new checkpoint's output (its batches come after the old ones)
+        execute_sink_plan(sink, f"migration-{_safe(plan['run_id'])}")
+        log(f"moved the new checkpoint's output {sink['folders']} aside to "
+            f"{query.sink.path}/_rolled_back/")  # fmt: skip
     marker = registry.bootstrap_marker(name)
     if marker.exists() and json.loads(marker.read_text()).get("checkpoint") == str(new):
         marker.unlink()  # the pending bootstrap belonged to the moved checkpoint

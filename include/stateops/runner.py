@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 from stateops.audit import append_audit
 from stateops.checkpoint import load_checkpoint
@@ -47,11 +48,6 @@ def files_before(query: Query, before: datetime) -> list[Path]:
     Refused when the query already read, or planned to read, a file modified at or after it:
     that input is past the cutover, and it cannot be taken back.
     """
-    if before.timestamp() > time.time():
-        raise StateOpsError(
-            f"the cutover {before.isoformat()} is in the future: files modified before it may "
-            "still land; cut over once it has passed"
-        )
     path = Path(query.checkpoint)
     seen = set()
     if path.is_dir() and any(path.iterdir()):
@@ -64,7 +60,10 @@ def files_before(query: Query, before: datetime) -> list[Path]:
         seen = cp.seen_files()
     limit = before.timestamp()
     pending, past = [], []
-    for file in Path(query.source.path).iterdir():
+    folder = Path(query.source.path)
+    if not folder.is_dir():
+        raise StateOpsError(f"{query.name}: source folder {folder} does not exist")
+    for file in folder.iterdir():
         if file.name.startswith((".", "_")) or not file.is_file():
             continue
         modified = file.stat().st_mtime
@@ -159,6 +158,8 @@ def run_registered_query(
             stopped_by_marker, error, progress = False, None, []
         after, uncommitted = checkpoint_state(query.checkpoint)
         committed = [] if after is None else list(range(first, after + 1))
+        if cutover is not None and not error:
+            error = _cutover_mismatch(query, pending, committed)
         bootstrap = proof = None
         if initial_state is not None:
             # Batch 0 committed with the initial state: the bootstrap is complete.
@@ -212,6 +213,22 @@ def run_registered_query(
             proof=None if proof is None else proof["ok"],
         )
     return summary
+
+
+def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -> str | None:
+    """Why a cutover run did not read exactly ``pending`` in one batch (None if it did):
+    Spark may skip files (``maxFileAge``) or list others than the folder's own files."""
+    read = set()
+    if committed:
+        read = {unquote(urlparse(f["path"]).path) for b in committed
+                for f in load_checkpoint(query.checkpoint).input_files(b)}  # fmt: skip
+    if len(committed) == (1 if pending else 0) and read == {str(p) for p in pending}:
+        return None
+    return (
+        f"the cutover run read {len(read)} files in {len(committed)} batches, not the "
+        f"{len(pending)} files modified before the cutover in one batch; inspect the source "
+        "log (stateops inspect) before going on"
+    )
 
 
 def _run_stream(

@@ -176,6 +176,10 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
         assert read_hold(lock) is None, "the hold is released"
         assert not Path(f"{old}.v2").exists(), "the new checkpoint is moved aside"
         assert all(p.stat().st_mode & stat.S_IWUSR for p in old.rglob("*") if p.is_file())
+        folders = {int(f.name.split("=")[1]) for f in Path(query.sink.path).glob("batch_id=*")}
+        assert max(folders) == load_checkpoint(old).last_committed_batch, (
+            f"after a failure at {step}, the new checkpoint's output is moved aside"
+        )
         digest = tree_digest(old)
         if step != "stop_query":  # the drain ran: from then on, the old checkpoint is fixed
             drained = drained or digest

@@ -91,7 +91,7 @@ def test_a_query_held_by_another_operation_is_refused_and_a_held_query_admits_on
     registry = load_registry(data / "registry.yaml")
     lock = registry.lock_path("page_visits")
     with QueryLock(lock, "page_visits", "cleanup", run_id="cleanup-1"):
-        with pytest.raises(StateOpsError, match=r"locked by cleanup \(run cleanup-1\)"):
+        with pytest.raises(StateOpsError, match=r"locked by cleanup \(run cleanup-1, "):
             plan_migration(registry, "page_visits", _source(), "", "manual__1")
     plan = plan_migration(registry, "page_visits", _source(), "", "manual__1")
     prepare_migration(registry, plan)
