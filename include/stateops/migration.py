@@ -404,7 +404,7 @@ def roll_back_migration(
             os.replace(here, there)
             done["moved_aside"].append(str(there))
             log(f"moved {here} aside to {there}")
-    query = registry.query(name)  # on the old checkpoint again
+    query = load_registry(registry.path).query(name)  # on the old checkpoint again
     old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
     sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
     if sink["folders"]:  # the new checkpoint's output (its batches come after the old ones)
