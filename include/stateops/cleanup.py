@@ -48,6 +48,7 @@ __all__ = [
     "plan_cleanup",
     "plan_rollback",
     "plan_sink_rollback",
+    "safe_run_id",
     "execute_sink_plan",
     "refuse_pending_rollback",
     "rollback_marker",
@@ -328,6 +329,11 @@ def _audit(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> No
         batch_after=plan.get("to_batch", plan["last_committed_batch"]),
         deleted_files=plan["delete"]["files"], deleted_bytes=plan["delete"]["bytes"], **details,
     )  # fmt: skip
+
+
+def safe_run_id(run_id: str) -> str:
+    """A run id usable as a file name (Airflow's contain ``:`` and ``+``)."""
+    return re.sub(r"[^\w.-]", "_", run_id)
 
 
 def new_run_id(operation: str) -> str:

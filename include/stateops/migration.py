@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from stateops.audit import append_audit, audit_dir
 from stateops.backfill import parse_past_time
 from stateops.checkpoint import load_checkpoint
-from stateops.cleanup import execute_sink_plan, plan_sink_rollback
+from stateops.cleanup import execute_sink_plan, plan_sink_rollback, safe_run_id
 from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
 from stateops.lock import hold_query, live_lock, refuse_unholdable, release_hold
 from stateops.registry import (
@@ -41,7 +41,8 @@ from stateops.registry import (
     schema_fields,
     write_switch,
 )
-from stateops.verify import verify_checkpoint
+from stateops.runner import read_summary
+from stateops.verify import error_summary, verify_checkpoint
 
 __all__ = [
     "OPERATION",
@@ -73,12 +74,8 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _safe(run_id: str) -> str:
-    return re.sub(r"[^\w.-]", "_", run_id)
-
-
 def _work_dir(registry: Registry, run_id: str) -> Path:
-    return registry.state_dir / "migration" / _safe(run_id)
+    return registry.state_dir / "migration" / safe_run_id(run_id)
 
 
 def default_checkpoint(query: Query) -> Path:
@@ -162,10 +159,9 @@ def plan_migration(
         )
     findings = verify_checkpoint(old)
     if not findings["ok"]:
-        first = next(f for f in findings["findings"] if f["severity"] == "error")
         raise CheckpointError(
-            f"{old} fails verification ({findings['errors']} errors; first: {first['path']}: "
-            f"{first['problem']}); repair or restore it before migrating"
+            f"{old} fails verification ({error_summary(findings)}); repair or restore it "
+            "before migrating"
         )
     lock = refuse_unholdable(registry.lock_path(name), name, run_id)
     work = _work_dir(registry, run_id or "plan")
@@ -303,11 +299,7 @@ def stop_running_query(
 
 def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     """The bootstrap's outcome on the new checkpoint: its proof, and file-level integrity."""
-    registry = load_registry(plan["new"]["registry"])
-    path = registry.run_summary_path(plan["query"])
-    summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    if summary.get("run_id") != run_id:
-        raise StateOpsError(f"{path} is not from run {run_id}: the bootstrap wrote no summary")
+    summary = read_summary(load_registry(plan["new"]["registry"]), plan["query"], run_id)
     if summary["status"] != "succeeded":
         raise StateOpsError(f"bootstrap of {plan['query']} failed: {summary['error']}")
     proof = summary.get("proof")
@@ -320,10 +312,7 @@ def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
         raise StateOpsError(f"carry-over of {plan['query']} not proven: {proof}")
     findings = verify_checkpoint(plan["new"]["checkpoint"])
     if not findings["ok"]:
-        first = next(f for f in findings["findings"] if f["severity"] == "error")
-        raise CheckpointError(
-            f"new checkpoint fails verification: {first['path']}: {first['problem']}"
-        )
+        raise CheckpointError(f"new checkpoint fails verification: {error_summary(findings)}")
     return {
         "bootstrap": summary["bootstrap"],
         "proof": proof,
@@ -398,7 +387,7 @@ def roll_back_migration(
         done["switch_undone"] = True
         log(f"{name}: switch undone: back on {old['checkpoint']}")
     _set_read_only(Path(old["checkpoint"]), False)
-    aside = new.with_name(f"{new.name}.failed-{_safe(plan['run_id'])}")
+    aside = new.with_name(f"{new.name}.failed-{safe_run_id(plan['run_id'])}")
     for here, there in ((new, aside), (audit_dir(new), audit_dir(aside))):
         if here.exists():
             os.replace(here, there)
@@ -408,7 +397,7 @@ def roll_back_migration(
     old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
     sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
     if sink["folders"]:  # the new checkpoint's output (its batches come after the old ones)
-        execute_sink_plan(sink, f"migration-{_safe(plan['run_id'])}")
+        execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
         log(f"moved the new checkpoint's output {sink['folders']} aside to "
             f"{query.sink.path}/_rolled_back/")  # fmt: skip
     marker = registry.bootstrap_marker(name)

@@ -26,7 +26,13 @@ from stateops.registry import Query, Registry, Trigger
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["checkpoint_state", "files_before", "run_registered_query", "write_summary"]
+__all__ = [
+    "checkpoint_state",
+    "files_before",
+    "read_summary",
+    "run_registered_query",
+    "write_summary",
+]
 
 
 def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
@@ -283,3 +289,15 @@ def write_summary(registry: Registry, summary: dict[str, Any], path: str | None 
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return target
+
+
+def read_summary(registry: Registry, query: str, run_id: str) -> dict[str, Any]:
+    """The summary the Spark job of run ``run_id`` wrote; refused if it is from another run."""
+    path = registry.run_summary_path(query)
+    summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    if summary.get("run_id") != run_id:
+        raise StateOpsError(
+            f"{path} is from run {summary.get('run_id')!r}, not {run_id!r}: the Spark job did not "
+            "write its summary; read the spark-submit task's log"
+        )
+    return summary

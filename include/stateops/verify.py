@@ -70,6 +70,12 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return _result(root, cp.last_committed_batch, findings)
 
 
+def error_summary(result: dict[str, Any]) -> str:
+    """``N errors; first: PATH: PROBLEM`` for a failed :func:`verify_checkpoint` result."""
+    first = next(f for f in result["findings"] if f["severity"] == "error")
+    return f"{result['errors']} errors; first: {first['path']}: {first['problem']}"
+
+
 def _result(root: Path, last: int | None, findings: list[Finding]) -> dict[str, Any]:
     return {
         "checkpoint": str(root),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from stateops.registry import Registry, load_registry, registry_path
-from stateops.verify import format_findings, verify_checkpoint
+from stateops.verify import error_summary, format_findings, verify_checkpoint
 
 __all__ = [
     "LIFECYCLE_DAG",
@@ -133,23 +132,17 @@ def verify_state(query: str) -> dict[str, Any]:
     print(format_findings(result), end="")
     if not result["ok"]:
         raise AirflowFailException(
-            f"{query}: checkpoint {result['checkpoint']} failed verification with "
-            f"{result['errors']} errors: {result['findings'][0]['path']}: "
-            f"{result['findings'][0]['problem']}"
+            f"{query}: checkpoint {result['checkpoint']} failed verification: "
+            f"{error_summary(result)}"
         )
     return result
 
 
 def read_run_summary(query: str, run_id: str) -> dict[str, Any]:
     """The summary ``run_query.py`` wrote for this run; fails if it is from another run."""
-    path = load_registry().run_summary_path(query)
-    summary = json.loads(path.read_text(encoding="utf-8"))
-    if summary.get("run_id") != run_id:
-        raise RuntimeError(
-            f"{path} is from run {summary.get('run_id')!r}, not {run_id!r}: the Spark job did not "
-            "write its summary; read the spark-submit task's log"
-        )
-    return summary
+    from stateops.runner import read_summary
+
+    return read_summary(load_registry(), query, run_id)
 
 
 def airflow_s3_client(conn_id: str) -> Any:
@@ -259,7 +252,7 @@ def restore_query(plan: dict[str, Any], replace: bool, run_id: str) -> dict[str,
 def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
     """The backfill's rollback point, its rollback plan and the registry to reprocess with."""
     from stateops.backfill import last_batch_before, parse_time, registry_with_overrides
-    from stateops.cleanup import format_plan, plan_rollback, plan_sink_rollback
+    from stateops.cleanup import format_plan, plan_rollback, plan_sink_rollback, safe_run_id
     from stateops.errors import StateOpsError
 
     registry = load_registry()
@@ -280,7 +273,7 @@ def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
     )
     path = str(registry.path)
     if params.get("overrides"):
-        folder = registry.state_dir / "backfill" / re.sub(r"[^\w.-]", "_", run_id)
+        folder = registry.state_dir / "backfill" / safe_run_id(run_id)
         path = str(registry_with_overrides(registry, query.name, params["overrides"],
                                            folder / "registry.yaml"))  # fmt: skip
     print(format_plan(plan, dry_run=params["dry_run"]))
