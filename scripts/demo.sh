@@ -68,7 +68,7 @@ run_dag round2
 step "Backups again: only what round 2 changed is uploaded"
 for q in user_sessions page_visits; do backup "$q"; done
 stateops backups list "$BACKUPS/page_visits" | sed 's/^/  /'
-first="$(stateops backups list "$BACKUPS/page_visits" | head -1 | cut -d' ' -f1)"
+first="$(stateops backups list "$BACKUPS/page_visits" | awk 'NR == 1 {print $1}')"  # awk reads all: head would close the pipe mid-print
 
 step "Restore page_visits' first backup into a new folder, verified"
 stateops restore "$BACKUPS/page_visits/$first" --to "$DATA/restored/page_visits" 2>&1 >/dev/null \
