@@ -3,7 +3,9 @@
 Spark applies ``initialState`` only to the first batch of a new checkpoint and ignores it,
 silently, once a batch has committed; and an available-now start on an empty source commits
 nothing. So a bootstrap is *pending* until batch 0 commits: a marker in the registry's state
-folder names the initial state, and every start of the query passes it again until then.
+folder names the initial state, and every start of the query passes it again until then. The
+same marker names a transplanted checkpoint (:mod:`stateops.transplant`) until its first batch
+commits, so that batch's state is proven against the old checkpoint's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ __all__ = [
     "FORMATS",
     "check_initial_types",
     "check_processor_fit",
-    "pending_initial_state",
+    "mark_transplant",
+    "pending_carry_over",
     "plan_bootstrap",
     "prepare_bootstrap",
     "read_initial_state",
@@ -210,24 +213,37 @@ def prepare_bootstrap(
     df = _typed(raw, query)
     rows = validate_initial_state(df, query)
     fit_keys = check_processor_fit(spark, query, df)
-    marker = registry.bootstrap_marker(query.name)
-    marker.parent.mkdir(parents=True, exist_ok=True)
     record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
-    tmp.replace(marker)
+    _write_marker(registry, query.name, {"road": "initial_state", **record})
     return record | {"processor_fit_keys": fit_keys}
 
 
-def pending_initial_state(
-    spark: SparkSession, registry: Registry, query: Query, last_committed: int | None
-) -> DataFrame | None:
-    """The initial state to pass on this start: only while a bootstrap awaits batch 0."""
+def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -> None:
+    """A transplanted checkpoint awaits its first batch (N + 1), whose state is then proven
+    against the old checkpoint's (``transplant``: what ``transplant_checkpoint`` returned)."""
+    _write_marker(registry, name, {"road": "transplant", "checkpoint": transplant["new"],
+                                   "from_checkpoint": transplant["old"],
+                                   "batch": transplant["batch"]})  # fmt: skip
+
+
+def _write_marker(registry: Registry, name: str, record: dict[str, Any]) -> None:
+    marker = registry.bootstrap_marker(name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
+    tmp.replace(marker)
+
+
+def pending_carry_over(
+    registry: Registry, query: Query, last_committed: int | None
+) -> dict[str, Any] | None:
+    """The carried-over state awaiting its first batch on this start, or None: a bootstrap's
+    initial state until batch 0 commits, a transplant until batch N + 1 commits."""
     marker = registry.bootstrap_marker(query.name)
     if not marker.exists():
         return None
     record = json.loads(marker.read_text(encoding="utf-8"))
-    if last_committed is not None or record.get("checkpoint") != query.checkpoint:
+    if last_committed != record.get("batch") or record.get("checkpoint") != query.checkpoint:
         marker.unlink()  # settled (or the query moved to another checkpoint)
         return None
-    return read_initial_state(spark, query, record["initial_state"], record["format"])
+    return record

@@ -227,6 +227,39 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_transplant(args: argparse.Namespace) -> int:
+    from stateops.bootstrap import mark_transplant
+    from stateops.cleanup import checkpoint_lock, new_run_id
+    from stateops.transplant import transplant_checkpoint
+
+    path, registry, owner = _owned_checkpoint(args.old, args.registry)
+    registry = registry or load_registry(args.registry)
+    query = registry.query(args.query) if args.query else owner
+    if query is None:
+        raise StateOpsError(
+            f"{path}: not a registered query's checkpoint; name the query whose processor will "
+            "run on the transplanted state (--query NAME)"
+        )
+    changes = {"format": args.source_format}
+    if args.source_path:
+        changes["path"] = str((registry.data_dir / args.source_path).resolve())
+    source = query.source.model_copy(update={k: v for k, v in changes.items() if v})
+    new = str(Path(args.new).resolve())
+    runs_as = query.model_copy(update={"source": source, "checkpoint": new})
+    if args.dry_run:
+        result = transplant_checkpoint(path, new, runs_as, args.batch, dry_run=True, log=_log)
+    else:
+        with checkpoint_lock(path, registry, "transplant", new_run_id("transplant")):
+            result = transplant_checkpoint(path, new, runs_as, args.batch, log=_log)
+        mark_transplant(registry, query.name, result)
+        _log(
+            f"next: run {query.name} on {new} (source {source.format} {source.path}); its first "
+            f"batch, {result['batch'] + 1}, is proven against the state of {path}"
+        )
+    print(json.dumps(result))
+    return 0
+
+
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     print(f"registry {registry.path} (data under {registry.data_dir})")
@@ -426,6 +459,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sink", help="the sink folder to make consistent (default: the registry's)")
     p.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser(
+        "transplant", help="a new checkpoint from an old one's state files, for a new source"
+    )
+    p.add_argument("old", help="the old checkpoint directory, or a registered query's name")
+    p.add_argument("new", help="a new or empty folder")
+    p.add_argument("--query", help="the registered query that runs on it (default: OLD's)")
+    p.add_argument("--source-format", help="the new source's format (default: the query's)")
+    p.add_argument("--source-path", help="the new source's folder (default: the query's)")
+    p.add_argument("--batch", type=int, help="the committed batch to carry (default: the last)")
+    p.add_argument("--dry-run", action="store_true", help="check and print the plan, write nothing")
+    p.set_defaults(func=cmd_transplant)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)

@@ -1,12 +1,14 @@
-"""Carry-over proof: the state after batch 0 is the initial state plus batch 0's effect.
+"""Carry-over proof: the state after the first batch is the carried state plus its effect.
 
-Bootstrap (and, later, migration) hands a query state through ``initialState``; Spark applies
-it only with batch 0 and ignores it silently afterwards. This proof reads back what Spark
+Bootstrap and migration hand a query state either through ``initialState`` (Spark applies it
+only with batch 0 and ignores it silently afterwards) or by a transplant of the old
+checkpoint's state files (the first batch is then N + 1). This proof reads back what Spark
 stored and compares it with what the query's own processor leaves behind when a pure-Python
-runtime (:mod:`stateops.simulator`) applies the same initial state and the same input files
-(from the source log of batch 0): row counts and order-independent checksums, per state
-variable and for timers. Large states are checked on a deterministic sample of keys (by key
-hash, the same keys on both sides). Spark-side: PySpark is imported lazily.
+runtime (:mod:`stateops.simulator`) applies the same carried state (the initial state, or the
+old checkpoint's state after N) and the same input files (from the source log of that batch):
+row counts and order-independent checksums, per state variable and for timers. Large states
+are checked on a deterministic sample of keys (by key hash, the same keys on both sides).
+Spark-side: PySpark is imported lazily.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def simulate_query(
     initial_state: pd.DataFrame | None,
     batch_timestamp_ms: int = 0,
     watermark_ms: int = 0,
+    prior_state: dict[str, list[Any]] | None = None,
 ) -> SimulatedHandle:
     """One micro-batch of the registered query's processor, in memory (no state store)."""
     from stateops.streaming import load_processor
@@ -58,6 +61,7 @@ def simulate_query(
         initial_state=initial_state,
         batch_timestamp_ms=batch_timestamp_ms,
         watermark_ms=watermark_ms,
+        prior_state=prior_state,
     )
 
 
@@ -83,23 +87,35 @@ def prove_first_batch(
     query: Query,
     initial_state: DataFrame | None,
     *,
+    prior: tuple[str, int] | None = None,
     max_keys: int = DEFAULT_MAX_KEYS,
 ) -> dict[str, Any]:
-    """Compare the state after committed batch 0 with the simulated initial state + batch 0.
+    """Compare the state after the first batch of carried-over state with a simulation of it.
 
-    The result (also written to ``<checkpoint>.audit/proofs/batch-0.json``) has ``ok`` and,
+    The initialState road: batch 0 from ``initial_state``. The transplant road (``prior`` =
+    the old checkpoint and its batch N): batch N + 1 from the old checkpoint's state after N.
+    The result (also written to ``<checkpoint>.audit/proofs/batch-<id>.json``) has ``ok`` and,
     per state variable, expected and actual rows and checksums.
     """
     from pyspark.sql import functions as F
 
     cp = load_checkpoint(query.checkpoint)
-    cp.restart_files(0)  # batch 0 is committed and its state files are all there
-    files = [f["path"] for f in cp.input_files(0)]
+    batch = 0 if prior is None else prior[1] + 1
+    cp.restart_files(batch)  # the batch is committed and its state files are all there
+    files = [f["path"] for f in cp.input_files(batch)]
     keys = query.key_columns
     input_df = _batch_input(spark, query, files)
+    prior_frames = {}
+    if prior is not None:
+        prior_frames = {
+            read["variable"]: read_state_variable(spark, prior[0], prior[1], read)
+            for read in state_reads(spark, prior[0], prior[1])
+        }
     key_frames = [input_df.select(*keys)]
     if initial_state is not None:
         key_frames.append(initial_state.select(*keys))
+    key_frames += [df.select(*(F.col("key")[k].alias(k) for k in keys)) for df in
+                   prior_frames.values()]  # fmt: skip
     total_keys = reduce(lambda a, b: a.unionByName(b), key_frames).distinct().count()
     modulus = max(1, math.ceil(total_keys / max_keys))
     columns = [F.col(k) for k in keys]
@@ -107,23 +123,26 @@ def prove_first_batch(
     initial_pdf = (
         None if initial_state is None else _sample(initial_state, columns, modulus).toPandas()
     )
+    prior_rows = {
+        name: _sample(df, [F.col("key")[k] for k in keys], modulus).collect()
+        for name, df in prior_frames.items()
+    }
 
-    offsets = cp.offsets[0]
+    offsets = cp.offsets[batch]
     try:
-        simulated = simulate_query(
-            query, input_pdf, initial_pdf, offsets.timestamp_ms, offsets.watermark_ms
-        )
+        simulated = simulate_query(query, input_pdf, initial_pdf, offsets.timestamp_ms,
+                                   offsets.watermark_ms, prior_rows)  # fmt: skip
     except StateOpsError as err:
         raise StateOpsError(
-            f"query {query.name}: the proof cannot simulate batch 0: {err}"
+            f"query {query.name}: the proof cannot simulate batch {batch}: {err}"
         ) from err
 
     variables = []
     seen = set()
-    for read in state_reads(spark, str(cp.root), 0):
+    for read in state_reads(spark, str(cp.root), batch):
         name = read["variable"]
         seen.add(name)
-        actual = read_state_variable(spark, str(cp.root), 0, read).drop("partition_id")
+        actual = read_state_variable(spark, str(cp.root), batch, read).drop("partition_id")
         actual = _sample(actual, [F.col("key")[k] for k in keys], modulus)
         known = name == "timers" or name in simulated.variables
         rows = simulated.rows(name) if known else []
@@ -143,7 +162,10 @@ def prove_first_batch(
     result = {
         "query": query.name,
         "checkpoint": query.checkpoint,
-        "batch_id": 0,
+        "batch_id": batch,
+        "carried": "initial state"
+        if prior is None
+        else f"state of {prior[0]} after batch {prior[1]}",
         "input_files": len(files),
         "input_rows": len(input_pdf),
         "initial_state_rows": None if initial_pdf is None else len(initial_pdf),
@@ -152,7 +174,7 @@ def prove_first_batch(
         "ok": all(v["ok"] for v in variables),
         "variables": variables,
     }
-    out = audit_dir(query.checkpoint) / "proofs" / "batch-0.json"
+    out = audit_dir(query.checkpoint) / "proofs" / f"batch-{batch}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     result["proof_file"] = str(out)
@@ -187,9 +209,10 @@ def format_proof(result: dict[str, Any]) -> str:
         lines.append(f"{mark} {v['variable']} ({v['kind']}): {detail}")
     verdict = "PROVEN" if result["ok"] else "NOT PROVEN"
     lines.append(
-        f"{verdict}: state of {result['query']} after batch 0 "
-        f"{'equals' if result['ok'] else 'differs from'} the initial state plus batch 0's "
-        f"input ({result['input_files']} files, {result['input_rows']} rows; {result['sample']})"
+        f"{verdict}: state of {result['query']} after batch {result['batch_id']} "
+        f"{'equals' if result['ok'] else 'differs from'} the {result['carried']} plus that "
+        f"batch's input ({result['input_files']} files, {result['input_rows']} rows; "
+        f"{result['sample']})"
     )
     return "\n".join(lines) + "\n"
 

@@ -121,12 +121,13 @@ def run_registered_query(
     """Run a registered query under its lock; returns the run summary (also audited).
 
     ``prepare`` runs under the lock before the query starts (bootstrap validates its initial
-    state there). While a bootstrap is pending, the initial state is passed on this start.
+    state there). While a bootstrap is pending, the initial state is passed on this start;
+    the first batch after a bootstrap or a transplant is proven (:mod:`stateops.proof`).
     With a ``cutover``, the run reads exactly the input files not read yet and modified before
     it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
     their number, the trigger a long one, and the query stops once that batch commits.
     """
-    from stateops.bootstrap import pending_initial_state
+    from stateops.bootstrap import pending_carry_over, read_initial_state
     from stateops.proof import format_proof, proof_failures, prove_first_batch
     from stateops.streaming import build_session, progress_summary
 
@@ -155,7 +156,13 @@ def run_registered_query(
             marker.unlink()
         spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
         prepared = prepare(spark) if prepare else None
-        initial_state = pending_initial_state(spark, registry, query, before)
+        carried = pending_carry_over(registry, query, before)
+        initial_state = prior = None
+        if carried and "initial_state" in carried:
+            initial_state = read_initial_state(spark, query, carried["initial_state"],
+                                               carried["format"])  # fmt: skip
+        elif carried:
+            prior = (carried["from_checkpoint"], carried["batch"])
         if until_batch is None or until_batch >= first:
             stopped_by_marker, error, progress = _run_stream(
                 spark, query, marker, poll_seconds, until_batch, initial_state
@@ -167,20 +174,21 @@ def run_registered_query(
         if cutover is not None and not error:
             error = _cutover_mismatch(query, pending, committed)
         bootstrap = proof = None
-        if initial_state is not None:
-            # Batch 0 committed with the initial state: the bootstrap is complete.
-            bootstrap = "complete" if after is not None else "pending"
-            if after is not None:
+        if carried:
+            # The first batch committed with the carried state: the carry-over is complete.
+            bootstrap = "complete" if after != before else "pending"
+            if after != before:
                 registry.bootstrap_marker(query.name).unlink(missing_ok=True)
                 if not error:
                     proof_started = time.time()
-                    proof = prove_first_batch(spark, query, initial_state)
+                    proof = prove_first_batch(spark, query, initial_state, prior=prior)
                     proof["seconds"] = round(time.time() - proof_started, 1)
                     print(format_proof(proof), end="", file=sys.stderr)
                     if not proof["ok"]:
                         error = (
                             f"carry-over proof failed: {proof_failures(proof)}; details in "
-                            f"{proof['proof_file']}; move the checkpoint aside and bootstrap again"
+                            f"{proof['proof_file']}; move the checkpoint aside and carry the "
+                            "state over again"
                         )
         summary = {
             "query": query.name,
@@ -202,6 +210,7 @@ def run_registered_query(
             "last_batch_id": committed[-1] if committed else None,
             "lock_lost": lock.lost,
             "bootstrap": bootstrap,
+            "carry_over": carried.get("road", "initial_state") if carried else None,
             "proof": _proof_summary(proof),
             "prepared": prepared,
             **progress_summary(progress),

@@ -213,6 +213,29 @@ class SimulatedHandle:
         if stateName in self.variables:
             self.variables[stateName].data.clear()
 
+    def load(self, name: str, rows: list[Any]) -> None:
+        """Seed variable ``name`` (or ``"timers"``) with state as Spark's state reader lays it
+        out (the rows of :meth:`rows`; struct values as tuples or Rows)."""
+        if name == "timers":
+            for row in rows:
+                self.timers.setdefault(tuple(row["key"]), set()).add(
+                    int(row["expiration_timestamp_ms"])
+                )
+            return
+        variable = self.variables.get(name)
+        if variable is None:
+            raise StateOpsError(
+                f"the old state has a variable {name!r} the processor does not declare"
+            )
+        for row in rows:
+            key, data = tuple(row["key"]), variable.data
+            if variable.kind == "value":
+                data[key] = tuple(row["value"])
+            elif variable.kind == "list":
+                data.setdefault(key, []).append(tuple(row["list_element"]))
+            else:
+                data.setdefault(key, {})[tuple(row["user_map_key"])] = tuple(row["user_map_value"])
+
     def rows(self, name: str) -> list[dict[str, Any]]:
         """The state of variable ``name`` (or ``"timers"``) as Spark's state reader lays it out."""
         if name == "timers":
@@ -242,8 +265,10 @@ def simulate_batch(
     initial_state: pd.DataFrame | None = None,
     batch_timestamp_ms: int = 0,
     watermark_ms: int = 0,
+    prior_state: dict[str, list[Any]] | None = None,
 ) -> SimulatedHandle:
-    """Run ``processor`` on one batch from empty state; the handle holds the state after it."""
+    """Run ``processor`` on one batch from empty state, or from ``prior_state`` (variable or
+    ``"timers"`` -> rows, see :meth:`SimulatedHandle.load`); the handle holds the state after."""
     from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
     handle = SimulatedHandle(time_mode, watermark_ms)
@@ -252,6 +277,8 @@ def simulate_batch(
         batch_timestamp_ms if mode != "none" else -1, watermark_ms if mode == "eventtime" else -1
     )
     processor.init(handle)
+    for name, rows in (prior_state or {}).items():
+        handle.load(name, rows)
     for key, rows in _groups(initial_state, key_columns).items():
         handle.key = key
         processor.handleInitialState(key, rows, timer_values)

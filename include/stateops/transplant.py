@@ -1,0 +1,379 @@
+"""State transplant: a new checkpoint made of an old one's state files, for a new source.
+
+The fast road to carry state over (the other is ``initialState``, see :mod:`stateops.bootstrap`):
+the state files of the old checkpoint already hold what the query needs. The new checkpoint
+gets the restart set of the old one at its last committed batch N (state files, operator
+metadata and schema files), a new query id, and the offsets of batches N-1 and N (Spark reads
+both on restart) with the source's offset replaced by the new source's starting position; the
+commit of batch N carries the watermark. The new query's first batch is N + 1.
+
+It applies only where Spark would read those files as its own: the same stateful operator,
+state variables and schemas, time and output mode, shuffle partitions, state store provider
+and format settings. :func:`transplant_refusals` says why not, before anything is written;
+the migration then takes the ``initialState`` road. The old checkpoint is only read.
+
+Pure Python, no Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stateops.checkpoint import (
+    Checkpoint,
+    _crc_sidecar,
+    _schema_file_refs,
+    hadoop_crc,
+    load_checkpoint,
+    relocate_checkpoint,
+)
+from stateops.errors import CheckpointError, StateOpsError
+from stateops.registry import Query, schema_fields
+
+__all__ = [
+    "ROADS",
+    "TransplantRefused",
+    "choose_road",
+    "read_state_schema",
+    "transplant_checkpoint",
+    "transplant_refusals",
+]
+
+ROADS = ("auto", "transplant", "initial_state")
+
+# The starting offset of a source that has read nothing, per Spark source type. A file source
+# counts its own log entries: -1 is "before the first" (its sources/0 log starts empty).
+STARTING_OFFSETS = {fmt: '{"logOffset":-1}' for fmt in ("json", "parquet", "csv", "text", "orc")}
+
+_OPERATOR = "transformWithStateInPandasExec"
+_TIME_MODES = {"None": "NoTime", "EventTime": "EventTime", "ProcessingTime": "ProcessingTime"}
+_KINDS = {"value": "ValueState", "list": "ListState", "map": "MapState"}
+# DDL type names -> the names Spark's JSON schemas use.
+_JSON_TYPES = {
+    "STRING": "string", "BIGINT": "long", "LONG": "long", "INT": "integer",
+    "INTEGER": "integer", "SMALLINT": "short", "SHORT": "short", "TINYINT": "byte",
+    "BYTE": "byte", "BOOLEAN": "boolean", "DOUBLE": "double", "FLOAT": "float", "REAL": "float",
+    "DATE": "date", "TIMESTAMP": "timestamp", "TIMESTAMP_NTZ": "timestamp_ntz",
+    "BINARY": "binary",
+}  # fmt: skip
+
+
+class TransplantRefused(StateOpsError):
+    """The transplant does not apply; the message lists every reason."""
+
+
+def read_state_schema(path: Path) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """Column family -> its key and value fields ``(name, type)``, from a ``_stateSchema`` file
+    (format v3: Java ``writeUTF`` strings, JSON schemas in ``writeUTF`` chunks)."""
+    data, pos = path.read_bytes(), 0
+
+    def take(fmt: str) -> int:
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return value
+
+    def utf() -> str:
+        nonlocal pos
+        size = take(">H")
+        pos += size
+        if pos > len(data):
+            raise ValueError("truncated")
+        return data[pos - size : pos].decode("utf-8")
+
+    def chunked() -> str:
+        return "".join(utf() for _ in range(take(">i")))
+
+    def fields(text: str) -> list[tuple[str, str]]:
+        return [(f["name"], _type_name(f["type"])) for f in json.loads(text)["fields"]]
+
+    try:
+        if utf() != "v3":
+            raise ValueError("not a v3 schema file")
+        families = {}
+        for _ in range(take(">i")):
+            name = utf()
+            take(">h")
+            key = fields(chunked())
+            take(">h")
+            value = fields(chunked())
+            chunked()  # the key encoder spec
+            chunked()  # the user key encoder's schema (map state)
+            families[name] = {"key": key, "value": value}
+    except (ValueError, KeyError, TypeError, struct.error) as err:
+        raise CheckpointError(f"{path}: unreadable state schema file ({err})") from err
+    if pos != len(data):
+        raise CheckpointError(
+            f"{path}: unreadable state schema file ({len(data) - pos} bytes left)"
+        )
+    return families
+
+
+def _type_name(kind: Any) -> str:
+    return kind if isinstance(kind, str) else json.dumps(kind, sort_keys=True)
+
+
+def _declared_fields(schema: Any) -> list[tuple[str, str]]:
+    """``(name, Spark JSON type)`` of a schema a processor declares (DDL string or StructType)."""
+    if not isinstance(schema, str):
+        return [(f["name"], _type_name(f["type"])) for f in schema.jsonValue()["fields"]]
+    out = []
+    for name, kind in schema_fields(schema):
+        if kind.startswith("DECIMAL"):
+            kind = kind.replace(" ", "").lower()
+        out.append((name, _JSON_TYPES.get(kind, kind.lower())))
+    return out
+
+
+def _operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
+    """The transformWithState operator's properties and the schema files it names at ``batch``."""
+    op = cp.operators[0]
+    v2 = [b for b in op.metadata_files if b is not None and b <= batch]
+    if not v2:
+        raise CheckpointError(f"{cp.root}: no operator metadata v2 at batch {batch}")
+    rel = op.metadata_files[max(v2)]
+    header, _, body = (cp.root / rel).read_text(encoding="utf-8").partition("\n")
+    meta = json.loads(body.split("\n")[0])
+    props = json.loads(meta.get("operatorPropertiesJson") or "{}")
+    return props, sorted(_schema_file_refs(cp.root, rel, op.operator_id))
+
+
+def _declared_state(query: Query) -> dict[str, dict[str, Any]]:
+    """The state variables the registry's processor declares in ``init``: name -> kind, ttl,
+    value (and map key) fields."""
+    from stateops.simulator import SimulatedHandle
+    from stateops.streaming import load_processor
+
+    ttls: dict[str, bool] = {}
+
+    class Recorder(SimulatedHandle):
+        def _declare(self, variable: Any, ttl: int | None) -> Any:
+            ttls[variable.name] = ttl is not None
+            return self.variables.setdefault(variable.name, variable)
+
+    handle = Recorder(query.processor.time_mode, 0)
+    load_processor(query).init(handle)
+    return {
+        name: {
+            "kind": var.kind,
+            "ttl": ttls[name],
+            "value": _declared_fields(var.schema),
+            "user_key": _declared_fields(var.key_schema) if var.kind == "map" else None,
+        }
+        for name, var in handle.variables.items()
+    }
+
+
+def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
+    """Why ``query`` cannot run on ``cp``'s state files as its own (empty: it can).
+
+    ``query`` is the query as it will run: its new source, processor, partitions and settings.
+    """
+    batch = cp.last_committed_batch if batch is None else batch
+    if batch is None:
+        return [f"{cp.root} has no committed batch: there is no state to transplant"]
+    reasons = []
+    if cp.uncommitted_batches:
+        reasons.append(f"batch {cp.uncommitted_batches[0]} is planned but not committed")
+    if query.source.format not in STARTING_OFFSETS:
+        reasons.append(
+            f"source format {query.source.format!r}: the transplant writes starting offsets "
+            f"for {', '.join(STARTING_OFFSETS)} sources only"
+        )
+    offsets = cp.offsets[batch]
+    if len(offsets.source_offsets) != 1:
+        reasons.append(f"the old query read {len(offsets.source_offsets)} sources, not one")
+    expected = query.spark_conf_for_query()
+    for key, old in sorted(offsets.conf.items()):
+        new = expected.get(key)
+        if new is not None and new != old and key != "spark.sql.shuffle.partitions":
+            short = key.removeprefix("spark.sql.")
+            reasons.append(f"{short} is {old} in the old checkpoint, {new} for the new query")
+    ops = cp.operators
+    if len(ops) != 1 or ops[0].operator_name != _OPERATOR:
+        names = [op.operator_name for op in ops]
+        return reasons + [f"stateful operators {names}: expected one {_OPERATOR}"]
+    op = ops[0]
+    if op.store_names != ["default"]:
+        reasons.append(f"state stores {op.store_names}, expected ['default']")
+    if op.provider != query.state_store.provider:
+        reasons.append(
+            f"state files are {op.provider}, the query uses {query.state_store.provider}"
+        )
+    if op.num_partitions != query.shuffle_partitions:
+        reasons.append(
+            f"the old state has {op.num_partitions} partitions, the query "
+            f"{query.shuffle_partitions} (shuffle_partitions)"
+        )
+    try:
+        props, schema_refs = _operator_properties(cp, batch)
+        families: dict[str, Any] = {}
+        for rel in schema_refs:
+            families.update(read_state_schema(cp.root / rel))
+        declared = _declared_state(query)
+    except (StateOpsError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return reasons + [f"the state schemas cannot be compared: {str(err).splitlines()[0]}"]
+    return reasons + _state_differences(query, props, families, declared)
+
+
+def _state_differences(
+    query: Query, props: dict, families: dict[str, Any], declared: dict[str, dict[str, Any]]
+) -> list[str]:
+    reasons = []
+    if props.get("timeMode") != _TIME_MODES[query.processor.time_mode]:
+        reasons.append(
+            f"time mode {props.get('timeMode')} in the old checkpoint, "
+            f"{query.processor.time_mode} for the query"
+        )
+    if props.get("outputMode") != query.processor.output_mode:
+        reasons.append(
+            f"output mode {props.get('outputMode')} in the old checkpoint, "
+            f"{query.processor.output_mode} for the query"
+        )
+    old = {
+        v["stateName"]: v
+        for v in props.get("stateVariables", [])
+        if v.get("stateVariableType") != "TimerState" and not v["stateName"].startswith("$")
+    }
+    if set(old) != set(declared):
+        reasons.append(
+            f"state variables {sorted(old)} in the old checkpoint, {sorted(declared)} declared "
+            "by the processor"
+        )
+    source_types = dict(_declared_fields(query.source.schema_))
+    key = [(k, source_types[k]) for k in query.key_columns]
+    for name in sorted(set(old) & set(declared)):
+        var, was = declared[name], old[name]
+        if was["stateVariableType"] != _KINDS[var["kind"]] or bool(was["ttlEnabled"]) != var["ttl"]:
+            reasons.append(
+                f"state {name!r} is {was['stateVariableType']} (ttl {was['ttlEnabled']}) in the "
+                f"old checkpoint, {_KINDS[var['kind']]} (ttl {var['ttl']}) for the processor"
+            )
+            continue
+        family = families.get(name)
+        if family is None:
+            reasons.append(f"state {name!r}: no schema in the old checkpoint")
+            continue
+        if family["value"] != var["value"]:
+            reasons.append(
+                f"state {name!r} holds {_show(family['value'])} in the old checkpoint, the "
+                f"processor declares {_show(var['value'])}"
+            )
+        if family["key"][: len(key)] != key:
+            reasons.append(
+                f"state {name!r} is keyed by {_show(family['key'])}, the query by {_show(key)}"
+            )
+        if var["user_key"] is not None and family["key"][len(key) :] != var["user_key"]:
+            reasons.append(f"map state {name!r}: its user key schema changed")
+    return reasons
+
+
+def _show(fields: list[tuple[str, str]]) -> str:
+    return "(" + ", ".join(f"{n} {t}" for n, t in fields) + ")"
+
+
+def choose_road(choice: str, reasons: list[str], log: Callable[[str], None] = print) -> str:
+    """``transplant`` or ``initial_state`` for a ``carry_over`` choice; ``auto`` falls back to
+    ``initial_state`` (saying why) where the transplant does not apply."""
+    if choice not in ROADS:
+        raise StateOpsError(f"carry_over {choice!r}: choose one of {', '.join(ROADS)}")
+    if choice == "initial_state":
+        return choice
+    if not reasons:
+        return "transplant"
+    why = "; ".join(reasons)
+    if choice == "transplant":
+        raise TransplantRefused(
+            f"the transplant does not apply: {why}; choose carry_over auto or initial_state"
+        )
+    log(f"transplant does not apply ({why}): falling back to the initialState road")
+    return "initial_state"
+
+
+def transplant_checkpoint(
+    old: str | os.PathLike[str],
+    new: str | os.PathLike[str],
+    query: Query,
+    batch: int | None = None,
+    *,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Build ``new`` from ``old``'s state at committed ``batch`` (default: the last), for
+    ``query`` (as it will run: new source and settings). Refuses with every reason, before
+    writing anything, where the transplant does not apply; a dry run stops after the checks
+    and the plan. ``old`` is only read; ``new`` is built beside itself and renamed into place,
+    so it is either complete or absent."""
+    started = time.monotonic()
+    new = Path(new).resolve()
+    cp = load_checkpoint(old)
+    batch = cp.last_committed_batch if batch is None else batch
+    if new.exists() and (not new.is_dir() or any(new.iterdir())):
+        raise StateOpsError(f"{new}: not empty; transplant into a new or empty folder")
+    if new == cp.root.resolve() or cp.root.resolve() in new.parents:
+        raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
+    reasons = transplant_refusals(cp, query, batch)
+    if reasons:
+        raise TransplantRefused(f"transplant of {cp.root} refused: {'; '.join(reasons)}")
+    files = [
+        rel for rel in cp.restart_files(batch)
+        if not rel.startswith(("sources/", "offsets/", "commits/"))
+        and rel not in ("metadata", _crc_sidecar("metadata"))
+    ]  # fmt: skip
+    size = sum(cp.sizes[rel] for rel in files)
+    log(
+        f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
+        f"{batch} -> {new}: {len(files)} state files ({size / 2**20:.1f} MB); the new query "
+        f"starts at batch {batch + 1} on its {query.source.format} source {query.source.path}"
+    )
+    result = {"old": str(cp.root), "new": str(new), "batch": batch,
+              "old_query_id": cp.query_id, "files": len(files), "bytes": size}  # fmt: skip
+    if dry_run:
+        return result | {"dry_run": True}
+    staging = new.with_name(f".{new.name}.transplant-{uuid.uuid4().hex[:8]}")
+    try:
+        for rel in files:
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cp.root / rel, target)
+        query_id = str(uuid.uuid4())
+        _write(staging, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
+        for b in (batch - 1, batch):
+            if b in cp.offsets:
+                _write(staging, f"offsets/{b}", _offsets_for(cp, b, query.source.format))
+            if b in cp.commits:
+                _write(staging, f"commits/{b}", (cp.root / f"commits/{b}").read_text("utf-8"))
+        relocate_checkpoint(staging, location=new)
+        if new.exists():
+            new.rmdir()
+        os.replace(staging, new)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    seconds = time.monotonic() - started
+    log(f"transplant done: {new} (query id {query_id}), {len(files)} files, "
+        f"{size / 2**20:.1f} MB copied, {seconds:.1f} s")  # fmt: skip
+    return result | {"query_id": query_id, "seconds": round(seconds, 2)}
+
+
+def _offsets_for(cp: Checkpoint, batch: int, fmt: str) -> str:
+    """``offsets/<batch>`` with its batch metadata kept and the source offset replaced."""
+    header, meta = (cp.root / f"offsets/{batch}").read_text("utf-8").split("\n")[:2]
+    return "\n".join([header, meta, STARTING_OFFSETS[fmt]])
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    """A checkpoint file and the ``.crc`` sidecar Hadoop's local file system checks."""
+    data = text.encode("utf-8")
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    (root / _crc_sidecar(rel)).write_bytes(hadoop_crc(data))
