@@ -2,7 +2,11 @@
 ### stream_bootstrap
 
 Starts a registered query on a **new** checkpoint with state you already have (a state export
-made by `stateops export`, or Parquet/JSON/CSV files), instead of replaying history.
+made by `stateops export`, another checkpoint, or Parquet/JSON/CSV files), instead of
+replaying history. From a checkpoint, `carry_over` picks the road: `transplant` copies its
+state files (fast; only where the query can read them as its own, see `stateops transplant`),
+`initial_state` exports it and takes the export as the initial state, `auto` the transplant
+where it applies.
 
 Trigger it with the form. **Dry run** (on by default) only prints the plan. Otherwise:
 
@@ -28,6 +32,7 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.bootstrap import FORMATS
+from stateops.transplant import ROADS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
@@ -65,7 +70,16 @@ QUERIES = registered_queries(with_initial_state=True)
             type="string",
             enum=["auto", *FORMATS],
             title="Format",
-            description="auto: a state export if the folder has a manifest, else by suffix.",
+            description="auto: a state export if the folder has a manifest, a checkpoint if it "
+            "has metadata and offsets/, else by suffix.",
+        ),
+        "carry_over": Param(
+            "auto",
+            type="string",
+            enum=list(ROADS),
+            title="Carry-over road (from a checkpoint)",
+            description="transplant: copy its state files; initial_state: export it first; "
+            "auto: the transplant where it applies.",
         ),
         "dry_run": dry_run_param("Only print what the bootstrap would do."),
     },
@@ -78,11 +92,14 @@ def stream_bootstrap() -> None:
 
         params = get_current_context()["params"]
         fmt = None if params["format"] == "auto" else params["format"]
-        result = plan_bootstrap(load_registry(), params["query"], params["initial_state"], fmt)
+        result = plan_bootstrap(load_registry(), params["query"], params["initial_state"], fmt,
+                                params["carry_over"])  # fmt: skip
         print(
             f"{'DRY RUN: would bootstrap' if params['dry_run'] else 'bootstrapping'} "
             f"{result['query']} from {result['initial_state']} ({result['format']}) into "
-            f"{result['checkpoint']}; complete once batch 0 commits"
+            f"{result['checkpoint']}; complete once its first batch commits"
+            + (f"\n  carry-over road: {result['road']}" if result["road"] else "")
+            + (f"\n  {result['road_note']}" if result["road_note"] else "")
         )
         return result
 
@@ -93,6 +110,7 @@ def stream_bootstrap() -> None:
             "--query", "{{ params.query }}",
             "--initial-state", "{{ ti.xcom_pull(task_ids='plan')['initial_state'] }}",
             "--format", "{{ ti.xcom_pull(task_ids='plan')['format'] }}",
+            "--carry-over", "{{ params.carry_over }}",
             "--run-id", "{{ run_id }}",
         ],
     )  # fmt: skip
@@ -101,10 +119,13 @@ def stream_bootstrap() -> None:
     def record() -> dict:
         context = get_current_context()
         summary = read_run_summary(context["params"]["query"], context["run_id"])
+        carried = (
+            f"{summary['prepared']['rows']} initial rows" if summary["prepared"]
+            else "state files transplanted"
+        )  # fmt: skip
         print(
-            f"{summary['query']}: bootstrap {summary['bootstrap']}, "
-            f"{summary['prepared']['rows']} initial rows, last committed batch "
-            f"{summary['last_committed_batch']}"
+            f"{summary['query']}: bootstrap {summary['bootstrap']}, {carried}, last committed "
+            f"batch {summary['last_committed_batch']}"
         )
         return summary
 

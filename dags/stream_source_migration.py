@@ -15,16 +15,24 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    commits) and waited for. `drain`: the old source runs to its end with `available-now`,
    or, with a cutover time, reads in one batch exactly the files not read yet and modified
    before it (refused if the query already read a later one).
-3. `backup`: the old checkpoint to the registry's `backups.url`.
-4. `export`: the state at the last committed batch; `validate_export`: Great Expectations on
-   that state.
-5. `bootstrap`: the query on the new source, into the new checkpoint, with the exported state
-   as its initial state; complete when batch 0 commits (the preflight refuses a new source
-   without input: the proof needs that first batch).
-6. `prove`: the new checkpoint's state equals the exported state plus batch 0's input (rows and
-   order-independent checksums per state variable, computed by the bootstrap) and verifies
-   clean; `validate_new_state`: Great Expectations on the new state.
-7. `switch`: the query now runs on the new source and checkpoint (recorded beside the data,
+3. `backup`: the old checkpoint to the registry's `backups.url`; then the road the state takes
+   (`carry_over`): **transplant** where the new query can run on the old state files as its
+   own (same processor state variables and schemas, time and output mode, shuffle partitions,
+   state store provider and format settings), else **initial_state**. `auto` (the default)
+   takes the transplant where it applies and logs why not where it does not;
+   `transplant` fails (and rolls back) where it does not apply.
+4. Transplant road: `transplant` copies the old checkpoint's restart set into the new
+   checkpoint with offsets for the new source (a file copy; the old checkpoint is only read);
+   `first_batch` runs the query there, from batch N + 1 on the new source.
+   initialState road: `export` the state at the last committed batch, `validate_export`
+   (Great Expectations on it), `bootstrap` the query on the new source, into the new
+   checkpoint, with the exported state as its initial state.
+   Either way, the preflight refuses a new source without input: the proof needs its first
+   batch.
+5. `prove`: the new checkpoint's state after its first batch equals the carried state plus
+   that batch's input (rows and order-independent checksums per state variable, computed by
+   the Spark job) and verifies clean; `validate_new_state`: Great Expectations on the new state.
+6. `switch`: the query now runs on the new source and checkpoint (recorded beside the data,
    the registry file is not edited; `stream_start` and the CLI follow it); lineage in
    `<new checkpoint>.audit/lineage.json`; the old checkpoint's files become read-only; the
    hold is released.
@@ -43,6 +51,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.registry import Source
+from stateops.transplant import ROADS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
@@ -58,6 +67,16 @@ from stateops_airflow.tasks import (
 QUERIES = registered_queries(with_initial_state=True)
 PLAN = "ti.xcom_pull(task_ids='preflight')"
 FORMATS = list(Source.model_fields["format"].annotation.__args__)
+
+
+def _road(carry_over: dict) -> str:
+    if carry_over["road"] == "transplant":
+        return "transplant (the new query can run on the old state files)"
+    if carry_over["choice"] == "initial_state":
+        return "initial_state (chosen)"
+    return (
+        f"initial_state (transplant does not apply: {'; '.join(carry_over['transplant_refusals'])})"
+    )
 
 
 @dag(
@@ -109,6 +128,15 @@ FORMATS = list(Source.model_fields["format"].annotation.__args__)
             description="A new or empty folder (relative to data_dir, or absolute). Empty: "
             "<checkpoint>.v2 beside the old one.",
         ),
+        "carry_over": Param(
+            "auto",
+            type="string",
+            enum=list(ROADS),
+            title="Carry-over road",
+            description="transplant: copy the old state files (fast; only where the new query "
+            "can read them as its own). initial_state: export and bootstrap (any change of "
+            "partitions or schema). auto: the transplant where it applies, else initial_state.",
+        ),
         "dry_run": dry_run_param("Only run the preflight and print the plan."),
     },
 )
@@ -126,8 +154,10 @@ def stream_source_migration() -> None:
             "schema": params["new_source_schema"],
             "options": params["new_source_options"],
         }
-        plan = plan_migration(registry, params["query"], source, params["new_checkpoint"],
-                              context["run_id"], params["cutover"])  # fmt: skip
+        plan = plan_migration(
+            registry, params["query"], source, params["new_checkpoint"], context["run_id"],
+            params["cutover"], params["carry_over"],
+        )  # fmt: skip
         old, new = plan["old"], plan["new"]
         print(
             f"{'DRY RUN: would migrate' if params['dry_run'] else 'migrating'} {plan['query']}: "
@@ -138,8 +168,8 @@ def stream_source_migration() -> None:
             + (f", running as {plan['running']}: will be stopped" if plan["running"] else "")
             + f"\n  new checkpoint {new['checkpoint']}\n"
             + f"  cutover: {plan['cutover']}\n"
-            "  then: drain the old source, back up, export and validate the state, bootstrap "
-            "on the new source, prove, switch"
+            + f"  carry-over: {_road(plan['carry_over'])}\n"
+            "  then: drain the old source, back up, carry the state over, prove, switch"
         )
         if not params["dry_run"]:
             prepare_migration(registry, plan)
@@ -180,6 +210,25 @@ def stream_source_migration() -> None:
                                      batch=settled["last_committed_batch"], log=print)  # fmt: skip
         return settled | {"backup_id": manifest["backup_id"]}
 
+    @task.branch
+    def carry_over(settled: dict) -> str:
+        print(f"carry-over road: {settled['road']}")
+        return "transplant" if settled["road"] == "transplant" else "export"
+
+    @task
+    def transplant(plan: dict, settled: dict) -> dict:
+        from stateops.migration import prepare_migration, transplant_for_migration
+        from stateops.registry import load_registry
+
+        prepare_migration(load_registry(), plan)
+        return transplant_for_migration(plan, settled)
+
+    first_batch = spark_job_operator(
+        "first_batch", "run_query.py",
+        ["--query", "{{ params.query }}", "--mode", "available-now", "--run-id", "{{ run_id }}"],
+        registry="{{ " + PLAN + "['new']['registry'] }}",
+    )  # fmt: skip
+
     export = spark_job_operator(
         "export", "export_state.py",
         ["--checkpoint", "{{ " + PLAN + "['old']['checkpoint'] }}",
@@ -197,7 +246,7 @@ def stream_source_migration() -> None:
         registry=new_registry,
     )  # fmt: skip
 
-    @task
+    @task(trigger_rule="none_failed_min_one_success")  # after either road
     def prove(plan: dict) -> dict:
         from stateops.migration import check_carry_over, prepare_migration
         from stateops.registry import load_registry
@@ -254,12 +303,16 @@ def stream_source_migration() -> None:
     planned = preflight()
     stopped = stop_query(planned)
     backed_up = backup(planned)
+    road = carry_over(backed_up)
+    transplanted = transplant(planned, backed_up)
     proven = prove(planned)
     switched = switch(planned, backed_up, proven)
-    planned >> not_a_dry_run() >> stopped >> drain >> backed_up >> export >> validate_export
-    validate_export >> bootstrap >> proven >> validate_new_state >> switched
-    [stopped, drain, backed_up, export, validate_export, bootstrap, proven, validate_new_state,
-     switched] >> roll_back()  # fmt: skip
+    planned >> not_a_dry_run() >> stopped >> drain >> backed_up >> road
+    road >> transplanted >> first_batch >> proven
+    road >> export >> validate_export >> bootstrap >> proven
+    proven >> validate_new_state >> switched
+    [stopped, drain, backed_up, road, transplanted, first_batch, export, validate_export,
+     bootstrap, proven, validate_new_state, switched] >> roll_back()  # fmt: skip
 
 
 stream_source_migration()

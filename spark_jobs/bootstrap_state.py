@@ -1,13 +1,16 @@
 """spark-submit entry point: start a registered query on a new checkpoint with an initial state.
 
     spark-submit spark_jobs/bootstrap_state.py --query page_visits --initial-state PATH
-        [--format export|parquet|json|csv] [--dry-run] [--registry FILE] [--run-id ID]
+        [--format export|checkpoint|parquet|json|csv] [--carry-over auto|transplant|initial_state]
+        [--dry-run] [--registry FILE] [--run-id ID]
 
 Refuses, before anything starts, a checkpoint with a committed batch (Spark would ignore the
 initial state), then validates the initial state (null keys; repeated keys where the registry
 says keys are unique). The bootstrap is complete when batch 0 commits; until then every start
-of the query passes the initial state again. Exit codes: 0 done (complete or pending), 1 the
-query failed, 2 bad input (nothing changed).
+of the query passes the initial state again. From another checkpoint, its state files are
+transplanted where the query can read them as its own (the first batch, N + 1, is proven),
+else it is exported and taken as the initial state (``--carry-over``). Exit codes: 0 done
+(complete or pending), 1 the query failed, 2 bad input (nothing changed).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import uuid
 
-from stateops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap
+from stateops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap, transplant_bootstrap
 from stateops.errors import StateOpsError
 from stateops.registry import load_registry
 from stateops.runner import run_registered_query, write_summary
+from stateops.transplant import ROADS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,21 +33,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--initial-state", required=True, help="a state export or data files")
     parser.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
     parser.add_argument("--registry")
+    parser.add_argument(
+        "--carry-over", choices=ROADS, default="auto",
+        help="from a checkpoint: transplant its state files, or export it",
+    )  # fmt: skip
     parser.add_argument("--run-id")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         registry = load_registry(args.registry)
-        plan = plan_bootstrap(registry, args.query, args.initial_state, args.format)
+        plan = plan_bootstrap(
+            registry, args.query, args.initial_state, args.format, args.carry_over
+        )
         if args.dry_run:
             print(json.dumps({"dry_run": True, **plan}))
             return 0
+        if plan["road_note"]:
+            print(plan["road_note"], file=sys.stderr)
+        run_id = args.run_id or f"bootstrap-{uuid.uuid4().hex[:8]}"
+        prepare = None
+        if plan["road"] == "transplant":
+            transplant_bootstrap(
+                registry, plan, run_id, log=lambda line: print(line, file=sys.stderr)
+            )
+        else:
+            prepare = lambda spark: prepare_bootstrap(spark, registry, plan)  # noqa: E731
         summary = run_registered_query(
-            registry,
-            args.query,
-            run_id=args.run_id,
-            operation="bootstrap",
-            prepare=lambda spark: prepare_bootstrap(spark, registry, plan),
+            registry, args.query, run_id=run_id, operation="bootstrap", prepare=prepare
         )
     except StateOpsError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import operator
+import uuid
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.export import MANIFEST
 from stateops.registry import Query, Registry
+from stateops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -33,14 +35,22 @@ __all__ = [
     "plan_bootstrap",
     "prepare_bootstrap",
     "read_initial_state",
+    "transplant_bootstrap",
     "validate_initial_state",
 ]
 
-FORMATS = ("export", "parquet", "json", "csv")
+FORMATS = ("export", "checkpoint", "parquet", "json", "csv")
 
 
-def plan_bootstrap(registry: Registry, name: str, source: str, fmt: str | None) -> dict[str, Any]:
-    """What a bootstrap would do, checked without Spark; refuses a used checkpoint."""
+def plan_bootstrap(
+    registry: Registry, name: str, source: str, fmt: str | None, carry_over: str = "auto"
+) -> dict[str, Any]:
+    """What a bootstrap would do, checked without Spark; refuses a used checkpoint.
+
+    From another checkpoint, the state takes a road (``carry_over``, see
+    :func:`stateops.transplant.choose_road`): a transplant of its state files where the query
+    can read them as its own, else an export of it as the initial state.
+    """
     query = registry.query(name)
     if query.initial_state is None:
         raise RegistryError(
@@ -59,13 +69,23 @@ def plan_bootstrap(registry: Registry, name: str, source: str, fmt: str | None) 
     src = Path(source)
     if not src.exists():
         raise StateOpsError(f"{source}: no such initial state (a state export, or data files)")
-    fmt = fmt or ("export" if (src / MANIFEST).exists() else src.suffix.lstrip(".") or "parquet")
+    if fmt is None:
+        checkpoint = (src / "metadata").is_file() and (src / "offsets").is_dir()
+        fmt = "export" if (src / MANIFEST).exists() else "checkpoint" if checkpoint else None
+        fmt = fmt or src.suffix.lstrip(".") or "parquet"
     if fmt not in FORMATS:
         raise StateOpsError(
             f"{source}: unknown initial state format {fmt!r} ({', '.join(FORMATS)})"
         )
-    if fmt == "export" and not query.initial_state.from_export:
-        raise RegistryError(f"query {name}: initial_state.from_export is not set in the registry")
+    road, said = None, []
+    if fmt == "checkpoint":
+        cp = load_checkpoint(src)
+        road = choose_road(carry_over, transplant_refusals(cp, query), log=said.append)
+    if fmt == "export" or road == "initial_state":
+        if not query.initial_state.from_export:
+            raise RegistryError(
+                f"query {name}: initial_state.from_export is not set in the registry"
+            )
     return {
         "query": name,
         "checkpoint": str(path),
@@ -74,6 +94,11 @@ def plan_bootstrap(registry: Registry, name: str, source: str, fmt: str | None) 
         "schema": query.initial_state.schema_,
         "batch_0_already_planned": planned,
         "source": query.source.path,
+        "road": road,
+        "road_note": said[0] if said else None,
+        "export": str(
+            registry.state_dir / "bootstrap" / "exports" / f"{name}-{uuid.uuid4().hex[:8]}"
+        ),
     }
 
 
@@ -206,7 +231,12 @@ def prepare_bootstrap(
     spark: SparkSession, registry: Registry, plan: dict[str, Any]
 ) -> dict[str, Any]:
     """Validate the initial state (types, keys, fit with the processor's state), then mark the
-    bootstrap pending (until batch 0 commits)."""
+    bootstrap pending (until batch 0 commits). A checkpoint is exported first."""
+    if plan["format"] == "checkpoint":
+        from stateops.export import export_state
+
+        export_state(spark, plan["initial_state"], plan["export"])
+        plan = plan | {"initial_state": plan["export"], "format": "export"}
     query = registry.query(plan["query"])
     raw = _read_raw(spark, query, plan["initial_state"], plan["format"])
     check_initial_types(raw, query)
@@ -216,6 +246,21 @@ def prepare_bootstrap(
     record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}
     _write_marker(registry, query.name, {"road": "initial_state", **record})
     return record | {"processor_fit_keys": fit_keys}
+
+
+def transplant_bootstrap(
+    registry: Registry, plan: dict[str, Any], run_id: str, log: Any = print
+) -> dict[str, Any]:
+    """The transplant road of a bootstrap from a checkpoint, under the query's lock; the next
+    run proves the first batch."""
+    from stateops.lock import QueryLock
+
+    name = plan["query"]
+    with QueryLock(registry.lock_path(name), name, "bootstrap", run_id):
+        result = transplant_checkpoint(plan["initial_state"], plan["checkpoint"],
+                                       registry.query(name), log=log)  # fmt: skip
+        mark_transplant(registry, name, result)
+    return result
 
 
 def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -> None:

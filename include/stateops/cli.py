@@ -17,6 +17,7 @@ from stateops.lock import force_release, read_hold, read_lock
 from stateops.registry import PROJECT_ROOT, load_registry
 from stateops.report import checkpoint_report, format_report
 from stateops.sampledata import DATASETS, generate_events, generate_initial_pages
+from stateops.transplant import ROADS
 from stateops.verify import format_findings, verify_checkpoint
 
 __all__ = ["main"]
@@ -100,9 +101,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
-    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format)
+    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over)
     if args.dry_run:
         print("dry run: nothing changed. A bootstrap would:")
+        if plan["road"] == "transplant":
+            print(
+                f"  transplant the state files of {plan['initial_state']} into "
+                f"{plan['checkpoint']}, then start {plan['query']} on {plan['source']}"
+            )
+            print("  and prove its first batch against that state")
+            return 0
+        if plan["road_note"]:
+            print(f"  ({plan['road_note']})")
         print(f"  read the initial state {plan['initial_state']} ({plan['format']})")
         print(f"  validate it against {plan['schema']} (null keys, repeated keys)")
         print(f"  start {plan['query']} on {plan['source']} into {plan['checkpoint']}")
@@ -114,6 +124,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         "--query", args.query,
         "--initial-state", plan["initial_state"],
         "--format", plan["format"],
+        "--carry-over", args.carry_over,
     )  # fmt: skip
 
 
@@ -399,8 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bootstrap", help="start a query on a new checkpoint with initial state")
     p.add_argument("query")
-    p.add_argument("--initial-state", required=True, help="a state export, or data files")
+    p.add_argument("--initial-state", required=True, help="an export, a checkpoint, or files")
     p.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
+    p.add_argument("--carry-over", choices=ROADS, default="auto",
+                   help="from a checkpoint: transplant its state files, or export it")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print what it would do")
     p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
     p.set_defaults(func=cmd_bootstrap)

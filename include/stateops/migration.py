@@ -1,11 +1,13 @@
 """Source migration with state carry-over: the library behind ``stream_source_migration``.
 
 The DAG runs one task per step: preflight (this module's plan, then the query's hold), stop
-the running query, drain the old source, back up, export and validate the state, bootstrap
-the query on the new source into a new checkpoint with the exported state, prove the
-carry-over, switch. The hold (see :mod:`stateops.lock`) keeps every other lifecycle operation
-out from preflight to the switch or the roll back; each step takes the query's lock with the
-migration's run id for its own work.
+the running query, drain the old source, back up, carry the state into a new checkpoint for
+the new source, prove the carry-over, switch. Two roads carry the state: a transplant of the
+old checkpoint's state files (:mod:`stateops.transplant`, a file copy) where Spark can read
+them as the new query's own, else export, validate and bootstrap with ``initialState``.
+The hold (see :mod:`stateops.lock`) keeps every other lifecycle operation out from preflight
+to the switch or the roll back; each step takes the query's lock with the migration's run id
+for its own work.
 
 A failure after preflight rolls back: the new checkpoint is moved aside, a switch already
 written is undone, the old checkpoint is writable again and the hold is released, so the old
@@ -42,6 +44,7 @@ from stateops.registry import (
     write_switch,
 )
 from stateops.runner import read_summary
+from stateops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 from stateops.verify import error_summary, verify_checkpoint
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "settle_migration",
     "stop_running_query",
     "switch_query",
+    "transplant_for_migration",
 ]
 
 OPERATION = "migration"
@@ -97,11 +101,14 @@ def plan_migration(
     new_checkpoint: str = "",
     run_id: str = "",
     cutover: str = "drain",
+    carry_over: str = "auto",
 ) -> dict[str, Any]:
     """Preflight: everything a migration needs, checked without changing anything.
 
     ``cutover``: ``drain`` (the old source is read to its end) or a time: the old source
     reads only the input files modified before it (see ``runner.files_before``).
+    ``carry_over``: ``auto``, ``transplant`` or ``initial_state``; the plan says which road
+    the state would take now (the backup step decides, on the drained checkpoint).
 
     Raises a one-line StateOpsError naming what is wrong: an unknown query or one without
     ``initial_state.from_export``, an invalid or missing new source, a new schema without the
@@ -163,6 +170,8 @@ def plan_migration(
             f"{old} fails verification ({error_summary(findings)}); repair or restore it "
             "before migrating"
         )
+    refusals = transplant_refusals(cp, _runs_as(query, source, new))
+    road = choose_road(carry_over, refusals, log=lambda line: None)
     lock = refuse_unholdable(registry.lock_path(name), name, run_id)
     work = _work_dir(registry, run_id or "plan")
     return {
@@ -182,9 +191,16 @@ def plan_migration(
         },
         "export": str(work / "export"),
         "cutover": cutover,
+        "carry_over": {"choice": carry_over, "road": road, "transplant_refusals": refusals},
         "running": None if lock is None else lock.run_id,
         "new_source_files": files,
     }
+
+
+def _runs_as(query: Query, source: Source | dict[str, Any], checkpoint: str | Path) -> Query:
+    """The query as it will run after the migration (for the transplant's checks)."""
+    source = Source.model_validate(source) if isinstance(source, dict) else source
+    return query.model_copy(update={"source": source, "checkpoint": str(checkpoint)})
 
 
 def _new_source(registry: Registry, query: Query, spec: dict[str, Any]) -> Source:
@@ -243,22 +259,44 @@ def prepare_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any
     return plan
 
 
-def settle_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
-    """After the drain: the old checkpoint's final batch, and the registry the new query runs
-    with (new source and checkpoint; its output continues the old numbering after that batch).
+def settle_migration(
+    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """After the drain: the old checkpoint's final batch, the road the state takes (see
+    :func:`stateops.transplant.choose_road`), and the registry the new query runs with (new
+    source and checkpoint; its output continues the old numbering after that batch).
     """
     query = registry.query(plan["query"])
     if query.checkpoint != plan["old"]["checkpoint"]:
         raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
-    last = load_checkpoint(query.checkpoint).last_committed_batch
-    offset = query.sink.folder_batch(last) + 1
+    cp = load_checkpoint(query.checkpoint)
+    last = cp.last_committed_batch
+    runs_as = _runs_as(query, plan["new"]["source"], plan["new"]["checkpoint"])
+    road = choose_road(plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log)
+    # A transplanted checkpoint goes on from batch last + 1, a bootstrapped one from batch 0.
+    offset = query.sink.batch_offset if road == "transplant" else query.sink.folder_batch(last) + 1
     changes = {
         "source": plan["new"]["source"],
         "checkpoint": plan["new"]["checkpoint"],
         "sink": query.sink.model_dump() | {"batch_offset": offset},
     }
     derived_registry(registry, query.name, changes, plan["new"]["registry"])
-    return {"last_committed_batch": last, "sink_batch_offset": offset}
+    return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road}
+
+
+def transplant_for_migration(
+    plan: dict[str, Any], settled: dict[str, Any], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The transplant road: the new checkpoint from the old one's state at the drained batch;
+    the new query's first batch is then proven against that state."""
+    from stateops.bootstrap import mark_transplant
+
+    new_registry = load_registry(plan["new"]["registry"])
+    query = new_registry.query(plan["query"])
+    result = transplant_checkpoint(plan["old"]["checkpoint"], query.checkpoint, query,
+                                   settled["last_committed_batch"], log=log)  # fmt: skip
+    mark_transplant(new_registry, plan["query"], result)
+    return result
 
 
 def stop_running_query(
@@ -298,15 +336,16 @@ def stop_running_query(
 
 
 def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """The bootstrap's outcome on the new checkpoint: its proof, and file-level integrity."""
+    """The new query's first batch on the new checkpoint (after a bootstrap or a transplant):
+    its proof, and file-level integrity."""
     summary = read_summary(load_registry(plan["new"]["registry"]), plan["query"], run_id)
     if summary["status"] != "succeeded":
-        raise StateOpsError(f"bootstrap of {plan['query']} failed: {summary['error']}")
+        raise StateOpsError(f"{plan['query']} on the new source failed: {summary['error']}")
     proof = summary.get("proof")
     if summary["bootstrap"] != "complete":
         raise StateOpsError(
-            f"bootstrap of {plan['query']} is {summary['bootstrap']}: batch 0 did not commit on "
-            "the new source, so the carry-over is not proven"
+            f"carry-over of {plan['query']} is {summary['bootstrap']}: no batch committed on "
+            "the new source, so it is not proven"
         )
     if not (proof and proof["ok"]):
         raise StateOpsError(f"carry-over of {plan['query']} not proven: {proof}")
@@ -354,6 +393,7 @@ def switch_query(
         },
         "backup_id": backup_id,
         "export": plan["export"],
+        "carry_over": settled["road"],
         "bootstrap": carry_over["bootstrap"],
         "proof": (carry_over["proof"] or {}).get("proof_file"),
     }

@@ -180,6 +180,8 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
     batch = cp.last_committed_batch if batch is None else batch
     if batch is None:
         return [f"{cp.root} has no committed batch: there is no state to transplant"]
+    if batch not in cp.commits or batch not in cp.offsets:
+        return [f"batch {batch} is not a committed batch of {cp.root}"]
     reasons = []
     if cp.uncommitted_batches:
         reasons.append(f"batch {cp.uncommitted_batches[0]} is planned but not committed")

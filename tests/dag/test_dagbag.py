@@ -64,8 +64,12 @@ def test_stream_bootstrap_form_and_order(dagbag):
     query = params.get_param("query")
     assert query.schema["enum"] == ["page_visits", "user_sessions"], "with an initial_state"
     assert query.schema["title"] and query.description
-    assert params.get_param("format").schema["enum"] == ["auto", "export", "parquet", "json", "csv"]
+    formats = ["auto", "export", "checkpoint", "parquet", "json", "csv"]
+    assert params.get_param("format").schema["enum"] == formats
     assert params.get_param("initial_state").schema["minLength"] == 1
+    assert params["carry_over"] == "auto"
+    args = dag.get_task("bootstrap").application_args
+    assert args[args.index("--carry-over") + 1] == "{{ params.carry_over }}"
     order = ["plan", "not_a_dry_run", "bootstrap", "record", "verify_state", "validate_state"]
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert dag.get_task(upstream).downstream_task_ids == {downstream}
@@ -132,25 +136,31 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert params.get_param("new_source_format").schema["enum"] == ["json", "parquet", "csv"]
     for name, bad in [("new_source_path", ""), ("new_source_format", "kafka"),
                       ("new_source_options", "maxFilesPerTrigger=1"),
-                      ("cutover", "yesterday")]:  # fmt: skip
+                      ("cutover", "yesterday"), ("carry_over", "copy")]:  # fmt: skip
         with pytest.raises(ParamValidationError):
             params.get_param(name).resolve(bad)
-    assert params["cutover"] == "drain"
+    assert params["cutover"] == "drain" and params["carry_over"] == "auto"
     assert params.get_param("cutover").resolve("2026-11-21T03:00:00Z")
-    order = ["preflight", "not_a_dry_run", "stop_query", "drain", "backup", "export",
-             "validate_export", "bootstrap", "prove", "validate_new_state", "switch"]  # fmt: skip
-    for upstream, downstream in itertools.pairwise(order):
-        assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    assert params.get_param("carry_over").schema["enum"] == ["auto", "transplant", "initial_state"]
+    start = ["preflight", "not_a_dry_run", "stop_query", "drain", "backup", "carry_over"]
+    roads = [["transplant", "first_batch"], ["export", "validate_export", "bootstrap"]]
+    end = ["prove", "validate_new_state", "switch"]
+    for road in roads:
+        for upstream, downstream in itertools.pairwise(start + road + end):
+            assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    assert dag.get_task("prove").trigger_rule == "none_failed_min_one_success"
     roll_back = dag.get_task("roll_back")
     assert roll_back.trigger_rule == "one_failed"
-    assert roll_back.upstream_task_ids == set(order[2:])
-    assert len(dag.tasks) == len(order) + 1
+    steps = set(start[2:] + roads[0] + roads[1] + end)
+    assert roll_back.upstream_task_ids == steps
+    assert len(dag.tasks) == len(steps) + 3
     args = dag.get_task("drain").application_args
     assert (
         args[args.index("--cutover") + 1] == "{{ ti.xcom_pull(task_ids='preflight')['cutover'] }}"
     )
-    args = dag.get_task("bootstrap").application_args
-    assert args[args.index("--registry") + 1] == (
-        "{{ ti.xcom_pull(task_ids='preflight')['new']['registry'] }}"
-    )
-    assert args[args.index("--run-id") + 1] == "{{ run_id }}"
+    for task in ("bootstrap", "first_batch"):
+        args = dag.get_task(task).application_args
+        assert args[args.index("--registry") + 1] == (
+            "{{ ti.xcom_pull(task_ids='preflight')['new']['registry'] }}"
+        )
+        assert args[args.index("--run-id") + 1] == "{{ run_id }}"

@@ -4,13 +4,15 @@
 
 One event stream split at a cutover: round 0 lands as JSON in the old source, round 1 as
 Parquet in a new folder. After the migration and the rest of the new source, the state and
-the output must equal one uninterrupted query's over every event.
+the output must equal one uninterrupted query's over every event, by either road the state
+takes (a transplant of the old state files, or export + bootstrap with ``initialState``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections import Counter
 from pathlib import Path
@@ -58,40 +60,44 @@ def _as_parquet(json_files: list[Path], folder: Path, ddl: str) -> None:
 
 class Migration:
     """A data folder with the old query run on part of round 0 (the rest is left to the drain)
-    and round 1 as Parquet in the new source's folder."""
+    and round 1 as Parquet in the new source's folder; for query ``name`` (and ``others``)."""
 
-    def __init__(self, tmp_path: Path, name: str, s3) -> None:
+    def __init__(self, tmp_path: Path, name: str, s3, others: tuple[str, ...] = ()) -> None:
         self.root, self.name = tmp_path, name
         self.path = write_registry(tmp_path)
-        raw = yaml.safe_load(self.path.read_text())
-        raw["backups"] = {"url": f"s3://backups/{tmp_path.name}", "conn_id": "aws_default"}
-        self.path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        self.edit_registry(backups={"url": f"s3://backups/{tmp_path.name}",
+                                    "conn_id": "aws_default"})  # fmt: skip
         conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
                 "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
         self.env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
         self.s3 = s3
-        query = self.query
         land(tmp_path / "landing", round_=0, files=FILES)
-        landing = Path(query.source.path)
-        last = sorted(landing.iterdir())[-1]
-        held_back = tmp_path / last.name
-        os.replace(last, held_back)  # arrives after the first run: the drain reads it
-        _ok(spark_submit_run_query(self.path, name))
-        os.replace(held_back, last)
         land(tmp_path / "round1", round_=1, files=FILES)
-        _as_parquet(sorted((tmp_path / "round1" / name).iterdir()),
-                    tmp_path / "landing_v2" / name, query.source.schema_)  # fmt: skip
+        for query in map(self.query, (name, *others)):
+            landing = Path(query.source.path)
+            last = sorted(landing.iterdir())[-1]
+            held_back = tmp_path / last.name
+            os.replace(last, held_back)  # arrives after the first run: the drain reads it
+            _ok(spark_submit_run_query(self.path, query.name))
+            os.replace(held_back, last)
+            _as_parquet(sorted((tmp_path / "round1" / query.name).iterdir()),
+                        tmp_path / "landing_v2" / query.name, query.source.schema_)  # fmt: skip
         _ok(_airflow(tmp_path, "db", "migrate"))
 
-    @property
-    def query(self):
-        return load_registry(self.path).query(self.name)
+    def edit_registry(self, **top_level) -> None:
+        raw = yaml.safe_load(self.path.read_text())
+        raw.update(top_level)
+        self.path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
-    def conf(self, **extra) -> dict:
+    def query(self, name: str | None = None):
+        return load_registry(self.path).query(name or self.name)
+
+    def conf(self, name: str | None = None, **extra) -> dict:
+        name = name or self.name
         return {
-            "query": self.name,
+            "query": name,
             "new_source_format": "parquet",
-            "new_source_path": f"landing_v2/{self.name}",
+            "new_source_path": f"landing_v2/{name}",
             "new_source_options": {"maxFilesPerTrigger": 1},
             "dry_run": False,
             **extra,
@@ -103,48 +109,68 @@ class Migration:
         return run, run.stdout + run.stderr
 
 
-def _uninterrupted(tmp_path: Path, name: str):
+def _uninterrupted(tmp_path: Path, *names: str) -> dict:
     whole = write_registry(tmp_path / "whole")
     land(tmp_path / "whole" / "landing", round_=0, files=FILES)
     land(tmp_path / "whole" / "landing", round_=1, files=FILES)
-    _ok(spark_submit_run_query(whole, name))
-    return load_registry(whole).query(name)
+    for name in names:
+        _ok(spark_submit_run_query(whole, name))
+    return {name: load_registry(whole).query(name) for name in names}
 
 
 def _rows(sink: Path) -> Counter:
     return Counter(row for rows in read_sink(sink).values() for row in rows)
 
 
-def _assert_migrated(spark, m: Migration, whole, run_log: str) -> None:
-    query = m.query
-    old_checkpoint = str(m.root / "checkpoints" / m.name)
+def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
+    """State rows per variable, whatever partition holds them (the initialState road may run
+    on another number of partitions)."""
+    return [sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
+            for rows in read_state(spark, checkpoint, READS[name])]  # fmt: skip
+
+
+def _assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=None) -> int:
+    """The migration of ``name`` took ``road`` and, after the rest of the new source, its state
+    and output equal the uninterrupted run's. Returns the sink folder of its first new batch."""
+    name = name or m.name
+    query = m.query(name)
+    old_checkpoint = str(m.root / "checkpoints" / name)
     assert query.source.format == "parquet" and query.checkpoint == old_checkpoint + ".v2"
-    assert f"{m.name}: switched to" in run_log and "carry-over proven" in run_log
+    assert f"{name}: switched to" in run_log and "carry-over proven" in run_log
     lineage = json.loads((audit_dir(query.checkpoint) / "lineage.json").read_text())
+    assert lineage["carry_over"] == road, lineage
     old = load_checkpoint(old_checkpoint)
     assert lineage["from"]["last_committed_batch"] == old.last_committed_batch
     assert lineage["from"]["query_id"] == old.query_id
-    backups = list_backups(f"s3://backups/{m.root.name}/{m.name}", m.s3.client())
+    backups = list_backups(f"s3://backups/{m.root.name}/{name}", m.s3.client())
     assert lineage["backup_id"] in [b["backup_id"] for b in backups]
     assert all(
         not p.stat().st_mode & stat.S_IWUSR for p in Path(old_checkpoint).rglob("*") if p.is_file()
     ), "the old checkpoint is kept read-only"
-    assert query.sink.batch_offset == query.sink.folder_batch(0) > old.last_committed_batch
+    # The new checkpoint's first batch writes the sink folder after the old one's last.
+    first = old.last_committed_batch + 1 if road == "transplant" else 0
+    assert query.sink.folder_batch(first) == old.last_committed_batch + 1
 
-    _ok(spark_submit_run_query(m.path, m.name))  # the rest of the new source, after the switch
-    query = m.query
-    assert load_checkpoint(query.checkpoint).last_committed_batch >= FILES - 1
-    assert read_state(spark, query.checkpoint, READS[m.name]) == read_state(
-        spark, whole.checkpoint, READS[m.name]
-    ), "state differs from the uninterrupted run's"
+    _ok(spark_submit_run_query(m.path, name))  # the rest of the new source, after the switch
+    query = m.query(name)
+    assert load_checkpoint(query.checkpoint).last_committed_batch >= first + FILES - 1
+    assert _state(spark, query.checkpoint, name) == _state(spark, whole.checkpoint, name), (
+        "state differs from the uninterrupted run's"
+    )
     assert _rows(Path(query.sink.path)) == _rows(Path(whole.sink.path))
+    return query.sink.folder_batch(first)
 
 
-# Every step after preflight; CI injects a failure after the first Spark step, the bootstrap
-# and the switch (each failed run costs the steps before it). STATEOPS_ALL_FAULTS=1: every step.
-STEPS = ["stop_query", "drain", "backup", "export", "validate_export", "bootstrap", "prove",
-         "validate_new_state", "switch"]  # fmt: skip
-FAULTS = STEPS if os.environ.get("STATEOPS_ALL_FAULTS") else ["drain", "bootstrap", "switch"]
+# Every step after preflight, with the road it is on; CI injects a failure after the first
+# Spark step, the bootstrap, the transplant's first batch and the switch (each failed run costs
+# the steps before it). STATEOPS_ALL_FAULTS=1: every step.
+STEPS = [("stop_query", "auto"), ("drain", "auto"), ("backup", "auto"),
+         ("carry_over", "auto"), ("transplant", "auto"), ("first_batch", "auto"),
+         ("export", "initial_state"), ("validate_export", "initial_state"),
+         ("bootstrap", "initial_state"), ("prove", "auto"), ("validate_new_state", "auto"),
+         ("switch", "auto")]  # fmt: skip
+CI_FAULTS = {"drain", "bootstrap", "first_batch", "switch"}
+FAULTS = [s for s in STEPS if os.environ.get("STATEOPS_ALL_FAULTS") or s[0] in CI_FAULTS]
 
 
 def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates(
@@ -152,9 +178,9 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
 ):
     from stateops.lock import read_hold
 
-    whole = _uninterrupted(tmp_path, "page_visits")
+    whole = _uninterrupted(tmp_path, "page_visits")["page_visits"]
     m = Migration(tmp_path, "page_visits", s3)
-    old = Path(m.query.checkpoint)
+    old = Path(m.query().checkpoint)
     lock = load_registry(m.path).lock_path("page_visits")
     before = tree_digest(m.root / "checkpoints")
     dry, log = m.trigger(m.conf(dry_run=True))
@@ -162,12 +188,12 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
     assert "DRY RUN: would migrate page_visits" in log
     assert tree_digest(m.root / "checkpoints") == before and read_hold(lock) is None
     drained = None
-    for step in FAULTS:
-        run, log = m.trigger(m.conf(), STATEOPS_FAIL_AFTER=step)
+    for step, road in FAULTS:
+        run, log = m.trigger(m.conf(carry_over=road), STATEOPS_FAIL_AFTER=step)
         assert run.returncode != 0, log[-3000:]
         assert f"injected failure after {step}" in log
         assert "migration rolled back; the query runs on" in log, log[-5000:]
-        query = m.query
+        query = m.query()
         assert (query.source.format, query.checkpoint, query.sink.batch_offset) == (
             "json",
             str(old),
@@ -190,6 +216,37 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
     _ok(spark_submit_run_query(m.path, "page_visits"))
     assert tree_digest(old) == drained
 
-    run, log = m.trigger(m.conf())
+    run, log = m.trigger(m.conf())  # auto: the transplant applies
     assert run.returncode == 0, log[-8000:]
-    _assert_migrated(spark, m, whole, log)
+    assert "carry-over road: transplant" in log and "transplant done:" in log
+    _assert_migrated(spark, m, whole, log, "transplant")
+
+
+def test_where_the_transplant_does_not_apply_auto_falls_back_to_initial_state(spark, s3, tmp_path):
+    """Both pipelines, after the registry's shuffle_partitions changed: the old state files
+    have 2 partitions, the query now wants 3. Asked for, the transplant is refused at
+    preflight; auto says why and takes the initialState road, which repartitions the state."""
+    names = ("page_visits", "user_sessions")
+    whole = _uninterrupted(tmp_path, *names)
+    m = Migration(tmp_path, "page_visits", s3, others=("user_sessions",))
+    raw = yaml.safe_load(m.path.read_text())
+    for spec in raw["queries"].values():
+        spec["shuffle_partitions"] = 3
+    m.edit_registry(queries=raw["queries"])
+    before = tree_digest(m.root / "checkpoints")
+    run, log = m.trigger(m.conf(carry_over="transplant"))
+    assert (
+        run.returncode != 0
+        and "the transplant does not apply: the old state has 2 "
+        "partitions, the query 3 (shuffle_partitions)"
+        in log
+    ), log[-5000:]
+    assert tree_digest(m.root / "checkpoints") == before
+    for name in names:
+        run, log = m.trigger(m.conf(name))
+        assert run.returncode == 0, log[-8000:]
+        assert (
+            "transplant does not apply (the old state has 2 partitions, the query 3 "
+            "(shuffle_partitions)): falling back to the initialState road" in log
+        )
+        _assert_migrated(spark, m, whole[name], log, "initial_state", name)

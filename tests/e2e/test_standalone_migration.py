@@ -1,7 +1,7 @@
 """stream_source_migration triggered through the REST API v2 of a real ``airflow standalone``
 (SQLite, LocalExecutor, simple auth manager) on loopback; the run must reach ``success`` and
-the migrated user_sessions must equal an uninterrupted run. Then everything is stopped and no
-process of it may be left."""
+the migrated user_sessions (auto: the transplant road) must equal an uninterrupted run. Then
+everything is stopped and no process of it may be left."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _until(what: str, check, timeout: float, log) -> object:
 
 
 def test_migration_triggered_through_the_rest_api_of_airflow_standalone(spark, s3, tmp_path):
-    whole = _uninterrupted(tmp_path, "user_sessions")
+    whole = _uninterrupted(tmp_path, "user_sessions")["user_sessions"]
     m = Migration(tmp_path, "user_sessions", s3)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -108,6 +108,7 @@ def test_migration_triggered_through_the_rest_api_of_airflow_standalone(spark, s
         states = {t["task_id"]: t["state"] for t in tasks}
         assert state == "success", states
         assert states["roll_back"] == "skipped" and states["switch"] == "success", states
+        assert states["transplant"] == "success" and states["bootstrap"] == "skipped", states
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: standalone stops its components
         try:
@@ -123,9 +124,9 @@ def test_migration_triggered_through_the_rest_api_of_airflow_standalone(spark, s
     log_text = "\n".join(
         p.read_text() for p in (tmp_path / "airflow" / "logs").rglob("*.log")
     )  # the task logs: the switch and the proof are logged there
-    _assert_migrated(spark, m, whole, log_text)
-    sink = read_sink(Path(m.query.sink.path))
-    carried = [r for b, rows in sink.items() if b >= m.query.sink.batch_offset for r in rows
+    first_new = _assert_migrated(spark, m, whole, log_text, "transplant")
+    sink = read_sink(Path(m.query().sink.path))
+    carried = [r for b, rows in sink.items() if b >= first_new for r in rows
                if r[4].startswith("e0-")]  # fmt: skip
     assert carried, (
         "no session open at the cutover (round 0 events: e0-...) closed on the new source"

@@ -231,3 +231,28 @@ def test_values_of_the_wrong_type_and_a_processor_misfit_are_refused(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in out
     assert "error: initial state refused: it does not fit the processor's state 'count'" in out
     assert not Path(load_registry(registry).query("page_visits").checkpoint).exists()
+
+
+@pytest.mark.parametrize("partitions, road", [(2, "transplant"), (3, "initial_state")])
+def test_bootstrap_from_a_checkpoint_transplants_it_or_falls_back_to_its_export(
+    spark, tmp_path, partitions, road
+):
+    """Same partitions: its state files are transplanted. Other partitions: the transplant
+    does not apply, so the checkpoint is exported and bootstrapped from; the counts are the
+    old query's plus the new input either way, and the old checkpoint is left as it was."""
+    old = write_registry(tmp_path / "old")
+    land(tmp_path / "old" / "landing", round_=0, files=2)
+    _summary(spark_submit_run_query(old, "page_visits"))
+    old_checkpoint = load_registry(old).query("page_visits").checkpoint
+    before = tree_digest(Path(old_checkpoint))
+    new = write_registry(tmp_path / "new", page_visits={"shuffle_partitions": partitions})
+    land(tmp_path / "new" / "landing", round_=1, files=1)
+    proc, output = _bootstrap(new, Path(old_checkpoint))
+    summary = _summary(proc)
+    assert summary["carry_over"] == road and summary["bootstrap"] == "complete", output[-3000:]
+    assert summary["proof"]["ok"], summary["proof"]
+    fell_back = "transplant does not apply (the old state has 2 partitions, the query 3"
+    assert (fell_back in output) == (road == "initial_state"), output[-3000:]
+    assert tree_digest(Path(old_checkpoint)) == before
+    expected = _landed(tmp_path / "old") + _landed(tmp_path / "new")
+    assert _counts(spark, load_registry(new).query("page_visits").checkpoint) == expected

@@ -8,6 +8,7 @@ transplant keeps. Refusals must name the reason and leave the old checkpoint byt
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -137,6 +138,18 @@ def test_a_transplant_that_does_not_apply_is_refused_with_its_reason(
     with pytest.raises(TransplantRefused, match=reason):
         transplant_checkpoint(old, tmp_path / "new", query)
     assert not (tmp_path / "new").exists() and tree_digest(old) == before
+
+
+def test_an_unreadable_state_schema_file_refuses_the_transplant(page_visits, tmp_path):
+    query = load_registry(page_visits / "registry.yaml").query("page_visits")
+    old = tmp_path / "old"
+    shutil.copytree(query.checkpoint, old)
+    schema = next(p for p in old.glob("state/0/_stateSchema/default/*") if p.name[0] != ".")
+    schema.write_bytes(schema.read_bytes()[:-20])
+    with pytest.raises(TransplantRefused, match="the state schemas cannot be compared: .*"
+                       "unreadable state schema file"):  # fmt: skip
+        transplant_checkpoint(old, tmp_path / "new", query)
+    assert not (tmp_path / "new").exists()
 
 
 def test_the_cli_refuses_in_one_line_and_writes_nothing(page_visits, tmp_path):
