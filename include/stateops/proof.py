@@ -117,6 +117,11 @@ def prove_first_batch(
     keys = query.key_columns
     columns = [F.col(k) for k in keys]
     input_df = _batch_input(spark, query, files)
+    if query.watermark and batch - 1 in cp.offsets:
+        # Spark drops input at or before the previous batch's watermark as late.
+        late = F.timestamp_millis(F.lit(cp.offsets[batch - 1].watermark_ms))
+        column = F.col(query.watermark.column)
+        input_df = input_df.filter(column.isNull() | (column > late))
     prior_frames = {}
     if prior is not None:
         prior_frames = {

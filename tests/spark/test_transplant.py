@@ -1,13 +1,13 @@
 """State transplant: a new checkpoint from the old one's state files, for a new source.
 
-The sessions case is the one the initialState road cannot carry (tests/spark/test_carry_over.py,
-strict xfail): with a 300 s timeout the sessions depend on the old query's watermark, which a
-transplant keeps. Refusals must name the reason and leave the old checkpoint byte-identical.
+The sessions case has a 300 s timeout: sessions, their timers and the watermark must carry
+over exactly. Refusals must name the reason and leave the old checkpoint byte-identical.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -41,6 +41,16 @@ def _all_rows(sink) -> Counter:
     return Counter(row for rows in read_sink(Path(sink)).values() for row in rows)
 
 
+def _add_late_event(path: Path) -> None:
+    """One event long before the old query's watermark, the file's mtime kept."""
+    mtime = path.stat().st_mtime
+    event = {"user_id": "u00001", "data": "late", "is_last": False,
+             "event_time": "2026-01-01T00:00:00Z"}  # fmt: skip
+    with open(path, "a") as out:
+        out.write(json.dumps(event) + "\n")
+    os.utime(path, (mtime, mtime))
+
+
 def test_transplant_carries_sessions_timers_and_watermark_like_an_uninterrupted_run(
     spark, tmp_path
 ):
@@ -53,6 +63,7 @@ def test_transplant_carries_sessions_timers_and_watermark_like_an_uninterrupted_
     land(tmp_path / "whole" / "landing", round_=0, files=3)
     _ok(spark_submit_run_query(whole, "user_sessions"))
     land(tmp_path / "whole" / "landing", round_=1, files=3)
+    _add_late_event(tmp_path / "whole" / "landing" / "user_sessions" / "events-r001-0000.json")
     _ok(spark_submit_run_query(whole, "user_sessions"))
 
     old = write_registry(tmp_path / "old", user_sessions=timed)
@@ -64,6 +75,7 @@ def test_transplant_carries_sessions_timers_and_watermark_like_an_uninterrupted_
 
     new = write_registry(tmp_path / "new", user_sessions=timed)
     land(tmp_path / "new" / "landing", round_=1, files=3)
+    _add_late_event(tmp_path / "new" / "landing" / "user_sessions" / "events-r001-0000.json")
     new_query = load_registry(new).query("user_sessions")
     dry = _ok(run_cli("--registry", str(new), "transplant", str(old_checkpoint),
                       new_query.checkpoint, "--query", "user_sessions", "--dry-run"))  # fmt: skip
