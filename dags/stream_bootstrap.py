@@ -32,9 +32,9 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.bootstrap import FORMATS
-from stateops.transplant import ROADS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
+    carry_over_param,
     dry_run_param,
     not_a_dry_run,
     query_param,
@@ -73,12 +73,9 @@ QUERIES = registered_queries(with_initial_state=True)
             description="auto: a state export if the folder has a manifest, a checkpoint if it "
             "has metadata and offsets/, else by suffix.",
         ),
-        "carry_over": Param(
-            "auto",
-            type="string",
-            enum=list(ROADS),
-            title="Carry-over road (from a checkpoint)",
-            description="transplant: copy its state files; initial_state: export it first; "
+        "carry_over": carry_over_param(
+            "Carry-over road (from a checkpoint)",
+            "transplant: copy its state files; initial_state: export it first; "
             "auto: the transplant where it applies.",
         ),
         "dry_run": dry_run_param("Only print what the bootstrap would do."),

@@ -51,11 +51,11 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.registry import Source
-from stateops.transplant import ROADS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
     airflow_s3_client,
+    carry_over_param,
     dry_run_param,
     inject_fault,
     not_a_dry_run,
@@ -128,12 +128,9 @@ def _road(carry_over: dict) -> str:
             description="A new or empty folder (relative to data_dir, or absolute). Empty: "
             "<checkpoint>.v2 beside the old one.",
         ),
-        "carry_over": Param(
-            "auto",
-            type="string",
-            enum=list(ROADS),
-            title="Carry-over road",
-            description="transplant: copy the old state files (fast; only where the new query "
+        "carry_over": carry_over_param(
+            "Carry-over road",
+            "transplant: copy the old state files (fast; only where the new query "
             "can read them as its own). initial_state: export and bootstrap (any change of "
             "partitions or schema). auto: the transplant where it applies, else initial_state.",
         ),

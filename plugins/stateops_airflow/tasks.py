@@ -74,6 +74,15 @@ def dry_run_param(description: str) -> Any:
     return Param(True, type="boolean", title="Dry run", description=description)
 
 
+def carry_over_param(title: str, description: str) -> Any:
+    """The form's carry-over road (see ``stateops.transplant.choose_road``), ``auto`` by default."""
+    from airflow.sdk import Param
+
+    from stateops.transplant import ROADS
+
+    return Param("auto", type="string", enum=list(ROADS), title=title, description=description)
+
+
 def inject_fault(context: Any, result: Any = None) -> None:
     """``post_execute`` hook: with ``STATEOPS_FAIL_AFTER=<task id>`` in the environment, that
     task fails after doing its work (failure-injection tests, game days)."""

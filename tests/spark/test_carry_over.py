@@ -1,21 +1,31 @@
-"""Carry-over of user_sessions (list state and event-time timers) through export + bootstrap.
+"""Carry-over of user_sessions (list state and event-time timers), by both roads.
 
-The road a source migration takes: the old query stops at a cutover, its state is exported,
-and the query starts on the new source with that state. Sessions open at the cutover must
-close on the new source exactly as they would have in one uninterrupted query.
+The roads a source migration takes: the old query stops at a cutover, and the query starts on
+the new source with its state, exported and bootstrapped (initialState) or transplanted.
+Sessions open at the cutover must close on the new source exactly as they would have in one
+query that kept running on one source.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
+from stateops.checkpoint import load_checkpoint
 from stateops.registry import load_registry
-from tests.conftest import ROOT, run_cli, spark_job, spark_submit_run_query, write_registry
+from tests.conftest import (
+    ROOT,
+    run_cli,
+    spark_job,
+    spark_submit_run_query,
+    tree_digest,
+    write_registry,
+)
 from tests.spark.harness import land, read_sink, read_state
 
 pytestmark = pytest.mark.spark
@@ -25,6 +35,7 @@ PROCESSOR = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["use
     "processor"
 ]
 DATA = 4  # output columns: user_id, session_start, session_end, num_events, data, closed_by
+FIRST_OF_ROUND_1 = "events-r001-0000.json"
 
 
 def _ok(proc) -> dict:
@@ -36,9 +47,25 @@ def _all_rows(sink) -> Counter:
     return Counter(row for rows in read_sink(Path(sink)).values() for row in rows)
 
 
-@pytest.mark.parametrize("timeout", [1800, 300])
-def test_open_sessions_carry_over_and_close_like_an_uninterrupted_run(spark, tmp_path, timeout):
+def _add_late_event(path: Path) -> None:
+    """One event long before the old query's watermark, the file's mtime kept."""
+    mtime = path.stat().st_mtime
+    event = {"user_id": "u00001", "data": "late", "is_last": False,
+             "event_time": "2026-01-01T00:00:00Z"}  # fmt: skip
+    with open(path, "a") as out:
+        out.write(json.dumps(event) + "\n")
+    os.utime(path, (mtime, mtime))
+
+
+# The initialState road's batch 0 runs with watermark 0, so it would keep a late event the old
+# watermark drops (README): only the transplant case gets one, which its proof must drop too.
+@pytest.mark.parametrize("road, timeout", [("initial_state", 1800), ("initial_state", 300),
+                                           ("transplant", 300)])  # fmt: skip
+def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
+    spark, tmp_path, road, timeout
+):
     timed = {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": timeout}}}
+    late = road == "transplant"
     # The reference: one query on one source, stopped at the cutover and started again. (Each
     # available-now run ends with a no-data batch that fires the timers due at its watermark
     # before the next input arrives; one run over both rounds would fire them in the same
@@ -47,31 +74,54 @@ def test_open_sessions_carry_over_and_close_like_an_uninterrupted_run(spark, tmp
     land(tmp_path / "whole" / "landing", round_=0, files=3)
     _ok(spark_submit_run_query(whole, "user_sessions"))
     land(tmp_path / "whole" / "landing", round_=1, files=3)
+    if late:
+        _add_late_event(tmp_path / "whole" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
     _ok(spark_submit_run_query(whole, "user_sessions"))
 
     # The same events split at a cutover: round 0 on the old source, round 1 on the new one.
     old = write_registry(tmp_path / "old", user_sessions=timed)
     land(tmp_path / "old" / "landing", round_=0, files=3)
     _ok(spark_submit_run_query(old, "user_sessions"))
-    export = tmp_path / "export"
-    assert run_cli("--registry", str(old), "export", "user_sessions", "--out", str(export),
-                   check=True)  # fmt: skip
-    manifest = json.loads((export / "manifest.json").read_text())
-    open_at_cutover = next(e["rows"] for e in manifest["entries"] if e["variable"] == "events")
-    assert open_at_cutover > 0, "no session was open at the cutover: nothing is carried over"
-
+    old_checkpoint = Path(load_registry(old).query("user_sessions").checkpoint)
+    last = load_checkpoint(old_checkpoint).last_committed_batch
+    before = tree_digest(old_checkpoint)
     new = write_registry(tmp_path / "new", user_sessions=timed)
     land(tmp_path / "new" / "landing", round_=1, files=3)
-    boot = _ok(spark_job("bootstrap_state.py", "--registry", str(new), "--query",
-                         "user_sessions", "--initial-state", str(export)))  # fmt: skip
-    assert boot["bootstrap"] == "complete" and boot["proof"]["ok"], boot["proof"]
-    _ok(spark_submit_run_query(new, "user_sessions"))  # the rest of the new source
+    if late:
+        _add_late_event(tmp_path / "new" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
+    new_checkpoint = load_registry(new).query("user_sessions").checkpoint
+
+    if road == "initial_state":
+        export = tmp_path / "export"
+        assert run_cli("--registry", str(old), "export", "user_sessions", "--out", str(export),
+                       check=True)  # fmt: skip
+        manifest = json.loads((export / "manifest.json").read_text())
+        open_at_cutover = next(e["rows"] for e in manifest["entries"] if e["variable"] == "events")
+        assert open_at_cutover > 0, "no session was open at the cutover: nothing is carried over"
+        boot = _ok(spark_job("bootstrap_state.py", "--registry", str(new), "--query",
+                             "user_sessions", "--initial-state", str(export)))  # fmt: skip
+        assert boot["bootstrap"] == "complete" and boot["proof"]["ok"], boot["proof"]
+        _ok(spark_submit_run_query(new, "user_sessions"))  # the rest of the new source
+    else:
+        cli = ["--registry", str(new), "transplant", str(old_checkpoint), new_checkpoint,
+               "--query", "user_sessions"]  # fmt: skip
+        dry = _ok(run_cli(*cli, "--dry-run"))
+        assert dry["dry_run"] and dry["batch"] == last and not Path(new_checkpoint).exists()
+        done = _ok(run_cli(*cli))
+        assert done["batch"] == last and done["query_id"] != done["old_query_id"]
+        assert tree_digest(old_checkpoint) == before, "the transplant wrote into the old checkpoint"
+        assert load_checkpoint(new_checkpoint).last_committed_batch == last
+        assert not list(Path(new_checkpoint).glob("sources/*")), "the new source starts empty"
+        run = _ok(spark_submit_run_query(new, "user_sessions"))  # its first batch is proven
+        assert run["carry_over"] == "transplant" and run["bootstrap"] == "complete"
+        assert run["first_batch_id"] == last + 1 and run["proof"]["ok"], run["proof"]
+    assert tree_digest(old_checkpoint) == before, "carrying the state over changed the old one"
 
     queries = {name: load_registry(reg).query("user_sessions") for name, reg in
                (("whole", whole), ("old", old), ("new", new))}  # fmt: skip
     assert read_state(spark, queries["new"].checkpoint, READS) == read_state(
         spark, queries["whole"].checkpoint, READS
-    ), "state (open sessions and their timers) differs from the uninterrupted run's"
+    ), "state (open sessions and their timers) differs from the query that kept running"
     split = _all_rows(queries["old"].sink.path) + _all_rows(queries["new"].sink.path)
     assert split == _all_rows(queries["whole"].sink.path)
     # Sessions that began before the cutover (round 0 events are "e0-...") ended after it.

@@ -1,106 +1,27 @@
-"""State transplant: a new checkpoint from the old one's state files, for a new source.
-
-The sessions case has a 300 s timeout: sessions, their timers and the watermark must carry
-over exactly. Refusals must name the reason and leave the old checkpoint byte-identical.
-"""
+"""State transplant refusals: each names its reason and leaves the old checkpoint
+byte-identical (a transplant that applies: tests/spark/test_carry_over.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
-from stateops.checkpoint import load_checkpoint
 from stateops.errors import StateOpsError
 from stateops.pipelines.page_visits import PageVisitsProcessor
 from stateops.registry import load_registry
 from stateops.transplant import TransplantRefused, transplant_checkpoint
-from tests.conftest import ROOT, run_cli, spark_submit_run_query, tree_digest, write_registry
-from tests.spark.harness import land, read_sink, read_state
+from tests.conftest import run_cli, spark_submit_run_query, tree_digest, write_registry
+from tests.spark.harness import land
 
 pytestmark = pytest.mark.spark
-
-READS = [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}]
-PROCESSOR = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["user_sessions"][
-    "processor"
-]
-DATA = 4  # output columns: user_id, session_start, session_end, num_events, data, closed_by
 
 
 def _ok(proc) -> dict:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _all_rows(sink) -> Counter:
-    return Counter(row for rows in read_sink(Path(sink)).values() for row in rows)
-
-
-def _add_late_event(path: Path) -> None:
-    """One event long before the old query's watermark, the file's mtime kept."""
-    mtime = path.stat().st_mtime
-    event = {"user_id": "u00001", "data": "late", "is_last": False,
-             "event_time": "2026-01-01T00:00:00Z"}  # fmt: skip
-    with open(path, "a") as out:
-        out.write(json.dumps(event) + "\n")
-    os.utime(path, (mtime, mtime))
-
-
-def test_transplant_carries_sessions_timers_and_watermark_like_an_uninterrupted_run(
-    spark, tmp_path
-):
-    timed = {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": 300}}}
-    # The reference: one query on one source, stopped where the migration cuts over and
-    # started again. (Each available-now run ends with a no-data batch that fires the timers
-    # due at its watermark before the next input arrives: a run over both rounds at once fires
-    # them in the same batch as that input, after it, and differs with a short timeout.)
-    whole = write_registry(tmp_path / "whole", user_sessions=timed)
-    land(tmp_path / "whole" / "landing", round_=0, files=3)
-    _ok(spark_submit_run_query(whole, "user_sessions"))
-    land(tmp_path / "whole" / "landing", round_=1, files=3)
-    _add_late_event(tmp_path / "whole" / "landing" / "user_sessions" / "events-r001-0000.json")
-    _ok(spark_submit_run_query(whole, "user_sessions"))
-
-    old = write_registry(tmp_path / "old", user_sessions=timed)
-    land(tmp_path / "old" / "landing", round_=0, files=3)
-    _ok(spark_submit_run_query(old, "user_sessions"))
-    old_checkpoint = Path(load_registry(old).query("user_sessions").checkpoint)
-    last = load_checkpoint(old_checkpoint).last_committed_batch
-    before = tree_digest(old_checkpoint)
-
-    new = write_registry(tmp_path / "new", user_sessions=timed)
-    land(tmp_path / "new" / "landing", round_=1, files=3)
-    _add_late_event(tmp_path / "new" / "landing" / "user_sessions" / "events-r001-0000.json")
-    new_query = load_registry(new).query("user_sessions")
-    dry = _ok(run_cli("--registry", str(new), "transplant", str(old_checkpoint),
-                      new_query.checkpoint, "--query", "user_sessions", "--dry-run"))  # fmt: skip
-    assert dry["dry_run"] and dry["batch"] == last and not Path(new_query.checkpoint).exists()
-    done = _ok(run_cli("--registry", str(new), "transplant", str(old_checkpoint),
-                       new_query.checkpoint, "--query", "user_sessions"))  # fmt: skip
-    assert done["batch"] == last and done["query_id"] != done["old_query_id"]
-    assert tree_digest(old_checkpoint) == before, "the transplant wrote into the old checkpoint"
-    assert load_checkpoint(new_query.checkpoint).last_committed_batch == last
-    assert not list(Path(new_query.checkpoint).glob("sources/*")), "the new source starts empty"
-
-    run = _ok(spark_submit_run_query(new, "user_sessions"))  # the new source, first batch proven
-    assert run["carry_over"] == "transplant" and run["bootstrap"] == "complete"
-    assert run["first_batch_id"] == last + 1 and run["proof"]["ok"], run["proof"]
-    assert tree_digest(old_checkpoint) == before, "the proof wrote into the old checkpoint"
-
-    queries = {name: load_registry(reg).query("user_sessions") for name, reg in
-               (("whole", whole), ("old", old), ("new", new))}  # fmt: skip
-    assert read_state(spark, queries["new"].checkpoint, READS) == read_state(
-        spark, queries["whole"].checkpoint, READS
-    ), "state (open sessions and their timers) differs from the uninterrupted run's"
-    split = _all_rows(queries["old"].sink.path) + _all_rows(queries["new"].sink.path)
-    assert split == _all_rows(queries["whole"].sink.path)
-    carried = [r for r in _all_rows(queries["new"].sink.path) if r[DATA].startswith("e0-")]
-    assert carried, "no carried-over session closed on the new source"
 
 
 class PagesWithReferrer(PageVisitsProcessor):
