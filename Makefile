@@ -32,7 +32,7 @@ test: prereqs lint build/stateops.zip
 	@source scripts/env.sh && $(PY) -m pytest $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests
+	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests benchmarks
 
 lock: $(VENV)/.installed
 	$(PY) -m pip install --quiet -r requirements.in

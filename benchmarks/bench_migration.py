@@ -1,10 +1,12 @@
 """Carrying the state of N keys to a new source, by both roads, against replaying every event.
 
     .venv/bin/python benchmarks/bench_migration.py [--keys 1000000] [--events-per-key 10]
-        [--new-share 100]
+        [--new-share 100] [--pipeline counter|page_visits]
 
-page_visits, local[2], RocksDB, 8 partitions, through the project's spark-submit jobs and CLI
-(every figure includes a JVM or Python start). The old query is built over all but the last
+local[2], RocksDB, 8 partitions, through the project's spark-submit jobs and CLI (every figure
+includes a JVM or Python start). The pipeline: ``counter`` (default; a visit count per user,
+one value per key: stateops.pipelines.visit_counter) or ``page_visits`` (a list of pages and a
+count per user; about 3 times the per-key work). The old query is built over all but the last
 event of each key (JSON; not timed). The new source (Parquet) holds the last event of 1 in
 ``--new-share`` keys: what arrives after the cutover. Timed, in one run:
 
@@ -39,9 +41,23 @@ from bench_bootstrap import BIN, job, write_events
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def registry(root: Path, name: str, checkpoint: str, landing: Path, fmt: str = "json") -> Path:
+COUNTER = {
+    "processor": {"class": "stateops.pipelines.visit_counter:VisitCounter",
+                  "time_mode": "None", "output_mode": "Update"},
+    "initial_state": {"schema": "user_id STRING, visits BIGINT", "unique_keys": True,
+                      "from_export": {"variable": "count", "user_id": "key.user_id",
+                                      "visits": "value.visits"}},
+    "expectations": {"non_negative": ["count.value_visits"]},
+    "output_schema": "user_id STRING, visits LONG",
+}  # fmt: skip
+PIPELINE = {"counter": COUNTER, "page_visits": {}}
+
+
+def registry(
+    root: Path, pipeline: str, name: str, checkpoint: str, landing: Path, fmt: str = "json"
+) -> Path:
     raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
-    spec = raw["queries"]["page_visits"]
+    spec = raw["queries"]["page_visits"] | PIPELINE[pipeline]
     spec.update(checkpoint=checkpoint, shuffle_partitions=8)
     spec["source"] = {**spec["source"], "format": fmt, "path": str(landing), "options": {}}
     spec["sink"] = {**spec["sink"], "path": f"output/{checkpoint}"}
@@ -73,17 +89,18 @@ def main() -> None:
     parser.add_argument("--events-per-key", type=int, default=10)
     parser.add_argument("--new-share", type=int, default=100, metavar="M",
                         help="the new source holds new events of 1 in M keys")  # fmt: skip
+    parser.add_argument("--pipeline", choices=sorted(PIPELINE), default="counter")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
     root = Path(tempfile.mkdtemp(prefix="bench-migration-"))
     try:
-        run(root, args.keys, args.events_per_key, args.new_share)
+        run(root, args.pipeline, args.keys, args.events_per_key, args.new_share)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(root: Path, keys: int, per_key: int, share: int) -> None:
+def run(root: Path, pipeline: str, keys: int, per_key: int, share: int) -> None:
     landing = root / "landing"
     old_events = write_events(landing / "old", keys, per_key - 1, files=4)
     rows = new_events(keys, per_key, share)
@@ -97,26 +114,34 @@ def run(root: Path, keys: int, per_key: int, share: int) -> None:
         for row in rows:
             out.write(json.dumps({**row, "event_time": row["event_time"].isoformat()}) + "\n")
 
-    old = registry(root, "old.yaml", "old", landing / "old")
+    old = registry(root, pipeline, "old.yaml", "old", landing / "old")
     built, _ = job("run_query.py", "--registry", str(old), "--query", "page_visits")
     print(f"{keys} keys, {old_events} events in the old source, {len(rows)} in the new one "
-          f"(page_visits, local[2], RocksDB, 8 partitions); the old query was built in "
+          f"({pipeline}, local[2], RocksDB, 8 partitions); the old query was built in "
           f"{built:.1f} s", flush=True)  # fmt: skip
 
-    replay, _ = job("run_query.py", "--registry", str(registry(root, "all.yaml", "replayed",
-                    landing / "all")), "--query", "page_visits")  # fmt: skip
+    all_reg = registry(root, pipeline, "all.yaml", "replayed", landing / "all")
+    replay, _ = job("run_query.py", "--registry", str(all_reg), "--query", "page_visits")
     print(f"replay: {replay:.1f} s", flush=True)
 
     export, _ = job("export_state.py", "--checkpoint", str(root / "old"),
                     "--out", str(root / "export"))  # fmt: skip
-    boot_reg = registry(root, "boot.yaml", "bootstrapped", landing / "new", "parquet")
+    boot_reg = registry(root, pipeline, "boot.yaml", "bootstrapped", landing / "new", "parquet")
     boot, boot_summary = job("bootstrap_state.py", "--registry", str(boot_reg), "--query",
                              "page_visits", "--initial-state", str(root / "export"))  # fmt: skip
     print(f"initialState road: export {export:.1f} s, bootstrap {boot:.1f} s", flush=True)
 
-    tp_reg = registry(root, "transplant.yaml", "transplanted", landing / "new", "parquet")
-    copy, _ = timed(str(BIN / "stateops"), "--registry", str(tp_reg), "transplant",
-                    str(root / "old"), str(root / "transplanted"), "--query", "page_visits")
+    tp_reg = registry(root, pipeline, "tp.yaml", "transplanted", landing / "new", "parquet")
+    copy, _ = timed(
+        str(BIN / "stateops"),
+        "--registry",
+        str(tp_reg),
+        "transplant",
+        str(root / "old"),
+        str(root / "transplanted"),
+        "--query",
+        "page_visits",
+    )
     first, tp_summary = job("run_query.py", "--registry", str(tp_reg), "--query", "page_visits")
 
     proofs = {name: json.loads(s)["proof"] for name, s in
