@@ -134,7 +134,8 @@ def _declared_fields(schema: Any) -> list[tuple[str, str]]:
 
 
 def _operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
-    """The transformWithState operator's properties and the schema files it names at ``batch``."""
+    """The transformWithState operator's properties and the schema files it names at ``batch``,
+    oldest first (a later one holds the evolved schema)."""
     op = cp.operators[0]
     v2 = [b for b in op.metadata_files if b is not None and b <= batch]
     if not v2:
@@ -143,7 +144,8 @@ def _operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
     header, _, body = (cp.root / rel).read_text(encoding="utf-8").partition("\n")
     meta = json.loads(body.split("\n")[0])
     props = json.loads(meta.get("operatorPropertiesJson") or "{}")
-    return props, sorted(_schema_file_refs(cp.root, rel, op.operator_id))
+    refs = _schema_file_refs(cp.root, rel, op.operator_id)
+    return props, sorted(refs, key=lambda ref: int(ref.rpartition("/")[2].split("_")[0]))
 
 
 def _declared_state(query: Query) -> dict[str, dict[str, Any]]:
