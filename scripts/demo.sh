@@ -3,7 +3,8 @@
 # rclone serve s3). Generates sample events, bootstraps page_visits, runs both registered queries
 # through the stream_start DAG, backs them up, lands more events, runs and backs up again (only
 # the changes are uploaded), restores the first backup, and prints what each checkpoint holds;
-# then many small batches, a snapshot-group cleanup, and a backfill with changed logic.
+# then many small batches, a snapshot-group cleanup, a backfill with changed logic, and a move
+# of user_sessions to a new (Parquet) source with its state transplanted.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$STATEOPS_HOME"
@@ -151,4 +152,25 @@ echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backf
 logged stream_backfill airflow dags test stream_backfill --conf "$conf"
 grep -E "^(rollback r-|user_sessions: (succeeded|batches)|  changed )" "$DATA/stream_backfill.log" \
   | sed 's/^/  /'
+step "Source migration: user_sessions moves to a Parquet landing folder, its state transplanted"
+stateops generate --round 3 --events 40 --files 2 --users 40 --out "$DATA/round4-json" >/dev/null
+python - "$DATA/round4-json/user_sessions" "$DATA/landing_v2/user_sessions" <<'EOF'
+import sys
+from pathlib import Path
+import pyarrow as pa, pyarrow.json as pj, pyarrow.parquet as pq
+schema = pa.schema([("user_id", pa.string()), ("data", pa.string()), ("is_last", pa.bool_()),
+                    ("event_time", pa.timestamp("us", "UTC"))])
+src, dest = Path(sys.argv[1]), Path(sys.argv[2])
+dest.mkdir(parents=True)
+for f in sorted(src.iterdir()):
+    table = pj.read_json(f, parse_options=pj.ParseOptions(explicit_schema=schema))
+    pq.write_table(table, dest / (f.stem + ".parquet"))
+print(f"  {len(list(dest.iterdir()))} Parquet files in {dest}")
+EOF
+conf='{"query": "user_sessions", "new_source_format": "parquet", "new_source_path": "landing_v2/user_sessions", "dry_run": false}'
+echo "airflow dags test stream_source_migration --conf '$conf'  (log: $DATA/stream_source_migration.log)"
+logged stream_source_migration airflow dags test stream_source_migration --conf "$conf"
+grep -E "carry-over road|transplant done|carry-over proven|switched to" \
+  "$DATA/stream_source_migration.log" | sed 's/^.*\] //; s/^/  /' | sort -u
+stateops queries | grep -A2 "^  user_sessions"
 printf '\nDemo data is in %s (landing/, checkpoints/, output/).\n' "$DATA"
