@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 MARK ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint lock prereqs clean
+.PHONY: demo airflow airflow-stop test lint lock prereqs clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -27,6 +27,12 @@ build/stateops.zip: $(VENV)/.installed $(shell find include/stateops -name '*.py
 
 demo: prereqs $(VENV)/.installed build/stateops.zip
 	@scripts/demo.sh
+
+airflow: prereqs $(VENV)/.installed build/stateops.zip
+	@scripts/airflow.sh
+
+airflow-stop:
+	@scripts/airflow.sh stop
 
 test: prereqs lint build/stateops.zip
 	@source scripts/env.sh && $(PY) -m pytest $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)

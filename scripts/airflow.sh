@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# `make airflow`: every lifecycle DAG in a local Airflow, on loopback, from the project's own
+# environment: `airflow standalone` (SQLite, LocalExecutor, login admin / $STATEOPS_ADMIN_PASSWORD),
+# a Spark standalone master and worker, and the embedded S3 endpoint (rclone serve s3), with the
+# connections pointing at them and sample data in place. Ctrl-C (or `make airflow-stop` from
+# another shell) stops all of it.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+cd "$STATEOPS_HOME"
+
+DATA="${STATEOPS_DATA_DIR:-$STATEOPS_HOME/data}"
+RUN="$DATA/_stateops/airflow"          # pid files and logs of what this script started
+PORT="${STATEOPS_AIRFLOW_PORT:-8080}"
+SPARK_PORT="${STATEOPS_SPARK_PORT:-7077}"
+S3_PORT="${STATEOPS_S3_PORT:-9000}"
+PASSWORD="${STATEOPS_ADMIN_PASSWORD:-admin}"
+export STATEOPS_DATA_DIR="$DATA"
+
+alive() {  # a live (not zombie) process in group $1; PID 1 here may never reap zombies
+  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {live = 1} END {exit !live}'
+}
+stop_all() {  # newest first: Airflow (Ctrl-C, as in a terminal), then the services it uses
+  touch "$RUN/stopping"
+  for name in airflow s3 spark-worker spark-master; do
+    [ -e "$RUN/$name.pid" ] || continue
+    pid="$(cat "$RUN/$name.pid")"
+    [ "$name" = airflow ] && signal=INT || signal=TERM
+    kill "-$signal" -- "-$pid" 2>/dev/null || true   # each component leads its own process group
+    for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
+    alive "$pid" && kill -TERM -- "-$pid" 2>/dev/null
+    for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
+    alive "$pid" && kill -KILL -- "-$pid" 2>/dev/null && echo "$name did not stop in 60 s: killed" >&2
+    rm -f "$RUN/$name.pid"
+  done
+  rm -f "$RUN/stopping"
+}
+
+if [ "${1:-}" = "stop" ]; then
+  stop_all
+  echo "stopped"
+  exit 0
+fi
+
+rm -f "$RUN/stopping"
+if compgen -G "$RUN/*.pid" > /dev/null; then
+  echo "error: already running (pid files in $RUN); stop it first: make airflow-stop" >&2
+  exit 2
+fi
+mkdir -p "$RUN"
+
+start() {  # start NAME COMMAND...: in its own process group, output to $RUN/NAME.log
+  local name="$1"; shift
+  setsid "$@" > "$RUN/$name.log" 2>&1 < /dev/null &
+  echo $! > "$RUN/$name.pid"
+}
+wait_for() {  # wait_for WHAT URL: until the URL answers (any HTTP status)
+  for _ in $(seq 180); do
+    curl -s -o /dev/null "$2" && return 0
+    sleep 1
+  done
+  echo "error: $1 did not come up ($2); logs in $RUN" >&2
+  exit 1
+}
+trap 'echo; echo "stopping..."; stop_all; echo "stopped"' EXIT
+trap 'exit 130' INT TERM
+
+if [ -z "$(ls -A "$DATA/landing" 2>/dev/null)" ]; then
+  echo "sample events into $DATA/landing"
+  stateops generate --round 0 --events 250 --files 4 --users 40 > /dev/null
+fi
+
+echo "Spark standalone master spark://127.0.0.1:$SPARK_PORT and a worker (2 cores)"
+export SPARK_LOCAL_IP=127.0.0.1
+start spark-master spark-class org.apache.spark.deploy.master.Master --host 127.0.0.1 \
+  --port "$SPARK_PORT" --webui-port "${STATEOPS_SPARK_UI_PORT:-8081}"
+SPARK_WORKER_DIR="$RUN/spark-work" start spark-worker spark-class \
+  org.apache.spark.deploy.worker.Worker "spark://127.0.0.1:$SPARK_PORT" --cores 2 --memory 4g \
+  --webui-port "${STATEOPS_SPARK_WORKER_UI_PORT:-8082}"
+
+export STATEOPS_S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
+echo "S3 endpoint $STATEOPS_S3_ENDPOINT_URL (rclone serve s3 over $DATA/s3)"
+start s3 python -m stateops.s3server "$DATA/s3"
+
+export AIRFLOW_CONN_SPARK_DEFAULT="{\"conn_type\":\"spark\",\"host\":\"spark://127.0.0.1\",\"port\":$SPARK_PORT}"
+export AIRFLOW_CONN_AWS_DEFAULT="{\"conn_type\":\"aws\",\"login\":\"$AWS_ACCESS_KEY_ID\",\"password\":\"$AWS_SECRET_ACCESS_KEY\",\"extra\":{\"endpoint_url\":\"$STATEOPS_S3_ENDPOINT_URL\"}}"
+export AIRFLOW__API__HOST=127.0.0.1
+export AIRFLOW__API__PORT="$PORT"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$PORT/execution/"
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$RUN/passwords.json"
+printf '{"admin": "%s"}\n' "$PASSWORD" > "$RUN/passwords.json"
+airflow db migrate > "$RUN/db-migrate.log" 2>&1
+echo "airflow standalone"
+start airflow airflow standalone
+wait_for "the Airflow API server" "http://127.0.0.1:$PORT/api/v2/version"
+# Every lifecycle DAG unpaused, once the DAG processor has stored them (a paused DAG's manual
+# runs would only queue).
+dags=$(ls dags/stream_*.py | wc -l)
+for _ in $(seq 120); do
+  [ "$(airflow dags list --output plain 2>/dev/null | grep -c '^stream_')" -ge "$dags" ] && break
+  sleep 2
+done
+airflow dags list --output plain 2>/dev/null | awk '$1 ~ /^stream_/ {print $1}' \
+  | while read -r dag; do airflow dags unpause "$dag" > /dev/null; done
+echo "$(airflow dags list --output plain 2>/dev/null | grep -c '^stream_') lifecycle DAGs, unpaused"
+
+cat <<EOF
+
+  Airflow UI    http://127.0.0.1:$PORT   (login: admin / $PASSWORD)
+  Spark master  http://127.0.0.1:${STATEOPS_SPARK_UI_PORT:-8081}
+  S3 endpoint   $STATEOPS_S3_ENDPOINT_URL   (key $AWS_ACCESS_KEY_ID)
+  Data          $DATA     Logs: $RUN
+
+Ctrl-C (or \`make airflow-stop\` in another shell) stops everything.
+EOF
+while sleep 5; do
+  [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }   # make airflow-stop is at work
+  for pidfile in "$RUN"/*.pid; do
+    [ -e "$pidfile" ] || continue
+    if ! kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; then
+      [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }
+      echo "$(basename "$pidfile" .pid) stopped unexpectedly; logs in $RUN" >&2
+      exit 1
+    fi
+  done
+done
