@@ -37,6 +37,7 @@ from stateops.errors import CheckpointError, NotACheckpointError
 __all__ = [
     "Checkpoint",
     "copy_restart_set",
+    "crc_sidecar",
     "hadoop_crc",
     "OffsetEntry",
     "OperatorState",
@@ -44,6 +45,7 @@ __all__ = [
     "StoreState",
     "load_checkpoint",
     "relocate_checkpoint",
+    "schema_file_refs",
 ]
 
 _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
@@ -333,7 +335,7 @@ class Checkpoint:
                         needed += self.rocksdb_zip_references(store, rel)
         missing += [f for f in needed if f not in self.sizes]
         present = {f for f in needed if f in self.sizes}
-        present |= {_crc_sidecar(f) for f in present if _crc_sidecar(f) in self.sizes}
+        present |= {crc_sidecar(f) for f in present if crc_sidecar(f) in self.sizes}
         return sorted(present), sorted(set(missing))
 
     def _source_log_files(self, batch: int, missing: list[str]) -> list[str]:
@@ -365,7 +367,7 @@ class Checkpoint:
             ]
         rel = op.metadata_files[max(v2)]
         # The v2 metadata names the schema files it was written with; a missing one is flagged.
-        return files + [rel] + sorted(_schema_file_refs(self.root, rel, op.operator_id))
+        return files + [rel] + sorted(schema_file_refs(self.root, rel, op.operator_id))
 
     def rocksdb_zip_references(self, store: StoreState, zip_rel: str) -> list[str]:
         """The SST and log files a RocksDB ``N.zip`` names (read once per checkpoint object:
@@ -449,7 +451,7 @@ def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> 
         ]
     data = (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
     path.write_bytes(data)
-    crc = root / _crc_sidecar(rel)
+    crc = root / crc_sidecar(rel)
     if crc.exists():
         crc.write_bytes(hadoop_crc(data))
 
@@ -582,7 +584,7 @@ def _find(root: Path, starts: list[str]) -> str | None:
     return proc.stdout.decode("utf-8", "surrogateescape") if proc.returncode == 0 else None
 
 
-def _crc_sidecar(rel: str) -> str:
+def crc_sidecar(rel: str) -> str:
     parent, _, name = rel.rpartition("/")
     return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
 
@@ -678,7 +680,7 @@ def _source_logs(dirs: dict[str, list[str]]) -> dict[str, dict[int, str]]:
     return logs
 
 
-def _schema_file_refs(root: Path, metadata_rel: str, op_id: int) -> set[str]:
+def schema_file_refs(root: Path, metadata_rel: str, op_id: int) -> set[str]:
     """Checkpoint-relative paths of the schema files a v2 operator metadata file names."""
     meta = _parse_versioned_json(root / metadata_rel, _read_text(root / metadata_rel))
     marker = f"/state/{op_id}/_stateSchema/"

@@ -29,11 +29,11 @@ from typing import Any
 
 from stateops.checkpoint import (
     Checkpoint,
-    _crc_sidecar,
-    _schema_file_refs,
+    crc_sidecar,
     hadoop_crc,
     load_checkpoint,
     relocate_checkpoint,
+    schema_file_refs,
 )
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.registry import Query, schema_fields
@@ -144,7 +144,7 @@ def _operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
     header, _, body = (cp.root / rel).read_text(encoding="utf-8").partition("\n")
     meta = json.loads(body.split("\n")[0])
     props = json.loads(meta.get("operatorPropertiesJson") or "{}")
-    refs = _schema_file_refs(cp.root, rel, op.operator_id)
+    refs = schema_file_refs(cp.root, rel, op.operator_id)
     return props, sorted(refs, key=lambda ref: int(ref.rpartition("/")[2].split("_")[0]))
 
 
@@ -330,7 +330,7 @@ def transplant_checkpoint(
     files = [
         rel for rel in cp.restart_files(batch)
         if not rel.startswith(("sources/", "offsets/", "commits/"))
-        and rel not in ("metadata", _crc_sidecar("metadata"))
+        and rel not in ("metadata", crc_sidecar("metadata"))
     ]  # fmt: skip
     size = sum(cp.sizes[rel] for rel in files)
     log(
@@ -380,4 +380,4 @@ def _write(root: Path, rel: str, text: str) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
-    (root / _crc_sidecar(rel)).write_bytes(hadoop_crc(data))
+    (root / crc_sidecar(rel)).write_bytes(hadoop_crc(data))
