@@ -17,6 +17,7 @@ from stateops.lock import force_release, read_hold, read_lock
 from stateops.registry import PROJECT_ROOT, load_registry
 from stateops.report import checkpoint_report, format_report
 from stateops.sampledata import DATASETS, generate_events, generate_initial_pages
+from stateops.status import format_status, query_status
 from stateops.transplant import ROADS
 from stateops.verify import format_findings, verify_checkpoint
 
@@ -287,6 +288,18 @@ def cmd_queries(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    registry = load_registry(args.registry)
+    names = [args.query] if args.query else list(registry.queries)
+    client = None if args.no_backups else _s3(args)
+    statuses = [query_status(registry, name, client) for name in names]
+    if args.json:
+        print(json.dumps(statuses, indent=2, default=str))
+    else:
+        print("\n\n".join(format_status(s) for s in statuses))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     if args.out:
         landing = {name: Path(args.out) / name for name in DATASETS}
@@ -487,6 +500,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)
+
+    p = sub.add_parser(
+        "status", parents=[s3_conn],
+        help="each query's state health: checkpoint, state, cleanup, backups, validation, lineage",
+    )  # fmt: skip
+    p.add_argument("query", nargs="?", help="one registered query (default: all)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-backups", action="store_true", help="do not list the backup store")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
         "generate", help="write deterministic sample events for both reference pipelines"

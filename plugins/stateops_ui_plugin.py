@@ -1,0 +1,167 @@
+"""The "Streaming state" view: an Airflow 3 plugin (a FastAPI app at ``/stateops`` and a nav
+entry under Browse that shows it), read-only, per registered query. It shows what
+``stateops status`` prints (:func:`stateops.status.query_status`), for a logged-in user only.
+
+Airflow loads each ``.py`` file of the plugins folder as a top-level module: this file has a
+name of its own and imports absolutely.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from airflow.api_fastapi.core_api.security import requires_authenticated
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import FileResponse, HTMLResponse
+
+from stateops.errors import StateOpsError
+from stateops.expectations import data_docs_path
+from stateops.registry import load_registry
+from stateops.report import format_bytes
+from stateops.status import describe_cleanup, query_status
+
+app = FastAPI(title="Streaming state", dependencies=[Depends(requires_authenticated())])
+
+
+def _statuses() -> list[dict[str, Any]]:
+    from stateops_airflow.tasks import airflow_s3_client
+
+    registry = load_registry()
+    try:
+        client = airflow_s3_client(registry.backups.conn_id)
+    except Exception as err:  # noqa: BLE001 - no backups listed, the rest is still shown
+        client, error = None, f"backups: connection {registry.backups.conn_id!r}: {err}"
+    else:
+        error = None
+    statuses = [query_status(registry, name, client) for name in registry.queries]
+    for s in statuses:
+        s["errors"] += [error] if error else []
+    return statuses
+
+
+@app.get("/api/status")
+def status_json() -> list[dict[str, Any]]:
+    return _statuses()
+
+
+@app.get("/", response_class=HTMLResponse)
+def status_page() -> str:
+    try:
+        body = "".join(_query_card(s) for s in _statuses())
+    except StateOpsError as err:
+        body = f'<p class="error">{_e(err)}</p>'
+    return _PAGE.format(body=body)
+
+
+@app.get("/docs/{query}/{path:path}")
+def data_docs(query: str, path: str) -> FileResponse:
+    """A query's Great Expectations Data Docs (static files, inside their own folder only)."""
+    try:
+        root = data_docs_path(load_registry().query(query)).parent.resolve()
+    except StateOpsError as err:
+        raise HTTPException(404, str(err)) from None
+    file = (root / path).resolve()
+    if not file.is_relative_to(root) or not file.is_file():
+        raise HTTPException(404, f"no such Data Docs file: {path}")
+    return FileResponse(file)
+
+
+def _e(value: Any) -> str:
+    return html.escape("-" if value is None else str(value))
+
+
+def _rows(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>" if headers else ""
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table>{head}{body}</table>" if rows else "<p>none</p>"
+
+
+def _chart(groups: list[dict[str, Any]]) -> str:
+    """Bytes per snapshot group as a small horizontal bar chart (inline SVG)."""
+    if not groups:
+        return ""
+    top = max(g["bytes"] for g in groups) or 1
+    bars = "".join(
+        f'<text x="0" y="{i * 20 + 13}">group {g["group_id"]}</text>'
+        f'<rect x="70" y="{i * 20 + 2}" width="{max(1, 220 * g["bytes"] // top)}" height="14">'
+        f"<title>versions {g['versions'][0]}-{g['versions'][1]}</title></rect>"
+        f'<text x="{75 + 220 * g["bytes"] // top}" y="{i * 20 + 13}">'
+        f"{_e(format_bytes(g['bytes']))}</text>"
+        for i, g in enumerate(groups)
+    )
+    return (f'<svg class="chart" width="380" height="{len(groups) * 20 + 4}" '
+            f'role="img" aria-label="bytes per snapshot group">{bars}</svg>')  # fmt: skip
+
+
+def _query_card(s: dict[str, Any]) -> str:
+    last = s["last_committed_batch"]
+    facts = [
+        ["source", f"{s['source']['format']} {s['source']['path']}"],
+        ["checkpoint", s["checkpoint"]],
+        ["last committed batch",
+         "none yet" if last is None else f"{last} at {s['committed_at']}"],
+    ]  # fmt: skip
+    if s["last_run"]:
+        r = s["last_run"]
+        facts.append(["last run", f"{r['operation']} {r['status']} at {r['started_at']}"])
+    facts.append(["last cleanup", describe_cleanup(s["last_cleanup"])])
+    operators = "".join(
+        f"<h4>operator {op['operator_id']}: {_e(op['operator_name'])}</h4>"
+        + _rows(["partitions", "state rows", "as of batch", "bytes"],
+                [[op["partitions"], op["state_rows"], op["rows_as_of_batch"],
+                  format_bytes(op["bytes"])]])
+        + "<p>bytes per snapshot group</p>" + _chart(op["snapshot_groups"])
+        for op in s["operators"]
+    )  # fmt: skip
+    v = s["last_validation"]
+    if v:
+        docs = (f' <a href="docs/{_e(s["query"])}/index.html" target="_blank">Data Docs</a>'
+                if v["data_docs"] else "")  # fmt: skip
+        rows = ", ".join(f"{k}: {x['rows']} rows" for k, x in v["variables"].items())
+        validation = (f'<p class="{"ok" if v["ok"] else "error"}">batch {v["batch_id"]}: '
+                      f'{"passed" if v["ok"] else "FAILED"} ({_e(rows)}){docs}</p>')  # fmt: skip
+    else:
+        validation = "<p>none</p>"
+    errors = "".join(f'<p class="error">{_e(e)}</p>' for e in s["errors"])
+    return (
+        f'<section id="query-{_e(s["query"])}"><h2>{_e(s["query"])}</h2>{errors}'
+        + _rows([], facts)
+        + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
+        + "<h3>Backups</h3>"
+        + _rows(["backup", "batch", "size", "files", "created"],
+                [[b["backup_id"], b["batch_id"], format_bytes(b["bytes"]), b["files"],
+                  b["created_at"]] for b in reversed(s["backups"])])
+        + f"<h3>Last validation</h3>{validation}"
+        + "<h3>Lineage</h3>"
+        + _rows(["time", "operation", "result", "run", "checkpoint"],
+                [[r["time"], r["operation"], r["result"], r["run_id"],
+                  Path(r["checkpoint"]).name] for r in s["lineage"]])
+        + "</section>"
+    )  # fmt: skip
+
+
+_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Streaming state</title><style>
+body {{ font: 14px system-ui, sans-serif; margin: 16px; color: #222; }}
+section {{ border: 1px solid #ccc; border-radius: 6px; padding: 4px 16px 12px; margin: 0 0 16px; }}
+table {{ border-collapse: collapse; }} td, th {{ padding: 2px 10px 2px 0; text-align: left; }}
+th {{ color: #555; font-weight: 600; }} .ok {{ color: #17803d; }} .error {{ color: #b42318; }}
+.chart rect {{ fill: #3b82f6; }} .chart text {{ font-size: 11px; }}
+</style></head><body><h1>Streaming state</h1>{body}</body></html>"""
+
+
+class StateOpsUiPlugin(AirflowPlugin):
+    name = "stateops_ui"
+    fastapi_apps = [{"app": app, "url_prefix": "/stateops", "name": "Streaming state"}]
+    external_views = [
+        {
+            "name": "Streaming state",
+            "href": "stateops/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "streaming-state",
+        }
+    ]
