@@ -72,8 +72,8 @@ PLANNED_REGISTRY = "{{ ti.xcom_pull(task_ids='plan')['registry'] }}"
             "empty to give an input time instead.",
         ),
         "input_before": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             pattern="^$|^" + TIME_PATTERN,
             title="... or to the input before",
             description="A time (2026-11-21T03:00:00Z; UTC without a zone): roll back to the "

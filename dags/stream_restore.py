@@ -51,8 +51,8 @@ QUERIES = registered_queries()
             description="latest, or a backup id (b-000118-20261121T141509679767Z).",
         ),
         "target": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             title="Target folder",
             description="Where to restore; empty: the query's own checkpoint.",
         ),

@@ -89,7 +89,11 @@ def _road(carry_over: dict) -> str:
     params={
         "query": query_param(QUERIES, "The registered query to move to the new source."),
         "new_source_format": Param(
-            "parquet", type="string", enum=FORMATS, title="New source: format"
+            "parquet",
+            type="string",
+            enum=FORMATS,
+            title="New source: format",
+            description="The file format of the new source's input.",
         ),
         "new_source_path": Param(
             "",
@@ -100,8 +104,8 @@ def _road(carry_over: dict) -> str:
             "absolute). Events after the cutover belong here.",
         ),
         "new_source_schema": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             title="New source: schema",
             description="DDL, e.g. 'user_id STRING, page STRING, event_time TIMESTAMP'. Empty: "
             "the query's current schema. It must have every column the query reads.",
@@ -122,8 +126,8 @@ def _road(carry_over: dict) -> str:
             "files modified before it; what comes after belongs in the new source.",
         ),
         "new_checkpoint": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             title="New checkpoint",
             description="A new or empty folder (relative to data_dir, or absolute). Empty: "
             "<checkpoint>.v2 beside the old one.",
@@ -148,11 +152,11 @@ def stream_source_migration() -> None:
         source = {
             "format": params["new_source_format"],
             "path": params["new_source_path"],
-            "schema": params["new_source_schema"],
+            "schema": params["new_source_schema"] or "",
             "options": params["new_source_options"],
         }
         plan = plan_migration(
-            registry, params["query"], source, params["new_checkpoint"], context["run_id"],
+            registry, params["query"], source, params["new_checkpoint"] or "", context["run_id"],
             params["cutover"], params["carry_over"],
         )  # fmt: skip
         old, new = plan["old"], plan["new"]

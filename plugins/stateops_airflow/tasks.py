@@ -213,7 +213,7 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 
-def plan_restore(query: str, backup_id: str, target: str) -> dict[str, Any]:
+def plan_restore(query: str, backup_id: str, target: str | None) -> dict[str, Any]:
     """Which backup a restore of ``query`` would use (``latest`` resolves), and where to."""
     from stateops.backup import list_backups
     from stateops.errors import StateOpsError

@@ -35,6 +35,37 @@ def test_every_dag_imports_with_tags_and_retries(dagbag):
                 assert t.retries >= 1, f"{dag_id}.{t.task_id} has no retries"
 
 
+MANUAL = ["stream_bootstrap", "stream_restore", "stream_backfill", "stream_source_migration"]
+
+
+def test_every_manual_form_has_titles_defaults_and_a_dry_run_and_takes_empty_optional_fields(
+    dagbag,
+):
+    """The trigger form (Airflow's UI) renders each Param; a field left empty is sent as null,
+    so an optional field must admit null, and a required one must refuse it."""
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    assert sorted(d for d, dag in dagbag.dags.items() if dag.schedule is None) == sorted(MANUAL)
+    for dag_id in MANUAL:
+        params = dagbag.dags[dag_id].params
+        assert params["dry_run"] is True, f"{dag_id}: a dry run must be the default"
+        for name in params:
+            param = params.get_param(name)
+            assert param.schema.get("title") and param.description, f"{dag_id}.{name}"
+            if param.value == "":  # a field to fill in: the form refuses it empty
+                assert param.schema.get("minLength") == 1, (
+                    f"{dag_id}.{name}: an optional text field must default to null, not ''"
+                )
+                for empty in ("", None):
+                    with pytest.raises(ParamValidationError):
+                        param.resolve(empty)
+                continue
+            param.resolve(param.value)  # the default passes its own checks
+            if isinstance(param.value, str):
+                with pytest.raises(ParamValidationError):
+                    param.resolve(None)
+
+
 def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
     dag = dagbag.dags["stream_start"]
     assert dag.max_active_runs == 1
