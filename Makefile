@@ -35,6 +35,7 @@ airflow-stop:
 	@scripts/airflow.sh stop
 
 test: prereqs lint build/stateops.zip
+	@scripts/ensure_chromium.sh
 	@source scripts/env.sh && $(PY) -m pytest $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed

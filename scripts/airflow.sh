@@ -101,9 +101,12 @@ for _ in $(seq 120); do
   [ "$(airflow dags list --output plain 2>/dev/null | grep -c '^stream_')" -ge "$dags" ] && break
   sleep 2
 done
-airflow dags list --output plain 2>/dev/null | awk '$1 ~ /^stream_/ {print $1}' \
-  | while read -r dag; do airflow dags unpause "$dag" > /dev/null; done
-echo "$(airflow dags list --output plain 2>/dev/null | grep -c '^stream_') lifecycle DAGs, unpaused"
+# STATEOPS_UNPAUSE: the DAGs to unpause (default: all; an unpaused scheduled DAG runs once at
+# once, for its latest interval).
+unpause="${STATEOPS_UNPAUSE:-$(airflow dags list --output plain 2>/dev/null | awk '$1 ~ /^stream_/ {print $1}')}"
+for dag in $unpause; do airflow dags unpause "$dag" > /dev/null; done
+echo "$(airflow dags list --output plain 2>/dev/null | grep -c '^stream_') lifecycle DAGs;" \
+  "unpaused: $(echo $unpause)"
 
 cat <<EOF
 

@@ -57,16 +57,15 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         status["last_run"] = {k: run.get(k) for k in
                               ("status", "operation", "started_at", "last_committed_batch",
                                "checkpoint", "error")}  # fmt: skip
-        rows = {o["operator"]: o["state_rows"] for o in run.get("state_operators") or []}
-        if run.get("checkpoint") == query.checkpoint:  # rows as of the last run's last batch
-            for op in status["operators"]:
-                op["state_rows"] = rows.get(op["operator_id"])
-                op["rows_as_of_batch"] = run.get("last_committed_batch")
     records = _history(query.checkpoint)
     cleanups = [r for r in records if r["operation"] == "cleanup"]
     status["last_cleanup"] = cleanups[-1] if cleanups else None
     status["lineage"] = [r for r in records if r["operation"] in LINEAGE_OPERATIONS]
-    status["last_validation"] = _last_validation(query)
+    status["last_validation"] = v = _last_validation(query)
+    if v and len(status["operators"]) == 1:  # rows per state variable, read by the validation
+        op = status["operators"][0]
+        op["state_rows"] = sum(x["rows"] for x in v["variables"].values())
+        op["rows_as_of_batch"] = v["batch_id"]
     if s3_client is not None:
         try:
             status["backups"] = list_backups(registry.backups.url_for(name), s3_client)

@@ -275,3 +275,44 @@ def test_backups_taken_while_the_query_runs_restore_and_restart(spark, s3, tmp_p
         load_checkpoint(restored).last_committed_batch == load_checkpoint(ckpt).last_committed_batch
     )
     assert read_state(spark, restored, reads) == read_state(spark, ckpt, reads)
+
+
+def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(s3, checkpoint):
+    """`stateops status` (what the Airflow "Streaming state" view shows) on a Spark-written
+    checkpoint with a backup; read-only: the checkpoint is byte-identical after it."""
+    registry, ckpt = checkpoint
+    url = "s3://backups/status"
+    raw = yaml.safe_load(registry.read_text())
+    registry.write_text(yaml.safe_dump(raw | {"backups": {"url": url}}, sort_keys=False))
+    taken = backup_checkpoint(ckpt, f"{url}/page_visits", s3.client(), log=lambda _: None)
+    before = tree_digest(ckpt)
+    cli = ("--registry", str(registry), "status", "page_visits")
+
+    [status] = json.loads(run_cli(*cli, "--json", env=s3.env(), check=True).stdout)
+    cp = load_checkpoint(ckpt)
+    assert (status["checkpoint"], status["source"]["format"]) == (str(ckpt), "json")
+    assert status["last_committed_batch"] == cp.last_committed_batch and status["committed_at"]
+    [op] = status["operators"]
+    assert op["bytes"] == sum(s for rel, s in cp.sizes.items() if rel.startswith("state/0/"))
+    assert op["snapshot_groups"] and sum(g["bytes"] for g in op["snapshot_groups"]) <= op["bytes"]
+    assert [(b["backup_id"], b["batch_id"]) for b in status["backups"]] == [
+        (taken["backup_id"], taken["batch_id"])
+    ]
+    assert status["errors"] == [] and status["last_run"]["status"] == "succeeded"
+
+    text = run_cli(*cli, env=s3.env(), check=True).stdout
+    assert f"last committed  batch {cp.last_committed_batch} at " in text, text
+    assert f"{taken['backup_id']}  batch {taken['batch_id']}" in text, text
+
+    # The backup store refuses: said, and the rest is still shown.
+    secret = "not-the-secret-7f3a"
+    wrong = run_cli(*cli, "--json", env={**s3.env(), "AWS_SECRET_ACCESS_KEY": secret})
+    [partial] = json.loads(wrong.stdout)
+    assert wrong.returncode == 0 and partial["last_committed_batch"] == cp.last_committed_batch
+    assert len(partial["errors"]) == 1 and partial["errors"][0].startswith("backups: ")
+    assert secret not in wrong.stdout + wrong.stderr, "never the secret"
+
+    unknown = run_cli("--registry", str(registry), "status", "no_such_query")
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
+    assert "no_such_query" in unknown.stderr, unknown.stderr
+    assert tree_digest(ckpt) == before

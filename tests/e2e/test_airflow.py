@@ -1,0 +1,267 @@
+"""`make airflow` as a newcomer uses it: the script behind it (scripts/airflow.sh) starts airflow
+standalone, a Spark standalone master and worker and the embedded S3 endpoint on free loopback
+ports; the tests then use it through the REST API v2 and through a real browser (Debian's
+Chromium, headless, driven by Playwright), and `make airflow-stop` (the script's `stop`) must
+leave no process behind.
+
+The tests run in file order on one stack: the browser dry-runs the migration form, REST runs
+the migration for real (on the Spark cluster), the browser looks at the Streaming state view,
+then everything stops. Screenshots go to build/test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from stateops.checkpoint import load_checkpoint
+from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server
+from tests.dag.test_migration import Migration, _assert_migrated, _uninterrupted
+from tests.e2e.test_cluster import _free_port
+from tests.spark.harness import read_sink
+
+pytestmark = pytest.mark.e2e
+
+PASSWORD = "stateops-test-admin"
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "build" / "test-artifacts"
+DAG = "stream_source_migration"
+# The manual DAGs only: an unpaused scheduled DAG would start a run at once, beside the tests'.
+UNPAUSE = "stream_source_migration stream_bootstrap stream_restore stream_backfill"
+
+
+@dataclass
+class Stack:
+    base: str
+    env: dict[str, str]
+    proc: subprocess.Popen
+    log: Path
+    run_dir: Path
+    migration: Migration
+    whole: object
+    pids: dict[str, int] | None = None
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def token(self) -> str:
+        body = {"username": "admin", "password": PASSWORD}
+        return _request(f"{self.base}/auth/token", "POST", body)["access_token"]
+
+    def stop(self) -> subprocess.CompletedProcess:
+        """`make airflow-stop`: the script's stop, from another shell."""
+        return subprocess.run(["scripts/airflow.sh", "stop"], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def _request(url: str, method: str = "GET", body: dict | None = None, token: str = "") -> dict:
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"}
+        | ({"Authorization": f"Bearer {token}"} if token else {}),
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def _until(what: str, check, timeout: float, log) -> object:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (OSError, urllib.error.HTTPError, KeyError):
+            pass
+        time.sleep(2)
+    raise AssertionError(f"{what} within {timeout:.0f} s; output:\n{log()[-5000:]}")
+
+
+def _alive(sessions: set[int]) -> list[str]:
+    """Processes of these sessions still alive (zombies waiting for a reaper are not)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True,
+                         text=True).stdout  # fmt: skip
+    return [line.strip() for line in out.splitlines()
+            if int(line.split()[1]) in sessions and line.split()[2][0] != "Z"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stack(spark, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("make-airflow")
+    whole = _uninterrupted(tmp, "user_sessions")["user_sessions"]
+    ports = {name: _free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI",
+                                               "S3")}  # fmt: skip
+    s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
+    migration = Migration(tmp, "user_sessions", s3)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp / "airflow"),
+        "STATEOPS_REGISTRY": str(migration.path),
+        "STATEOPS_DATA_DIR": str(tmp),
+        "STATEOPS_ADMIN_PASSWORD": PASSWORD,
+        "STATEOPS_UNPAUSE": UNPAUSE,
+        "AWS_ACCESS_KEY_ID": S3_KEY,
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        **{f"STATEOPS_{name}_PORT": str(port) for name, port in ports.items()},
+    }
+    for name in ("STATEOPS_S3_ENDPOINT_URL", "AIRFLOW_CONN_SPARK_DEFAULT",
+                 "AIRFLOW_CONN_AWS_DEFAULT"):  # fmt: skip
+        env.pop(name, None)  # the script's own, as for a newcomer
+    log = tmp / "make-airflow.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["scripts/airflow.sh"], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    stack = Stack(f"http://127.0.0.1:{ports['AIRFLOW']}", env, proc, log,
+                  tmp / "_stateops" / "airflow", migration, whole)  # fmt: skip
+    try:
+        _until("make airflow did not say it is ready",
+               lambda: proc.poll() is None and "stops everything" in stack.output(), 300,
+               stack.output)  # fmt: skip
+        stack.pids = {p.stem: int(p.read_text()) for p in stack.run_dir.glob("*.pid")}
+        yield stack
+    finally:
+        if proc.poll() is None:
+            stack.stop()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextmanager
+def _browser(stack: Stack, name: str):
+    """A logged-in page of headless Chromium; a screenshot of it is kept even on failure."""
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "no /usr/bin/chromium: `make test` installs it (apt-get)"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"],
+        )  # fmt: skip
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(30_000)
+        try:
+            page.goto(stack.base)
+            page.fill("input[name=username]", "admin")
+            page.fill("input[name=password]", PASSWORD)
+            page.get_by_role("button", name="Sign in").click()
+            page.get_by_role("button", name="Browse").wait_for()
+            yield page
+        finally:
+            page.screenshot(path=ARTIFACTS / f"{name}.png")
+            browser.close()
+
+
+def test_the_stack_is_up_with_every_lifecycle_dag(stack):
+    out = stack.output()
+    assert f"Airflow UI    {stack.base}   (login: admin / {PASSWORD})" in out, out
+    token = stack.token()
+    dags = {d["dag_id"]: d for d in _request(f"{stack.base}/api/v2/dags?limit=100",
+                                             token=token)["dags"]}  # fmt: skip
+    lifecycle = sorted(p.stem for p in (ROOT / "dags").glob("stream_*.py"))
+    assert sorted(d for d in dags if d.startswith("stream_")) == lifecycle
+    assert sorted(d for d in lifecycle if not dags[d]["is_paused"]) == sorted(UNPAUSE.split())
+    assert set(stack.pids) == {"airflow", "spark-master", "spark-worker", "s3"}
+    master = _request(f"http://127.0.0.1:{stack.env['STATEOPS_SPARK_UI_PORT']}/json/")
+    assert master["status"] == "ALIVE" and len(master["workers"]) == 1, master
+
+
+def test_browser_fills_the_migration_form_and_sees_the_dry_run_succeed(stack):
+    with _browser(stack, "1-migration-form") as page:
+        page.goto(f"{stack.base}/dags/{DAG}")
+        page.get_by_role("button", name="Trigger").click()
+        form = page.get_by_role("dialog")
+        form.get_by_role("combobox").first.click()
+        page.get_by_role("option", name="user_sessions").click()
+        form.locator("#element_new_source_path").fill("landing_v2/user_sessions")
+        assert form.locator("input[name=element_dry_run]").is_checked(), "dry run by default"
+        page.screenshot(path=ARTIFACTS / "0-migration-form-filled.png")
+        form.get_by_role("button", name="Trigger").click()
+        page.wait_for_url(f"**/dags/{DAG}/runs/manual__*")
+        run_id = page.url.rsplit("/runs/", 1)[1]
+        run_url = f"{stack.base}/api/v2/dags/{DAG}/dagRuns/{run_id}"
+        token = stack.token()
+        state = _until("the dry run did not finish",
+                       lambda: (s := _request(run_url, token=token)["state"])
+                       in ("success", "failed") and s, 300, stack.output)  # fmt: skip
+        run = _request(run_url, token=token)
+        assert run["conf"]["query"] == "user_sessions" and run["conf"]["dry_run"] is True
+        assert state == "success", run
+        page.reload()
+        page.get_by_text("Success").first.wait_for()  # the run page shows its outcome
+    checkpoint = load_checkpoint(stack.migration.query().checkpoint)
+    assert checkpoint.root.name == "user_sessions", "a dry run changes nothing"
+
+
+def test_rest_api_triggers_the_migration_and_it_succeeds_on_the_cluster(stack, spark):
+    m, token = stack.migration, stack.token()
+    dag_url = f"{stack.base}/api/v2/dags/{DAG}"
+    run = _request(f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()},
+                   token=token)  # fmt: skip
+    run_url = f"{dag_url}/dagRuns/{run['dag_run_id']}"
+    state = _until("the migration did not finish",
+                   lambda: (s := _request(run_url, token=token)["state"])
+                   in ("success", "failed") and s, 900, stack.output)  # fmt: skip
+    tasks = _request(f"{run_url}/taskInstances", token=token)["task_instances"]
+    states = {t["task_id"]: t["state"] for t in tasks}
+    assert state == "success", states
+    assert states["roll_back"] == "skipped" and states["switch"] == "success", states
+    assert states["transplant"] == "success" and states["bootstrap"] == "skipped", states
+    logs = "\n".join(p.read_text() for p in (Path(stack.env["AIRFLOW_HOME"]) / "logs")
+                     .rglob(f"run_id={run['dag_run_id']}/**/*.log"))  # fmt: skip
+    assert "spark://127.0.0.1:" in logs, "the Spark jobs ran on the standalone cluster"
+    first_new = _assert_migrated(spark, m, stack.whole, logs, "transplant")
+    carried = [r for b, rows in read_sink(Path(m.query().sink.path)).items() if b >= first_new
+               for r in rows if r[4].startswith("e0-")]  # fmt: skip
+    assert carried, "no session open at the cutover (round 0 events) closed on the new source"
+
+
+def test_streaming_state_view_shows_the_last_committed_batch_and_the_lineage(stack):
+    query = stack.migration.query()
+    last = load_checkpoint(query.checkpoint).last_committed_batch
+    with _browser(stack, "2-streaming-state") as page:
+        page.get_by_role("button", name="Browse").click()
+        page.get_by_role("menuitem", name="Streaming state").click()
+        page.wait_for_url("**/plugin/streaming-state")
+        card = page.frame_locator("iframe").first.locator("section#query-user_sessions")
+        card.wait_for()
+        text = card.inner_text()
+        assert f"last committed batch\t{last} at " in text, text
+        assert query.checkpoint in text and "parquet" in text, text
+        assert "migration\tderived" in text, "the lineage shows the migration"
+        assert "bytes per snapshot group" in text and "Data Docs" in text, text
+        card.locator("svg.chart").first.wait_for()
+    # The view's API is behind Airflow's login, like the UI.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _request(f"{stack.base}/stateops/api/status")
+    assert refused.value.code in (401, 403)
+    shown = _request(f"{stack.base}/stateops/api/status", token=stack.token())
+    sessions = next(s for s in shown if s["query"] == "user_sessions")
+    assert sessions["last_committed_batch"] == last and sessions["backups"], sessions
+
+
+def test_make_airflow_stop_stops_everything(stack):
+    sessions = {stack.proc.pid, *stack.pids.values()}
+    stopped = stack.stop()
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+    assert stack.proc.wait(timeout=60) == 0, stack.output()[-3000:]
+    deadline = time.time() + 30
+    while (left := _alive(sessions)) and time.time() < deadline:
+        time.sleep(2)
+    assert not left, f"processes left after make airflow-stop: {left}"
+    assert not list(stack.run_dir.glob("*.pid")), "pid files left"
