@@ -1,11 +1,15 @@
-"""docker-compose.yaml, checked without Docker (Docker cannot run here): it parses, every image
-is pinned, mounted paths exist, published ports do not clash, and MinIO matches what the code
-reads (the demo credentials of scripts/env.sh, the bucket of the registry's backups.url)."""
+"""docker-compose.yaml and its Dockerfile, checked without Docker (Docker cannot run here): the
+file parses, every image is pinned, mounted paths exist, published ports do not clash, the
+Airflow services are all there on one metadata database, and the environment matches what the
+code reads (connections, data folder, the S3 endpoint and its bucket)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import tomllib
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -16,7 +20,12 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-SERVICES = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())["services"]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+AIRFLOW = ["airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
+SPARK = ["spark-master", "spark-worker"]
+CODE = [ROOT / d for d in ("include", "plugins", "dags", "spark_jobs", "scripts")]
 
 
 def _env_sh_defaults() -> dict[str, str]:
@@ -25,12 +34,60 @@ def _env_sh_defaults() -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def test_every_image_is_pinned_to_a_release():
+def _command(service: str) -> str:
+    command = SERVICES[service]["command"]
+    return " ".join(command) if isinstance(command, list) else command
+
+
+def _read_by_code(name: str) -> bool:
+    return any(name in p.read_text(errors="replace") for d in CODE for p in d.rglob("*")
+               if p.is_file() and p.suffix in (".py", ".sh"))  # fmt: skip
+
+
+def test_every_image_is_pinned_and_spark_is_the_pinned_pyspark():
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     for name, service in SERVICES.items():
         repo, _, tag = service["image"].rpartition(":")
         assert repo and tag and tag != "latest", f"{name}: {service['image']} is not pinned"
-    assert SERVICES["spark-master"]["image"].startswith("apache/spark:4.2.0")  # = pyspark pin
-    assert "pyspark==4.2.0" in (ROOT / "requirements.txt").read_text()
+        if "build" in service:  # the project's image, tagged with the project's version
+            assert service["image"] == f"stateops:{version}", name
+    base = re.search(r"^FROM (\S+)$", DOCKERFILE, re.M).group(1)
+    assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", base), f"Dockerfile FROM {base}"
+    # Spark runs from PySpark's own spark-class in the image that installs requirements.txt:
+    # the cluster's Spark is the pinned one, and the executors' Python is the driver's.
+    assert "pip install --no-cache-dir -r /tmp/requirements.txt" in DOCKERFILE
+    assert "COPY requirements.txt /tmp/requirements.txt" in DOCKERFILE
+    requirements = (ROOT / "requirements.txt").read_text()
+    assert "pyspark==4.2.0" in requirements and "apache-airflow==3.3.2" in requirements
+    images = {SERVICES[s]["image"] for s in AIRFLOW + SPARK + ["airflow-init"]}
+    assert len(images) == 1, images
+    for service in SPARK:
+        assert _command(service).startswith("spark-class org.apache.spark.deploy."), service
+
+
+def test_airflow_runs_every_component_on_postgres_with_local_executor():
+    commands = {s: _command(s) for s in AIRFLOW}
+    assert commands == {
+        "airflow-apiserver": "airflow api-server --port 8080",
+        "airflow-scheduler": "airflow scheduler",
+        "airflow-dag-processor": "airflow dag-processor",
+        "airflow-triggerer": "airflow triggerer",
+    }
+    assert SERVICES["postgres"]["image"].startswith("postgres:")
+    for service in AIRFLOW:
+        env = SERVICES[service]["environment"]
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+        db = urlparse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+        assert (db.scheme, db.hostname) == ("postgresql+psycopg2", "postgres")
+        assert db.username == SERVICES["postgres"]["environment"]["POSTGRES_USER"]
+        api = urlparse(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+        assert (api.hostname, api.port) == ("airflow-apiserver", 8080)
+        assert SERVICES[service]["depends_on"]["airflow-init"]["condition"] == (
+            "service_completed_successfully"
+        )
+    assert "psycopg2-binary==" in DOCKERFILE and "asyncpg==" in DOCKERFILE
+    assert "airflow db migrate" in _command("airflow-init")
+    assert "python -m zipfile -c build/stateops.zip include/stateops" in _command("airflow-init")
 
 
 def test_mounted_paths_exist_and_ports_do_not_clash():
@@ -38,11 +95,48 @@ def test_mounted_paths_exist_and_ports_do_not_clash():
     for name, service in SERVICES.items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
-            if source.startswith("."):
+            if source.startswith("."):  # ./data is the data folder, made on first use
                 assert (ROOT / source).exists() or source == "./data", f"{name}: {source}"
+            else:
+                assert source in COMPOSE["volumes"], f"{name}: named volume {source}"
         published += [port.rsplit(":", 1)[0] for port in service.get("ports", [])]
     assert len(published) == len(set(published)), published
     assert all(port.startswith("127.0.0.1:") for port in published)  # loopback only
+    for copied in re.findall(r"^COPY (\S+) ", DOCKERFILE, re.M):
+        assert (ROOT / copied).exists(), f"Dockerfile copies {copied}"
+
+
+def test_the_environment_is_what_the_code_reads():
+    env = SERVICES["airflow-scheduler"]["environment"]
+    project = next(v.split(":")[1] for v in SERVICES["airflow-scheduler"]["volumes"]
+                   if v.startswith("./:"))  # fmt: skip
+    for key in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER"):
+        assert env[key].startswith(project + "/")
+        assert (ROOT / env[key].removeprefix(project + "/")).is_dir(), key
+    assert f"STATEOPS_HOME={project}" in DOCKERFILE
+    assert f"PYTHONPATH={project}/include" in DOCKERFILE
+    for name in [*env, *re.findall(r"\b(STATEOPS_\w+)=", DOCKERFILE)]:
+        if name.startswith("STATEOPS_"):
+            assert _read_by_code(name), f"{name} is set but nothing reads it"
+    # Checkpoints are files: the driver (scheduler) and executors (worker) see the same paths.
+    data = env["STATEOPS_DATA_DIR"]
+    for service in ["airflow-scheduler", *SPARK]:
+        assert f"./data:{data}" in SERVICES[service]["volumes"], service
+    assert SERVICES["airflow-scheduler"]["hostname"] == "airflow-scheduler"
+
+    # Connections: the ids the code uses, pointing at the services.
+    registry = load_registry(ROOT / "registry.yaml")
+    tasks = (ROOT / "plugins" / "stateops_airflow" / "tasks.py").read_text()
+    assert 'conn_id="spark_default"' in tasks
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert spark["host"] == "spark://spark-master"
+    assert f"--port {spark['port']}" in _command("spark-master")
+    assert f"spark://spark-master:{spark['port']}" in _command("spark-worker")
+    aws = json.loads(env[f"AIRFLOW_CONN_{registry.backups.conn_id.upper()}"])
+    minio = SERVICES["minio"]["environment"]
+    assert (aws["login"], aws["password"]) == (minio["MINIO_ROOT_USER"],
+                                               minio["MINIO_ROOT_PASSWORD"])  # fmt: skip
+    assert aws["extra"]["endpoint_url"] == "http://minio:9000"
 
 
 def test_minio_is_the_backup_endpoint_the_code_reads():

@@ -1,0 +1,23 @@
+# One image for Airflow and for the Spark master and worker of docker-compose.yaml: the same
+# Python, PySpark (whose spark-class runs the standalone cluster: the Spark of requirements.txt)
+# and libraries on the driver and the executors, as transformWithStateInPandas needs.
+# The project itself is mounted at /opt/stateops, not copied.
+FROM python:3.11.7-slim-bookworm
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps curl \
+    && rm -rf /var/lib/apt/lists/*
+ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
+
+COPY requirements.txt /tmp/requirements.txt
+# The pinned set `make test` runs with, plus the drivers of Airflow's Postgres metadata database.
+RUN pip install --no-cache-dir -r /tmp/requirements.txt psycopg2-binary==2.9.13 asyncpg==0.32.0
+
+RUN useradd --uid 50000 --gid 0 --create-home stateops
+USER 50000
+ENV PYTHONPATH=/opt/stateops/include \
+    STATEOPS_HOME=/opt/stateops \
+    SPARK_CONF_DIR=/opt/stateops/conf \
+    PYSPARK_PYTHON=python \
+    AIRFLOW_HOME=/opt/airflow
+WORKDIR /opt/stateops
