@@ -7,7 +7,7 @@ set -u
 if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
   echo "Installing Debian's chromium for the browser test (once, about a minute)..."
   if apt-get update -qq > /dev/null && DEBIAN_FRONTEND=noninteractive \
-     apt-get install -y -qq --no-install-recommends chromium > /dev/null; then
+     apt-get install -y -qq chromium > /dev/null; then
     exit 0
   fi
   echo "error: apt-get install chromium failed (see above)"
