@@ -61,17 +61,24 @@ def flatten_state(df: DataFrame) -> DataFrame:
     return df.select(*[c for f in df.schema.fields for c in leaves([f.name], f.dataType, f.name)])
 
 
-def _previous_rows(audit: Path, batch: int) -> dict[str, int]:
-    """Rows per variable at the latest validation of an earlier batch ({} if none)."""
-    earlier = []
+def last_validation(audit: Path, before: int | None = None) -> tuple[Path, dict] | None:
+    """The latest validation result file under ``audit`` (of a batch before ``before``, if
+    given) and its content; None if there is none."""
+    found = []
     for path in (audit / "validations").glob("batch-*.json"):
         number = path.stem.removeprefix("batch-")
-        if number.isdigit() and int(number) < batch:
-            earlier.append((int(number), path))
-    if not earlier:
-        return {}
-    result = json.loads(max(earlier)[1].read_text(encoding="utf-8"))
-    return {v["variable"]: int(v["rows"]) for v in result.get("variables", [])}
+        if number.isdigit() and (before is None or int(number) < before):
+            found.append((int(number), path))
+    if not found:
+        return None
+    path = max(found)[1]
+    return path, json.loads(path.read_text(encoding="utf-8"))
+
+
+def _previous_rows(audit: Path, batch: int) -> dict[str, int]:
+    """Rows per variable at the latest validation of an earlier batch ({} if none)."""
+    last = last_validation(audit, before=batch)
+    return {v["variable"]: int(v["rows"]) for v in last[1].get("variables", [])} if last else {}
 
 
 def _expired_keys(df: DataFrame, query: Query, watermark_ms: int) -> DataFrame:

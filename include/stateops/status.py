@@ -15,9 +15,9 @@ from typing import Any
 
 from stateops.audit import audit_dir, read_audit
 from stateops.backup import list_backups
-from stateops.checkpoint import load_checkpoint
+from stateops.checkpoint import Checkpoint, load_checkpoint
 from stateops.errors import StateOpsError
-from stateops.expectations import data_docs_path
+from stateops.expectations import data_docs_path, last_validation
 from stateops.registry import Registry
 from stateops.report import checkpoint_report, format_bytes
 
@@ -74,7 +74,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     return status
 
 
-def _checkpoint_part(status: dict[str, Any], cp: Any) -> None:
+def _checkpoint_part(status: dict[str, Any], cp: Checkpoint) -> None:
     report = checkpoint_report(cp)
     last = report["last_committed_batch"]
     status["last_committed_batch"] = last
@@ -115,11 +115,10 @@ def _history(checkpoint: str) -> list[dict[str, Any]]:
 
 
 def _last_validation(query: Any) -> dict[str, Any] | None:
-    folder = audit_dir(query.checkpoint) / "validations"
-    files = sorted(folder.glob("batch-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-    if not files:
+    last = last_validation(audit_dir(query.checkpoint))
+    if last is None:
         return None
-    result = json.loads(files[-1].read_text())
+    path, result = last
     docs = data_docs_path(query)
     return {
         "batch_id": result["batch_id"],
@@ -127,7 +126,7 @@ def _last_validation(query: Any) -> dict[str, Any] | None:
         "variables": {
             v["variable"]: {"rows": v["rows"], "ok": v["ok"]} for v in result["variables"]
         },  # fmt: skip
-        "file": str(files[-1]),
+        "file": str(path),
         "data_docs": str(docs) if docs.exists() else None,
     }
 

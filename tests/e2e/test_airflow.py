@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from stateops.checkpoint import load_checkpoint
+from stateops.s3server import free_port
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server
 from tests.dag.test_migration import Migration, _assert_migrated, _uninterrupted
-from tests.e2e.test_cluster import _free_port
 from tests.spark.harness import read_sink
 
 pytestmark = pytest.mark.e2e
@@ -100,7 +100,7 @@ def _alive(sessions: set[int]) -> list[str]:
 def stack(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("make-airflow")
     whole = _uninterrupted(tmp, "user_sessions")["user_sessions"]
-    ports = {name: _free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI",
+    ports = {name: free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI",
                                                "S3")}  # fmt: skip
     s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
     migration = Migration(tmp, "user_sessions", s3)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,16 +13,11 @@ import pytest
 
 from stateops.checkpoint import load_checkpoint
 from stateops.registry import load_registry
+from stateops.s3server import free_port
 from tests.conftest import ROOT, VENV_BIN, spark_submit_run_query, write_registry
 from tests.spark.harness import land
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(url: str, needle: str, timeout: float = 90) -> None:
@@ -40,7 +34,7 @@ def _wait_for(url: str, needle: str, timeout: float = 90) -> None:
 
 @pytest.fixture
 def cluster(tmp_path):
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(tmp_path / "work")}
     spark_class = str(VENV_BIN / "spark-class")
     logs = [open(tmp_path / "master.log", "w"), open(tmp_path / "worker.log", "w")]
@@ -74,7 +68,7 @@ def cluster(tmp_path):
                     "--memory",
                     "2g",
                     "--webui-port",
-                    str(_free_port()),
+                    str(free_port()),
                 ],
                 env=env,
                 stdout=logs[1],
