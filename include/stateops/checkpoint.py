@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import zipfile
@@ -45,6 +46,7 @@ __all__ = [
     "StoreState",
     "load_checkpoint",
     "relocate_checkpoint",
+    "require_checkpoint_dir",
     "schema_file_refs",
 ]
 
@@ -468,17 +470,39 @@ def read_rocksdb_zip_metadata(path: Path) -> dict:
     return _parse_versioned_json(path, text)
 
 
+def require_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
+    """``path`` if it is a folder that holds a checkpoint (a ``metadata`` file or an
+    ``offsets/`` or ``commits/`` log), without reading it; else :class:`NotACheckpointError`.
+
+    Cheap enough to call before anything is written beside a path the user typed.
+    """
+    root = Path(path)
+    try:
+        # stat, not is_dir(): is_dir() answers False for a link loop or a name too long, and
+        # the user would read "no such directory" for a path that is there.
+        is_dir = stat.S_ISDIR(root.stat().st_mode)
+    except FileNotFoundError:
+        raise NotACheckpointError(
+            f"{root}: no such directory; pass the query's checkpoint location"
+        ) from None
+    if not is_dir:
+        raise NotACheckpointError(
+            f"{root}: a file, not a checkpoint directory; pass the query's checkpoint location"
+        )
+    if not any((root / name).exists() for name in ("metadata", "offsets", "commits", "state")):
+        raise NotACheckpointError(
+            f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
+        )
+    return root
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read a checkpoint directory into a :class:`Checkpoint`.
 
     Raises :class:`CheckpointError` naming the file when the path is not a checkpoint or an
     offsets/commits/metadata file is corrupt.
     """
-    root = Path(path)
-    if not root.is_dir():
-        raise NotACheckpointError(
-            f"{root}: no such directory; pass the query's checkpoint location"
-        )
+    root = require_checkpoint_dir(path)
     sizes, dirs = _walk(root)
     has_logs = any(p.startswith(("offsets/", "commits/")) for p in sizes)
     if "metadata" not in sizes:

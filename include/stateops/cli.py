@@ -12,7 +12,7 @@ from pathlib import Path
 from stateops.audit import audit_dir, read_audit
 from stateops.bootstrap import FORMATS, plan_bootstrap
 from stateops.checkpoint import load_checkpoint
-from stateops.errors import RegistryError, StateOpsError
+from stateops.errors import RegistryError, StateOpsError, domain_errors, one_line
 from stateops.lock import force_release, read_hold, read_lock
 from stateops.registry import PROJECT_ROOT, load_registry
 from stateops.report import checkpoint_report, format_report
@@ -551,9 +551,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with domain_errors():
+            return args.func(args)
     except StateOpsError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -1,13 +1,29 @@
-"""Domain exceptions: each message says what is wrong and what to do."""
+"""Domain exceptions: each message says what is wrong and what to do.
+
+:func:`domain_errors` is the one boundary where operating-system and library errors that bad
+input causes (a path that loops, a name too long, a read-only checkpoint, an endpoint that is
+not a URL) become a :class:`StateOpsError` of one line. The CLI, the Spark jobs and the Airflow
+tasks run their work inside it; anything it does not recognise is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = [
     "CheckpointError",
     "LockHeldError",
     "NotACheckpointError",
+    "PathError",
     "RegistryError",
     "StateOpsError",
+    "as_domain_error",
+    "domain_errors",
+    "one_line",
 ]
 
 
@@ -29,3 +45,98 @@ class RegistryError(StateOpsError):
 
 class LockHeldError(StateOpsError):
     """Another lifecycle operation holds the query's lock."""
+
+
+class PathError(StateOpsError):
+    """A path cannot be used as given: it loops, is too long, is a file, or may not be read or
+    written by this user."""
+
+
+# errno -> (what is wrong, what to do). Only conditions that the user's paths or permissions
+# cause; anything else keeps the operating system's own words.
+_OS_FAULTS: dict[int, tuple[str, str]] = {
+    errno.ELOOP: (
+        "a symbolic link loop (the link points back to itself)",
+        "give the real folder, or point the link at it",
+    ),
+    errno.ENAMETOOLONG: ("a name longer than the file system allows", "use a shorter path"),
+    errno.ENOTDIR: (
+        "not a folder (it, or a folder on its way, is a regular file)",
+        "give a folder, or move the file out of the way",
+    ),
+    errno.EISDIR: ("a folder where a file is expected", "give a file"),
+    errno.EACCES: (
+        "permission denied",
+        "run as a user who may read and write it, or change its permissions",
+    ),
+    errno.EPERM: (
+        "operation not permitted (immutable or append-only?)",
+        "check its attributes (lsattr) and owner, or run as a user who may change it",
+    ),
+    errno.EROFS: (
+        "on a read-only file system",
+        "remount it read-write, or work on a copy on a writable file system",
+    ),
+    errno.ENOENT: ("no such file or folder", "check the path"),
+    errno.EEXIST: ("already exists", "remove it, or choose another path"),
+    errno.ENOTEMPTY: ("not empty", "choose a new or empty folder"),
+    errno.ENOSPC: ("no space left on the device", "free space, then run again"),
+    errno.EDQUOT: ("disk quota exceeded", "free space, then run again"),
+    errno.EXDEV: (
+        "on another file system than its destination",
+        "keep the paths on one file system",
+    ),
+    errno.EIO: ("an input/output error", "check the disk and its log (dmesg)"),
+}
+
+
+def one_line(message: object) -> str:
+    """``message`` on one line: a message built from another library's text may hold breaks."""
+    return " ".join(str(message).split())
+
+
+def _os_error(err: OSError) -> PathError:
+    what, todo = _OS_FAULTS.get(err.errno or 0, (None, None))
+    what = what or (err.strerror or type(err).__name__).lower()
+    if todo is None:
+        reachable = isinstance(err, ConnectionError | TimeoutError)
+        todo = "check that the service is up and reachable" if reachable else "check the path"
+    where = err.filename
+    if err.filename2 is not None:
+        where = f"{err.filename} -> {err.filename2}"
+    text = f"{os.fsdecode(where)}: {what}" if where is not None else what
+    return PathError(f"{text}; {todo}")
+
+
+def as_domain_error(err: BaseException) -> StateOpsError | None:
+    """The one-line domain error for ``err``, or None when bad input cannot explain it (a bug:
+    its traceback is wanted)."""
+    if isinstance(err, StateOpsError):
+        return err
+    if isinstance(err, OSError):
+        return _os_error(err)
+    # pathlib before Python 3.13 reports a symlink loop in resolve() as a RuntimeError.
+    if isinstance(err, RuntimeError) and str(err).startswith("Symlink loop from "):
+        looped = str(err).removeprefix("Symlink loop from ").strip("'\"")
+        return _os_error(OSError(errno.ELOOP, os.strerror(errno.ELOOP), looped))
+    botocore = sys.modules.get("botocore.exceptions")  # only if S3 was used: no import here
+    if botocore is not None and isinstance(err, botocore.ClientError | botocore.BotoCoreError):
+        from stateops.s3 import s3_error
+
+        return s3_error(err, "request")
+    return None
+
+
+@contextmanager
+def domain_errors() -> Iterator[None]:
+    """Run a command's or task's work; OS and library errors that bad input causes leave it as
+    a one-line :class:`StateOpsError` (the original is its ``__cause__``)."""
+    try:
+        yield
+    except StateOpsError:
+        raise
+    except Exception as err:
+        domain = as_domain_error(err)
+        if domain is None:
+            raise
+        raise domain from err
