@@ -376,7 +376,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     except OSError as err:
         raise RegistryError(f"{path}: cannot read registry ({err.strerror})") from err
     except yaml.YAMLError as err:
-        raise RegistryError(f"{path}: not valid YAML ({err})") from err
+        raise RegistryError(_yaml_error(path, err)) from err
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
     unknown = set(raw) - {"data_dir", "queries", "backups", "cleanup"}
@@ -412,6 +412,20 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             field_path = ".".join(str(p) for p in first["loc"])
             raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
     return Registry(path=path, data_dir=data_dir, queries=queries, **sections)
+
+
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    """``FILE:LINE:COLUMN: not valid YAML: PROBLEM (CONTEXT at line N); fix ...`` on one line:
+    PyYAML's own text spans several lines with a caret under the fault."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and context_mark and (not mark or context_mark.line != mark.line):
+        context = f"{context} at line {context_mark.line + 1}"
+    what = f"{problem} ({context})" if context else problem
+    line = f"line {mark.line + 1}" if mark else "the file"
+    return " ".join(f"{where}: not valid YAML: {what}; fix {line} of the registry".split())
 
 
 def _resolve_paths(query: Query, data_dir: Path) -> Query:
