@@ -80,9 +80,31 @@ def s3_settings(conn_id: str | None = None) -> S3Settings:
     )
 
 
+def _check_endpoint(url: str | None) -> None:
+    """Refuse an endpoint that is not an http(s) URL before boto3 does (with a bare
+    ``ValueError`` that names neither the setting nor the fix)."""
+    from urllib.parse import urlsplit
+
+    if url is None:
+        return
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 -- raises on a port that is not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise StateOpsError(
+            f"S3 endpoint {url!r} is not a URL; set STATEOPS_S3_ENDPOINT_URL (or the connection's "
+            "extra.endpoint_url) to http(s)://HOST[:PORT], or unset it for AWS"
+        )
+
+
 def s3_client(settings: S3Settings) -> Any:
     import boto3
     from botocore.config import Config
+
+    _check_endpoint(settings.endpoint_url)
 
     return boto3.client(
         "s3",
