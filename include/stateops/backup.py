@@ -201,7 +201,24 @@ def _manifest(client: Any, loc: S3Location, backup_id: str) -> dict[str, Any]:
         assert manifest["format"] == FORMAT and isinstance(manifest["files"], list)
     except (ValueError, KeyError, AssertionError, TypeError):
         raise StateOpsError(f"s3://{loc.bucket}/{key}: not a stateops backup manifest") from None
+    for i, entry in enumerate(manifest["files"]):
+        # Checked here, once, so no caller meets a TypeError deep inside a restore or prune.
+        if not _file_entry(entry):
+            raise StateOpsError(
+                f"s3://{loc.bucket}/{key}: files[{i}] is not a file entry (path and sha256 "
+                "strings, size a whole number): the manifest is damaged; use another backup"
+            )
     return manifest
+
+
+def _file_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("path"), str)
+        and isinstance(entry.get("sha256"), str)
+        and isinstance(entry.get("size"), int)
+        and not isinstance(entry.get("size"), bool)
+    )
 
 
 def safe_relative_path(path: str) -> PurePosixPath:
