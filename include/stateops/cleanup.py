@@ -34,8 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stateops.access import refuse_unwritable
 from stateops.audit import append_audit, audit_dir
-from stateops.checkpoint import Checkpoint, load_checkpoint
+from stateops.checkpoint import Checkpoint, load_checkpoint, require_checkpoint_dir
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.lock import QueryLock
 from stateops.registry import Registry
@@ -51,6 +52,7 @@ __all__ = [
     "safe_run_id",
     "execute_sink_plan",
     "refuse_pending_rollback",
+    "refuse_unwritable_plan",
     "rollback_marker",
     "run_cleanup",
     "run_rollback",
@@ -397,11 +399,34 @@ def checkpoint_lock(
     checkpoint: str | os.PathLike[str], registry: Registry | None, operation: str, run_id: str
 ) -> QueryLock:
     """The lifecycle lock of the query that owns ``checkpoint`` (a running query holds it);
-    an unregistered checkpoint gets a lock beside its audit log."""
+    an unregistered checkpoint gets a lock beside its audit log, once the path is known to be
+    a checkpoint (a mistyped path must not get a ``.audit`` folder beside it)."""
     owner = registry.owner_of(checkpoint) if registry is not None else None
     if owner is not None:
         return QueryLock(registry.lock_path(owner.name), owner.name, operation, run_id)
+    require_checkpoint_dir(checkpoint)
     return QueryLock(audit_dir(checkpoint) / "lifecycle.lock", str(checkpoint), operation, run_id)
+
+
+def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
+    """Refuse, before the lock, the backup, the marker or any deletion, a plan this process
+    could not carry out to the end: a read-only checkpoint, sink or audit folder."""
+    root = Path(plan["checkpoint"])
+    audit = audit_dir(root)
+    write = [audit / "audit.jsonl", lock.path, lock.path.with_name(lock.path.name + ".guard")]
+    if plan["operation"] == "rollback":
+        write.append(rollback_marker(root))
+    move: list[Path] = []
+    delete = [root / rel for rels in plan["files"].values() for rel in rels]
+    sink = plan.get("sink")
+    if sink:
+        sink_root = Path(sink["path"])
+        move += [sink_root / name for name in sink["folders"]]
+        move += [Path(uri.removeprefix("file:")) for uri in sink["data_files"]]
+        delete += [sink_root / "_spark_metadata" / name for name in sink["log_entries"]]
+        if sink["folders"] or sink["data_files"]:
+            write.append(sink_root / "_rolled_back" / "x")
+    refuse_unwritable(f"{plan['operation']} of {root}", delete=delete, write=write, move=move)
 
 
 def run_cleanup(
@@ -412,14 +437,21 @@ def run_cleanup(
     dry_run: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Plan, print the plan, and (unless a dry run) delete under the query's lock."""
+    """Plan, print the plan, and (unless a dry run) delete under the query's lock.
+
+    The first plan, before the lock, checks that the path is a checkpoint and that every file
+    it deletes can be deleted, so a refusal leaves nothing behind (not even a lock file); the
+    deletions follow a second plan made under the lock, since a run may commit in between.
+    """
+    plan = plan_cleanup(checkpoint, retain_batches)
     if dry_run:
-        plan = plan_cleanup(checkpoint, retain_batches)
         log(format_plan(plan, dry_run=True))
         return plan
+    refuse_unwritable_plan(plan, lock)
     with lock:
         started = time.time()
         plan = plan_cleanup(checkpoint, retain_batches)
+        refuse_unwritable_plan(plan, lock)
         log(format_plan(plan, dry_run=False))
         execute_plan(plan, log)
         seconds = round(time.time() - started, 1)
@@ -526,13 +558,15 @@ def run_rollback(
         plan["backup_first"] = backup is not None
         return plan
 
+    plan = plan_all()  # before the lock, the backup and the marker: see run_cleanup
     if dry_run:
-        plan = plan_all()
         log(format_plan(plan, dry_run=True))
         return plan
+    refuse_unwritable_plan(plan, lock)
     with lock:
         started = time.time()
         plan = plan_all()
+        refuse_unwritable_plan(plan, lock)
         log(format_plan(plan, dry_run=False))
         marker = rollback_marker(checkpoint)
         if pending := plan["resumes"]:  # an interrupted run already backed up and marked
