@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.registry import Registry, derived_registry
+from stateops.times import parse_past_time, parse_time  # re-exported: older callers
 
 __all__ = [
     "OVERRIDABLE",
@@ -29,28 +30,6 @@ __all__ = [
 
 # What a backfill may change about a query: its logic and checks, never where its data is.
 OVERRIDABLE = ("processor", "watermark", "expectations", "spark_conf")
-
-
-def parse_time(value: str) -> datetime:
-    """An ISO 8601 time; without a zone it is UTC (the project runs Spark in UTC)."""
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise StateOpsError(
-            f"{value!r} is not a time; write it like 2026-11-21T03:00:00Z"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def parse_past_time(value: str, what: str) -> datetime:
-    """:func:`parse_time`, refusing a time still to come (input before it may yet land)."""
-    moment = parse_time(value)
-    if moment > datetime.now(UTC):
-        raise StateOpsError(
-            f"the {what} {moment.isoformat()} is in the future: input modified before it may "
-            "still land; try again once it has passed"
-        )
-    return moment
 
 
 def last_batch_before(checkpoint: str | os.PathLike[str], before: datetime, source: int = 0) -> int:

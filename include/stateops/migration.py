@@ -29,7 +29,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from stateops.audit import append_audit, audit_dir
-from stateops.backfill import parse_past_time
 from stateops.checkpoint import load_checkpoint
 from stateops.cleanup import execute_sink_plan, plan_sink_rollback, safe_run_id
 from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
@@ -44,6 +43,7 @@ from stateops.registry import (
     write_switch,
 )
 from stateops.runner import read_summary
+from stateops.times import parse_past_time
 from stateops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 from stateops.verify import error_summary, verify_checkpoint
 
