@@ -19,15 +19,17 @@ import argparse
 import json
 import sys
 import uuid
+from typing import Any
 
 from stateops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap, transplant_bootstrap
-from stateops.errors import StateOpsError
-from stateops.registry import load_registry
+from stateops.cleanup import refuse_pending_rollback
+from stateops.errors import StateOpsError, domain_errors, one_line
+from stateops.registry import Registry, load_registry
 from stateops.runner import run_registered_query, write_summary
 from stateops.transplant import ROADS
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bootstrap_state.py", description=__doc__.splitlines()[0])
     parser.add_argument("--query", required=True)
     parser.add_argument("--initial-state", required=True, help="a state export or data files")
@@ -39,30 +41,42 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--run-id")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return parser.parse_args(argv)
+
+
+def preflight(args: argparse.Namespace) -> tuple[Registry, dict[str, Any]]:
+    """The registry and the bootstrap's plan: every refusal that needs no Spark (run before
+    spark-submit too): the query, a used checkpoint, the initial state's path, format and
+    manifest, the road."""
+    registry = load_registry(args.registry)
+    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over)
+    refuse_pending_rollback(plan["checkpoint"])
+    return registry, plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        registry = load_registry(args.registry)
-        plan = plan_bootstrap(
-            registry, args.query, args.initial_state, args.format, args.carry_over
-        )
-        if args.dry_run:
-            print(json.dumps({"dry_run": True, **plan}))
-            return 0
-        if plan["road_note"]:
-            print(plan["road_note"], file=sys.stderr)
-        run_id = args.run_id or f"bootstrap-{uuid.uuid4().hex[:8]}"
-        prepare = None
-        if plan["road"] == "transplant":
-            transplant_bootstrap(
-                registry, plan, run_id, log=lambda line: print(line, file=sys.stderr)
+        with domain_errors():
+            registry, plan = preflight(args)
+            if args.dry_run:
+                print(json.dumps({"dry_run": True, **plan}))
+                return 0
+            if plan["road_note"]:
+                print(plan["road_note"], file=sys.stderr)
+            run_id = args.run_id or f"bootstrap-{uuid.uuid4().hex[:8]}"
+            prepare = None
+            if plan["road"] == "transplant":
+                transplant_bootstrap(
+                    registry, plan, run_id, log=lambda line: print(line, file=sys.stderr)
+                )
+            else:
+                prepare = lambda spark: prepare_bootstrap(spark, registry, plan)  # noqa: E731
+            summary = run_registered_query(
+                registry, args.query, run_id=run_id, operation="bootstrap", prepare=prepare
             )
-        else:
-            prepare = lambda spark: prepare_bootstrap(spark, registry, plan)  # noqa: E731
-        summary = run_registered_query(
-            registry, args.query, run_id=run_id, operation="bootstrap", prepare=prepare
-        )
     except StateOpsError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     write_summary(registry, summary)
     print(json.dumps(summary))

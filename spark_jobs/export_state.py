@@ -9,33 +9,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from stateops.errors import StateOpsError
+from stateops.errors import StateOpsError, domain_errors, one_line
 from stateops.registry import load_registry
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="export_state.py", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="a checkpoint folder or a query name")
     parser.add_argument("--registry", help="where query names are looked up")
     parser.add_argument("--out", required=True, help="a new or empty folder")
     parser.add_argument("--batch", type=int, help="a committed batch (default: the last)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        from stateops.checkpoint import load_checkpoint
-        from stateops.export import export_state
-        from stateops.streaming import spark_session
+    return parser.parse_args(argv)
 
-        checkpoint = args.checkpoint
-        if not Path(checkpoint).is_dir():
-            checkpoint = load_registry(args.registry).query(checkpoint).checkpoint
-        load_checkpoint(checkpoint)  # a one-line error before a JVM starts
-        spark = spark_session("stateops-export")
-        manifest = export_state(spark, checkpoint, args.out, args.batch)
+
+def preflight(args: argparse.Namespace) -> tuple[str, int]:
+    """(checkpoint, batch) to export; refuses without Spark (run before spark-submit too)."""
+    from stateops.export import check_export
+
+    checkpoint = args.checkpoint
+    # A bare name is a registered query; anything else is a path, whatever state it is in.
+    if re.fullmatch(r"[A-Za-z_]\w*", checkpoint) and not Path(checkpoint).exists():
+        checkpoint = load_registry(args.registry).query(checkpoint).checkpoint
+    _, batch = check_export(checkpoint, args.out, args.batch)
+    return checkpoint, batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        with domain_errors():
+            checkpoint, batch = preflight(args)
+            from stateops.export import export_state
+            from stateops.streaming import spark_session
+
+            spark = spark_session("stateops-export")
+            manifest = export_state(spark, checkpoint, args.out, batch)
     except StateOpsError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     summary = {k: manifest[k] for k in ("query_id", "batch_id")}
     summary["entries"] = [

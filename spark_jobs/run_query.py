@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime
 
-from stateops.backfill import parse_past_time
-from stateops.errors import StateOpsError
-from stateops.registry import load_registry
-from stateops.runner import run_registered_query, write_summary
+from stateops.cleanup import refuse_pending_rollback
+from stateops.errors import StateOpsError, domain_errors, one_line
+from stateops.registry import Registry, load_registry
+from stateops.runner import checkpoint_state, run_registered_query, write_summary
+from stateops.times import parse_past_time
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -41,17 +43,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def preflight(args: argparse.Namespace) -> tuple[Registry, datetime | None]:
+    """The registry and the cutover; every refusal that needs no Spark (run before
+    spark-submit too): the registry and query, a cutover that is not a real past time, a
+    pending rollback, a damaged checkpoint."""
+    registry = load_registry(args.registry)
+    query = registry.query(args.query)
+    cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
+    refuse_pending_rollback(query.checkpoint)
+    checkpoint_state(query.checkpoint)
+    return registry, cutover
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        registry = load_registry(args.registry)
-        cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
-        summary = run_registered_query(
-            registry, args.query, mode=args.mode, run_id=args.run_id,
-            poll_seconds=args.poll_seconds, cutover=cutover,
-        )  # fmt: skip
+        with domain_errors():
+            registry, cutover = preflight(args)
+            summary = run_registered_query(
+                registry, args.query, mode=args.mode, run_id=args.run_id,
+                poll_seconds=args.poll_seconds, cutover=cutover,
+            )  # fmt: skip
     except StateOpsError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     write_summary(registry, summary, args.summary)
     print(json.dumps(summary))

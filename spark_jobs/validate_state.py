@@ -13,31 +13,54 @@ import argparse
 import json
 import sys
 
-from stateops.errors import StateOpsError
-from stateops.registry import load_registry
+from stateops.access import refuse_unwritable
+from stateops.audit import audit_dir
+from stateops.checkpoint import load_checkpoint
+from stateops.errors import StateOpsError, domain_errors, one_line
+from stateops.registry import Query, load_registry
 from stateops.verify import format_findings, verify_checkpoint
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="validate_state.py", description=__doc__.splitlines()[0])
     parser.add_argument("--query", required=True)
     parser.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     parser.add_argument("--registry")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        query = load_registry(args.registry).query(args.query)
-        files = verify_checkpoint(query.checkpoint)
-        if not files["ok"]:
-            print(format_findings(files), end="", file=sys.stderr)
-            raise StateOpsError(f"{query.checkpoint}: fails file-level verification; see above")
-        from stateops.expectations import format_validation, validate_state
-        from stateops.streaming import spark_session
+    return parser.parse_args(argv)
 
-        spark = spark_session(f"stateops-validate-{query.name}")
-        result = validate_state(spark, query, args.batch)
+
+def preflight(args: argparse.Namespace) -> Query:
+    """The query to validate; refuses without Spark (run before spark-submit too) a registry or
+    query that is not there, a checkpoint that fails file-level verification, and a batch that
+    is not committed."""
+    query = load_registry(args.registry).query(args.query)
+    files = verify_checkpoint(query.checkpoint)
+    if not files["ok"]:
+        print(format_findings(files), end="", file=sys.stderr)
+        raise StateOpsError(f"{query.checkpoint}: fails file-level verification; see above")
+    committed = files["last_committed_batch"]
+    if committed is None:
+        raise StateOpsError(f"{query.checkpoint}: no committed batch yet: no state to validate")
+    if args.batch is not None:
+        load_checkpoint(query.checkpoint).restart_files(args.batch)  # committed, files there
+    # Great Expectations keeps its context and Data Docs in the audit folder.
+    refuse_unwritable(f"validation of {query.name}", write=[audit_dir(query.checkpoint) / "gx"])
+    return query
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        with domain_errors():
+            query = preflight(args)
+            from stateops.expectations import format_validation, validate_state
+            from stateops.streaming import spark_session
+
+            spark = spark_session(f"stateops-validate-{query.name}")
+            result = validate_state(spark, query, args.batch)
     except StateOpsError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     print(
         json.dumps(result) if args.json else format_validation(result),

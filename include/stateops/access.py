@@ -17,7 +17,7 @@ from pathlib import Path
 
 from stateops.errors import PathError
 
-__all__ = ["refuse_unwritable", "write_problems"]
+__all__ = ["refuse_unreadable", "refuse_unwritable", "write_problems"]
 
 
 def _dir_writable(folder: Path) -> bool:
@@ -108,3 +108,15 @@ def refuse_unwritable(
         f"{what}: refused before changing anything: {path} is {why}{more}; make the checkpoint "
         "and its .audit folder writable (or run as their owner), then run again"
     )
+
+
+def refuse_unreadable(what: str, paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Raise :class:`PathError` (one line) when any of ``paths`` could not be read: checked
+    before work that reads them in another process (a Spark job) and would fail half-way."""
+    unreadable = [Path(p) for p in paths if not os.access(p, os.R_OK)]
+    if unreadable:
+        more = f" (and {len(unreadable) - 1} more files)" if len(unreadable) > 1 else ""
+        raise PathError(
+            f"{what}: {unreadable[0]} is not readable by this user{more}; run as a user who "
+            "may read the checkpoint, or change its permissions"
+        )

@@ -80,12 +80,19 @@ def plan_bootstrap(
     road, said = None, []
     if fmt == "checkpoint":
         cp = load_checkpoint(src)
+        if cp.last_committed_batch is None:
+            raise CheckpointError(
+                f"{src}: no committed batch yet: there is no state to carry over; run that "
+                "query first, or bootstrap from another state"
+            )
         road = choose_road(carry_over, transplant_refusals(cp, query), log=said.append)
     if fmt == "export" or road == "initial_state":
         if not query.initial_state.from_export:
             raise RegistryError(
                 f"query {name}: initial_state.from_export is not set in the registry"
             )
+    if fmt == "export":
+        _check_export(src, query)
     return {
         "query": name,
         "checkpoint": str(path),
@@ -100,6 +107,36 @@ def plan_bootstrap(
             registry.state_dir / "bootstrap" / "exports" / f"{name}-{uuid.uuid4().hex[:8]}"
         ),
     }
+
+
+def _check_export(source: Path, query: Query) -> None:
+    """What Spark would refuse later, checked before it starts: a readable manifest that
+    lists the variable ``initial_state.from_export`` reads, and that variable's folder."""
+    assert query.initial_state is not None
+    manifest_path = source / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        entries = manifest["entries"]
+        variables = {e["variable"]: e["path"] for e in entries}
+    except FileNotFoundError:
+        raise StateOpsError(
+            f"{source}: no {MANIFEST}, so not a state export (an incomplete one?); export "
+            "again with `stateops export`, or give --format"
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise StateOpsError(
+            f"{manifest_path}: not a state export manifest; export again with `stateops export`"
+        ) from None
+    variable = query.initial_state.from_export.get("variable")
+    if variable not in variables:
+        raise StateOpsError(
+            f"{source}: the export has no state variable {variable!r} (it has "
+            f"{', '.join(map(str, variables)) or 'none'}); export the query whose state this is"
+        )
+    if not isinstance(variables[variable], str) or not (source / variables[variable]).is_dir():
+        raise StateOpsError(
+            f"{source}: the folder of state variable {variable!r} is missing; export again"
+        )
 
 
 def _read_raw(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from stateops.audit import audit_dir, read_audit
 from stateops.bootstrap import FORMATS, plan_bootstrap
-from stateops.checkpoint import load_checkpoint
+from stateops.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.errors import RegistryError, StateOpsError, domain_errors, one_line
+from stateops.jobs import preflight_job
 from stateops.lock import force_release, read_hold, read_lock
 from stateops.registry import PROJECT_ROOT, load_registry
 from stateops.report import checkpoint_report, format_report
@@ -39,12 +40,15 @@ def _checkpoint_and_deltas(
 
 
 def _spark_submit(job: str, master: str, *args: str) -> int:
-    """Run ``spark_jobs/<job>`` through the venv's spark-submit; its exit code."""
+    """Run ``spark_jobs/<job>`` through the venv's spark-submit, once the job's checks that
+    need no Spark passed here (a refusal costs no JVM start); its exit code."""
+    application = PROJECT_ROOT / "spark_jobs" / job
+    preflight_job(application, args)
     cmd = [
         str(Path(sys.executable).with_name("spark-submit")),
         "--master", master,
         "--conf", "spark.ui.enabled=false",
-        str(PROJECT_ROOT / "spark_jobs" / job),
+        str(application),
         *args,
     ]  # fmt: skip
     return subprocess.run(cmd).returncode
@@ -92,8 +96,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
-    cp = load_checkpoint(path)  # bad input is a one-line error before a JVM starts
-    cp.restart_files(cp.last_committed_batch if args.batch is None else args.batch)
     batch = ["--batch", str(args.batch)] if args.batch is not None else []
     return _spark_submit(
         "export_state.py", args.master, "--checkpoint", str(path), "--out", args.out, *batch
@@ -222,10 +224,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             "give --backup-to s3://BUCKET/PREFIX (or --no-backup)"
         )
     sink = args.sink or (query.sink.path if query else None)
+    client = None if args.no_backup else _s3(args)  # bad S3 settings: refused before the lock
 
     def backup() -> str:
         _log(f"backup of {path} to {backup_to} before the rollback")
-        return backup_checkpoint(path, backup_to, _s3(args), log=_log)["backup_id"]
+        return backup_checkpoint(path, backup_to, client, log=_log)["backup_id"]
 
     lock = checkpoint_lock(path, registry, "rollback", new_run_id("rollback"))
     log = _log if args.json else print
@@ -340,8 +343,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
-    if not Path(path).is_dir() and not audit_dir(path).is_dir():
-        raise StateOpsError(f"{path}: no such checkpoint and no audit log beside it")
+    if not audit_dir(path).is_dir():  # a checkpoint restored elsewhere keeps its log here
+        require_checkpoint_dir(path)
     for record in read_audit(path):
         print(
             json.dumps(record, sort_keys=True)

@@ -9,18 +9,28 @@ partitioning or row order. Spark-side: PySpark is imported lazily.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateops.checkpoint import load_checkpoint
-from stateops.errors import CheckpointError
+from stateops.access import refuse_unreadable, refuse_unwritable
+from stateops.checkpoint import Checkpoint, load_checkpoint
+from stateops.errors import CheckpointError, StateOpsError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["MANIFEST", "export_state", "read_state_variable", "state_checksum", "state_reads"]
+__all__ = [
+    "MANIFEST",
+    "check_export",
+    "export_state",
+    "read_state_variable",
+    "state_checksum",
+    "state_reads",
+]
 
 MANIFEST = "manifest.json"
 
@@ -97,22 +107,41 @@ def read_state_variable(
     )
 
 
-def export_state(
-    spark: SparkSession, checkpoint: str, out: str | Path, batch: int | None = None
-) -> dict[str, Any]:
-    """Export the state after committed ``batch`` (default: the last) to ``out``; the manifest.
-
-    Refuses (before Spark reads anything) an uncommitted batch or a non-empty ``out``; the
-    manifest is written last, so an export without one is incomplete.
+def check_export(
+    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], batch: int | None = None
+) -> tuple[Checkpoint, int]:
+    """The checkpoint and the committed batch an export would read, or a one-line refusal:
+    everything an export checks without Spark (the CLI and the job run it before spark-submit).
     """
     cp = load_checkpoint(checkpoint)
     batch = cp.last_committed_batch if batch is None else batch
     if batch is None:
         raise CheckpointError(f"{checkpoint}: no committed batch yet: there is no state to export")
-    cp.restart_files(batch)  # the batch is committed and its state files are all there
+    files = cp.restart_files(batch)  # the batch is committed and its state files are all there
+    refuse_unreadable(f"export of {checkpoint}", [cp.root / rel for rel in files])
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    try:
+        is_dir = stat.S_ISDIR(out.stat().st_mode)
+    except FileNotFoundError:
+        is_dir = None  # a new folder; its parents are checked below
+    if is_dir is False:
+        raise StateOpsError(f"{out}: a file, not a folder; export into a new or empty folder")
+    if is_dir and any(out.iterdir()):
         raise CheckpointError(f"{out}: not empty; export into a new or empty folder")
+    refuse_unwritable(f"export to {out}", write=[out / MANIFEST])
+    return cp, batch
+
+
+def export_state(
+    spark: SparkSession, checkpoint: str, out: str | Path, batch: int | None = None
+) -> dict[str, Any]:
+    """Export the state after committed ``batch`` (default: the last) to ``out``; the manifest.
+
+    Refuses (before Spark reads anything, see :func:`check_export`) an uncommitted batch or a
+    non-empty ``out``; the manifest is written last, so an export without one is incomplete.
+    """
+    cp, batch = check_export(checkpoint, out, batch)
+    out = Path(out)
     entries = []
     for read in state_reads(spark, str(cp.root), batch):
         df = read_state_variable(spark, str(cp.root), batch, read).drop("partition_id")

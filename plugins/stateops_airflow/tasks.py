@@ -6,20 +6,27 @@ variable or Spark session is touched until a task runs.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from stateops.errors import LockHeldError, StateOpsError, domain_errors, one_line
+from stateops.jobs import preflight_job
 from stateops.registry import Registry, load_registry, registry_path
+from stateops.times import TIME_PATTERN  # a form's time field: real dates only
 from stateops.verify import error_summary, format_findings, verify_checkpoint
 
 __all__ = [
     "LIFECYCLE_DAG",
+    "StateOpsSparkSubmitOperator",
+    "one_line_errors",
     "airflow_s3_client",
     "backup_query",
     "dry_run_param",
@@ -41,8 +48,6 @@ __all__ = [
 ]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# A form's time field (what stateops.backfill.parse_time reads), to put after "^" in a pattern.
-TIME_PATTERN = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:\d{2})?$"
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
 
 # What every lifecycle DAG shares: no catch-up, one run at a time (runs of different DAGs on
@@ -52,6 +57,37 @@ LIFECYCLE_DAG: dict[str, Any] = {
     "catchup": False,
     "max_active_runs": 1,
 }
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """A task's work inside the library's error boundary (:func:`stateops.errors.domain_errors`):
+    bad input fails the task at once, without retries, with the one line the CLI would print;
+    a lock held by another operation fails it so that its retries wait for the lock."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            with domain_errors():
+                return func(*args, **kwargs)
+        except LockHeldError as err:
+            raise AirflowException(one_line(err)) from None
+        except StateOpsError as err:
+            raise AirflowFailException(one_line(err)) from None
+
+    return wrapper
+
+
+class StateOpsSparkSubmitOperator(SparkSubmitOperator):
+    """``spark-submit`` of a project job, after the job's own checks that need no Spark
+    (``preflight`` in the job file) passed on the rendered arguments: a refusal costs no JVM."""
+
+    def execute(self, context: Any) -> None:
+        one_line_errors(preflight_job)(self.application, self.application_args or [])
+        super().execute(context)
 
 
 def query_param(queries: list[str], description: str) -> Any:
@@ -113,9 +149,10 @@ def registered_queries(
 def spark_job_operator(
     task_id: str, job: str, args: list[str], registry: str | None = None, **kwargs: Any
 ) -> SparkSubmitOperator:
-    """``spark-submit spark_jobs/<job> --registry R [args...]`` on ``spark_default``; R is the
-    user's registry unless ``registry`` (templated) names another."""
-    return SparkSubmitOperator(
+    """``spark-submit spark_jobs/<job> --registry R [args...]`` on ``spark_default``, after the
+    job's checks that need no Spark; R is the user's registry unless ``registry`` (templated)
+    names another."""
+    return StateOpsSparkSubmitOperator(
         task_id=task_id,
         application=str(PROJECT_ROOT / "spark_jobs" / job),
         conn_id="spark_default",
@@ -135,6 +172,7 @@ def run_query_operator(
     return spark_job_operator(kwargs.pop("task_id", f"run_{query}"), "run_query.py", args, **kwargs)
 
 
+@one_line_errors
 def verify_state(query: str) -> dict[str, Any]:
     """File-level integrity of the query's checkpoint; raises (fails the task) on errors."""
     result = verify_checkpoint(load_registry().query(query).checkpoint)
@@ -147,6 +185,7 @@ def verify_state(query: str) -> dict[str, Any]:
     return result
 
 
+@one_line_errors
 def read_run_summary(query: str, run_id: str) -> dict[str, Any]:
     """The summary ``run_query.py`` wrote for this run; fails if it is from another run."""
     from stateops.runner import read_summary
@@ -182,6 +221,7 @@ def committed_checkpoint(registry: Registry, query: str) -> str:
     return checkpoint
 
 
+@one_line_errors
 def backup_query(query: str) -> dict[str, Any]:
     """Back up the query's checkpoint to ``<backups.url>/<query>``, then apply retention."""
     from stateops.backup import backup_checkpoint, prune_backups
@@ -201,6 +241,7 @@ def backup_query(query: str) -> dict[str, Any]:
     return {k: v for k, v in manifest.items() if k != "files"} | {"retention": retention}
 
 
+@one_line_errors
 def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
     plan first, then the deletions under the query's lock (a running query holds it)."""
@@ -213,6 +254,7 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 
+@one_line_errors
 def plan_restore(query: str, backup_id: str, target: str | None) -> dict[str, Any]:
     """Which backup a restore of ``query`` would use (``latest`` resolves), and where to."""
     from stateops.backup import list_backups
@@ -240,6 +282,7 @@ def plan_restore(query: str, backup_id: str, target: str | None) -> dict[str, An
     }
 
 
+@one_line_errors
 def restore_query(plan: dict[str, Any], replace: bool, run_id: str) -> dict[str, Any]:
     """Restore under the query's lock when the target is its checkpoint (a run must not race)."""
     from contextlib import nullcontext
@@ -258,6 +301,7 @@ def restore_query(plan: dict[str, Any], replace: bool, run_id: str) -> dict[str,
         return restore_backup(plan["url"], plan["target"], client, replace=replace, log=print)
 
 
+@one_line_errors
 def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
     """The backfill's rollback point, its rollback plan and the registry to reprocess with."""
     from stateops.backfill import last_batch_before, parse_time, registry_with_overrides
@@ -273,7 +317,7 @@ def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
             + ("both" if before else "neither")
         )
     if to_batch is None:
-        to_batch = last_batch_before(query.checkpoint, parse_time(before))
+        to_batch = last_batch_before(query.checkpoint, parse_time(before, "input_before"))
         print(f"the last batch whose input is older than {before}: {to_batch}")
     plan = plan_rollback(query.checkpoint, to_batch)
     plan.update(
@@ -301,6 +345,7 @@ def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
     }
 
 
+@one_line_errors
 def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
     """Backup to the registry's backup location, then the rollback, under the query's lock."""
     from stateops.backup import backup_checkpoint
@@ -321,6 +366,7 @@ def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
 
 
+@one_line_errors
 def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str, Any]:
     """What the reprocessing changed in the output of the batches after the rollback point."""
     from stateops.backfill import diff_output
