@@ -1,0 +1,146 @@
+"""The Airflow side of one-line refusals: the trigger forms refuse impossible times, the Spark
+operator runs the job's preflight before spark-submit, and task helpers fail in one line
+(without retries) through the library's error boundary. No JVM starts in this file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, write_registry
+
+pytestmark = pytest.mark.dag
+
+IMPOSSIBLE = [
+    "2026-13-01T03:00:00Z",  # month 13
+    "2026-02-30T03:00:00Z",  # February 30
+    "2027-02-29T03:00",  # not a leap year
+    "2026-11-21T25:00:00Z",  # hour 25
+    "2026-11-21T03:60",
+    "2026-04-31 03:00",
+]
+REAL = ["2026-11-21T03:00:00Z", "2028-02-29 03:00", "2026-11-21T04:00:00+01:00"]
+FORM_TIMES = [("stream_backfill", "input_before"), ("stream_source_migration", "cutover")]
+
+
+@pytest.fixture(scope="module")
+def dagbag(tmp_path_factory):
+    from airflow.dag_processing.dagbag import DagBag
+
+    registry = write_registry(tmp_path_factory.mktemp("dagbag"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STATEOPS_REGISTRY", str(registry))
+        yield DagBag(dag_folder=str(ROOT / "dags"))
+
+
+@pytest.mark.parametrize(("dag_id", "field"), FORM_TIMES)
+@pytest.mark.parametrize("value", IMPOSSIBLE)
+def test_the_form_refuses_an_impossible_time(dagbag, dag_id, field, value):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    with pytest.raises(ParamValidationError):
+        dagbag.dags[dag_id].params.get_param(field).resolve(value)
+
+
+@pytest.mark.parametrize(("dag_id", "field"), FORM_TIMES)
+@pytest.mark.parametrize("value", REAL)
+def test_the_form_takes_a_real_time(dagbag, dag_id, field, value):
+    assert dagbag.dags[dag_id].params.get_param(field).resolve(value) == value
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch) -> Path:
+    path = write_registry(tmp_path / "data")
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(path))
+    return path
+
+
+def _one_line(err: BaseException, *needles: str) -> None:
+    message = str(err)
+    assert "\n" not in message, message
+    for needle in needles:
+        assert needle in message, message
+
+
+@pytest.mark.parametrize("value", IMPOSSIBLE[:4])
+def test_the_backfill_plan_task_parses_the_time_for_real(registry, value):
+    """A run triggered with conf that bypassed the form still stops at its first task."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops_airflow.tasks import plan_backfill
+
+    params = {"query": "page_visits", "to_batch": None, "input_before": value, "dry_run": True}
+    with pytest.raises(AirflowFailException) as failed:
+        plan_backfill(params, "manual__1")
+    _one_line(failed.value, f"input_before {value!r} is not a real time")
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "says"),
+    [
+        ("loop", "symbolic link loop"),
+        ("x" * 300, "longer than the file system allows"),
+        ("a-file", "a file, not a checkpoint directory"),
+        ("a-file/ckpt", "not a folder"),
+    ],
+)
+def test_a_task_helper_fails_in_one_line_through_the_boundary(tmp_path, monkeypatch, checkpoint,
+                                                              says):  # fmt: skip
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops_airflow.tasks import verify_state
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "a-file").write_text("not a checkpoint\n")
+    registry = write_registry(tmp_path / "data",
+                              page_visits={"checkpoint": str(tmp_path / checkpoint)})  # fmt: skip
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
+    with pytest.raises(AirflowFailException) as failed:
+        verify_state("page_visits")
+    _one_line(failed.value, says)
+
+
+def test_a_malformed_registry_fails_a_task_in_one_line_with_file_and_line(tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops_airflow.tasks import read_run_summary
+
+    bad = tmp_path / "registry.yaml"
+    bad.write_text("queries:\n  page_visits:\n    source: [json, x\n    sink: y\n")
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(bad))
+    with pytest.raises(AirflowFailException) as failed:
+        read_run_summary("page_visits", "manual__1")
+    _one_line(failed.value, f"{bad}:4:", "not valid YAML", "fix line 4")
+
+
+@pytest.mark.parametrize(
+    ("job", "args", "says"),
+    [
+        ("export_state.py", ["--checkpoint", "{tmp}/missing", "--out", "{tmp}/out"],
+         "no such directory"),
+        ("export_state.py", ["--checkpoint", "{tmp}/loop", "--out", "{tmp}/out"],
+         "symbolic link loop"),
+        ("validate_state.py", ["--query", "no_such_query"], "no_such_query"),
+        ("bootstrap_state.py", ["--query", "page_visits", "--initial-state", "{tmp}/missing"],
+         "no such initial state"),
+        ("run_query.py", ["--query", "page_visits", "--cutover", "2026-02-30T03:00:00Z"],
+         "cutover '2026-02-30T03:00:00Z' is not a real time"),
+    ],
+)  # fmt: skip
+def test_the_spark_operator_refuses_before_spark_submit(tmp_path, registry, job, args, says):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops_airflow.tasks import spark_job_operator
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    operator = spark_job_operator("job", job, [a.format(tmp=tmp_path) for a in args],
+                                  registry=str(registry))  # fmt: skip
+    started = time.monotonic()
+    # Were spark-submit reached, the job would refuse after a JVM start (10-15 s) and the hook
+    # raise a plain AirflowException (retried): both the type and the time tell.
+    with pytest.raises(AirflowFailException) as failed:
+        operator.execute({})
+    assert time.monotonic() - started < 8
+    _one_line(failed.value, says)

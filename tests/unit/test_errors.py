@@ -1,0 +1,111 @@
+"""The error boundary on real operating-system errors, the registry's YAML errors and the S3
+endpoint check: one line naming the path or file and what to do; a bug keeps its traceback."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from stateops.errors import PathError, RegistryError, StateOpsError, domain_errors
+from stateops.registry import load_registry
+from stateops.s3 import S3Settings, s3_client
+
+pytestmark = pytest.mark.unit
+
+
+def _raised_by(action) -> BaseException:
+    try:
+        action()
+    except BaseException as err:  # noqa: BLE001 -- the test inspects whatever it was
+        return err
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [
+        ("loop", "a symbolic link loop"),
+        ("too long", "a name longer than the file system allows; use a shorter path"),
+        ("below a file", "not a folder"),
+        ("a folder opened as a file", "a folder where a file is expected"),
+        ("missing", "no such file or folder"),
+        ("resolve loop", "a symbolic link loop"),  # pathlib < 3.13: a RuntimeError
+    ],
+)
+def test_os_faults_become_one_line_naming_the_path(tmp_path, fault, says):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "file").write_text("x")
+    path = {
+        "loop": tmp_path / "loop" / "x",
+        "too long": tmp_path / ("n" * 300),
+        "below a file": tmp_path / "file" / "x",
+        "a folder opened as a file": tmp_path,
+        "missing": tmp_path / "missing",
+        "resolve loop": tmp_path / "loop",
+    }[fault]
+    action = (lambda: path.resolve()) if fault == "resolve loop" else (lambda: path.read_text())
+    original = _raised_by(action)
+    with pytest.raises(PathError) as refused, domain_errors():
+        action()
+    message = str(refused.value)
+    assert message.startswith(str(path)), message
+    assert says in message and "\n" not in message and "; " in message
+    assert type(refused.value.__cause__) is type(original)  # kept for a debugger
+
+
+def test_a_read_only_file_system_and_a_permission_fault_say_what_to_do(tmp_path):
+    for code, says in [(errno.EROFS, "read-only file system"), (errno.EACCES, "permission")]:
+        with pytest.raises(PathError, match=says) as refused, domain_errors():
+            raise OSError(code, os.strerror(code), str(tmp_path / "ckpt" / "commits" / "3"))
+        assert str(tmp_path / "ckpt" / "commits" / "3") in str(refused.value)
+
+
+def test_a_bug_keeps_its_traceback_and_domain_errors_pass_unchanged():
+    with pytest.raises(KeyError), domain_errors():
+        {}["missing"]
+    with pytest.raises(TypeError), domain_errors():
+        Path(7)  # type: ignore[arg-type]
+    original = StateOpsError("x: refused; do y")
+    with pytest.raises(StateOpsError) as refused, domain_errors():
+        raise original
+    assert refused.value is original
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "problem"),
+    [
+        ("queries:\n  a:\n    source: [1, 2\n    x: y\n", 4, "expected ',' or ']'"),
+        ("queries:\n  a: {b: 1\n", 3, "expected ',' or '}'"),
+        ("queries:\n\tfoo: 1\n", 2, "found character '\\t' that cannot start any token"),
+        ('queries:\n  a: "x\n', 3, "found unexpected end of stream"),
+        ("a: b: c\n", 1, "mapping values are not allowed here"),
+        ("q: &x 1\nr: *y\n", 2, "found undefined alias 'y'"),
+    ],
+)
+def test_a_malformed_registry_is_one_line_with_file_line_and_what_to_do(
+    tmp_path, text, line, problem
+):
+    path = tmp_path / "registry.yaml"
+    path.write_text(text)
+    with pytest.raises(RegistryError) as refused:
+        load_registry(path)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{path}:{line}:")
+    assert problem in message and message.endswith(f"fix line {line} of the registry")
+    assert "<unicode string>" not in message and "^" not in message
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["not a url", "localhost:9000", "http://", "http://[::1", "ftp://h", "http://h:x"]
+)
+def test_an_endpoint_that_is_not_a_url_is_refused_naming_the_setting(endpoint):
+    with pytest.raises(StateOpsError, match="is not a URL; set STATEOPS_S3_ENDPOINT_URL"):
+        s3_client(S3Settings(endpoint, "us-east-1", "key", "secret"))
+
+
+@pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:9000", "https://s3.example.com"])
+def test_a_real_endpoint_or_none_makes_a_client(endpoint):
+    assert s3_client(S3Settings(endpoint, "us-east-1", "key", "secret")) is not None
