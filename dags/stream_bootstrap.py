@@ -37,6 +37,7 @@ from stateops_airflow.tasks import (
     carry_over_param,
     dry_run_param,
     not_a_dry_run,
+    one_line_errors,
     query_param,
     read_run_summary,
     registered_queries,
@@ -83,6 +84,7 @@ QUERIES = registered_queries(with_initial_state=True)
 )
 def stream_bootstrap() -> None:
     @task
+    @one_line_errors
     def plan() -> dict:
         from stateops.bootstrap import plan_bootstrap
         from stateops.registry import load_registry

@@ -59,6 +59,7 @@ from stateops_airflow.tasks import (
     dry_run_param,
     inject_fault,
     not_a_dry_run,
+    one_line_errors,
     query_param,
     registered_queries,
     spark_job_operator,
@@ -143,6 +144,7 @@ def _road(carry_over: dict) -> str:
 )
 def stream_source_migration() -> None:
     @task
+    @one_line_errors
     def preflight() -> dict:
         from stateops.migration import plan_migration, prepare_migration
         from stateops.registry import load_registry
@@ -178,6 +180,7 @@ def stream_source_migration() -> None:
         return plan
 
     @task
+    @one_line_errors
     def stop_query(plan: dict) -> None:
         from stateops.migration import prepare_migration, stop_running_query
         from stateops.registry import load_registry
@@ -193,6 +196,7 @@ def stream_source_migration() -> None:
     )  # fmt: skip
 
     @task
+    @one_line_errors
     def backup(plan: dict) -> dict:
         from stateops.backup import backup_checkpoint
         from stateops.migration import prepare_migration, settle_migration
@@ -217,6 +221,7 @@ def stream_source_migration() -> None:
         return "transplant" if settled["road"] == "transplant" else "export"
 
     @task
+    @one_line_errors
     def transplant(plan: dict, settled: dict) -> dict:
         from stateops.migration import prepare_migration, transplant_for_migration
         from stateops.registry import load_registry
@@ -248,6 +253,7 @@ def stream_source_migration() -> None:
     )  # fmt: skip
 
     @task(trigger_rule="none_failed_min_one_success")  # after either road
+    @one_line_errors
     def prove(plan: dict) -> dict:
         from stateops.migration import check_carry_over, prepare_migration
         from stateops.registry import load_registry
@@ -264,6 +270,7 @@ def stream_source_migration() -> None:
     )  # fmt: skip
 
     @task
+    @one_line_errors
     def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
         from stateops.migration import prepare_migration, switch_query
         from stateops.registry import load_registry
