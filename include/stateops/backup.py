@@ -8,7 +8,8 @@ Bucket layout under ``s3://BUCKET/PREFIX``::
 A backup holds exactly the files a restart after a committed batch needs (the checkpoint
 model's restart set). Files of a committed batch do not change, so a backup can run while the
 query does; a file that Spark's maintenance deletes during the copy makes the backup start
-over on the newest committed batch, reusing every object already uploaded.
+over on the newest committed batch, reusing every object already uploaded. Restoring one:
+:mod:`stateops.restore`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,16 +25,22 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from stateops.audit import append_audit
-from stateops.checkpoint import load_checkpoint, relocate_checkpoint
+from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.s3 import S3Location, parse_s3_url, s3_error
 
 __all__ = [
     "backup_checkpoint",
+    "file_sha256",
+    "find_manifest",
     "list_backups",
     "prune_backups",
+    "read_manifest",
+    "read_manifests",
     "restore_backup",
     "safe_relative_path",
+    "split_backup_url",
+    "transfer_manager",
     "verify_backup",
 ]
 
@@ -50,7 +56,7 @@ def _digest(stream: Any) -> str:
     return digest.hexdigest()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     with path.open("rb") as f:
         return _digest(f)
 
@@ -74,7 +80,7 @@ def _name(obj: dict[str, Any]) -> str:
     return obj["Key"].rpartition("/")[2]
 
 
-def _transfer(client: Any, workers: int) -> Any:
+def transfer_manager(client: Any, workers: int) -> Any:
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
     config = TransferConfig(max_concurrency=workers, multipart_threshold=64 << 20)
@@ -115,7 +121,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
 
     started = time.time()
     files = [
-        {"path": rel, "size": (cp.root / rel).stat().st_size, "sha256": _sha256(cp.root / rel)}
+        {"path": rel, "size": (cp.root / rel).stat().st_size, "sha256": file_sha256(cp.root / rel)}
         for rel in cp.restart_files(n)
     ]
     total = sum(f["size"] for f in files)
@@ -130,7 +136,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
             if (f["sha256"], f["size"]) not in existing:
                 todo.setdefault(f["sha256"], f)
         uploaded = sum(f["size"] for f in todo.values())
-        manager = _transfer(client, workers)
+        manager = transfer_manager(client, workers)
         with manager:
             futures = [
                 (manager.upload(str(cp.root / f["path"]), loc.bucket, loc.key("objects", sha)), f)
@@ -177,18 +183,29 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
     return manifest
 
 
-def _split_backup_url(url: str) -> tuple[S3Location, str]:
+def split_backup_url(url: str) -> tuple[S3Location, str]:
+    """(where the backups are, the backup id or ``latest``) of ``s3://BUCKET/PREFIX/BACKUP_ID``."""
     loc = parse_s3_url(url)
     prefix, _, backup_id = loc.prefix.rpartition("/")
-    if not backup_id.startswith("b-"):
+    if backup_id != "latest" and not backup_id.startswith("b-"):
         raise StateOpsError(
-            f"{url}: no backup id at the end; use s3://BUCKET/PREFIX/BACKUP_ID "
+            f"{url}: no backup id at the end; use s3://BUCKET/PREFIX/BACKUP_ID or .../latest "
             "(see `stateops backups list s3://BUCKET/PREFIX`)"
         )
     return S3Location(loc.bucket, prefix), backup_id
 
 
-def _manifest(client: Any, loc: S3Location, backup_id: str) -> dict[str, Any]:
+def find_manifest(client: Any, loc: S3Location, backup_id: str) -> dict[str, Any]:
+    """The manifest of backup ``backup_id`` under ``loc``, or of the newest for ``latest``."""
+    if backup_id != "latest":
+        return read_manifest(client, loc, backup_id)
+    manifests = read_manifests(client, loc)
+    if not manifests:
+        raise StateOpsError(f"no backups under {loc}; back the query up first (stateops backup)")
+    return manifests[-1]
+
+
+def read_manifest(client: Any, loc: S3Location, backup_id: str) -> dict[str, Any]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     key = loc.key("manifests", f"{backup_id}.json")
@@ -235,83 +252,19 @@ def restore_backup(
     client: Any,
     *,
     replace: bool = False,
+    allow_other_query: bool = False,
     workers: int = 8,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Restore backup ``url`` into ``to`` (new or empty; or ``replace``: the old one moved aside).
+    """Restore backup ``url`` into ``to``: :func:`stateops.restore.plan_restore` and
+    :func:`stateops.restore.execute_restore` without a registry (so without a query's lock)."""
+    from stateops.restore import execute_restore, plan_restore
 
-    Downloads into a sibling staging folder, checks every file's sha256, points the metadata
-    at the new location and runs the file-level verifier; only then does the folder take the
-    target's place. On any failure the staging folder is removed and ``to`` is untouched.
-    """
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from stateops.verify import verify_checkpoint
-
-    loc, backup_id = _split_backup_url(url)
-    target = Path(to).absolute()
-    if target.exists() and any(target.iterdir()) and not replace:
-        raise StateOpsError(
-            f"{target}: not empty; restore into a new folder, or pass --replace to move it aside"
-        )
-    manifest = _manifest(client, loc, backup_id)
-    paths = [(safe_relative_path(f["path"]), f) for f in manifest["files"]]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    staging = target.with_name(f"{target.name}.restoring-{stamp}")
-    log(f"restore {backup_id}: batch {manifest['batch_id']}, {len(paths)} files to {target}")
-    try:
-        manager = _transfer(client, workers)
-        with manager:
-            futures = []
-            for rel, f in paths:
-                dest = staging / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                key = loc.key("objects", f["sha256"])
-                futures.append((manager.download(loc.bucket, key, str(dest)), dest, key, f))
-            for future, _, key, _ in futures:
-                try:
-                    future.result()
-                except (BotoCoreError, ClientError) as err:
-                    raise s3_error(err, f"download s3://{loc.bucket}/{key}") from None
-        for _, dest, key, f in futures:
-            if _sha256(dest) != f["sha256"]:
-                raise StateOpsError(
-                    f"s3://{loc.bucket}/{key} is corrupt: its content does not match the sha256 "
-                    f"of {f['path']} in the manifest; restore an older backup"
-                )
-        relocate_checkpoint(staging, location=target)
-        result = verify_checkpoint(staging)
-        if not result["ok"]:
-            first = next(f for f in result["findings"] if f["severity"] == "error")
-            raise StateOpsError(
-                f"restored checkpoint fails verification: {first['path']}: {first['problem']}"
-            )
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    aside = None
-    if target.exists() and any(target.iterdir()):
-        aside = target.with_name(f"{target.name}.replaced-{stamp}")
-        target.rename(aside)
-    elif target.exists():
-        target.rmdir()
-    staging.rename(target)
-    append_audit(
-        target, "restore", run_id=backup_id, result="succeeded",
-        batch_after=manifest["batch_id"], backup=url, restored_from=manifest["source"],
-    )  # fmt: skip
-    log(f"restore {backup_id}: done; batch {manifest['batch_id']} is the last committed batch")
-    return {
-        "backup_id": backup_id,
-        "batch_id": manifest["batch_id"],
-        "files": len(paths),
-        "bytes": manifest["bytes"],
-        "target": str(target),
-        "moved_aside": str(aside) if aside else None,
-    }
+    plan = plan_restore(url, client, to=to, replace=replace, allow_other_query=allow_other_query)
+    return execute_restore(plan, client, workers=workers, log=log)
 
 
-def _manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
+def read_manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
     """Every backup manifest under ``loc``, oldest first."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -319,7 +272,7 @@ def _manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
         ids = [_name(obj).removesuffix(".json") for obj in _listing(client, loc, "manifests")]
     except (BotoCoreError, ClientError) as err:
         raise s3_error(err, f"list {loc}") from None
-    manifests = [_manifest(client, loc, backup_id) for backup_id in ids]
+    manifests = [read_manifest(client, loc, backup_id) for backup_id in ids]
     return sorted(manifests, key=lambda m: (m["created_at"], m["backup_id"]))
 
 
@@ -328,7 +281,7 @@ def list_backups(url: str, client: Any) -> list[dict[str, Any]]:
     return [
         {k: m[k] for k in ("backup_id", "batch_id", "created_at", "bytes", "query_id")}
         | {"files": len(m["files"])}
-        for m in _manifests(client, parse_s3_url(url))
+        for m in read_manifests(client, parse_s3_url(url))
     ]
 
 
@@ -336,8 +289,8 @@ def verify_backup(url: str, client: Any) -> dict[str, Any]:
     """Check every object a backup names: present, and its sha256 as the manifest says."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    loc, backup_id = _split_backup_url(url)
-    manifest = _manifest(client, loc, backup_id)
+    loc, backup_id = split_backup_url(url)
+    manifest = find_manifest(client, loc, backup_id)
     problems = []
     for sha in sorted({f["sha256"] for f in manifest["files"]}):
         key = loc.key("objects", sha)
@@ -348,7 +301,8 @@ def verify_backup(url: str, client: Any) -> dict[str, Any]:
             problems.append(f"s3://{loc.bucket}/{key}: {s3_error(err, 'get')}")
         except BotoCoreError as err:
             raise s3_error(err, f"verify {url}") from None
-    return {"backup_id": backup_id, "objects": len({f["sha256"] for f in manifest["files"]}),
+    return {"backup_id": manifest["backup_id"],
+            "objects": len({f["sha256"] for f in manifest["files"]}),
             "ok": not problems, "problems": problems}  # fmt: skip
 
 
@@ -387,7 +341,7 @@ def prune_backups(
         raise StateOpsError("--keep-last must be at least 1: the newest backup is always kept")
     loc = parse_s3_url(url)
     now = now or datetime.now(UTC)
-    backups = _manifests(client, loc)
+    backups = read_manifests(client, loc)
     keep = {b["backup_id"] for b in backups[-(keep_last or 1) :]}
     if max_age is not None:
         oldest = now.timestamp() - _age_seconds(max_age)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from stateops.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.errors import RegistryError, StateOpsError, domain_errors, one_line
 from stateops.jobs import preflight_job
 from stateops.lock import force_release, read_hold, read_lock
-from stateops.registry import PROJECT_ROOT, load_registry
+from stateops.registry import PROJECT_ROOT, load_registry, registry_path
 from stateops.report import checkpoint_report, format_report
 from stateops.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.status import format_status, query_status
@@ -151,9 +152,25 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from stateops.backup import restore_backup
+    from stateops.cleanup import new_run_id
+    from stateops.restore import execute_restore, format_restore_plan, plan_restore
 
-    print(json.dumps(restore_backup(args.url, args.to, _s3(args), replace=args.replace, log=_log)))
+    # With a URL the registry only says whose checkpoint the target is (whose lock to take):
+    # none to read, no lock; one that cannot be read is an error, not a silent "no lock".
+    with_registry = not args.source.startswith("s3://") or registry_path(args.registry).exists()
+    registry = load_registry(args.registry) if with_registry else None
+    client = _s3(args)
+    plan = plan_restore(
+        args.source, client, backup=args.backup, to=args.to, registry=registry,
+        replace=args.replace, allow_other_query=args.allow_other_query,
+    )  # fmt: skip
+    _log(format_restore_plan(plan, color=sys.stderr.isatty() and "NO_COLOR" not in os.environ))
+    if args.dry_run:
+        _log("dry run: nothing changed")
+        print(json.dumps(plan))
+        return 0
+    run_id = new_run_id("restore")
+    print(json.dumps(execute_restore(plan, client, registry=registry, run_id=run_id, log=_log)))
     return 0
 
 
@@ -446,10 +463,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     p.set_defaults(func=cmd_backup)
 
-    p = sub.add_parser("restore", parents=[s3_conn], help="restore a backup into a new folder")
-    p.add_argument("url", help="s3://BUCKET/PREFIX/BACKUP_ID")
-    p.add_argument("--to", required=True, help="a new or empty folder")
+    p = sub.add_parser(
+        "restore", parents=[s3_conn],
+        help="restore a backup: into a new folder, or over a query's checkpoint under its lock",
+    )  # fmt: skip
+    p.add_argument(
+        "source", help="s3://BUCKET/PREFIX/BACKUP_ID (or .../latest), or a registered query's name"
+    )
+    p.add_argument(
+        "backup", nargs="?", help="after a query's name: a backup id, or latest (the default)"
+    )
+    p.add_argument("--to", help="target folder (default for a query: its checkpoint)")
     p.add_argument("--replace", action="store_true", help="move a non-empty target aside")
+    p.add_argument(
+        "--allow-other-query", action="store_true",
+        help="allow a backup of another query (another query id) over the target's state",
+    )  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser(
