@@ -4,13 +4,22 @@
 Restores a checkpoint backup made by `stream_checkpoint_backup` (or `stateops backup`). Trigger
 it with the form; **dry run** (on by default) only prints the plan.
 
+The plan and the restore are the library's (`stateops.restore`), the same as
+`stateops restore QUERY [BACKUP_ID]`, so both refuse the same things in the same words. Bad
+input fails a task in one line, without retries.
+
 1. `plan`: finds the backup (`latest`, or a backup id from `stateops backups list`) under the
-   registry's `backups.url`/QUERY and says where it would go and whether that folder is in use.
-2. `restore`: downloads into a staging folder beside the target, checks every file's sha256,
-   points the state metadata at the new location and runs the file-level verifier; only then
-   does it take the target's place. A non-empty target is refused unless **Replace** is on, and
-   then it is moved aside (`<target>.replaced-<time>`), never deleted. Restoring over the
-   query's own checkpoint takes the query's lifecycle lock, so it cannot race a run.
+   registry's `backups.url`/QUERY, says where it would go and what that folder holds, and
+   refuses what the restore must not do: a target that holds **another query's state** (its
+   query id is not the backup's) unless **Allow another query's backup** is on (then the plan
+   marks it in red), and a non-empty target unless **Replace** is on. A target that already
+   holds exactly this backup is reported as restored.
+2. `restore`: restoring over a registered query's checkpoint takes that query's lifecycle lock
+   (a run or another operation holding it: refused, naming the holder, and retried once), and
+   decides again under it. It downloads into a staging folder beside the target (removing those
+   of killed restores), checks every file's sha256, points the state metadata at the new
+   location and runs the file-level verifier; only then does it swap it in. The old target is
+   moved aside (`<target>.replaced-<time>`), never deleted.
 3. `verify_state`: file-level integrity of the query's checkpoint (when that was the target).
 """
 
@@ -62,6 +71,13 @@ QUERIES = registered_queries()
             title="Replace",
             description="Move a non-empty target aside (never deleted) instead of refusing.",
         ),
+        "allow_other_query": Param(
+            False,
+            type="boolean",
+            title="Allow another query's backup",
+            description="Restore a backup of another query (another query id) over the "
+            "target's state instead of refusing; the plan marks it in red.",
+        ),
         "dry_run": dry_run_param("Only print the plan."),
     },
 )
@@ -69,31 +85,22 @@ def stream_restore() -> None:
     @task
     def plan() -> dict:
         params = get_current_context()["params"]
-        result = plan_restore(params["query"], params["backup_id"], params["target"])
-        b = result["backup"]
-        verb = "DRY RUN: would restore" if params["dry_run"] else "restoring"
-        print(
-            f"{verb} {b['backup_id']} (batch {b['batch_id']}, {b['files']} files, "
-            f"{b['bytes']} bytes, {b['created_at']}) into {result['target']}"
-        )
-        if result["target_in_use"]:
-            print(
-                "the target is not empty: "
-                + ("it will be moved aside" if params["replace"] else "refused without Replace")
-            )
-        return result
+        return plan_restore(
+            params["query"], params["backup_id"], params["target"],
+            replace=params["replace"], allow_other_query=params["allow_other_query"],
+            dry_run=params["dry_run"],
+        )  # fmt: skip
 
     @task
     def restore(plan: dict) -> dict:
-        context = get_current_context()
-        return restore_query(plan, context["params"]["replace"], context["run_id"])
+        return restore_query(plan, get_current_context()["run_id"])
 
     @task(task_id="verify_state")
     def verify(plan: dict) -> dict | None:
-        if not plan["is_query_checkpoint"]:
+        if plan["owner"] is None:
             print(f"restored into {plan['target']}; verified by the restore itself")
             return None
-        return verify_state(plan["query"])
+        return verify_state(plan["owner"])
 
     planned = plan()
     restored = restore(planned)

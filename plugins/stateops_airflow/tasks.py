@@ -255,50 +255,40 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
 
 
 @one_line_errors
-def plan_restore(query: str, backup_id: str, target: str | None) -> dict[str, Any]:
-    """Which backup a restore of ``query`` would use (``latest`` resolves), and where to."""
-    from stateops.backup import list_backups
-    from stateops.errors import StateOpsError
+def plan_restore(
+    query: str,
+    backup_id: str,
+    target: str | None,
+    *,
+    replace: bool = False,
+    allow_other_query: bool = False,
+    dry_run: bool = True,
+) -> dict[str, Any]:
+    """``stateops.restore.plan_restore`` for the form (``latest`` resolves), printed."""
+    from stateops.restore import format_restore_plan
+    from stateops.restore import plan_restore as plan
 
     registry = load_registry()
-    url = registry.backups.url_for(query)
-    backups = list_backups(url, airflow_s3_client(registry.backups.conn_id))
-    if not backups:
-        raise StateOpsError(f"{query}: no backups under {url}")
-    chosen = backups[-1] if backup_id == "latest" else None
-    chosen = chosen or next((b for b in backups if b["backup_id"] == backup_id), None)
-    if chosen is None:
-        known = ", ".join(b["backup_id"] for b in backups[-5:])
-        raise StateOpsError(f"{query}: no backup {backup_id!r} under {url} (latest: {known})")
-    path = Path(target or registry.query(query).checkpoint)
-    occupied = path.exists() and any(path.iterdir())
-    return {
-        "query": query,
-        "url": f"{url}/{chosen['backup_id']}",
-        "backup": chosen,
-        "target": str(path),
-        "target_in_use": occupied,
-        "is_query_checkpoint": str(path) == registry.query(query).checkpoint,
-    }
+    result = plan(
+        query, airflow_s3_client(registry.backups.conn_id), backup=backup_id, to=target or None,
+        registry=registry, replace=replace, allow_other_query=allow_other_query,
+    )  # fmt: skip
+    verb = "DRY RUN: would restore" if dry_run else "restoring"
+    print(f"{verb} {result['backup']['backup_id']} into {result['target']}")
+    # Airflow's log view shows ANSI colours: another query's state is marked in red.
+    print(format_restore_plan(result, color=True))
+    return result
 
 
 @one_line_errors
-def restore_query(plan: dict[str, Any], replace: bool, run_id: str) -> dict[str, Any]:
-    """Restore under the query's lock when the target is its checkpoint (a run must not race)."""
-    from contextlib import nullcontext
-
-    from stateops.backup import restore_backup
-    from stateops.lock import QueryLock
+def restore_query(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """``stateops.restore.execute_restore``: under the lock of the query whose checkpoint the
+    target is, deciding again on what the target holds now."""
+    from stateops.restore import execute_restore
 
     registry = load_registry()
-    lock = (
-        QueryLock(registry.lock_path(plan["query"]), plan["query"], "restore", run_id)
-        if plan["is_query_checkpoint"]
-        else nullcontext()
-    )
-    with lock:
-        client = airflow_s3_client(registry.backups.conn_id)
-        return restore_backup(plan["url"], plan["target"], client, replace=replace, log=print)
+    client = airflow_s3_client(registry.backups.conn_id)
+    return execute_restore(plan, client, registry=registry, run_id=run_id, log=print)
 
 
 @one_line_errors

@@ -125,6 +125,7 @@ def test_stream_restore_form_and_order(dagbag):
     assert dag.schedule is None
     params = dag.params
     assert params["dry_run"] is True and params["backup_id"] == "latest"
+    assert params["replace"] is False and params["allow_other_query"] is False
     assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
     order = [("plan", "not_a_dry_run"), ("not_a_dry_run", "restore"), ("restore", "verify_state")]
     for upstream, downstream in order:

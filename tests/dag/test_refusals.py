@@ -144,3 +144,28 @@ def test_the_spark_operator_refuses_before_spark_submit(tmp_path, registry, job,
         operator.execute({})
     assert time.monotonic() - started < 8
     _one_line(failed.value, says)
+
+
+def test_a_restore_over_a_locked_query_is_retried_and_a_bad_target_fails_for_good(
+    tmp_path, registry, monkeypatch
+):
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from stateops.lock import QueryLock
+    from stateops.registry import load_registry
+    from stateops_airflow import tasks
+
+    # Both refusals come before S3 is asked: no connection, no endpoint.
+    monkeypatch.setattr(tasks, "airflow_s3_client", lambda conn_id: None)
+    loaded = load_registry(registry)
+    plan = {"target": loaded.query("page_visits").checkpoint}
+    with QueryLock(loaded.lock_path("page_visits"), "page_visits", "run", run_id="run-1"):
+        with pytest.raises(AirflowException) as held:
+            tasks.restore_query(plan, "manual__1")
+    assert not isinstance(held.value, AirflowFailException), "a held lock is retried"
+    _one_line(held.value, "query 'page_visits' is locked by run (run run-1")
+
+    (tmp_path / "link").symlink_to(tmp_path)
+    with pytest.raises(AirflowFailException) as failed:
+        tasks.plan_restore("page_visits", "latest", str(tmp_path / "link"))
+    _one_line(failed.value, "a symbolic link; restore into the folder itself")
