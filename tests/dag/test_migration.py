@@ -82,7 +82,6 @@ class Migration:
             os.replace(held_back, last)
             _as_parquet(sorted((tmp_path / "round1" / query.name).iterdir()),
                         tmp_path / "landing_v2" / query.name, query.source.schema_)  # fmt: skip
-        _ok(_airflow(tmp_path, "db", "migrate"))
 
     def edit_registry(self, **top_level) -> None:
         raw = yaml.safe_load(self.path.read_text())
