@@ -185,11 +185,11 @@ def s3(tmp_path_factory):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items) -> None:
     """Under `--dist loadgroup` (make test), a module's tests share one worker, so its module
-    fixtures (a Spark-written checkpoint, an S3 server, an Airflow stack) are built once; a test
-    marked ``xdist_group`` of its own may run beside the rest of its module."""
+    fixtures (a Spark-written checkpoint, an S3 server, an Airflow stack) are built once; the
+    tests of a module marked ``spread`` go to whichever worker is free, one by one."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        spread = item.get_closest_marker("spread") is not None
+        item.add_marker(pytest.mark.xdist_group(item.nodeid if spread else item.module.__name__))
 
 
 # The time guard (issue 23): the suite prints its wall time and each tier's test time (setup,

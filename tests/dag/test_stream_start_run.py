@@ -30,7 +30,8 @@ from tests.spark.harness import land, read_sink
 
 OUTPUT_COLUMNS = ["user_id", "visits", "last_page", "distinct_pages"]
 
-pytestmark = pytest.mark.dag
+# Each test is minutes of Airflow and Spark with no module fixture to share: spread them.
+pytestmark = [pytest.mark.dag, pytest.mark.spread]
 
 
 _MIGRATED: list[Path] = []  # this process's template of a migrated Airflow database
