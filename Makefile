@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 # Test selection: `make test MARK=unit` runs the fast tier only.
 MARK ?=
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): one per core by default; WORKERS=0 runs every test in this one.
+# Each test module stays on one worker (its module fixtures are built once), except in modules
+# marked `spread` (the slowest tests, with nothing to share), whose tests run side by side.
+WORKERS ?= auto
 
 .PHONY: demo airflow airflow-stop test lint lock prereqs clean
 
@@ -36,7 +40,7 @@ airflow-stop:
 
 test: prereqs lint build/stateops.zip
 	@scripts/ensure_chromium.sh
-	@source scripts/env.sh && $(PY) -m pytest $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
+	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --dist loadgroup $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests benchmarks

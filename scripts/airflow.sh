@@ -87,6 +87,10 @@ export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT="$PORT"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$PORT/execution/"
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+# Tasks report to the API server over HTTP, 5 s a call by default: on a small machine busy with
+# Spark jobs (2 cores here) the server answered too late 4 times in a row and a task failed
+# before it ran ("Workload execution failed ... httpx.ReadTimeout"). 30 s rides that out.
+export AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="${AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT:-30}"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$RUN/passwords.json"
 printf '{"admin": "%s"}\n' "$PASSWORD" > "$RUN/passwords.json"

@@ -31,7 +31,8 @@ from tests.conftest import S3_KEY, S3_SECRET, spark_submit_run_query, tree_diges
 from tests.dag.test_stream_start_run import _airflow
 from tests.spark.harness import land, read_sink, read_state
 
-pytestmark = pytest.mark.dag
+# Each test is minutes of Airflow and Spark with no module fixture to share: spread them.
+pytestmark = [pytest.mark.dag, pytest.mark.spread]
 
 READS = {
     "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
@@ -82,7 +83,6 @@ class Migration:
             os.replace(held_back, last)
             _as_parquet(sorted((tmp_path / "round1" / query.name).iterdir()),
                         tmp_path / "landing_v2" / query.name, query.source.schema_)  # fmt: skip
-        _ok(_airflow(tmp_path, "db", "migrate"))
 
     def edit_registry(self, **top_level) -> None:
         raw = yaml.safe_load(self.path.read_text())

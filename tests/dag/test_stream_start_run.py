@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,15 +30,39 @@ from tests.spark.harness import land, read_sink
 
 OUTPUT_COLUMNS = ["user_id", "visits", "last_page", "distinct_pages"]
 
-pytestmark = pytest.mark.dag
+# Each test is minutes of Airflow and Spark with no module fixture to share: spread them.
+pytestmark = [pytest.mark.dag, pytest.mark.spread]
+
+
+_MIGRATED: list[Path] = []  # this process's template of a migrated Airflow database
+
+
+def _migrated_db() -> Path:
+    """``airflow db migrate`` once per test process (about 15 s); each test's AIRFLOW_HOME gets a
+    copy of the database file (it holds no paths: airflow.cfg, which does, is written anew)."""
+    if not _MIGRATED:
+        home = Path(tempfile.mkdtemp(prefix="stateops-airflow-template-"))
+        env = {**os.environ, "AIRFLOW_HOME": str(home)}
+        migrate = subprocess.run(
+            ["bash", "-c", "source scripts/env.sh && exec airflow db migrate"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert migrate.returncode == 0, f"airflow db migrate failed:\n{migrate.stderr[-3000:]}"
+        _MIGRATED.append(home / "airflow.db")
+    return _MIGRATED[0]
 
 
 def _airflow(
     tmp_path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
+    """``airflow ARGS`` with AIRFLOW_HOME under ``tmp_path``, its database already migrated."""
+    home = tmp_path / "airflow"
+    if not (home / "airflow.db").exists():
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_migrated_db(), home / "airflow.db")
     env = {
         **os.environ,
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW_HOME": str(home),
         "STATEOPS_REGISTRY": str(tmp_path / "registry.yaml"),
         "STATEOPS_DATA_DIR": str(tmp_path),
         **(env or {}),
@@ -54,8 +80,6 @@ def _airflow(
 def test_airflow_dags_test_stream_start_runs_both_queries(tmp_path):
     registry = load_registry(write_registry(tmp_path))
     land(tmp_path / "landing", round_=0, files=2)
-    migrate = _airflow(tmp_path, "db", "migrate")
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
     run = _airflow(tmp_path, "dags", "test", "stream_start")
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
@@ -79,7 +103,6 @@ def test_airflow_dags_test_stream_bootstrap_dry_run_then_real(tmp_path):
         json.dumps({"user_id": "u90001", "page": "help", "visited_at": "2025-12-29T08:00:00Z"})
         + "\n"
     )
-    assert _airflow(tmp_path, "db", "migrate").returncode == 0
     conf = {"query": "page_visits", "initial_state": str(initial), "dry_run": True}
     dry = _airflow(tmp_path, "dags", "test", "stream_bootstrap", "--conf", json.dumps(conf))
     log = dry.stdout + dry.stderr
@@ -118,7 +141,6 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(tmp_
     conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
             "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
     env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
-    assert _airflow(tmp_path, "db", "migrate").returncode == 0
     run = _airflow(tmp_path, "dags", "test", "stream_checkpoint_backup", env=env)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
@@ -147,7 +169,6 @@ def test_airflow_dags_test_stream_snapshot_cleanup(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     checkpoint = registry.query("page_visits").checkpoint
     before = load_checkpoint(checkpoint)
-    assert _airflow(tmp_path, "db", "migrate").returncode == 0
     run = _airflow(tmp_path, "dags", "test", "stream_snapshot_cleanup")
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
@@ -177,7 +198,6 @@ def test_airflow_dags_test_stream_backfill_with_changed_logic(tmp_path, s3):
     conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
             "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
     env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
-    assert _airflow(tmp_path, "db", "migrate").returncode == 0
     overrides = {"processor": {"options": {"max_pages": 2}}}
 
     untouched = tree_digest(tmp_path)
