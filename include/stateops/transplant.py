@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stateops import faults
 from stateops.checkpoint import (
     Checkpoint,
     crc_sidecar,
@@ -348,6 +349,7 @@ def transplant_checkpoint(
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(cp.root / rel, target)
+            faults.point("copy")
         query_id = str(uuid.uuid4())
         _write(staging, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
         for b in (batch - 1, batch):
@@ -362,6 +364,7 @@ def transplant_checkpoint(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    faults.point("renamed")
     seconds = time.monotonic() - started
     log(f"transplant done: {new} (query id {query_id}), {len(files)} files, "
         f"{size / 2**20:.1f} MB copied, {seconds:.1f} s")  # fmt: skip
