@@ -81,6 +81,11 @@ class Operation:
         """After the control run: what every resumed trial must equal."""
         raise NotImplementedError
 
+    def judge_killed(self, ctx: Any, expected: Any) -> list[str]:
+        """Right after the kill, before the rerun: what the operation promises of any moment
+        (the target is the old checkpoint or the new one, a pending rollback is marked, ...)."""
+        return []
+
     def judge(self, ctx: Any, expected: Any) -> list[str]:
         """After a resume: what is wrong with the result (empty: sound)."""
         raise NotImplementedError
@@ -95,7 +100,7 @@ class Operation:
 class Trial:
     name: str
     mode: str  # "point" (STATEOPS_KILL_AT) or "random" (a delay)
-    aim: str  # "delete:3", or "0.412 s"
+    aim: str  # "delete:3", "12.5 ms into the work", "0.412 s after the start"
     hit: str = ""  # where the run died: "delete:3", "after upload:4", "before any point", ...
     killed: bool = False
     problems: list[str] = field(default_factory=list)
@@ -145,9 +150,10 @@ class _Run:
 
 def _run(
     argv: list[str], env: dict[str, str], trace: Path, *,
-    kill_at: str | None = None, delay: float | None = None,
+    kill_at: str | None = None, delay: float | None = None, from_first: bool = False,
 ) -> _Run:  # fmt: skip
-    """``stateops ARGV``, traced; killed at point ``kill_at`` or after ``delay`` seconds."""
+    """``stateops ARGV``, traced; killed at point ``kill_at``, or ``delay`` seconds after its
+    start (``from_first``: after it reached its first point)."""
     trace.unlink(missing_ok=True)
     full = {k: v for k, v in os.environ.items() if k not in _FAULT_ENV}
     full.update(env, STATEOPS_FAULT_TRACE=str(trace))
@@ -159,6 +165,11 @@ def _run(
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
+        if delay is not None and from_first:
+            # Start and planning take longer, and vary more, than many operations' work: wait
+            # for the work to begin, then kill within it.
+            while proc.poll() is None and not trace.exists():
+                time.sleep(0.0005)
         if delay is not None:
             try:
                 proc.wait(timeout=delay)
@@ -185,9 +196,10 @@ def _last_line(text: str) -> str:
 
 def _plan(
     control: _Run, ranked: tuple[str, ...], n: int, rng: random.Random
-) -> list[tuple[str, str, float | None]]:
-    """``n`` trials as (mode, aim, delay): about 40% at a random moment, the rest at points of
-    the control run, each point name in turn (``ranked`` first) at a K not tried yet."""
+) -> list[tuple[str, str, float | None, bool]]:
+    """``n`` trials as (mode, aim, delay, from_first): about 40% at a random moment, the rest
+    at points of the control run, each point name in turn (``ranked`` first) at a K not tried
+    yet."""
     if not control.trace:
         raise AssertionError("the control run passed no fault point: nothing to aim at")
     n_random = max(1, round(n * 0.4)) if n > 1 else 0
@@ -204,14 +216,18 @@ def _plan(
             if untried[name] and len(aims) < n - n_random:
                 k = untried[name].pop(rng.randrange(len(untried[name])))
                 aims.append(f"{name}:{k}")
-    trials = [("point", aim, None) for aim in aims]
-    # A random moment: three in four while the operation passes its points (from the first to
-    # the last, as timed in the control run), the others anywhere in the run (interpreter
-    # start, planning, the lock, the exit).
+    trials = [("point", aim, None, False) for aim in aims]
+    # A random moment: three in four while the operation works (from its first point, within
+    # the time the control run took from its first point to its last), the others anywhere in
+    # the run (interpreter start, planning, the lock, the exit).
     first, last, total = _window(control)
     for _ in range(n_random):
-        delay = rng.uniform(first, last) if rng.random() < 0.75 else rng.uniform(0, total)
-        trials.append(("random", f"{delay:.3f} s", delay))
+        if rng.random() < 0.75:
+            delay = rng.uniform(0, last - first)
+            trials.append(("random", f"{delay * 1000:.1f} ms into the work", delay, True))
+        else:
+            delay = rng.uniform(0, total)
+            trials.append(("random", f"{delay:.3f} s after the start", delay, False))
     rng.shuffle(trials)
     return trials
 
@@ -257,11 +273,12 @@ def run_operation(
     plan = _plan(control, op.ranked, settings.trials, rng)
     restart_at = set(rng.sample(range(len(plan)), min(settings.restarts, len(plan))))
     trials = []
-    for i, (mode, aim, delay) in enumerate(plan):
+    for i, (mode, aim, delay, from_first) in enumerate(plan):
         trial = Trial(f"t{i:02d}", mode, aim)
         ctx = op.prepare(trial.name)
         argv, env = op.command(ctx)
-        killed = _run(argv, env, trace, kill_at=aim if mode == "point" else None, delay=delay)
+        kill_at = aim if mode == "point" else None
+        killed = _run(argv, env, trace, kill_at=kill_at, delay=delay, from_first=from_first)
         trial.hit = _hit(killed, mode, aim)
         trial.killed = killed.returncode == -signal.SIGKILL
         if killed.returncode not in (0, -signal.SIGKILL):
@@ -269,6 +286,7 @@ def run_operation(
                 f"the run before the kill failed (exit {killed.returncode}): "
                 f"{_last_line(killed.stderr)}"
             )
+        trial.problems += [f"after the kill: {p}" for p in op.judge_killed(ctx, expected)]
         resumed = _run(argv, env, trace)
         if resumed.returncode != 0:
             trial.problems.append(

@@ -160,6 +160,10 @@ class Cleanup(Operation):
     def capture(self, ck: Path) -> dict[str, str]:
         return tree_digest(ck)
 
+    def judge_killed(self, ck: Path, expected: dict[str, str]) -> list[str]:
+        # Cleanup deletes only what no retained restart needs: restartable at every moment.
+        return _verified(ck)
+
     def judge(self, ck: Path, expected: dict[str, str]) -> list[str]:
         return (
             _verified(ck)
@@ -184,16 +188,21 @@ def _sink_digest(sink: Path) -> dict[str, str]:
     return {k: v for k, v in tree_digest(sink).items() if not k.startswith("_rolled_back/")}
 
 
-def _backups_sound(world: World, url: str, batch: int) -> list[str]:
-    """Every backup under ``url`` verifies (a killed backup leaves none, or a whole one), and
-    one is of ``batch``."""
+def _backups_whole(world: World, url: str) -> list[str]:
+    """Every backup under ``url`` verifies: a killed backup leaves none, or a whole one."""
     client = world.s3.client()
-    manifests = read_manifests(client, parse_s3_url(url))
     problems = []
-    for m in manifests:
+    for m in read_manifests(client, parse_s3_url(url)):
         verified = verify_backup(f"{url}/{m['backup_id']}", client)
         if not verified["ok"]:
             problems.append(f"backup {m['backup_id']}: {verified['problems'][:3]}")
+    return problems
+
+
+def _backups_sound(world: World, url: str, batch: int) -> list[str]:
+    """Every backup under ``url`` is whole, and one is of ``batch``."""
+    manifests = read_manifests(world.s3.client(), parse_s3_url(url))
+    problems = _backups_whole(world, url)
     if batch not in [m["batch_id"] for m in manifests]:
         problems.append(f"no backup of batch {batch} under {url}")
     return problems
@@ -206,6 +215,7 @@ class Rollback(Operation):
     def __init__(self, world: World) -> None:
         self.world, self.dir = world, world.root / "ops" / "rollback"
         self.to_batch = world.last - 3
+        self.original = tree_digest(_copy(world, self.dir / "work"))
 
     def prepare(self, trial: str) -> tuple[Path, str]:
         return _copy(self.world, self.dir / "work", sink=True), f"s3://backups/rollback/{trial}"
@@ -221,6 +231,15 @@ class Rollback(Operation):
         ck, _ = ctx
         sink = ck.with_name("sink")
         return tree_digest(ck), _sink_digest(sink), _moved_aside(sink)
+
+    def judge_killed(self, ctx: tuple[Path, str], expected: tuple[dict, dict, dict]) -> list[str]:
+        # Untouched, finished, or marked: the query refuses to start on a half rollback.
+        ck, url = ctx
+        digest = tree_digest(ck)
+        problems = _backups_whole(self.world, url)
+        if digest not in (self.original, expected[0]) and not rollback_marker(ck).exists():
+            problems.append("the checkpoint changed and no rollback marker says so")
+        return problems
 
     def judge(self, ctx: tuple[Path, str], expected: tuple[dict, dict, dict]) -> list[str]:
         ck, url = ctx
@@ -266,6 +285,12 @@ class Backup(Operation):
         [manifest] = read_manifests(self.world.s3.client(), parse_s3_url(url))
         return [(f["path"], f["size"], f["sha256"]) for f in manifest["files"]]
 
+    def judge_killed(self, ctx: tuple[str, Path], expected: list[tuple]) -> list[str]:
+        url, _ = ctx
+        unchanged = _differences("the backed-up checkpoint", tree_digest(self.checkpoint),
+                                 self.digest)  # fmt: skip
+        return unchanged + _backups_whole(self.world, url)
+
     def judge(self, ctx: tuple[str, Path], expected: list[tuple]) -> list[str]:
         url, restored = ctx
         client = self.world.s3.client()
@@ -310,6 +335,12 @@ class Restore(Operation):
 
     def capture(self, ck: Path) -> dict[str, str]:
         return tree_digest(ck)
+
+    def judge_killed(self, ck: Path, expected: dict[str, str]) -> list[str]:
+        # The target is at every moment the old checkpoint or the verified new one.
+        if tree_digest(ck) in (self.original, expected):
+            return []
+        return ["the target is neither the old checkpoint nor the restored one"]
 
     def judge(self, ck: Path, expected: dict[str, str]) -> list[str]:
         problems = _verified(ck) + _differences("the restored checkpoint", tree_digest(ck),
@@ -358,6 +389,14 @@ class Transplant(Operation):
     def capture(self, ctx: tuple[Path, Path, Path]) -> tuple[dict, dict, list[str]]:
         old, new, _ = ctx
         return self._state_files(new), tree_digest(old), _siblings(new)
+
+    def judge_killed(self, ctx: tuple[Path, Path, Path], expected: tuple) -> list[str]:
+        # The new checkpoint is complete or absent; the old one only read.
+        old, new, _ = ctx
+        problems = _differences("the old checkpoint", tree_digest(old), expected[1])
+        if new.exists():
+            problems += _differences("the new checkpoint", self._state_files(new), expected[0])
+        return problems
 
     def judge(self, ctx: tuple[Path, Path, Path], expected: tuple) -> list[str]:
         old, new, registry = ctx
