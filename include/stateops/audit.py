@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from stateops import faults
+
 __all__ = ["append_audit", "audit_dir", "read_audit"]
 
 
@@ -32,6 +34,7 @@ def append_audit(
     **details: Any,
 ) -> dict[str, Any]:
     """Append one record (one JSON line, fsynced) and return it."""
+    faults.point("audit")
     record = {
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "operation": operation,

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from stateops import faults
 from stateops.audit import append_audit
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, StateOpsError
@@ -145,6 +146,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
             done_bytes, last_log = 0, time.time()
             for i, (future, f) in enumerate(futures, 1):
                 future.result()
+                faults.point("upload")
                 done_bytes += f["size"]
                 if time.time() - last_log > 5:
                     log(f"  uploaded {i}/{len(futures)} objects, {_human(done_bytes)}")
@@ -163,6 +165,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
             "uploaded": {"objects": len(todo), "bytes": uploaded},
             "reused": {"files": len(files) - len(todo), "bytes": total - uploaded},
         }
+        faults.point("manifest")
         client.put_object(
             Bucket=loc.bucket,
             Key=loc.key("manifests", f"{backup_id}.json"),

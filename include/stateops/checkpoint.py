@@ -46,6 +46,7 @@ __all__ = [
     "StoreState",
     "load_checkpoint",
     "relocate_checkpoint",
+    "relocated_metadata",
     "require_checkpoint_dir",
     "schema_file_refs",
 ]
@@ -441,9 +442,9 @@ def relocate_checkpoint(
     return rewritten
 
 
-def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> None:
-    path = root / rel
-    header, _, body = path.read_text(encoding="utf-8").partition("\n")
+def relocated_metadata(text: str, op_id: int, location: Path) -> bytes:
+    """An operator metadata v2 file's content with its schema paths under ``location``."""
+    header, _, body = text.partition("\n")
     meta = json.loads(body.split("\n")[0])
     marker = f"/state/{op_id}/_stateSchema/"
     for info in meta.get("stateStoreInfo", []):
@@ -451,7 +452,12 @@ def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> 
             f"file:{location}{marker}{str(p).rpartition(marker)[2]}"
             for p in info.get("stateSchemaFilePaths") or []
         ]
-    data = (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
+    return (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
+
+
+def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> None:
+    path = root / rel
+    data = relocated_metadata(path.read_text(encoding="utf-8"), op_id, location)
     path.write_bytes(data)
     crc = root / crc_sidecar(rel)
     if crc.exists():

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stateops import faults
 from stateops.access import refuse_unwritable
 from stateops.audit import append_audit, audit_dir
 from stateops.checkpoint import Checkpoint, load_checkpoint, require_checkpoint_dir
@@ -317,6 +318,7 @@ def execute_plan(
     done = 0
     for rels in plan["files"].values():
         for rel in rels:
+            faults.point("delete")
             (root / rel).unlink(missing_ok=True)
             done += 1
             if time.time() - last_log > every_seconds:
@@ -523,12 +525,15 @@ def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
     root = Path(sink["path"])
     aside = root / "_rolled_back" / run_id
     for name in sink["folders"]:
+        faults.point("move")
         aside.mkdir(parents=True, exist_ok=True)
         if (root / name).exists():
             (root / name).rename(aside / name)
     for name in sink["log_entries"]:  # newest first, like the checkpoint's logs
+        faults.point("delete")
         (root / "_spark_metadata" / name).unlink(missing_ok=True)
     for uri in sink["data_files"]:
+        faults.point("move")
         src = Path(uri.removeprefix("file:"))
         if src.exists():
             dest = aside / src.relative_to(root)
@@ -574,6 +579,7 @@ def run_rollback(
             log(f"resuming the interrupted rollback {run_id}")
         else:
             run_id, backup_id = lock.run_id, backup() if backup else None
+            faults.point("marker")
             marker.parent.mkdir(parents=True, exist_ok=True)
             tmp = marker.with_name(marker.name + ".tmp")
             tmp.write_text(json.dumps({"to_batch": to_batch, "run_id": run_id,

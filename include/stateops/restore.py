@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from stateops import faults
 from stateops.audit import append_audit, read_audit
 from stateops.backup import (
     file_sha256,
@@ -311,6 +312,7 @@ def _swap_in(staging: Path, target: Path, aside: Path) -> None:
     checkpoint is still in place, and a verified copy of the backup is under the aside name.
     """
     os.rename(staging, aside)
+    faults.point("swap")
     try:
         swapped = _exchange(aside, target)
     except OSError:
@@ -343,6 +345,7 @@ def _download(
                 future.result()
             except (BotoCoreError, ClientError) as err:
                 raise s3_error(err, f"download s3://{loc.bucket}/{key}") from None
+            faults.point("download")
     for _, dest, key, f in futures:
         if file_sha256(dest) != f["sha256"]:
             raise StateOpsError(
@@ -423,6 +426,7 @@ def execute_restore(
                 raise StateOpsError(
                     f"restored checkpoint fails verification: {first['path']}: {first['problem']}"
                 )
+            faults.point("stage")
             if plan["target_contents"] == "none":
                 os.rename(staging.path, target)  # onto a missing or empty folder: one step
             else:

@@ -17,6 +17,7 @@ Pure Python, no Spark.
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import shutil
@@ -27,16 +28,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stateops import faults
 from stateops.checkpoint import (
     Checkpoint,
     crc_sidecar,
     hadoop_crc,
     load_checkpoint,
     relocate_checkpoint,
+    relocated_metadata,
     schema_file_refs,
 )
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.registry import Query, schema_fields
+from stateops.staging import Staging, remove_stale_staging
 
 __all__ = [
     "ROADS",
@@ -48,6 +52,7 @@ __all__ = [
 ]
 
 ROADS = ("auto", "transplant", "initial_state")
+STAGING = "transplanting"
 
 # The starting offset of a source that has read nothing, per Spark source type. A file source
 # counts its own log entries: -1 is "before the first" (its sources/0 log starts empty).
@@ -314,58 +319,132 @@ def transplant_checkpoint(
     """Build ``new`` from ``old``'s state at committed ``batch`` (default: the last), for
     ``query`` (as it will run: new source and settings). Refuses with every reason, before
     writing anything, where the transplant does not apply; a dry run stops after the checks
-    and the plan. ``old`` is only read; ``new`` is built beside itself and renamed into place,
-    so it is either complete or absent."""
+    and the plan. ``old`` is only read; ``new`` is built in a staging folder beside it
+    (``<new>.transplanting-<time>``) and renamed into place, so it is either complete or
+    absent. Run again after a kill, it removes the staging folders of killed runs, and finds a
+    ``new`` that already holds exactly this transplant (killed after its rename, or run twice)
+    complete: ``already_transplanted``, and its query id is kept."""
     started = time.monotonic()
     new = Path(new).resolve()
     cp = load_checkpoint(old)
     batch = cp.last_committed_batch if batch is None else batch
-    if new.exists() and (not new.is_dir() or any(new.iterdir())):
-        raise StateOpsError(f"{new}: not empty; transplant into a new or empty folder")
     if new == cp.root.resolve() or cp.root.resolve() in new.parents:
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
+    done = None
+    if new.exists() and (not new.is_dir() or any(new.iterdir())):
+        done = _transplanted(cp, batch, new, query.source.format)
+        if done is None:
+            raise StateOpsError(f"{new}: not empty; transplant into a new or empty folder")
     reasons = transplant_refusals(cp, query, batch)
     if reasons:
         raise TransplantRefused(f"transplant of {cp.root} refused: {'; '.join(reasons)}")
-    files = [
-        rel for rel in cp.restart_files(batch)
-        if not rel.startswith(("sources/", "offsets/", "commits/"))
-        and rel not in ("metadata", crc_sidecar("metadata"))
-    ]  # fmt: skip
+    files = _state_files(cp, batch)
     size = sum(cp.sizes[rel] for rel in files)
+    result = {"old": str(cp.root), "new": str(new), "batch": batch,
+              "old_query_id": cp.query_id, "files": len(files), "bytes": size}  # fmt: skip
+    if done is not None:
+        removed = [] if dry_run else remove_stale_staging(new, STAGING)
+        log(
+            f"{'DRY RUN: ' if dry_run else ''}already transplanted: {new} holds the state of "
+            f"{cp.root} at batch {batch} (query id {done}); nothing to do"
+        )
+        return result | {"query_id": done, "already_transplanted": True,
+                         "removed_staging": removed, "dry_run": dry_run}  # fmt: skip
     log(
         f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
         f"{batch} -> {new}: {len(files)} state files ({size / 2**20:.1f} MB); the new query "
         f"starts at batch {batch + 1} on its {query.source.format} source {query.source.path}"
     )
-    result = {"old": str(cp.root), "new": str(new), "batch": batch,
-              "old_query_id": cp.query_id, "files": len(files), "bytes": size}  # fmt: skip
     if dry_run:
         return result | {"dry_run": True}
-    staging = new.with_name(f".{new.name}.transplant-{uuid.uuid4().hex[:8]}")
-    try:
+    with Staging(new, STAGING) as staging:
+        for folder in staging.removed:
+            log(f"removed {folder}: the staging folder of a killed transplant")
         for rel in files:
-            target = staging / rel
+            target = staging.path / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(cp.root / rel, target)
+            faults.point("copy")
         query_id = str(uuid.uuid4())
-        _write(staging, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
-        for b in (batch - 1, batch):
-            if b in cp.offsets:
-                _write(staging, f"offsets/{b}", _offsets_for(cp, b, query.source.format))
-            if b in cp.commits:
-                _write(staging, f"commits/{b}", (cp.root / f"commits/{b}").read_text("utf-8"))
-        relocate_checkpoint(staging, location=new)
+        _write(staging.path, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
+        for rel, data in _log_entries(cp, batch, query.source.format).items():
+            _write(staging.path, rel, data)
+        relocate_checkpoint(staging.path, location=new)
         if new.exists():
             new.rmdir()
-        os.replace(staging, new)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        os.replace(staging.path, new)
+    faults.point("renamed")
     seconds = time.monotonic() - started
     log(f"transplant done: {new} (query id {query_id}), {len(files)} files, "
         f"{size / 2**20:.1f} MB copied, {seconds:.1f} s")  # fmt: skip
-    return result | {"query_id": query_id, "seconds": round(seconds, 2)}
+    return result | {"query_id": query_id, "already_transplanted": False,
+                     "removed_staging": staging.removed, "seconds": round(seconds, 2)}  # fmt: skip
+
+
+def _state_files(cp: Checkpoint, batch: int) -> list[str]:
+    """What a transplant copies: the restart set of ``batch`` but its logs and query id."""
+    return [
+        rel for rel in cp.restart_files(batch)
+        if not rel.startswith(("sources/", "offsets/", "commits/"))
+        and rel not in ("metadata", crc_sidecar("metadata"))
+    ]  # fmt: skip
+
+
+def _log_entries(cp: Checkpoint, batch: int, fmt: str) -> dict[str, str]:
+    """The offsets (source offset replaced) and commits of batches ``batch - 1`` and ``batch``."""
+    entries = {}
+    for b in (batch - 1, batch):
+        if b in cp.offsets:
+            entries[f"offsets/{b}"] = _offsets_for(cp, b, fmt)
+        if b in cp.commits:
+            entries[f"commits/{b}"] = (cp.root / f"commits/{b}").read_text("utf-8")
+    return entries
+
+
+def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fmt: str) -> str | None:
+    """The query id of ``new`` when it holds exactly what a transplant of ``cp`` at ``batch``
+    for a ``fmt`` source writes (any query id but the old one), else None."""
+    if batch not in cp.commits or batch not in cp.offsets or fmt not in STARTING_OFFSETS:
+        return None
+    try:
+        # Copied files as they are; what the transplant writes or rewrites, with its sidecar.
+        expected: dict[str, bytes | Path] = {rel: cp.root / rel for rel in _state_files(cp, batch)}
+        written: dict[str, bytes] = {}
+        for op in cp.operators:  # operator metadata v2 names its schema files under ``new``
+            for key, rel in op.metadata_files.items():
+                if key is not None and rel in expected:
+                    text = (cp.root / rel).read_text(encoding="utf-8")
+                    written[rel] = relocated_metadata(text, op.operator_id, new)
+                    if crc_sidecar(rel) in expected:
+                        written[crc_sidecar(rel)] = hadoop_crc(written[rel])
+        for rel, text in _log_entries(cp, batch, fmt).items():
+            written[rel] = text.encode("utf-8")
+            written[crc_sidecar(rel)] = hadoop_crc(written[rel])
+        expected.update(written)
+        metadata = (new / "metadata").read_bytes()
+        query_id = json.loads(metadata)["id"]
+        present = {
+            os.path.relpath(os.path.join(folder, name), new)
+            for folder, _, names in os.walk(new)
+            for name in names
+        }
+        if (
+            not isinstance(query_id, str)
+            or query_id == cp.query_id
+            or present != set(expected) | {"metadata", crc_sidecar("metadata")}
+            or (new / crc_sidecar("metadata")).read_bytes() != hadoop_crc(metadata)
+        ):
+            return None
+        for rel, want in expected.items():
+            path = new / rel
+            if isinstance(want, bytes):
+                if path.read_bytes() != want:
+                    return None
+            elif not filecmp.cmp(path, want, shallow=False):
+                return None
+    except (OSError, ValueError, KeyError, TypeError, StateOpsError):
+        return None
+    return query_id
 
 
 def _offsets_for(cp: Checkpoint, batch: int, fmt: str) -> str:

@@ -6,7 +6,6 @@ over its own copy."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -175,27 +174,12 @@ def test_a_backup_of_another_query_is_refused_naming_both_ids_unless_allowed(
     assert (record["query_id"], record["replaced_query_id"]) == (other["query_id"], mine)
 
 
-# Where a restore is killed (SIGKILL): a function of stateops.restore and at which call.
+# Where a restore is killed (SIGKILL, at a point of stateops.faults).
 KILL_POINTS = {
-    "downloading": ("file_sha256", 3),  # some files downloaded and checked
-    "swapping": ("_exchange", 1),  # the verified copy renamed aside, not yet exchanged
-    "recording": ("append_audit", 1),  # swapped in, the audit record not yet written
+    "downloading": "download:3",  # some files downloaded
+    "swapping": "swap:1",  # the verified copy renamed aside, not yet exchanged
+    "recording": "audit:1",  # swapped in, the audit record not yet written
 }
-
-KILLED = """
-import os, signal, sys
-from stateops import restore
-name, at = sys.argv[1], int(sys.argv[2])
-real, calls = getattr(restore, name), []
-def kill_at(*args, **kwargs):
-    calls.append(1)
-    if len(calls) == at:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(*args, **kwargs)
-setattr(restore, name, kill_at)
-from stateops.cli import main
-sys.exit(main(sys.argv[3:]))
-"""
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
@@ -206,11 +190,7 @@ def test_a_killed_restore_leaves_the_old_or_the_verified_new_and_the_next_one_fi
     backup = written["mine"]["backup"]
     cli = ["--registry", str(registry), "restore", "page_visits", "--replace"]
     before = tree_digest(checkpoint)
-    name, at = KILL_POINTS[point]
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED, name, str(at), *cli], capture_output=True, text=True,
-        env={**os.environ, **s3.env()}, timeout=120,
-    )  # fmt: skip
+    killed = run_cli(*cli, env={**s3.env(), "STATEOPS_KILL_AT": KILL_POINTS[point]})
     assert killed.returncode == -9, killed.stderr
     # The target is at every moment the old checkpoint or the verified new one.
     if point == "recording":

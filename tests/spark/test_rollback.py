@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -178,23 +176,6 @@ def test_refusals_change_nothing(template, tmp_path, command):
     assert _state(work) == before
 
 
-KILLER = """
-import os, pathlib, signal, sys
-from stateops.cli import main
-after, calls = int(sys.argv[1]), [0]
-def killing(real):
-    def call(self, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == after:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(self, *args, **kwargs)
-    return call
-pathlib.Path.unlink = killing(pathlib.Path.unlink)
-pathlib.Path.rename = killing(pathlib.Path.rename)
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 @pytest.mark.parametrize("command", ["cleanup", "rollback"])
 def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, spark, command):
     work = tmp_path / "ck"
@@ -203,7 +184,8 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, s
              str(tmp_path / "sink")])  # fmt: skip
     _fresh(template, work)
     plan = json.loads(run_cli(*argv, "--dry-run", "--json", check=True).stdout)
-    steps = plan["delete"]["files"] + (len(plan["sink"]["folders"]) if plan.get("sink") else 0)
+    deletes = plan["delete"]["files"]
+    steps = deletes + (len(plan["sink"]["folders"]) if plan.get("sink") else 0)
     assert steps >= 20, plan["by_category"]
     run_cli(*argv, check=True)
     expected = _state(work)
@@ -212,15 +194,17 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, s
     assert len(points) >= 10
     for point in points:
         _fresh(template, work)
-        killed = subprocess.run([sys.executable, "-c", KILLER, str(point), *argv],
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        # Killed (stateops.faults) before deletion ``point``, or before moving sink folder
+        # ``point - deletes`` aside.
+        at = f"delete:{point}" if point <= deletes else f"move:{point - deletes}"
+        killed = run_cli(*argv, env={"STATEOPS_KILL_AT": at})
         assert killed.returncode == -9, (point, killed.stderr)
         if command == "rollback":  # the query may not start on a half rolled back checkpoint
             with pytest.raises(StateOpsError, match="was interrupted; finish it first"):
                 refuse_pending_rollback(work)
         again = run_cli(*argv)
         assert again.returncode == 0, (point, again.stderr)
-        assert _state(work) == expected, f"killed before file operation {point}"
+        assert _state(work) == expected, f"killed at {at}"
 
     # The finished checkpoint restarts and processes new input.
     land(template / "landing", round_=1, files=1)

@@ -1,0 +1,434 @@
+"""Fault injection (issue 16): backup, restore, cleanup, rollback and transplant, each run as a
+user runs it (the ``stateops`` CLI), killed with SIGKILL at a chosen point (the k-th upload,
+download, deletion, sink move; the restore's stage and swap; the rollback's marker; the
+transplant's copies and rename; an audit record) or at a random moment, then run again the
+same way. The result must pass the file-level verifier and equal what an untouched control run
+of the same command left; on a sample, Spark restarts it on new input, and its state and
+output must equal those of the untouched checkpoint restarted on the same input.
+
+Spark writes one page_visits checkpoint (6 batches, 2 partitions, RocksDB) for the module;
+each trial works on a copy. ``make test`` runs a few trials per operation
+(``STATEOPS_FAULT_TRIALS``, default 3), ``make faults`` many; the seed is printed
+(``STATEOPS_FAULT_SEED`` replays it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stateops.audit import read_audit
+from stateops.backup import backup_checkpoint, read_manifests, restore_backup, verify_backup
+from stateops.checkpoint import load_checkpoint, relocate_checkpoint
+from stateops.cleanup import rollback_marker
+from stateops.registry import load_registry
+from stateops.s3 import parse_s3_url
+from stateops.verify import verify_checkpoint
+from tests.conftest import S3Server, tree_digest, write_registry
+from tests.faults.engine import SETTINGS, Operation, format_report, run_operation
+from tests.spark.harness import land, last_committed, pipeline_case, read_sink, read_state
+
+pytestmark = pytest.mark.spark
+
+READS = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
+CASE = pipeline_case("page_visits", READS)
+QUIET = {"log": lambda _: None}
+
+
+@dataclass
+class World:
+    """What every operation's trials share: the Spark-written checkpoint and sink, its last
+    batch, the S3 server, the Spark session, and the control restart's state and output."""
+
+    root: Path  # landing/page_visits: the 6 files read, and 1 more a restart reads
+    checkpoint: Path
+    sink: Path
+    last: int
+    new_source: Path  # a folder whose landing/page_visits holds only the new file
+    s3: S3Server
+    spark: Any
+    state: list[list[str]]
+    output: dict[int, list[tuple]]
+
+
+def _copy(world: World, dest: Path, *, sink: bool = False) -> Path:
+    """The checkpoint (and its sink) at ``dest/ck`` (``dest/sink``): a new folder each time, at
+    the same path, so trials and control hold the same bytes (TWS metadata names its path)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    shutil.copytree(world.checkpoint, dest / "ck")
+    relocate_checkpoint(dest / "ck")
+    if sink:
+        shutil.copytree(world.sink, dest / "sink")
+    return dest / "ck"
+
+
+def _restart(world: World, checkpoint: Path, sink: Path, root: Path | None = None):
+    """Run the query on ``checkpoint`` until it caught up; its state and its output after the
+    batch it started from."""
+    after = last_committed(checkpoint)
+    CASE.run(world.spark, root or world.root, checkpoint, sink)
+    output = {b: rows for b, rows in read_sink(sink).items() if b > after}
+    return read_state(world.spark, checkpoint, READS), output, after
+
+
+@pytest.fixture(scope="module")
+def world(spark, s3, tmp_path_factory) -> World:
+    root = tmp_path_factory.mktemp("faults")
+    landing = root / "landing" / "page_visits"
+    land(root / "landing", round_=0, files=6)
+    checkpoint, sink = root / "template" / "ck", root / "template" / "sink"
+    CASE.run(spark, root, checkpoint, sink)
+    read = set(landing.iterdir())
+    land(root / "landing", round_=1, files=1)
+    new_source = root / "new-source"
+    (new_source / "landing" / "page_visits").mkdir(parents=True)
+    for path in sorted(set(landing.iterdir()) - read):
+        shutil.copy2(path, new_source / "landing" / "page_visits" / path.name)
+    world = World(root, checkpoint, sink, last_committed(checkpoint), new_source, s3, spark,
+                  [], {})  # fmt: skip
+    # The control: the untouched checkpoint restarted on the new file.
+    control = root / "control"
+    _copy(world, control, sink=True)
+    world.state, output, _ = _restart(world, control / "ck", control / "sink")
+    world.output = read_sink(control / "sink")
+    assert sorted(output) == [world.last + 1]
+    return world
+
+
+def _compare(world: World, restarted) -> str | None:
+    state, output, after = restarted
+    want = {b: rows for b, rows in world.output.items() if b > after}
+    differ = []
+    if state != world.state:
+        rows = [len(s) for s in state], [len(s) for s in world.state]
+        differ.append(f"state (rows per variable {rows[0]}, control {rows[1]})")
+    if output != want:
+        differ.append(f"output of batches {sorted(output)} (control {sorted(want)})")
+    return "; ".join(differ) or None
+
+
+def _verified(checkpoint: Path) -> list[str]:
+    result = verify_checkpoint(checkpoint)
+    return [
+        f"verify: {f['path']}: {f['problem']}"
+        for f in result["findings"]
+        if f["severity"] == "error"
+    ]
+
+
+def _differences(what: str, got: dict[str, str], want: dict[str, str]) -> list[str]:
+    if got == want:
+        return []
+    extra = sorted(set(got) - set(want))
+    missing = sorted(set(want) - set(got))
+    changed = sorted(k for k in set(got) & set(want) if got[k] != want[k])
+    parts = [f"{name} {items[:3]}" for name, items in
+             (("extra", extra), ("missing", missing), ("changed", changed)) if items]  # fmt: skip
+    return [f"{what} differs from the control's: " + "; ".join(parts)]
+
+
+def _siblings(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir())
+
+
+def _last_audit(checkpoint: Path, operation: str) -> list[str]:
+    records = [r for r in read_audit(checkpoint) if r["operation"] == operation]
+    if not records or records[-1]["result"] != "succeeded":
+        return [f"no succeeded {operation} record in the audit log"]
+    return []
+
+
+class Cleanup(Operation):
+    name = "cleanup"
+    ranked = ("delete", "audit")
+
+    def __init__(self, world: World) -> None:
+        self.world, self.dir = world, world.root / "ops" / "cleanup"
+
+    def prepare(self, trial: str) -> Path:
+        return _copy(self.world, self.dir / "work")
+
+    def command(self, ck: Path) -> tuple[list[str], dict[str, str]]:
+        return ["cleanup", str(ck), "--retain-batches", "2"], {}
+
+    def capture(self, ck: Path) -> dict[str, str]:
+        return tree_digest(ck)
+
+    def judge_killed(self, ck: Path, expected: dict[str, str]) -> list[str]:
+        # Cleanup deletes only what no retained restart needs: restartable at every moment.
+        return _verified(ck)
+
+    def judge(self, ck: Path, expected: dict[str, str]) -> list[str]:
+        return (
+            _verified(ck)
+            + _differences("the checkpoint", tree_digest(ck), expected)
+            + _last_audit(ck, "cleanup")
+        )
+
+    def restart(self, ck: Path) -> str | None:
+        return _compare(self.world, _restart(self.world, ck, ck.with_name("restart-sink")))
+
+
+def _moved_aside(sink: Path) -> dict[str, str]:
+    """The sink's batch folders a rollback moved aside (any run's), file by file."""
+    moved = {}
+    for run in (sink / "_rolled_back").glob("*"):
+        for rel, digest in tree_digest(run).items():
+            moved[rel] = digest
+    return moved
+
+
+def _sink_digest(sink: Path) -> dict[str, str]:
+    return {k: v for k, v in tree_digest(sink).items() if not k.startswith("_rolled_back/")}
+
+
+def _backups_whole(world: World, url: str) -> list[str]:
+    """Every backup under ``url`` verifies: a killed backup leaves none, or a whole one."""
+    client = world.s3.client()
+    problems = []
+    for m in read_manifests(client, parse_s3_url(url)):
+        verified = verify_backup(f"{url}/{m['backup_id']}", client)
+        if not verified["ok"]:
+            problems.append(f"backup {m['backup_id']}: {verified['problems'][:3]}")
+    return problems
+
+
+def _backups_sound(world: World, url: str, batch: int) -> list[str]:
+    """Every backup under ``url`` is whole, and one is of ``batch``."""
+    manifests = read_manifests(world.s3.client(), parse_s3_url(url))
+    problems = _backups_whole(world, url)
+    if batch not in [m["batch_id"] for m in manifests]:
+        problems.append(f"no backup of batch {batch} under {url}")
+    return problems
+
+
+class Rollback(Operation):
+    name = "rollback"
+    ranked = ("delete", "move", "marker", "upload", "manifest", "audit")
+
+    def __init__(self, world: World) -> None:
+        self.world, self.dir = world, world.root / "ops" / "rollback"
+        self.to_batch = world.last - 3
+        self.original = tree_digest(_copy(world, self.dir / "work"))
+
+    def prepare(self, trial: str) -> tuple[Path, str]:
+        return _copy(self.world, self.dir / "work", sink=True), f"s3://backups/rollback/{trial}"
+
+    def command(self, ctx: tuple[Path, str]) -> tuple[list[str], dict[str, str]]:
+        ck, url = ctx
+        return [
+            "rollback", str(ck), "--to-batch", str(self.to_batch), "--backup-to", url,
+            "--sink", str(ck.with_name("sink")),
+        ], self.world.s3.env()  # fmt: skip
+
+    def capture(self, ctx: tuple[Path, str]) -> tuple[dict, dict, dict]:
+        ck, _ = ctx
+        sink = ck.with_name("sink")
+        return tree_digest(ck), _sink_digest(sink), _moved_aside(sink)
+
+    def judge_killed(self, ctx: tuple[Path, str], expected: tuple[dict, dict, dict]) -> list[str]:
+        # Untouched, finished, or marked: the query refuses to start on a half rollback.
+        ck, url = ctx
+        digest = tree_digest(ck)
+        problems = _backups_whole(self.world, url)
+        if digest not in (self.original, expected[0]) and not rollback_marker(ck).exists():
+            problems.append("the checkpoint changed and no rollback marker says so")
+        return problems
+
+    def judge(self, ctx: tuple[Path, str], expected: tuple[dict, dict, dict]) -> list[str]:
+        ck, url = ctx
+        sink = ck.with_name("sink")
+        checkpoint, kept, moved = expected
+        problems = _verified(ck) + _differences("the checkpoint", tree_digest(ck), checkpoint)
+        problems += _differences("the sink", _sink_digest(sink), kept)
+        problems += _differences("what the sink moved aside", _moved_aside(sink), moved)
+        if rollback_marker(ck).exists():
+            problems.append(f"{rollback_marker(ck)} is left: the query would refuse to start")
+        return (
+            problems
+            + _last_audit(ck, "rollback")
+            + _backups_sound(self.world, url, self.world.last)
+        )
+
+    def restart(self, ctx: tuple[Path, str]) -> str | None:
+        ck, _ = ctx
+        return _compare(self.world, _restart(self.world, ck, ck.with_name("sink")))
+
+
+class Backup(Operation):
+    name = "backup"
+    ranked = ("upload", "manifest", "audit")
+
+    def __init__(self, world: World) -> None:
+        self.world, self.dir = world, world.root / "ops" / "backup"
+        self.checkpoint = _copy(world, self.dir / "source")  # only read: one copy for all
+        self.digest = tree_digest(self.checkpoint)
+
+    def prepare(self, trial: str) -> tuple[str, Path]:
+        restored = self.dir / "restored"
+        shutil.rmtree(restored, ignore_errors=True)
+        shutil.rmtree(self.dir / "restart-sink", ignore_errors=True)
+        return f"s3://backups/backup/{trial}", restored
+
+    def command(self, ctx: tuple[str, Path]) -> tuple[list[str], dict[str, str]]:
+        url, _ = ctx
+        return ["backup", str(self.checkpoint), "--to", url], self.world.s3.env()
+
+    def capture(self, ctx: tuple[str, Path]) -> list[tuple]:
+        url, _ = ctx
+        [manifest] = read_manifests(self.world.s3.client(), parse_s3_url(url))
+        return [(f["path"], f["size"], f["sha256"]) for f in manifest["files"]]
+
+    def judge_killed(self, ctx: tuple[str, Path], expected: list[tuple]) -> list[str]:
+        url, _ = ctx
+        unchanged = _differences("the backed-up checkpoint", tree_digest(self.checkpoint),
+                                 self.digest)  # fmt: skip
+        return unchanged + _backups_whole(self.world, url)
+
+    def judge(self, ctx: tuple[str, Path], expected: list[tuple]) -> list[str]:
+        url, restored = ctx
+        client = self.world.s3.client()
+        problems = _differences("the backed-up checkpoint", tree_digest(self.checkpoint),
+                                self.digest)  # fmt: skip
+        problems += _backups_sound(self.world, url, self.world.last)
+        newest = read_manifests(client, parse_s3_url(url))[-1]
+        files = [(f["path"], f["size"], f["sha256"]) for f in newest["files"]]
+        if files != expected:
+            problems.append(f"backup {newest['backup_id']} holds other files than the control's")
+        if problems:
+            return problems
+        shutil.rmtree(restored, ignore_errors=True)
+        restore_backup(f"{url}/{newest['backup_id']}", restored, client, **QUIET)
+        return _verified(restored)
+
+    def restart(self, ctx: tuple[str, Path]) -> str | None:
+        _, restored = ctx
+        return _compare(self.world, _restart(self.world, restored, self.dir / "restart-sink"))
+
+
+class Restore(Operation):
+    name = "restore"
+    ranked = ("swap", "stage", "download", "audit")
+
+    def __init__(self, world: World) -> None:
+        self.world, self.dir = world, world.root / "ops" / "restore"
+        # A backup two batches back, restored over the checkpoint as it is now.
+        url = "s3://backups/restore-source"
+        client = world.s3.client()
+        self.backup = backup_checkpoint(
+            world.checkpoint, url, client, batch=world.last - 2, **QUIET
+        )
+        self.url = f"{url}/{self.backup['backup_id']}"
+        self.original = tree_digest(_copy(world, self.dir))
+
+    def prepare(self, trial: str) -> Path:
+        return _copy(self.world, self.dir)
+
+    def command(self, ck: Path) -> tuple[list[str], dict[str, str]]:
+        return ["restore", self.url, "--to", str(ck), "--replace"], self.world.s3.env()
+
+    def capture(self, ck: Path) -> dict[str, str]:
+        return tree_digest(ck)
+
+    def judge_killed(self, ck: Path, expected: dict[str, str]) -> list[str]:
+        # The target is at every moment the old checkpoint or the verified new one.
+        if tree_digest(ck) in (self.original, expected):
+            return []
+        return ["the target is neither the old checkpoint nor the restored one"]
+
+    def judge(self, ck: Path, expected: dict[str, str]) -> list[str]:
+        problems = _verified(ck) + _differences("the restored checkpoint", tree_digest(ck),
+                                                expected)  # fmt: skip
+        cp, b = load_checkpoint(ck), self.backup
+        if (cp.query_id, cp.last_committed_batch) != (b["query_id"], b["batch_id"]):
+            problems.append(f"the target holds query {cp.query_id} batch {cp.last_committed_batch}")
+        if litter := [n for n in _siblings(ck) if ".restoring-" in n]:
+            problems.append(f"staging folders left: {litter}")
+        aside = [ck.parent / n for n in _siblings(ck) if n.startswith("ck.replaced-")]
+        if self.original not in [tree_digest(p) for p in aside]:
+            problems.append("the replaced checkpoint is in none of the folders moved aside")
+        restores = [r for r in read_audit(ck) if r["operation"] == "restore"]
+        if not restores or restores[-1]["run_id"] != self.backup["backup_id"]:
+            problems.append("no restore record of the backup in the audit log")
+        return problems
+
+    def restart(self, ck: Path) -> str | None:
+        return _compare(self.world, _restart(self.world, ck, ck.with_name("restart-sink")))
+
+
+class Transplant(Operation):
+    name = "transplant"
+    ranked = ("renamed", "copy")
+
+    def __init__(self, world: World) -> None:
+        self.world, self.dir = world, world.root / "ops" / "transplant"
+
+    def prepare(self, trial: str) -> tuple[Path, Path, Path]:
+        old = _copy(self.world, self.dir)  # only read, but a fresh copy keeps trials apart
+        registry = write_registry(self.dir / "data")
+        return old, self.dir / "new", registry
+
+    def command(self, ctx: tuple[Path, Path, Path]) -> tuple[list[str], dict[str, str]]:
+        old, new, registry = ctx
+        return [
+            "--registry", str(registry), "transplant", str(old), str(new), "--query",
+            "page_visits", "--source-path", str(self.world.new_source / "landing/page_visits"),
+        ], {}  # fmt: skip
+
+    @staticmethod
+    def _state_files(new: Path) -> dict[str, str]:
+        """All but ``metadata``, which holds the new query id each run draws."""
+        return {k: v for k, v in tree_digest(new).items() if k not in ("metadata", ".metadata.crc")}
+
+    def capture(self, ctx: tuple[Path, Path, Path]) -> tuple[dict, dict, list[str]]:
+        old, new, _ = ctx
+        return self._state_files(new), tree_digest(old), _siblings(new)
+
+    def judge_killed(self, ctx: tuple[Path, Path, Path], expected: tuple) -> list[str]:
+        # The new checkpoint is complete or absent; the old one only read.
+        old, new, _ = ctx
+        problems = _differences("the old checkpoint", tree_digest(old), expected[1])
+        if new.exists():
+            problems += _differences("the new checkpoint", self._state_files(new), expected[0])
+        return problems
+
+    def judge(self, ctx: tuple[Path, Path, Path], expected: tuple) -> list[str]:
+        old, new, registry = ctx
+        state_files, old_digest, siblings = expected
+        if not new.is_dir():
+            return [f"{new} does not exist"]
+        problems = _verified(new) + _differences("the new checkpoint", self._state_files(new),
+                                                 state_files)  # fmt: skip
+        problems += _differences("the old checkpoint", tree_digest(old), old_digest)
+        if _siblings(new) != siblings:
+            problems.append(f"beside the new checkpoint: {_siblings(new)}, control {siblings}")
+        if load_checkpoint(new).query_id == load_checkpoint(old).query_id:
+            problems.append("the new checkpoint kept the old query id")
+        marker = load_registry(registry).bootstrap_marker("page_visits")
+        record = json.loads(marker.read_text()) if marker.exists() else {}
+        if (record.get("checkpoint"), record.get("batch")) != (str(new), self.world.last):
+            problems.append(f"the first batch is not marked for its proof: {record}")
+        return problems
+
+    def restart(self, ctx: tuple[Path, Path, Path]) -> str | None:
+        _, new, _ = ctx
+        sink = self.dir / "restart-sink"
+        return _compare(self.world, _restart(self.world, new, sink, root=self.world.new_source))
+
+
+OPERATIONS = {op.name: op for op in (Backup, Restore, Cleanup, Rollback, Transplant)}
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_killed_and_run_again_it_is_sound_and_restarts_like_the_untouched_control(world, operation):
+    report = run_operation(OPERATIONS[operation](world), world.root / "ops")
+    print(format_report([report]))
+    failures = report.failures()
+    assert not failures, "\n".join([*failures, f"replay: {SETTINGS.replay()}"])
+    assert len(report.trials) == SETTINGS.trials
