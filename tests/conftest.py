@@ -234,11 +234,23 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
 
 
+def _check_grouping(config) -> None:
+    """xdist groups tests by renaming each test's node id, which pytest 9 ignores: every module
+    fixture would be built on both workers, and tests that follow one another in a module
+    would run on different ones. Say so before anything runs."""
+    if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple[0] >= 9:
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} breaks pytest-xdist's --dist loadgroup (tests lose "
+            "their group): install the pinned set (requirements.txt: pytest<9)"
+        )
+
+
 _GUARD: _TimeGuard | None = None
 
 
 def pytest_configure(config) -> None:
     global _GUARD
+    _check_grouping(config)
     if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
         _GUARD = _TimeGuard()
 
