@@ -1,12 +1,14 @@
-"""The tests' JVM options against the JVM's defaults, on the job the tests submit most.
+"""The tests' JVM settings against the JVM's defaults, on the job the tests submit most.
 
     .venv/bin/python benchmarks/bench_test_jvm.py [--runs 5]
 
 ``spark-submit run_query.py`` of page_visits on a test-sized input (2 files of 40 events,
 2 partitions, a new checkpoint each run), in turn with ``SPARK_SUBMIT_OPTS`` empty (the
-baseline) and with ``tests.conftest.TEST_JVM_OPTIONS``. Prints the median wall and CPU
-seconds (user + system of the processes the job waited for) of each, and their ratios: CPU
-is what a 2-core machine running two test workers side by side runs out of.
+baseline), with ``tests.conftest.TEST_JVM_OPTIONS`` (C1, serial collector), and with those
+and the class archive (``tests.conftest.jvm_env``: what the tests run with; the archive is
+dumped first if build/ has none). Prints the median wall and CPU seconds (user + system of
+the processes the job waited for) of each, and their ratios: CPU is what a 2-core machine
+running two test workers side by side runs out of.
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import TEST_JVM_OPTIONS, run_query_command, write_registry  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    jvm_env,
+    run_query_command,
+    spark_class_archive,
+    write_registry,
+)
 from tests.spark.harness import land  # noqa: E402
 
 
-def one_run(root: Path, registry: Path, options: str) -> tuple[float, float]:
+def one_run(root: Path, registry: Path, env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the job's processes) of one run on a new checkpoint."""
     for name in ("checkpoints", "output", "_stateops"):
         shutil.rmtree(root / name, ignore_errors=True)
@@ -37,14 +44,14 @@ def one_run(root: Path, registry: Path, options: str) -> tuple[float, float]:
     start = time.perf_counter()
     proc = subprocess.run(
         run_query_command(registry, "page_visits"),
-        env={**os.environ, "SPARK_SUBMIT_OPTS": options},
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
     )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        raise SystemExit(f"run_query.py failed with {options!r}:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"run_query.py failed with {env!r}:\n{proc.stderr[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
 
@@ -55,26 +62,30 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
+    settings = {
+        "JVM defaults (baseline)": {"SPARK_SUBMIT_OPTS": ""},
+        "C1 + serial GC": jvm_env(None),
+        "C1 + serial GC + class archive (the tests)": jvm_env(spark_class_archive()),
+    }
     root = Path(tempfile.mkdtemp(prefix="bench-test-jvm-"))
+    results: dict[str, list[tuple[float, float]]] = {label: [] for label in settings}
     try:
         registry = write_registry(root)
         land(root / "landing", round_=0, files=2)
-        one_run(root, registry, "")  # warm-up: the page cache, not counted
-        results: dict[str, list[tuple[float, float]]] = {"": [], TEST_JVM_OPTIONS: []}
+        one_run(root, registry, settings["JVM defaults (baseline)"])  # warm-up: page cache
         for i in range(args.runs):
-            for options, runs in results.items():
-                runs.append(one_run(root, registry, options))
-                print(f"run {i + 1}/{args.runs} {options or '(defaults)'}: "
+            for label, runs in results.items():
+                runs.append(one_run(root, registry, settings[label]))
+                print(f"run {i + 1}/{args.runs} {label}: "
                       f"{runs[-1][0]:.1f} s wall, {runs[-1][1]:.1f} s CPU", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    base_wall = statistics.median(w for w, _ in results[""])
-    base_cpu = statistics.median(c for _, c in results[""])
+    base_wall = statistics.median(w for w, _ in results["JVM defaults (baseline)"])
+    base_cpu = statistics.median(c for _, c in results["JVM defaults (baseline)"])
     print(f"\nspark-submit run_query.py, page_visits, test-sized input; median of {args.runs}")
-    for options, runs in results.items():
+    for label, runs in results.items():
         wall = statistics.median(w for w, _ in runs)
         cpu = statistics.median(c for _, c in runs)
-        label = options or "JVM defaults (baseline)"
         print(f"{label:<44}{wall:7.1f} s wall {wall / base_wall:5.2f}x"
               f"{cpu:9.1f} s CPU {cpu / base_cpu:5.2f}x")  # fmt: skip
 

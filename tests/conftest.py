@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"
 # the serial collector spend about 40% less CPU on 2 cores than the defaults, whose JIT and GC
 # threads compete with the work (benchmarks/bench_test_jvm.py). Behaviour is the same.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 # Spark's Python workers import test-only processors (tests.spark.leaky) by module path.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
@@ -109,6 +109,59 @@ def spark_submit_run_query(
         "run_query.py", "--registry", str(registry), "--query", query, *extra,
         timeout=timeout, **kwargs,
     )  # fmt: skip
+
+
+# Most of a test JVM's start is loading Spark's classes. A class data archive (AppCDS) dumped
+# at the exit of one test-sized run_query.py holds them ready to map, and every later JVM maps
+# them from it (benchmarks/bench_test_jvm.py). The session's first process dumps it into build/,
+# named by what it depends on (the java binary's version, the options, Spark's jars), and later
+# sessions reuse it. The JVM refuses an archive whose class path holds a non-empty folder, so
+# the test JVMs get an empty SPARK_CONF_DIR and read conf/log4j2.properties by its property.
+def _archive_env(option: str) -> dict[str, str]:
+    empty = ROOT / "build" / "spark-conf-empty"
+    empty.mkdir(parents=True, exist_ok=True)
+    log4j = ROOT / "conf" / "log4j2.properties"
+    return {
+        "SPARK_CONF_DIR": str(empty),
+        "SPARK_SUBMIT_OPTS": f"{TEST_JVM_OPTIONS} -Dlog4j2.configurationFile={log4j} {option}",
+    }
+
+
+def spark_class_archive() -> Path | None:
+    """The archive of Spark's classes for the test JVMs, dumped first if there is none (about
+    a minute); None, with a note, if the dump fails (the tests then run without it)."""
+    import pyspark
+
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if "JAVA_HOME" in os.environ else "java"
+    version = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    key = hashlib.sha256("\n".join([version, TEST_JVM_OPTIONS, *jars]).encode()).hexdigest()
+    archive = ROOT / "build" / f"spark-classes-{key[:12]}.jsa"
+    if archive.exists():
+        return archive
+    for old in archive.parent.glob("spark-classes-*.jsa*"):
+        old.unlink()
+    from tests.spark.harness import land
+
+    dumping = archive.with_name(archive.name + ".tmp")
+    with tempfile.TemporaryDirectory(prefix="stateops-classes-") as tmp:
+        registry = write_registry(Path(tmp))
+        land(Path(tmp) / "landing", round_=0, files=2)
+        env = {**os.environ, **_archive_env(f"-XX:ArchiveClassesAtExit={dumping}")}
+        proc = subprocess.run(run_query_command(registry, "page_visits"), env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+    if proc.returncode != 0 or not dumping.exists():
+        sys.stderr.write(f"note: no class archive for the test JVMs ({proc.stderr[-300:]!r})\n")
+        return None
+    os.replace(dumping, archive)
+    return archive
+
+
+def jvm_env(archive: Path | None) -> dict[str, str]:
+    """The environment of every JVM the tests start: C1, the serial collector, the archive."""
+    if archive is None:
+        return {"SPARK_SUBMIT_OPTS": TEST_JVM_OPTIONS}
+    return _archive_env(f"-XX:SharedArchiveFile={archive} -Xlog:cds*=off")
 
 
 @pytest.fixture(scope="session")
@@ -253,6 +306,9 @@ def pytest_configure(config) -> None:
     _check_grouping(config)
     if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
         _GUARD = _TimeGuard()
+        if "SPARK_SUBMIT_OPTS" not in os.environ:  # the workers inherit what is set here
+            unit_only = config.option.markexpr.strip() == "unit"
+            os.environ.update(jvm_env(None if unit_only else spark_class_archive()))
 
 
 def pytest_runtest_logreport(report) -> None:
