@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 MARK ?=
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core by default; WORKERS=0 runs every test in this one.
-# Each test module stays on one worker (its module fixtures are built once), except in modules
-# marked `spread` (the slowest tests, with nothing to share), whose tests run side by side.
+# The tests of a module that share a module fixture stay on one worker (it is built once);
+# every other test goes to whichever worker is free, the slowest tiers first.
 WORKERS ?= auto
 
 .PHONY: demo airflow airflow-stop test lint lock prereqs clean

@@ -235,14 +235,25 @@ def s3(tmp_path_factory):
     server.stop()
 
 
+# The slowest tiers first: under xdist a long test that starts last finishes alone.
+_TIER_ORDER = ("e2e", "dag", "spark", "unit")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items) -> None:
-    """Under `--dist loadgroup` (make test), a module's tests share one worker, so its module
-    fixtures (a Spark-written checkpoint, an S3 server, an Airflow stack) are built once; the
-    tests of a module marked ``spread`` go to whichever worker is free, one by one."""
+    """Under `--dist loadgroup` (make test), the tests of a module that share a module fixture
+    of its own (a checkpoint Spark wrote once, an Airflow stack) stay on one worker, so it is
+    built once; every other test goes to whichever worker is free (a worker starts its own S3
+    server, this file's module fixture, in a second). Tiers run slowest first."""
     for item in items:
-        spread = item.get_closest_marker("spread") is not None
-        item.add_marker(pytest.mark.xdist_group(item.nodeid if spread else item.module.__name__))
+        fixtures = [d for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+        if any(d.scope != "function" and d.baseid.startswith("tests/") for d in fixtures):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+    def tier(item) -> int:
+        return next((i for i, m in enumerate(_TIER_ORDER) if item.get_closest_marker(m)), 0)
+
+    items.sort(key=tier)
 
 
 # The time guard (issue 23): the suite prints its wall time and each tier's test time (setup,

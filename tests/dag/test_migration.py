@@ -31,8 +31,7 @@ from tests.conftest import S3_KEY, S3_SECRET, spark_submit_run_query, tree_diges
 from tests.dag.test_stream_start_run import _airflow
 from tests.spark.harness import land, read_sink, read_state
 
-# Each test is minutes of Airflow and Spark with no module fixture to share: spread them.
-pytestmark = [pytest.mark.dag, pytest.mark.spread]
+pytestmark = pytest.mark.dag
 
 READS = {
     "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],

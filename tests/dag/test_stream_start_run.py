@@ -30,8 +30,7 @@ from tests.spark.harness import land, read_sink
 
 OUTPUT_COLUMNS = ["user_id", "visits", "last_page", "distinct_pages"]
 
-# Each test is minutes of Airflow and Spark with no module fixture to share: spread them.
-pytestmark = [pytest.mark.dag, pytest.mark.spread]
+pytestmark = pytest.mark.dag
 
 
 _MIGRATED: list[Path] = []  # this process's template of a migrated Airflow database
