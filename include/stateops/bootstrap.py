@@ -159,7 +159,10 @@ def _read_raw(spark: SparkSession, query: Query, source: str, fmt: str) -> DataF
         reader = spark.read.format(fmt)
         if fmt == "csv":  # every column as text: the type check below names bad values
             reader = reader.option("header", "true")
-        return reader.load(source).select(*[F.col(f.name) for f in schema])
+        df = reader.load(source)
+        if spec.position and spec.position not in df.columns:
+            df = df.withColumn(spec.position, F.lit(None))  # no recorded order: null
+        return df.select(*[F.col(f.name) for f in schema])
     except AnalysisException as err:
         raise StateOpsError(
             f"{source}: does not fit initial_state.schema ({spec.schema_}): "
