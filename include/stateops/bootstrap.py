@@ -17,6 +17,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stateops.carry import finish_image_batch
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.export import MANIFEST
@@ -284,7 +285,14 @@ def prepare_bootstrap(
     rows = validate_initial_state(df, query)
     fit_keys = check_processor_fit(spark, query, df)
     record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}
-    _write_marker(registry, query.name, {"road": "initial_state", **record})
+    marker = {"road": "initial_state", **record}
+    if plan["format"] == "export":
+        manifest = json.loads((Path(plan["initial_state"]) / MANIFEST).read_text("utf-8"))
+        if "watermark" in manifest:  # the new checkpoint continues from the exported batch
+            marker["origin"] = {"checkpoint": manifest["checkpoint"],
+                                "batch": manifest["batch_id"], "export": plan["initial_state"],
+                                "watermark": manifest["watermark"]}  # fmt: skip
+    _write_marker(registry, query.name, marker)
     return record | {"processor_fit_keys": fit_keys}
 
 
@@ -329,6 +337,10 @@ def pending_carry_over(
         return None
     record = json.loads(marker.read_text(encoding="utf-8"))
     if last_committed != record.get("batch") or record.get("checkpoint") != query.checkpoint:
+        same = record.get("checkpoint") == query.checkpoint
+        if last_committed == 0 and same and record.get("origin"):
+            # Stopped between the image batch's commit and its watermark: finish it first.
+            finish_image_batch(query.checkpoint, record["origin"]["watermark"])
         marker.unlink()  # settled (or the query moved to another checkpoint)
         return None
     return record
