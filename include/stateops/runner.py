@@ -325,10 +325,10 @@ def _prove(
         origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
         return prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
                                 image=False, until_caught_up=False)  # fmt: skip
-    if carried.get("origin"):
+    if carried.get("origin") and not carried.get("differences"):
         return prove_carry_over(spark, query, carried["origin"], first=0, image=True,
                                 until_caught_up=True)  # fmt: skip
-    # Data files: no old query to compare with.
+    # Data files, or an accepted change of the processor's state: no old query to compare with.
     return prove_first_batch(spark, query, initial_state)
 
 
