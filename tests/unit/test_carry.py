@@ -10,11 +10,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stateops.carry import finish_image_batch, watermark_steps, write_checkpoint_file
+from stateops.bootstrap import initial_state_differences
+from stateops.carry import (
+    finish_image_batch,
+    refuse_differences,
+    watermark_steps,
+    write_checkpoint_file,
+)
 from stateops.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint
+from stateops.errors import StateOpsError
 from stateops.pipelines.carried import CarriedList
 from stateops.pipelines.user_sessions import UserSessionsProcessor
+from stateops.registry import load_registry
 from stateops.simulator import simulate_batch
+from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -104,3 +113,25 @@ def test_the_simulator_keeps_list_positions_in_and_out():
     assert [(r["list_element"][0], r["list_position"]) for r in state.rows("events")] == [
         ("a", 0), ("b", 1), ("late", 2)
     ]  # fmt: skip
+
+
+def test_an_export_made_before_positions_and_watermarks_is_refused_unless_accepted(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    entry = {"variable": "events", "kind": "list", "path": "op0/events", "rows": 1}
+    (export / "manifest.json").write_text(json.dumps(
+        {"checkpoint": str(tmp_path / "gone"), "batch_id": 3, "entries": [entry]}))  # fmt: skip
+    query = load_registry(write_registry(tmp_path / "data")).query("user_sessions")
+    differences = initial_state_differences(export, query)
+    assert differences == [
+        f"{export} records no watermark: late input and timers after the carry-over would "
+        "not follow the old query's; export it again",
+        f"{export} records no order for list state 'events': its elements would be carried "
+        "in another order; export it again",
+    ]  # fmt: skip
+    with pytest.raises(StateOpsError, match=r"^carrying user_sessions's state by the "
+                       r"initialState road would change what it computes: .*records no "
+                       r"watermark.*; to go on anyway, say so$"):  # fmt: skip
+        refuse_differences("user_sessions", differences, False, "say so")
+    refuse_differences("user_sessions", differences, True, "say so")
+    refuse_differences("user_sessions", [], False, "say so")
