@@ -16,9 +16,14 @@ Trigger it with the form. **Dry run** (on by default) only prints the plan. Othe
    where the registry says keys are unique, and the processor's own `handleInitialState` on a
    sample, in memory) and starts the query with it. The bootstrap is complete once batch 0
    commits; if the source is still empty it stays *pending*, and every later start of the
-   query (`stream_start`) passes the initial state again until batch 0 commits. When batch 0
-   commits, the job proves the state: it must equal the initial state plus batch 0's input
-   (rows and order-independent checksums per state variable); a failed proof fails the task.
+   query (`stream_start`) passes the initial state again until batch 0 commits. From a state
+   export (or a checkpoint), batch 0 reads no input: it applies the exported state in its
+   order and carries the old query's watermark, and the new source starts at batch 1; the job
+   then proves the state against the old checkpoint's own (plus the new input at the old
+   query's watermarks), batch by batch. From data files, batch 0 must equal the initial state
+   plus its input. Rows and checksums per state variable, list order included; a failed proof
+   fails the task. Where the initialState road would change what the old query computes, the
+   plan refuses unless **accept differences** is on.
 3. `record`: the run summary (`bootstrap`: `complete` or `pending`).
 4. `verify_state`: file-level integrity of the new checkpoint.
 5. `validate_state`: Great Expectations on the state itself (keys, bounds, no expired state);
@@ -79,6 +84,15 @@ QUERIES = registered_queries(with_initial_state=True)
             "transplant: copy its state files; initial_state: export it first; "
             "auto: the transplant where it applies.",
         ),
+        "accept_differences": Param(
+            False,
+            type="boolean",
+            title="Accept a carry-over that changes results",
+            description="From an export or a checkpoint: where the initialState road cannot "
+            "give what the old query would have computed (a processor whose state changed, "
+            "state with a TTL, an export without list order or watermarks), the plan refuses "
+            "and says why; on: bootstrap anyway.",
+        ),
         "dry_run": dry_run_param("Only print what the bootstrap would do."),
     },
 )
@@ -92,13 +106,17 @@ def stream_bootstrap() -> None:
         params = get_current_context()["params"]
         fmt = None if params["format"] == "auto" else params["format"]
         result = plan_bootstrap(load_registry(), params["query"], params["initial_state"], fmt,
-                                params["carry_over"])  # fmt: skip
+                                params["carry_over"], params["accept_differences"])  # fmt: skip
         print(
             f"{'DRY RUN: would bootstrap' if params['dry_run'] else 'bootstrapping'} "
             f"{result['query']} from {result['initial_state']} ({result['format']}) into "
             f"{result['checkpoint']}; complete once its first batch commits"
             + (f"\n  carry-over road: {result['road']}" if result["road"] else "")
             + (f"\n  {result['road_note']}" if result["road_note"] else "")
+            + "".join(
+                f"\n  WARNING (accepted): it changes what the query computes: {d}"
+                for d in result["differences"]
+            )  # fmt: skip
         )
         return result
 
@@ -110,6 +128,7 @@ def stream_bootstrap() -> None:
             "--initial-state", "{{ ti.xcom_pull(task_ids='plan')['initial_state'] }}",
             "--format", "{{ ti.xcom_pull(task_ids='plan')['format'] }}",
             "--carry-over", "{{ params.carry_over }}",
+            "--accept-differences={{ 'yes' if params.accept_differences else 'no' }}",
             "--run-id", "{{ run_id }}",
         ],
     )  # fmt: skip

@@ -20,18 +20,25 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    own (same processor state variables and schemas, time and output mode, shuffle partitions,
    state store provider and format settings), else **initial_state**. `auto` (the default)
    takes the transplant where it applies and logs why not where it does not;
-   `transplant` fails (and rolls back) where it does not apply.
+   `transplant` fails (and rolls back) where it does not apply. Where the initialState road
+   cannot give what the query would have computed on its old source (a processor whose state
+   changed, state with a TTL), the preflight says why and refuses unless **accept
+   differences** is on.
 4. Transplant road: `transplant` copies the old checkpoint's restart set into the new
    checkpoint with offsets for the new source (a file copy; the old checkpoint is only read);
    `first_batch` runs the query there, from batch N + 1 on the new source.
-   initialState road: `export` the state at the last committed batch, `validate_export`
-   (Great Expectations on it), `bootstrap` the query on the new source, into the new
-   checkpoint, with the exported state as its initial state.
+   initialState road: `export` the state at the last committed batch (list state with each
+   element's position, and the batch's watermarks), `validate_export` (Great Expectations on
+   it), `bootstrap` the query on the new source, into the new checkpoint: its batch 0 reads
+   no input, applies the exported state in its order and carries the old watermark, so late
+   input and timers on the new source go as on the old one; the new source starts at batch 1.
    Either way, the preflight refuses a new source without input: the proof needs its first
    batch.
-5. `prove`: the new checkpoint's state after its first batch equals the carried state plus
-   that batch's input (rows and order-independent checksums per state variable, computed by
-   the Spark job) and verifies clean; `validate_new_state`: Great Expectations on the new state.
+5. `prove`: the new checkpoint's state equals what the old query's would have been: the old
+   checkpoint's state, loaded as it is, plus the new input at the old query's watermarks,
+   batch by batch until the new input's own watermark caught up (rows and checksums per state
+   variable, list order included; each batch's watermark; computed by the Spark job), and it
+   verifies clean; `validate_new_state`: Great Expectations on the new state.
 6. `switch`: the query now runs on the new source and checkpoint (recorded beside the data,
    the registry file is not edited; `stream_start` and the CLI follow it); lineage in
    `<new checkpoint>.audit/lineage.json`; the old checkpoint's files become read-only; the
@@ -72,12 +79,15 @@ FORMATS = list(Source.model_fields["format"].annotation.__args__)
 
 def _road(carry_over: dict) -> str:
     if carry_over["road"] == "transplant":
-        return "transplant (the new query can run on the old state files)"
-    if carry_over["choice"] == "initial_state":
-        return "initial_state (chosen)"
-    return (
-        f"initial_state (transplant does not apply: {'; '.join(carry_over['transplant_refusals'])})"
-    )
+        road = "transplant (the new query can run on the old state files)"
+    elif carry_over["choice"] == "initial_state":
+        road = "initial_state (chosen)"
+    else:
+        why = "; ".join(carry_over["transplant_refusals"])
+        road = f"initial_state (transplant does not apply: {why})"
+    for difference in carry_over.get("differences", []):
+        road += f"\n  WARNING (accepted): the initialState road changes results: {difference}"
+    return road
 
 
 @dag(
@@ -139,6 +149,14 @@ def _road(carry_over: dict) -> str:
             "can read them as its own). initial_state: export and bootstrap (any change of "
             "partitions or schema). auto: the transplant where it applies, else initial_state.",
         ),
+        "accept_differences": Param(
+            False,
+            type="boolean",
+            title="Accept a carry-over that changes results",
+            description="Where the initialState road cannot give what the query would have "
+            "computed on its old source (a processor whose state changed, state with a TTL), "
+            "the preflight refuses and says why; on: migrate anyway.",
+        ),
         "dry_run": dry_run_param("Only run the preflight and print the plan."),
     },
 )
@@ -159,7 +177,7 @@ def stream_source_migration() -> None:
         }
         plan = plan_migration(
             registry, params["query"], source, params["new_checkpoint"] or "", context["run_id"],
-            params["cutover"], params["carry_over"],
+            params["cutover"], params["carry_over"], params["accept_differences"],
         )  # fmt: skip
         old, new = plan["old"], plan["new"]
         print(
@@ -248,7 +266,8 @@ def stream_source_migration() -> None:
     bootstrap = spark_job_operator(
         "bootstrap", "bootstrap_state.py",
         ["--query", "{{ params.query }}", "--initial-state", "{{ " + PLAN + "['export'] }}",
-         "--format", "export", "--run-id", "{{ run_id }}"],
+         "--format", "export", "--run-id", "{{ run_id }}",
+         "--accept-differences={{ 'yes' if " + PLAN + "['carry_over']['accepted'] else 'no' }}"],
         registry=new_registry,
     )  # fmt: skip
 

@@ -2,7 +2,7 @@
 
     spark-submit spark_jobs/bootstrap_state.py --query page_visits --initial-state PATH
         [--format export|checkpoint|parquet|json|csv] [--carry-over auto|transplant|initial_state]
-        [--dry-run] [--registry FILE] [--run-id ID]
+        [--accept-differences] [--dry-run] [--registry FILE] [--run-id ID]
 
 Refuses, before anything starts, a checkpoint with a committed batch (Spark would ignore the
 initial state), then validates the initial state (null keys; repeated keys where the registry
@@ -39,6 +39,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--carry-over", choices=ROADS, default="auto",
         help="from a checkpoint: transplant its state files, or export it",
     )  # fmt: skip
+    parser.add_argument(
+        "--accept-differences", nargs="?", const="yes", default="no", choices=["yes", "no"],
+        help="carry the state over even where the initialState road changes what the query "
+        "computes (=no: refuse, the default; a DAG passes its form's choice)",
+    )  # fmt: skip
     parser.add_argument("--run-id")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     return parser.parse_args(argv)
@@ -49,7 +54,8 @@ def preflight(args: argparse.Namespace) -> tuple[Registry, dict[str, Any]]:
     spark-submit too): the query, a used checkpoint, the initial state's path, format and
     manifest, the road."""
     registry = load_registry(args.registry)
-    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over)
+    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over,
+                          args.accept_differences == "yes")  # fmt: skip
     refuse_pending_rollback(plan["checkpoint"])
     return registry, plan
 

@@ -17,6 +17,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stateops.carry import carry_differences, finish_image_batch, refuse_differences
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.export import MANIFEST
@@ -30,6 +31,7 @@ __all__ = [
     "FORMATS",
     "check_initial_types",
     "check_processor_fit",
+    "initial_state_differences",
     "mark_transplant",
     "pending_carry_over",
     "plan_bootstrap",
@@ -43,13 +45,20 @@ FORMATS = ("export", "checkpoint", "parquet", "json", "csv")
 
 
 def plan_bootstrap(
-    registry: Registry, name: str, source: str, fmt: str | None, carry_over: str = "auto"
+    registry: Registry,
+    name: str,
+    source: str,
+    fmt: str | None,
+    carry_over: str = "auto",
+    accept_differences: bool = False,
 ) -> dict[str, Any]:
     """What a bootstrap would do, checked without Spark; refuses a used checkpoint.
 
     From another checkpoint, the state takes a road (``carry_over``, see
     :func:`stateops.transplant.choose_road`): a transplant of its state files where the query
-    can read them as its own, else an export of it as the initial state.
+    can read them as its own, else an export of it as the initial state. Where that road
+    would not give what the old query computes (:func:`initial_state_differences`), it is
+    refused unless ``accept_differences``.
     """
     query = registry.query(name)
     if query.initial_state is None:
@@ -91,8 +100,14 @@ def plan_bootstrap(
             raise RegistryError(
                 f"query {name}: initial_state.from_export is not set in the registry"
             )
+    differences = []
     if fmt == "export":
         _check_export(src, query)
+        differences = initial_state_differences(src, query)
+    elif road == "initial_state":
+        differences = carry_differences(load_checkpoint(src), query)
+    refuse_differences(name, differences, accept_differences,
+                       "run it again with --accept-differences (the DAG: accept_differences on)")
     return {
         "query": name,
         "checkpoint": str(path),
@@ -103,6 +118,7 @@ def plan_bootstrap(
         "source": query.source.path,
         "road": road,
         "road_note": said[0] if said else None,
+        "differences": differences,
         "export": str(
             registry.state_dir / "bootstrap" / "exports" / f"{name}-{uuid.uuid4().hex[:8]}"
         ),
@@ -139,6 +155,33 @@ def _check_export(source: Path, query: Query) -> None:
         )
 
 
+def initial_state_differences(export: str | Path, query: Query) -> list[str]:
+    """Why bootstrapping ``query`` from state export ``export`` would not go on as the
+    exported query would have (empty: it would): an export that does not record its list
+    order or watermarks (made by an older version), and the differences between the
+    exported checkpoint's state and the processor's, while that checkpoint is readable."""
+    manifest = json.loads((Path(export) / MANIFEST).read_text(encoding="utf-8"))
+    reasons = []
+    if "watermark" not in manifest:
+        reasons.append(
+            f"{export} records no watermark: late input and timers after the carry-over "
+            "would not follow the old query's; export it again"
+        )
+    lists = [e["variable"] for e in manifest["entries"] if e.get("kind") == "list"
+             and "position" not in e]  # fmt: skip
+    if lists:
+        reasons.append(
+            f"{export} records no order for list state {', '.join(map(repr, lists))}: its "
+            "elements would be carried in another order; export it again"
+        )
+    try:
+        old = load_checkpoint(manifest["checkpoint"])
+        old.restart_files(int(manifest["batch_id"]))
+    except (StateOpsError, OSError, KeyError, TypeError, ValueError):
+        return reasons  # gone or moved on: the proof compares with the export's own data
+    return reasons + carry_differences(old, query, int(manifest["batch_id"]))
+
+
 def _read_raw(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
     """The initial state with ``initial_state.schema``'s column names, types as found."""
     from pyspark.errors import AnalysisException
@@ -159,7 +202,10 @@ def _read_raw(spark: SparkSession, query: Query, source: str, fmt: str) -> DataF
         reader = spark.read.format(fmt)
         if fmt == "csv":  # every column as text: the type check below names bad values
             reader = reader.option("header", "true")
-        return reader.load(source).select(*[F.col(f.name) for f in schema])
+        df = reader.load(source)
+        if spec.position and spec.position not in df.columns:
+            df = df.withColumn(spec.position, F.lit(None))  # no recorded order: null
+        return df.select(*[F.col(f.name) for f in schema])
     except AnalysisException as err:
         raise StateOpsError(
             f"{source}: does not fit initial_state.schema ({spec.schema_}): "
@@ -281,7 +327,16 @@ def prepare_bootstrap(
     rows = validate_initial_state(df, query)
     fit_keys = check_processor_fit(spark, query, df)
     record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}
-    _write_marker(registry, query.name, {"road": "initial_state", **record})
+    marker = {"road": "initial_state", **record}
+    if plan["format"] == "export":
+        manifest = json.loads((Path(plan["initial_state"]) / MANIFEST).read_text("utf-8"))
+        if "watermark" in manifest:  # the new checkpoint continues from the exported batch
+            marker["origin"] = {"checkpoint": manifest["checkpoint"],
+                                "batch": manifest["batch_id"], "export": plan["initial_state"],
+                                "watermark": manifest["watermark"]}  # fmt: skip
+    if plan.get("differences"):
+        marker["differences"] = plan["differences"]  # accepted by the operator
+    _write_marker(registry, query.name, marker)
     return record | {"processor_fit_keys": fit_keys}
 
 
@@ -326,6 +381,10 @@ def pending_carry_over(
         return None
     record = json.loads(marker.read_text(encoding="utf-8"))
     if last_committed != record.get("batch") or record.get("checkpoint") != query.checkpoint:
+        same = record.get("checkpoint") == query.checkpoint
+        if last_committed == 0 and same and record.get("origin"):
+            # Stopped between the image batch's commit and its watermark: finish it first.
+            finish_image_batch(query.checkpoint, record["origin"]["watermark"])
         marker.unlink()  # settled (or the query moved to another checkpoint)
         return None
     return record

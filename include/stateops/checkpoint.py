@@ -277,7 +277,17 @@ class Checkpoint:
         offset = offsets[source] if source < len(offsets) else None
         if isinstance(offset, dict) and "logOffset" in offset:
             return int(offset["logOffset"])
+        if offset is None and source < len(offsets) and self._file_source(source):
+            # "-": the source had no offset yet (Spark writes it for a source without data in
+            # the first batches; a carried-over batch 0 reads no input): nothing read so far.
+            return -1
         return None
+
+    def _file_source(self, source: int) -> bool:
+        """True unless another batch shows ``source`` is not a file source."""
+        seen = [e.source_offsets[source] for e in self.offsets.values()
+                if source < len(e.source_offsets)]  # fmt: skip
+        return all(o is None or (isinstance(o, dict) and "logOffset" in o) for o in seen)
 
     def _log_offset(self, batch: int, source: int) -> int:
         if batch not in self.offsets:

@@ -105,7 +105,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
-    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over)
+    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over,
+                          args.accept_differences)  # fmt: skip
     if args.dry_run:
         print("dry run: nothing changed. A bootstrap would:")
         if plan["road"] == "transplant":
@@ -121,6 +122,8 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         print(f"  validate it against {plan['schema']} (null keys, repeated keys)")
         print(f"  start {plan['query']} on {plan['source']} into {plan['checkpoint']}")
         print("  and be complete once batch 0 commits (every start passes it until then)")
+        for difference in plan["differences"]:
+            print(f"  ACCEPTED, it changes what the query computes: {difference}")
         return 0
     return _spark_submit(
         "bootstrap_state.py", args.master,
@@ -129,6 +132,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         "--initial-state", plan["initial_state"],
         "--format", plan["format"],
         "--carry-over", args.carry_over,
+        *(["--accept-differences"] if args.accept_differences else []),
     )  # fmt: skip
 
 
@@ -447,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
     p.add_argument("--carry-over", choices=ROADS, default="auto",
                    help="from a checkpoint: transplant its state files, or export it")  # fmt: skip
+    p.add_argument("--accept-differences", action="store_true",
+                   help="carry the state over even where the initialState road changes what "
+                   "the query computes (the refusal lists how)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print what it would do")
     p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
     p.set_defaults(func=cmd_bootstrap)

@@ -3,7 +3,10 @@
 The portable form of state used by bootstrap, validation, backfill and migration. One Parquet
 folder per (operator, state variable or store); the manifest records its schema, row count and
 an order-independent checksum, so two exports of the same state compare equal whatever the
-partitioning or row order. Spark-side: PySpark is imported lazily.
+partitioning or row order. List state is exported one row per element with its position in
+the list (``list_position``, 0 first): the order is part of the state (a session's events,
+in the order they arrived), so it is part of the checksum too. The manifest also records the
+batch's watermarks, which a carry-over continues from. Spark-side: PySpark is imported lazily.
 """
 
 from __future__ import annotations
@@ -25,26 +28,41 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MANIFEST",
+    "POSITION",
+    "batch_watermarks",
     "check_export",
     "export_state",
+    "read_ordered_state",
     "read_state_variable",
     "state_checksum",
+    "state_checksums",
     "state_reads",
 ]
 
 MANIFEST = "manifest.json"
+POSITION = "list_position"
 
 
 def state_checksum(df: DataFrame) -> tuple[int, str]:
-    """(rows, checksum): the checksum is the sum of each row's xxhash64, order-independent."""
+    """(rows, checksum): the checksum is the sum of each row's xxhash64, independent of row
+    order (a list's order is in its rows' ``list_position``)."""
+    return state_checksums(df).get(None, (0, "0"))
+
+
+def state_checksums(df: DataFrame, by: str | None = None) -> dict[Any, tuple[int, str]]:
+    """:func:`state_checksum` per value of column ``by`` (all rows under None), in one job."""
     from pyspark.sql import functions as F
 
-    columns = [c for c in df.columns if c != "partition_id"]
-    row = df.select(
+    columns = [c for c in df.columns if c not in ("partition_id", by)]
+    groups = [F.col(by)] if by else []
+    rows = df.groupBy(*groups).agg(
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.xxhash64(*columns).cast("decimal(38,0)")).alias("checksum"),
-    ).first()
-    return int(row["rows"]), str(row["checksum"] or 0)
+    )
+    return {
+        (row[by] if by else None): (int(row["rows"]), str(row["checksum"] or 0))
+        for row in rows.collect()
+    }
 
 
 def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[str, Any]]:
@@ -107,6 +125,35 @@ def read_state_variable(
     )
 
 
+def read_ordered_state(
+    spark: SparkSession, checkpoint: str, batch: int, read: dict[str, Any]
+) -> DataFrame:
+    """:func:`read_state_variable`, with each list element's position in its list
+    (``list_position``, 0 first) beside it: Spark's flattened rows do not say it."""
+    from pyspark.sql import functions as F
+
+    if read["kind"] != "list":
+        return read_state_variable(spark, checkpoint, batch, read)
+    lists = (
+        spark.read.format("statestore")
+        .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
+        .option("flattenCollectionTypes", "false")
+        .load(checkpoint)
+    )
+    exploded = lists.select("key", F.posexplode("list_value").alias(POSITION, "list_element"),
+                            "partition_id")  # fmt: skip
+    return exploded.select("key", "list_element", POSITION, "partition_id")
+
+
+def batch_watermarks(cp: Checkpoint, batch: int) -> dict[str, int]:
+    """The event-time watermark committed batch ``batch`` ran with and the one its commit
+    hands to the next batch (Spark restarts with the larger: a batch that advanced the
+    watermark and was the last before a stop has not used it yet)."""
+    ran = cp.offsets[batch].watermark_ms
+    following = int(cp.commits[batch].get("nextBatchWatermarkMs", ran) or 0)
+    return {"batch_watermark_ms": ran, "next_batch_watermark_ms": max(ran, following)}
+
+
 def check_export(
     checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], batch: int | None = None
 ) -> tuple[Checkpoint, int]:
@@ -144,7 +191,7 @@ def export_state(
     out = Path(out)
     entries = []
     for read in state_reads(spark, str(cp.root), batch):
-        df = read_state_variable(spark, str(cp.root), batch, read).drop("partition_id")
+        df = read_ordered_state(spark, str(cp.root), batch, read).drop("partition_id")
         folder = f"op{read['operator_id']}/{re.sub(r'[^A-Za-z0-9_.-]', '_', read['variable'])}"
         df.write.parquet(str(out / folder))
         rows, checksum = state_checksum(spark.read.parquet(str(out / folder)))
@@ -158,12 +205,14 @@ def export_state(
                 "schema": json.loads(df.schema.json()),
                 "rows": rows,
                 "checksum": checksum,
+                **({"position": POSITION} if read["kind"] == "list" else {}),
             }
         )
     manifest = {
         "query_id": cp.query_id,
         "checkpoint": str(cp.root.resolve()),
         "batch_id": batch,
+        "watermark": batch_watermarks(cp, batch),
         "spark_version": spark.version,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "entries": entries,

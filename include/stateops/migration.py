@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from stateops.audit import append_audit, audit_dir
+from stateops.carry import carry_differences, refuse_differences
 from stateops.checkpoint import load_checkpoint
 from stateops.cleanup import execute_sink_plan, plan_sink_rollback, safe_run_id
 from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 OPERATION = "migration"
+# How an operator accepts an initialState road that changes results (the DAG's form field).
+_ACCEPT = "trigger again with accept_differences on"
 
 # Parquet column types as the registry's DDL names them (for the preflight's file check).
 _ARROW_TYPES = {
@@ -102,13 +105,17 @@ def plan_migration(
     run_id: str = "",
     cutover: str = "drain",
     carry_over: str = "auto",
+    accept_differences: bool = False,
 ) -> dict[str, Any]:
     """Preflight: everything a migration needs, checked without changing anything.
 
     ``cutover``: ``drain`` (the old source is read to its end) or a time: the old source
     reads only the input files modified before it (see ``runner.files_before``).
     ``carry_over``: ``auto``, ``transplant`` or ``initial_state``; the plan says which road
-    the state would take now (the backup step decides, on the drained checkpoint).
+    the state would take now (the backup step decides, on the drained checkpoint), and where
+    the initialState road would change what the query computes
+    (:func:`stateops.carry.carry_differences`): it is then refused unless
+    ``accept_differences``.
 
     Raises a one-line StateOpsError naming what is wrong: an unknown query or one without
     ``initial_state.from_export``, an invalid or missing new source, a new schema without the
@@ -170,8 +177,11 @@ def plan_migration(
             f"{old} fails verification ({error_summary(findings)}); repair or restore it "
             "before migrating"
         )
-    refusals = transplant_refusals(cp, _runs_as(query, source, new))
+    runs_as = _runs_as(query, source, new)
+    refusals = transplant_refusals(cp, runs_as)
     road = choose_road(carry_over, refusals, log=lambda line: None)
+    differences = carry_differences(cp, runs_as) if road == "initial_state" else []
+    refuse_differences(name, differences, accept_differences, _ACCEPT)
     lock = refuse_unholdable(registry.lock_path(name), name, run_id)
     work = _work_dir(registry, run_id or "plan")
     return {
@@ -191,7 +201,13 @@ def plan_migration(
         },
         "export": str(work / "export"),
         "cutover": cutover,
-        "carry_over": {"choice": carry_over, "road": road, "transplant_refusals": refusals},
+        "carry_over": {
+            "choice": carry_over,
+            "road": road,
+            "transplant_refusals": refusals,
+            "differences": differences,
+            "accepted": accept_differences,
+        },  # fmt: skip
         "running": None if lock is None else lock.run_id,
         "new_source_files": files,
     }
@@ -273,6 +289,9 @@ def settle_migration(
     last = cp.last_committed_batch
     runs_as = _runs_as(query, plan["new"]["source"], plan["new"]["checkpoint"])
     road = choose_road(plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log)
+    if road == "initial_state":
+        refuse_differences(query.name, carry_differences(cp, runs_as, last),
+                           plan["carry_over"].get("accepted", False), _ACCEPT)  # fmt: skip
     # A transplanted checkpoint goes on from batch last + 1, a bootstrapped one from batch 0.
     offset = query.sink.batch_offset if road == "transplant" else query.sink.folder_batch(last) + 1
     changes = {

@@ -86,6 +86,11 @@ class InitialState(_Model):
     """True where the processor keeps one value per key: duplicate keys are then refused."""
     from_export: dict[str, str] = {}
     """Initial-state column -> column expression over one exported variable (``variable``)."""
+    position: str | None = None
+    """The column that holds a row's position in its key's list (from an export:
+    ``list_position``). Spark hands a key's initial rows to ``handleInitialState`` in no
+    particular order, so this is how a processor restores the exported order. Files may leave
+    it out: it is then null."""
 
 
 class Expiry(_Model):
@@ -171,6 +176,9 @@ class Query(_Model):
                     "initial_state.from_export must map every initial_state.schema column "
                     f"({', '.join(state_columns)}) and name the exported 'variable'"
                 )
+            position = self.initial_state.position
+            if position is not None and position not in state_columns:
+                raise ValueError(f"initial_state.position {position!r} is not in its schema")
         expiry = self.expectations.expiry
         if expiry and not isinstance(self.processor.options.get(expiry.timeout_option), int):
             raise ValueError(

@@ -128,7 +128,7 @@ def run_registered_query(
     their number, the trigger a long one, and the query stops once that batch commits.
     """
     from stateops.bootstrap import pending_carry_over, read_initial_state
-    from stateops.proof import format_proof, proof_failures, prove_first_batch
+    from stateops.proof import format_proof, proof_failures
     from stateops.streaming import build_session, progress_summary
 
     query = registry.query(name)
@@ -157,13 +157,16 @@ def run_registered_query(
         spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
         prepared = prepare(spark) if prepare else None
         carried = pending_carry_over(registry, query, before)
-        initial_state = prior = None
+        initial_state = None
         if carried and "initial_state" in carried:
             initial_state = read_initial_state(spark, query, carried["initial_state"],
                                                carried["format"])  # fmt: skip
-        elif carried:
-            prior = (carried["from_checkpoint"], carried["batch"])
-        if until_batch is None or until_batch >= first:
+        origin = carried.get("origin") if carried and before is None else None
+        if origin:  # from a state export: batch 0 is the image of the exported batch
+            stopped_by_marker, error, progress = _run_image_batch(
+                spark, query, marker, poll_seconds, initial_state, origin["watermark"]
+            )
+        elif until_batch is None or until_batch >= first:
             stopped_by_marker, error, progress = _run_stream(
                 spark, query, marker, poll_seconds, until_batch, initial_state
             )
@@ -181,7 +184,7 @@ def run_registered_query(
                 registry.bootstrap_marker(query.name).unlink(missing_ok=True)
                 if not error:
                     proof_started = time.time()
-                    proof = prove_first_batch(spark, query, initial_state, prior=prior)
+                    proof = _prove(spark, query, carried, initial_state)
                     proof["seconds"] = round(time.time() - proof_started, 1)
                     print(format_proof(proof), end="", file=sys.stderr)
                     if not proof["ok"]:
@@ -281,14 +284,66 @@ def _run_stream(
     return stopped, error, progress
 
 
+def _run_image_batch(
+    spark: SparkSession,
+    query: Query,
+    marker: Path | None,
+    poll_seconds: float,
+    initial_state: Any,
+    watermark: dict[str, int],
+) -> tuple[bool, Any, list]:
+    """Plan the image batch 0 (:mod:`stateops.carry`), run it, then the query.
+
+    Where the exported batch handed on a later watermark than it ran with, batch 0 runs
+    alone (on a long trigger, so nothing follows it) and its commit is given that watermark
+    before the query goes on; otherwise Spark runs batch 0 and goes on by itself.
+    """
+    from stateops.carry import finish_image_batch, write_image_batch
+
+    write_image_batch(spark, query.checkpoint, watermark)
+    if watermark["next_batch_watermark_ms"] <= watermark["batch_watermark_ms"]:
+        return _run_stream(spark, query, marker, poll_seconds, None, initial_state)
+    alone = query.model_copy(update={"trigger": Trigger(processing_time="24 hours")})
+    _, error, progress = _run_stream(spark, alone, None, poll_seconds, 0, initial_state)
+    if error:
+        return False, error, progress
+    if not finish_image_batch(query.checkpoint, watermark):
+        last, _ = checkpoint_state(query.checkpoint)
+        if last is None:
+            return False, "the image batch 0 did not commit", progress
+    stopped, error, more = _run_stream(spark, query, marker, poll_seconds, None, None)
+    return stopped, error, progress + more
+
+
+def _prove(
+    spark: SparkSession, query: Query, carried: dict[str, Any], initial_state: Any
+) -> dict[str, Any]:
+    """The carry-over proof for the road ``carried`` took (:mod:`stateops.proof`)."""
+    from stateops.proof import prove_carry_over, prove_first_batch
+
+    if carried.get("road") == "transplant":
+        origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
+        return prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
+                                image=False, until_caught_up=False)  # fmt: skip
+    if carried.get("origin") and not carried.get("differences"):
+        return prove_carry_over(spark, query, carried["origin"], first=0, image=True,
+                                until_caught_up=True)  # fmt: skip
+    # Data files, or an accepted change of the processor's state: no old query to compare with.
+    return prove_first_batch(spark, query, initial_state)
+
+
 def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:
     if proof is None:
         return None
+    last = proof["batches"][-1]
     return {
         "ok": proof["ok"],
         "sample": proof["sample"],
         "seconds": proof["seconds"],
-        "variables": {v["variable"]: v["actual_rows"] for v in proof["variables"]},
+        "batches": proof["batches"],
+        "reference": proof["reference"],
+        "variables": {v["variable"]: v["actual_rows"] for v in proof["variables"]
+                      if v["batch"] == last},  # fmt: skip
         "proof_file": proof["proof_file"],
     }
 

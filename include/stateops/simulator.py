@@ -107,7 +107,13 @@ class _ListState(_Variable):
             self.data.setdefault(self.handle.key, []).extend(self._fit(v) for v in newState)
 
     def rows(self) -> list[dict[str, Any]]:
-        return [{"key": k, "list_element": e} for k, items in self.data.items() for e in items]
+        """One row per element, with its position in the list (``list_position``): the
+        order is part of the state, and the proof compares it."""
+        return [
+            {"key": k, "list_element": e, "list_position": i}
+            for k, items in self.data.items()
+            for i, e in enumerate(items)
+        ]
 
     def declared(self) -> dict[str, Any]:
         return {"list_element": self.schema}
@@ -215,7 +221,8 @@ class SimulatedHandle:
 
     def load(self, name: str, rows: list[Any]) -> None:
         """Seed variable ``name`` (or ``"timers"``) with state as Spark's state reader lays it
-        out (the rows of :meth:`rows`; struct values as tuples or Rows)."""
+        out (the rows of :meth:`rows`; struct values as tuples or Rows). List elements go in
+        ``list_position`` order where the rows have one, else in the order given."""
         if name == "timers":
             for row in rows:
                 self.timers.setdefault(tuple(row["key"]), set()).add(
@@ -227,6 +234,8 @@ class SimulatedHandle:
             raise StateOpsError(
                 f"the old state has a variable {name!r} the processor does not declare"
             )
+        if variable.kind == "list" and rows and "list_position" in _fields(rows[0]):
+            rows = sorted(rows, key=lambda row: row["list_position"])  # in each key's order
         for row in rows:
             key, data = tuple(row["key"]), variable.data
             if variable.kind == "value":
@@ -245,6 +254,11 @@ class SimulatedHandle:
                 for t in sorted(timers)
             ]
         return self.variables[name].rows()
+
+
+def _fields(row: Any) -> Any:
+    """The field names of a state row: a dict's keys, or a Spark Row's fields."""
+    return row.keys() if isinstance(row, dict) else row.asDict()
 
 
 def _groups(df: pd.DataFrame | None, key_columns: list[str]) -> dict[tuple, pd.DataFrame]:

@@ -46,7 +46,9 @@ __all__ = [
     "ROADS",
     "TransplantRefused",
     "choose_road",
+    "operator_properties",
     "read_state_schema",
+    "state_differences",
     "transplant_checkpoint",
     "transplant_refusals",
 ]
@@ -138,7 +140,7 @@ def _declared_fields(schema: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
+def operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
     """The transformWithState operator's properties and the schema files it names at ``batch``,
     oldest first (a later one holds the evolved schema)."""
     op = cp.operators[0]
@@ -222,15 +224,22 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
             f"the old state has {op.num_partitions} partitions, the query "
             f"{query.shuffle_partitions} (shuffle_partitions)"
         )
+    return reasons + state_differences(cp, query, batch)
+
+
+def state_differences(cp: Checkpoint, query: Query, batch: int) -> list[str]:
+    """How the state ``query``'s processor declares differs from ``cp``'s one
+    ``transformWithState`` operator at ``batch`` (variables, kinds, TTLs, value and key
+    schemas, time and output mode); empty: the same."""
     try:
-        props, schema_refs = _operator_properties(cp, batch)
+        props, schema_refs = operator_properties(cp, batch)
         families: dict[str, Any] = {}
         for rel in schema_refs:
             families.update(read_state_schema(cp.root / rel))
         declared = _declared_state(query)
     except (StateOpsError, ValueError, KeyError, TypeError, AttributeError) as err:
-        return reasons + [f"the state schemas cannot be compared: {str(err).splitlines()[0]}"]
-    return reasons + _state_differences(query, props, families, declared)
+        return [f"the state schemas cannot be compared: {str(err).splitlines()[0]}"]
+    return _state_differences(query, props, families, declared)
 
 
 def _state_differences(

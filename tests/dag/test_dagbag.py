@@ -101,6 +101,8 @@ def test_stream_bootstrap_form_and_order(dagbag):
     assert params["carry_over"] == "auto"
     args = dag.get_task("bootstrap").application_args
     assert args[args.index("--carry-over") + 1] == "{{ params.carry_over }}"
+    assert params["accept_differences"] is False, "a carry-over that changes results is refused"
+    assert "--accept-differences={{ 'yes' if params.accept_differences else 'no' }}" in args
     order = ["plan", "not_a_dry_run", "bootstrap", "record", "verify_state", "validate_state"]
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert dag.get_task(upstream).downstream_task_ids == {downstream}
@@ -189,6 +191,12 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     args = dag.get_task("drain").application_args
     assert (
         args[args.index("--cutover") + 1] == "{{ ti.xcom_pull(task_ids='preflight')['cutover'] }}"
+    )
+    assert params["accept_differences"] is False, "a carry-over that changes results is refused"
+    args = dag.get_task("bootstrap").application_args
+    assert (
+        "--accept-differences={{ 'yes' if ti.xcom_pull(task_ids='preflight')['carry_over']"
+        "['accepted'] else 'no' }}" in args
     )
     for task in ("bootstrap", "first_batch"):
         args = dag.get_task(task).application_args

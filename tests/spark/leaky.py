@@ -34,3 +34,21 @@ class VisitsWithTtl(PageVisitsProcessor):
     def init(self, handle):
         self.pages = handle.getListState("pages", "page STRING, visited_at TIMESTAMP", 3_600_000)
         self.count = handle.getValueState("count", "visits LONG", 3_600_000)
+
+
+class ResortingUserSessions(UserSessionsProcessor):
+    """The carried events re-sorted by ``(event_time, data)``, as before issue 16: a session
+    that took a late event keeps its events in another order than the query that kept
+    running."""
+
+    def handleInitialState(self, key, initialState, timerValues):
+        rows = initialState.sort_values(["event_time", "data"], kind="stable")
+        self._keep_open(list(zip(rows["data"], rows["event_time"], strict=True)))
+
+
+class ExpiringUserSessions(UserSessionsProcessor):
+    """user_sessions whose open events expire by processing time (a TTL): another state."""
+
+    def init(self, handle) -> None:
+        super().init(handle)
+        self.events = handle.getListState("events", "data STRING, event_time TIMESTAMP", 60_000)

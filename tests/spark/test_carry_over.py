@@ -57,15 +57,14 @@ def _add_late_event(path: Path) -> None:
     os.utime(path, (mtime, mtime))
 
 
-# The initialState road's batch 0 runs with watermark 0, so it would keep a late event the old
-# watermark drops (README): only the transplant case gets one, which its proof must drop too.
+# Each road gets a late event the old watermark drops, which its proof must drop too
+# (tests/spark/test_initial_state_road.py: late events in the first two batches, and a cutover).
 @pytest.mark.parametrize("road, timeout", [("initial_state", 1800), ("initial_state", 300),
                                            ("transplant", 300)])  # fmt: skip
 def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
     spark, tmp_path, road, timeout
 ):
     timed = {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": timeout}}}
-    late = road == "transplant"
     # The reference: one query on one source, stopped at the cutover and started again. (Each
     # available-now run ends with a no-data batch that fires the timers due at its watermark
     # before the next input arrives; one run over both rounds would fire them in the same
@@ -74,8 +73,7 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
     land(tmp_path / "whole" / "landing", round_=0, files=3)
     _ok(spark_submit_run_query(whole, "user_sessions"))
     land(tmp_path / "whole" / "landing", round_=1, files=3)
-    if late:
-        _add_late_event(tmp_path / "whole" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
+    _add_late_event(tmp_path / "whole" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
     _ok(spark_submit_run_query(whole, "user_sessions"))
 
     # The same events split at a cutover: round 0 on the old source, round 1 on the new one.
@@ -87,8 +85,7 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
     before = tree_digest(old_checkpoint)
     new = write_registry(tmp_path / "new", user_sessions=timed)
     land(tmp_path / "new" / "landing", round_=1, files=3)
-    if late:
-        _add_late_event(tmp_path / "new" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
+    _add_late_event(tmp_path / "new" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
     new_checkpoint = load_registry(new).query("user_sessions").checkpoint
 
     if road == "initial_state":

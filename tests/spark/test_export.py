@@ -1,4 +1,5 @@
-"""State export on Spark-written checkpoints: rows and order-independent checksums."""
+"""State export on Spark-written checkpoints: rows and checksums (independent of row order;
+a list's order is in its rows' positions)."""
 
 from __future__ import annotations
 
@@ -60,10 +61,48 @@ def test_every_variable_is_exported_with_the_live_state_counts_and_checksums(
     by_var = {e["variable"]: e for e in manifest["entries"]}
     assert set(by_var) == set(expected)
     for var, options in expected.items():
-        assert (by_var[var]["rows"], by_var[var]["checksum"]) == _live(
-            spark, ckpt, batch, **options
+        entry = by_var[var]
+        if entry["kind"] != "list":
+            assert (entry["rows"], entry["checksum"]) == _live(spark, ckpt, batch, **options)
+            continue
+        # A list's elements in their order: each key's rows by position are Spark's list.
+        assert entry["rows"] == _live(spark, ckpt, batch, **options)[0]
+        assert entry["position"] == "list_position"
+        assert _lists(spark.read.parquet(str(tmp_path / "export" / entry["path"]))) == _lists(
+            spark.read.format("statestore")
+            .options(batchId=str(batch), flattenCollectionTypes="false", **options)
+            .load(str(ckpt))
         )
     assert sum(e["rows"] for e in manifest["entries"]) > 0
+    cp = load_checkpoint(ckpt)
+    assert manifest["watermark"] == {
+        "batch_watermark_ms": cp.offsets[batch].watermark_ms,
+        "next_batch_watermark_ms": cp.commits[batch]["nextBatchWatermarkMs"],
+    }
+
+
+def _lists(df) -> dict:
+    """Key -> its list, from exported rows (by position) or Spark's unflattened list state."""
+    if "list_value" in df.columns:
+        return {r["key"]: list(r["list_value"]) for r in df.collect()}
+    lists: dict = {}
+    for r in sorted(df.collect(), key=lambda r: r["list_position"]):
+        lists.setdefault(r["key"], []).append(r["list_element"])
+    return lists
+
+
+def test_a_list_in_another_order_is_another_state(spark, written, tmp_path):
+    manifest = export_state(spark, str(written["user_sessions-rocksdb"]), tmp_path / "e")
+    entry = next(e for e in manifest["entries"] if e["kind"] == "list")
+    df = spark.read.parquet(str(tmp_path / "e" / entry["path"]))
+    # Each list reversed: the same rows but for their positions.
+    reversed_ = df.selectExpr(
+        "key",
+        "list_element",
+        "count(1) OVER (PARTITION BY key) - 1 - list_position AS list_position",
+    )
+    assert state_checksum(reversed_)[0] == entry["rows"]
+    assert state_checksum(reversed_)[1] != entry["checksum"]
 
 
 def test_checksums_ignore_row_order_and_partitioning(spark, written, tmp_path):

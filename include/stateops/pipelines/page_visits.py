@@ -11,11 +11,14 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
+from stateops.pipelines.carried import CarriedList
+
 __all__ = ["INITIAL_STATE_SCHEMA", "INPUT_SCHEMA", "OUTPUT_SCHEMA", "PageVisitsProcessor"]
 
 INPUT_SCHEMA = "user_id STRING, page STRING, event_time TIMESTAMP"
-# One row per previously visited page; the rows of a user are applied in `visited_at` order.
-INITIAL_STATE_SCHEMA = "user_id STRING, page STRING, visited_at TIMESTAMP"
+# One row per previously visited page, in `position` order (from a state export) or, without
+# one, in `visited_at` order.
+INITIAL_STATE_SCHEMA = "user_id STRING, page STRING, visited_at TIMESTAMP, position INT"
 OUTPUT_SCHEMA = "user_id STRING, visits LONG, last_page STRING, distinct_pages INT"
 PAGES_SCHEMA = "page STRING, visited_at TIMESTAMP"
 COUNT_SCHEMA = "visits LONG"
@@ -32,6 +35,7 @@ class PageVisitsProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.pages = handle.getListState("pages", PAGES_SCHEMA)
         self.count = handle.getValueState("count", COUNT_SCHEMA)
+        self.carried = CarriedList(fallback_order=["visited_at", "page"])
 
     def _apply(self, visits: list[tuple]) -> tuple[int, list[tuple]]:
         pages = [(p, t) for p, t in self.pages.get()] + visits
@@ -45,8 +49,12 @@ class PageVisitsProcessor(StatefulProcessor):
     def handleInitialState(
         self, key: tuple, initialState: pd.DataFrame, timerValues: TimerValues
     ) -> None:
-        rows = initialState.sort_values(["visited_at", "page"], kind="stable")
-        self._apply(list(zip(rows["page"], rows["visited_at"], strict=True)))
+        """Pages visited before: in the exported order (``position``), else by ``visited_at``
+        (an initial state written by hand). The count is the number of carried pages."""
+        visits = self.carried.rows(key, initialState, ["page", "visited_at"])
+        self.pages.clear()
+        self.count.clear()
+        self._apply(visits)
 
     def handleInputRows(
         self, key: tuple, rows: Iterator[pd.DataFrame], timerValues: TimerValues

@@ -12,6 +12,8 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
+from stateops.pipelines.carried import CarriedList
+
 __all__ = ["INPUT_SCHEMA", "OUTPUT_SCHEMA", "UserSessionsProcessor"]
 
 INPUT_SCHEMA = "user_id STRING, data STRING, is_last BOOLEAN, event_time TIMESTAMP"
@@ -38,14 +40,15 @@ class UserSessionsProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.events = handle.getListState("events", EVENTS_SCHEMA)
+        self.carried = CarriedList(fallback_order=["event_time", "data"])
 
     def handleInitialState(
         self, key: tuple, initialState: pd.DataFrame, timerValues: TimerValues
     ) -> None:
-        """Open sessions carried over (a migration, a bootstrap from an export): the events,
-        and the timer that closes the session ``session_timeout_seconds`` after its last one."""
-        rows = initialState.sort_values(["event_time", "data"], kind="stable")
-        self._keep_open(list(zip(rows["data"], rows["event_time"], strict=True)))
+        """Open sessions carried over (a migration, a bootstrap from an export): the events in
+        the order the session received them, and the timer that closes the session
+        ``session_timeout_seconds`` after its last one."""
+        self._keep_open(self.carried.rows(key, initialState, ["data", "event_time"]))
 
     def _keep_open(self, open_events: list[tuple]) -> None:
         for timer in list(self.handle.listTimers()):
