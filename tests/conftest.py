@@ -240,12 +240,12 @@ _TIER_ORDER = ("e2e", "dag", "spark", "unit")
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items) -> None:
+def pytest_collection_modifyitems(config, items) -> None:
     """Under `--dist loadgroup` (make test), the tests of a module that share a module fixture
     of its own (a checkpoint Spark wrote once, an Airflow stack) stay on one worker, so it is
     built once; every other test goes to whichever worker is free (a worker starts its own S3
     server, this file's module fixture, in a second). Tiers run slowest first."""
-    for item in items:
+    for item in items if config.pluginmanager.hasplugin("xdist") else ():
         fixtures = [d for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
         if any(d.scope != "function" and d.baseid.startswith("tests/") for d in fixtures):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
