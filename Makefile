@@ -7,7 +7,9 @@ MARK ?=
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core by default; WORKERS=0 runs every test in this one.
 # The tests of a module that share a module fixture stay on one worker (it is built once);
-# every other test goes to whichever worker is free, the slowest tiers first.
+# every other test goes to whichever worker is free, the slowest tiers first (in collection
+# order: xdist would otherwise hand out the modules with the most tests first and the single
+# long DAG tests last).
 WORKERS ?= auto
 
 .PHONY: demo airflow airflow-stop test lint lock prereqs clean
@@ -40,7 +42,7 @@ airflow-stop:
 
 test: prereqs lint build/stateops.zip
 	@scripts/ensure_chromium.sh
-	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --dist loadgroup $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
+	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests benchmarks
