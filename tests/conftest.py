@@ -235,8 +235,9 @@ def s3(tmp_path_factory):
     server.stop()
 
 
-# The slowest tiers first: under xdist a long test that starts last finishes alone.
-_TIER_ORDER = ("e2e", "dag", "spark", "unit")
+# The tiers, slowest first: a test counts in the first of its markers (the time guard), and
+# under xdist the slowest tiers start first, since a long test that starts last finishes alone.
+TIERS = ("e2e", "dag", "spark", "unit")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -251,7 +252,7 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
     def tier(item) -> int:
-        return next((i for i, m in enumerate(_TIER_ORDER) if item.get_closest_marker(m)), 0)
+        return next((i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS))
 
     items.sort(key=tier)
 
@@ -262,7 +263,6 @@ def pytest_collection_modifyitems(config, items) -> None:
 # make its proofs cheaper (shared checkpoints, library-level tests) before CI's limit is near.
 SUITE_BUDGET_SECONDS = 20 * 60
 TIER_BUDGET_SECONDS = {"unit": 60, "spark": 16 * 60, "dag": 12 * 60, "e2e": 8 * 60}
-TIERS = ("e2e", "dag", "spark", "unit")  # a test counts in the first of its markers
 
 
 class _TimeGuard:

@@ -276,8 +276,10 @@ def test_a_processor_whose_state_changed_is_refused_unless_accepted(road):
     args = ["--registry", str(new.path), "bootstrap", NAME, "--initial-state", str(road.export)]
     refused = run_cli(*args, "--dry-run")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert ("carrying user_sessions's state by the initialState road would change what it "
-            "computes: state 'events'") in refused.stderr
+    assert (
+        "carrying user_sessions's state by the initialState road would change what it "
+        "computes: state 'events'"
+    ) in refused.stderr
     assert "run it again with --accept-differences" in refused.stderr
     accepted = run_cli(*args, "--dry-run", "--accept-differences", check=True)
     assert "ACCEPTED, it changes what the query computes: state 'events'" in accepted.stdout
