@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from stateops.checkpoint import load_checkpoint
 from stateops.registry import PROVIDER_CLASSES, Query, load_registry
+from stateops.runner import run_registered_query, write_summary
 from stateops.sampledata import DATASETS, generate_events
 from stateops.streaming import apply_query_conf, start_query
 from tests.conftest import write_registry
@@ -179,12 +180,32 @@ def registered_query(root: Path, name: str, checkpoint: Path, sink: Path) -> Que
     )
 
 
+def _registered_conf(spark) -> None:
+    """The built-in cases' setting stays in the shared session: a registered query runs with
+    Spark's default, whichever case ran before (the query's own settings are set on start)."""
+    spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
+
+
+def run_in_session(spark, registry: Path, name: str, **kwargs) -> dict:
+    """What ``spark-submit run_query.py`` does (the run under the query's lock, its summary),
+    in this process's shared session: no JVM to start. For tests whose subject is what a run
+    leaves (state, output, the summary); the job itself is proven by tests/spark/test_run_query.py
+    and by each DAG's own run."""
+    _registered_conf(spark)
+    loaded = load_registry(registry)
+    try:
+        summary = run_registered_query(loaded, name, **kwargs)
+    finally:
+        quiesce(spark)
+    write_summary(loaded, summary)
+    assert summary["status"] == "succeeded", summary
+    return summary
+
+
 def pipeline_case(name: str, state_reads: list[dict[str, str]]) -> Case:
     def start(spark, root, checkpoint, sink):
         query = registered_query(root, name, checkpoint, sink)
-        # The built-in cases' setting stays in the shared session: the pipelines run with
-        # Spark's default, whichever case ran before.
-        spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
+        _registered_conf(spark)
         apply_query_conf(spark, query)
         return start_query(spark, query, available_now=True)
 

@@ -16,11 +16,10 @@ from tests.conftest import (
     ROOT,
     run_cli,
     spark_job,
-    spark_submit_run_query,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land
+from tests.spark.harness import land, run_in_session
 
 pytestmark = pytest.mark.spark
 
@@ -110,7 +109,7 @@ def test_a_start_on_an_empty_source_keeps_the_bootstrap_pending(spark, tmp_path)
     assert reg.bootstrap_marker("page_visits").exists()
     # The scheduled start passes the initial state again, and batch 0 commits it.
     land(tmp_path / "landing", round_=0, files=1)
-    start = _summary(spark_submit_run_query(registry, "page_visits"))
+    start = run_in_session(spark, registry, "page_visits")
     assert start["bootstrap"] == "complete" and start["last_committed_batch"] == 0
     assert not reg.bootstrap_marker("page_visits").exists()
     expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
@@ -140,7 +139,7 @@ def test_null_and_repeated_keys_are_refused_by_name(tmp_path):
 def test_bootstrap_from_a_state_export(spark, tmp_path):
     old = write_registry(tmp_path / "old")
     land(tmp_path / "old" / "landing", round_=0, files=2)
-    _summary(spark_submit_run_query(old, "page_visits"))
+    run_in_session(spark, old, "page_visits")
     old_ckpt = load_registry(old).query("page_visits").checkpoint
     export = tmp_path / "export"
     assert run_cli("export", old_ckpt, "--out", str(export)).returncode == 0
@@ -196,7 +195,7 @@ def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp
 def test_the_proof_covers_list_state_and_timers_without_initial_state(spark, tmp_path):
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
-    _summary(spark_submit_run_query(registry, "user_sessions"))
+    run_in_session(spark, registry, "user_sessions")
     query = load_registry(registry).query("user_sessions")
     result = prove_first_batch(spark, query, None)
     assert result["ok"], result
@@ -242,7 +241,7 @@ def test_bootstrap_from_a_checkpoint_transplants_it_or_falls_back_to_its_export(
     old query's plus the new input either way, and the old checkpoint is left as it was."""
     old = write_registry(tmp_path / "old")
     land(tmp_path / "old" / "landing", round_=0, files=2)
-    _summary(spark_submit_run_query(old, "page_visits"))
+    run_in_session(spark, old, "page_visits")
     old_checkpoint = load_registry(old).query("page_visits").checkpoint
     before = tree_digest(Path(old_checkpoint))
     new = write_registry(tmp_path / "new", page_visits={"shuffle_partitions": partitions})

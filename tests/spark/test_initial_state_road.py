@@ -178,7 +178,9 @@ def _bootstrap_in_process(road, registry) -> dict:
 
 
 def test_the_road_gives_the_state_and_output_of_the_query_restarted_at_the_cutover(spark, road):
-    new = _new(road, "new")
+    """On 3 partitions where the old state has 2: the road repartitions the state (a
+    migration falls back to it when the partition count changed, tests/dag/test_migration.py)."""
+    new = _new(road, "new", shuffle_partitions=3)
     proc = spark_job("bootstrap_state.py", "--registry", str(new.path), "--query", NAME,
                      "--initial-state", str(road.export))  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
@@ -197,6 +199,8 @@ def test_the_road_gives_the_state_and_output_of_the_query_restarted_at_the_cutov
     assert cp.commits[0]["nextBatchWatermarkMs"] == old_handed_on
     assert cp.offsets[1].watermark_ms == old_handed_on, "batch 1 fires timers as N + 1 would"
     assert verify_checkpoint(query.checkpoint)["ok"]
+    assert [op.num_partitions for op in cp.operators] == [3], "the state is repartitioned"
+    assert [op.num_partitions for op in road.cp.operators] == [2]
     assert tree_digest(road.cp.root) == road.digest, "the old checkpoint is only read"
 
     reference = road.ref.query(NAME)
