@@ -19,7 +19,7 @@ from tests.conftest import (
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, run_in_session
+from tests.spark.harness import job_in_session, land, run_in_session, summary_of
 
 pytestmark = pytest.mark.spark
 
@@ -142,7 +142,9 @@ def test_bootstrap_from_a_state_export(spark, tmp_path):
     run_in_session(spark, old, "page_visits")
     old_ckpt = load_registry(old).query("page_visits").checkpoint
     export = tmp_path / "export"
-    assert run_cli("export", old_ckpt, "--out", str(export)).returncode == 0
+    code, out = job_in_session(spark, "export_state.py", "--checkpoint", old_ckpt,
+                               "--out", str(export))  # fmt: skip
+    assert code == 0, out
     new = write_registry(tmp_path / "new")
     land(tmp_path / "new" / "landing", round_=1, files=1)
     summary = _summary(_bootstrap(new, export)[0])
@@ -168,7 +170,9 @@ def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
     initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
-    assert _summary(_bootstrap(registry, initial)[0])["proof"]["ok"]
+    boot = job_in_session(spark, "bootstrap_state.py", "--registry", str(registry),
+                          "--query", "page_visits", "--initial-state", str(initial))  # fmt: skip
+    assert summary_of(*boot)["proof"]["ok"]
     query = load_registry(registry).query("page_visits")
     ckpt = Path(query.checkpoint)
     before = tree_digest(ckpt)

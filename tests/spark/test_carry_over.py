@@ -21,11 +21,17 @@ from stateops.registry import load_registry
 from tests.conftest import (
     ROOT,
     run_cli,
-    spark_job,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_sink, read_state, run_in_session
+from tests.spark.harness import (
+    job_in_session,
+    land,
+    read_sink,
+    read_state,
+    run_in_session,
+    summary_of,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -94,8 +100,9 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
         manifest = json.loads((export / "manifest.json").read_text())
         open_at_cutover = next(e["rows"] for e in manifest["entries"] if e["variable"] == "events")
         assert open_at_cutover > 0, "no session was open at the cutover: nothing is carried over"
-        boot = _ok(spark_job("bootstrap_state.py", "--registry", str(new), "--query",
-                             "user_sessions", "--initial-state", str(export)))  # fmt: skip
+        boot = summary_of(*job_in_session(spark, "bootstrap_state.py", "--registry", str(new),
+                                          "--query", "user_sessions", "--initial-state",
+                                          str(export)))  # fmt: skip
         assert boot["bootstrap"] == "complete" and boot["proof"]["ok"], boot["proof"]
         run_in_session(spark, new, "user_sessions")  # the rest of the new source
     else:

@@ -127,8 +127,7 @@ def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
     def at(file: Path) -> str:
         return datetime.fromtimestamp(file.stat().st_mtime, UTC).isoformat()
 
-    cutover = datetime.fromtimestamp(files[2].stat().st_mtime, UTC)
-    run_in_session(spark, path, "user_sessions", cutover=cutover)
+    run_in_session(spark, path, "user_sessions", "--cutover", at(files[2]))
     cp = load_checkpoint(query.checkpoint)
     assert cp.last_committed_batch == 0, "one batch, and no no-data batch after it"
     assert sorted(f["path"].rpartition("/")[2] for f in cp.input_files(0)) == [
@@ -137,7 +136,8 @@ def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
     assert cp.seen_files() == {str(f) for f in files[:2]}, "the file after the cutover is unread"
 
     before = tree_digest(Path(query.checkpoint))
-    assert run_in_session(spark, path, "user_sessions", cutover=cutover)["batches_run"] == 0
+    again = run_in_session(spark, path, "user_sessions", "--cutover", at(files[2]))
+    assert again["batches_run"] == 0
     assert tree_digest(Path(query.checkpoint)) == before, "nothing before the cutover is left"
 
     for cutover, message in [(at(files[1]), "already read 1 input files modified at or after"),
