@@ -27,9 +27,9 @@ from stateops.audit import audit_dir
 from stateops.backup import list_backups
 from stateops.checkpoint import load_checkpoint
 from stateops.registry import load_registry
-from tests.conftest import S3_KEY, S3_SECRET, spark_submit_run_query, tree_digest, write_registry
+from tests.conftest import S3_KEY, S3_SECRET, tree_digest, write_registry
 from tests.dag.test_stream_start_run import _airflow
-from tests.spark.harness import land, read_sink, read_state
+from tests.spark.harness import land, read_sink, read_state, run_in_session
 
 pytestmark = pytest.mark.dag
 
@@ -39,10 +39,6 @@ READS = {
 }
 ARROW = {"STRING": pa.string(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", "UTC")}
 FILES = 3  # per round; one file per batch (maxFilesPerTrigger: 1)
-
-
-def _ok(proc) -> None:
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
 
 
 def _as_parquet(json_files: list[Path], folder: Path, ddl: str) -> None:
@@ -60,9 +56,9 @@ def _as_parquet(json_files: list[Path], folder: Path, ddl: str) -> None:
 
 class Migration:
     """A data folder with the old query run on part of round 0 (the rest is left to the drain)
-    and round 1 as Parquet in the new source's folder; for query ``name`` (and ``others``)."""
+    and round 1 as Parquet in the new source's folder, for query ``name``."""
 
-    def __init__(self, tmp_path: Path, name: str, s3, others: tuple[str, ...] = ()) -> None:
+    def __init__(self, spark, tmp_path: Path, name: str, s3) -> None:
         self.root, self.name = tmp_path, name
         self.path = write_registry(tmp_path)
         self.edit_registry(backups={"url": f"s3://backups/{tmp_path.name}",
@@ -73,15 +69,15 @@ class Migration:
         self.s3 = s3
         land(tmp_path / "landing", round_=0, files=FILES)
         land(tmp_path / "round1", round_=1, files=FILES)
-        for query in map(self.query, (name, *others)):
-            landing = Path(query.source.path)
-            last = sorted(landing.iterdir())[-1]
-            held_back = tmp_path / last.name
-            os.replace(last, held_back)  # arrives after the first run: the drain reads it
-            _ok(spark_submit_run_query(self.path, query.name))
-            os.replace(held_back, last)
-            _as_parquet(sorted((tmp_path / "round1" / query.name).iterdir()),
-                        tmp_path / "landing_v2" / query.name, query.source.schema_)  # fmt: skip
+        query = self.query()
+        landing = Path(query.source.path)
+        last = sorted(landing.iterdir())[-1]
+        held_back = tmp_path / last.name
+        os.replace(last, held_back)  # arrives after the first run: the drain reads it
+        run_in_session(spark, self.path, name)
+        os.replace(held_back, last)
+        _as_parquet(sorted((tmp_path / "round1" / name).iterdir()),
+                    tmp_path / "landing_v2" / name, query.source.schema_)  # fmt: skip
 
     def edit_registry(self, **top_level) -> None:
         raw = yaml.safe_load(self.path.read_text())
@@ -108,13 +104,13 @@ class Migration:
         return run, run.stdout + run.stderr
 
 
-def _uninterrupted(tmp_path: Path, *names: str) -> dict:
+def _uninterrupted(spark, tmp_path: Path, name: str):
+    """The query run once over both rounds, on one source: what the migration must equal."""
     whole = write_registry(tmp_path / "whole")
     land(tmp_path / "whole" / "landing", round_=0, files=FILES)
     land(tmp_path / "whole" / "landing", round_=1, files=FILES)
-    for name in names:
-        _ok(spark_submit_run_query(whole, name))
-    return {name: load_registry(whole).query(name) for name in names}
+    run_in_session(spark, whole, name)
+    return load_registry(whole).query(name)
 
 
 def _rows(sink: Path) -> Counter:
@@ -150,7 +146,7 @@ def _assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=N
     first = old.last_committed_batch + 1 if road == "transplant" else 0
     assert query.sink.folder_batch(first) == old.last_committed_batch + 1
 
-    _ok(spark_submit_run_query(m.path, name))  # the rest of the new source, after the switch
+    run_in_session(spark, m.path, name)  # the rest of the new source, after the switch
     query = m.query(name)
     assert load_checkpoint(query.checkpoint).last_committed_batch >= first + FILES - 1
     assert _state(spark, query.checkpoint, name) == _state(spark, whole.checkpoint, name), (
@@ -177,8 +173,8 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
 ):
     from stateops.lock import read_hold
 
-    whole = _uninterrupted(tmp_path, "page_visits")["page_visits"]
-    m = Migration(tmp_path, "page_visits", s3)
+    whole = _uninterrupted(spark, tmp_path, "page_visits")
+    m = Migration(spark, tmp_path, "page_visits", s3)
     old = Path(m.query().checkpoint)
     lock = load_registry(m.path).lock_path("page_visits")
     before = tree_digest(m.root / "checkpoints")
@@ -212,7 +208,7 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
     assert len(list(tmp_path.glob("checkpoints/page_visits.v2.failed-*"))) >= 2  # kept aside
 
     # The old query is still runnable: nothing new to read, so no batch and no change.
-    _ok(spark_submit_run_query(m.path, "page_visits"))
+    run_in_session(spark, m.path, "page_visits")
     assert tree_digest(old) == drained
 
     run, log = m.trigger(m.conf())  # auto: the transplant applies
@@ -222,15 +218,15 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
 
 
 def test_where_the_transplant_does_not_apply_auto_falls_back_to_initial_state(spark, s3, tmp_path):
-    """Both pipelines, after the registry's shuffle_partitions changed: the old state files
-    have 2 partitions, the query now wants 3. Asked for, the transplant is refused at
-    preflight; auto says why and takes the initialState road, which repartitions the state."""
-    names = ("page_visits", "user_sessions")
-    whole = _uninterrupted(tmp_path, *names)
-    m = Migration(tmp_path, "page_visits", s3, others=("user_sessions",))
+    """After the registry's shuffle_partitions changed: the old state files have 2
+    partitions, the query now wants 3. Asked for, the transplant is refused at preflight; auto
+    says why and takes the initialState road, which repartitions the state. (user_sessions'
+    list state and timers on that road, repartitioned: tests/spark/test_initial_state_road.py;
+    its DAG-level migration: tests/e2e/test_airflow.py.)"""
+    whole = _uninterrupted(spark, tmp_path, "page_visits")
+    m = Migration(spark, tmp_path, "page_visits", s3)
     raw = yaml.safe_load(m.path.read_text())
-    for spec in raw["queries"].values():
-        spec["shuffle_partitions"] = 3
+    raw["queries"]["page_visits"]["shuffle_partitions"] = 3
     m.edit_registry(queries=raw["queries"])
     before = tree_digest(m.root / "checkpoints")
     run, log = m.trigger(m.conf(carry_over="transplant"))
@@ -241,11 +237,12 @@ def test_where_the_transplant_does_not_apply_auto_falls_back_to_initial_state(sp
         in log
     ), log[-5000:]
     assert tree_digest(m.root / "checkpoints") == before
-    for name in names:
-        run, log = m.trigger(m.conf(name))
-        assert run.returncode == 0, log[-8000:]
-        assert (
-            "transplant does not apply (the old state has 2 partitions, the query 3 "
-            "(shuffle_partitions)): falling back to the initialState road" in log
-        )
-        _assert_migrated(spark, m, whole[name], log, "initial_state", name)
+    run, log = m.trigger(m.conf())
+    assert run.returncode == 0, log[-8000:]
+    assert (
+        "transplant does not apply (the old state has 2 partitions, the query 3 "
+        "(shuffle_partitions)): falling back to the initialState road" in log
+    )
+    _assert_migrated(spark, m, whole, log, "initial_state")
+    new = load_checkpoint(m.query().checkpoint)
+    assert [op.num_partitions for op in new.operators] == [3]

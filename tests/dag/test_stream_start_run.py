@@ -22,11 +22,10 @@ from tests.conftest import (
     ROOT,
     S3_KEY,
     S3_SECRET,
-    spark_submit_run_query,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_sink
+from tests.spark.harness import land, read_sink, run_in_session
 
 OUTPUT_COLUMNS = ["user_id", "visits", "last_page", "distinct_pages"]
 
@@ -128,15 +127,14 @@ def test_airflow_dags_test_stream_bootstrap_dry_run_then_real(tmp_path):
     assert "OK: state of page_visits after batch 0; Data Docs: " in log  # validate_state ran
 
 
-def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(tmp_path, s3):
+def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spark, tmp_path, s3):
     path = write_registry(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["backups"] = {"url": "s3://backups/dagtest", "conn_id": "aws_default", "keep_last": 2}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     registry = load_registry(path)
     land(tmp_path / "landing", round_=0, files=1)
-    proc = spark_submit_run_query(path, "page_visits")  # user_sessions never ran: skipped
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_in_session(spark, path, "page_visits")  # user_sessions never ran: skipped
     conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
             "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
     env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
@@ -157,15 +155,14 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(tmp_
     assert f"restoring {backups[0]['backup_id']}" in run.stdout + run.stderr
 
 
-def test_airflow_dags_test_stream_snapshot_cleanup(tmp_path):
+def test_airflow_dags_test_stream_snapshot_cleanup(spark, tmp_path):
     path = write_registry(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["cleanup"] = {"retain_batches": 2}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     registry = load_registry(path)
     land(tmp_path / "landing", round_=0, files=5)
-    proc = spark_submit_run_query(path, "page_visits")  # user_sessions never ran: skipped
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_in_session(spark, path, "page_visits")  # user_sessions never ran: skipped
     checkpoint = registry.query("page_visits").checkpoint
     before = load_checkpoint(checkpoint)
     run = _airflow(tmp_path, "dags", "test", "stream_snapshot_cleanup")
@@ -179,7 +176,7 @@ def test_airflow_dags_test_stream_snapshot_cleanup(tmp_path):
     assert read_audit(checkpoint)[-1]["operation"] == "cleanup"
 
 
-def test_airflow_dags_test_stream_backfill_with_changed_logic(tmp_path, s3):
+def test_airflow_dags_test_stream_backfill_with_changed_logic(spark, tmp_path, s3):
     """Dry run changes nothing; then roll back to the input before a time, reprocess with a
     smaller max_pages, and report what changed."""
     path = write_registry(tmp_path)
@@ -189,8 +186,7 @@ def test_airflow_dags_test_stream_backfill_with_changed_logic(tmp_path, s3):
     registry = load_registry(path)
     query = registry.query("page_visits")
     land(tmp_path / "landing", round_=0, files=5)
-    proc = spark_submit_run_query(path, "page_visits")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_in_session(spark, path, "page_visits")
     before = load_checkpoint(query.checkpoint)
     assert before.last_committed_batch == 4  # one landing file per batch
     sink = Path(query.sink.path)

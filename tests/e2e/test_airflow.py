@@ -99,11 +99,11 @@ def _alive(sessions: set[int]) -> list[str]:
 @pytest.fixture(scope="module")
 def stack(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("make-airflow")
-    whole = _uninterrupted(tmp, "user_sessions")["user_sessions"]
+    whole = _uninterrupted(spark, tmp, "user_sessions")
     ports = {name: free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI",
                                                "S3")}  # fmt: skip
     s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
-    migration = Migration(tmp, "user_sessions", s3)
+    migration = Migration(spark, tmp, "user_sessions", s3)
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(tmp / "airflow"),

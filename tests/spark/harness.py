@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
+import io
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pyarrow.parquet as pq
 
@@ -13,7 +19,7 @@ from stateops.checkpoint import load_checkpoint
 from stateops.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.sampledata import DATASETS, generate_events
 from stateops.streaming import apply_query_conf, start_query
-from tests.conftest import write_registry
+from tests.conftest import ROOT, write_registry
 
 _mtime = [1_700_000_000]
 
@@ -179,12 +185,52 @@ def registered_query(root: Path, name: str, checkpoint: Path, sink: Path) -> Que
     )
 
 
+def _registered_conf(spark) -> None:
+    """The built-in cases' setting stays in the shared session: a registered query runs with
+    Spark's default, whichever case ran before (the query's own settings are set on start)."""
+    spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
+
+
+@functools.cache
+def _job_module(job: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"job_{job[:-3]}", ROOT / "spark_jobs" / job)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def job_in_session(spark, job: str, *args: str) -> tuple[int, str]:
+    """``spark-submit spark_jobs/<job> ARGS`` without the JVM to start: the job's own ``main``
+    in this process's shared session. Returns (exit code, stdout). For tests whose subject is
+    what a job leaves (state, output, its summary); the jobs through spark-submit are proven
+    by their own tests (test_run_query, test_bootstrap, ...) and by each DAG's run."""
+    _registered_conf(spark)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            code = _job_module(job).main(list(args))
+    finally:
+        quiesce(spark)
+    return code, out.getvalue()
+
+
+def summary_of(code: int, stdout: str) -> dict:
+    """The summary a job printed last, once it succeeded."""
+    assert code == 0, stdout[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run_in_session(spark, registry: Path, name: str, *args: str) -> dict:
+    """``run_query.py --registry REGISTRY --query NAME ARGS`` in the shared session: its summary."""
+    return summary_of(*job_in_session(
+        spark, "run_query.py", "--registry", str(registry), "--query", name, *args
+    ))  # fmt: skip
+
+
 def pipeline_case(name: str, state_reads: list[dict[str, str]]) -> Case:
     def start(spark, root, checkpoint, sink):
         query = registered_query(root, name, checkpoint, sink)
-        # The built-in cases' setting stays in the shared session: the pipelines run with
-        # Spark's default, whichever case ran before.
-        spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
+        _registered_conf(spark)
         apply_query_conf(spark, query)
         return start_query(spark, query, available_now=True)
 

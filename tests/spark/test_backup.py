@@ -28,31 +28,25 @@ from tests.conftest import (
     S3Server,
     run_cli,
     run_query_command,
-    spark_submit_run_query,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_state
+from tests.spark.harness import land, read_state, run_in_session
 
 pytestmark = pytest.mark.spark
 
 
-def _run(registry: Path, query: str = "page_visits") -> None:
-    proc = spark_submit_run_query(registry, query)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
+def checkpoint(spark, tmp_path_factory) -> tuple[Path, Path]:
     """(registry, checkpoint) of page_visits after two batches."""
     root = tmp_path_factory.mktemp("backup")
     registry = write_registry(root)
     land(root / "landing", round_=0, files=2)
-    _run(registry)
+    run_in_session(spark, registry, "page_visits")
     return registry, Path(load_registry(registry).query("page_visits").checkpoint)
 
 
-def test_backups_are_incremental_and_restore_verified(s3, checkpoint, tmp_path):
+def test_backups_are_incremental_and_restore_verified(spark, s3, checkpoint, tmp_path):
     registry, ckpt = checkpoint
     client = s3.client()
     to = "s3://backups/incremental"
@@ -68,7 +62,7 @@ def test_backups_are_incremental_and_restore_verified(s3, checkpoint, tmp_path):
 
     # One more batch: only the files it changed are uploaded.
     land(ckpt.parent.parent / "landing", round_=1, files=1)
-    _run(registry)
+    run_in_session(spark, registry, "page_visits")
     third = backup_checkpoint(ckpt, to, client, log=lambda _: None)
     assert third["batch_id"] == first["batch_id"] + 1
     known = {f["sha256"] for f in first["files"]}
@@ -261,7 +255,7 @@ def test_backups_taken_while_the_query_runs_restore_and_restart(spark, s3, tmp_p
 
     # The original finishes the landed input; the restored backup of batch 1, restarted on the
     # same input, ends with the same state.
-    _run(registry)
+    run_in_session(spark, registry, "page_visits")
     restored = tmp_path / "restored"
     restore_backup(f"{to}/{backups[1]['backup_id']}", restored, client, log=lambda _: None)
     raw = yaml.safe_load(registry.read_text())
@@ -269,7 +263,7 @@ def test_backups_taken_while_the_query_runs_restore_and_restart(spark, s3, tmp_p
     raw["queries"]["page_visits"]["sink"]["path"] = str(tmp_path / "output-restored")
     other = tmp_path / "registry-restored.yaml"
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
-    _run(other)
+    run_in_session(spark, other, "page_visits")
     reads = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
     assert (
         load_checkpoint(restored).last_committed_batch == load_checkpoint(ckpt).last_committed_batch

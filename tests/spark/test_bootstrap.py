@@ -16,11 +16,10 @@ from tests.conftest import (
     ROOT,
     run_cli,
     spark_job,
-    spark_submit_run_query,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land
+from tests.spark.harness import job_in_session, land, run_in_session, summary_of
 
 pytestmark = pytest.mark.spark
 
@@ -110,7 +109,7 @@ def test_a_start_on_an_empty_source_keeps_the_bootstrap_pending(spark, tmp_path)
     assert reg.bootstrap_marker("page_visits").exists()
     # The scheduled start passes the initial state again, and batch 0 commits it.
     land(tmp_path / "landing", round_=0, files=1)
-    start = _summary(spark_submit_run_query(registry, "page_visits"))
+    start = run_in_session(spark, registry, "page_visits")
     assert start["bootstrap"] == "complete" and start["last_committed_batch"] == 0
     assert not reg.bootstrap_marker("page_visits").exists()
     expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
@@ -140,10 +139,12 @@ def test_null_and_repeated_keys_are_refused_by_name(tmp_path):
 def test_bootstrap_from_a_state_export(spark, tmp_path):
     old = write_registry(tmp_path / "old")
     land(tmp_path / "old" / "landing", round_=0, files=2)
-    _summary(spark_submit_run_query(old, "page_visits"))
+    run_in_session(spark, old, "page_visits")
     old_ckpt = load_registry(old).query("page_visits").checkpoint
     export = tmp_path / "export"
-    assert run_cli("export", old_ckpt, "--out", str(export)).returncode == 0
+    code, out = job_in_session(spark, "export_state.py", "--checkpoint", old_ckpt,
+                               "--out", str(export))  # fmt: skip
+    assert code == 0, out
     new = write_registry(tmp_path / "new")
     land(tmp_path / "new" / "landing", round_=1, files=1)
     summary = _summary(_bootstrap(new, export)[0])
@@ -169,7 +170,9 @@ def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
     initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
-    assert _summary(_bootstrap(registry, initial)[0])["proof"]["ok"]
+    boot = job_in_session(spark, "bootstrap_state.py", "--registry", str(registry),
+                          "--query", "page_visits", "--initial-state", str(initial))  # fmt: skip
+    assert summary_of(*boot)["proof"]["ok"]
     query = load_registry(registry).query("page_visits")
     ckpt = Path(query.checkpoint)
     before = tree_digest(ckpt)
@@ -196,7 +199,7 @@ def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp
 def test_the_proof_covers_list_state_and_timers_without_initial_state(spark, tmp_path):
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
-    _summary(spark_submit_run_query(registry, "user_sessions"))
+    run_in_session(spark, registry, "user_sessions")
     query = load_registry(registry).query("user_sessions")
     result = prove_first_batch(spark, query, None)
     assert result["ok"], result
@@ -242,7 +245,7 @@ def test_bootstrap_from_a_checkpoint_transplants_it_or_falls_back_to_its_export(
     old query's plus the new input either way, and the old checkpoint is left as it was."""
     old = write_registry(tmp_path / "old")
     land(tmp_path / "old" / "landing", round_=0, files=2)
-    _summary(spark_submit_run_query(old, "page_visits"))
+    run_in_session(spark, old, "page_visits")
     old_checkpoint = load_registry(old).query("page_visits").checkpoint
     before = tree_digest(Path(old_checkpoint))
     new = write_registry(tmp_path / "new", page_visits={"shuffle_partitions": partitions})

@@ -21,12 +21,17 @@ from stateops.registry import load_registry
 from tests.conftest import (
     ROOT,
     run_cli,
-    spark_job,
-    spark_submit_run_query,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_sink, read_state
+from tests.spark.harness import (
+    job_in_session,
+    land,
+    read_sink,
+    read_state,
+    run_in_session,
+    summary_of,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -71,15 +76,15 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
     # batch as that input, after it: with a 300 s timeout, other sessions.)
     whole = write_registry(tmp_path / "whole", user_sessions=timed)
     land(tmp_path / "whole" / "landing", round_=0, files=3)
-    _ok(spark_submit_run_query(whole, "user_sessions"))
+    run_in_session(spark, whole, "user_sessions")
     land(tmp_path / "whole" / "landing", round_=1, files=3)
     _add_late_event(tmp_path / "whole" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
-    _ok(spark_submit_run_query(whole, "user_sessions"))
+    run_in_session(spark, whole, "user_sessions")
 
     # The same events split at a cutover: round 0 on the old source, round 1 on the new one.
     old = write_registry(tmp_path / "old", user_sessions=timed)
     land(tmp_path / "old" / "landing", round_=0, files=3)
-    _ok(spark_submit_run_query(old, "user_sessions"))
+    run_in_session(spark, old, "user_sessions")
     old_checkpoint = Path(load_registry(old).query("user_sessions").checkpoint)
     last = load_checkpoint(old_checkpoint).last_committed_batch
     before = tree_digest(old_checkpoint)
@@ -95,10 +100,11 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
         manifest = json.loads((export / "manifest.json").read_text())
         open_at_cutover = next(e["rows"] for e in manifest["entries"] if e["variable"] == "events")
         assert open_at_cutover > 0, "no session was open at the cutover: nothing is carried over"
-        boot = _ok(spark_job("bootstrap_state.py", "--registry", str(new), "--query",
-                             "user_sessions", "--initial-state", str(export)))  # fmt: skip
+        boot = summary_of(*job_in_session(spark, "bootstrap_state.py", "--registry", str(new),
+                                          "--query", "user_sessions", "--initial-state",
+                                          str(export)))  # fmt: skip
         assert boot["bootstrap"] == "complete" and boot["proof"]["ok"], boot["proof"]
-        _ok(spark_submit_run_query(new, "user_sessions"))  # the rest of the new source
+        run_in_session(spark, new, "user_sessions")  # the rest of the new source
     else:
         cli = ["--registry", str(new), "transplant", str(old_checkpoint), new_checkpoint,
                "--query", "user_sessions"]  # fmt: skip
@@ -109,7 +115,7 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
         assert tree_digest(old_checkpoint) == before, "the transplant wrote into the old checkpoint"
         assert load_checkpoint(new_checkpoint).last_committed_batch == last
         assert not list(Path(new_checkpoint).glob("sources/*")), "the new source starts empty"
-        run = _ok(spark_submit_run_query(new, "user_sessions"))  # its first batch is proven
+        run = run_in_session(spark, new, "user_sessions")  # its first batch is proven
         assert run["carry_over"] == "transplant" and run["bootstrap"] == "complete"
         assert run["first_batch_id"] == last + 1 and run["proof"]["ok"], run["proof"]
     assert tree_digest(old_checkpoint) == before, "carrying the state over changed the old one"

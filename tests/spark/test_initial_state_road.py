@@ -24,7 +24,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from stateops.bootstrap import plan_bootstrap, prepare_bootstrap
 from stateops.checkpoint import copy_restart_set, load_checkpoint
 from stateops.errors import StateOpsError
 from stateops.export import export_state, state_checksum
@@ -32,8 +31,8 @@ from stateops.migration import plan_migration
 from stateops.registry import load_registry
 from stateops.runner import run_registered_query
 from stateops.verify import verify_checkpoint
-from tests.conftest import run_cli, spark_job, tree_digest, write_registry
-from tests.spark.harness import land, quiesce, read_sink
+from tests.conftest import run_cli, tree_digest, write_registry
+from tests.spark.harness import job_in_session, land, quiesce, read_sink
 
 pytestmark = pytest.mark.spark
 
@@ -169,20 +168,20 @@ def _output(query) -> Counter:
     return Counter(row for rows in read_sink(Path(query.sink.path)).values() for row in rows)
 
 
-def _bootstrap_in_process(road, registry) -> dict:
-    plan = plan_bootstrap(registry, NAME, str(road.export), None)
-    return run_registered_query(
-        registry, NAME, operation="bootstrap",
-        prepare=lambda spark: prepare_bootstrap(spark, registry, plan),
-    )  # fmt: skip
+def _bootstrap(spark, road, registry) -> dict:
+    """bootstrap_state.py from the road's export, in the shared session: its summary, whether
+    the bootstrap succeeded (exit 0) or its proof failed (exit 1)."""
+    code, out = job_in_session(spark, "bootstrap_state.py", "--registry", str(registry.path),
+                               "--query", NAME, "--initial-state", str(road.export))  # fmt: skip
+    assert code in (0, 1), out[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_the_road_gives_the_state_and_output_of_the_query_restarted_at_the_cutover(spark, road):
-    new = _new(road, "new")
-    proc = spark_job("bootstrap_state.py", "--registry", str(new.path), "--query", NAME,
-                     "--initial-state", str(road.export))  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    """On 3 partitions where the old state has 2: the road repartitions the state (a
+    migration falls back to it when the partition count changed, tests/dag/test_migration.py)."""
+    new = _new(road, "new", shuffle_partitions=3)
+    summary = _bootstrap(spark, road, new)
     assert summary["bootstrap"] == "complete" and summary["proof"]["ok"], summary["proof"]
     # Proven from batch 0 (the carried state) through the new source's first two batches.
     assert summary["proof"]["batches"][:3] == [0, 1, 2], summary["proof"]
@@ -197,6 +196,8 @@ def test_the_road_gives_the_state_and_output_of_the_query_restarted_at_the_cutov
     assert cp.commits[0]["nextBatchWatermarkMs"] == old_handed_on
     assert cp.offsets[1].watermark_ms == old_handed_on, "batch 1 fires timers as N + 1 would"
     assert verify_checkpoint(query.checkpoint)["ok"]
+    assert [op.num_partitions for op in cp.operators] == [3], "the state is repartitioned"
+    assert [op.num_partitions for op in road.cp.operators] == [2]
     assert tree_digest(road.cp.root) == road.digest, "the old checkpoint is only read"
 
     reference = road.ref.query(NAME)
@@ -222,8 +223,7 @@ def test_the_proof_fails_when_the_carried_events_are_re_sorted(spark, road):
     new = _new(road, "resorted", processor={
         **road.old.query(NAME).processor.model_dump(by_alias=True),
         "class": "tests.spark.leaky:ResortingUserSessions"})  # fmt: skip
-    summary = _bootstrap_in_process(road, new)
-    quiesce(spark)
+    summary = _bootstrap(spark, road, new)
     assert summary["status"] == "failed" and not summary["proof"]["ok"], summary
     assert re.search(
         r"batch 0 events: (\d+) rows, expected \1 \(contents differ\)", summary["error"]
@@ -244,8 +244,7 @@ def test_the_proof_fails_when_the_watermark_is_not_carried(spark, road, monkeypa
     monkeypatch.setattr(stateops.carry, "write_image_batch", lambda *args: False)
     monkeypatch.setattr(stateops.carry, "finish_image_batch", lambda *args: False)
     new = _new(road, "uncarried")
-    summary = _bootstrap_in_process(road, new)
-    quiesce(spark)
+    summary = _bootstrap(spark, road, new)
     assert summary["status"] == "failed" and not summary["proof"]["ok"], summary
     error = summary["error"]
     assert "batch 0 ran with watermark 0, the old query's would be" in error, error

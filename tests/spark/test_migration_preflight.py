@@ -13,18 +13,17 @@ from stateops.lock import QueryLock, read_hold
 from stateops.migration import plan_migration, prepare_migration
 from stateops.registry import load_registry
 from tests.conftest import spark_submit_run_query, tree_digest, write_registry
-from tests.spark.harness import land
+from tests.spark.harness import land, run_in_session
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
+def data(spark, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("preflight")
     path = write_registry(root)
     land(root / "landing", round_=0, files=1)
-    proc = spark_submit_run_query(path, "page_visits")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_in_session(spark, path, "page_visits")
     (root / "landing_v2").mkdir()
     (root / "landing_v3_empty").mkdir()
     _parquet(root / "landing_v2")
@@ -115,7 +114,7 @@ def test_a_query_without_carry_over_support_is_refused(tmp_path):
         plan_migration(registry, "page_visits", _source(), "", "manual__x")
 
 
-def test_a_cutover_time_drains_exactly_the_files_before_it(tmp_path):
+def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
     from datetime import UTC, datetime
 
     from stateops.checkpoint import load_checkpoint
@@ -128,8 +127,7 @@ def test_a_cutover_time_drains_exactly_the_files_before_it(tmp_path):
     def at(file: Path) -> str:
         return datetime.fromtimestamp(file.stat().st_mtime, UTC).isoformat()
 
-    proc = spark_submit_run_query(path, "user_sessions", "--cutover", at(files[2]))
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_in_session(spark, path, "user_sessions", "--cutover", at(files[2]))
     cp = load_checkpoint(query.checkpoint)
     assert cp.last_committed_batch == 0, "one batch, and no no-data batch after it"
     assert sorted(f["path"].rpartition("/")[2] for f in cp.input_files(0)) == [
@@ -138,8 +136,8 @@ def test_a_cutover_time_drains_exactly_the_files_before_it(tmp_path):
     assert cp.seen_files() == {str(f) for f in files[:2]}, "the file after the cutover is unread"
 
     before = tree_digest(Path(query.checkpoint))
-    again = spark_submit_run_query(path, "user_sessions", "--cutover", at(files[2]))
-    assert again.returncode == 0 and '"batches_run": 0' in again.stdout, again.stdout[-2000:]
+    again = run_in_session(spark, path, "user_sessions", "--cutover", at(files[2]))
+    assert again["batches_run"] == 0
     assert tree_digest(Path(query.checkpoint)) == before, "nothing before the cutover is left"
 
     for cutover, message in [(at(files[1]), "already read 1 input files modified at or after"),

@@ -1,4 +1,4 @@
-"""Rollback of the registered reference pipelines (spark-submit runs, their sinks), its
+"""Rollback of the registered reference pipelines (runs in the shared session, their sinks), its
 refusals, and cleanup/rollback killed with SIGKILL at many points then finished by a rerun."""
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from stateops.registry import load_registry
 from tests.conftest import (
     ROOT,
     run_cli,
-    spark_submit_run_query,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_sink, read_state
+from tests.spark.harness import land, read_sink, read_state, run_in_session
 
 pytestmark = pytest.mark.spark
 
@@ -30,11 +29,6 @@ READS = {
     "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
     "page_visits": [{"stateVarName": "pages"}, {"stateVarName": "count"}],
 }
-
-
-def _run(registry: Path, query: str) -> None:
-    proc = spark_submit_run_query(registry, query)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
 def _rows(sink: Path, after: int = -1) -> list[tuple]:
@@ -55,7 +49,7 @@ def test_rollback_then_reprocess_with_unchanged_logic_equals_an_uninterrupted_ru
     query = load_registry(registry).query("page_visits")
     ckpt, sink = Path(query.checkpoint), Path(query.sink.path)
     land(tmp_path / "landing", round_=0, files=6)
-    _run(registry, "page_visits")
+    run_in_session(spark, registry, "page_visits")
     uninterrupted = (read_state(spark, ckpt, READS["page_visits"]), _rows(sink))
     n = load_checkpoint(ckpt).last_committed_batch - 3
 
@@ -71,7 +65,7 @@ def test_rollback_then_reprocess_with_unchanged_logic_equals_an_uninterrupted_ru
     moved = list((sink / "_rolled_back").glob("*/batch_id=*"))
     assert sorted(int(p.name.split("=")[1]) for p in moved) == [n + 1, n + 2, n + 3]
 
-    _run(registry, "page_visits")
+    run_in_session(spark, registry, "page_visits")
     assert (read_state(spark, ckpt, READS["page_visits"]), _rows(sink)) == uninterrupted
 
 
@@ -80,7 +74,7 @@ def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark,
     query = load_registry(registry).query("user_sessions")
     ckpt, sink = Path(query.checkpoint), Path(query.sink.path)
     land(tmp_path / "landing", round_=0, files=8)
-    _run(registry, "user_sessions")
+    run_in_session(spark, registry, "user_sessions")
     old_logic_state = read_state(spark, ckpt, READS["user_sessions"])
     n = load_checkpoint(ckpt).last_committed_batch - 5
     # What the new logic gives from batch n on: a fresh copy of batch n's restart set.
@@ -106,8 +100,8 @@ def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark,
     for round_ in (None, 1):  # reprocess, then later input that loads the newest snapshot
         if round_:
             land(tmp_path / "landing", round_=round_, files=2)
-        _run(registry, "user_sessions")
-        _run(ref_registry, "user_sessions")
+        run_in_session(spark, registry, "user_sessions")
+        run_in_session(spark, ref_registry, "user_sessions")
         state = read_state(spark, ckpt, READS["user_sessions"])
         assert state == read_state(spark, reference / "ck", READS["user_sessions"])
         ref_sink = Path(load_registry(ref_registry).query("user_sessions").sink.path)
@@ -116,12 +110,12 @@ def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark,
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory) -> Path:
+def template(spark, tmp_path_factory) -> Path:
     """A page_visits checkpoint after 8 batches, and its sink, to copy from."""
     root = tmp_path_factory.mktemp("rollback-template")
     registry = write_registry(root)
     land(root / "landing", round_=0, files=8)
-    _run(registry, "page_visits")
+    run_in_session(spark, registry, "page_visits")
     return root
 
 
@@ -215,6 +209,6 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, s
                    "options": {"maxFilesPerTrigger": 1}},
     })  # fmt: skip
     before = load_checkpoint(work).last_committed_batch
-    _run(registry, "page_visits")
+    run_in_session(spark, registry, "page_visits")
     assert load_checkpoint(work).last_committed_batch > before
     assert read_state(spark, work, READS["page_visits"])

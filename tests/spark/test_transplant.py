@@ -3,7 +3,6 @@ byte-identical (a transplant that applies: tests/spark/test_carry_over.py)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,15 +12,10 @@ from stateops.errors import StateOpsError
 from stateops.pipelines.page_visits import PageVisitsProcessor
 from stateops.registry import load_registry
 from stateops.transplant import TransplantRefused, transplant_checkpoint
-from tests.conftest import run_cli, spark_submit_run_query, tree_digest, write_registry
-from tests.spark.harness import land
+from tests.conftest import run_cli, tree_digest, write_registry
+from tests.spark.harness import land, run_in_session
 
 pytestmark = pytest.mark.spark
-
-
-def _ok(proc) -> dict:
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 class PagesWithReferrer(PageVisitsProcessor):
@@ -50,11 +44,11 @@ REFUSED = [
 
 
 @pytest.fixture(scope="module")
-def page_visits(tmp_path_factory) -> Path:
+def page_visits(spark, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("transplant")
     path = write_registry(root)
     land(root / "landing", round_=0, files=2)
-    _ok(spark_submit_run_query(path, "page_visits"))
+    run_in_session(spark, path, "page_visits")
     return root
 
 
