@@ -57,6 +57,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from stateops.migration import spark_step
 from stateops.registry import Source
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
@@ -75,19 +76,23 @@ from stateops_airflow.tasks import (
 QUERIES = registered_queries(with_initial_state=True)
 PLAN = "ti.xcom_pull(task_ids='preflight')"
 FORMATS = list(Source.model_fields["format"].annotation.__args__)
+# The Spark steps' fields (stateops.migration.job_fields) as templates of this run's values.
+FIELDS = {
+    "query": "{{ params.query }}",
+    "run_id": "{{ run_id }}",
+    "cutover": "{{ " + PLAN + "['cutover'] }}",
+    "old_checkpoint": "{{ " + PLAN + "['old']['checkpoint'] }}",
+    "export": "{{ " + PLAN + "['export'] }}",
+    "last_committed_batch": "{{ ti.xcom_pull(task_ids='backup')['last_committed_batch'] }}",
+    "accept": "{{ 'yes' if " + PLAN + "['carry_over']['accepted'] else 'no' }}",
+}
+NEW_REGISTRY = "{{ " + PLAN + "['new']['registry'] }}"
 
 
-def _road(carry_over: dict) -> str:
-    if carry_over["road"] == "transplant":
-        road = "transplant (the new query can run on the old state files)"
-    elif carry_over["choice"] == "initial_state":
-        road = "initial_state (chosen)"
-    else:
-        why = "; ".join(carry_over["transplant_refusals"])
-        road = f"initial_state (transplant does not apply: {why})"
-    for difference in carry_over.get("differences", []):
-        road += f"\n  WARNING (accepted): the initialState road changes results: {difference}"
-    return road
+def spark_task(step: str):
+    """The migration's Spark step ``step`` (stateops.migration.SPARK_STEPS) as a task."""
+    job, registry, args = spark_step(step, FIELDS)
+    return spark_job_operator(step, job, args, registry=NEW_REGISTRY if registry == "new" else None)
 
 
 @dag(
@@ -164,7 +169,7 @@ def stream_source_migration() -> None:
     @task
     @one_line_errors
     def preflight() -> dict:
-        from stateops.migration import plan_migration, prepare_migration
+        from stateops.migration import format_migration_plan, plan_migration, prepare_migration
         from stateops.registry import load_registry
 
         context = get_current_context()
@@ -179,19 +184,7 @@ def stream_source_migration() -> None:
             registry, params["query"], source, params["new_checkpoint"] or "", context["run_id"],
             params["cutover"], params["carry_over"], params["accept_differences"],
         )  # fmt: skip
-        old, new = plan["old"], plan["new"]
-        print(
-            f"{'DRY RUN: would migrate' if params['dry_run'] else 'migrating'} {plan['query']}: "
-            f"{old['source']['format']} {old['source']['path']} -> {new['source']['format']} "
-            f"{new['source']['path']} ({plan['new_source_files']} files there now)\n"
-            f"  old checkpoint {old['checkpoint']} (last committed batch "
-            f"{old['last_committed_batch']}, verifies clean)"
-            + (f", running as {plan['running']}: will be stopped" if plan["running"] else "")
-            + f"\n  new checkpoint {new['checkpoint']}\n"
-            + f"  cutover: {plan['cutover']}\n"
-            + f"  carry-over: {_road(plan['carry_over'])}\n"
-            "  then: drain the old source, back up, carry the state over, prove, switch"
-        )
+        print(format_migration_plan(plan, params["dry_run"]))
         if not params["dry_run"]:
             prepare_migration(registry, plan)
             print(f"{plan['query']}: held by this run; other lifecycle operations wait")
@@ -207,31 +200,15 @@ def stream_source_migration() -> None:
         prepare_migration(registry, plan)  # the hold, renewed
         stop_running_query(registry, plan["query"])
 
-    drain = spark_job_operator(
-        "drain", "run_query.py",
-        ["--query", "{{ params.query }}", "--mode", "available-now", "--run-id", "{{ run_id }}",
-         "--cutover", "{{ " + PLAN + "['cutover'] }}"],
-    )  # fmt: skip
-
     @task
     @one_line_errors
     def backup(plan: dict) -> dict:
-        from stateops.backup import backup_checkpoint
-        from stateops.migration import prepare_migration, settle_migration
+        from stateops.migration import backup_for_migration
         from stateops.registry import load_registry
 
         registry = load_registry()
-        prepare_migration(registry, plan)
-        settled = settle_migration(registry, plan)
-        print(
-            f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
-            f"checkpoint's output continues at batch_id={settled['sink_batch_offset']}"
-        )
         client = airflow_s3_client(registry.backups.conn_id)
-        url = registry.backups.url_for(plan["query"])
-        manifest = backup_checkpoint(plan["old"]["checkpoint"], url, client,
-                                     batch=settled["last_committed_batch"], log=print)  # fmt: skip
-        return settled | {"backup_id": manifest["backup_id"]}
+        return backup_for_migration(registry, plan, client)
 
     @task.branch
     def carry_over(settled: dict) -> str:
@@ -241,69 +218,26 @@ def stream_source_migration() -> None:
     @task
     @one_line_errors
     def transplant(plan: dict, settled: dict) -> dict:
-        from stateops.migration import prepare_migration, transplant_for_migration
+        from stateops.migration import transplant_for_migration
         from stateops.registry import load_registry
 
-        prepare_migration(load_registry(), plan)
-        return transplant_for_migration(plan, settled)
-
-    first_batch = spark_job_operator(
-        "first_batch", "run_query.py",
-        ["--query", "{{ params.query }}", "--mode", "available-now", "--run-id", "{{ run_id }}"],
-        registry="{{ " + PLAN + "['new']['registry'] }}",
-    )  # fmt: skip
-
-    export = spark_job_operator(
-        "export", "export_state.py",
-        ["--checkpoint", "{{ " + PLAN + "['old']['checkpoint'] }}",
-         "--out", "{{ " + PLAN + "['export'] }}",
-         "--batch", "{{ ti.xcom_pull(task_ids='backup')['last_committed_batch'] }}"],
-    )  # fmt: skip
-    validate_export = spark_job_operator(
-        "validate_export", "validate_state.py", ["--query", "{{ params.query }}"]
-    )
-    new_registry = "{{ " + PLAN + "['new']['registry'] }}"
-    bootstrap = spark_job_operator(
-        "bootstrap", "bootstrap_state.py",
-        ["--query", "{{ params.query }}", "--initial-state", "{{ " + PLAN + "['export'] }}",
-         "--format", "export", "--run-id", "{{ run_id }}",
-         "--accept-differences={{ 'yes' if " + PLAN + "['carry_over']['accepted'] else 'no' }}"],
-        registry=new_registry,
-    )  # fmt: skip
+        return transplant_for_migration(load_registry(), plan, settled)
 
     @task(trigger_rule="none_failed_min_one_success")  # after either road
     @one_line_errors
     def prove(plan: dict) -> dict:
-        from stateops.migration import check_carry_over, prepare_migration
+        from stateops.migration import prove_migration
         from stateops.registry import load_registry
 
-        prepare_migration(load_registry(), plan)
-        result = check_carry_over(plan, get_current_context()["run_id"])
-        proof = result["proof"]
-        print(f"{plan['query']}: carry-over proven ({proof['variables']}; {proof['proof_file']})")
-        return result
-
-    validate_new_state = spark_job_operator(
-        "validate_new_state", "validate_state.py", ["--query", "{{ params.query }}"],
-        registry=new_registry,
-    )  # fmt: skip
+        return prove_migration(load_registry(), plan)
 
     @task
     @one_line_errors
     def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
-        from stateops.migration import prepare_migration, switch_query
+        from stateops.migration import switch_migration
         from stateops.registry import load_registry
 
-        registry = load_registry()
-        prepare_migration(registry, plan)
-        lineage = switch_query(registry, plan, settled, carry_over)
-        print(
-            f"{plan['query']}: switched to {plan['new']['source']['path']} and "
-            f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
-            f"(backup {settled['backup_id']}); lineage in "
-            f"{plan['new']['checkpoint']}.audit/lineage.json"
-        )
-        return lineage
+        return switch_migration(load_registry(), plan, settled, carry_over)
 
     @task(trigger_rule="one_failed")
     def roll_back() -> None:
@@ -327,6 +261,10 @@ def stream_source_migration() -> None:
             + ("; it was rolled back and the query runs on its old source" if plan else "")
         )
 
+    drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
+        spark_task(step) for step in ("drain", "first_batch", "export", "validate_export",
+                                      "bootstrap", "validate_new_state")
+    )  # fmt: skip
     planned = preflight()
     stopped = stop_query(planned)
     backed_up = backup(planned)

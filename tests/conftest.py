@@ -62,13 +62,13 @@ def tree_digest(path: Path) -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, check: bool = False, env: dict[str, str] | None = None
+    *args: str, check: bool = False, env: dict[str, str] | None = None, timeout: int = 120
 ) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [str(VENV_BIN / "stateops"), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
     if check and proc.returncode != 0:

@@ -296,6 +296,44 @@ def cmd_transplant(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from stateops.cleanup import new_run_id
+    from stateops.migration import format_migration_plan, plan_migration, run_migration
+
+    registry = load_registry(args.registry)
+    source = {
+        "format": args.new_source_format,
+        "path": args.new_source_path,
+        "schema": args.new_source_schema or "",
+        "options": dict(args.new_source_option),
+    }
+    plan = plan_migration(
+        registry, args.query, source, args.new_checkpoint or "", new_run_id("migration"),
+        args.cutover, args.carry_over, args.accept_differences,
+    )  # fmt: skip
+    _log(format_migration_plan(plan, args.dry_run))
+    if args.dry_run:
+        _log("dry run: nothing changed")
+        print(json.dumps(plan))
+        return 0
+    client = _s3(args)  # bad S3 settings: refused before the query is held
+
+    def run_job(job: str, registry_file: str, job_args: list[str]) -> None:
+        code = _spark_submit(job, args.master, "--registry", registry_file, *job_args)
+        if code != 0:
+            raise StateOpsError(f"{job} exited with code {code} (its output is above)")
+
+    print(json.dumps(run_migration(registry, plan, client, run_job, log=_log)))
+    return 0
+
+
+def _option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     print(f"registry {registry.path} (data under {registry.data_dir})")
@@ -537,6 +575,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="the committed batch to carry (default: the last)")
     p.add_argument("--dry-run", action="store_true", help="check and print the plan, write nothing")
     p.set_defaults(func=cmd_transplant)
+
+    p = sub.add_parser(
+        "migrate", parents=[s3_conn],
+        help="move a query to a new source with its state (the stream_source_migration steps)",
+    )  # fmt: skip
+    p.add_argument("query")
+    p.add_argument(
+        "--new-source-path",
+        required=True,
+        help="the new source's folder (relative to the registry's data_dir)",
+    )
+    p.add_argument("--new-source-format", default="parquet", help="default: parquet")
+    p.add_argument("--new-source-schema", help="DDL (default: the query's current schema)")
+    p.add_argument(
+        "--new-source-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a reader option (repeat for more)",
+    )
+    p.add_argument(
+        "--cutover",
+        default="drain",
+        help="drain (default), or a past time: the old source reads the files modified before it",
+    )
+    p.add_argument("--new-checkpoint", help="a new or empty folder (default: <checkpoint>.v2)")
+    p.add_argument(
+        "--carry-over",
+        choices=ROADS,
+        default="auto",
+        help="transplant the state files, or export + initialState (default: auto)",
+    )
+    p.add_argument(
+        "--accept-differences",
+        action="store_true",
+        help="carry the state over even where the initialState road changes what "
+        "the query computes (the refusal lists how)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)

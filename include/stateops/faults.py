@@ -26,7 +26,9 @@ import os
 import signal
 import time
 
-__all__ = ["point"]
+from stateops.errors import StateOpsError
+
+__all__ = ["fail_after", "point"]
 
 
 def _kill_at(spec: str | None) -> tuple[str, int] | None:
@@ -61,3 +63,11 @@ def _reach(name: str) -> None:
             os.close(fd)
     if _KILL_AT == (name, k):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fail_after(step: str) -> None:
+    """With ``STATEOPS_FAIL_AFTER=<step>`` in the environment, the step fails once its work is
+    done (failure-injection tests, game days): a migration step of the CLI as of the DAG, whose
+    tasks call this from their ``post_execute``. Read at each call: a test sets it per run."""
+    if os.environ.get("STATEOPS_FAIL_AFTER") == step:
+        raise StateOpsError(f"injected failure after {step} (STATEOPS_FAIL_AFTER)")

@@ -32,7 +32,14 @@ from stateops.audit import append_audit, audit_dir
 from stateops.carry import carry_differences, refuse_differences
 from stateops.checkpoint import load_checkpoint
 from stateops.cleanup import execute_sink_plan, plan_sink_rollback, safe_run_id
-from stateops.errors import CheckpointError, LockHeldError, RegistryError, StateOpsError
+from stateops.errors import (
+    CheckpointError,
+    LockHeldError,
+    RegistryError,
+    StateOpsError,
+    one_line,
+)
+from stateops.faults import fail_after
 from stateops.lock import hold_query, live_lock, refuse_unholdable, release_hold
 from stateops.registry import (
     Query,
@@ -50,12 +57,19 @@ from stateops.verify import error_summary, verify_checkpoint
 
 __all__ = [
     "OPERATION",
+    "SPARK_STEPS",
+    "backup_for_migration",
     "check_carry_over",
+    "format_migration_plan",
     "plan_migration",
     "prepare_migration",
+    "prove_migration",
     "roll_back_migration",
+    "run_migration",
     "settle_migration",
+    "spark_step",
     "stop_running_query",
+    "switch_migration",
     "switch_query",
     "transplant_for_migration",
 ]
@@ -63,6 +77,26 @@ __all__ = [
 OPERATION = "migration"
 # How an operator accepts an initialState road that changes results (the DAG's form field).
 _ACCEPT = "trigger again with accept_differences on"
+
+# The migration's Spark steps: the job, which registry it runs with ("old": the user's; "new":
+# the one the backup step derives, with the new source and checkpoint) and its arguments,
+# whose fields in braces come from the plan and the backup step (:func:`job_fields`). The DAG
+# fills the fields with templates, :func:`run_migration` with values: both run these jobs.
+SPARK_STEPS: dict[str, tuple[str, str, list[str]]] = {
+    "drain": ("run_query.py", "old", ["--query", "{query}", "--mode", "available-now",
+                                      "--run-id", "{run_id}", "--cutover", "{cutover}"]),
+    "first_batch": ("run_query.py", "new", ["--query", "{query}", "--mode", "available-now",
+                                            "--run-id", "{run_id}"]),
+    "export": ("export_state.py", "old", ["--checkpoint", "{old_checkpoint}", "--out", "{export}",
+                                          "--batch", "{last_committed_batch}"]),
+    "validate_export": ("validate_state.py", "old", ["--query", "{query}"]),
+    "bootstrap": ("bootstrap_state.py", "new", ["--query", "{query}", "--initial-state", "{export}",
+                                                "--format", "export", "--run-id", "{run_id}",
+                                                "--accept-differences={accept}"]),
+    "validate_new_state": ("validate_state.py", "new", ["--query", "{query}"]),
+}  # fmt: skip
+# The initialState road's steps (the transplant road's: transplant, first_batch).
+INITIAL_STATE_ROAD = ("export", "validate_export", "bootstrap")
 
 # Parquet column types as the registry's DDL names them (for the preflight's file check).
 _ARROW_TYPES = {
@@ -267,6 +301,56 @@ def _check_files(source: Source) -> None:
             raise StateOpsError(f"{first}: column {column!r} is {have}, not {kind}")
 
 
+def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
+    """The preflight's plan for a person (the task log, the CLI)."""
+    old, new = plan["old"], plan["new"]
+    running = f", running as {plan['running']}: will be stopped" if plan["running"] else ""
+    return (
+        f"{'DRY RUN: would migrate' if dry_run else 'migrating'} {plan['query']}: "
+        f"{old['source']['format']} {old['source']['path']} -> {new['source']['format']} "
+        f"{new['source']['path']} ({plan['new_source_files']} files there now)\n"
+        f"  old checkpoint {old['checkpoint']} (last committed batch "
+        f"{old['last_committed_batch']}, verifies clean){running}\n"
+        f"  new checkpoint {new['checkpoint']}\n"
+        f"  cutover: {plan['cutover']}\n"
+        f"  carry-over: {_road(plan['carry_over'])}\n"
+        "  then: drain the old source, back up, carry the state over, prove, switch"
+    )
+
+
+def _road(carry_over: dict[str, Any]) -> str:
+    if carry_over["road"] == "transplant":
+        road = "transplant (the new query can run on the old state files)"
+    elif carry_over["choice"] == "initial_state":
+        road = "initial_state (chosen)"
+    else:
+        why = "; ".join(carry_over["transplant_refusals"])
+        road = f"initial_state (transplant does not apply: {why})"
+    for difference in carry_over.get("differences", []):
+        road += f"\n  WARNING (accepted): the initialState road changes results: {difference}"
+    return road
+
+
+def job_fields(plan: dict[str, Any], settled: dict[str, Any] | None = None) -> dict[str, str]:
+    """The values of :data:`SPARK_STEPS`' fields for this run (``settled``: the backup step's
+    result, once it ran)."""
+    return {
+        "query": plan["query"],
+        "run_id": plan["run_id"],
+        "cutover": plan["cutover"],
+        "old_checkpoint": plan["old"]["checkpoint"],
+        "export": plan["export"],
+        "last_committed_batch": str((settled or {}).get("last_committed_batch", "")),
+        "accept": "yes" if plan["carry_over"].get("accepted") else "no",
+    }
+
+
+def spark_step(step: str, fields: dict[str, str]) -> tuple[str, str, list[str]]:
+    """(job file, ``old`` or ``new`` registry, arguments) of a Spark step, its fields filled."""
+    job, registry, args = SPARK_STEPS[step]
+    return job, registry, [arg.format_map(fields) for arg in args]
+
+
 def prepare_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
     """Hold the query for the run: until the switch or the roll back, only its steps run.
     Every later step calls it again: the hold is renewed, and a hold lost (expired and taken
@@ -303,13 +387,36 @@ def settle_migration(
     return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road}
 
 
+def backup_for_migration(
+    registry: Registry, plan: dict[str, Any], client: Any, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The backup step: the drained old checkpoint settled (:func:`settle_migration`), then
+    backed up to the registry's ``backups.url``; the settlement plus the ``backup_id``."""
+    from stateops.backup import backup_checkpoint
+
+    prepare_migration(registry, plan)
+    settled = settle_migration(registry, plan, log)
+    log(
+        f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
+        f"checkpoint's output continues at batch_id={settled['sink_batch_offset']}"
+    )
+    url = registry.backups.url_for(plan["query"])
+    manifest = backup_checkpoint(plan["old"]["checkpoint"], url, client,
+                                 batch=settled["last_committed_batch"], log=log)  # fmt: skip
+    return settled | {"backup_id": manifest["backup_id"]}
+
+
 def transplant_for_migration(
-    plan: dict[str, Any], settled: dict[str, Any], log: Callable[[str], None] = print
+    registry: Registry,
+    plan: dict[str, Any],
+    settled: dict[str, Any],
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The transplant road: the new checkpoint from the old one's state at the drained batch;
     the new query's first batch is then proven against that state."""
     from stateops.bootstrap import mark_transplant
 
+    prepare_migration(registry, plan)
     new_registry = load_registry(plan["new"]["registry"])
     query = new_registry.query(plan["query"])
     result = transplant_checkpoint(plan["old"]["checkpoint"], query.checkpoint, query,
@@ -378,6 +485,90 @@ def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     }
 
 
+def prove_migration(
+    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The prove step: :func:`check_carry_over` on the new checkpoint's first batch."""
+    prepare_migration(registry, plan)
+    result = check_carry_over(plan, plan["run_id"])
+    proof = result["proof"]
+    log(f"{plan['query']}: carry-over proven ({proof['variables']}; {proof['proof_file']})")
+    return result
+
+
+def switch_migration(
+    registry: Registry,
+    plan: dict[str, Any],
+    settled: dict[str, Any],
+    carry_over: dict[str, Any],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The switch step: :func:`switch_query`, said."""
+    prepare_migration(registry, plan)
+    lineage = switch_query(registry, plan, settled, carry_over)
+    log(
+        f"{plan['query']}: switched to {plan['new']['source']['path']} and "
+        f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
+        f"(backup {settled['backup_id']}); lineage in "
+        f"{audit_dir(plan['new']['checkpoint']) / 'lineage.json'}"
+    )
+    return lineage
+
+
+def run_migration(
+    registry: Registry,
+    plan: dict[str, Any],
+    client: Any,
+    run_job: Callable[[str, str, list[str]], None],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Every step of ``stream_source_migration`` after its preflight, in one process (the CLI's
+    ``stateops migrate``), with the same step functions and Spark jobs; a failure rolls the run
+    back (:func:`roll_back_migration`) and raises, naming the step.
+
+    ``run_job(job, registry_file, args)`` runs one Spark job (``spark-submit`` for the CLI) and
+    raises when it fails. Returns the lineage the switch recorded.
+    """
+    step, fields = "stop_query", job_fields(plan)
+
+    def run(name: str, action: Callable[[], Any]) -> Any:
+        nonlocal step
+        step = name
+        result = action()
+        fail_after(name)  # STATEOPS_FAIL_AFTER, as the DAG's tasks
+        return result
+
+    def spark(name: str) -> None:
+        job, which, args = spark_step(name, fields)
+        run_job(job, str(registry.path) if which == "old" else plan["new"]["registry"], args)
+
+    try:
+        prepare_migration(registry, plan)
+        run("stop_query", lambda: stop_running_query(registry, plan["query"], log))
+        run("drain", lambda: spark("drain"))
+        settled = run("backup", lambda: backup_for_migration(registry, plan, client, log))
+        fields = job_fields(plan, settled)
+        run("carry_over", lambda: log(f"carry-over road: {settled['road']}"))
+        if settled["road"] == "transplant":
+            run("transplant", lambda: transplant_for_migration(registry, plan, settled, log))
+            run("first_batch", lambda: spark("first_batch"))
+        else:
+            for name in INITIAL_STATE_ROAD:
+                run(name, lambda name=name: spark(name))
+        carried = run("prove", lambda: prove_migration(registry, plan, log))
+        run("validate_new_state", lambda: spark("validate_new_state"))
+        lineage = run("switch", lambda: switch_migration(registry, plan, settled, carried, log))
+    except Exception as err:
+        log(f"{plan['query']}: {step} failed: {one_line(err)}")
+        roll_back_migration(registry, plan, log)
+        raise StateOpsError(
+            f"the migration of {plan['query']} failed at {step} ({one_line(err)}); it was "
+            f"rolled back and the query runs on {plan['old']['checkpoint']}: fix the cause "
+            "and migrate again"
+        ) from err
+    return lineage
+
+
 def switch_query(
     registry: Registry,
     plan: dict[str, Any],
@@ -437,6 +628,7 @@ def roll_back_migration(
     """Undo what a failed migration run did; the old query can start again afterwards."""
     name, old, new = plan["query"], plan["old"], Path(plan["new"]["checkpoint"])
     done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
+    registry = load_registry(registry.path)  # as it is now: a switch may have been written
     prepare_migration(registry, plan)  # held again (a switch releases it) while undoing
     stop_running_query(registry, name, log)  # e.g. started on the new checkpoint meanwhile
     if registry.query(name).checkpoint == str(new):

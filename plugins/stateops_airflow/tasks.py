@@ -121,10 +121,10 @@ def carry_over_param(title: str, description: str) -> Any:
 
 def inject_fault(context: Any, result: Any = None) -> None:
     """``post_execute`` hook: with ``STATEOPS_FAIL_AFTER=<task id>`` in the environment, that
-    task fails after doing its work (failure-injection tests, game days)."""
-    task_id = context["ti"].task_id
-    if os.environ.get("STATEOPS_FAIL_AFTER") == task_id:
-        raise AirflowFailException(f"injected failure after {task_id} (STATEOPS_FAIL_AFTER)")
+    task fails after doing its work (:func:`stateops.faults.fail_after`)."""
+    from stateops.faults import fail_after
+
+    one_line_errors(fail_after)(context["ti"].task_id)
 
 
 def not_a_dry_run() -> Any:

@@ -1,179 +1,39 @@
-"""stream_source_migration through ``airflow dags test`` on local Spark and the embedded S3
-(tests/e2e/test_standalone_migration.py triggers it through the REST API of a real
-``airflow standalone``, with user_sessions).
-
-One event stream split at a cutover: round 0 lands as JSON in the old source, round 1 as
-Parquet in a new folder. After the migration and the rest of the new source, the state and
-the output must equal one uninterrupted query's over every event, by either road the state
-takes (a transplant of the old state files, or export + bootstrap with ``initialState``).
+"""stream_source_migration through ``airflow dags test`` on local Spark and the embedded S3:
+the dry run, a failed step rolled back by the DAG's ``roll_back`` task, and both roads of a
+migration that succeeds (tests/spark/migrations.py: the scenario and what it must equal).
+The same steps fail one by one at the library level, with the same checks
+(tests/spark/test_migration_run.py); the REST API of a real stack: tests/e2e/test_airflow.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import stat
-from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.json as pj
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from stateops.audit import audit_dir
-from stateops.backup import list_backups
 from stateops.checkpoint import load_checkpoint
+from stateops.lock import read_hold
 from stateops.registry import load_registry
-from tests.conftest import S3_KEY, S3_SECRET, tree_digest, write_registry
-from tests.dag.test_stream_start_run import _airflow
-from tests.spark.harness import land, read_sink, read_state, run_in_session
+from tests.conftest import tree_digest
+from tests.spark.harness import run_in_session
+from tests.spark.migrations import Migration, assert_migrated, assert_rolled_back, uninterrupted
 
 pytestmark = pytest.mark.dag
 
-READS = {
-    "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
-    "page_visits": [{"stateVarName": "pages"}, {"stateVarName": "count"}],
-}
-ARROW = {"STRING": pa.string(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", "UTC")}
-FILES = 3  # per round; one file per batch (maxFilesPerTrigger: 1)
 
-
-def _as_parquet(json_files: list[Path], folder: Path, ddl: str) -> None:
-    """The same events in Parquet, one file per JSON file, with the same modification times."""
-    from stateops.registry import schema_fields
-
-    schema = pa.schema([(name, ARROW[kind]) for name, kind in schema_fields(ddl)])
-    folder.mkdir(parents=True)
-    for f in json_files:
-        table = pj.read_json(f, parse_options=pj.ParseOptions(explicit_schema=schema))
-        target = folder / (f.stem + ".parquet")
-        pq.write_table(table, target)
-        os.utime(target, (f.stat().st_mtime, f.stat().st_mtime))
-
-
-class Migration:
-    """A data folder with the old query run on part of round 0 (the rest is left to the drain)
-    and round 1 as Parquet in the new source's folder, for query ``name``."""
-
-    def __init__(self, spark, tmp_path: Path, name: str, s3) -> None:
-        self.root, self.name = tmp_path, name
-        self.path = write_registry(tmp_path)
-        self.edit_registry(backups={"url": f"s3://backups/{tmp_path.name}",
-                                    "conn_id": "aws_default"})  # fmt: skip
-        conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
-                "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
-        self.env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
-        self.s3 = s3
-        land(tmp_path / "landing", round_=0, files=FILES)
-        land(tmp_path / "round1", round_=1, files=FILES)
-        query = self.query()
-        landing = Path(query.source.path)
-        last = sorted(landing.iterdir())[-1]
-        held_back = tmp_path / last.name
-        os.replace(last, held_back)  # arrives after the first run: the drain reads it
-        run_in_session(spark, self.path, name)
-        os.replace(held_back, last)
-        _as_parquet(sorted((tmp_path / "round1" / name).iterdir()),
-                    tmp_path / "landing_v2" / name, query.source.schema_)  # fmt: skip
-
-    def edit_registry(self, **top_level) -> None:
-        raw = yaml.safe_load(self.path.read_text())
-        raw.update(top_level)
-        self.path.write_text(yaml.safe_dump(raw, sort_keys=False))
-
-    def query(self, name: str | None = None):
-        return load_registry(self.path).query(name or self.name)
-
-    def conf(self, name: str | None = None, **extra) -> dict:
-        name = name or self.name
-        return {
-            "query": name,
-            "new_source_format": "parquet",
-            "new_source_path": f"landing_v2/{name}",
-            "new_source_options": {"maxFilesPerTrigger": 1},
-            "dry_run": False,
-            **extra,
-        }
-
-    def trigger(self, conf: dict, **env: str):
-        run = _airflow(self.root, "dags", "test", "stream_source_migration", "--conf",
-                       json.dumps(conf), env={**self.env, **env})  # fmt: skip
-        return run, run.stdout + run.stderr
-
-
-def _uninterrupted(spark, tmp_path: Path, name: str):
-    """The query run once over both rounds, on one source: what the migration must equal."""
-    whole = write_registry(tmp_path / "whole")
-    land(tmp_path / "whole" / "landing", round_=0, files=FILES)
-    land(tmp_path / "whole" / "landing", round_=1, files=FILES)
-    run_in_session(spark, whole, name)
-    return load_registry(whole).query(name)
-
-
-def _rows(sink: Path) -> Counter:
-    return Counter(row for rows in read_sink(sink).values() for row in rows)
-
-
-def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
-    """State rows per variable, whatever partition holds them (the initialState road may run
-    on another number of partitions)."""
-    return [sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
-            for rows in read_state(spark, checkpoint, READS[name])]  # fmt: skip
-
-
-def _assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=None) -> int:
-    """The migration of ``name`` took ``road`` and, after the rest of the new source, its state
-    and output equal the uninterrupted run's. Returns the sink folder of its first new batch."""
-    name = name or m.name
-    query = m.query(name)
-    old_checkpoint = str(m.root / "checkpoints" / name)
-    assert query.source.format == "parquet" and query.checkpoint == old_checkpoint + ".v2"
-    assert f"{name}: switched to" in run_log and "carry-over proven" in run_log
-    lineage = json.loads((audit_dir(query.checkpoint) / "lineage.json").read_text())
-    assert lineage["carry_over"] == road, lineage
-    old = load_checkpoint(old_checkpoint)
-    assert lineage["from"]["last_committed_batch"] == old.last_committed_batch
-    assert lineage["from"]["query_id"] == old.query_id
-    backups = list_backups(f"s3://backups/{m.root.name}/{name}", m.s3.client())
-    assert lineage["backup_id"] in [b["backup_id"] for b in backups]
-    assert all(
-        not p.stat().st_mode & stat.S_IWUSR for p in Path(old_checkpoint).rglob("*") if p.is_file()
-    ), "the old checkpoint is kept read-only"
-    # The new checkpoint's first batch writes the sink folder after the old one's last.
-    first = old.last_committed_batch + 1 if road == "transplant" else 0
-    assert query.sink.folder_batch(first) == old.last_committed_batch + 1
-
-    run_in_session(spark, m.path, name)  # the rest of the new source, after the switch
-    query = m.query(name)
-    assert load_checkpoint(query.checkpoint).last_committed_batch >= first + FILES - 1
-    assert _state(spark, query.checkpoint, name) == _state(spark, whole.checkpoint, name), (
-        "state differs from the uninterrupted run's"
-    )
-    assert _rows(Path(query.sink.path)) == _rows(Path(whole.sink.path))
-    return query.sink.folder_batch(first)
-
-
-# Every step after preflight, with the road it is on; CI injects a failure after the first
-# Spark step, the bootstrap (initialState road) and the switch (transplant road, after its first
-# batch and proof; each failed run costs the steps before it). STATEOPS_ALL_FAULTS=1: every step.
-STEPS = [("stop_query", "auto"), ("drain", "auto"), ("backup", "auto"),
-         ("carry_over", "auto"), ("transplant", "auto"), ("first_batch", "auto"),
-         ("export", "initial_state"), ("validate_export", "initial_state"),
-         ("bootstrap", "initial_state"), ("prove", "auto"), ("validate_new_state", "auto"),
-         ("switch", "auto")]  # fmt: skip
-CI_FAULTS = {"drain", "bootstrap", "switch"}
-FAULTS = [s for s in STEPS if os.environ.get("STATEOPS_ALL_FAULTS") or s[0] in CI_FAULTS]
-
-
-def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates(
+def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_applies(
     spark, s3, tmp_path
 ):
-    from stateops.lock import read_hold
-
-    whole = _uninterrupted(spark, tmp_path, "page_visits")
+    """The dry run changes nothing. A failed step (here the first Spark step, the drain) runs
+    the DAG's ``roll_back``, with the checks of the library's failure after each step. Then,
+    after the registry's shuffle_partitions changed (the old state files have 2 partitions,
+    the query now wants 3), a transplant asked for is refused at preflight; auto says why and
+    takes the initialState road, which repartitions the state. (The transplant road through
+    the DAG: tests/e2e/test_airflow.py; through ``stateops migrate``:
+    tests/spark/test_migration_run.py; user_sessions' list state and timers on the
+    initialState road, repartitioned: tests/spark/test_initial_state_road.py.)"""
+    whole = uninterrupted(spark, tmp_path, "page_visits")
     m = Migration(spark, tmp_path, "page_visits", s3)
     old = Path(m.query().checkpoint)
     lock = load_registry(m.path).lock_path("page_visits")
@@ -182,49 +42,16 @@ def test_page_visits_failure_at_each_step_rolls_back_then_a_new_trigger_migrates
     assert dry.returncode == 0, log[-5000:]
     assert "DRY RUN: would migrate page_visits" in log
     assert tree_digest(m.root / "checkpoints") == before and read_hold(lock) is None
-    drained = None
-    for step, road in FAULTS:
-        run, log = m.trigger(m.conf(carry_over=road), STATEOPS_FAIL_AFTER=step)
-        assert run.returncode != 0, log[-3000:]
-        assert f"injected failure after {step}" in log
-        assert "migration rolled back; the query runs on" in log, log[-5000:]
-        query = m.query()
-        assert (query.source.format, query.checkpoint, query.sink.batch_offset) == (
-            "json",
-            str(old),
-            0,
-        ), f"after a failure at {step}, the registry still points at the old source"
-        assert read_hold(lock) is None, "the hold is released"
-        assert not Path(f"{old}.v2").exists(), "the new checkpoint is moved aside"
-        assert all(p.stat().st_mode & stat.S_IWUSR for p in old.rglob("*") if p.is_file())
-        folders = {int(f.name.split("=")[1]) for f in Path(query.sink.path).glob("batch_id=*")}
-        assert max(folders) == load_checkpoint(old).last_committed_batch, (
-            f"after a failure at {step}, the new checkpoint's output is moved aside"
-        )
-        digest = tree_digest(old)
-        if step != "stop_query":  # the drain ran: from then on, the old checkpoint is fixed
-            drained = drained or digest
-            assert digest == drained, f"a failure at {step} changed the old checkpoint"
-    assert len(list(tmp_path.glob("checkpoints/page_visits.v2.failed-*"))) >= 2  # kept aside
 
+    run, log = m.trigger(m.conf(), STATEOPS_FAIL_AFTER="drain")
+    assert run.returncode != 0, log[-3000:]
+    assert "injected failure after drain" in log
+    assert "migration rolled back; the query runs on" in log, log[-5000:]
+    drained = assert_rolled_back(m, "drain", None)
     # The old query is still runnable: nothing new to read, so no batch and no change.
     run_in_session(spark, m.path, "page_visits")
     assert tree_digest(old) == drained
 
-    run, log = m.trigger(m.conf())  # auto: the transplant applies
-    assert run.returncode == 0, log[-8000:]
-    assert "carry-over road: transplant" in log and "transplant done:" in log
-    _assert_migrated(spark, m, whole, log, "transplant")
-
-
-def test_where_the_transplant_does_not_apply_auto_falls_back_to_initial_state(spark, s3, tmp_path):
-    """After the registry's shuffle_partitions changed: the old state files have 2
-    partitions, the query now wants 3. Asked for, the transplant is refused at preflight; auto
-    says why and takes the initialState road, which repartitions the state. (user_sessions'
-    list state and timers on that road, repartitioned: tests/spark/test_initial_state_road.py;
-    its DAG-level migration: tests/e2e/test_airflow.py.)"""
-    whole = _uninterrupted(spark, tmp_path, "page_visits")
-    m = Migration(spark, tmp_path, "page_visits", s3)
     raw = yaml.safe_load(m.path.read_text())
     raw["queries"]["page_visits"]["shuffle_partitions"] = 3
     m.edit_registry(queries=raw["queries"])
@@ -243,6 +70,6 @@ def test_where_the_transplant_does_not_apply_auto_falls_back_to_initial_state(sp
         "transplant does not apply (the old state has 2 partitions, the query 3 "
         "(shuffle_partitions)): falling back to the initialState road" in log
     )
-    _assert_migrated(spark, m, whole, log, "initial_state")
+    assert_migrated(spark, m, whole, log, "initial_state")
     new = load_checkpoint(m.query().checkpoint)
     assert [op.num_partitions for op in new.operators] == [3]

@@ -26,8 +26,8 @@ import pytest
 from stateops.checkpoint import load_checkpoint
 from stateops.s3server import free_port
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server
-from tests.dag.test_migration import Migration, _assert_migrated, _uninterrupted
 from tests.spark.harness import read_sink
+from tests.spark.migrations import Migration, assert_migrated, uninterrupted
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +99,7 @@ def _alive(sessions: set[int]) -> list[str]:
 @pytest.fixture(scope="module")
 def stack(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("make-airflow")
-    whole = _uninterrupted(spark, tmp, "user_sessions")
+    whole = uninterrupted(spark, tmp, "user_sessions")
     ports = {name: free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI",
                                                "S3")}  # fmt: skip
     s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
@@ -225,7 +225,7 @@ def test_rest_api_triggers_the_migration_and_it_succeeds_on_the_cluster(stack, s
     logs = "\n".join(p.read_text() for p in (Path(stack.env["AIRFLOW_HOME"]) / "logs")
                      .rglob(f"run_id={run['dag_run_id']}/**/*.log"))  # fmt: skip
     assert "spark://127.0.0.1:" in logs, "the Spark jobs ran on the standalone cluster"
-    first_new = _assert_migrated(spark, m, stack.whole, logs, "transplant")
+    first_new = assert_migrated(spark, m, stack.whole, logs, "transplant")
     carried = [r for b, rows in read_sink(Path(m.query().sink.path)).items() if b >= first_new
                for r in rows if r[4].startswith("e0-")]  # fmt: skip
     assert carried, "no session open at the cutover (round 0 events) closed on the new source"

@@ -1,0 +1,91 @@
+"""The migration's steps in one process (``stateops.migration.run_migration``, behind
+``stateops migrate``): a failure after each step rolls the run back, and a new run migrates,
+to the state and output of one uninterrupted query (tests/spark/migrations.py). The Spark
+steps run their jobs' own ``main()`` in the shared session while failing one by one; the
+migration that succeeds is ``stateops migrate`` itself, its jobs through ``spark-submit``.
+The DAG runs the same step functions: tests/dag/test_migration.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stateops.errors import StateOpsError
+from stateops.lock import read_hold
+from stateops.migration import plan_migration, run_migration
+from stateops.registry import load_registry
+from tests.conftest import run_cli, tree_digest
+from tests.spark.harness import job_in_session, run_in_session
+from tests.spark.migrations import (
+    FAULTS,
+    Migration,
+    assert_migrated,
+    assert_rolled_back,
+    uninterrupted,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def _cli_args(m: Migration, road: str = "auto") -> list[str]:
+    conf = m.conf(carry_over=road)
+    return [
+        "--registry", str(m.path), "migrate", m.name,
+        "--new-source-path", conf["new_source_path"],
+        "--new-source-format", conf["new_source_format"],
+        "--new-source-option", "maxFilesPerTrigger=1",
+        "--carry-over", road,
+    ]  # fmt: skip
+
+
+def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
+    spark, s3, tmp_path, monkeypatch
+):
+    whole = uninterrupted(spark, tmp_path, "page_visits")
+    m = Migration(spark, tmp_path, "page_visits", s3)
+    old = Path(m.query().checkpoint)
+    before = tree_digest(m.root / "checkpoints")
+
+    dry = run_cli(*_cli_args(m), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "DRY RUN: would migrate page_visits" in dry.stderr
+    assert json.loads(dry.stdout)["carry_over"]["road"] == "transplant"
+    assert tree_digest(m.root / "checkpoints") == before
+    assert read_hold(load_registry(m.path).lock_path("page_visits")) is None
+
+    def run_job(job: str, registry_file: str, args: list[str]) -> None:
+        code, out = job_in_session(spark, job, "--registry", registry_file, *args)
+        if code != 0:
+            raise StateOpsError(f"{job} exited with code {code}: {out[-2000:]}")
+
+    drained = None
+    for i, (step, road) in enumerate(FAULTS):
+        registry = load_registry(m.path)
+        conf = m.conf(carry_over=road)
+        source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
+                  "options": conf["new_source_options"]}  # fmt: skip
+        plan = plan_migration(registry, m.name, source, "", f"m-fail-{i}", carry_over=road)
+        monkeypatch.setenv("STATEOPS_FAIL_AFTER", step)
+        log: list[str] = []
+        with pytest.raises(StateOpsError) as failed:
+            run_migration(registry, plan, s3.client(), run_job, log=log.append)
+        assert f"failed at {step} (injected failure after {step}" in str(failed.value)
+        assert "it was rolled back" in str(failed.value)
+        assert "page_visits: migration rolled back; the query runs on" in "\n".join(log)
+        drained = assert_rolled_back(m, step, drained)
+    monkeypatch.delenv("STATEOPS_FAIL_AFTER")
+    assert len(list(tmp_path.glob("checkpoints/page_visits.v2.failed-*"))) >= 2  # kept aside
+
+    # The old query is still runnable: nothing new to read, so no batch and no change.
+    run_in_session(spark, m.path, "page_visits")
+    assert tree_digest(old) == drained
+
+    migrated = run_cli(*_cli_args(m), env=m.s3.env(), timeout=600)
+    log = migrated.stdout + migrated.stderr
+    assert migrated.returncode == 0, log[-8000:]
+    assert "carry-over road: transplant" in log and "transplant done:" in log
+    assert json.loads(migrated.stdout.strip().splitlines()[-1])["carry_over"] == "transplant"
+    assert_migrated(spark, m, whole, log, "transplant")
