@@ -34,15 +34,15 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.backfill import OVERRIDABLE
+from stateops.backfill import OVERRIDABLE, SPARK_STEPS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
     dry_run_param,
     not_a_dry_run,
+    one_line_errors,
     plan_backfill,
     query_param,
-    read_run_summary,
     registered_queries,
     report_backfill,
     rollback_for_backfill,
@@ -52,6 +52,14 @@ from stateops_airflow.tasks import (
 
 QUERIES = registered_queries()
 PLANNED_REGISTRY = "{{ ti.xcom_pull(task_ids='plan')['registry'] }}"
+FIELDS = {"query": "{{ params.query }}", "run_id": "{{ run_id }}"}
+
+
+def spark_task(step: str):
+    """Backfill step ``step`` (stateops.backfill.SPARK_STEPS) on the plan's registry."""
+    job, args = SPARK_STEPS[step]
+    return spark_job_operator(step, job, [arg.format_map(FIELDS) for arg in args],
+                              registry=PLANNED_REGISTRY)  # fmt: skip
 
 
 @dag(
@@ -100,23 +108,14 @@ def stream_backfill() -> None:
     def rollback(plan: dict) -> dict:
         return rollback_for_backfill(plan)
 
-    reprocess = spark_job_operator(
-        "reprocess",
-        "run_query.py",
-        ["--query", "{{ params.query }}", "--mode", "available-now", "--run-id", "{{ run_id }}"],
-        registry=PLANNED_REGISTRY,
-    )
+    reprocess = spark_task("reprocess")
 
     @task
-    def record() -> dict:
-        context = get_current_context()
-        summary = read_run_summary(context["params"]["query"], context["run_id"])
-        print(
-            f"{summary['query']}: {summary['status']}, {summary['batches_run']} batches, "
-            f"{summary['input_rows']} input rows, last committed batch "
-            f"{summary['last_committed_batch']}"
-        )
-        return summary
+    @one_line_errors
+    def record(plan: dict) -> dict:
+        from stateops.backfill import read_reprocessing
+
+        return read_reprocessing(plan, get_current_context()["run_id"])
 
     @task
     def report(plan: dict, rollback: dict) -> dict:
@@ -126,15 +125,12 @@ def stream_backfill() -> None:
     def verify() -> dict:
         return verify_state(get_current_context()["params"]["query"])
 
-    validate = spark_job_operator(
-        "validate_state", "validate_state.py", ["--query", "{{ params.query }}"],
-        registry=PLANNED_REGISTRY,
-    )  # fmt: skip
+    validate = spark_task("validate_state")
 
     planned = plan()
     rolled = rollback(planned)
     reported = report(planned, rolled)
-    planned >> not_a_dry_run() >> rolled >> reprocess >> record() >> reported
+    planned >> not_a_dry_run() >> rolled >> reprocess >> record(planned) >> reported
     reported >> verify() >> validate
 
 

@@ -1,8 +1,12 @@
-"""On-call backfill: where to roll back to, the registry a reprocessing runs with, and what
-the reprocessing changed in the output.
+"""On-call backfill: roll a query back and reprocess, with the same logic or a changed one.
 
-The steps themselves (backup, rollback, reprocess with ``available-now``, integrity checks)
-are the library's own operations; the ``stream_backfill`` DAG runs them in order.
+One plan (:func:`plan_backfill`: the rollback point, from a batch or an input time, what the
+rollback deletes and moves aside, the registry the reprocessing runs with), then its steps:
+:func:`rollback_for_backfill` (backup, then the rollback under the query's lock, refused if the
+checkpoint changed since the plan), the reprocessing (the Spark job of :data:`SPARK_STEPS`),
+:func:`read_reprocessing`, :func:`report_backfill` (what changed in the output), and the
+integrity checks. The ``stream_backfill`` DAG runs each step as a task; :func:`run_backfill`
+runs them in one process (``stateops backfill``).
 """
 
 from __future__ import annotations
@@ -10,26 +14,183 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from stateops.checkpoint import load_checkpoint
+from stateops.cleanup import (
+    checkpoint_lock,
+    format_plan,
+    new_run_id,
+    plan_digest,
+    plan_rollback,
+    plan_sink_rollback,
+    run_rollback,
+    safe_run_id,
+)
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
-from stateops.registry import Registry, derived_registry
+from stateops.registry import Registry, derived_registry, load_registry
+from stateops.runner import read_summary
 from stateops.times import parse_past_time, parse_time  # re-exported: older callers
+from stateops.verify import require_sound
 
 __all__ = [
     "OVERRIDABLE",
+    "SPARK_STEPS",
     "diff_output",
     "last_batch_before",
     "parse_past_time",
     "parse_time",
+    "plan_backfill",
+    "read_reprocessing",
     "registry_with_overrides",
+    "report_backfill",
+    "rollback_for_backfill",
+    "run_backfill",
 ]
 
 # What a backfill may change about a query: its logic and checks, never where its data is.
 OVERRIDABLE = ("processor", "watermark", "expectations", "spark_conf")
+
+# The backfill's Spark steps, both with the plan's registry (the overrides merged in): the job
+# and its arguments, whose fields (``query``, ``run_id``) the DAG fills with templates and
+# :func:`run_backfill` with values.
+SPARK_STEPS: dict[str, tuple[str, list[str]]] = {
+    "reprocess": ("run_query.py", ["--query", "{query}", "--mode", "available-now",
+                                   "--run-id", "{run_id}"]),
+    "validate_state": ("validate_state.py", ["--query", "{query}"]),
+}  # fmt: skip
+
+
+def plan_backfill(
+    registry: Registry,
+    name: str,
+    run_id: str,
+    *,
+    to_batch: int | None = None,
+    input_before: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    dry_run: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The backfill's plan, printed: the rollback point (``to_batch``, or the last batch whose
+    input is older than ``input_before``: one of the two), what the rollback deletes and moves
+    aside, and the registry the reprocessing runs with (with ``overrides``: the query's entry
+    with them merged in, validated and written under the state folder). Its ``digest`` is what
+    :func:`rollback_for_backfill` holds the rollback to."""
+    query = registry.query(name)
+    before = (input_before or "").strip()
+    if (to_batch is None) == (not before):
+        raise StateOpsError(
+            "give either a batch to roll back to or an input time, not "
+            + ("both" if before else "neither")
+        )
+    if to_batch is None:
+        to_batch = last_batch_before(query.checkpoint, parse_time(before, "input_before"))
+        log(f"the last batch whose input is older than {before}: {to_batch}")
+    plan = plan_rollback(query.checkpoint, to_batch)
+    plan.update(
+        sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
+        backup_first=True,
+    )
+    path = str(registry.path)
+    if overrides:
+        folder = registry.state_dir / "backfill" / safe_run_id(run_id)
+        path = str(registry_with_overrides(registry, query.name, overrides,
+                                           folder / "registry.yaml"))  # fmt: skip
+    log(format_plan(plan, dry_run=dry_run))
+    log(
+        f"then: reprocess {query.name} after batch {to_batch} with available-now "
+        f"(registry {path}; overrides {json.dumps(overrides or {})}), "
+        "check the state and compare the reprocessed output with the old one"
+    )
+    return {
+        "query": query.name,
+        "checkpoint": query.checkpoint,
+        "to_batch": to_batch,
+        "last_committed_batch": plan["last_committed_batch"],
+        "registry": path,
+        "delete": plan["delete"],
+        "digest": plan_digest(plan),
+    }
+
+
+def rollback_for_backfill(
+    registry: Registry,
+    plan: dict[str, Any],
+    backup: Callable[[], str],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``backup()`` (it returns the backup's id), then the planned rollback under the query's
+    lock; refused, changing nothing, if the checkpoint changed since :func:`plan_backfill`."""
+    query = registry.query(plan["query"])
+    lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
+    done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
+                        sink_batch_offset=query.sink.batch_offset, backup=backup,
+                        planned=plan.get("digest"), log=log)  # fmt: skip
+    return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
+
+
+def read_reprocessing(plan: dict[str, Any], run_id: str, log: Callable[[str], None] = print):
+    """The reprocessing's run summary (refused if it is from another run), said."""
+    summary = read_summary(load_registry(plan["registry"]), plan["query"], run_id)
+    log(
+        f"{summary['query']}: {summary['status']}, {summary['batches_run']} batches, "
+        f"{summary['input_rows']} input rows, last committed batch "
+        f"{summary['last_committed_batch']}"
+    )
+    return summary
+
+
+def report_backfill(
+    registry: Registry,
+    plan: dict[str, Any],
+    rollback: dict[str, Any],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """What the reprocessing changed in the output of the batches after the rollback point."""
+    query = registry.query(plan["query"])
+    old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
+    after = query.sink.folder_batch(plan["to_batch"])
+    diff = diff_output(query.sink.path, old, after, query.key_columns)
+    log(
+        f"{query.name}: batches {diff['batches_before']} -> {diff['batches_after']}: "
+        f"{diff['rows_before']} rows before, {diff['rows_after']} after; "
+        f"{diff['unchanged']} unchanged, {diff['added']} added, {diff['removed']} removed, "
+        f"{diff['changed_keys']} keys changed (by {', '.join(query.key_columns)}); "
+        f"the old output is kept in {old}"
+    )
+    for line in diff["examples"]:
+        log(f"  changed {line}")
+    return diff
+
+
+def run_backfill(
+    registry: Registry,
+    plan: dict[str, Any],
+    backup: Callable[[], str],
+    run_job: Callable[[str, str, list[str]], None],
+    run_id: str,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The ``stream_backfill`` DAG's steps after its plan, in one process (``stateops
+    backfill``): rollback, reprocess, record, report, verify, validate. ``run_job(job,
+    registry_file, args)`` runs a Spark job and raises when it fails."""
+    fields = {"query": plan["query"], "run_id": run_id}
+
+    def spark(step: str) -> None:
+        job, args = SPARK_STEPS[step]
+        run_job(job, plan["registry"], [arg.format_map(fields) for arg in args])
+
+    rolled = rollback_for_backfill(registry, plan, backup, log)
+    spark("reprocess")
+    summary = read_reprocessing(plan, run_id, log)
+    report = report_backfill(registry, plan, rolled, log)
+    require_sound(plan["checkpoint"], log)
+    spark("validate_state")
+    return {"rollback": rolled, "summary": summary, "report": report}
 
 
 def last_batch_before(checkpoint: str | os.PathLike[str], before: datetime, source: int = 0) -> int:

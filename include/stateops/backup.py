@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stateops import faults
 from stateops.audit import append_audit
@@ -30,7 +30,11 @@ from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.s3 import S3Location, parse_s3_url, s3_error
 
+if TYPE_CHECKING:
+    from stateops.registry import Registry
+
 __all__ = [
+    "backup_query",
     "backup_checkpoint",
     "file_sha256",
     "find_manifest",
@@ -115,6 +119,20 @@ def backup_checkpoint(
                 ) from err
             log(f"a file of batch {n} went away during the copy; retrying on the newest batch")
     raise AssertionError("unreachable")
+
+
+def backup_query(
+    registry: Registry,
+    name: str,
+    client: Any,
+    *,
+    batch: int | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Back up registered query ``name``'s checkpoint to its place under the registry's
+    ``backups.url`` (what a backfill, a migration and the scheduled backup take)."""
+    url = registry.backups.url_for(name)
+    return backup_checkpoint(registry.query(name).checkpoint, url, client, batch=batch, log=log)
 
 
 def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, log) -> dict:

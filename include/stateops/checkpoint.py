@@ -40,6 +40,7 @@ __all__ = [
     "copy_restart_set",
     "crc_sidecar",
     "hadoop_crc",
+    "has_commit",
     "OffsetEntry",
     "OperatorState",
     "SnapshotGroup",
@@ -484,6 +485,17 @@ def read_rocksdb_zip_metadata(path: Path) -> dict:
             f"{path}: unreadable RocksDB snapshot ({err}); restore the checkpoint from a backup"
         ) from err
     return _parse_versioned_json(path, text)
+
+
+def has_commit(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a committed batch, from a listing of its ``commits/`` log alone
+    (for a scheduled operation that skips a query which has not committed yet; the operation
+    then loads the model itself)."""
+    commits = Path(path) / "commits"
+    try:
+        return any(_BATCH_FILE.match(name) for name in os.listdir(commits))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def require_checkpoint_dir(path: str | os.PathLike[str]) -> Path:

@@ -24,6 +24,7 @@ and schema files written after N, then the RocksDB files and sidecars left unref
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import os
 import re
@@ -47,6 +48,7 @@ __all__ = [
     "checkpoint_lock",
     "format_plan",
     "new_run_id",
+    "plan_digest",
     "plan_cleanup",
     "plan_rollback",
     "plan_sink_rollback",
@@ -335,6 +337,13 @@ def _audit(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> No
     )  # fmt: skip
 
 
+def plan_digest(plan: dict[str, Any]) -> str:
+    """What a plan does, as a short digest: the files it deletes, by category, and the sink
+    folders it moves (equal digests, equal work)."""
+    what = [plan["checkpoint"], plan["files"], (plan.get("sink") or {}).get("folders")]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def safe_run_id(run_id: str) -> str:
     """A run id usable as a file name (Airflow's contain ``:`` and ``+``)."""
     return re.sub(r"[^\w.-]", "_", run_id)
@@ -550,12 +559,15 @@ def run_rollback(
     sink_batch_offset: int = 0,
     backup: Callable[[], str] | None = None,
     dry_run: bool = False,
+    planned: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Make ``to_batch`` the last committed batch: backup (``backup()`` returns its id),
     marker, checkpoint deletions, sink, audit, marker removed. A rerun after a kill resumes.
     The plan it returns names the ``run_id`` (the sink's ``_rolled_back/<run_id>/``) and the
-    ``backup_id``."""
+    ``backup_id``. ``planned``: the :func:`plan_digest` of the plan the operator saw (a
+    backfill's); the rollback refuses, changing nothing, if the plan made under the lock
+    differs from it."""
 
     def plan_all() -> dict[str, Any]:
         plan = plan_rollback(checkpoint, to_batch)
@@ -571,6 +583,11 @@ def run_rollback(
     with lock:
         started = time.time()
         plan = plan_all()
+        if planned is not None and plan_digest(plan) != planned:
+            raise CheckpointError(
+                f"{plan['checkpoint']} changed since the plan was made (last committed batch now "
+                f"{plan['last_committed_batch']}): nothing was rolled back; plan again"
+            )
         refuse_unwritable_plan(plan, lock)
         log(format_plan(plan, dry_run=False))
         marker = rollback_marker(checkpoint)

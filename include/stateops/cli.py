@@ -14,9 +14,9 @@ from stateops.audit import audit_dir, read_audit
 from stateops.bootstrap import FORMATS, plan_bootstrap
 from stateops.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.errors import RegistryError, StateOpsError, domain_errors, one_line
-from stateops.jobs import preflight_job
+from stateops.jobs import job_path, preflight_job
 from stateops.lock import force_release, read_hold, read_lock
-from stateops.registry import PROJECT_ROOT, load_registry, registry_path
+from stateops.registry import load_registry, registry_path
 from stateops.report import checkpoint_report, format_report
 from stateops.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.status import format_status, query_status
@@ -43,7 +43,7 @@ def _checkpoint_and_deltas(
 def _spark_submit(job: str, master: str, *args: str) -> int:
     """Run ``spark_jobs/<job>`` through the venv's spark-submit, once the job's checks that
     need no Spark passed here (a refusal costs no JVM start); its exit code."""
-    application = PROJECT_ROOT / "spark_jobs" / job
+    application = job_path(job)
     preflight_job(application, args)
     cmd = [
         str(Path(sys.executable).with_name("spark-submit")),
@@ -296,6 +296,54 @@ def cmd_transplant(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_runner(master: str):
+    """``run_job(job, registry_file, args)`` for the library's one-process runs: the job
+    through ``spark-submit``, raising when it fails."""
+
+    def run_job(job: str, registry_file: str, job_args: list[str]) -> None:
+        code = _spark_submit(job, master, "--registry", registry_file, *job_args)
+        if code != 0:
+            raise StateOpsError(f"{job} exited with code {code} (its output is above)")
+
+    return run_job
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from stateops.backfill import plan_backfill, run_backfill
+    from stateops.backup import backup_query
+    from stateops.cleanup import new_run_id
+
+    registry, run_id = load_registry(args.registry), new_run_id("backfill")
+    log = _log if args.json else print
+    plan = plan_backfill(
+        registry, args.query, run_id, to_batch=args.to_batch, input_before=args.input_before,
+        overrides=args.overrides, dry_run=args.dry_run, log=log,
+    )  # fmt: skip
+    if args.dry_run:
+        if args.json:
+            print(json.dumps(plan, indent=1))
+        return 0
+    client = _s3(args)  # bad S3 settings: refused before the lock
+
+    def backup() -> str:
+        return backup_query(registry, plan["query"], client, log=_log)["backup_id"]
+
+    done = run_backfill(registry, plan, backup, _job_runner(args.master), run_id, log=log)
+    if args.json:
+        print(json.dumps(done, indent=1))
+    return 0
+
+
+def _overrides(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"processor\": {...}}'")
+    return value
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from stateops.cleanup import new_run_id
     from stateops.migration import format_migration_plan, plan_migration, run_migration
@@ -317,13 +365,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(json.dumps(plan))
         return 0
     client = _s3(args)  # bad S3 settings: refused before the query is held
-
-    def run_job(job: str, registry_file: str, job_args: list[str]) -> None:
-        code = _spark_submit(job, args.master, "--registry", registry_file, *job_args)
-        if code != 0:
-            raise StateOpsError(f"{job} exited with code {code} (its output is above)")
-
-    print(json.dumps(run_migration(registry, plan, client, run_job, log=_log)))
+    print(json.dumps(run_migration(registry, plan, client, _job_runner(args.master), log=_log)))
     return 0
 
 
@@ -575,6 +617,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="the committed batch to carry (default: the last)")
     p.add_argument("--dry-run", action="store_true", help="check and print the plan, write nothing")
     p.set_defaults(func=cmd_transplant)
+
+    p = sub.add_parser(
+        "backfill", parents=[s3_conn],
+        help="roll a query back and reprocess (the stream_backfill steps; backup first)",
+    )  # fmt: skip
+    p.add_argument("query")
+    point = p.add_mutually_exclusive_group(required=True)
+    point.add_argument("--to-batch", type=int, metavar="N", help="the last batch to keep")
+    point.add_argument(
+        "--input-before", metavar="TIME",
+        help="roll back to the last batch whose input files were all modified before TIME",
+    )  # fmt: skip
+    p.add_argument(
+        "--overrides", type=_overrides, default={}, metavar="JSON",
+        help="merged into the query's registry entry for the reprocessing (processor, "
+        "watermark, expectations, spark_conf)",
+    )  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--json", action="store_true", help="the plan or the result as JSON")
+    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    p.set_defaults(func=cmd_backfill)
 
     p = sub.add_parser(
         "migrate", parents=[s3_conn],

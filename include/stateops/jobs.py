@@ -17,8 +17,17 @@ from pathlib import Path
 from types import ModuleType
 
 from stateops.errors import StateOpsError
+from stateops.registry import PROJECT_ROOT
 
-__all__ = ["load_job", "preflight_job"]
+__all__ = ["PY_FILES", "job_path", "load_job", "preflight_job"]
+
+# The library as the Spark executors get it (``--py-files``; ``make`` builds it).
+PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
+
+
+def job_path(job: str) -> Path:
+    """The file of Spark job ``job`` (``run_query.py``, ...) in the project's ``spark_jobs/``."""
+    return PROJECT_ROOT / "spark_jobs" / job
 
 
 def load_job(path: str | os.PathLike[str]) -> ModuleType:

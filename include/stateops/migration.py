@@ -392,7 +392,7 @@ def backup_for_migration(
 ) -> dict[str, Any]:
     """The backup step: the drained old checkpoint settled (:func:`settle_migration`), then
     backed up to the registry's ``backups.url``; the settlement plus the ``backup_id``."""
-    from stateops.backup import backup_checkpoint
+    from stateops.backup import backup_query
 
     prepare_migration(registry, plan)
     settled = settle_migration(registry, plan, log)
@@ -400,9 +400,8 @@ def backup_for_migration(
         f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
         f"checkpoint's output continues at batch_id={settled['sink_batch_offset']}"
     )
-    url = registry.backups.url_for(plan["query"])
-    manifest = backup_checkpoint(plan["old"]["checkpoint"], url, client,
-                                 batch=settled["last_committed_batch"], log=log)  # fmt: skip
+    manifest = backup_query(registry, plan["query"], client,
+                            batch=settled["last_committed_batch"], log=log)  # fmt: skip
     return settled | {"backup_id": manifest["backup_id"]}
 
 

@@ -15,7 +15,15 @@ from typing import Any
 
 from stateops.errors import StateOpsError
 
-__all__ = ["S3Location", "S3Settings", "parse_s3_url", "s3_client", "s3_error", "s3_settings"]
+__all__ = [
+    "S3Location",
+    "S3Settings",
+    "connection_settings",
+    "parse_s3_url",
+    "s3_client",
+    "s3_error",
+    "s3_settings",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,19 @@ class S3Settings:
         return f"S3Settings(endpoint_url={self.endpoint_url!r}, region={self.region!r})"
 
 
+def connection_settings(
+    login: str | None, password: str | None, extra: dict[str, Any]
+) -> S3Settings:
+    """An Airflow ``aws`` connection's fields as settings: the keys, ``extra.endpoint_url``
+    and ``extra.region_name`` (default us-east-1)."""
+    return S3Settings(
+        endpoint_url=extra.get("endpoint_url"),
+        region=extra.get("region_name") or "us-east-1",
+        access_key=login,
+        secret_key=password,
+    )
+
+
 def s3_settings(conn_id: str | None = None) -> S3Settings:
     """From Airflow connection ``conn_id`` (its ``AIRFLOW_CONN_*`` variable) or the environment."""
     env = os.environ
@@ -66,12 +87,7 @@ def s3_settings(conn_id: str | None = None) -> S3Settings:
             raise StateOpsError(
                 f"connection {conn_id!r}: AIRFLOW_CONN_{conn_id.upper()} is not JSON"
             ) from None
-        return S3Settings(
-            endpoint_url=extra.get("endpoint_url"),
-            region=extra.get("region_name") or "us-east-1",
-            access_key=conn.get("login"),
-            secret_key=conn.get("password"),
-        )
+        return connection_settings(conn.get("login"), conn.get("password"), extra)
     return S3Settings(
         endpoint_url=env.get("STATEOPS_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL"),
         region=env.get("AWS_DEFAULT_REGION", "us-east-1"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from stateops.checkpoint import Checkpoint, hadoop_crc, load_checkpoint
 from stateops.errors import CheckpointError, NotACheckpointError
 
-__all__ = ["Finding", "format_findings", "verify_checkpoint", "verify_crc"]
+__all__ = ["Finding", "format_findings", "require_sound", "verify_checkpoint", "verify_crc"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,19 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     findings = _chain_findings(cp) + _restart_findings(cp) + _version_findings(cp)
     findings += _checksum_findings(cp)
     return _result(root, cp.last_committed_batch, findings)
+
+
+def require_sound(
+    checkpoint: str | os.PathLike[str], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """File-level integrity of ``checkpoint``, printed; raises when it has errors."""
+    result = verify_checkpoint(checkpoint)
+    log(format_findings(result).rstrip("\n"))
+    if not result["ok"]:
+        raise CheckpointError(
+            f"checkpoint {result['checkpoint']} failed verification: {error_summary(result)}"
+        )
+    return result
 
 
 def error_summary(result: dict[str, Any]) -> str:

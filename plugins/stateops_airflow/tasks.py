@@ -7,21 +7,17 @@ variable or Spark session is touched until a task runs.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from stateops.errors import LockHeldError, StateOpsError, domain_errors, one_line
-from stateops.jobs import preflight_job
+from stateops.jobs import PY_FILES, job_path, preflight_job
 from stateops.registry import Registry, load_registry, registry_path
 from stateops.times import TIME_PATTERN  # a form's time field: real dates only
-from stateops.verify import error_summary, format_findings, verify_checkpoint
 
 __all__ = [
     "LIFECYCLE_DAG",
@@ -36,7 +32,6 @@ __all__ = [
     "plan_restore",
     "query_param",
     "restore_query",
-    "PROJECT_ROOT",
     "TIME_PATTERN",
     "read_run_summary",
     "report_backfill",
@@ -47,8 +42,6 @@ __all__ = [
     "verify_state",
 ]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
 
 # What every lifecycle DAG shares: no catch-up, one run at a time (runs of different DAGs on
 # the same query are serialised by the query's lock, not by Airflow).
@@ -154,7 +147,7 @@ def spark_job_operator(
     names another."""
     return StateOpsSparkSubmitOperator(
         task_id=task_id,
-        application=str(PROJECT_ROOT / "spark_jobs" / job),
+        application=str(job_path(job)),
         conn_id="spark_default",
         name=f"stateops-{task_id}",
         py_files=str(PY_FILES) if PY_FILES.exists() else None,
@@ -174,15 +167,10 @@ def run_query_operator(
 
 @one_line_errors
 def verify_state(query: str) -> dict[str, Any]:
-    """File-level integrity of the query's checkpoint; raises (fails the task) on errors."""
-    result = verify_checkpoint(load_registry().query(query).checkpoint)
-    print(format_findings(result), end="")
-    if not result["ok"]:
-        raise AirflowFailException(
-            f"{query}: checkpoint {result['checkpoint']} failed verification: "
-            f"{error_summary(result)}"
-        )
-    return result
+    """File-level integrity of the query's checkpoint; fails the task on errors."""
+    from stateops.verify import require_sound
+
+    return require_sound(load_registry().query(query).checkpoint)
 
 
 @one_line_errors
@@ -197,26 +185,18 @@ def airflow_s3_client(conn_id: str) -> Any:
     """An S3 client from Airflow connection ``conn_id`` (type aws; extra.endpoint_url)."""
     from airflow.sdk import BaseHook
 
-    from stateops.s3 import S3Settings, s3_client
+    from stateops.s3 import connection_settings, s3_client
 
     conn = BaseHook.get_connection(conn_id)
-    extra = conn.extra_dejson
-    return s3_client(
-        S3Settings(
-            endpoint_url=extra.get("endpoint_url"),
-            region=extra.get("region_name") or "us-east-1",
-            access_key=conn.login,
-            secret_key=conn.password,
-        )
-    )
+    return s3_client(connection_settings(conn.login, conn.password, conn.extra_dejson))
 
 
 def committed_checkpoint(registry: Registry, query: str) -> str:
-    """The query's checkpoint; skips the task while it has no committed batch. Only lists
-    ``commits/``: the operation that follows loads the checkpoint model itself."""
+    """The query's checkpoint; skips the task while it has no committed batch."""
+    from stateops.checkpoint import has_commit
+
     checkpoint = registry.query(query).checkpoint
-    commits = Path(checkpoint) / "commits"
-    if not (commits.is_dir() and any(name.isdigit() for name in os.listdir(commits))):
+    if not has_commit(checkpoint):
         raise AirflowSkipException(f"{query}: {checkpoint} has no committed batch yet")
     return checkpoint
 
@@ -224,15 +204,16 @@ def committed_checkpoint(registry: Registry, query: str) -> str:
 @one_line_errors
 def backup_query(query: str) -> dict[str, Any]:
     """Back up the query's checkpoint to ``<backups.url>/<query>``, then apply retention."""
-    from stateops.backup import backup_checkpoint, prune_backups
+    from stateops.backup import backup_query as backup
+    from stateops.backup import prune_backups
 
     registry = load_registry()
     settings = registry.backups
-    checkpoint = committed_checkpoint(registry, query)
+    committed_checkpoint(registry, query)
     client = airflow_s3_client(settings.conn_id)
-    url = settings.url_for(query)
-    manifest = backup_checkpoint(checkpoint, url, client, log=print)
-    retention = prune_backups(url, client, keep_last=settings.keep_last, max_age=settings.max_age)
+    manifest = backup(registry, query, client, log=print)
+    retention = prune_backups(settings.url_for(query), client, keep_last=settings.keep_last,
+                              max_age=settings.max_age)  # fmt: skip
     print(
         f"retention: kept {len(retention['kept'])} backups, deleted "
         f"{len(retention['deleted_backups'])} and {retention['deleted_objects']} unreferenced "
@@ -293,85 +274,35 @@ def restore_query(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 @one_line_errors
 def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """The backfill's rollback point, its rollback plan and the registry to reprocess with."""
-    from stateops.backfill import last_batch_before, parse_time, registry_with_overrides
-    from stateops.cleanup import format_plan, plan_rollback, plan_sink_rollback, safe_run_id
-    from stateops.errors import StateOpsError
+    """:func:`stateops.backfill.plan_backfill` for the form's fields."""
+    from stateops.backfill import plan_backfill as plan
 
-    registry = load_registry()
-    query = registry.query(params["query"])
-    to_batch, before = params.get("to_batch"), (params.get("input_before") or "").strip()
-    if (to_batch is None) == (not before):
-        raise StateOpsError(
-            "give either a batch to roll back to or an input time, not "
-            + ("both" if before else "neither")
-        )
-    if to_batch is None:
-        to_batch = last_batch_before(query.checkpoint, parse_time(before, "input_before"))
-        print(f"the last batch whose input is older than {before}: {to_batch}")
-    plan = plan_rollback(query.checkpoint, to_batch)
-    plan.update(
-        sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
-        backup_first=True,
-    )
-    path = str(registry.path)
-    if params.get("overrides"):
-        folder = registry.state_dir / "backfill" / safe_run_id(run_id)
-        path = str(registry_with_overrides(registry, query.name, params["overrides"],
-                                           folder / "registry.yaml"))  # fmt: skip
-    print(format_plan(plan, dry_run=params["dry_run"]))
-    print(
-        f"then: reprocess {query.name} after batch {to_batch} with available-now "
-        f"(registry {path}; overrides {json.dumps(params.get('overrides') or {})}), "
-        "check the state and compare the reprocessed output with the old one"
-    )
-    return {
-        "query": query.name,
-        "checkpoint": query.checkpoint,
-        "to_batch": to_batch,
-        "last_committed_batch": plan["last_committed_batch"],
-        "registry": path,
-        "delete": plan["delete"],
-    }
+    return plan(
+        load_registry(), params["query"], run_id, to_batch=params.get("to_batch"),
+        input_before=params.get("input_before"), overrides=params.get("overrides"),
+        dry_run=params["dry_run"],
+    )  # fmt: skip
 
 
 @one_line_errors
 def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
-    """Backup to the registry's backup location, then the rollback, under the query's lock."""
-    from stateops.backup import backup_checkpoint
-    from stateops.cleanup import checkpoint_lock, new_run_id, run_rollback
+    """:func:`stateops.backfill.rollback_for_backfill`, backing up through the registry's
+    Airflow connection."""
+    from stateops.backfill import rollback_for_backfill as rollback
+    from stateops.backup import backup_query
 
     registry = load_registry()
-    query = registry.query(plan["query"])
 
     def backup() -> str:
         client = airflow_s3_client(registry.backups.conn_id)
-        url = registry.backups.url_for(query.name)
-        return backup_checkpoint(query.checkpoint, url, client, log=print)["backup_id"]
+        return backup_query(registry, plan["query"], client, log=print)["backup_id"]
 
-    lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
-    done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
-                        sink_batch_offset=query.sink.batch_offset, backup=backup,
-                        log=print)  # fmt: skip
-    return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
+    return rollback(registry, plan, backup)
 
 
 @one_line_errors
 def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str, Any]:
-    """What the reprocessing changed in the output of the batches after the rollback point."""
-    from stateops.backfill import diff_output
+    """:func:`stateops.backfill.report_backfill`."""
+    from stateops.backfill import report_backfill as report
 
-    query = load_registry().query(plan["query"])
-    old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
-    after = query.sink.folder_batch(plan["to_batch"])
-    diff = diff_output(query.sink.path, old, after, query.key_columns)
-    print(
-        f"{query.name}: batches {diff['batches_before']} -> {diff['batches_after']}: "
-        f"{diff['rows_before']} rows before, {diff['rows_after']} after; "
-        f"{diff['unchanged']} unchanged, {diff['added']} added, {diff['removed']} removed, "
-        f"{diff['changed_keys']} keys changed (by {', '.join(query.key_columns)}); "
-        f"the old output is kept in {old}"
-    )
-    for line in diff["examples"]:
-        print(f"  changed {line}")
-    return diff
+    return report(load_registry(), plan, rollback)

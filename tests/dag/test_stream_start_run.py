@@ -22,12 +22,14 @@ from tests.conftest import (
     ROOT,
     S3_KEY,
     S3_SECRET,
+    run_cli,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_sink, run_in_session
+from tests.spark.harness import land, read_sink, read_state, run_in_session
 
 OUTPUT_COLUMNS = ["user_id", "visits", "last_page", "distinct_pages"]
+READS = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
 
 pytestmark = pytest.mark.dag
 
@@ -236,3 +238,28 @@ def test_airflow_dags_test_stream_backfill_with_changed_logic(spark, tmp_path, s
     assert int(m.group(1)) == sum(len(old_rows[b]) for b in (2, 3, 4))
     assert int(m.group(2)) == len(reprocessed) and int(m.group(3)) > 0
     assert "validate_state" in log and S3_SECRET not in log
+
+    # The same backfill through `stateops backfill`, on the same events in another folder:
+    # the same state, output and report.
+    cli_path = write_registry(tmp_path / "cli")
+    raw = yaml.safe_load(cli_path.read_text())
+    raw["backups"] = {"url": "s3://backups/backfill-cli", "conn_id": "aws_default"}
+    cli_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cli_query = load_registry(cli_path).query("page_visits")
+    land(tmp_path / "cli" / "landing", round_=0, files=5)
+    run_in_session(spark, cli_path, "page_visits")
+    cutoff = load_checkpoint(cli_query.checkpoint).input_files(2)[0]["timestamp"] / 1000
+    cli_when = datetime.fromtimestamp(cutoff, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    args = ["--input-before", cli_when, "--overrides", json.dumps(overrides)]
+    cli = run_cli("--registry", str(cli_path), "backfill", "page_visits", *args, env=s3.env(),
+                  timeout=600)  # fmt: skip
+    cli_log = cli.stdout + cli.stderr
+    assert cli.returncode == 0, cli_log[-5000:]
+    assert f"the last batch whose input is older than {cli_when}: 1" in cli_log
+    assert read_sink(Path(cli_query.sink.path)) == new_rows
+    assert read_state(spark, cli_query.checkpoint, READS) == read_state(
+        spark, query.checkpoint, READS
+    )
+    report = re.search(r"batches .* keys changed", log)
+    assert report and report.group(0) in cli_log, cli_log[-3000:]
+    assert "OK: state of page_visits" in cli_log and S3_SECRET not in cli_log
