@@ -328,7 +328,7 @@ def derived_registry(
     with it: an invalid change is a RegistryError and nothing is left behind.
     """
     entry = registry.query(name).model_dump(by_alias=True, exclude={"name"}) | changes
-    raw = yaml.safe_load(registry.path.read_text(encoding="utf-8"))
+    raw = yaml.load(registry.path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
     raw.update(data_dir=str(registry.data_dir), queries={name: entry})
     path = Path(dest)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -371,6 +371,11 @@ def _switched(query: Query, data_dir: Path) -> Query:
         raise RegistryError(f"{path}: invalid migration switch ({err})") from None
 
 
+# libyaml's safe loader where PyYAML has it: the registry is read by every DAG file at parse
+# time (benchmarks/bench_dag_parse.py).
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def registry_path(path: str | os.PathLike[str] | None = None) -> Path:
     """The registry file: ``path``, else ``STATEOPS_REGISTRY``, else the project's."""
     return Path(path or os.environ.get("STATEOPS_REGISTRY") or DEFAULT_REGISTRY).resolve()
@@ -380,7 +385,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     """Read and validate the registry; errors name the bad field."""
     path = registry_path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
     except OSError as err:
         raise RegistryError(f"{path}: cannot read registry ({err.strerror})") from err
     except yaml.YAMLError as err:
