@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.backfill import OVERRIDABLE, SPARK_STEPS
+from stateops.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
@@ -56,10 +56,9 @@ FIELDS = {"query": "{{ params.query }}", "run_id": "{{ run_id }}"}
 
 
 def spark_task(step: str):
-    """Backfill step ``step`` (stateops.backfill.SPARK_STEPS) on the plan's registry."""
-    job, args = SPARK_STEPS[step]
-    return spark_job_operator(step, job, [arg.format_map(FIELDS) for arg in args],
-                              registry=PLANNED_REGISTRY)  # fmt: skip
+    """Backfill step ``step`` (stateops.steps.BACKFILL_STEPS) on the plan's registry."""
+    job, _, args = fill(BACKFILL_STEPS[step], FIELDS)
+    return spark_job_operator(step, job, args, registry=PLANNED_REGISTRY)
 
 
 @dag(

@@ -36,7 +36,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.bootstrap import FORMATS
+from stateops.steps import INITIAL_STATE_FORMATS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     carry_over_param,
@@ -74,7 +74,7 @@ QUERIES = registered_queries(with_initial_state=True)
         "format": Param(
             "auto",
             type="string",
-            enum=["auto", *FORMATS],
+            enum=["auto", *INITIAL_STATE_FORMATS],
             title="Format",
             description="auto: a state export if the folder has a manifest, a checkpoint if it "
             "has metadata and offsets/, else by suffix.",

@@ -57,8 +57,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.migration import spark_step
-from stateops.registry import Source
+from stateops.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
@@ -75,7 +74,6 @@ from stateops_airflow.tasks import (
 
 QUERIES = registered_queries(with_initial_state=True)
 PLAN = "ti.xcom_pull(task_ids='preflight')"
-FORMATS = list(Source.model_fields["format"].annotation.__args__)
 # The Spark steps' fields (stateops.migration.job_fields) as templates of this run's values.
 FIELDS = {
     "query": "{{ params.query }}",
@@ -90,8 +88,8 @@ NEW_REGISTRY = "{{ " + PLAN + "['new']['registry'] }}"
 
 
 def spark_task(step: str):
-    """The migration's Spark step ``step`` (stateops.migration.SPARK_STEPS) as a task."""
-    job, registry, args = spark_step(step, FIELDS)
+    """The migration's Spark step ``step`` (stateops.steps.MIGRATION_STEPS) as a task."""
+    job, registry, args = fill(MIGRATION_STEPS[step], FIELDS)
     return spark_job_operator(step, job, args, registry=NEW_REGISTRY if registry == "new" else None)
 
 
@@ -107,7 +105,7 @@ def spark_task(step: str):
         "new_source_format": Param(
             "parquet",
             type="string",
-            enum=FORMATS,
+            enum=list(SOURCE_FORMATS),
             title="New source: format",
             description="The file format of the new source's input.",
         ),

@@ -3,7 +3,7 @@
 One plan (:func:`plan_backfill`: the rollback point, from a batch or an input time, what the
 rollback deletes and moves aside, the registry the reprocessing runs with), then its steps:
 :func:`rollback_for_backfill` (backup, then the rollback under the query's lock, refused if the
-checkpoint changed since the plan), the reprocessing (the Spark job of :data:`SPARK_STEPS`),
+checkpoint changed since the plan), the reprocessing (:data:`stateops.steps.BACKFILL_STEPS`),
 :func:`read_reprocessing`, :func:`report_backfill` (what changed in the output), and the
 integrity checks. The ``stream_backfill`` DAG runs each step as a task; :func:`run_backfill`
 runs them in one process (``stateops backfill``).
@@ -33,12 +33,12 @@ from stateops.cleanup import (
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.registry import Registry, derived_registry, load_registry
 from stateops.runner import read_summary
+from stateops.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.verify import require_sound
 
 __all__ = [
     "OVERRIDABLE",
-    "SPARK_STEPS",
     "diff_output",
     "last_batch_before",
     "parse_past_time",
@@ -50,18 +50,6 @@ __all__ = [
     "rollback_for_backfill",
     "run_backfill",
 ]
-
-# What a backfill may change about a query: its logic and checks, never where its data is.
-OVERRIDABLE = ("processor", "watermark", "expectations", "spark_conf")
-
-# The backfill's Spark steps, both with the plan's registry (the overrides merged in): the job
-# and its arguments, whose fields (``query``, ``run_id``) the DAG fills with templates and
-# :func:`run_backfill` with values.
-SPARK_STEPS: dict[str, tuple[str, list[str]]] = {
-    "reprocess": ("run_query.py", ["--query", "{query}", "--mode", "available-now",
-                                   "--run-id", "{run_id}"]),
-    "validate_state": ("validate_state.py", ["--query", "{query}"]),
-}  # fmt: skip
 
 
 def plan_backfill(
@@ -181,8 +169,8 @@ def run_backfill(
     fields = {"query": plan["query"], "run_id": run_id}
 
     def spark(step: str) -> None:
-        job, args = SPARK_STEPS[step]
-        run_job(job, plan["registry"], [arg.format_map(fields) for arg in args])
+        job, _, args = fill(BACKFILL_STEPS[step], fields)
+        run_job(job, plan["registry"], args)
 
     rolled = rollback_for_backfill(registry, plan, backup, log)
     spark("reprocess")

@@ -22,6 +22,7 @@ from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.export import MANIFEST
 from stateops.registry import Query, Registry
+from stateops.steps import INITIAL_STATE_FORMATS
 from stateops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ __all__ = [
     "validate_initial_state",
 ]
 
-FORMATS = ("export", "checkpoint", "parquet", "json", "csv")
+FORMATS = INITIAL_STATE_FORMATS
 
 
 def plan_bootstrap(

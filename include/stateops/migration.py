@@ -51,13 +51,13 @@ from stateops.registry import (
     write_switch,
 )
 from stateops.runner import read_summary
+from stateops.steps import MIGRATION_STEPS, fill
 from stateops.times import parse_past_time
 from stateops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 from stateops.verify import error_summary, verify_checkpoint
 
 __all__ = [
     "OPERATION",
-    "SPARK_STEPS",
     "backup_for_migration",
     "check_carry_over",
     "format_migration_plan",
@@ -67,7 +67,6 @@ __all__ = [
     "roll_back_migration",
     "run_migration",
     "settle_migration",
-    "spark_step",
     "stop_running_query",
     "switch_migration",
     "switch_query",
@@ -78,23 +77,6 @@ OPERATION = "migration"
 # How an operator accepts an initialState road that changes results (the DAG's form field).
 _ACCEPT = "trigger again with accept_differences on"
 
-# The migration's Spark steps: the job, which registry it runs with ("old": the user's; "new":
-# the one the backup step derives, with the new source and checkpoint) and its arguments,
-# whose fields in braces come from the plan and the backup step (:func:`job_fields`). The DAG
-# fills the fields with templates, :func:`run_migration` with values: both run these jobs.
-SPARK_STEPS: dict[str, tuple[str, str, list[str]]] = {
-    "drain": ("run_query.py", "old", ["--query", "{query}", "--mode", "available-now",
-                                      "--run-id", "{run_id}", "--cutover", "{cutover}"]),
-    "first_batch": ("run_query.py", "new", ["--query", "{query}", "--mode", "available-now",
-                                            "--run-id", "{run_id}"]),
-    "export": ("export_state.py", "old", ["--checkpoint", "{old_checkpoint}", "--out", "{export}",
-                                          "--batch", "{last_committed_batch}"]),
-    "validate_export": ("validate_state.py", "old", ["--query", "{query}"]),
-    "bootstrap": ("bootstrap_state.py", "new", ["--query", "{query}", "--initial-state", "{export}",
-                                                "--format", "export", "--run-id", "{run_id}",
-                                                "--accept-differences={accept}"]),
-    "validate_new_state": ("validate_state.py", "new", ["--query", "{query}"]),
-}  # fmt: skip
 # The initialState road's steps (the transplant road's: transplant, first_batch).
 INITIAL_STATE_ROAD = ("export", "validate_export", "bootstrap")
 
@@ -332,8 +314,8 @@ def _road(carry_over: dict[str, Any]) -> str:
 
 
 def job_fields(plan: dict[str, Any], settled: dict[str, Any] | None = None) -> dict[str, str]:
-    """The values of :data:`SPARK_STEPS`' fields for this run (``settled``: the backup step's
-    result, once it ran)."""
+    """This run's values of the fields of :data:`stateops.steps.MIGRATION_STEPS`
+    (``settled``: the backup step's result, once it ran)."""
     return {
         "query": plan["query"],
         "run_id": plan["run_id"],
@@ -343,12 +325,6 @@ def job_fields(plan: dict[str, Any], settled: dict[str, Any] | None = None) -> d
         "last_committed_batch": str((settled or {}).get("last_committed_batch", "")),
         "accept": "yes" if plan["carry_over"].get("accepted") else "no",
     }
-
-
-def spark_step(step: str, fields: dict[str, str]) -> tuple[str, str, list[str]]:
-    """(job file, ``old`` or ``new`` registry, arguments) of a Spark step, its fields filled."""
-    job, registry, args = SPARK_STEPS[step]
-    return job, registry, [arg.format_map(fields) for arg in args]
 
 
 def prepare_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
@@ -538,11 +514,11 @@ def run_migration(
         return result
 
     def spark(name: str) -> None:
-        job, which, args = spark_step(name, fields)
+        job, which, args = fill(MIGRATION_STEPS[name], fields)
         run_job(job, str(registry.path) if which == "old" else plan["new"]["registry"], args)
 
+    prepare_migration(registry, plan)  # refused: nothing changed yet, nothing to roll back
     try:
-        prepare_migration(registry, plan)
         run("stop_query", lambda: stop_running_query(registry, plan["query"], log))
         run("drain", lambda: spark("drain"))
         settled = run("backup", lambda: backup_for_migration(registry, plan, client, log))

@@ -16,6 +16,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stateops.errors import RegistryError
+from stateops.steps import SOURCE_FORMATS
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -55,7 +56,7 @@ class _Model(BaseModel):
 
 
 class Source(_Model):
-    format: Literal["json", "parquet", "csv"]
+    format: Literal[SOURCE_FORMATS]
     path: str
     schema_: DDLSchema = Field(alias="schema")
     options: dict[str, str | int | bool] = {}
@@ -328,7 +329,7 @@ def derived_registry(
     with it: an invalid change is a RegistryError and nothing is left behind.
     """
     entry = registry.query(name).model_dump(by_alias=True, exclude={"name"}) | changes
-    raw = yaml.load(registry.path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+    raw = _read_yaml(registry.path.read_text(encoding="utf-8"))
     raw.update(data_dir=str(registry.data_dir), queries={name: entry})
     path = Path(dest)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -371,9 +372,17 @@ def _switched(query: Query, data_dir: Path) -> Query:
         raise RegistryError(f"{path}: invalid migration switch ({err})") from None
 
 
-# libyaml's safe loader where PyYAML has it: the registry is read by every DAG file at parse
-# time (benchmarks/bench_dag_parse.py).
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _read_yaml(text: str) -> object:
+    """``text`` read by libyaml's safe loader where PyYAML has it (every DAG file reads the
+    registry at parse time: benchmarks/bench_dag_parse.py); a text it refuses is read again by
+    the pure-Python loader, whose error names the character or alias at fault."""
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return yaml.load(text, Loader=fast)
+        except yaml.YAMLError:
+            pass
+    return yaml.safe_load(text)
 
 
 def registry_path(path: str | os.PathLike[str] | None = None) -> Path:
@@ -385,7 +394,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     """Read and validate the registry; errors name the bad field."""
     path = registry_path(path)
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+        raw = _read_yaml(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise RegistryError(f"{path}: cannot read registry ({err.strerror})") from err
     except yaml.YAMLError as err:

@@ -41,6 +41,7 @@ from stateops.checkpoint import (
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.registry import Query, schema_fields
 from stateops.staging import Staging, remove_stale_staging
+from stateops.steps import ROADS
 
 __all__ = [
     "ROADS",
@@ -53,7 +54,6 @@ __all__ = [
     "transplant_refusals",
 ]
 
-ROADS = ("auto", "transplant", "initial_state")
 STAGING = "transplanting"
 
 # The starting offset of a source that has read nothing, per Spark source type. A file source

@@ -107,7 +107,7 @@ def carry_over_param(title: str, description: str) -> Any:
     """The form's carry-over road (see ``stateops.transplant.choose_road``), ``auto`` by default."""
     from airflow.sdk import Param
 
-    from stateops.transplant import ROADS
+    from stateops.steps import ROADS
 
     return Param("auto", type="string", enum=list(ROADS), title=title, description=description)
 
