@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from stateops import faults
 from stateops.audit import append_audit
 from stateops.checkpoint import load_checkpoint
-from stateops.errors import CheckpointError, StateOpsError
-from stateops.s3 import S3Location, parse_s3_url, s3_error
+from stateops.errors import CheckpointError, StateOpsError, s3_error
+from stateops.s3 import S3Location, parse_s3_url
 
 if TYPE_CHECKING:
     from stateops.registry import Registry
@@ -42,7 +42,6 @@ __all__ = [
     "prune_backups",
     "read_manifest",
     "read_manifests",
-    "restore_backup",
     "safe_relative_path",
     "split_backup_url",
     "transfer_manager",
@@ -265,25 +264,6 @@ def safe_relative_path(path: str) -> PurePosixPath:
     if not path or p.is_absolute() or "\\" in path or ".." in p.parts:
         raise StateOpsError(f"manifest path {path!r} escapes the restore target: refused")
     return p
-
-
-def restore_backup(
-    url: str,
-    to: str | os.PathLike[str],
-    client: Any,
-    *,
-    replace: bool = False,
-    allow_other_query: bool = False,
-    workers: int = 8,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """Restore backup ``url`` into ``to``: :func:`stateops.restore.plan_restore` and
-    :func:`stateops.restore.execute_restore` without a registry (so without a query's lock)."""
-    from stateops.restore import execute_restore, plan_restore
-
-    plan = plan_restore(url, client, to=to, replace=replace, allow_other_query=allow_other_query)
-    return execute_restore(plan, client, workers=workers, log=log)
-
 
 def read_manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
     """Every backup manifest under ``loc``, oldest first."""

@@ -55,23 +55,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "carry_differences",
-    "delay_ms",
     "finish_image_batch",
     "refuse_differences",
-    "watermark_steps",
     "write_checkpoint_file",
     "write_image_batch",
 ]
 
-_UNITS_MS = {"second": 1_000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-
-
-def delay_ms(query: Query) -> int | None:
-    """The query's watermark delay in ms (None: no watermark)."""
-    if query.watermark is None:
-        return None
-    number, unit = query.watermark.delay.split()
-    return int(number) * _UNITS_MS[unit.rstrip("s")]
 
 
 def write_checkpoint_file(root: Path, rel: str, text: str) -> None:
@@ -126,24 +115,6 @@ def finish_image_batch(checkpoint: str | os.PathLike[str], watermark: dict[str, 
     commit = {**cp.commits[0], "nextBatchWatermarkMs": wanted}
     write_checkpoint_file(cp.root, "commits/0", f"{header}\n{json.dumps(commit)}")
     return True
-
-
-def watermark_steps(
-    watermark: dict[str, int], max_event_ms: list[int | None], delay: int | None
-) -> list[tuple[int, int]]:
-    """``(late, evict)`` for each batch after the old query's batch N, as Spark gives them to a
-    query restarted after N: rows at or before ``late`` are dropped, timers at or before
-    ``evict`` fire. ``max_event_ms``: each batch's latest event time (None: no input)."""
-    late = int(watermark["batch_watermark_ms"])
-    tracker = max(late, int(watermark["next_batch_watermark_ms"]))
-    steps = []
-    for latest in max_event_ms:
-        steps.append((late, tracker))
-        late = tracker
-        if delay is not None and latest is not None:
-            tracker = max(tracker, latest - delay)
-    return steps
-
 
 def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
     """Why carrying ``cp``'s state to ``query`` by the initialState road would not give what

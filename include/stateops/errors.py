@@ -24,6 +24,7 @@ __all__ = [
     "as_domain_error",
     "domain_errors",
     "one_line",
+    "s3_error",
 ]
 
 
@@ -108,6 +109,26 @@ def _os_error(err: OSError) -> PathError:
     return PathError(f"{text}; {todo}")
 
 
+def s3_error(err: Exception, what: str) -> StateOpsError:
+    """One line naming the operation and the S3 error code; never credentials."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(err, ClientError):
+        error = err.response.get("Error", {})
+        code = error.get("Code", "?")
+        hint = {
+            "InvalidAccessKeyId": "check the access key of the S3 connection",
+            "SignatureDoesNotMatch": "check the secret key of the S3 connection",
+            "AccessDenied": "check the S3 connection's credentials and permissions",
+            "NoSuchBucket": "create the bucket or fix the URL",
+            "NoSuchKey": "no such object; list the backups with `stateops backups list`",
+        }.get(code, "see the S3 server's log")
+        return StateOpsError(f"S3 {what}: {code}: {hint}")
+    if isinstance(err, BotoCoreError):
+        return StateOpsError(f"S3 {what}: {type(err).__name__}: {err}")
+    return StateOpsError(f"S3 {what}: {type(err).__name__}")
+
+
 def as_domain_error(err: BaseException) -> StateOpsError | None:
     """The one-line domain error for ``err``, or None when bad input cannot explain it (a bug:
     its traceback is wanted)."""
@@ -121,8 +142,6 @@ def as_domain_error(err: BaseException) -> StateOpsError | None:
         return _os_error(OSError(errno.ELOOP, os.strerror(errno.ELOOP), looped))
     botocore = sys.modules.get("botocore.exceptions")  # only if S3 was used: no import here
     if botocore is not None and isinstance(err, botocore.ClientError | botocore.BotoCoreError):
-        from stateops.s3 import s3_error
-
         return s3_error(err, "request")
     return None
 

@@ -9,7 +9,7 @@ Spark's state reader and loaded as it is (never through the processor's
 ``handleInputRows`` and ``handleExpiredTimer`` in a pure-Python runtime
 (:mod:`stateops.simulator`), with the input rows the old query would have kept and the timers
 it would have fired: the watermarks of a query restarted after batch N
-(:func:`stateops.carry.watermark_steps`), not the new checkpoint's. Per state variable and for
+(:func:`watermark_steps`), not the new checkpoint's. Per state variable and for
 timers: row counts and checksums, with each list element's position in its list, so a list in
 another order differs. It also compares each batch's watermark with the reference's. Batches
 are proven until the new input's own watermark has caught up with the carried one (from then
@@ -29,7 +29,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from stateops.audit import audit_dir
-from stateops.carry import delay_ms, watermark_steps
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import CheckpointError, StateOpsError
 from stateops.export import (
@@ -54,6 +53,7 @@ __all__ = [
     "prove_carry_over",
     "prove_first_batch",
     "simulate_query",
+    "watermark_steps",
 ]
 
 # Above this many keys the simulation runs on a 1-in-m sample of keys (the processor runs
@@ -205,7 +205,7 @@ def prove_carry_over(
     old_frames, watermark, source = _old_state(spark, origin)
     old_frames = {name: df.cache() for name, df in old_frames.items()}  # read several times
     keys, columns = query.key_columns, [F.col(k) for k in query.key_columns]
-    delay = delay_ms(query)
+    delay = query.watermark.delay_ms if query.watermark else None
     steps: list[dict[str, Any]] = []
     own_late = own_evict = 0  # the watermarks the new input alone gives (no carry)
     for batch in range(first, last + 1):
@@ -463,3 +463,20 @@ def proof_failures(result: dict[str, Any]) -> str:
         if not w["ok"]
     ]
     return "; ".join(failed)
+
+
+def watermark_steps(
+    watermark: dict[str, int], max_event_ms: list[int | None], delay: int | None
+) -> list[tuple[int, int]]:
+    """``(late, evict)`` for each batch after the old query's batch N, as Spark gives them to a
+    query restarted after N: rows at or before ``late`` are dropped, timers at or before
+    ``evict`` fire. ``max_event_ms``: each batch's latest event time (None: no input)."""
+    late = int(watermark["batch_watermark_ms"])
+    tracker = max(late, int(watermark["next_batch_watermark_ms"]))
+    steps = []
+    for latest in max_event_ms:
+        steps.append((late, tracker))
+        late = tracker
+        if delay is not None and latest is not None:
+            tracker = max(tracker, latest - delay)
+    return steps

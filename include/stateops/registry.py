@@ -67,9 +67,17 @@ class Source(_Model):
         return {k: str(v) for k, v in self.options.items()}
 
 
+_UNITS_MS = {"second": 1_000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
+
+
 class Watermark(_Model):
     column: str
     delay: str = Field(pattern=r"^\d+ (second|minute|hour|day)s?$")
+
+    @property
+    def delay_ms(self) -> int:
+        number, unit = self.delay.split()
+        return int(number) * _UNITS_MS[unit.rstrip("s")]
 
 
 class Processor(_Model):

@@ -30,15 +30,15 @@ from stateops.backup import (
 )
 from stateops.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint, relocate_checkpoint
 from stateops.cleanup import checkpoint_lock
-from stateops.errors import StateOpsError
+from stateops.errors import StateOpsError, s3_error
 from stateops.lock import LockInfo, live_lock, read_hold
 from stateops.registry import Registry
 from stateops.report import format_bytes
-from stateops.s3 import S3Location, parse_s3_url, s3_error
+from stateops.s3 import S3Location, parse_s3_url
 from stateops.staging import Staging, remove_stale_staging, stale_staging
 from stateops.verify import verify_checkpoint
 
-__all__ = ["execute_restore", "format_restore_plan", "plan_restore"]
+__all__ = ["execute_restore", "format_restore_plan", "plan_restore", "restore_backup"]
 
 STAGING = "restoring"
 RED, RESET = "\x1b[31m", "\x1b[0m"
@@ -442,3 +442,19 @@ def execute_restore(
         )  # fmt: skip
     log(f"restore {b['backup_id']}: done; batch {b['batch_id']} is the last committed batch")
     return result
+
+
+def restore_backup(
+    url: str,
+    to: str | os.PathLike[str],
+    client: Any,
+    *,
+    replace: bool = False,
+    allow_other_query: bool = False,
+    workers: int = 8,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Restore backup ``url`` into ``to``: :func:`plan_restore` and :func:`execute_restore`
+    without a registry (so without a query's lock)."""
+    plan = plan_restore(url, client, to=to, replace=replace, allow_other_query=allow_other_query)
+    return execute_restore(plan, client, workers=workers, log=log)

@@ -21,7 +21,6 @@ __all__ = [
     "connection_settings",
     "parse_s3_url",
     "s3_client",
-    "s3_error",
     "s3_settings",
 ]
 
@@ -136,23 +135,3 @@ def s3_client(settings: S3Settings) -> Any:
             max_pool_connections=16,
         ),
     )
-
-
-def s3_error(err: Exception, what: str) -> StateOpsError:
-    """One line naming the operation and the S3 error code; never credentials."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    if isinstance(err, ClientError):
-        error = err.response.get("Error", {})
-        code = error.get("Code", "?")
-        hint = {
-            "InvalidAccessKeyId": "check the access key of the S3 connection",
-            "SignatureDoesNotMatch": "check the secret key of the S3 connection",
-            "AccessDenied": "check the S3 connection's credentials and permissions",
-            "NoSuchBucket": "create the bucket or fix the URL",
-            "NoSuchKey": "no such object; list the backups with `stateops backups list`",
-        }.get(code, "see the S3 server's log")
-        return StateOpsError(f"S3 {what}: {code}: {hint}")
-    if isinstance(err, BotoCoreError):
-        return StateOpsError(f"S3 {what}: {type(err).__name__}: {err}")
-    return StateOpsError(f"S3 {what}: {type(err).__name__}")

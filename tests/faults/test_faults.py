@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from stateops.audit import read_audit
-from stateops.backup import backup_checkpoint, read_manifests, restore_backup, verify_backup
+from stateops.backup import backup_checkpoint, read_manifests, verify_backup
 from stateops.checkpoint import load_checkpoint, relocate_checkpoint
 from stateops.cleanup import rollback_marker
 from stateops.registry import load_registry
+from stateops.restore import restore_backup
 from stateops.s3 import parse_s3_url
 from stateops.verify import verify_checkpoint
 from tests.conftest import S3Server, tree_digest, write_registry

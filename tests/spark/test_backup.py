@@ -15,12 +15,12 @@ from stateops.backup import (
     backup_checkpoint,
     list_backups,
     prune_backups,
-    restore_backup,
     verify_backup,
 )
 from stateops.checkpoint import load_checkpoint
 from stateops.errors import StateOpsError
 from stateops.registry import load_registry
+from stateops.restore import restore_backup
 from stateops.s3server import free_port
 from stateops.verify import verify_checkpoint
 from tests.conftest import (

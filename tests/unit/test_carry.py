@@ -14,13 +14,13 @@ from stateops.bootstrap import initial_state_differences
 from stateops.carry import (
     finish_image_batch,
     refuse_differences,
-    watermark_steps,
     write_checkpoint_file,
 )
 from stateops.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint
 from stateops.errors import StateOpsError
 from stateops.pipelines.carried import CarriedList
 from stateops.pipelines.user_sessions import UserSessionsProcessor
+from stateops.proof import watermark_steps
 from stateops.registry import load_registry
 from stateops.simulator import simulate_batch
 from tests.conftest import write_registry
