@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
 from synthetic import start_tree, write_batch_logs  # noqa: E402
 
-from stateops.backup import backup_checkpoint  # noqa: E402
-from stateops.checkpoint import load_checkpoint  # noqa: E402
-from stateops.s3 import S3Settings, s3_client  # noqa: E402
-from stateops.s3server import free_port, start_s3_server  # noqa: E402
+from stateops.core.checkpoint import load_checkpoint  # noqa: E402
+from stateops.core.s3 import S3Settings, s3_client  # noqa: E402
+from stateops.dev.s3server import free_port, start_s3_server  # noqa: E402
+from stateops.ops.backup import backup_checkpoint  # noqa: E402
 
 KEY, SECRET = "bench", "bench-secret"
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
 from synthetic import start_tree, write_batch_logs, write_log  # noqa: E402
 
-from stateops.checkpoint import load_checkpoint  # noqa: E402
-from stateops.report import checkpoint_report  # noqa: E402
+from stateops.core.checkpoint import load_checkpoint  # noqa: E402
+from stateops.core.report import checkpoint_report  # noqa: E402
 
 
 def build_tree(root: Path, files: int, partitions: int = 200) -> int:

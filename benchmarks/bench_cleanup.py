@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
 from bench_checkpoint_model import build_tree, timed  # noqa: E402
 
-from stateops.checkpoint import _list_files  # noqa: E402
-from stateops.cleanup import plan_cleanup  # noqa: E402
+from stateops.core.checkpoint import _list_files  # noqa: E402
+from stateops.ops.cleanup import plan_cleanup  # noqa: E402
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.steps import BACKFILL_STEPS, OVERRIDABLE, fill
+from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
@@ -56,7 +56,7 @@ FIELDS = {"query": "{{ params.query }}", "run_id": "{{ run_id }}"}
 
 
 def spark_task(step: str):
-    """Backfill step ``step`` (stateops.steps.BACKFILL_STEPS) on the plan's registry."""
+    """Backfill step ``step`` (stateops.core.steps.BACKFILL_STEPS) on the plan's registry."""
     job, _, args = fill(BACKFILL_STEPS[step], FIELDS)
     return spark_job_operator(step, job, args, registry=PLANNED_REGISTRY)
 
@@ -112,7 +112,7 @@ def stream_backfill() -> None:
     @task
     @one_line_errors
     def record(plan: dict) -> dict:
-        from stateops.backfill import read_reprocessing
+        from stateops.ops.backfill import read_reprocessing
 
         return read_reprocessing(plan, get_current_context()["run_id"])
 

@@ -36,7 +36,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.steps import INITIAL_STATE_FORMATS
+from stateops.core.steps import INITIAL_STATE_FORMATS
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     carry_over_param,
@@ -100,8 +100,8 @@ def stream_bootstrap() -> None:
     @task
     @one_line_errors
     def plan() -> dict:
-        from stateops.bootstrap import plan_bootstrap
-        from stateops.registry import load_registry
+        from stateops.core.registry import load_registry
+        from stateops.ops.bootstrap import plan_bootstrap
 
         params = get_current_context()["params"]
         fmt = None if params["format"] == "auto" else params["format"]

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from stateops.registry import load_registry
+from stateops.core.registry import load_registry
 from stateops_airflow.tasks import LIFECYCLE_DAG, backup_query, registered_queries
 
 REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query

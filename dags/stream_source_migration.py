@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
+from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
@@ -74,7 +74,7 @@ from stateops_airflow.tasks import (
 
 QUERIES = registered_queries(with_initial_state=True)
 PLAN = "ti.xcom_pull(task_ids='preflight')"
-# The Spark steps' fields (stateops.migration.job_fields) as templates of this run's values.
+# The Spark steps' fields (stateops.ops.migration.job_fields) as templates of this run's values.
 FIELDS = {
     "query": "{{ params.query }}",
     "run_id": "{{ run_id }}",
@@ -88,7 +88,7 @@ NEW_REGISTRY = "{{ " + PLAN + "['new']['registry'] }}"
 
 
 def spark_task(step: str):
-    """The migration's Spark step ``step`` (stateops.steps.MIGRATION_STEPS) as a task."""
+    """The migration's Spark step ``step`` (stateops.core.steps.MIGRATION_STEPS) as a task."""
     job, registry, args = fill(MIGRATION_STEPS[step], FIELDS)
     return spark_job_operator(step, job, args, registry=NEW_REGISTRY if registry == "new" else None)
 
@@ -167,8 +167,8 @@ def stream_source_migration() -> None:
     @task
     @one_line_errors
     def preflight() -> dict:
-        from stateops.migration import format_migration_plan, plan_migration, prepare_migration
-        from stateops.registry import load_registry
+        from stateops.core.registry import load_registry
+        from stateops.ops.migration import format_migration_plan, plan_migration, prepare_migration
 
         context = get_current_context()
         params, registry = context["params"], load_registry()
@@ -191,8 +191,8 @@ def stream_source_migration() -> None:
     @task
     @one_line_errors
     def stop_query(plan: dict) -> None:
-        from stateops.migration import prepare_migration, stop_running_query
-        from stateops.registry import load_registry
+        from stateops.core.registry import load_registry
+        from stateops.ops.migration import prepare_migration, stop_running_query
 
         registry = load_registry()
         prepare_migration(registry, plan)  # the hold, renewed
@@ -201,8 +201,8 @@ def stream_source_migration() -> None:
     @task
     @one_line_errors
     def backup(plan: dict) -> dict:
-        from stateops.migration import backup_for_migration
-        from stateops.registry import load_registry
+        from stateops.core.registry import load_registry
+        from stateops.ops.migration import backup_for_migration
 
         registry = load_registry()
         client = airflow_s3_client(registry.backups.conn_id)
@@ -216,24 +216,24 @@ def stream_source_migration() -> None:
     @task
     @one_line_errors
     def transplant(plan: dict, settled: dict) -> dict:
-        from stateops.migration import transplant_for_migration
-        from stateops.registry import load_registry
+        from stateops.core.registry import load_registry
+        from stateops.ops.migration import transplant_for_migration
 
         return transplant_for_migration(load_registry(), plan, settled)
 
     @task(trigger_rule="none_failed_min_one_success")  # after either road
     @one_line_errors
     def prove(plan: dict) -> dict:
-        from stateops.migration import prove_migration
-        from stateops.registry import load_registry
+        from stateops.core.registry import load_registry
+        from stateops.ops.migration import prove_migration
 
         return prove_migration(load_registry(), plan)
 
     @task
     @one_line_errors
     def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
-        from stateops.migration import switch_migration
-        from stateops.registry import load_registry
+        from stateops.core.registry import load_registry
+        from stateops.ops.migration import switch_migration
 
         return switch_migration(load_registry(), plan, settled, carry_over)
 
@@ -242,9 +242,9 @@ def stream_source_migration() -> None:
         """Runs only when a step failed; undoes the run, then fails itself so the run fails."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from stateops.lock import release_hold
-        from stateops.migration import roll_back_migration
-        from stateops.registry import load_registry
+        from stateops.control.lock import release_hold
+        from stateops.core.registry import load_registry
+        from stateops.ops.migration import roll_back_migration
 
         context = get_current_context()
         plan, registry = context["ti"].xcom_pull(task_ids="preflight"), load_registry()

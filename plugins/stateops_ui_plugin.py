@@ -17,10 +17,10 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse
 
-from stateops.errors import StateOpsError
-from stateops.expectations import data_docs_path
-from stateops.registry import load_registry
-from stateops.report import format_bytes
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.core.report import format_bytes
+from stateops.spark.expectations import data_docs_path
 from stateops.status import describe_cleanup, query_status
 
 app = FastAPI(title="Streaming state", dependencies=[Depends(requires_authenticated())])

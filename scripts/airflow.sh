@@ -79,7 +79,7 @@ SPARK_WORKER_DIR="$RUN/spark-work" start spark-worker spark-class \
 
 export STATEOPS_S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
 echo "S3 endpoint $STATEOPS_S3_ENDPOINT_URL (rclone serve s3 over $DATA/s3)"
-start s3 python -m stateops.s3server "$DATA/s3"
+start s3 python -m stateops.dev.s3server "$DATA/s3"
 
 export AIRFLOW_CONN_SPARK_DEFAULT="{\"conn_type\":\"spark\",\"host\":\"spark://127.0.0.1\",\"port\":$SPARK_PORT}"
 export AIRFLOW_CONN_AWS_DEFAULT="{\"conn_type\":\"aws\",\"login\":\"$AWS_ACCESS_KEY_ID\",\"password\":\"$AWS_SECRET_ACCESS_KEY\",\"extra\":{\"endpoint_url\":\"$STATEOPS_S3_ENDPOINT_URL\"}}"

@@ -51,12 +51,12 @@ grep -oE "(NOT )?PROVEN: .* input \([^)]*\)" "$log" | sed 's/^/  /' || true
 run_dag round1
 
 step "Embedded S3 endpoint ($STATEOPS_S3_ENDPOINT_URL, rclone serve s3) and a backup of both queries"
-python -m stateops.s3server "$DATA/s3" > "$DATA/s3.log" 2>&1 &
+python -m stateops.dev.s3server "$DATA/s3" > "$DATA/s3.log" 2>&1 &
 S3_PID=$!
 trap 'kill "$S3_PID" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q "S3 endpoint" "$DATA/s3.log" && break; sleep 0.2; done
 grep -q "S3 endpoint" "$DATA/s3.log" || { cat "$DATA/s3.log"; exit 1; }
-BACKUPS="$(python -c 'from stateops.registry import load_registry; print(load_registry().backups.url)')"
+BACKUPS="$(python -c 'from stateops.core.registry import load_registry; print(load_registry().backups.url)')"
 backup() {  # the one-line result: files, uploaded, reused
   stateops backup "$1" --to "$BACKUPS/$1" 2>&1 >/dev/null | tail -1 | sed 's/^/  /'
 }
@@ -80,7 +80,7 @@ step "Restart the restored page_visits (as page_visits_restored, own sink) on th
 python - "$DATA/restored/registry.yaml" <<'EOF'
 import sys
 import yaml
-from stateops.registry import load_registry
+from stateops.core.registry import load_registry
 raw = yaml.safe_load(load_registry().path.read_text())
 query = raw["queries"]["page_visits"]
 query.update(checkpoint="restored/page_visits", sink={**query["sink"], "path": "restored/output"})
@@ -130,7 +130,7 @@ run_dag round3
 
 last_batch() { stateops inspect "$1" --json | python -c 'import json, sys
 print(json.load(sys.stdin)["last_committed_batch"])'; }
-retain="$(python -c 'from stateops.registry import load_registry
+retain="$(python -c 'from stateops.core.registry import load_registry
 print(load_registry().cleanup.retain_batches)')"
 step "Snapshot-group cleanup: the plan first (dry run), keeping restarts after the last $retain batches"
 stateops cleanup user_sessions --retain-batches "$retain" --dry-run | sed 's/^/  /'

@@ -21,12 +21,12 @@ import sys
 import uuid
 from typing import Any
 
-from stateops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap, transplant_bootstrap
-from stateops.cleanup import refuse_pending_rollback
-from stateops.errors import StateOpsError, domain_errors, one_line
-from stateops.registry import Registry, load_registry
-from stateops.runner import run_registered_query, write_summary
-from stateops.transplant import ROADS
+from stateops.core.errors import StateOpsError, domain_errors, one_line
+from stateops.core.registry import Registry, load_registry
+from stateops.ops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap, transplant_bootstrap
+from stateops.ops.cleanup import refuse_pending_rollback
+from stateops.ops.start import run_registered_query, write_summary
+from stateops.ops.transplant import ROADS
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

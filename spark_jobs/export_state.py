@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from stateops.errors import StateOpsError, domain_errors, one_line
-from stateops.registry import load_registry
+from stateops.core.errors import StateOpsError, domain_errors, one_line
+from stateops.core.registry import load_registry
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -28,7 +28,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def preflight(args: argparse.Namespace) -> tuple[str, int]:
     """(checkpoint, batch) to export; refuses without Spark (run before spark-submit too)."""
-    from stateops.export import check_export
+    from stateops.spark.export import check_export
 
     checkpoint = args.checkpoint
     # A bare name is a registered query; anything else is a path, whatever state it is in.
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with domain_errors():
             checkpoint, batch = preflight(args)
-            from stateops.export import export_state
-            from stateops.streaming import spark_session
+            from stateops.spark.export import export_state
+            from stateops.spark.streaming import spark_session
 
             spark = spark_session("stateops-export")
             manifest = export_state(spark, checkpoint, args.out, batch)

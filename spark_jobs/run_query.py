@@ -15,11 +15,11 @@ import json
 import sys
 from datetime import datetime
 
-from stateops.cleanup import refuse_pending_rollback
-from stateops.errors import StateOpsError, domain_errors, one_line
-from stateops.registry import Registry, load_registry
-from stateops.runner import checkpoint_state, run_registered_query, write_summary
-from stateops.times import parse_past_time
+from stateops.core.errors import StateOpsError, domain_errors, one_line
+from stateops.core.registry import Registry, load_registry
+from stateops.core.times import parse_past_time
+from stateops.ops.cleanup import refuse_pending_rollback
+from stateops.ops.start import checkpoint_state, run_registered_query, write_summary
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -13,12 +13,12 @@ import argparse
 import json
 import sys
 
-from stateops.access import refuse_unwritable
-from stateops.audit import audit_dir
-from stateops.checkpoint import load_checkpoint
-from stateops.errors import StateOpsError, domain_errors, one_line
-from stateops.registry import Query, load_registry
-from stateops.verify import format_findings, verify_checkpoint
+from stateops.control.audit import audit_dir
+from stateops.core.access import refuse_unwritable
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError, domain_errors, one_line
+from stateops.core.registry import Query, load_registry
+from stateops.core.verify import format_findings, verify_checkpoint
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with domain_errors():
             query = preflight(args)
-            from stateops.expectations import format_validation, validate_state
-            from stateops.streaming import spark_session
+            from stateops.spark.expectations import format_validation, validate_state
+            from stateops.spark.streaming import spark_session
 
             spark = spark_session(f"stateops-validate-{query.name}")
             result = validate_state(spark, query, args.batch)

@@ -200,7 +200,7 @@ class S3Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        from stateops.s3server import start_s3_server
+        from stateops.dev.s3server import start_s3_server
 
         self.proc = start_s3_server(self.root, ["backups"], S3_KEY, S3_SECRET, self.port)
 
@@ -211,7 +211,7 @@ class S3Server:
             self.proc = None
 
     def client(self, secret: str = S3_SECRET):
-        from stateops.s3 import S3Settings, s3_client
+        from stateops.core.s3 import S3Settings, s3_client
 
         return s3_client(S3Settings(self.endpoint, "us-east-1", S3_KEY, secret))
 
@@ -227,7 +227,7 @@ class S3Server:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """A real S3 API (rclone serve s3) on loopback, with the bucket `backups`."""
-    from stateops.s3server import free_port
+    from stateops.dev.s3server import free_port
 
     server = S3Server(tmp_path_factory.mktemp("s3"), free_port())
     server.start()

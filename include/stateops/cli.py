@@ -10,18 +10,18 @@ import sys
 import time
 from pathlib import Path
 
-from stateops.audit import audit_dir, read_audit
-from stateops.bootstrap import FORMATS, plan_bootstrap
-from stateops.checkpoint import load_checkpoint, require_checkpoint_dir
-from stateops.errors import RegistryError, StateOpsError, domain_errors, one_line
-from stateops.jobs import job_path, preflight_job
-from stateops.lock import force_release, read_hold, read_lock
-from stateops.registry import load_registry, registry_path
-from stateops.report import checkpoint_report, format_report
-from stateops.sampledata import DATASETS, generate_events, generate_initial_pages
+from stateops.control.audit import audit_dir, read_audit
+from stateops.control.lock import force_release, read_hold, read_lock
+from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
+from stateops.core.errors import RegistryError, StateOpsError, domain_errors, one_line
+from stateops.core.registry import load_registry, registry_path
+from stateops.core.report import checkpoint_report, format_report
+from stateops.core.verify import format_findings, verify_checkpoint
+from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
+from stateops.ops.bootstrap import FORMATS, plan_bootstrap
+from stateops.ops.transplant import ROADS
+from stateops.spark.jobs import job_path, preflight_job
 from stateops.status import format_status, query_status
-from stateops.transplant import ROADS
-from stateops.verify import format_findings, verify_checkpoint
 
 __all__ = ["main"]
 
@@ -137,7 +137,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def _s3(args: argparse.Namespace):
-    from stateops.s3 import s3_client, s3_settings
+    from stateops.core.s3 import s3_client, s3_settings
 
     return s3_client(s3_settings(args.conn_id))
 
@@ -147,7 +147,7 @@ def _log(line: str) -> None:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from stateops.backup import backup_checkpoint
+    from stateops.ops.backup import backup_checkpoint
 
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
     manifest = backup_checkpoint(path, args.to, _s3(args), batch=args.batch, log=_log)
@@ -156,8 +156,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from stateops.cleanup import new_run_id
-    from stateops.restore import execute_restore, format_restore_plan, plan_restore
+    from stateops.ops.cleanup import new_run_id
+    from stateops.ops.restore import execute_restore, format_restore_plan, plan_restore
 
     # With a URL the registry only says whose checkpoint the target is (whose lock to take):
     # none to read, no lock; one that cannot be read is an error, not a silent "no lock".
@@ -179,7 +179,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_backups(args: argparse.Namespace) -> int:
-    from stateops.backup import list_backups, prune_backups, verify_backup
+    from stateops.ops.backup import list_backups, prune_backups, verify_backup
 
     if args.action == "list":
         rows = list_backups(args.url, _s3(args))
@@ -222,7 +222,7 @@ def _owned_checkpoint(target: str, registry_file: str | None):
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from stateops.cleanup import checkpoint_lock, new_run_id, run_cleanup
+    from stateops.ops.cleanup import checkpoint_lock, new_run_id, run_cleanup
 
     path, registry, _ = _owned_checkpoint(args.checkpoint, args.registry)
     lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
@@ -234,8 +234,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from stateops.backup import backup_checkpoint
-    from stateops.cleanup import checkpoint_lock, new_run_id, run_rollback
+    from stateops.ops.backup import backup_checkpoint
+    from stateops.ops.cleanup import checkpoint_lock, new_run_id, run_rollback
 
     path, registry, query = _owned_checkpoint(args.checkpoint, args.registry)
     backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)
@@ -264,9 +264,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_transplant(args: argparse.Namespace) -> int:
-    from stateops.bootstrap import mark_transplant
-    from stateops.cleanup import checkpoint_lock, new_run_id
-    from stateops.transplant import transplant_checkpoint
+    from stateops.ops.bootstrap import mark_transplant
+    from stateops.ops.cleanup import checkpoint_lock, new_run_id
+    from stateops.ops.transplant import transplant_checkpoint
 
     path, registry, owner = _owned_checkpoint(args.old, args.registry)
     registry = registry or load_registry(args.registry)
@@ -309,9 +309,9 @@ def _job_runner(master: str):
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from stateops.backfill import plan_backfill, run_backfill
-    from stateops.backup import backup_query
-    from stateops.cleanup import new_run_id
+    from stateops.ops.backfill import plan_backfill, run_backfill
+    from stateops.ops.backup import backup_query
+    from stateops.ops.cleanup import new_run_id
 
     registry, run_id = load_registry(args.registry), new_run_id("backfill")
     log = _log if args.json else print
@@ -345,8 +345,8 @@ def _overrides(text: str) -> dict:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from stateops.cleanup import new_run_id
-    from stateops.migration import format_migration_plan, plan_migration, run_migration
+    from stateops.ops.cleanup import new_run_id
+    from stateops.ops.migration import format_migration_plan, plan_migration, run_migration
 
     registry = load_registry(args.registry)
     source = {

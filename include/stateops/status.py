@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stateops.audit import audit_dir, read_audit
-from stateops.backup import list_backups
-from stateops.checkpoint import Checkpoint, load_checkpoint
-from stateops.errors import StateOpsError
-from stateops.expectations import data_docs_path, last_validation
-from stateops.registry import Registry
-from stateops.report import checkpoint_report, format_bytes
+from stateops.control.audit import audit_dir, read_audit
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import Registry
+from stateops.core.report import checkpoint_report, format_bytes
+from stateops.ops.backup import list_backups
+from stateops.spark.expectations import data_docs_path, last_validation
 
 __all__ = ["LINEAGE_OPERATIONS", "describe_cleanup", "format_status", "query_status"]
 

@@ -14,10 +14,10 @@ from typing import Any, ParamSpec, TypeVar
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from stateops.errors import LockHeldError, StateOpsError, domain_errors, one_line
-from stateops.jobs import PY_FILES, job_path, preflight_job
-from stateops.registry import Registry, load_registry, registry_path
-from stateops.times import TIME_PATTERN  # a form's time field: real dates only
+from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, one_line
+from stateops.core.registry import Registry, load_registry, registry_path
+from stateops.core.times import TIME_PATTERN  # a form's time field: real dates only
+from stateops.spark.jobs import PY_FILES, job_path, preflight_job
 
 __all__ = [
     "LIFECYCLE_DAG",
@@ -57,9 +57,10 @@ R = TypeVar("R")
 
 
 def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
-    """A task's work inside the library's error boundary (:func:`stateops.errors.domain_errors`):
-    bad input fails the task at once, without retries, with the one line the CLI would print;
-    a lock held by another operation fails it so that its retries wait for the lock."""
+    """A task's work inside the library's error boundary
+    (:func:`stateops.core.errors.domain_errors`): bad input fails the task at once, without retries,
+    with the one line the CLI would print; a lock held by another operation fails it so that its
+    retries wait for the lock."""
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -104,18 +105,18 @@ def dry_run_param(description: str) -> Any:
 
 
 def carry_over_param(title: str, description: str) -> Any:
-    """The form's carry-over road (see ``stateops.transplant.choose_road``), ``auto`` by default."""
+    """The form's carry-over road (``stateops.ops.transplant.choose_road``), ``auto`` by default."""
     from airflow.sdk import Param
 
-    from stateops.steps import ROADS
+    from stateops.core.steps import ROADS
 
     return Param("auto", type="string", enum=list(ROADS), title=title, description=description)
 
 
 def inject_fault(context: Any, result: Any = None) -> None:
     """``post_execute`` hook: with ``STATEOPS_FAIL_AFTER=<task id>`` in the environment, that
-    task fails after doing its work (:func:`stateops.faults.fail_after`)."""
-    from stateops.faults import fail_after
+    task fails after doing its work (:func:`stateops.control.faults.fail_after`)."""
+    from stateops.control.faults import fail_after
 
     one_line_errors(fail_after)(context["ti"].task_id)
 
@@ -168,7 +169,7 @@ def run_query_operator(
 @one_line_errors
 def verify_state(query: str) -> dict[str, Any]:
     """File-level integrity of the query's checkpoint; fails the task on errors."""
-    from stateops.verify import require_sound
+    from stateops.core.verify import require_sound
 
     return require_sound(load_registry().query(query).checkpoint)
 
@@ -176,7 +177,7 @@ def verify_state(query: str) -> dict[str, Any]:
 @one_line_errors
 def read_run_summary(query: str, run_id: str) -> dict[str, Any]:
     """The summary ``run_query.py`` wrote for this run; fails if it is from another run."""
-    from stateops.runner import read_summary
+    from stateops.ops.start import read_summary
 
     return read_summary(load_registry(), query, run_id)
 
@@ -185,7 +186,7 @@ def airflow_s3_client(conn_id: str) -> Any:
     """An S3 client from Airflow connection ``conn_id`` (type aws; extra.endpoint_url)."""
     from airflow.sdk import BaseHook
 
-    from stateops.s3 import connection_settings, s3_client
+    from stateops.core.s3 import connection_settings, s3_client
 
     conn = BaseHook.get_connection(conn_id)
     return s3_client(connection_settings(conn.login, conn.password, conn.extra_dejson))
@@ -193,7 +194,7 @@ def airflow_s3_client(conn_id: str) -> Any:
 
 def committed_checkpoint(registry: Registry, query: str) -> str:
     """The query's checkpoint; skips the task while it has no committed batch."""
-    from stateops.checkpoint import has_commit
+    from stateops.core.checkpoint import has_commit
 
     checkpoint = registry.query(query).checkpoint
     if not has_commit(checkpoint):
@@ -204,8 +205,8 @@ def committed_checkpoint(registry: Registry, query: str) -> str:
 @one_line_errors
 def backup_query(query: str) -> dict[str, Any]:
     """Back up the query's checkpoint to ``<backups.url>/<query>``, then apply retention."""
-    from stateops.backup import backup_query as backup
-    from stateops.backup import prune_backups
+    from stateops.ops.backup import backup_query as backup
+    from stateops.ops.backup import prune_backups
 
     registry = load_registry()
     settings = registry.backups
@@ -226,7 +227,7 @@ def backup_query(query: str) -> dict[str, Any]:
 def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
     plan first, then the deletions under the query's lock (a running query holds it)."""
-    from stateops.cleanup import checkpoint_lock, run_cleanup
+    from stateops.ops.cleanup import checkpoint_lock, run_cleanup
 
     registry = load_registry()
     checkpoint = committed_checkpoint(registry, query)
@@ -245,9 +246,9 @@ def plan_restore(
     allow_other_query: bool = False,
     dry_run: bool = True,
 ) -> dict[str, Any]:
-    """``stateops.restore.plan_restore`` for the form (``latest`` resolves), printed."""
-    from stateops.restore import format_restore_plan
-    from stateops.restore import plan_restore as plan
+    """``stateops.ops.restore.plan_restore`` for the form (``latest`` resolves), printed."""
+    from stateops.ops.restore import format_restore_plan
+    from stateops.ops.restore import plan_restore as plan
 
     registry = load_registry()
     result = plan(
@@ -263,9 +264,9 @@ def plan_restore(
 
 @one_line_errors
 def restore_query(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """``stateops.restore.execute_restore``: under the lock of the query whose checkpoint the
+    """``stateops.ops.restore.execute_restore``: under the lock of the query whose checkpoint the
     target is, deciding again on what the target holds now."""
-    from stateops.restore import execute_restore
+    from stateops.ops.restore import execute_restore
 
     registry = load_registry()
     client = airflow_s3_client(registry.backups.conn_id)
@@ -274,8 +275,8 @@ def restore_query(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 @one_line_errors
 def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """:func:`stateops.backfill.plan_backfill` for the form's fields."""
-    from stateops.backfill import plan_backfill as plan
+    """:func:`stateops.ops.backfill.plan_backfill` for the form's fields."""
+    from stateops.ops.backfill import plan_backfill as plan
 
     return plan(
         load_registry(), params["query"], run_id, to_batch=params.get("to_batch"),
@@ -286,10 +287,10 @@ def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 @one_line_errors
 def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
-    """:func:`stateops.backfill.rollback_for_backfill`, backing up through the registry's
+    """:func:`stateops.ops.backfill.rollback_for_backfill`, backing up through the registry's
     Airflow connection."""
-    from stateops.backfill import rollback_for_backfill as rollback
-    from stateops.backup import backup_query
+    from stateops.ops.backfill import rollback_for_backfill as rollback
+    from stateops.ops.backup import backup_query
 
     registry = load_registry()
 
@@ -302,7 +303,7 @@ def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
 
 @one_line_errors
 def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str, Any]:
-    """:func:`stateops.backfill.report_backfill`."""
-    from stateops.backfill import report_backfill as report
+    """:func:`stateops.ops.backfill.report_backfill`."""
+    from stateops.ops.backfill import report_backfill as report
 
     return report(load_registry(), plan, rollback)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.checkpoint import load_checkpoint
-from stateops.lock import read_hold
-from stateops.registry import load_registry
+from stateops.control.lock import read_hold
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
 from tests.conftest import tree_digest
 from tests.spark.harness import run_in_session
 from tests.spark.migrations import Migration, assert_migrated, assert_rolled_back, uninterrupted

@@ -151,8 +151,8 @@ def test_a_restore_over_a_locked_query_is_retried_and_a_bad_target_fails_for_goo
 ):
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    from stateops.lock import QueryLock
-    from stateops.registry import load_registry
+    from stateops.control.lock import QueryLock
+    from stateops.core.registry import load_registry
     from stateops_airflow import tasks
 
     # Both refusals come before S3 is asked: no connection, no endpoint.

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.audit import read_audit
-from stateops.backup import list_backups
-from stateops.checkpoint import load_checkpoint
-from stateops.registry import load_registry
+from stateops.control.audit import read_audit
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
+from stateops.ops.backup import list_backups
 from tests.conftest import (
     ROOT,
     S3_KEY,

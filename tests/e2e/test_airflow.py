@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from stateops.checkpoint import load_checkpoint
-from stateops.s3server import free_port
+from stateops.core.checkpoint import load_checkpoint
+from stateops.dev.s3server import free_port
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server
 from tests.spark.harness import read_sink
 from tests.spark.migrations import Migration, assert_migrated, uninterrupted

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stateops.checkpoint import load_checkpoint
-from stateops.registry import load_registry
-from stateops.s3server import free_port
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
+from stateops.dev.s3server import free_port
 from tests.conftest import ROOT, VENV_BIN, spark_submit_run_query, write_registry
 from tests.spark.harness import land
 

@@ -2,11 +2,11 @@
 a process of its own), SIGKILL it, run it again the same way, and judge what the two left.
 
 A trial kills the run either at a chosen point (``STATEOPS_KILL_AT=NAME:K``, see
-:mod:`stateops.faults`: the K-th deletion, upload, download, the restore's stage and swap, ...)
-or after a random delay. The points come from a control run of the same command, which is also
+:mod:`stateops.control.faults`: the K-th deletion, upload, download, the restore's stage and swap,
+...) or after a random delay. The points come from a control run of the same command, which is also
 what each resumed run must equal. Randomness is seeded per operation from one seed per session
-(``STATEOPS_FAULT_SEED``, printed), so a failing trial can be replayed. Spark is not used here:
-the operation says how to judge a result, and how to restart it in Spark.
+(``STATEOPS_FAULT_SEED``, printed), so a failing trial can be replayed. Spark is not used here: the
+operation says how to judge a result, and how to restart it in Spark.
 """
 
 from __future__ import annotations

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from stateops.audit import read_audit
-from stateops.backup import backup_checkpoint, read_manifests, verify_backup
-from stateops.checkpoint import load_checkpoint, relocate_checkpoint
-from stateops.cleanup import rollback_marker
-from stateops.registry import load_registry
-from stateops.restore import restore_backup
-from stateops.s3 import parse_s3_url
-from stateops.verify import verify_checkpoint
+from stateops.control.audit import read_audit
+from stateops.core.checkpoint import load_checkpoint, relocate_checkpoint
+from stateops.core.registry import load_registry
+from stateops.core.s3 import parse_s3_url
+from stateops.core.verify import verify_checkpoint
+from stateops.ops.backup import backup_checkpoint, read_manifests, verify_backup
+from stateops.ops.cleanup import rollback_marker
+from stateops.ops.restore import restore_backup
 from tests.conftest import S3Server, tree_digest, write_registry
 from tests.faults.engine import SETTINGS, Operation, format_report, run_operation
 from tests.spark.harness import land, last_committed, pipeline_case, read_sink, read_state

@@ -15,10 +15,10 @@ from types import ModuleType
 
 import pyarrow.parquet as pq
 
-from stateops.checkpoint import load_checkpoint
-from stateops.registry import PROVIDER_CLASSES, Query, load_registry
-from stateops.sampledata import DATASETS, generate_events
-from stateops.streaming import apply_query_conf, start_query
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
+from stateops.dev.sampledata import DATASETS, generate_events
+from stateops.spark.streaming import apply_query_conf, start_query
 from tests.conftest import ROOT, write_registry
 
 _mtime = [1_700_000_000]

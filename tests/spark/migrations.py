@@ -22,10 +22,10 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import yaml
 
-from stateops.audit import audit_dir
-from stateops.backup import list_backups
-from stateops.checkpoint import load_checkpoint
-from stateops.registry import load_registry
+from stateops.control.audit import audit_dir
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
+from stateops.ops.backup import list_backups
 from tests.conftest import S3_KEY, S3_SECRET, tree_digest, write_registry
 from tests.spark.harness import land, read_sink, read_state, run_in_session
 
@@ -39,7 +39,7 @@ FILES = 3  # per round; one file per batch (maxFilesPerTrigger: 1)
 
 def _as_parquet(json_files: list[Path], folder: Path, ddl: str) -> None:
     """The same events in Parquet, one file per JSON file, with the same modification times."""
-    from stateops.registry import schema_fields
+    from stateops.core.registry import schema_fields
 
     schema = pa.schema([(name, ARROW[kind]) for name, kind in schema_fields(ddl)])
     folder.mkdir(parents=True)
@@ -171,7 +171,7 @@ def assert_rolled_back(m: Migration, step: str, drained: dict | None) -> dict | 
     """After a failure at ``step``: the query runs on its old source and checkpoint as before,
     nothing of the failed run is left in the way. Returns the old checkpoint's digest once the
     drain ran (from then on it is fixed), to hand to the next call."""
-    from stateops.lock import read_hold
+    from stateops.control.lock import read_hold
 
     query = m.query()
     old = m.root / "checkpoints" / m.name

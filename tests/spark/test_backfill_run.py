@@ -1,4 +1,4 @@
-"""The backfill's plan is the plan that runs (stateops.backfill): a rollback whose checkpoint
+"""The backfill's plan is the plan that runs (stateops.ops.backfill): a rollback whose checkpoint
 moved on since the plan the operator saw is refused and changes nothing. The whole backfill
 through ``stateops backfill`` against the DAG's: tests/dag/test_stream_start_run.py."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from stateops.backfill import plan_backfill, rollback_for_backfill
-from stateops.errors import CheckpointError, StateOpsError
-from stateops.registry import load_registry
+from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.backfill import plan_backfill, rollback_for_backfill
 from tests.conftest import tree_digest, write_registry
 from tests.spark.harness import land, run_in_session
 

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.backup import (
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.core.verify import verify_checkpoint
+from stateops.dev.s3server import free_port
+from stateops.ops.backup import (
     backup_checkpoint,
     list_backups,
     prune_backups,
     verify_backup,
 )
-from stateops.checkpoint import load_checkpoint
-from stateops.errors import StateOpsError
-from stateops.registry import load_registry
-from stateops.restore import restore_backup
-from stateops.s3server import free_port
-from stateops.verify import verify_checkpoint
+from stateops.ops.restore import restore_backup
 from tests.conftest import (
     S3_SECRET,
     S3Server,

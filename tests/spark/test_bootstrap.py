@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.bootstrap import read_initial_state
-from stateops.proof import prove_first_batch
-from stateops.registry import load_registry
+from stateops.core.registry import load_registry
+from stateops.ops.bootstrap import read_initial_state
+from stateops.spark.proof import prove_first_batch
 from tests.conftest import (
     ROOT,
     run_cli,

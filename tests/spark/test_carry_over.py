@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.checkpoint import load_checkpoint
-from stateops.registry import load_registry
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
 from tests.conftest import (
     ROOT,
     run_cli,

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from stateops.backup import backup_checkpoint
-from stateops.checkpoint import Checkpoint, copy_restart_set, load_checkpoint
-from stateops.errors import CheckpointError
-from stateops.report import checkpoint_report
-from stateops.restore import restore_backup
+from stateops.core.checkpoint import Checkpoint, copy_restart_set, load_checkpoint
+from stateops.core.errors import CheckpointError
+from stateops.core.report import checkpoint_report
+from stateops.ops.backup import backup_checkpoint
+from stateops.ops.restore import restore_backup
 from tests.spark.harness import (
     ALL_CASES,
     Case,

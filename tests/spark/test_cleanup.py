@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stateops.checkpoint import load_checkpoint, relocate_checkpoint
-from stateops.cleanup import run_cleanup, run_rollback
-from stateops.lock import QueryLock
-from stateops.verify import verify_checkpoint
+from stateops.control.lock import QueryLock
+from stateops.core.checkpoint import load_checkpoint, relocate_checkpoint
+from stateops.core.verify import verify_checkpoint
+from stateops.ops.cleanup import run_cleanup, run_rollback
 from tests.spark.harness import (
     ALL_CASES,
     Case,

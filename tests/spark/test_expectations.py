@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.checkpoint import load_checkpoint
-from stateops.expectations import format_validation, leaking_keys, validate_state
-from stateops.registry import load_registry
-from stateops.streaming import apply_query_conf, start_query
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
+from stateops.spark.expectations import format_validation, leaking_keys, validate_state
+from stateops.spark.streaming import apply_query_conf, start_query
 from tests.conftest import ROOT, write_registry
 from tests.spark.harness import land
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from stateops.checkpoint import load_checkpoint
-from stateops.errors import CheckpointError
-from stateops.export import MANIFEST, export_state, state_checksum
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import CheckpointError
+from stateops.spark.export import MANIFEST, export_state, state_checksum
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import ALL_CASES, join_case, land
 

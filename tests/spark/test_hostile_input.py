@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from stateops.checkpoint import load_checkpoint
-from stateops.errors import StateOpsError
-from stateops.jobs import preflight_job
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.spark.jobs import preflight_job
 from tests.conftest import ROOT, VENV_BIN, run_cli, tree_digest, write_registry
 from tests.spark.harness import aggregation_case, land
 

@@ -24,13 +24,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from stateops.checkpoint import copy_restart_set, load_checkpoint
-from stateops.errors import StateOpsError
-from stateops.export import export_state, state_checksum
-from stateops.migration import plan_migration
-from stateops.registry import load_registry
-from stateops.runner import run_registered_query
-from stateops.verify import verify_checkpoint
+from stateops.core.checkpoint import copy_restart_set, load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.core.verify import verify_checkpoint
+from stateops.ops.migration import plan_migration
+from stateops.ops.start import run_registered_query
+from stateops.spark.export import export_state, state_checksum
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import job_in_session, land, quiesce, read_sink
 
@@ -239,10 +239,10 @@ def test_the_proof_fails_when_the_carried_events_are_re_sorted(spark, road):
 
 def test_the_proof_fails_when_the_watermark_is_not_carried(spark, road, monkeypatch):
     """Defect (a) put back: batch 0 reads the new source at watermark 0, as before issue 16."""
-    import stateops.carry
+    import stateops.ops.carry
 
-    monkeypatch.setattr(stateops.carry, "write_image_batch", lambda *args: False)
-    monkeypatch.setattr(stateops.carry, "finish_image_batch", lambda *args: False)
+    monkeypatch.setattr(stateops.ops.carry, "write_image_batch", lambda *args: False)
+    monkeypatch.setattr(stateops.ops.carry, "finish_image_batch", lambda *args: False)
     new = _new(road, "uncarried")
     summary = _bootstrap(spark, road, new)
     assert summary["status"] == "failed" and not summary["proof"]["ok"], summary

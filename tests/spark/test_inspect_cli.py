@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from stateops.checkpoint import load_checkpoint
+from stateops.core.checkpoint import load_checkpoint
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import aggregation_case, land
 

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stateops.errors import StateOpsError
-from stateops.lock import QueryLock, read_hold
-from stateops.migration import plan_migration, prepare_migration
-from stateops.registry import load_registry
+from stateops.control.lock import QueryLock, read_hold
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.migration import plan_migration, prepare_migration
 from tests.conftest import spark_submit_run_query, tree_digest, write_registry
 from tests.spark.harness import land, run_in_session
 
@@ -102,7 +102,7 @@ def test_a_query_held_by_another_operation_is_refused_and_a_held_query_admits_on
         assert proc.returncode == 2
         assert "held by migration (run manual__1)" in proc.stdout + proc.stderr
     finally:
-        from stateops.lock import release_hold
+        from stateops.control.lock import release_hold
 
         assert release_hold(lock, "manual__1")
 
@@ -117,7 +117,7 @@ def test_a_query_without_carry_over_support_is_refused(tmp_path):
 def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
     from datetime import UTC, datetime
 
-    from stateops.checkpoint import load_checkpoint
+    from stateops.core.checkpoint import load_checkpoint
 
     path = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=3)

@@ -1,4 +1,4 @@
-"""The migration's steps in one process (``stateops.migration.run_migration``, behind
+"""The migration's steps in one process (``stateops.ops.migration.run_migration``, behind
 ``stateops migrate``): a failure after each step rolls the run back, and a new run migrates,
 to the state and output of one uninterrupted query (tests/spark/migrations.py). The Spark
 steps run their jobs' own ``main()`` in the shared session while failing one by one; the
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stateops.errors import StateOpsError
-from stateops.lock import read_hold
-from stateops.migration import plan_migration, run_migration
-from stateops.registry import load_registry
+from stateops.control.lock import read_hold
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.migration import plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import job_in_session, run_in_session
 from tests.spark.migrations import (

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.audit import read_audit
-from stateops.backup import backup_checkpoint
-from stateops.checkpoint import load_checkpoint
-from stateops.errors import StateOpsError
-from stateops.registry import load_registry
-from stateops.restore import execute_restore, plan_restore
-from stateops.verify import verify_checkpoint
+from stateops.control.audit import read_audit
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.core.verify import verify_checkpoint
+from stateops.ops.backup import backup_checkpoint
+from stateops.ops.restore import execute_restore, plan_restore
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import aggregation_case, land, pipeline_case
 
@@ -86,7 +86,7 @@ def _holds(target: Path, backup: dict) -> bool:
 HOLDER = """
 import sys
 from pathlib import Path
-from stateops.lock import QueryLock
+from stateops.control.lock import QueryLock
 with QueryLock(Path(sys.argv[1]), "page_visits", "run", run_id="run-holding-it"):
     print("held", flush=True)
     sys.stdin.read()
@@ -174,7 +174,7 @@ def test_a_backup_of_another_query_is_refused_naming_both_ids_unless_allowed(
     assert (record["query_id"], record["replaced_query_id"]) == (other["query_id"], mine)
 
 
-# Where a restore is killed (SIGKILL, at a point of stateops.faults).
+# Where a restore is killed (SIGKILL, at a point of stateops.control.faults).
 KILL_POINTS = {
     "downloading": "download:3",  # some files downloaded
     "swapping": "swap:1",  # the verified copy renamed aside, not yet exchanged

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.checkpoint import copy_restart_set, load_checkpoint, relocate_checkpoint
-from stateops.cleanup import refuse_pending_rollback
-from stateops.errors import StateOpsError
-from stateops.lock import QueryLock
-from stateops.registry import load_registry
+from stateops.control.lock import QueryLock
+from stateops.core.checkpoint import copy_restart_set, load_checkpoint, relocate_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.cleanup import refuse_pending_rollback
 from tests.conftest import (
     ROOT,
     run_cli,
@@ -188,7 +188,7 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, s
     assert len(points) >= 10
     for point in points:
         _fresh(template, work)
-        # Killed (stateops.faults) before deletion ``point``, or before moving sink folder
+        # Killed (stateops.control.faults) before deletion ``point``, or before moving sink folder
         # ``point - deletes`` aside.
         at = f"delete:{point}" if point <= deletes else f"move:{point - deletes}"
         killed = run_cli(*argv, env={"STATEOPS_KILL_AT": at})

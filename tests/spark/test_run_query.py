@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.checkpoint import load_checkpoint
-from stateops.lock import QueryLock, read_lock
-from stateops.registry import load_registry
+from stateops.control.lock import QueryLock, read_lock
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
 from tests.conftest import (
     ROOT,
     run_cli,

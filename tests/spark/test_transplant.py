@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from stateops.errors import StateOpsError
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.transplant import TransplantRefused, transplant_checkpoint
 from stateops.pipelines.page_visits import PageVisitsProcessor
-from stateops.registry import load_registry
-from stateops.transplant import TransplantRefused, transplant_checkpoint
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import land, run_in_session
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stateops.checkpoint import load_checkpoint
+from stateops.core.checkpoint import load_checkpoint
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import ALL_CASES, aggregation_case, land
 

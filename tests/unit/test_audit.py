@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stateops.audit import append_audit, audit_dir, read_audit
+from stateops.control.audit import append_audit, audit_dir, read_audit
 
 pytestmark = pytest.mark.unit
 

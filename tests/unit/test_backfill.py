@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stateops.backfill import diff_output, parse_time, registry_with_overrides
-from stateops.errors import RegistryError, StateOpsError
-from stateops.registry import load_registry
+from stateops.core.errors import RegistryError, StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.backfill import diff_output, parse_time, registry_with_overrides
 from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit

@@ -10,19 +10,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stateops.bootstrap import initial_state_differences
-from stateops.carry import (
+from stateops.core.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.bootstrap import initial_state_differences
+from stateops.ops.carry import (
     finish_image_batch,
     refuse_differences,
     write_checkpoint_file,
 )
-from stateops.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint
-from stateops.errors import StateOpsError
 from stateops.pipelines.carried import CarriedList
 from stateops.pipelines.user_sessions import UserSessionsProcessor
-from stateops.proof import watermark_steps
-from stateops.registry import load_registry
-from stateops.simulator import simulate_batch
+from stateops.spark.proof import watermark_steps
+from stateops.spark.simulator import simulate_batch
 from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit

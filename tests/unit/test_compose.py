@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from stateops.registry import load_registry
-from stateops.s3 import parse_s3_url
+from stateops.core.registry import load_registry
+from stateops.core.s3 import parse_s3_url
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stateops.errors import PathError, RegistryError, StateOpsError, domain_errors
-from stateops.registry import load_registry
-from stateops.s3 import S3Settings, s3_client
+from stateops.core.errors import PathError, RegistryError, StateOpsError, domain_errors
+from stateops.core.registry import load_registry
+from stateops.core.s3 import S3Settings, s3_client
 
 pytestmark = pytest.mark.unit
 

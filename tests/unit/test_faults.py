@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 
 # Reaches point "delete" five times and "audit" once, then says it finished.
 RUN = """
-from stateops import faults
+from stateops.control import faults
 for _ in range(5):
     faults.point("delete")
 faults.point("audit")

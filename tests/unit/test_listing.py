@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stateops import checkpoint
+from stateops.core import checkpoint
 
 pytestmark = pytest.mark.unit
 

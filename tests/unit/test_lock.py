@@ -6,8 +6,15 @@ import time
 
 import pytest
 
-from stateops.errors import LockHeldError
-from stateops.lock import QueryLock, force_release, hold_query, read_hold, read_lock, release_hold
+from stateops.control.lock import (
+    QueryLock,
+    force_release,
+    hold_query,
+    read_hold,
+    read_lock,
+    release_hold,
+)
+from stateops.core.errors import LockHeldError
 
 pytestmark = pytest.mark.unit
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from stateops.errors import RegistryError
-from stateops.registry import PROVIDER_CLASSES, load_registry, schema_columns
+from stateops.core.errors import RegistryError
+from stateops.core.registry import PROVIDER_CLASSES, load_registry, schema_columns
 from tests.conftest import ROOT, write_registry
 
 pytestmark = pytest.mark.unit

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from stateops import restore
-from stateops.errors import StateOpsError
-from stateops.registry import load_registry
-from stateops.restore import format_restore_plan, plan_restore
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops import restore
+from stateops.ops.restore import format_restore_plan, plan_restore
 from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit

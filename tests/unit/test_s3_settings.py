@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from stateops.backup import safe_relative_path
-from stateops.errors import StateOpsError
-from stateops.s3 import parse_s3_url, s3_settings
+from stateops.core.errors import StateOpsError
+from stateops.core.s3 import parse_s3_url, s3_settings
+from stateops.ops.backup import safe_relative_path
 
 pytestmark = pytest.mark.unit
 

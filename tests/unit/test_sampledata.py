@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from stateops.sampledata import generate_events
+from stateops.dev.sampledata import generate_events
 
 pytestmark = pytest.mark.unit
 

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stateops.errors import StateOpsError
+from stateops.core.errors import StateOpsError
 from stateops.pipelines.page_visits import PageVisitsProcessor
 from stateops.pipelines.user_sessions import UserSessionsProcessor
-from stateops.simulator import simulate_batch
+from stateops.spark.simulator import simulate_batch
 
 pytestmark = pytest.mark.unit
 

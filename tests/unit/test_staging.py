@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stateops.staging import Staging, stale_staging
+from stateops.core.staging import Staging, stale_staging
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ STAMP = "20260101T000000000000Z"
 # A run that enters its staging folder and is then killed (SIGKILL: no cleanup of its own).
 KILLED_RUN = """
 import os, signal, sys
-from stateops.staging import Staging
+from stateops.core.staging import Staging
 Staging(sys.argv[1], "restoring").__enter__()
 os.kill(os.getpid(), signal.SIGKILL)
 """

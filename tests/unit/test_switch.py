@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.errors import RegistryError
-from stateops.registry import load_registry, write_switch
+from stateops.core.errors import RegistryError
+from stateops.core.registry import load_registry, write_switch
 from tests.conftest import run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -84,7 +84,7 @@ def test_stateops_queries_shows_where_a_switched_query_runs(tmp_path):
 
 
 def test_a_switch_numbers_the_new_checkpoints_output_after_the_old(tmp_path):
-    from stateops.cleanup import plan_sink_rollback
+    from stateops.ops.cleanup import plan_sink_rollback
 
     path = write_registry(tmp_path)
     write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {},

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from stateops.errors import StateOpsError
-from stateops.times import TIME_PATTERN, parse_past_time, parse_time
+from stateops.core.errors import StateOpsError
+from stateops.core.times import TIME_PATTERN, parse_past_time, parse_time
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stateops.errors import StateOpsError
-from stateops.transplant import TransplantRefused, choose_road
+from stateops.core.errors import StateOpsError
+from stateops.ops.transplant import TransplantRefused, choose_road
 
 pytestmark = pytest.mark.unit
 

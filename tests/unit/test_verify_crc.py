@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from stateops.checkpoint import hadoop_crc
-from stateops.verify import verify_crc
+from stateops.core.checkpoint import hadoop_crc
+from stateops.core.verify import verify_crc
 
 pytestmark = pytest.mark.unit
 

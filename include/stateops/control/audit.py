@@ -1,0 +1,71 @@
+"""Append-only audit log beside each checkpoint: ``<checkpoint>.audit/audit.jsonl``.
+
+Beside, not inside: Spark owns the checkpoint folder, and a backup of it must hold state only.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from stateops.control import faults
+
+__all__ = ["append_audit", "audit_dir", "read_audit"]
+
+
+def audit_dir(checkpoint: str | os.PathLike[str]) -> Path:
+    path = Path(checkpoint)
+    return path.with_name(path.name + ".audit")
+
+
+def append_audit(
+    checkpoint: str | os.PathLike[str],
+    operation: str,
+    *,
+    run_id: str,
+    result: str,
+    batch_before: int | None = None,
+    batch_after: int | None = None,
+    **details: Any,
+) -> dict[str, Any]:
+    """Append one record (one JSON line, fsynced) and return it."""
+    faults.point("audit")
+    record = {
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "operation": operation,
+        "run_id": run_id,
+        "by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "batch_before": batch_before,
+        "batch_after": batch_after,
+        "result": result,
+        **details,
+    }
+    directory = audit_dir(checkpoint)
+    directory.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8")
+    fd = os.open(directory / "audit.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return record
+
+
+def read_audit(checkpoint: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All records, oldest first; a torn last line (a crash mid-write) is skipped."""
+    path = audit_dir(checkpoint) / "audit.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records

@@ -1,0 +1,260 @@
+"""One lock per managed query, shared by every lifecycle operation (DAGs and CLI alike).
+
+The lock is a JSON file (owner, run id, operation, expiry). Reads and writes of it happen under
+an exclusive ``flock`` on a guard file beside it, so taking over an expired lock is atomic too.
+A holder that crashes stops renewing; once ``expires_at`` passes, the next taker wins. On
+the holder's own host a taker sees at once that its process is gone (``kill -9``) and wins.
+
+An operation made of several processes (a migration: one Airflow task per step) puts a *hold*
+on the query (``<lock>.hold``): while it lasts, only locks taken with the holding run's id are
+granted, so each step takes the lock for its own work and nothing else gets in between.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from stateops.core.errors import LockHeldError
+
+__all__ = [
+    "LockInfo",
+    "QueryLock",
+    "force_release",
+    "hold_query",
+    "read_hold",
+    "read_lock",
+    "release_hold",
+]
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    query: str
+    operation: str
+    run_id: str
+    owner: str
+    token: str
+    acquired_at: float
+    expires_at: float
+
+    @property
+    def expired(self) -> bool:
+        return time.time() >= self.expires_at
+
+
+def read_lock(path: Path) -> LockInfo | None:
+    """The current lock, or None when nobody holds it (an unreadable file counts as free)."""
+    try:
+        return LockInfo(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def live_lock(path: Path) -> LockInfo | None:
+    """The lock while its holder holds it (not expired, its process not known to be gone)."""
+    held = read_lock(path)
+    return None if held is None or held.expired or _holder_gone(held) else held
+
+
+def _hold_path(path: Path) -> Path:
+    return path.with_name(path.name + ".hold")
+
+
+def read_hold(path: Path) -> LockInfo | None:
+    """The hold on the query of lock ``path``, or None (an expired hold counts as none)."""
+    held = read_lock(_hold_path(path))
+    return None if held is None or held.expired else held
+
+
+def _until(info: LockInfo) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.expires_at))
+
+
+def _refuse_hold(path: Path, query: str, run_id: str) -> None:
+    hold = read_hold(path)
+    if hold and hold.run_id != run_id:
+        raise LockHeldError(
+            f"query {query!r} is held by {hold.operation} (run {hold.run_id}) until "
+            f"{_until(hold)}; wait for that run to finish or roll back, or if it is dead: "
+            f"stateops lock release {query}"
+        )
+
+
+def refuse_unholdable(path: Path, query: str, run_id: str) -> LockInfo | None:
+    """Raise LockHeldError unless ``run_id`` may hold the query; returns a live query run's
+    lock (a run does not block a hold: the holder stops it)."""
+    _refuse_hold(path, query, run_id)
+    held = live_lock(path)
+    if held and held.operation != "run" and held.run_id != run_id:
+        raise LockHeldError(
+            f"query {query!r} is locked by {held.operation} (run {held.run_id}, "
+            f"{held.owner}) until {_until(held)}; wait for it to finish"
+        )
+    return held
+
+
+def hold_query(
+    path: Path, query: str, operation: str, run_id: str, ttl_seconds: float = 6 * 3600
+) -> LockInfo:
+    """Hold the query for ``run_id`` (taken again by the same run: renewed).
+
+    Refused while another run holds it, or while an operation other than a query run holds the
+    lock (a run may go on: the holder stops it, then takes the lock with its own run id).
+    """
+    with _guarded(path):
+        refuse_unholdable(path, query, run_id)
+        now = time.time()
+        info = LockInfo(
+            query=query,
+            operation=operation,
+            run_id=run_id,
+            owner=f"{getpass.getuser()}@{socket.gethostname()}",
+            token=run_id,
+            acquired_at=now,
+            expires_at=now + ttl_seconds,
+        )
+        target = _hold_path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(asdict(info)), encoding="utf-8")
+        os.replace(tmp, target)
+    return info
+
+
+def release_hold(path: Path, run_id: str) -> bool:
+    """End ``run_id``'s hold; False when it held none."""
+    with _guarded(path):
+        held = read_lock(_hold_path(path))
+        if held is None or held.run_id != run_id:
+            return False
+        _hold_path(path).unlink()
+    return True
+
+
+@contextmanager
+def _guarded(path: Path) -> Iterator[None]:
+    """Exclusive flock on ``<lock>.guard``: every read-modify-write of a lock happens under it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".guard"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
+def _holder_gone(held: LockInfo) -> bool:
+    """The holder was a process on this host that no longer exists (killed, crashed)."""
+    host, _, pid = held.owner.rpartition("@")[2].rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class QueryLock:
+    """``with QueryLock(path, query, operation, run_id):`` holds the lock, renewing it."""
+
+    def __init__(
+        self,
+        path: Path,
+        query: str,
+        operation: str,
+        run_id: str | None = None,
+        ttl_seconds: float = 600.0,
+    ) -> None:
+        self.path = Path(path)
+        self.query = query
+        self.operation = operation
+        self.run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
+        self.ttl = ttl_seconds
+        self.token = uuid.uuid4().hex
+        self.lost = False
+        """Set when a renewal finds the lock gone or taken over: the holder should stop."""
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _write(self, acquired_at: float) -> None:
+        info = LockInfo(
+            query=self.query,
+            operation=self.operation,
+            run_id=self.run_id,
+            owner=f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}",
+            token=self.token,
+            acquired_at=acquired_at,
+            expires_at=time.time() + self.ttl,
+        )
+        tmp = self.path.with_name(f".{self.path.name}.{self.token}.tmp")
+        tmp.write_text(json.dumps(asdict(info)), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def acquire(self) -> None:
+        with _guarded(self.path):
+            _refuse_hold(self.path, self.query, self.run_id)
+            held = read_lock(self.path)
+            if held and not held.expired and not _holder_gone(held) and held.token != self.token:
+                raise LockHeldError(
+                    f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "
+                    f"{held.owner}) until {_until(held)}; "
+                    f"wait for it to finish, or if it is dead: stateops lock release {self.query}"
+                )
+            self._write(acquired_at=time.time())
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew_loop, daemon=True)
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except OSError:
+                self.lost = True
+
+    def renew(self) -> None:
+        with _guarded(self.path):
+            held = read_lock(self.path)
+            if held and held.token == self.token:
+                self._write(acquired_at=held.acquired_at)
+            else:
+                self.lost = True
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer:
+            self._renewer.join()
+        with _guarded(self.path):
+            held = read_lock(self.path)
+            if held and held.token == self.token:
+                self.path.unlink()
+
+    def __enter__(self) -> QueryLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def force_release(path: Path) -> LockInfo | None:
+    """Remove a lock and any hold whatever their owner (an operator's decision); returns what
+    was there (the lock, else the hold)."""
+    with _guarded(path):
+        held = read_lock(path) or read_lock(_hold_path(path))
+        path.unlink(missing_ok=True)
+        _hold_path(path).unlink(missing_ok=True)
+    return held

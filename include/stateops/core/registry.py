@@ -1,0 +1,499 @@
+"""The managed-query registry: one YAML file describing every streaming query.
+
+Relative paths in the file are resolved against ``data_dir`` (itself relative to the file);
+``STATEOPS_DATA_DIR`` overrides it and ``STATEOPS_REGISTRY`` names the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stateops.core.errors import RegistryError
+from stateops.core.steps import SOURCE_FORMATS
+
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "Query",
+    "Registry",
+    "derived_registry",
+    "load_registry",
+    "registry_path",
+    "schema_columns",
+    "schema_fields",
+    "write_switch",
+]
+
+# Inside a --py-files zip this file's location says nothing: STATEOPS_HOME names the project.
+PROJECT_ROOT = Path(os.environ.get("STATEOPS_HOME") or Path(__file__).resolve().parents[3])
+DEFAULT_REGISTRY = PROJECT_ROOT / "registry.yaml"
+
+PROVIDER_CLASSES = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+
+_Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+def _ddl(value: str) -> str:
+    schema_columns(value)
+    return value
+
+
+DDLSchema = Annotated[str, AfterValidator(_ddl)]
+"""A DDL schema string (``"a STRING, b TIMESTAMP"``), checked when the registry loads."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Model):
+    format: Literal[SOURCE_FORMATS]
+    path: str
+    schema_: DDLSchema = Field(alias="schema")
+    options: dict[str, str | int | bool] = {}
+
+    @property
+    def reader_options(self) -> dict[str, str]:
+        """``options`` as the strings Spark's readers take (streaming and batch alike)."""
+        return {k: str(v) for k, v in self.options.items()}
+
+
+_UNITS_MS = {"second": 1_000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
+
+
+class Watermark(_Model):
+    column: str
+    delay: str = Field(pattern=r"^\d+ (second|minute|hour|day)s?$")
+
+    @property
+    def delay_ms(self) -> int:
+        number, unit = self.delay.split()
+        return int(number) * _UNITS_MS[unit.rstrip("s")]
+
+
+class Processor(_Model):
+    class_: str = Field(alias="class", pattern=r"^[\w.]+:[A-Za-z_]\w*$")
+    options: dict[str, str | int | float | bool] = {}
+    time_mode: Literal["None", "ProcessingTime", "EventTime"] = "None"
+    output_mode: Literal["Append", "Update"] = "Append"
+
+
+class InitialState(_Model):
+    """What ``handleInitialState`` takes, and how a state export of the query maps onto it."""
+
+    schema_: DDLSchema = Field(alias="schema")
+    unique_keys: bool = False
+    """True where the processor keeps one value per key: duplicate keys are then refused."""
+    from_export: dict[str, str] = {}
+    """Initial-state column -> column expression over one exported variable (``variable``)."""
+    position: str | None = None
+    """The column that holds a row's position in its key's list (from an export:
+    ``list_position``). Spark hands a key's initial rows to ``handleInitialState`` in no
+    particular order, so this is how a processor restores the exported order. Files may leave
+    it out: it is then null."""
+
+
+class Expiry(_Model):
+    """No expired state left behind: per key, the latest ``time_column`` of ``variable`` plus
+    the timeout (the processor option ``timeout_option``, in seconds) must be after the
+    watermark of the validated batch."""
+
+    variable: str
+    time_column: str
+    timeout_option: str
+
+
+class Expectations(_Model):
+    """Data-level checks beyond the defaults (keys non-null; one row per key for value state)."""
+
+    non_negative: list[str] = []
+    """``variable.column`` paths (struct fields joined by ``_``) that must be >= 0."""
+    expiry: Expiry | None = None
+    row_change_factor: float = Field(10.0, ge=1.0)
+    """Rows per variable may grow or shrink by at most this factor since the last validation."""
+
+
+class Sink(_Model):
+    """Output written per batch id: a re-run of a batch replaces that batch's folder."""
+
+    format: Literal["parquet", "json"] = "parquet"
+    path: str
+    batch_offset: int = Field(0, ge=0)
+    """Batch K of the checkpoint writes ``batch_id=K+batch_offset``: after a migration the new
+    checkpoint starts at batch 0, and its output continues the old one's numbering."""
+
+    def folder_batch(self, batch: int) -> int:
+        """The ``batch_id=`` folder of the checkpoint's batch ``batch``."""
+        return batch + self.batch_offset
+
+
+class Trigger(_Model):
+    processing_time: str = Field("10 seconds", pattern=r"^\d+ (second|minute|hour)s?$")
+
+
+class StateStore(_Model):
+    provider: Literal["rocksdb", "hdfs"] = "rocksdb"
+    changelog_checkpointing: bool = True
+    min_deltas_for_snapshot: int = Field(10, ge=1)
+    min_batches_to_retain: int = Field(100, ge=1)
+
+
+class Query(_Model):
+    """One managed streaming query."""
+
+    name: _Name
+    description: str = ""
+    source: Source
+    watermark: Watermark | None = None
+    processor: Processor
+    key_columns: list[str] = Field(min_length=1)
+    initial_state: InitialState | None = None
+    expectations: Expectations = Expectations()
+    output_schema: DDLSchema
+    sink: Sink
+    checkpoint: str
+    trigger: Trigger = Trigger()
+    state_store: StateStore = StateStore()
+    shuffle_partitions: int = Field(4, ge=1)
+    spark_conf: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _columns_exist(self) -> Query:
+        columns = schema_columns(self.source.schema_)
+        for key in self.key_columns:
+            if key not in columns:
+                raise ValueError(
+                    f"key column {key!r} is not in source.schema ({', '.join(columns)})"
+                )
+        if self.initial_state:
+            state_columns = schema_columns(self.initial_state.schema_)
+            for key in self.key_columns:
+                if key not in state_columns:
+                    raise ValueError(f"key column {key!r} is not in initial_state.schema")
+            mapped = set(self.initial_state.from_export) - {"variable"}
+            if self.initial_state.from_export and mapped != set(state_columns):
+                raise ValueError(
+                    "initial_state.from_export must map every initial_state.schema column "
+                    f"({', '.join(state_columns)}) and name the exported 'variable'"
+                )
+            position = self.initial_state.position
+            if position is not None and position not in state_columns:
+                raise ValueError(f"initial_state.position {position!r} is not in its schema")
+        expiry = self.expectations.expiry
+        if expiry and not isinstance(self.processor.options.get(expiry.timeout_option), int):
+            raise ValueError(
+                f"expectations.expiry.timeout_option {expiry.timeout_option!r} is not an integer "
+                "option of the processor"
+            )
+        if self.watermark and self.watermark.column not in columns:
+            raise ValueError(f"watermark.column {self.watermark.column!r} is not in source.schema")
+        if self.processor.time_mode == "EventTime" and not self.watermark:
+            raise ValueError("processor.time_mode EventTime needs a watermark")
+        if self.state_store.provider != "rocksdb":
+            # Spark 4.2: UNSUPPORTED_FEATURE.STORE_BACKEND_NOT_SUPPORTED_FOR_TWS, at run time.
+            raise ValueError(
+                f"state_store.provider {self.state_store.provider!r}: transformWithState "
+                "processors run only on rocksdb in Spark 4.2 (hdfs serves built-in operators)"
+            )
+        return self
+
+    def spark_conf_for_query(self) -> dict[str, str]:
+        """Session settings that shape this query's state; extra ``spark_conf`` wins."""
+        store = self.state_store
+        conf = {
+            "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
+            "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[store.provider],
+            "spark.sql.streaming.stateStore.minDeltasForSnapshot": str(
+                store.min_deltas_for_snapshot
+            ),
+            "spark.sql.streaming.minBatchesToRetain": str(store.min_batches_to_retain),
+        }
+        if store.provider == "rocksdb":
+            conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = str(
+                store.changelog_checkpointing
+            ).lower()
+        conf.update(self.spark_conf)
+        return conf
+
+
+class Backups(_Model):
+    """Where scheduled backups go (``<url>/<query>``) and how many are kept."""
+
+    url: str = Field("s3://stateops-backups", pattern=r"^s3://[^/]+(/.*)?$")
+    conn_id: str = "aws_default"
+    schedule: str = "@daily"
+    keep_last: int = Field(7, ge=1)
+    max_age: str | None = Field("30d", pattern=r"^\d+[smhd]$")
+
+    def url_for(self, query: str) -> str:
+        return f"{self.url.rstrip('/')}/{query}"
+
+
+class Cleanup(_Model):
+    """Scheduled snapshot-group cleanup (DAG stream_snapshot_cleanup)."""
+
+    schedule: str = "@daily"
+    retain_batches: int = Field(10, ge=1)
+
+
+class Registry(_Model):
+    path: Path
+    data_dir: Path
+    queries: dict[str, Query]
+    backups: Backups = Backups()
+    cleanup: Cleanup = Cleanup()
+
+    @property
+    def state_dir(self) -> Path:
+        """Where locks, stop markers and run summaries live."""
+        return self.data_dir / "_stateops"
+
+    def query(self, name: str) -> Query:
+        try:
+            return self.queries[name]
+        except KeyError:
+            known = ", ".join(sorted(self.queries)) or "none"
+            raise RegistryError(
+                f"{self.path}: no query named {name!r} (registered: {known})"
+            ) from None
+
+    def owner_of(self, checkpoint: str | os.PathLike[str]) -> Query | None:
+        """The registered query whose checkpoint ``checkpoint`` is, if any."""
+        resolved = str(Path(checkpoint).resolve())
+        return next((q for q in self.queries.values() if q.checkpoint == resolved), None)
+
+    def lock_path(self, name: str) -> Path:
+        return self.state_dir / "locks" / f"{name}.lock"
+
+    def stop_marker(self, name: str) -> Path:
+        return self.state_dir / "control" / name / "stop"
+
+    def bootstrap_marker(self, name: str) -> Path:
+        """Present while a bootstrap of the query waits for batch 0 to commit."""
+        return self.state_dir / "bootstrap" / f"{name}.json"
+
+    def run_summary_path(self, name: str) -> Path:
+        return self.state_dir / "runs" / name / "latest.json"
+
+    def switch_path(self, name: str) -> Path:
+        """Where a migration records the query's current source and checkpoint."""
+        return _switch_path(self.data_dir, name)
+
+
+def write_switch(
+    registry: Registry,
+    name: str,
+    source: dict,
+    checkpoint: str,
+    lineage: dict,
+    sink_batch_offset: int = 0,
+) -> Path:
+    """Record that ``name`` now runs on ``source`` and ``checkpoint`` (a migration's switch),
+    its output numbered from ``sink_batch_offset`` (see :class:`Sink`).
+
+    The registry file is not edited: the switch is kept beside the data and applies while the
+    file still declares what was there before the first switch. ``lineage`` is appended to
+    the switch's history.
+    """
+    query = registry.query(name)
+    path = registry.switch_path(name)
+    here = {"source": query.source.model_dump(by_alias=True), "checkpoint": query.checkpoint}
+    previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    current = previous.get("current") or {}
+    applied = {k: current.get(k) for k in here} == here
+    switch = {
+        "declared": previous["declared"] if applied else here,
+        "current": {
+            "source": Source.model_validate(source).model_dump(by_alias=True),
+            "checkpoint": str(Path(checkpoint).resolve()),
+            "sink_batch_offset": sink_batch_offset,
+        },
+        "history": [*previous.get("history", []), lineage],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def derived_registry(
+    registry: Registry, name: str, changes: dict, dest: str | os.PathLike[str]
+) -> Path:
+    """Write a registry holding only query ``name`` as it is now (a switch applied), with
+    ``changes`` replacing fields of its entry.
+
+    The same data folder, so the same lock, markers and run summaries as the user's registry
+    (a backfill or migration step runs under the caller's lock); validated before anyone runs
+    with it: an invalid change is a RegistryError and nothing is left behind.
+    """
+    entry = registry.query(name).model_dump(by_alias=True, exclude={"name"}) | changes
+    raw = _read_yaml(registry.path.read_text(encoding="utf-8"))
+    raw.update(data_dir=str(registry.data_dir), queries={name: entry})
+    path = Path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    try:
+        load_registry(path)
+    except RegistryError:
+        path.unlink()
+        raise
+    return path
+
+
+def _switch_path(data_dir: Path, name: str) -> Path:
+    return data_dir / "_stateops" / "switch" / f"{name}.json"
+
+
+def _switched(query: Query, data_dir: Path) -> Query:
+    """The query on the source and checkpoint a migration switched it to.
+
+    The switch applies while the registry file still declares what it switched from: edit the
+    file's source or checkpoint and the file wins again.
+    """
+    path = _switch_path(data_dir, query.name)
+    if not path.exists():
+        return query
+    try:
+        switch = json.loads(path.read_text(encoding="utf-8"))
+        declared, current = switch["declared"], switch["current"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RegistryError(f"{path}: unreadable migration switch ({err})") from None
+    here = {"source": query.source.model_dump(by_alias=True), "checkpoint": query.checkpoint}
+    if here != declared:
+        return query
+    try:
+        data = query.model_dump(by_alias=True)
+        data.update(source=current["source"], checkpoint=str(current["checkpoint"]))
+        data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
+        return Query.model_validate(data)
+    except (ValidationError, KeyError, TypeError) as err:
+        raise RegistryError(f"{path}: invalid migration switch ({err})") from None
+
+
+def _read_yaml(text: str) -> object:
+    """``text`` read by libyaml's safe loader where PyYAML has it (every DAG file reads the
+    registry at parse time: benchmarks/bench_dag_parse.py); a text it refuses is read again by
+    the pure-Python loader, whose error names the character or alias at fault."""
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return yaml.load(text, Loader=fast)
+        except yaml.YAMLError:
+            pass
+    return yaml.safe_load(text)
+
+
+def registry_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The registry file: ``path``, else ``STATEOPS_REGISTRY``, else the project's."""
+    return Path(path or os.environ.get("STATEOPS_REGISTRY") or DEFAULT_REGISTRY).resolve()
+
+
+def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
+    """Read and validate the registry; errors name the bad field."""
+    path = registry_path(path)
+    try:
+        raw = _read_yaml(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise RegistryError(f"{path}: cannot read registry ({err.strerror})") from err
+    except yaml.YAMLError as err:
+        raise RegistryError(_yaml_error(path, err)) from err
+    if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
+        raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
+    unknown = set(raw) - {"data_dir", "queries", "backups", "cleanup"}
+    if unknown:
+        raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
+    raw_data_dir = raw.get("data_dir", "data")
+    if not isinstance(raw_data_dir, str):
+        raise RegistryError(f"{path}: data_dir: expected a folder path, got {raw_data_dir!r}")
+    data_dir = Path(os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw_data_dir)
+    data_dir = data_dir.resolve()
+    queries = {}
+    for name, spec in raw["queries"].items():
+        if not isinstance(spec, dict):
+            raise RegistryError(f"{path}: queries.{name}: expected a mapping")
+        if "name" in spec:
+            raise RegistryError(
+                f"{path}: queries.{name}.name: a query's name is its key; remove it"
+            )
+        try:
+            query = Query.model_validate({"name": name, **spec})
+        except ValidationError as err:
+            first = err.errors()[0]
+            field_path = ".".join(str(p).removesuffix("_") for p in (name, *first["loc"]))
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
+        queries[name] = _switched(_resolve_paths(query, data_dir), data_dir)
+    sections = {}
+    for section, model in (("backups", Backups), ("cleanup", Cleanup)):
+        try:
+            sections[section] = model.model_validate(raw.get(section) or {})
+        except ValidationError as err:
+            first = err.errors()[0]
+            field_path = ".".join(str(p) for p in first["loc"])
+            raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
+    return Registry(path=path, data_dir=data_dir, queries=queries, **sections)
+
+
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    """``FILE:LINE:COLUMN: not valid YAML: PROBLEM (CONTEXT at line N); fix ...`` on one line:
+    PyYAML's own text spans several lines with a caret under the fault."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and context_mark and (not mark or context_mark.line != mark.line):
+        context = f"{context} at line {context_mark.line + 1}"
+    what = f"{problem} ({context})" if context else problem
+    line = f"line {mark.line + 1}" if mark else "the file"
+    return " ".join(f"{where}: not valid YAML: {what}; fix {line} of the registry".split())
+
+
+def _resolve_paths(query: Query, data_dir: Path) -> Query:
+    def absolute(p: str) -> str:
+        return str((data_dir / p).resolve()) if "://" not in p else p
+
+    return query.model_copy(
+        update={
+            "checkpoint": absolute(query.checkpoint),
+            "source": query.source.model_copy(update={"path": absolute(query.source.path)}),
+            "sink": query.sink.model_copy(update={"path": absolute(query.sink.path)}),
+        }
+    )
+
+
+def schema_columns(ddl: str) -> list[str]:
+    """Top-level column names of a DDL schema string (``"a STRING, b STRUCT<x: INT>"``)."""
+    return [name for name, _ in schema_fields(ddl)]
+
+
+def schema_fields(ddl: str) -> list[tuple[str, str]]:
+    """Top-level (name, upper-case type) pairs of a DDL schema string."""
+    parts, depth, current = [], 0, []
+    for ch in ddl:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    fields = []
+    for part in parts:
+        m = re.fullmatch(r"\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*:?\s+(\S.*?)\s*", part)
+        if not m or depth != 0:
+            raise ValueError(f"not a DDL schema (expected 'name TYPE, ...'): {ddl!r}")
+        fields.append((m.group(1), " ".join(m.group(2).upper().split())))
+    return fields

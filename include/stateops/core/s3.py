@@ -1,0 +1,137 @@
+"""S3 settings, client and errors: one place that knows credentials, and never prints them.
+
+Settings come from an Airflow connection of type ``aws`` (``AIRFLOW_CONN_<ID>`` as JSON: login =
+access key, password = secret key, ``extra.endpoint_url``, ``extra.region_name``) or from the
+environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``STATEOPS_S3_ENDPOINT_URL``,
+``AWS_DEFAULT_REGION``). Inside Airflow tasks the same connection is read by Airflow itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from stateops.core.errors import StateOpsError
+
+__all__ = [
+    "S3Location",
+    "S3Settings",
+    "connection_settings",
+    "parse_s3_url",
+    "s3_client",
+    "s3_settings",
+]
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # no leading or trailing slash; may be empty
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+
+def parse_s3_url(url: str) -> S3Location:
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise StateOpsError(f"{url}: not an S3 URL; use s3://BUCKET/PREFIX")
+    bucket, _, prefix = url[5:].partition("/")
+    return S3Location(bucket, prefix.strip("/"))
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    endpoint_url: str | None
+    region: str
+    access_key: str | None
+    secret_key: str | None = None
+
+    def __repr__(self) -> str:  # never the secret, not even in a traceback's locals
+        return f"S3Settings(endpoint_url={self.endpoint_url!r}, region={self.region!r})"
+
+
+def connection_settings(
+    login: str | None, password: str | None, extra: dict[str, Any]
+) -> S3Settings:
+    """An Airflow ``aws`` connection's fields as settings: the keys, ``extra.endpoint_url``
+    and ``extra.region_name`` (default us-east-1)."""
+    return S3Settings(
+        endpoint_url=extra.get("endpoint_url"),
+        region=extra.get("region_name") or "us-east-1",
+        access_key=login,
+        secret_key=password,
+    )
+
+
+def s3_settings(conn_id: str | None = None) -> S3Settings:
+    """From Airflow connection ``conn_id`` (its ``AIRFLOW_CONN_*`` variable) or the environment."""
+    env = os.environ
+    if conn_id:
+        raw = env.get(f"AIRFLOW_CONN_{conn_id.upper()}")
+        if raw is None:
+            raise StateOpsError(
+                f"connection {conn_id!r}: AIRFLOW_CONN_{conn_id.upper()} is not set "
+                "(JSON: conn_type aws, login, password, extra.endpoint_url)"
+            )
+        try:
+            conn = json.loads(raw)
+            extra = conn.get("extra") or {}
+            extra = json.loads(extra) if isinstance(extra, str) else extra
+        except (ValueError, AttributeError):
+            raise StateOpsError(
+                f"connection {conn_id!r}: AIRFLOW_CONN_{conn_id.upper()} is not JSON"
+            ) from None
+        return connection_settings(conn.get("login"), conn.get("password"), extra)
+    return S3Settings(
+        endpoint_url=env.get("STATEOPS_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL"),
+        region=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+        access_key=env.get("AWS_ACCESS_KEY_ID"),
+        secret_key=env.get("AWS_SECRET_ACCESS_KEY"),
+    )
+
+
+def _check_endpoint(url: str | None) -> None:
+    """Refuse an endpoint that is not an http(s) URL before boto3 does (with a bare
+    ``ValueError`` that names neither the setting nor the fix)."""
+    from urllib.parse import urlsplit
+
+    if url is None:
+        return
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 -- raises on a port that is not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise StateOpsError(
+            f"S3 endpoint {url!r} is not a URL; set STATEOPS_S3_ENDPOINT_URL (or the connection's "
+            "extra.endpoint_url) to http(s)://HOST[:PORT], or unset it for AWS"
+        )
+
+
+def s3_client(settings: S3Settings) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    _check_endpoint(settings.endpoint_url)
+
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.endpoint_url,
+        region_name=settings.region,
+        aws_access_key_id=settings.access_key,
+        aws_secret_access_key=settings.secret_key,
+        config=Config(
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=60,
+            s3={"addressing_style": "path"},
+            max_pool_connections=16,
+        ),
+    )

@@ -1,0 +1,62 @@
+"""What the DAG files wire, with nothing behind it: each operation's Spark steps and the
+choices the trigger forms and the CLI offer.
+
+A leaf module (it imports nothing of the project): the DAG files read it at parse time, which
+then pays for wiring only (benchmarks/bench_dag_parse.py), and the operations that run the
+steps (:mod:`stateops.ops.migration`, :mod:`stateops.ops.backfill`) take them from here,
+so a DAG and the CLI run the same jobs with the same arguments.
+
+A step is ``(job file, registry, arguments)``: the registry is ``old`` (the user's) or
+``new`` (the one the operation derives: a migration's new source and checkpoint, a backfill's
+overrides), and the arguments' fields in braces are the run's values, which a DAG fills with
+templates and the one-process runner with values (:func:`fill`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BACKFILL_STEPS",
+    "INITIAL_STATE_FORMATS",
+    "MIGRATION_STEPS",
+    "OVERRIDABLE",
+    "ROADS",
+    "SOURCE_FORMATS",
+    "fill",
+]
+
+Step = tuple[str, str, list[str]]
+
+# Available-now runs of the query (its own run id: the summary it writes names it).
+_RUN = ["--query", "{query}", "--mode", "available-now", "--run-id", "{run_id}"]
+
+MIGRATION_STEPS: dict[str, Step] = {
+    "drain": ("run_query.py", "old", [*_RUN, "--cutover", "{cutover}"]),
+    "first_batch": ("run_query.py", "new", _RUN),
+    "export": ("export_state.py", "old", ["--checkpoint", "{old_checkpoint}", "--out", "{export}",
+                                          "--batch", "{last_committed_batch}"]),
+    "validate_export": ("validate_state.py", "old", ["--query", "{query}"]),
+    "bootstrap": ("bootstrap_state.py", "new", ["--query", "{query}", "--initial-state", "{export}",
+                                                "--format", "export", "--run-id", "{run_id}",
+                                                "--accept-differences={accept}"]),
+    "validate_new_state": ("validate_state.py", "new", ["--query", "{query}"]),
+}  # fmt: skip
+
+BACKFILL_STEPS: dict[str, Step] = {
+    "reprocess": ("run_query.py", "new", _RUN),
+    "validate_state": ("validate_state.py", "new", ["--query", "{query}"]),
+}
+
+# A source's formats (the registry's Source.format).
+SOURCE_FORMATS = ("json", "parquet", "csv")
+# What a bootstrap reads its initial state from.
+INITIAL_STATE_FORMATS = ("export", "checkpoint", "parquet", "json", "csv")
+# How a carry-over takes the state to a new checkpoint (stateops.ops.transplant.choose_road).
+ROADS = ("auto", "transplant", "initial_state")
+# What a backfill may change about a query: its logic and checks, never where its data is.
+OVERRIDABLE = ("processor", "watermark", "expectations", "spark_conf")
+
+
+def fill(step: Step, fields: dict[str, str]) -> Step:
+    """``step`` with the fields of its arguments filled in."""
+    job, registry, args = step
+    return job, registry, [arg.format_map(fields) for arg in args]

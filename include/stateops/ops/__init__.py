@@ -1,0 +1,5 @@
+"""One module per lifecycle operation, each with its plan and its execution: ``cleanup``
+(the deletion engine, cleanup and rollback), ``backup``, ``restore``, ``start`` (a query's run
+under its lock), ``bootstrap``, ``transplant`` and ``carry`` (the two carry-over roads),
+``backfill`` and ``migration``. The CLI, the DAG tasks and the Spark jobs call these.
+"""

@@ -1,0 +1,314 @@
+"""On-call backfill: roll a query back and reprocess, with the same logic or a changed one.
+
+One plan (:func:`plan_backfill`: the rollback point, from a batch or an input time, what the
+rollback deletes and moves aside, the registry the reprocessing runs with), then its steps:
+:func:`rollback_for_backfill` (backup, then the rollback under the query's lock, refused if the
+checkpoint changed since the plan), the reprocessing (:data:`stateops.core.steps.BACKFILL_STEPS`),
+:func:`read_reprocessing`, :func:`report_backfill` (what changed in the output), and the
+integrity checks. The ``stream_backfill`` DAG runs each step as a task; :func:`run_backfill`
+runs them in one process (``stateops backfill``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
+from stateops.core.registry import Registry, derived_registry, load_registry
+from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
+from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
+from stateops.core.verify import require_sound
+from stateops.ops.cleanup import (
+    checkpoint_lock,
+    format_plan,
+    new_run_id,
+    plan_digest,
+    plan_rollback,
+    plan_sink_rollback,
+    run_rollback,
+    safe_run_id,
+)
+from stateops.ops.start import read_summary
+
+__all__ = [
+    "OVERRIDABLE",
+    "diff_output",
+    "last_batch_before",
+    "parse_past_time",
+    "parse_time",
+    "plan_backfill",
+    "read_reprocessing",
+    "registry_with_overrides",
+    "report_backfill",
+    "rollback_for_backfill",
+    "run_backfill",
+]
+
+
+def plan_backfill(
+    registry: Registry,
+    name: str,
+    run_id: str,
+    *,
+    to_batch: int | None = None,
+    input_before: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    dry_run: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The backfill's plan, printed: the rollback point (``to_batch``, or the last batch whose
+    input is older than ``input_before``: one of the two), what the rollback deletes and moves
+    aside, and the registry the reprocessing runs with (with ``overrides``: the query's entry
+    with them merged in, validated and written under the state folder). Its ``digest`` is what
+    :func:`rollback_for_backfill` holds the rollback to."""
+    query = registry.query(name)
+    before = (input_before or "").strip()
+    if (to_batch is None) == (not before):
+        raise StateOpsError(
+            "give either a batch to roll back to or an input time, not "
+            + ("both" if before else "neither")
+        )
+    if to_batch is None:
+        to_batch = last_batch_before(query.checkpoint, parse_time(before, "input_before"))
+        log(f"the last batch whose input is older than {before}: {to_batch}")
+    plan = plan_rollback(query.checkpoint, to_batch)
+    plan.update(
+        sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
+        backup_first=True,
+    )
+    path = str(registry.path)
+    if overrides:
+        folder = registry.state_dir / "backfill" / safe_run_id(run_id)
+        path = str(registry_with_overrides(registry, query.name, overrides,
+                                           folder / "registry.yaml"))  # fmt: skip
+    log(format_plan(plan, dry_run=dry_run))
+    log(
+        f"then: reprocess {query.name} after batch {to_batch} with available-now "
+        f"(registry {path}; overrides {json.dumps(overrides or {})}), "
+        "check the state and compare the reprocessed output with the old one"
+    )
+    return {
+        "query": query.name,
+        "checkpoint": query.checkpoint,
+        "to_batch": to_batch,
+        "last_committed_batch": plan["last_committed_batch"],
+        "registry": path,
+        "delete": plan["delete"],
+        "digest": plan_digest(plan),
+    }
+
+
+def rollback_for_backfill(
+    registry: Registry,
+    plan: dict[str, Any],
+    backup: Callable[[], str],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``backup()`` (it returns the backup's id), then the planned rollback under the query's
+    lock; refused, changing nothing, if the checkpoint changed since :func:`plan_backfill`."""
+    query = registry.query(plan["query"])
+    lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
+    done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
+                        sink_batch_offset=query.sink.batch_offset, backup=backup,
+                        planned=plan.get("digest"), log=log)  # fmt: skip
+    return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
+
+
+def read_reprocessing(plan: dict[str, Any], run_id: str, log: Callable[[str], None] = print):
+    """The reprocessing's run summary (refused if it is from another run), said."""
+    summary = read_summary(load_registry(plan["registry"]), plan["query"], run_id)
+    log(
+        f"{summary['query']}: {summary['status']}, {summary['batches_run']} batches, "
+        f"{summary['input_rows']} input rows, last committed batch "
+        f"{summary['last_committed_batch']}"
+    )
+    return summary
+
+
+def report_backfill(
+    registry: Registry,
+    plan: dict[str, Any],
+    rollback: dict[str, Any],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """What the reprocessing changed in the output of the batches after the rollback point."""
+    query = registry.query(plan["query"])
+    old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
+    after = query.sink.folder_batch(plan["to_batch"])
+    diff = diff_output(query.sink.path, old, after, query.key_columns)
+    log(
+        f"{query.name}: batches {diff['batches_before']} -> {diff['batches_after']}: "
+        f"{diff['rows_before']} rows before, {diff['rows_after']} after; "
+        f"{diff['unchanged']} unchanged, {diff['added']} added, {diff['removed']} removed, "
+        f"{diff['changed_keys']} keys changed (by {', '.join(query.key_columns)}); "
+        f"the old output is kept in {old}"
+    )
+    for line in diff["examples"]:
+        log(f"  changed {line}")
+    return diff
+
+
+def run_backfill(
+    registry: Registry,
+    plan: dict[str, Any],
+    backup: Callable[[], str],
+    run_job: Callable[[str, str, list[str]], None],
+    run_id: str,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The ``stream_backfill`` DAG's steps after its plan, in one process (``stateops
+    backfill``): rollback, reprocess, record, report, verify, validate. ``run_job(job,
+    registry_file, args)`` runs a Spark job and raises when it fails."""
+    fields = {"query": plan["query"], "run_id": run_id}
+
+    def spark(step: str) -> None:
+        job, _, args = fill(BACKFILL_STEPS[step], fields)
+        run_job(job, plan["registry"], args)
+
+    rolled = rollback_for_backfill(registry, plan, backup, log)
+    spark("reprocess")
+    summary = read_reprocessing(plan, run_id, log)
+    report = report_backfill(registry, plan, rolled, log)
+    require_sound(plan["checkpoint"], log)
+    spark("validate_state")
+    return {"rollback": rolled, "summary": summary, "report": report}
+
+
+def last_batch_before(checkpoint: str | os.PathLike[str], before: datetime, source: int = 0) -> int:
+    """The last committed batch whose input, and all earlier batches' input, is older than
+    ``before``: the batch before the first one that read a file modified at or after it
+    (file times as the file source logged them)."""
+    cp = load_checkpoint(checkpoint)
+    committed = sorted(cp.commits)
+    if not committed:
+        raise CheckpointError(f"{cp.root}: no committed batch yet: nothing to reprocess")
+    limit_ms = before.timestamp() * 1000
+    previous = None
+    for batch in committed:
+        if cp.file_log_offset(batch, source) is None:
+            raise StateOpsError(
+                f"{cp.root}: source {source} is not a file source, so its input has no file "
+                "times; roll back to a batch id instead"
+            )
+        if any(f["timestamp"] >= limit_ms for f in cp.input_files(batch, source)):
+            if previous is None:
+                raise CheckpointError(
+                    f"{cp.root}: batch {batch}, the oldest one kept, already read input from "
+                    f"{before.isoformat()} or later; restore an older backup to go further back"
+                )
+            return previous
+        previous = batch
+    raise StateOpsError(
+        f"{cp.root}: every committed batch (up to {committed[-1]}) read only input older than "
+        f"{before.isoformat()}: nothing to reprocess"
+    )
+
+
+def registry_with_overrides(
+    registry: Registry, query: str, overrides: dict[str, Any], dest: str | os.PathLike[str]
+) -> Path:
+    """Write a registry for reprocessing ``query`` with ``overrides`` merged into its entry
+    (only its logic and checks change: the same checkpoint, sink, lock and run summary)."""
+    current = registry.query(query).model_dump(by_alias=True)  # refuses an unknown name
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise RegistryError(
+            f"overrides: {', '.join(unknown)} cannot be changed by a backfill (only "
+            f"{', '.join(OVERRIDABLE)}): the checkpoint, source and sink stay where they are"
+        )
+    changes = {k: _merged(current[k], v) for k, v in overrides.items()}
+    try:
+        return derived_registry(registry, query, changes, dest)
+    except RegistryError as err:
+        raise RegistryError(f"overrides: {err}") from None
+
+
+def _merged(base: Any, override: Any) -> Any:
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {**base, **{k: _merged(base.get(k), v) for k, v in override.items()}}
+    return override
+
+
+def diff_output(
+    sink: str | os.PathLike[str],
+    rolled_back: str | os.PathLike[str],
+    after_batch: int,
+    key_columns: list[str],
+) -> dict[str, Any]:
+    """What reprocessing changed: the output moved aside by the rollback (``rolled_back``,
+    its ``batch_id=K`` folders) against the new ``batch_id=K`` folders after ``after_batch``.
+
+    Rows are compared as multisets (batch ids may differ between the runs). A key with rows
+    removed and rows added is *changed*; other rows are *added* or *removed*.
+    """
+    before = _rows(Path(rolled_back), lambda k: True)
+    after = _rows(Path(sink), lambda k: k > after_batch)
+    added, removed = after["rows"] - before["rows"], before["rows"] - after["rows"]
+
+    def key(row: tuple) -> tuple:
+        values = dict(row)
+        return tuple(values.get(c) for c in key_columns)
+
+    changed = {key(r) for r in added} & {key(r) for r in removed}
+    examples = []
+    for k in sorted(changed, key=repr)[:3]:
+        was = [_text(r) for r in removed if key(r) == k]
+        now = [_text(r) for r in added if key(r) == k]
+        examples.append(f"{dict(zip(key_columns, k, strict=True))}: {was} -> {now}")
+    return {
+        "batches_before": before["batches"],
+        "batches_after": after["batches"],
+        "rows_before": before["rows"].total(),
+        "rows_after": after["rows"].total(),
+        "unchanged": (before["rows"] & after["rows"]).total(),
+        "added": sum(n for r, n in added.items() if key(r) not in changed),
+        "removed": sum(n for r, n in removed.items() if key(r) not in changed),
+        "changed_keys": len(changed),
+        "examples": examples,
+    }
+
+
+def _text(row: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in row)
+
+
+def _rows(folder: Path, wanted) -> dict[str, Any]:
+    rows: Counter = Counter()
+    batches = []
+    for batch_dir in folder.glob("batch_id=*"):
+        batch = int(batch_dir.name.split("=", 1)[1])
+        if not wanted(batch):
+            continue
+        batches.append(batch)
+        rows.update(_frozen(r) for r in _read_batch(batch_dir))
+    return {"rows": rows, "batches": sorted(batches)}
+
+
+def _read_batch(batch_dir: Path) -> list[dict]:
+    parquet = sorted(batch_dir.glob("*.parquet"))
+    if parquet:
+        import pyarrow.parquet as pq
+
+        return [r for part in parquet for r in pq.read_table(part).to_pylist()]
+    return [
+        json.loads(line)
+        for part in sorted(batch_dir.glob("*.json"))
+        for line in part.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of a row (dicts as sorted item tuples, lists as tuples)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value

@@ -1,0 +1,391 @@
+"""Bootstrap: start a registered query on a new checkpoint with an initial state.
+
+Spark applies ``initialState`` only to the first batch of a new checkpoint and ignores it,
+silently, once a batch has committed; and an available-now start on an empty source commits
+nothing. So a bootstrap is *pending* until batch 0 commits: a marker in the registry's state
+folder names the initial state, and every start of the query passes it again until then. The
+same marker names a transplanted checkpoint (:mod:`stateops.ops.transplant`) until its first batch
+commits, so that batch's state is proven against the old checkpoint's.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import uuid
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
+from stateops.core.registry import Query, Registry
+from stateops.core.steps import INITIAL_STATE_FORMATS
+from stateops.ops.carry import carry_differences, finish_image_batch, refuse_differences
+from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
+from stateops.spark.export import MANIFEST
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "FORMATS",
+    "check_initial_types",
+    "check_processor_fit",
+    "initial_state_differences",
+    "mark_transplant",
+    "pending_carry_over",
+    "plan_bootstrap",
+    "prepare_bootstrap",
+    "read_initial_state",
+    "transplant_bootstrap",
+    "validate_initial_state",
+]
+
+FORMATS = INITIAL_STATE_FORMATS
+
+
+def plan_bootstrap(
+    registry: Registry,
+    name: str,
+    source: str,
+    fmt: str | None,
+    carry_over: str = "auto",
+    accept_differences: bool = False,
+) -> dict[str, Any]:
+    """What a bootstrap would do, checked without Spark; refuses a used checkpoint.
+
+    From another checkpoint, the state takes a road (``carry_over``, see
+    :func:`stateops.ops.transplant.choose_road`): a transplant of its state files where the query
+    can read them as its own, else an export of it as the initial state. Where that road
+    would not give what the old query computes (:func:`initial_state_differences`), it is
+    refused unless ``accept_differences``.
+    """
+    query = registry.query(name)
+    if query.initial_state is None:
+        raise RegistryError(
+            f"query {name}: no initial_state in the registry, so its processor takes none"
+        )
+    path = Path(query.checkpoint)
+    planned = False
+    if path.is_dir() and any(path.iterdir()):
+        cp = load_checkpoint(path)
+        if cp.last_committed_batch is not None:
+            raise CheckpointError(
+                f"{path} has committed batch {cp.last_committed_batch}: Spark would ignore the "
+                "initial state; bootstrap into a new checkpoint (set the query's checkpoint)"
+            )
+        planned = bool(cp.offsets)
+    src = Path(source)
+    if not src.exists():
+        raise StateOpsError(f"{source}: no such initial state (a state export, or data files)")
+    if fmt is None:
+        checkpoint = (src / "metadata").is_file() and (src / "offsets").is_dir()
+        fmt = "export" if (src / MANIFEST).exists() else "checkpoint" if checkpoint else None
+        fmt = fmt or src.suffix.lstrip(".") or "parquet"
+    if fmt not in FORMATS:
+        raise StateOpsError(
+            f"{source}: unknown initial state format {fmt!r} ({', '.join(FORMATS)})"
+        )
+    road, said = None, []
+    if fmt == "checkpoint":
+        cp = load_checkpoint(src)
+        if cp.last_committed_batch is None:
+            raise CheckpointError(
+                f"{src}: no committed batch yet: there is no state to carry over; run that "
+                "query first, or bootstrap from another state"
+            )
+        road = choose_road(carry_over, transplant_refusals(cp, query), log=said.append)
+    if fmt == "export" or road == "initial_state":
+        if not query.initial_state.from_export:
+            raise RegistryError(
+                f"query {name}: initial_state.from_export is not set in the registry"
+            )
+    differences = []
+    if fmt == "export":
+        _check_export(src, query)
+        differences = initial_state_differences(src, query)
+    elif road == "initial_state":
+        differences = carry_differences(load_checkpoint(src), query)
+    refuse_differences(name, differences, accept_differences,
+                       "run it again with --accept-differences (the DAG: accept_differences on)")
+    return {
+        "query": name,
+        "checkpoint": str(path),
+        "initial_state": str(src.resolve()),
+        "format": fmt,
+        "schema": query.initial_state.schema_,
+        "batch_0_already_planned": planned,
+        "source": query.source.path,
+        "road": road,
+        "road_note": said[0] if said else None,
+        "differences": differences,
+        "export": str(
+            registry.state_dir / "bootstrap" / "exports" / f"{name}-{uuid.uuid4().hex[:8]}"
+        ),
+    }
+
+
+def _check_export(source: Path, query: Query) -> None:
+    """What Spark would refuse later, checked before it starts: a readable manifest that
+    lists the variable ``initial_state.from_export`` reads, and that variable's folder."""
+    assert query.initial_state is not None
+    manifest_path = source / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        entries = manifest["entries"]
+        variables = {e["variable"]: e["path"] for e in entries}
+    except FileNotFoundError:
+        raise StateOpsError(
+            f"{source}: no {MANIFEST}, so not a state export (an incomplete one?); export "
+            "again with `stateops export`, or give --format"
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise StateOpsError(
+            f"{manifest_path}: not a state export manifest; export again with `stateops export`"
+        ) from None
+    variable = query.initial_state.from_export.get("variable")
+    if variable not in variables:
+        raise StateOpsError(
+            f"{source}: the export has no state variable {variable!r} (it has "
+            f"{', '.join(map(str, variables)) or 'none'}); export the query whose state this is"
+        )
+    if not isinstance(variables[variable], str) or not (source / variables[variable]).is_dir():
+        raise StateOpsError(
+            f"{source}: the folder of state variable {variable!r} is missing; export again"
+        )
+
+
+def initial_state_differences(export: str | Path, query: Query) -> list[str]:
+    """Why bootstrapping ``query`` from state export ``export`` would not go on as the
+    exported query would have (empty: it would): an export that does not record its list
+    order or watermarks (made by an older version), and the differences between the
+    exported checkpoint's state and the processor's, while that checkpoint is readable."""
+    manifest = json.loads((Path(export) / MANIFEST).read_text(encoding="utf-8"))
+    reasons = []
+    if "watermark" not in manifest:
+        reasons.append(
+            f"{export} records no watermark: late input and timers after the carry-over "
+            "would not follow the old query's; export it again"
+        )
+    lists = [e["variable"] for e in manifest["entries"] if e.get("kind") == "list"
+             and "position" not in e]  # fmt: skip
+    if lists:
+        reasons.append(
+            f"{export} records no order for list state {', '.join(map(repr, lists))}: its "
+            "elements would be carried in another order; export it again"
+        )
+    try:
+        old = load_checkpoint(manifest["checkpoint"])
+        old.restart_files(int(manifest["batch_id"]))
+    except (StateOpsError, OSError, KeyError, TypeError, ValueError):
+        return reasons  # gone or moved on: the proof compares with the export's own data
+    return reasons + carry_differences(old, query, int(manifest["batch_id"]))
+
+
+def _read_raw(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
+    """The initial state with ``initial_state.schema``'s column names, types as found."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    spec = query.initial_state
+    assert spec is not None
+    schema = _initial_schema(query)
+    try:
+        if fmt == "export":
+            manifest = json.loads((Path(source) / MANIFEST).read_text(encoding="utf-8"))
+            variable = spec.from_export["variable"]
+            entry = next((e for e in manifest["entries"] if e["variable"] == variable), None)
+            if entry is None:
+                raise StateOpsError(f"{source}: the export has no state variable {variable!r}")
+            df = spark.read.parquet(str(Path(source) / entry["path"]))
+            return df.select(*[F.expr(spec.from_export[f.name]).alias(f.name) for f in schema])
+        reader = spark.read.format(fmt)
+        if fmt == "csv":  # every column as text: the type check below names bad values
+            reader = reader.option("header", "true")
+        df = reader.load(source)
+        if spec.position and spec.position not in df.columns:
+            df = df.withColumn(spec.position, F.lit(None))  # no recorded order: null
+        return df.select(*[F.col(f.name) for f in schema])
+    except AnalysisException as err:
+        raise StateOpsError(
+            f"{source}: does not fit initial_state.schema ({spec.schema_}): "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+
+
+def _initial_schema(query: Query) -> Any:
+    from pyspark.sql.types import StructType
+
+    assert query.initial_state is not None
+    return StructType.fromDDL(query.initial_state.schema_)
+
+
+def _typed(raw: DataFrame, query: Query) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    schema = _initial_schema(query)
+    return raw.select(*[F.col(f.name).try_cast(f.dataType).alias(f.name) for f in schema])
+
+
+def read_initial_state(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
+    """The initial state as a DataFrame of ``initial_state.schema`` (columns cast to it)."""
+    return _typed(_read_raw(spark, query, source, fmt), query)
+
+
+def check_initial_types(raw: DataFrame, query: Query) -> None:
+    """Refuse values that do not convert to ``initial_state.schema`` (they would become null)."""
+    from pyspark.sql import functions as F
+
+    schema = _initial_schema(query)
+    lost = {
+        f.name: F.col(f.name).isNotNull() & F.col(f.name).try_cast(f.dataType).isNull()
+        for f in schema
+    }
+    row = raw.select(
+        *[F.sum(cond.cast("long")).alias(name) for name, cond in lost.items()],
+        *[F.first(F.when(cond, F.col(name)), ignorenulls=True).alias(f"e_{name}")
+          for name, cond in lost.items()],
+    ).first()  # fmt: skip
+    problems = [
+        f"column {f.name}: {row[f.name]} values are not {f.dataType.simpleString().upper()} "
+        f"(e.g. {row[f'e_{f.name}']!r})"
+        for f in schema
+        if row[f.name]
+    ]
+    if problems:
+        raise StateOpsError(f"initial state refused: {'; '.join(problems)}; fix them and retry")
+
+
+def validate_initial_state(df: DataFrame, query: Query) -> int:
+    """Row count of a sound initial state; refuses null keys and (if configured) repeated keys."""
+    from pyspark.sql import functions as F
+
+    keys = query.key_columns
+    problems = []
+    null_rows = df.filter(reduce(operator.or_, [F.col(k).isNull() for k in keys])).count()
+    if null_rows:
+        problems.append(f"{null_rows} rows have a null key ({', '.join(keys)})")
+    if query.initial_state is not None and query.initial_state.unique_keys:
+        dups = df.groupBy(*keys).count().filter("count > 1")
+        n = dups.count()
+        if n:
+            shown = ", ".join(
+                f"{'/'.join(str(r[k]) for k in keys)} ({r['count']} rows)"
+                for r in dups.orderBy(F.desc("count")).limit(5).collect()
+            )
+            problems.append(f"{n} keys appear more than once: {shown}")
+    if problems:
+        raise StateOpsError(f"initial state refused: {'; '.join(problems)}; fix it and retry")
+    return df.count()
+
+
+def check_processor_fit(
+    spark: SparkSession, query: Query, df: DataFrame, sample_keys: int = 1000
+) -> int:
+    """Run the processor's ``handleInitialState`` on the initial state of some keys, in memory,
+    and check that what it stores fits the state schemas it declares. Returns keys checked."""
+    from stateops.spark.proof import simulate_query
+
+    keys = query.key_columns
+    sample = df.join(df.select(*keys).distinct().limit(sample_keys), keys).toPandas()
+    try:
+        state = simulate_query(query, None, sample)
+    except StateOpsError as err:
+        raise StateOpsError(f"initial state refused: {err}") from err
+    except Exception as err:  # the user's processor: any failure is a misfit, named
+        raise StateOpsError(
+            f"initial state refused: {query.processor.class_}.handleInitialState "
+            f"fails on it: {type(err).__name__}: {err}"
+        ) from err
+    for name, variable in state.variables.items():
+        rows = variable.rows()
+        for column, schema in variable.declared().items():
+            try:
+                spark.createDataFrame([r[column] for r in rows], schema=schema, verifySchema=True)
+            except (TypeError, ValueError) as err:
+                raise StateOpsError(
+                    f"initial state refused: it does not fit the processor's state {name!r} "
+                    f"({schema}): {str(err).splitlines()[0]}"
+                ) from err
+    return int(sample[keys].drop_duplicates().shape[0]) if len(sample) else 0
+
+
+def prepare_bootstrap(
+    spark: SparkSession, registry: Registry, plan: dict[str, Any]
+) -> dict[str, Any]:
+    """Validate the initial state (types, keys, fit with the processor's state), then mark the
+    bootstrap pending (until batch 0 commits). A checkpoint is exported first."""
+    if plan["format"] == "checkpoint":
+        from stateops.spark.export import export_state
+
+        export_state(spark, plan["initial_state"], plan["export"])
+        plan = plan | {"initial_state": plan["export"], "format": "export"}
+    query = registry.query(plan["query"])
+    raw = _read_raw(spark, query, plan["initial_state"], plan["format"])
+    check_initial_types(raw, query)
+    df = _typed(raw, query)
+    rows = validate_initial_state(df, query)
+    fit_keys = check_processor_fit(spark, query, df)
+    record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}
+    marker = {"road": "initial_state", **record}
+    if plan["format"] == "export":
+        manifest = json.loads((Path(plan["initial_state"]) / MANIFEST).read_text("utf-8"))
+        if "watermark" in manifest:  # the new checkpoint continues from the exported batch
+            marker["origin"] = {"checkpoint": manifest["checkpoint"],
+                                "batch": manifest["batch_id"], "export": plan["initial_state"],
+                                "watermark": manifest["watermark"]}  # fmt: skip
+    if plan.get("differences"):
+        marker["differences"] = plan["differences"]  # accepted by the operator
+    _write_marker(registry, query.name, marker)
+    return record | {"processor_fit_keys": fit_keys}
+
+
+def transplant_bootstrap(
+    registry: Registry, plan: dict[str, Any], run_id: str, log: Any = print
+) -> dict[str, Any]:
+    """The transplant road of a bootstrap from a checkpoint, under the query's lock; the next
+    run proves the first batch."""
+    from stateops.control.lock import QueryLock
+
+    name = plan["query"]
+    with QueryLock(registry.lock_path(name), name, "bootstrap", run_id):
+        result = transplant_checkpoint(plan["initial_state"], plan["checkpoint"],
+                                       registry.query(name), log=log)  # fmt: skip
+        mark_transplant(registry, name, result)
+    return result
+
+
+def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -> None:
+    """A transplanted checkpoint awaits its first batch (N + 1), whose state is then proven
+    against the old checkpoint's (``transplant``: what ``transplant_checkpoint`` returned)."""
+    _write_marker(registry, name, {"road": "transplant", "checkpoint": transplant["new"],
+                                   "from_checkpoint": transplant["old"],
+                                   "batch": transplant["batch"]})  # fmt: skip
+
+
+def _write_marker(registry: Registry, name: str, record: dict[str, Any]) -> None:
+    marker = registry.bootstrap_marker(name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
+    tmp.replace(marker)
+
+
+def pending_carry_over(
+    registry: Registry, query: Query, last_committed: int | None
+) -> dict[str, Any] | None:
+    """The carried-over state awaiting its first batch on this start, or None: a bootstrap's
+    initial state until batch 0 commits, a transplant until batch N + 1 commits."""
+    marker = registry.bootstrap_marker(query.name)
+    if not marker.exists():
+        return None
+    record = json.loads(marker.read_text(encoding="utf-8"))
+    if last_committed != record.get("batch") or record.get("checkpoint") != query.checkpoint:
+        same = record.get("checkpoint") == query.checkpoint
+        if last_committed == 0 and same and record.get("origin"):
+            # Stopped between the image batch's commit and its watermark: finish it first.
+            finish_image_batch(query.checkpoint, record["origin"]["watermark"])
+        marker.unlink()  # settled (or the query moved to another checkpoint)
+        return None
+    return record

@@ -1,0 +1,152 @@
+"""The initialState road of a carry-over: what it keeps of the old query, and what it cannot.
+
+A query bootstrapped from a state export must go on computing what the old query would have
+computed had it stopped at its last batch N and restarted on the new source. Two things decide
+that besides the state itself (which :mod:`stateops.spark.export` exports with each list element's
+position, so its order survives):
+
+- **The watermark.** Spark drops an input row as late against the *previous* batch's
+  watermark, and fires event-time timers at the current batch's. A fresh checkpoint starts at
+  0 and its batch 1 still filters with batch 0's watermark, so rows the old query would have
+  dropped get in, in its first two batches; and timers the old query would have fired wait
+  for the new input to move the watermark. The old query, restarted, runs batch N + 1 with
+  late rows filtered at batch N's watermark and timers fired at the watermark batch N's
+  commit hands on (``nextBatchWatermarkMs``), and moves on from there with the new input: its
+  effective watermark is max(old watermark, the new input's).
+- **Where the new input starts.** Spark applies ``initialState`` with batch 0 only.
+
+So the new checkpoint starts with an *image* of batch N (:func:`write_image_batch`): batch 0
+reads no input (its source offset is void, ``-``), applies the exported state, and runs with
+batch N's watermark; once it commits, its commit is given batch N's ``nextBatchWatermarkMs``
+(:func:`finish_image_batch`). Batch 1 then filters late rows and fires timers exactly as the
+old query's batch N + 1 would have, and Spark carries the watermark on from there by itself.
+Four ways were run against a copy of the old checkpoint restarted on the same events (the
+scenario of ``tests/spark/test_initial_state_road.py``: late events in the new source's first
+two batches, a cutover batch that moved the watermark, a session idle since before it):
+filtering the new input against the old watermark in the query dropped the late rows, but
+timers still fired at the new input's watermark, so the idle session took the new input's
+first event instead of closing; an image batch with only batch N's watermark did the same;
+one with the watermark N handed on dropped a row that N + 1 keeps; this one (N's watermark in
+the offsets, the handed-on one in the commit) gave the same state and output. Only this one
+is kept, so only it is tested; the test also shows the proof failing without it.
+
+What the road cannot give is listed by :func:`carry_differences` (a processor whose state
+changed, state with a TTL): the migration then refuses unless the operator accepts it.
+Pure Python; the Spark session is passed in where Spark's own values are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stateops.core.checkpoint import Checkpoint, crc_sidecar, hadoop_crc, load_checkpoint
+from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.registry import Query
+from stateops.ops.transplant import operator_properties, state_differences
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "carry_differences",
+    "finish_image_batch",
+    "refuse_differences",
+    "write_checkpoint_file",
+    "write_image_batch",
+]
+
+
+
+def write_checkpoint_file(root: Path, rel: str, text: str) -> None:
+    """A checkpoint log file and the ``.crc`` sidecar Hadoop's local file system checks,
+    each written beside itself and renamed into place (complete or absent)."""
+    data = text.encode("utf-8")
+    for name, content in ((rel, data), (crc_sidecar(rel), hadoop_crc(data))):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(content)
+        os.replace(tmp, path)
+
+
+def write_image_batch(
+    spark: SparkSession, checkpoint: str | os.PathLike[str], watermark: dict[str, int]
+) -> bool:
+    """Plan batch 0 of a new checkpoint as the image of the old query's last batch: no input
+    (a void source offset), the watermark that batch ran with, this query's own settings
+    (the values Spark records, read from the session that runs it). False, writing nothing,
+    where batch 0 is already planned (a start after a failed one: Spark runs it again)."""
+    root = Path(checkpoint)
+    if (root / "offsets").is_dir() and any((root / "offsets").iterdir()):
+        return False
+    if root.exists() and any(p.name != "offsets" for p in root.iterdir()):
+        raise CheckpointError(f"{root}: not a new checkpoint; bootstrap into a new one")
+    # Which settings a batch records is Spark's (OffsetSeqMetadata); their values, the session's.
+    metadata = spark._jvm.org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqMetadata
+    keys = json.loads(metadata.apply(0, 0, spark._jsparkSession.conf()).json())["conf"]
+    conf = {key: spark.conf.get(key) for key in keys}
+    meta = {
+        "batchWatermarkMs": int(watermark["batch_watermark_ms"]),
+        "batchTimestampMs": int(time.time() * 1000),
+        "conf": {k: v for k, v in conf.items() if v is not None},
+    }
+    write_checkpoint_file(root, "metadata", json.dumps({"id": str(uuid.uuid4())}))
+    write_checkpoint_file(root, "offsets/0", "\n".join(["v1", json.dumps(meta), "-"]))
+    return True
+
+
+def finish_image_batch(checkpoint: str | os.PathLike[str], watermark: dict[str, int]) -> bool:
+    """Once the image batch 0 has committed, and before batch 1 is planned: its commit hands
+    on the watermark the old batch's did. True if it changed the commit."""
+    cp = load_checkpoint(checkpoint)
+    wanted = int(watermark["next_batch_watermark_ms"])
+    if 0 not in cp.commits or 1 in cp.offsets:
+        return False
+    if int(cp.commits[0].get("nextBatchWatermarkMs", 0) or 0) >= wanted:
+        return False
+    text = (cp.root / "commits/0").read_text("utf-8")
+    header = text.split("\n")[0]
+    commit = {**cp.commits[0], "nextBatchWatermarkMs": wanted}
+    write_checkpoint_file(cp.root, "commits/0", f"{header}\n{json.dumps(commit)}")
+    return True
+
+def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
+    """Why carrying ``cp``'s state to ``query`` by the initialState road would not give what
+    the old query computes (empty: it gives the same): a processor whose state variables,
+    schemas, time or output mode differ from the old checkpoint's (``handleInitialState``
+    converts the state, and the query computes something else from then on), state with a
+    TTL (its expiry starts again at the new checkpoint's first batch)."""
+    batch = cp.last_committed_batch if batch is None else batch
+    ops = cp.operators
+    if len(ops) != 1 or not re.fullmatch(r"transformWithState\w*Exec", ops[0].operator_name):
+        names = [op.operator_name for op in ops]
+        return [f"stateful operators {names}: the carry-over takes one transformWithState"]
+    reasons = state_differences(cp, query, batch)
+    try:
+        props, _ = operator_properties(cp, batch)
+    except (StateOpsError, ValueError, KeyError, TypeError) as err:
+        return [*reasons, f"the old operator metadata is unreadable: {str(err).splitlines()[0]}"]
+    ttl = sorted(v["stateName"] for v in props.get("stateVariables", [])
+                 if v.get("ttlEnabled") and not v["stateName"].startswith("$"))  # fmt: skip
+    if ttl:
+        reasons.append(
+            f"state {', '.join(map(repr, ttl))} has a TTL: the initialState road starts each "
+            "entry's TTL again at the new checkpoint's first batch"
+        )
+    return reasons
+
+
+def refuse_differences(name: str, differences: list[str], accepted: bool, how: str) -> None:
+    """Refuse an initialState road that would change what query ``name`` computes
+    (``differences``), unless the operator accepted it; ``how`` says how to accept it."""
+    if differences and not accepted:
+        raise StateOpsError(
+            f"carrying {name}'s state by the initialState road would change what it computes: "
+            f"{'; '.join(differences)}; to go on anyway, {how}"
+        )

@@ -1,0 +1,648 @@
+"""Source migration with state carry-over: the library behind ``stream_source_migration``.
+
+The DAG runs one task per step: preflight (this module's plan, then the query's hold), stop
+the running query, drain the old source, back up, carry the state into a new checkpoint for
+the new source, prove the carry-over, switch. Two roads carry the state: a transplant of the
+old checkpoint's state files (:mod:`stateops.ops.transplant`, a file copy) where Spark can read
+them as the new query's own, else export, validate and bootstrap with ``initialState``.
+The hold (see :mod:`stateops.control.lock`) keeps every other lifecycle operation out from preflight
+to the switch or the roll back; each step takes the query's lock with the migration's run id
+for its own work.
+
+A failure after preflight rolls back: the new checkpoint is moved aside, a switch already
+written is undone, the old checkpoint is writable again and the hold is released, so the old
+query can start again and a new trigger of the DAG can do the migration again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from stateops.control.audit import append_audit, audit_dir
+from stateops.control.faults import fail_after
+from stateops.control.lock import hold_query, live_lock, refuse_unholdable, release_hold
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import (
+    CheckpointError,
+    LockHeldError,
+    RegistryError,
+    StateOpsError,
+    one_line,
+)
+from stateops.core.registry import (
+    Query,
+    Registry,
+    Source,
+    derived_registry,
+    load_registry,
+    schema_fields,
+    write_switch,
+)
+from stateops.core.steps import MIGRATION_STEPS, fill
+from stateops.core.times import parse_past_time
+from stateops.core.verify import error_summary, verify_checkpoint
+from stateops.ops.carry import carry_differences, refuse_differences
+from stateops.ops.cleanup import execute_sink_plan, plan_sink_rollback, safe_run_id
+from stateops.ops.start import read_summary
+from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
+
+__all__ = [
+    "OPERATION",
+    "backup_for_migration",
+    "check_carry_over",
+    "format_migration_plan",
+    "plan_migration",
+    "prepare_migration",
+    "prove_migration",
+    "roll_back_migration",
+    "run_migration",
+    "settle_migration",
+    "stop_running_query",
+    "switch_migration",
+    "switch_query",
+    "transplant_for_migration",
+]
+
+OPERATION = "migration"
+# How an operator accepts an initialState road that changes results (the DAG's form field).
+_ACCEPT = "trigger again with accept_differences on"
+
+# The initialState road's steps (the transplant road's: transplant, first_batch).
+INITIAL_STATE_ROAD = ("export", "validate_export", "bootstrap")
+
+# Parquet column types as the registry's DDL names them (for the preflight's file check).
+_ARROW_TYPES = {
+    "string": "STRING",
+    "large_string": "STRING",
+    "bool": "BOOLEAN",
+    "int32": "INT",
+    "int64": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "date32[day]": "DATE",
+}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _work_dir(registry: Registry, run_id: str) -> Path:
+    return registry.state_dir / "migration" / safe_run_id(run_id)
+
+
+def default_checkpoint(query: Query) -> Path:
+    """``<checkpoint>.v2`` beside the old one (``.v3`` after that, ...): the first free one."""
+    current = Path(query.checkpoint)
+    stem = re.sub(r"\.v\d+$", "", current.name)
+    n = 2
+    while True:
+        candidate = current.with_name(f"{stem}.v{n}")
+        if candidate != current and not (candidate.exists() and any(candidate.iterdir())):
+            return candidate
+        n += 1
+
+
+def plan_migration(
+    registry: Registry,
+    name: str,
+    new_source: dict[str, Any],
+    new_checkpoint: str = "",
+    run_id: str = "",
+    cutover: str = "drain",
+    carry_over: str = "auto",
+    accept_differences: bool = False,
+) -> dict[str, Any]:
+    """Preflight: everything a migration needs, checked without changing anything.
+
+    ``cutover``: ``drain`` (the old source is read to its end) or a time: the old source
+    reads only the input files modified before it (see ``start.files_before``).
+    ``carry_over``: ``auto``, ``transplant`` or ``initial_state``; the plan says which road
+    the state would take now (the backup step decides, on the drained checkpoint), and where
+    the initialState road would change what the query computes
+    (:func:`stateops.ops.carry.carry_differences`): it is then refused unless
+    ``accept_differences``.
+
+    Raises a one-line StateOpsError naming what is wrong: an unknown query or one without
+    ``initial_state.from_export``, an invalid or missing new source, a new schema without the
+    columns (and types) the query reads, an old checkpoint without a committed batch or that
+    fails verification, a non-empty new checkpoint, another operation holding the query.
+    """
+    query = registry.query(name)
+    if query.initial_state is None or not query.initial_state.from_export:
+        raise RegistryError(
+            f"query {name}: no initial_state.from_export in the registry, so its processor "
+            "cannot take carried-over state; add one (see the README) and trigger again"
+        )
+    source = _new_source(registry, query, new_source)
+    if cutover != "drain":
+        cutover = parse_past_time(cutover, "cutover").isoformat()
+    folder = Path(source.path)
+    if not folder.is_dir():
+        raise StateOpsError(
+            f"new source path {folder} does not exist or is not a folder: create it and land "
+            "the new source's input there, then trigger again"
+        )
+    if source.format == query.source.format and source.path == query.source.path:
+        raise StateOpsError(f"the new source is {name}'s current source: nothing to migrate")
+    files = sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_")))
+    if not files:
+        raise StateOpsError(
+            f"new source folder {folder} has no input yet: land its first files (the carry-over "
+            "is proven on the new source's first batch), then trigger again"
+        )
+    _check_schema(query, source)
+    _check_files(source)
+    new = Path(registry.data_dir / new_checkpoint if new_checkpoint else default_checkpoint(query))
+    new = new.resolve()
+    old = Path(query.checkpoint)
+    if new == old or old in new.parents or new in old.parents:
+        raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
+    if new.exists() and (not new.is_dir() or any(new.iterdir())):
+        raise StateOpsError(
+            f"new checkpoint {new} is not empty: name a new or empty folder (or leave the field "
+            "empty for the default beside the old checkpoint)"
+        )
+    try:
+        Query.model_validate(
+            {**query.model_dump(by_alias=True), "source": source.model_dump(by_alias=True)}
+        )
+    except ValidationError as err:
+        first = err.errors()[0]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise StateOpsError(f"new source: {message}") from None
+    cp = load_checkpoint(old)
+    if cp.last_committed_batch is None:
+        raise CheckpointError(
+            f"{old} has no committed batch: there is no state to carry over; start {name} on "
+            "the new source instead"
+        )
+    findings = verify_checkpoint(old)
+    if not findings["ok"]:
+        raise CheckpointError(
+            f"{old} fails verification ({error_summary(findings)}); repair or restore it "
+            "before migrating"
+        )
+    runs_as = _runs_as(query, source, new)
+    refusals = transplant_refusals(cp, runs_as)
+    road = choose_road(carry_over, refusals, log=lambda line: None)
+    differences = carry_differences(cp, runs_as) if road == "initial_state" else []
+    refuse_differences(name, differences, accept_differences, _ACCEPT)
+    lock = refuse_unholdable(registry.lock_path(name), name, run_id)
+    work = _work_dir(registry, run_id or "plan")
+    return {
+        "query": name,
+        "run_id": run_id,
+        "old": {
+            "source": query.source.model_dump(by_alias=True),
+            "checkpoint": str(old),
+            "query_id": cp.query_id,
+            "last_committed_batch": cp.last_committed_batch,
+            "sink_batch_offset": query.sink.batch_offset,
+        },
+        "new": {
+            "source": source.model_dump(by_alias=True),
+            "checkpoint": str(new),
+            "registry": str(work / "registry.yaml"),
+        },
+        "export": str(work / "export"),
+        "cutover": cutover,
+        "carry_over": {
+            "choice": carry_over,
+            "road": road,
+            "transplant_refusals": refusals,
+            "differences": differences,
+            "accepted": accept_differences,
+        },  # fmt: skip
+        "running": None if lock is None else lock.run_id,
+        "new_source_files": files,
+    }
+
+
+def _runs_as(query: Query, source: Source | dict[str, Any], checkpoint: str | Path) -> Query:
+    """The query as it will run after the migration (for the transplant's checks)."""
+    source = Source.model_validate(source) if isinstance(source, dict) else source
+    return query.model_copy(update={"source": source, "checkpoint": str(checkpoint)})
+
+
+def _new_source(registry: Registry, query: Query, spec: dict[str, Any]) -> Source:
+    spec = {k: v for k, v in spec.items() if v not in (None, "")}
+    spec.setdefault("schema", query.source.schema_)
+    path = str(spec.get("path", ""))
+    if path and "://" not in path:
+        spec["path"] = str((registry.data_dir / path).resolve())
+    try:
+        return Source.model_validate(spec)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise StateOpsError(f"new source: {field}: {first['msg']}") from None
+
+
+def _check_schema(query: Query, source: Source) -> None:
+    """The new schema has every column of the query's current source, with the same type."""
+    new = dict(schema_fields(source.schema_))
+    for column, kind in schema_fields(query.source.schema_):
+        if column not in new:
+            raise StateOpsError(
+                f"new source schema has no column {column!r}, which {query.name} reads "
+                f"(its current schema: {query.source.schema_})"
+            )
+        if new[column] != kind:
+            raise StateOpsError(
+                f"new source column {column!r} is {new[column]}, but {query.name} reads it as "
+                f"{kind}: convert it, or declare it {kind}"
+            )
+
+
+def _check_files(source: Source) -> None:
+    """Parquet files carry their schema: the first one must have the declared columns."""
+    if source.format != "parquet":
+        return
+    import pyarrow.parquet as pq
+
+    first = next(iter(sorted(Path(source.path).rglob("*.parquet"))), None)
+    if first is None:
+        return
+    found = {f.name: _ARROW_TYPES.get(str(f.type), str(f.type)) for f in pq.read_schema(first)}
+    for column, kind in schema_fields(source.schema_):
+        have = found.get(column)
+        if have is None:
+            raise StateOpsError(f"{first}: no column {column!r} (the new source schema has it)")
+        if have != kind and not (kind == "TIMESTAMP" and have.startswith("timestamp")):
+            raise StateOpsError(f"{first}: column {column!r} is {have}, not {kind}")
+
+
+def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
+    """The preflight's plan for a person (the task log, the CLI)."""
+    old, new = plan["old"], plan["new"]
+    running = f", running as {plan['running']}: will be stopped" if plan["running"] else ""
+    return (
+        f"{'DRY RUN: would migrate' if dry_run else 'migrating'} {plan['query']}: "
+        f"{old['source']['format']} {old['source']['path']} -> {new['source']['format']} "
+        f"{new['source']['path']} ({plan['new_source_files']} files there now)\n"
+        f"  old checkpoint {old['checkpoint']} (last committed batch "
+        f"{old['last_committed_batch']}, verifies clean){running}\n"
+        f"  new checkpoint {new['checkpoint']}\n"
+        f"  cutover: {plan['cutover']}\n"
+        f"  carry-over: {_road(plan['carry_over'])}\n"
+        "  then: drain the old source, back up, carry the state over, prove, switch"
+    )
+
+
+def _road(carry_over: dict[str, Any]) -> str:
+    if carry_over["road"] == "transplant":
+        road = "transplant (the new query can run on the old state files)"
+    elif carry_over["choice"] == "initial_state":
+        road = "initial_state (chosen)"
+    else:
+        why = "; ".join(carry_over["transplant_refusals"])
+        road = f"initial_state (transplant does not apply: {why})"
+    for difference in carry_over.get("differences", []):
+        road += f"\n  WARNING (accepted): the initialState road changes results: {difference}"
+    return road
+
+
+def job_fields(plan: dict[str, Any], settled: dict[str, Any] | None = None) -> dict[str, str]:
+    """This run's values of the fields of :data:`stateops.core.steps.MIGRATION_STEPS`
+    (``settled``: the backup step's result, once it ran)."""
+    return {
+        "query": plan["query"],
+        "run_id": plan["run_id"],
+        "cutover": plan["cutover"],
+        "old_checkpoint": plan["old"]["checkpoint"],
+        "export": plan["export"],
+        "last_committed_batch": str((settled or {}).get("last_committed_batch", "")),
+        "accept": "yes" if plan["carry_over"].get("accepted") else "no",
+    }
+
+
+def prepare_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
+    """Hold the query for the run: until the switch or the roll back, only its steps run.
+    Every later step calls it again: the hold is renewed, and a hold lost (expired and taken
+    by another run) fails the step instead of going on unprotected."""
+    hold_query(registry.lock_path(plan["query"]), plan["query"], OPERATION, plan["run_id"])
+    return plan
+
+
+def settle_migration(
+    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """After the drain: the old checkpoint's final batch, the road the state takes (see
+    :func:`stateops.ops.transplant.choose_road`), and the registry the new query runs with (new
+    source and checkpoint; its output continues the old numbering after that batch).
+    """
+    query = registry.query(plan["query"])
+    if query.checkpoint != plan["old"]["checkpoint"]:
+        raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
+    cp = load_checkpoint(query.checkpoint)
+    last = cp.last_committed_batch
+    runs_as = _runs_as(query, plan["new"]["source"], plan["new"]["checkpoint"])
+    road = choose_road(plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log)
+    if road == "initial_state":
+        refuse_differences(query.name, carry_differences(cp, runs_as, last),
+                           plan["carry_over"].get("accepted", False), _ACCEPT)  # fmt: skip
+    # A transplanted checkpoint goes on from batch last + 1, a bootstrapped one from batch 0.
+    offset = query.sink.batch_offset if road == "transplant" else query.sink.folder_batch(last) + 1
+    changes = {
+        "source": plan["new"]["source"],
+        "checkpoint": plan["new"]["checkpoint"],
+        "sink": query.sink.model_dump() | {"batch_offset": offset},
+    }
+    derived_registry(registry, query.name, changes, plan["new"]["registry"])
+    return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road}
+
+
+def backup_for_migration(
+    registry: Registry, plan: dict[str, Any], client: Any, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The backup step: the drained old checkpoint settled (:func:`settle_migration`), then
+    backed up to the registry's ``backups.url``; the settlement plus the ``backup_id``."""
+    from stateops.ops.backup import backup_query
+
+    prepare_migration(registry, plan)
+    settled = settle_migration(registry, plan, log)
+    log(
+        f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
+        f"checkpoint's output continues at batch_id={settled['sink_batch_offset']}"
+    )
+    manifest = backup_query(registry, plan["query"], client,
+                            batch=settled["last_committed_batch"], log=log)  # fmt: skip
+    return settled | {"backup_id": manifest["backup_id"]}
+
+
+def transplant_for_migration(
+    registry: Registry,
+    plan: dict[str, Any],
+    settled: dict[str, Any],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The transplant road: the new checkpoint from the old one's state at the drained batch;
+    the new query's first batch is then proven against that state."""
+    from stateops.ops.bootstrap import mark_transplant
+
+    prepare_migration(registry, plan)
+    new_registry = load_registry(plan["new"]["registry"])
+    query = new_registry.query(plan["query"])
+    result = transplant_checkpoint(plan["old"]["checkpoint"], query.checkpoint, query,
+                                   settled["last_committed_batch"], log=log)  # fmt: skip
+    mark_transplant(new_registry, plan["query"], result)
+    return result
+
+
+def stop_running_query(
+    registry: Registry,
+    name: str,
+    log: Callable[[str], None] = print,
+    timeout_seconds: float = 600,
+) -> str | None:
+    """Stop a running query gracefully (its stop marker) and wait until its run ends.
+
+    Returns the stopped run's id (None when nothing ran). A run on an ``available-now``
+    trigger ignores the marker and ends by itself; it is waited for just the same.
+    """
+    path = registry.lock_path(name)
+    held = live_lock(path)
+    if held is None:
+        log(f"{name}: not running")
+        return None
+    if held.operation != "run":
+        raise LockHeldError(f"query {name!r} is locked by {held.operation} (run {held.run_id})")
+    marker = registry.stop_marker(name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    log(f"{name}: stopping run {held.run_id} after its current batch ({marker})")
+    deadline = time.monotonic() + timeout_seconds
+    while (current := live_lock(path)) is not None and current.token == held.token:
+        if time.monotonic() > deadline:
+            marker.unlink(missing_ok=True)  # a later stop would surprise whoever runs it then
+            raise StateOpsError(
+                f"{name}: run {held.run_id} did not stop within {timeout_seconds:.0f} s; stop it "
+                f"(stateops stop {name}), then trigger the migration again"
+            )
+        time.sleep(1)
+    marker.unlink(missing_ok=True)
+    log(f"{name}: run {held.run_id} stopped")
+    return held.run_id
+
+
+def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The new query's first batch on the new checkpoint (after a bootstrap or a transplant):
+    its proof, and file-level integrity."""
+    summary = read_summary(load_registry(plan["new"]["registry"]), plan["query"], run_id)
+    if summary["status"] != "succeeded":
+        raise StateOpsError(f"{plan['query']} on the new source failed: {summary['error']}")
+    proof = summary.get("proof")
+    if summary["bootstrap"] != "complete":
+        raise StateOpsError(
+            f"carry-over of {plan['query']} is {summary['bootstrap']}: no batch committed on "
+            "the new source, so it is not proven"
+        )
+    if not (proof and proof["ok"]):
+        raise StateOpsError(f"carry-over of {plan['query']} not proven: {proof}")
+    findings = verify_checkpoint(plan["new"]["checkpoint"])
+    if not findings["ok"]:
+        raise CheckpointError(f"new checkpoint fails verification: {error_summary(findings)}")
+    return {
+        "bootstrap": summary["bootstrap"],
+        "proof": proof,
+        "last_committed_batch": summary["last_committed_batch"],
+    }
+
+
+def prove_migration(
+    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The prove step: :func:`check_carry_over` on the new checkpoint's first batch."""
+    prepare_migration(registry, plan)
+    result = check_carry_over(plan, plan["run_id"])
+    proof = result["proof"]
+    log(f"{plan['query']}: carry-over proven ({proof['variables']}; {proof['proof_file']})")
+    return result
+
+
+def switch_migration(
+    registry: Registry,
+    plan: dict[str, Any],
+    settled: dict[str, Any],
+    carry_over: dict[str, Any],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The switch step: :func:`switch_query`, said."""
+    prepare_migration(registry, plan)
+    lineage = switch_query(registry, plan, settled, carry_over)
+    log(
+        f"{plan['query']}: switched to {plan['new']['source']['path']} and "
+        f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
+        f"(backup {settled['backup_id']}); lineage in "
+        f"{audit_dir(plan['new']['checkpoint']) / 'lineage.json'}"
+    )
+    return lineage
+
+
+def run_migration(
+    registry: Registry,
+    plan: dict[str, Any],
+    client: Any,
+    run_job: Callable[[str, str, list[str]], None],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Every step of ``stream_source_migration`` after its preflight, in one process (the CLI's
+    ``stateops migrate``), with the same step functions and Spark jobs; a failure rolls the run
+    back (:func:`roll_back_migration`) and raises, naming the step.
+
+    ``run_job(job, registry_file, args)`` runs one Spark job (``spark-submit`` for the CLI) and
+    raises when it fails. Returns the lineage the switch recorded.
+    """
+    step, fields = "stop_query", job_fields(plan)
+
+    def run(name: str, action: Callable[[], Any]) -> Any:
+        nonlocal step
+        step = name
+        result = action()
+        fail_after(name)  # STATEOPS_FAIL_AFTER, as the DAG's tasks
+        return result
+
+    def spark(name: str) -> None:
+        job, which, args = fill(MIGRATION_STEPS[name], fields)
+        run_job(job, str(registry.path) if which == "old" else plan["new"]["registry"], args)
+
+    prepare_migration(registry, plan)  # refused: nothing changed yet, nothing to roll back
+    try:
+        run("stop_query", lambda: stop_running_query(registry, plan["query"], log))
+        run("drain", lambda: spark("drain"))
+        settled = run("backup", lambda: backup_for_migration(registry, plan, client, log))
+        fields = job_fields(plan, settled)
+        run("carry_over", lambda: log(f"carry-over road: {settled['road']}"))
+        if settled["road"] == "transplant":
+            run("transplant", lambda: transplant_for_migration(registry, plan, settled, log))
+            run("first_batch", lambda: spark("first_batch"))
+        else:
+            for name in INITIAL_STATE_ROAD:
+                run(name, lambda name=name: spark(name))
+        carried = run("prove", lambda: prove_migration(registry, plan, log))
+        run("validate_new_state", lambda: spark("validate_new_state"))
+        lineage = run("switch", lambda: switch_migration(registry, plan, settled, carried, log))
+    except Exception as err:
+        log(f"{plan['query']}: {step} failed: {one_line(err)}")
+        roll_back_migration(registry, plan, log)
+        raise StateOpsError(
+            f"the migration of {plan['query']} failed at {step} ({one_line(err)}); it was "
+            f"rolled back and the query runs on {plan['old']['checkpoint']}: fix the cause "
+            "and migrate again"
+        ) from err
+    return lineage
+
+
+def switch_query(
+    registry: Registry,
+    plan: dict[str, Any],
+    settled: dict[str, Any],
+    carry_over: dict[str, Any],
+) -> dict[str, Any]:
+    """Point the query at the new source and checkpoint, record the lineage, keep the old
+    checkpoint read-only, and release the hold. ``settled`` is :func:`settle_migration`'s
+    result plus the ``backup_id``."""
+    name, old, new = plan["query"], plan["old"], plan["new"]
+    backup_id = settled["backup_id"]
+    last = load_checkpoint(old["checkpoint"]).last_committed_batch
+    if last != settled["last_committed_batch"]:
+        raise StateOpsError(
+            f"{old['checkpoint']} moved on to batch {last} after the drain (batch "
+            f"{settled['last_committed_batch']}): its later input is not in the export"
+        )
+    lineage = {
+        "operation": OPERATION,
+        "run_id": plan["run_id"],
+        "time": _now(),
+        "from": {
+            "checkpoint": old["checkpoint"],
+            "query_id": old["query_id"],
+            "last_committed_batch": settled["last_committed_batch"],
+            "source": old["source"],
+        },
+        "to": {
+            "checkpoint": new["checkpoint"],
+            "source": new["source"],
+            "sink_batch_offset": settled["sink_batch_offset"],
+        },
+        "backup_id": backup_id,
+        "export": plan["export"],
+        "carry_over": settled["road"],
+        "bootstrap": carry_over["bootstrap"],
+        "proof": (carry_over["proof"] or {}).get("proof_file"),
+    }
+    target = audit_dir(new["checkpoint"]) / "lineage.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
+    common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
+    append_audit(new["checkpoint"], OPERATION, result="derived", derived_from=old["checkpoint"],
+                 backup_id=backup_id, **common)  # fmt: skip
+    write_switch(registry, name, new["source"], new["checkpoint"], lineage,
+                 sink_batch_offset=settled["sink_batch_offset"])  # fmt: skip
+    _set_read_only(Path(old["checkpoint"]), True)
+    append_audit(old["checkpoint"], OPERATION, result="retired (read-only)",
+                 migrated_to=new["checkpoint"], backup_id=backup_id, **common)  # fmt: skip
+    release_hold(registry.lock_path(name), plan["run_id"])
+    return lineage
+
+
+def roll_back_migration(
+    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Undo what a failed migration run did; the old query can start again afterwards."""
+    name, old, new = plan["query"], plan["old"], Path(plan["new"]["checkpoint"])
+    done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
+    registry = load_registry(registry.path)  # as it is now: a switch may have been written
+    prepare_migration(registry, plan)  # held again (a switch releases it) while undoing
+    stop_running_query(registry, name, log)  # e.g. started on the new checkpoint meanwhile
+    if registry.query(name).checkpoint == str(new):
+        undo = {"operation": "migration rolled back", "run_id": plan["run_id"], "time": _now()}
+        write_switch(registry, name, old["source"], old["checkpoint"], undo,
+                     sink_batch_offset=old["sink_batch_offset"])  # fmt: skip
+        done["switch_undone"] = True
+        log(f"{name}: switch undone: back on {old['checkpoint']}")
+    _set_read_only(Path(old["checkpoint"]), False)
+    aside = new.with_name(f"{new.name}.failed-{safe_run_id(plan['run_id'])}")
+    for here, there in ((new, aside), (audit_dir(new), audit_dir(aside))):
+        if here.exists():
+            os.replace(here, there)
+            done["moved_aside"].append(str(there))
+            log(f"moved {here} aside to {there}")
+    query = load_registry(registry.path).query(name)  # on the old checkpoint again
+    old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
+    sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
+    if sink["folders"]:  # the new checkpoint's output (its batches come after the old ones)
+        execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
+        log(f"moved the new checkpoint's output {sink['folders']} aside to "
+            f"{query.sink.path}/_rolled_back/")  # fmt: skip
+    marker = registry.bootstrap_marker(name)
+    if marker.exists() and json.loads(marker.read_text()).get("checkpoint") == str(new):
+        marker.unlink()  # the pending bootstrap belonged to the moved checkpoint
+    if release_hold(registry.lock_path(name), plan["run_id"]):
+        log(f"{name}: hold of run {plan['run_id']} released")
+    if old["checkpoint"]:
+        append_audit(old["checkpoint"], OPERATION, run_id=plan["run_id"], result="rolled back")
+    log(f"{name}: migration rolled back; the query runs on {old['checkpoint']} as before")
+    return done
+
+
+def _set_read_only(root: Path, read_only: bool) -> None:
+    """Files of a retired checkpoint are read-only (folders stay writable: a roll back can
+    make the files writable again and the old query can restart)."""
+    write = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder, name)
+            mode = path.stat().st_mode
+            path.chmod(mode & ~write if read_only else mode | stat.S_IWUSR)

@@ -1,0 +1,460 @@
+"""Restore of a checkpoint backup: a plan (which backup, into what, and whether it may go
+there), then its execution (staged, verified, swapped in under the target query's lock).
+
+The CLI (``stateops restore``) and the DAG (``stream_restore``) both call these functions, so
+they refuse the same things in the same words: a target holding another query's state (unless
+the operator allows it), a non-empty target without ``replace``, a query whose lock another
+operation holds. A target that already holds exactly the backup (a restore killed after its
+swap, or one run twice) is reported as restored. No Spark, no Airflow: the S3 client is passed in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from stateops.control import faults
+from stateops.control.audit import append_audit, read_audit
+from stateops.control.lock import LockInfo, live_lock, read_hold
+from stateops.core.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint, relocate_checkpoint
+from stateops.core.errors import StateOpsError, s3_error
+from stateops.core.registry import Registry
+from stateops.core.report import format_bytes
+from stateops.core.s3 import S3Location, parse_s3_url
+from stateops.core.staging import Staging, remove_stale_staging, stale_staging
+from stateops.core.verify import verify_checkpoint
+from stateops.ops.backup import (
+    file_sha256,
+    find_manifest,
+    safe_relative_path,
+    split_backup_url,
+    transfer_manager,
+)
+from stateops.ops.cleanup import checkpoint_lock
+
+__all__ = ["execute_restore", "format_restore_plan", "plan_restore", "restore_backup"]
+
+STAGING = "restoring"
+RED, RESET = "\x1b[31m", "\x1b[0m"
+
+
+def _backup_location(
+    source: str, backup: str | None, registry: Registry | None
+) -> tuple[S3Location, str, str | None]:
+    """(where the backups are, the backup id or ``latest``, the query named) from
+    ``s3://BUCKET/PREFIX/BACKUP_ID|latest`` or a registered query's name (+ ``backup``)."""
+    if source.startswith("s3://"):
+        if backup is not None:
+            raise StateOpsError(
+                f"{source}: give the backup in the URL or after a query's name, not both"
+            )
+        return *split_backup_url(source), None
+    if registry is None:
+        raise StateOpsError(
+            f"{source}: not an S3 URL, and there is no registry to look a query up in; use "
+            "s3://BUCKET/PREFIX/BACKUP_ID, or a registered query's name with --registry"
+        )
+    query = registry.query(source)
+    return parse_s3_url(registry.backups.url_for(query.name)), backup or "latest", query.name
+
+
+def _query_id(target: Path) -> str | None:
+    """The query id in ``target/metadata``, or None (no such file, or not readable as one):
+    read alone, so a checkpoint damaged elsewhere still says whose it is."""
+    try:
+        return str(json.loads((target / "metadata").read_text(encoding="utf-8"))["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _last_batch(target: Path) -> int | None:
+    try:
+        return load_checkpoint(target).last_committed_batch
+    except StateOpsError:
+        return None
+
+
+def _names_location(path: Path, location: Path) -> bool:
+    """A v2 operator metadata file names its schema files inside ``location`` (what a restore
+    writes into the manifest's copy of it; see ``checkpoint.relocate_checkpoint``)."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8").split("\n")[1])
+        paths = [p for info in meta.get("stateStoreInfo", [])
+                 for p in info.get("stateSchemaFilePaths") or []]  # fmt: skip
+    except (OSError, ValueError, IndexError, AttributeError, TypeError):
+        return False
+    return all(str(p).startswith(f"file:{location.resolve()}/state/") for p in paths)
+
+
+def _holds_backup(target: Path, manifest: dict[str, Any]) -> bool:
+    """``target`` has exactly the manifest's files with their content: byte for byte, but for
+    the operator metadata a restore rewrites for the new location (and their checksums)."""
+    files = {f["path"]: f for f in manifest["files"]}
+    present = {
+        os.path.relpath(os.path.join(folder, name), target)
+        for folder, _, names in os.walk(target)
+        for name in names
+    }
+    if present != set(files):
+        return False
+    try:
+        cp = load_checkpoint(target)
+    except StateOpsError:
+        return False
+    relocated = {
+        rel for op in cp.operators for key, rel in op.metadata_files.items() if key is not None
+    }
+    sidecars = {crc_sidecar(rel): rel for rel in relocated}
+    for rel, f in files.items():
+        path = target / rel
+        if rel in relocated:
+            if not _names_location(path, target):
+                return False
+        elif rel in sidecars:
+            if path.read_bytes() != hadoop_crc((target / sidecars[rel]).read_bytes()):
+                return False
+        elif path.stat().st_size != f["size"] or file_sha256(path) != f["sha256"]:
+            return False
+    return True
+
+
+def _holder(info: LockInfo) -> str:
+    return f"{info.operation} (run {info.run_id}, {info.owner})"
+
+
+def _plan(
+    source: str,
+    client: Any,
+    *,
+    backup: str | None,
+    to: str | os.PathLike[str] | None,
+    registry: Registry | None,
+    replace: bool,
+    allow_other_query: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan and the backup's manifest (kept out of the plan: thousands of file entries)."""
+    loc, wanted, query = _backup_location(source, backup, registry)
+    if to is None:
+        if query is None or registry is None:
+            raise StateOpsError(f"{source}: say where to restore it: --to PATH")
+        to = registry.query(query).checkpoint
+    target = Path(to).absolute()
+    if target.is_symlink():
+        raise StateOpsError(
+            f"{target}: a symbolic link; restore into the folder itself "
+            f"({os.path.realpath(target)})"
+        )
+    if target.exists() and not target.is_dir():
+        raise StateOpsError(f"{target}: not a folder; restore into a new or empty folder")
+    occupied = target.is_dir() and any(target.iterdir())
+    target_id = _query_id(target) if occupied else None
+    target_batch = _last_batch(target) if target_id is not None else None
+
+    manifest = find_manifest(client, loc, wanted)
+    for f in manifest["files"]:
+        safe_relative_path(f["path"])
+    backup_id, backup_qid = manifest["backup_id"], manifest.get("query_id")
+    other = target_id is not None and backup_qid is not None and target_id != str(backup_qid)
+    done = (
+        target_id is not None
+        and target_id == str(backup_qid)
+        and target_batch == manifest["batch_id"]
+        and _holds_backup(target, manifest)
+    )
+    owner = registry.owner_of(target) if registry is not None else None
+    lock = None
+    if owner is not None:
+        path = registry.lock_path(owner.name)
+        held = read_hold(path) or live_lock(path)
+        lock = {"query": owner.name, "held_by": _holder(held) if held else None}
+    plan = {
+        "operation": "restore",
+        "query": query,
+        "location": str(loc),
+        "url": f"{loc}/{backup_id}",
+        "backup": {
+            "backup_id": backup_id,
+            "query_id": backup_qid,
+            "batch_id": manifest["batch_id"],
+            "created_at": manifest.get("created_at"),
+            "source": manifest.get("source"),
+            "files": len(manifest["files"]),
+            "bytes": manifest.get("bytes"),
+        },
+        "target": str(target),
+        "target_contents": "checkpoint" if target_id else "unknown" if occupied else "none",
+        "target_query_id": target_id,
+        "target_batch": target_batch,
+        "owner": owner.name if owner is not None else None,
+        "lock": lock,
+        "other_query": other,
+        "allow_other_query": allow_other_query,
+        "replace": replace,
+        "already_restored": done,
+        "stale_staging": [str(p) for p in stale_staging(target, STAGING)],
+    }
+    if done:
+        return plan, manifest
+    if other and not allow_other_query:
+        raise StateOpsError(
+            f"{target} holds query {target_id}, but backup {backup_id} is of query "
+            f"{backup_qid}: refused, so that one query's state does not replace another's; "
+            f"restore a backup of {target_id}, or allow another query's backup "
+            "(--allow-other-query; in the DAG form: allow_other_query)"
+        )
+    if occupied and not replace:
+        raise StateOpsError(
+            f"{target}: not empty; restore into a new folder, or pass --replace to move it aside"
+        )
+    return plan, manifest
+
+
+def plan_restore(
+    source: str,
+    client: Any,
+    *,
+    backup: str | None = None,
+    to: str | os.PathLike[str] | None = None,
+    registry: Registry | None = None,
+    replace: bool = False,
+    allow_other_query: bool = False,
+) -> dict[str, Any]:
+    """What a restore would do, or a refusal (StateOpsError) of what it must not do.
+
+    ``source``: ``s3://BUCKET/PREFIX/BACKUP_ID`` (or ``.../latest``), or a registered query's
+    name, whose backups are under the registry's ``backups.url`` (``backup``: an id, default
+    ``latest``) and whose checkpoint is the default target. Reads the backup's manifest and the
+    target; changes nothing. Refused: another query's state in the target (its ``metadata``
+    id is not the backup's) without ``allow_other_query``, and a non-empty target without
+    ``replace``, unless the target already holds exactly this backup (``already_restored``).
+    """
+    plan, _ = _plan(
+        source, client, backup=backup, to=to, registry=registry, replace=replace,
+        allow_other_query=allow_other_query,
+    )  # fmt: skip
+    return plan
+
+
+def format_restore_plan(plan: dict[str, Any], *, color: bool = False) -> str:
+    """The plan for a person; ``color``: another query's state marked in red (ANSI)."""
+    b = plan["backup"]
+    size = format_bytes(b["bytes"]) if isinstance(b["bytes"], int) else "? bytes"
+    lines = [
+        f"restore plan: backup {b['backup_id']} of query {b['query_id']} (batch {b['batch_id']}, "
+        f"{b['files']} files, {size}, taken {b['created_at']} of {b['source']})",
+        f"  from {plan['location']}",
+        f"  into {plan['target']}"
+        + (f" (checkpoint of {plan['owner']}: under its lock)" if plan["owner"] else ""),
+    ]
+    if plan["already_restored"]:
+        lines.append("  already restored: the target holds exactly this backup; nothing to do")
+    elif plan["target_contents"] == "none":
+        lines.append("  the target is new or empty")
+    else:
+        held = (
+            f"query {plan['target_query_id']} at batch {plan['target_batch']}"
+            if plan["target_contents"] == "checkpoint"
+            else "files but no readable query id (its identity cannot be checked)"
+        )
+        lines.append(
+            f"  the target holds {held}: "
+            + ("moved aside to <target>.replaced-<time>, never deleted" if plan["replace"]
+               else "refused without --replace")
+        )  # fmt: skip
+    if plan["other_query"]:
+        # Only ever shown allowed: without the flag the plan is a refusal.
+        mark = (
+            f"!! ANOTHER QUERY: the state of query {b['query_id']} replaces that of query "
+            f"{plan['target_query_id']} (allowed by --allow-other-query)"
+        )
+        lines.append("  " + (f"{RED}{mark}{RESET}" if color else mark))
+    if plan["lock"] and plan["lock"]["held_by"]:
+        lines.append(
+            f"  {plan['lock']['query']} is locked by {plan['lock']['held_by']}: "
+            "the restore is refused until that operation ends"
+        )
+    if plan["stale_staging"]:
+        lines.append(
+            "  staging folders of killed restores, to remove: " + ", ".join(plan["stale_staging"])
+        )
+    return "\n".join(lines)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2``); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _swap_in(staging: Path, target: Path, aside: Path) -> None:
+    """Put the verified ``staging`` at ``target`` and the old target at ``aside``.
+
+    The staging folder first takes the aside name, then one exchange swaps it with the target:
+    ``target`` is at every moment the old checkpoint or the new one, and a staging folder (which
+    the next restore removes) never holds the old one. Killed between the two steps, the old
+    checkpoint is still in place, and a verified copy of the backup is under the aside name.
+    """
+    os.rename(staging, aside)
+    faults.point("swap")
+    try:
+        swapped = _exchange(aside, target)
+    except OSError:
+        os.rename(aside, staging)  # a staging folder again: removed as the failed run's
+        raise
+    if not swapped:
+        # No atomic exchange here (not Linux, or a filesystem without it): two renames, and
+        # for a moment no checkpoint at the target; the old one is never at a staging name.
+        os.rename(aside, staging)
+        os.rename(target, aside)
+        os.rename(staging, target)
+
+
+def _download(
+    client: Any, loc: S3Location, manifest: dict[str, Any], staging: Path, workers: int
+) -> None:
+    """Every file of the manifest into ``staging``, each checked against its sha256."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    manager = transfer_manager(client, workers)
+    with manager:
+        futures = []
+        for f in manifest["files"]:
+            dest = staging / safe_relative_path(f["path"])
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            key = loc.key("objects", f["sha256"])
+            futures.append((manager.download(loc.bucket, key, str(dest)), dest, key, f))
+        for future, _, key, _ in futures:
+            try:
+                future.result()
+            except (BotoCoreError, ClientError) as err:
+                raise s3_error(err, f"download s3://{loc.bucket}/{key}") from None
+            faults.point("download")
+    for _, dest, key, f in futures:
+        if file_sha256(dest) != f["sha256"]:
+            raise StateOpsError(
+                f"s3://{loc.bucket}/{key} is corrupt: its content does not match the sha256 "
+                f"of {f['path']} in the manifest; restore an older backup"
+            )
+
+
+def _record_completed(target: Path, plan: dict[str, Any], run_id: str | None) -> None:
+    """Audit a restore found complete whose own record is missing (killed after its swap)."""
+    restores = [r for r in read_audit(target) if r["operation"] == "restore"]
+    b = plan["backup"]
+    if restores and restores[-1]["run_id"] == b["backup_id"]:
+        return
+    append_audit(
+        target, "restore", run_id=b["backup_id"], result="succeeded", batch_after=b["batch_id"],
+        backup=plan["url"], restored_from=b["source"], query_id=b["query_id"],
+        restore_run=run_id, found_complete=True,
+    )  # fmt: skip
+
+
+def execute_restore(
+    plan: dict[str, Any],
+    client: Any,
+    *,
+    registry: Registry | None = None,
+    run_id: str | None = None,
+    workers: int = 8,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Carry out ``plan`` (from :func:`plan_restore`): under the lock of the query whose
+    checkpoint the target is, decide again on what the target holds now, remove staging
+    folders of killed restores, then download into a new staging folder beside the target,
+    check every file's sha256, point the metadata at the target and verify the files; only
+    then swap it in (the old target moved aside, never deleted). Any failure: the staging
+    folder is removed and the target is as it was; a kill: the target is the old checkpoint or
+    the verified new one, and the next restore cleans up.
+    """
+    target = Path(plan["target"])
+    owner = registry.owner_of(target) if registry is not None else None
+    lock = checkpoint_lock(target, registry, "restore", run_id) if owner else nullcontext()
+    with lock:
+        # The DAG plans in another task: the target may have changed since.
+        plan, manifest = _plan(
+            plan["url"], client, backup=None, to=target, registry=registry,
+            replace=plan["replace"], allow_other_query=plan["allow_other_query"],
+        )  # fmt: skip
+        b, loc = plan["backup"], parse_s3_url(plan["location"])
+        result = {
+            "backup_id": b["backup_id"],
+            "query_id": b["query_id"],
+            "batch_id": b["batch_id"],
+            "files": b["files"],
+            "bytes": b["bytes"],
+            "target": str(target),
+            "already_restored": plan["already_restored"],
+            "moved_aside": None,
+            "removed_staging": [],
+        }
+        if plan["already_restored"]:
+            result["removed_staging"] = remove_stale_staging(target, STAGING)
+            _record_completed(target, plan, run_id)
+            log(
+                f"restore {b['backup_id']}: already restored: {target} holds exactly this "
+                f"backup (batch {b['batch_id']}); nothing to do"
+            )
+            return result
+        log(f"restore {b['backup_id']}: batch {b['batch_id']}, {b['files']} files to {target}")
+        with Staging(target, STAGING) as staging:
+            for folder in staging.removed:
+                log(f"removed {folder}: the staging folder of a killed restore")
+            result["removed_staging"] = staging.removed
+            _download(client, loc, manifest, staging.path, workers)
+            relocate_checkpoint(staging.path, location=target)
+            verified = verify_checkpoint(staging.path)
+            if not verified["ok"]:
+                first = next(f for f in verified["findings"] if f["severity"] == "error")
+                raise StateOpsError(
+                    f"restored checkpoint fails verification: {first['path']}: {first['problem']}"
+                )
+            faults.point("stage")
+            if plan["target_contents"] == "none":
+                os.rename(staging.path, target)  # onto a missing or empty folder: one step
+            else:
+                aside = target.with_name(f"{target.name}.replaced-{staging.stamp}")
+                _swap_in(staging.path, target, aside)
+                result["moved_aside"] = str(aside)
+        append_audit(
+            target, "restore", run_id=b["backup_id"], result="succeeded",
+            batch_before=plan["target_batch"], batch_after=b["batch_id"], backup=plan["url"],
+            restored_from=b["source"], query_id=b["query_id"], restore_run=run_id,
+            replaced_query_id=plan["target_query_id"], moved_aside=result["moved_aside"],
+            allowed_other_query=plan["other_query"],
+        )  # fmt: skip
+    log(f"restore {b['backup_id']}: done; batch {b['batch_id']} is the last committed batch")
+    return result
+
+
+def restore_backup(
+    url: str,
+    to: str | os.PathLike[str],
+    client: Any,
+    *,
+    replace: bool = False,
+    allow_other_query: bool = False,
+    workers: int = 8,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Restore backup ``url`` into ``to``: :func:`plan_restore` and :func:`execute_restore`
+    without a registry (so without a query's lock)."""
+    plan = plan_restore(url, client, to=to, replace=replace, allow_other_query=allow_other_query)
+    return execute_restore(plan, client, workers=workers, log=log)

@@ -1,0 +1,367 @@
+"""Run a registered query under its lifecycle lock and summarise the run (Spark-side).
+
+The one run path of the project: ``run_query.py`` and ``bootstrap_state.py`` both call
+:func:`run_registered_query`. PySpark is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+from stateops.control.audit import append_audit
+from stateops.control.lock import QueryLock
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import Query, Registry, Trigger
+from stateops.ops.cleanup import refuse_pending_rollback
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "checkpoint_state",
+    "files_before",
+    "read_summary",
+    "run_registered_query",
+    "write_summary",
+]
+
+
+def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
+    """Last committed batch and planned-but-uncommitted batches; (None, []) for a new query.
+
+    Anything already in the folder goes through the checkpoint model first, so a damaged
+    checkpoint is a one-line error here rather than a Spark stack trace.
+    """
+    path = Path(checkpoint)
+    if not path.is_dir() or not any(path.iterdir()):
+        return None, []
+    cp = load_checkpoint(path)
+    return cp.last_committed_batch, cp.uncommitted_batches
+
+
+def files_before(query: Query, before: datetime) -> list[Path]:
+    """The query's input files not read yet and modified before ``before`` (a cutover).
+
+    Refused when the query already read, or planned to read, a file modified at or after it:
+    that input is past the cutover, and it cannot be taken back.
+    """
+    path = Path(query.checkpoint)
+    seen = set()
+    if path.is_dir() and any(path.iterdir()):
+        cp = load_checkpoint(path)
+        if cp.uncommitted_batches:
+            raise StateOpsError(
+                f"{query.name}: batch {cp.uncommitted_batches[0]} is planned but not committed; "
+                "run the query once to finish it, then cut over"
+            )
+        seen = cp.seen_files()
+    limit = before.timestamp()
+    pending, past = [], []
+    folder = Path(query.source.path)
+    if not folder.is_dir():
+        raise StateOpsError(f"{query.name}: source folder {folder} does not exist")
+    for file in folder.iterdir():
+        if file.name.startswith((".", "_")) or not file.is_file():
+            continue
+        modified = file.stat().st_mtime
+        if str(file) in seen:
+            past += [file] if modified >= limit else []
+        elif modified < limit:
+            pending.append(file)
+    if past:
+        raise StateOpsError(
+            f"{query.name} already read {len(past)} input files modified at or after the "
+            f"cutover {before.isoformat()} (e.g. {past[0].name}); choose a later cutover"
+        )
+    return sorted(pending)
+
+
+def await_run(
+    streaming, marker: Path | None, poll_seconds: float, until_batch: int | None = None
+) -> bool:
+    """Wait for the query to end, or (continuous mode) for ``marker``, or until batch
+    ``until_batch`` has committed; True if it stopped the query."""
+    while streaming.isActive:
+        last = streaming.lastProgress
+        if until_batch is not None and last and last["batchId"] >= until_batch:
+            streaming.stop()
+            return True
+        if marker is not None and marker.exists():
+            # Graceful: let the current batch commit before stopping. A trigger may still start
+            # in between; the summary then lists that batch as uncommitted.
+            while streaming.isActive and streaming.status["isTriggerActive"]:
+                time.sleep(0.2)
+            streaming.stop()
+            marker.unlink(missing_ok=True)
+            return True
+        streaming.awaitTermination(poll_seconds)
+    return False
+
+
+def run_registered_query(
+    registry: Registry,
+    name: str,
+    *,
+    mode: str = "available-now",
+    run_id: str | None = None,
+    poll_seconds: float = 1.0,
+    operation: str = "run",
+    prepare: Callable[[SparkSession], dict[str, Any]] | None = None,
+    cutover: datetime | None = None,
+) -> dict[str, Any]:
+    """Run a registered query under its lock; returns the run summary (also audited).
+
+    ``prepare`` runs under the lock before the query starts (bootstrap validates its initial
+    state there). While a bootstrap is pending, the initial state is passed on this start;
+    the first batch after a bootstrap or a transplant is proven (:mod:`stateops.spark.proof`).
+    With a ``cutover``, the run reads exactly the input files not read yet and modified before
+    it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
+    their number, the trigger a long one, and the query stops once that batch commits.
+    """
+    from stateops.ops.bootstrap import pending_carry_over, read_initial_state
+    from stateops.spark.proof import format_proof, proof_failures
+    from stateops.spark.streaming import build_session, progress_summary
+
+    query = registry.query(name)
+    run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
+    marker = registry.stop_marker(query.name) if mode == "continuous" else None
+    with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
+        refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
+        before, _ = checkpoint_state(query.checkpoint)
+        first = 0 if before is None else before + 1
+        started = time.time()
+        until_batch = None
+        if cutover is not None:
+            pending = files_before(query, cutover)
+            print(f"{query.name}: {len(pending)} input files modified before "
+                  f"{cutover.isoformat()} not read yet", file=sys.stderr)  # fmt: skip
+            options = {**query.source.options, "maxFilesPerTrigger": max(len(pending), 1)}
+            query = query.model_copy(update={
+                "source": query.source.model_copy(update={"options": options}),
+                "trigger": Trigger(processing_time="24 hours"),
+            })  # fmt: skip
+            until_batch = first if pending else first - 1
+            marker = None
+        if marker is not None and marker.exists():
+            print(f"removing a stale stop marker {marker}", file=sys.stderr)
+            marker.unlink()
+        spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
+        prepared = prepare(spark) if prepare else None
+        carried = pending_carry_over(registry, query, before)
+        initial_state = None
+        if carried and "initial_state" in carried:
+            initial_state = read_initial_state(spark, query, carried["initial_state"],
+                                               carried["format"])  # fmt: skip
+        origin = carried.get("origin") if carried and before is None else None
+        if origin:  # from a state export: batch 0 is the image of the exported batch
+            stopped_by_marker, error, progress = _run_image_batch(
+                spark, query, marker, poll_seconds, initial_state, origin["watermark"]
+            )
+        elif until_batch is None or until_batch >= first:
+            stopped_by_marker, error, progress = _run_stream(
+                spark, query, marker, poll_seconds, until_batch, initial_state
+            )
+        else:  # a cutover with nothing before it: starting would read input past it
+            stopped_by_marker, error, progress = False, None, []
+        after, uncommitted = checkpoint_state(query.checkpoint)
+        committed = [] if after is None else list(range(first, after + 1))
+        if cutover is not None and not error:
+            error = _cutover_mismatch(query, pending, committed)
+        bootstrap = proof = None
+        if carried:
+            # The first batch committed with the carried state: the carry-over is complete.
+            bootstrap = "complete" if after != before else "pending"
+            if after != before:
+                registry.bootstrap_marker(query.name).unlink(missing_ok=True)
+                if not error:
+                    proof_started = time.time()
+                    proof = _prove(spark, query, carried, initial_state)
+                    proof["seconds"] = round(time.time() - proof_started, 1)
+                    print(format_proof(proof), end="", file=sys.stderr)
+                    if not proof["ok"]:
+                        error = (
+                            f"carry-over proof failed: {proof_failures(proof)}; details in "
+                            f"{proof['proof_file']}; move the checkpoint aside and carry the "
+                            "state over again"
+                        )
+        summary = {
+            "query": query.name,
+            "operation": operation,
+            "run_id": run_id,
+            "mode": mode,
+            "master": spark.sparkContext.master,
+            "status": "failed" if error else "succeeded",
+            "error": str(error).splitlines()[0] if error else None,
+            "stopped_by_marker": stopped_by_marker,
+            "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+            "duration_seconds": round(time.time() - started, 1),
+            "checkpoint": query.checkpoint,
+            "last_committed_batch_before": before,
+            "last_committed_batch": after,
+            "uncommitted_batches": uncommitted,
+            "batches_run": len(committed),
+            "first_batch_id": committed[0] if committed else None,
+            "last_batch_id": committed[-1] if committed else None,
+            "lock_lost": lock.lost,
+            "bootstrap": bootstrap,
+            "carry_over": carried.get("road", "initial_state") if carried else None,
+            "proof": _proof_summary(proof),
+            "prepared": prepared,
+            **progress_summary(progress),
+        }
+        append_audit(
+            query.checkpoint,
+            operation,
+            run_id=run_id,
+            result=summary["status"],
+            batch_before=before,
+            batch_after=after,
+            mode=mode,
+            batches_run=summary["batches_run"],
+            bootstrap=bootstrap,
+            proof=None if proof is None else proof["ok"],
+        )
+    return summary
+
+
+def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -> str | None:
+    """Why a cutover run did not read exactly ``pending`` in one batch (None if it did):
+    Spark may skip files (``maxFileAge``) or list others than the folder's own files."""
+    read = set()
+    if committed:
+        read = {unquote(urlparse(f["path"]).path) for b in committed
+                for f in load_checkpoint(query.checkpoint).input_files(b)}  # fmt: skip
+    if len(committed) == (1 if pending else 0) and read == {str(p) for p in pending}:
+        return None
+    return (
+        f"the cutover run read {len(read)} files in {len(committed)} batches, not the "
+        f"{len(pending)} files modified before the cutover in one batch; inspect the source "
+        "log (stateops inspect) before going on"
+    )
+
+
+def _run_stream(
+    spark: SparkSession,
+    query: Query,
+    marker: Path | None,
+    poll_seconds: float,
+    until_batch: int | None,
+    initial_state: Any,
+) -> tuple[bool, Any, list]:
+    """Start the query and wait for its end: (stopped by us, its exception, its progress)."""
+    from pyspark.errors import AnalysisException, StreamingQueryException
+
+    from stateops.spark.streaming import start_query
+
+    try:
+        streaming = start_query(
+            spark, query, available_now=marker is None and until_batch is None,
+            initial_state=initial_state,
+        )  # fmt: skip
+    except AnalysisException as err:
+        raise StateOpsError(
+            f"query {query.name}: Spark cannot start it: {str(err).splitlines()[0]}"
+        ) from err
+    stopped = False
+    try:
+        stopped = await_run(streaming, marker, poll_seconds, until_batch)
+    except StreamingQueryException:
+        pass  # the caller records streaming.exception()
+    finally:
+        error = streaming.exception()
+        progress = streaming.recentProgress
+        if streaming.isActive:
+            streaming.stop()
+    return stopped, error, progress
+
+
+def _run_image_batch(
+    spark: SparkSession,
+    query: Query,
+    marker: Path | None,
+    poll_seconds: float,
+    initial_state: Any,
+    watermark: dict[str, int],
+) -> tuple[bool, Any, list]:
+    """Plan the image batch 0 (:mod:`stateops.ops.carry`), run it, then the query.
+
+    Where the exported batch handed on a later watermark than it ran with, batch 0 runs
+    alone (on a long trigger, so nothing follows it) and its commit is given that watermark
+    before the query goes on; otherwise Spark runs batch 0 and goes on by itself.
+    """
+    from stateops.ops.carry import finish_image_batch, write_image_batch
+
+    write_image_batch(spark, query.checkpoint, watermark)
+    if watermark["next_batch_watermark_ms"] <= watermark["batch_watermark_ms"]:
+        return _run_stream(spark, query, marker, poll_seconds, None, initial_state)
+    alone = query.model_copy(update={"trigger": Trigger(processing_time="24 hours")})
+    _, error, progress = _run_stream(spark, alone, None, poll_seconds, 0, initial_state)
+    if error:
+        return False, error, progress
+    if not finish_image_batch(query.checkpoint, watermark):
+        last, _ = checkpoint_state(query.checkpoint)
+        if last is None:
+            return False, "the image batch 0 did not commit", progress
+    stopped, error, more = _run_stream(spark, query, marker, poll_seconds, None, None)
+    return stopped, error, progress + more
+
+
+def _prove(
+    spark: SparkSession, query: Query, carried: dict[str, Any], initial_state: Any
+) -> dict[str, Any]:
+    """The carry-over proof for the road ``carried`` took (:mod:`stateops.spark.proof`)."""
+    from stateops.spark.proof import prove_carry_over, prove_first_batch
+
+    if carried.get("road") == "transplant":
+        origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
+        return prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
+                                image=False, until_caught_up=False)  # fmt: skip
+    if carried.get("origin") and not carried.get("differences"):
+        return prove_carry_over(spark, query, carried["origin"], first=0, image=True,
+                                until_caught_up=True)  # fmt: skip
+    # Data files, or an accepted change of the processor's state: no old query to compare with.
+    return prove_first_batch(spark, query, initial_state)
+
+
+def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:
+    if proof is None:
+        return None
+    last = proof["batches"][-1]
+    return {
+        "ok": proof["ok"],
+        "sample": proof["sample"],
+        "seconds": proof["seconds"],
+        "batches": proof["batches"],
+        "reference": proof["reference"],
+        "variables": {v["variable"]: v["actual_rows"] for v in proof["variables"]
+                      if v["batch"] == last},  # fmt: skip
+        "proof_file": proof["proof_file"],
+    }
+
+
+def write_summary(registry: Registry, summary: dict[str, Any], path: str | None = None) -> Path:
+    target = Path(path) if path else registry.run_summary_path(summary["query"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def read_summary(registry: Registry, query: str, run_id: str) -> dict[str, Any]:
+    """The summary the Spark job of run ``run_id`` wrote; refused if it is from another run."""
+    path = registry.run_summary_path(query)
+    summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    if summary.get("run_id") != run_id:
+        raise StateOpsError(
+            f"{path} is from run {summary.get('run_id')!r}, not {run_id!r}: the Spark job did not "
+            "write its summary; read the spark-submit task's log"
+        )
+    return summary

@@ -1,0 +1,471 @@
+"""State transplant: a new checkpoint made of an old one's state files, for a new source.
+
+The fast road to carry state over (the other is ``initialState``, see
+:mod:`stateops.ops.bootstrap`): the state files of the old checkpoint already hold what the query
+needs. The new checkpoint gets the restart set of the old one at its last committed batch N (state
+files, operator metadata and schema files), a new query id, and the offsets of batches N-1 and N
+(Spark reads both on restart) with the source's offset replaced by the new source's starting
+position; the commit of batch N carries the watermark. The new query's first batch is N + 1.
+
+It applies only where Spark would read those files as its own: the same stateful operator,
+state variables and schemas, time and output mode, shuffle partitions, state store provider
+and format settings. :func:`transplant_refusals` says why not, before anything is written;
+the migration then takes the ``initialState`` road. The old checkpoint is only read.
+
+Pure Python, no Spark.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stateops.control import faults
+from stateops.core.checkpoint import (
+    Checkpoint,
+    crc_sidecar,
+    hadoop_crc,
+    load_checkpoint,
+    relocate_checkpoint,
+    relocated_metadata,
+    schema_file_refs,
+)
+from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.registry import Query, schema_fields
+from stateops.core.staging import Staging, remove_stale_staging
+from stateops.core.steps import ROADS
+
+__all__ = [
+    "ROADS",
+    "TransplantRefused",
+    "choose_road",
+    "operator_properties",
+    "read_state_schema",
+    "state_differences",
+    "transplant_checkpoint",
+    "transplant_refusals",
+]
+
+STAGING = "transplanting"
+
+# The starting offset of a source that has read nothing, per Spark source type. A file source
+# counts its own log entries: -1 is "before the first" (its sources/0 log starts empty).
+STARTING_OFFSETS = {fmt: '{"logOffset":-1}' for fmt in ("json", "parquet", "csv", "text", "orc")}
+
+_OPERATOR = "transformWithStateInPandasExec"
+_TIME_MODES = {"None": "NoTime", "EventTime": "EventTime", "ProcessingTime": "ProcessingTime"}
+_KINDS = {"value": "ValueState", "list": "ListState", "map": "MapState"}
+# DDL type names -> the names Spark's JSON schemas use.
+_JSON_TYPES = {
+    "STRING": "string", "BIGINT": "long", "LONG": "long", "INT": "integer",
+    "INTEGER": "integer", "SMALLINT": "short", "SHORT": "short", "TINYINT": "byte",
+    "BYTE": "byte", "BOOLEAN": "boolean", "DOUBLE": "double", "FLOAT": "float", "REAL": "float",
+    "DATE": "date", "TIMESTAMP": "timestamp", "TIMESTAMP_NTZ": "timestamp_ntz",
+    "BINARY": "binary",
+}  # fmt: skip
+
+
+class TransplantRefused(StateOpsError):
+    """The transplant does not apply; the message lists every reason."""
+
+
+def read_state_schema(path: Path) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """Column family -> its key and value fields ``(name, type)``, from a ``_stateSchema`` file
+    (format v3: Java ``writeUTF`` strings, JSON schemas in ``writeUTF`` chunks)."""
+    data, pos = path.read_bytes(), 0
+
+    def take(fmt: str) -> int:
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return value
+
+    def utf() -> str:
+        nonlocal pos
+        size = take(">H")
+        pos += size
+        if pos > len(data):
+            raise ValueError("truncated")
+        return data[pos - size : pos].decode("utf-8")
+
+    def chunked() -> str:
+        return "".join(utf() for _ in range(take(">i")))
+
+    def fields(text: str) -> list[tuple[str, str]]:
+        return [(f["name"], _type_name(f["type"])) for f in json.loads(text)["fields"]]
+
+    try:
+        if utf() != "v3":
+            raise ValueError("not a v3 schema file")
+        families = {}
+        for _ in range(take(">i")):
+            name = utf()
+            take(">h")
+            key = fields(chunked())
+            take(">h")
+            value = fields(chunked())
+            chunked()  # the key encoder spec
+            chunked()  # the user key encoder's schema (map state)
+            families[name] = {"key": key, "value": value}
+    except (ValueError, KeyError, TypeError, struct.error) as err:
+        raise CheckpointError(f"{path}: unreadable state schema file ({err})") from err
+    if pos != len(data):
+        raise CheckpointError(
+            f"{path}: unreadable state schema file ({len(data) - pos} bytes left)"
+        )
+    return families
+
+
+def _type_name(kind: Any) -> str:
+    return kind if isinstance(kind, str) else json.dumps(kind, sort_keys=True)
+
+
+def _declared_fields(schema: Any) -> list[tuple[str, str]]:
+    """``(name, Spark JSON type)`` of a schema a processor declares (DDL string or StructType)."""
+    if not isinstance(schema, str):
+        return [(f["name"], _type_name(f["type"])) for f in schema.jsonValue()["fields"]]
+    out = []
+    for name, kind in schema_fields(schema):
+        if kind.startswith("DECIMAL"):
+            kind = kind.replace(" ", "").lower()
+        out.append((name, _JSON_TYPES.get(kind, kind.lower())))
+    return out
+
+
+def operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
+    """The transformWithState operator's properties and the schema files it names at ``batch``,
+    oldest first (a later one holds the evolved schema)."""
+    op = cp.operators[0]
+    v2 = [b for b in op.metadata_files if b is not None and b <= batch]
+    if not v2:
+        raise CheckpointError(f"{cp.root}: no operator metadata v2 at batch {batch}")
+    rel = op.metadata_files[max(v2)]
+    header, _, body = (cp.root / rel).read_text(encoding="utf-8").partition("\n")
+    meta = json.loads(body.split("\n")[0])
+    props = json.loads(meta.get("operatorPropertiesJson") or "{}")
+    refs = schema_file_refs(cp.root, rel, op.operator_id)
+    return props, sorted(refs, key=lambda ref: int(ref.rpartition("/")[2].split("_")[0]))
+
+
+def _declared_state(query: Query) -> dict[str, dict[str, Any]]:
+    """The state variables the registry's processor declares in ``init``: name -> kind, ttl,
+    value (and map key) fields."""
+    from stateops.spark.simulator import SimulatedHandle
+    from stateops.spark.streaming import load_processor
+
+    ttls: dict[str, bool] = {}
+
+    class Recorder(SimulatedHandle):
+        def _declare(self, variable: Any, ttl: int | None) -> Any:
+            ttls[variable.name] = ttl is not None
+            return self.variables.setdefault(variable.name, variable)
+
+    handle = Recorder(query.processor.time_mode, 0)
+    load_processor(query).init(handle)
+    return {
+        name: {
+            "kind": var.kind,
+            "ttl": ttls[name],
+            "value": _declared_fields(var.schema),
+            "user_key": _declared_fields(var.key_schema) if var.kind == "map" else None,
+        }
+        for name, var in handle.variables.items()
+    }
+
+
+def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
+    """Why ``query`` cannot run on ``cp``'s state files as its own (empty: it can).
+
+    ``query`` is the query as it will run: its new source, processor, partitions and settings.
+    """
+    batch = cp.last_committed_batch if batch is None else batch
+    if batch is None:
+        return [f"{cp.root} has no committed batch: there is no state to transplant"]
+    if batch not in cp.commits or batch not in cp.offsets:
+        return [f"batch {batch} is not a committed batch of {cp.root}"]
+    reasons = []
+    if cp.uncommitted_batches:
+        reasons.append(f"batch {cp.uncommitted_batches[0]} is planned but not committed")
+    if query.source.format not in STARTING_OFFSETS:
+        reasons.append(
+            f"source format {query.source.format!r}: the transplant writes starting offsets "
+            f"for {', '.join(STARTING_OFFSETS)} sources only"
+        )
+    offsets = cp.offsets[batch]
+    if len(offsets.source_offsets) != 1:
+        reasons.append(f"the old query read {len(offsets.source_offsets)} sources, not one")
+    expected = query.spark_conf_for_query()
+    for key, old in sorted(offsets.conf.items()):
+        new = expected.get(key)
+        if new is not None and new != old and key != "spark.sql.shuffle.partitions":
+            short = key.removeprefix("spark.sql.")
+            reasons.append(f"{short} is {old} in the old checkpoint, {new} for the new query")
+    ops = cp.operators
+    if len(ops) != 1 or ops[0].operator_name != _OPERATOR:
+        names = [op.operator_name for op in ops]
+        return reasons + [f"stateful operators {names}: expected one {_OPERATOR}"]
+    op = ops[0]
+    if op.store_names != ["default"]:
+        reasons.append(f"state stores {op.store_names}, expected ['default']")
+    if op.provider != query.state_store.provider:
+        reasons.append(
+            f"state files are {op.provider}, the query uses {query.state_store.provider}"
+        )
+    if op.num_partitions != query.shuffle_partitions:
+        reasons.append(
+            f"the old state has {op.num_partitions} partitions, the query "
+            f"{query.shuffle_partitions} (shuffle_partitions)"
+        )
+    return reasons + state_differences(cp, query, batch)
+
+
+def state_differences(cp: Checkpoint, query: Query, batch: int) -> list[str]:
+    """How the state ``query``'s processor declares differs from ``cp``'s one
+    ``transformWithState`` operator at ``batch`` (variables, kinds, TTLs, value and key
+    schemas, time and output mode); empty: the same."""
+    try:
+        props, schema_refs = operator_properties(cp, batch)
+        families: dict[str, Any] = {}
+        for rel in schema_refs:
+            families.update(read_state_schema(cp.root / rel))
+        declared = _declared_state(query)
+    except (StateOpsError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return [f"the state schemas cannot be compared: {str(err).splitlines()[0]}"]
+    return _state_differences(query, props, families, declared)
+
+
+def _state_differences(
+    query: Query, props: dict, families: dict[str, Any], declared: dict[str, dict[str, Any]]
+) -> list[str]:
+    reasons = []
+    if props.get("timeMode") != _TIME_MODES[query.processor.time_mode]:
+        reasons.append(
+            f"time mode {props.get('timeMode')} in the old checkpoint, "
+            f"{query.processor.time_mode} for the query"
+        )
+    if props.get("outputMode") != query.processor.output_mode:
+        reasons.append(
+            f"output mode {props.get('outputMode')} in the old checkpoint, "
+            f"{query.processor.output_mode} for the query"
+        )
+    old = {
+        v["stateName"]: v
+        for v in props.get("stateVariables", [])
+        if v.get("stateVariableType") != "TimerState" and not v["stateName"].startswith("$")
+    }
+    if set(old) != set(declared):
+        reasons.append(
+            f"state variables {sorted(old)} in the old checkpoint, {sorted(declared)} declared "
+            "by the processor"
+        )
+    source_types = dict(_declared_fields(query.source.schema_))
+    key = [(k, source_types[k]) for k in query.key_columns]
+    for name in sorted(set(old) & set(declared)):
+        var, was = declared[name], old[name]
+        if was["stateVariableType"] != _KINDS[var["kind"]] or bool(was["ttlEnabled"]) != var["ttl"]:
+            reasons.append(
+                f"state {name!r} is {was['stateVariableType']} (ttl {was['ttlEnabled']}) in the "
+                f"old checkpoint, {_KINDS[var['kind']]} (ttl {var['ttl']}) for the processor"
+            )
+            continue
+        family = families.get(name)
+        if family is None:
+            reasons.append(f"state {name!r}: no schema in the old checkpoint")
+            continue
+        if family["value"] != var["value"]:
+            reasons.append(
+                f"state {name!r} holds {_show(family['value'])} in the old checkpoint, the "
+                f"processor declares {_show(var['value'])}"
+            )
+        if family["key"][: len(key)] != key:
+            reasons.append(
+                f"state {name!r} is keyed by {_show(family['key'])}, the query by {_show(key)}"
+            )
+        if var["user_key"] is not None and family["key"][len(key) :] != var["user_key"]:
+            reasons.append(f"map state {name!r}: its user key schema changed")
+    return reasons
+
+
+def _show(fields: list[tuple[str, str]]) -> str:
+    return "(" + ", ".join(f"{n} {t}" for n, t in fields) + ")"
+
+
+def choose_road(choice: str, reasons: list[str], log: Callable[[str], None] = print) -> str:
+    """``transplant`` or ``initial_state`` for a ``carry_over`` choice; ``auto`` falls back to
+    ``initial_state`` (saying why) where the transplant does not apply."""
+    if choice not in ROADS:
+        raise StateOpsError(f"carry_over {choice!r}: choose one of {', '.join(ROADS)}")
+    if choice == "initial_state":
+        return choice
+    if not reasons:
+        return "transplant"
+    why = "; ".join(reasons)
+    if choice == "transplant":
+        raise TransplantRefused(
+            f"the transplant does not apply: {why}; choose carry_over auto or initial_state"
+        )
+    log(f"transplant does not apply ({why}): falling back to the initialState road")
+    return "initial_state"
+
+
+def transplant_checkpoint(
+    old: str | os.PathLike[str],
+    new: str | os.PathLike[str],
+    query: Query,
+    batch: int | None = None,
+    *,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Build ``new`` from ``old``'s state at committed ``batch`` (default: the last), for
+    ``query`` (as it will run: new source and settings). Refuses with every reason, before
+    writing anything, where the transplant does not apply; a dry run stops after the checks
+    and the plan. ``old`` is only read; ``new`` is built in a staging folder beside it
+    (``<new>.transplanting-<time>``) and renamed into place, so it is either complete or
+    absent. Run again after a kill, it removes the staging folders of killed runs, and finds a
+    ``new`` that already holds exactly this transplant (killed after its rename, or run twice)
+    complete: ``already_transplanted``, and its query id is kept."""
+    started = time.monotonic()
+    new = Path(new).resolve()
+    cp = load_checkpoint(old)
+    batch = cp.last_committed_batch if batch is None else batch
+    if new == cp.root.resolve() or cp.root.resolve() in new.parents:
+        raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
+    done = None
+    if new.exists() and (not new.is_dir() or any(new.iterdir())):
+        done = _transplanted(cp, batch, new, query.source.format)
+        if done is None:
+            raise StateOpsError(f"{new}: not empty; transplant into a new or empty folder")
+    reasons = transplant_refusals(cp, query, batch)
+    if reasons:
+        raise TransplantRefused(f"transplant of {cp.root} refused: {'; '.join(reasons)}")
+    files = _state_files(cp, batch)
+    size = sum(cp.sizes[rel] for rel in files)
+    result = {"old": str(cp.root), "new": str(new), "batch": batch,
+              "old_query_id": cp.query_id, "files": len(files), "bytes": size}  # fmt: skip
+    if done is not None:
+        removed = [] if dry_run else remove_stale_staging(new, STAGING)
+        log(
+            f"{'DRY RUN: ' if dry_run else ''}already transplanted: {new} holds the state of "
+            f"{cp.root} at batch {batch} (query id {done}); nothing to do"
+        )
+        return result | {"query_id": done, "already_transplanted": True,
+                         "removed_staging": removed, "dry_run": dry_run}  # fmt: skip
+    log(
+        f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
+        f"{batch} -> {new}: {len(files)} state files ({size / 2**20:.1f} MB); the new query "
+        f"starts at batch {batch + 1} on its {query.source.format} source {query.source.path}"
+    )
+    if dry_run:
+        return result | {"dry_run": True}
+    with Staging(new, STAGING) as staging:
+        for folder in staging.removed:
+            log(f"removed {folder}: the staging folder of a killed transplant")
+        for rel in files:
+            target = staging.path / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cp.root / rel, target)
+            faults.point("copy")
+        query_id = str(uuid.uuid4())
+        _write(staging.path, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
+        for rel, data in _log_entries(cp, batch, query.source.format).items():
+            _write(staging.path, rel, data)
+        relocate_checkpoint(staging.path, location=new)
+        if new.exists():
+            new.rmdir()
+        os.replace(staging.path, new)
+    faults.point("renamed")
+    seconds = time.monotonic() - started
+    log(f"transplant done: {new} (query id {query_id}), {len(files)} files, "
+        f"{size / 2**20:.1f} MB copied, {seconds:.1f} s")  # fmt: skip
+    return result | {"query_id": query_id, "already_transplanted": False,
+                     "removed_staging": staging.removed, "seconds": round(seconds, 2)}  # fmt: skip
+
+
+def _state_files(cp: Checkpoint, batch: int) -> list[str]:
+    """What a transplant copies: the restart set of ``batch`` but its logs and query id."""
+    return [
+        rel for rel in cp.restart_files(batch)
+        if not rel.startswith(("sources/", "offsets/", "commits/"))
+        and rel not in ("metadata", crc_sidecar("metadata"))
+    ]  # fmt: skip
+
+
+def _log_entries(cp: Checkpoint, batch: int, fmt: str) -> dict[str, str]:
+    """The offsets (source offset replaced) and commits of batches ``batch - 1`` and ``batch``."""
+    entries = {}
+    for b in (batch - 1, batch):
+        if b in cp.offsets:
+            entries[f"offsets/{b}"] = _offsets_for(cp, b, fmt)
+        if b in cp.commits:
+            entries[f"commits/{b}"] = (cp.root / f"commits/{b}").read_text("utf-8")
+    return entries
+
+
+def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fmt: str) -> str | None:
+    """The query id of ``new`` when it holds exactly what a transplant of ``cp`` at ``batch``
+    for a ``fmt`` source writes (any query id but the old one), else None."""
+    if batch not in cp.commits or batch not in cp.offsets or fmt not in STARTING_OFFSETS:
+        return None
+    try:
+        # Copied files as they are; what the transplant writes or rewrites, with its sidecar.
+        expected: dict[str, bytes | Path] = {rel: cp.root / rel for rel in _state_files(cp, batch)}
+        written: dict[str, bytes] = {}
+        for op in cp.operators:  # operator metadata v2 names its schema files under ``new``
+            for key, rel in op.metadata_files.items():
+                if key is not None and rel in expected:
+                    text = (cp.root / rel).read_text(encoding="utf-8")
+                    written[rel] = relocated_metadata(text, op.operator_id, new)
+                    if crc_sidecar(rel) in expected:
+                        written[crc_sidecar(rel)] = hadoop_crc(written[rel])
+        for rel, text in _log_entries(cp, batch, fmt).items():
+            written[rel] = text.encode("utf-8")
+            written[crc_sidecar(rel)] = hadoop_crc(written[rel])
+        expected.update(written)
+        metadata = (new / "metadata").read_bytes()
+        query_id = json.loads(metadata)["id"]
+        present = {
+            os.path.relpath(os.path.join(folder, name), new)
+            for folder, _, names in os.walk(new)
+            for name in names
+        }
+        if (
+            not isinstance(query_id, str)
+            or query_id == cp.query_id
+            or present != set(expected) | {"metadata", crc_sidecar("metadata")}
+            or (new / crc_sidecar("metadata")).read_bytes() != hadoop_crc(metadata)
+        ):
+            return None
+        for rel, want in expected.items():
+            path = new / rel
+            if isinstance(want, bytes):
+                if path.read_bytes() != want:
+                    return None
+            elif not filecmp.cmp(path, want, shallow=False):
+                return None
+    except (OSError, ValueError, KeyError, TypeError, StateOpsError):
+        return None
+    return query_id
+
+
+def _offsets_for(cp: Checkpoint, batch: int, fmt: str) -> str:
+    """``offsets/<batch>`` with its batch metadata kept and the source offset replaced."""
+    header, meta = (cp.root / f"offsets/{batch}").read_text("utf-8").split("\n")[:2]
+    return "\n".join([header, meta, STARTING_OFFSETS[fmt]])
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    """A checkpoint file and the ``.crc`` sidecar Hadoop's local file system checks."""
+    data = text.encode("utf-8")
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    (root / crc_sidecar(rel)).write_bytes(hadoop_crc(data))

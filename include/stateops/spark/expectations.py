@@ -1,0 +1,264 @@
+"""Data-level integrity: Great Expectations on the state itself (Spark-side, lazy imports).
+
+For every state variable (or store) of the query at a committed batch: key columns non-null,
+one row per key for value state, rows only in the partitions ``state-metadata`` names, row
+counts within ``expectations.row_change_factor`` of the previous validation, the registry's
+``non_negative`` bounds, and no expired state left behind: no session past its timeout
+(``expectations.expiry``) and no entry past its TTL (variables with TTL enabled). Results go
+to ``<checkpoint>.audit/validations/`` as JSON and to Great Expectations Data Docs (HTML)
+under ``<checkpoint>.audit/gx/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stateops.control.audit import audit_dir
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import CheckpointError, RegistryError
+from stateops.core.registry import Query
+from stateops.spark.export import read_state_variable, state_reads
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "data_docs_path",
+    "flatten_state",
+    "format_validation",
+    "leaking_keys",
+    "validate_state",
+]
+
+
+def flatten_state(df: DataFrame) -> DataFrame:
+    """Top-level columns only: struct fields become ``<struct>_<field>`` (at every depth), key
+    fields keep their names (``key.user_id`` -> ``user_id``), so expectations can name them."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    def leaves(path: list[str], dtype: Any, alias: str) -> list:
+        if not isinstance(dtype, StructType):
+            return [F.col(".".join(f"`{p}`" for p in path)).alias(alias)]
+        # A variable with TTL wraps its value as {value, ttlExpirationMs}: keep the value's
+        # column names as without TTL, so expectations survive turning TTL on.
+        ttl_wrapped = dtype.fieldNames() == ["value", "ttlExpirationMs"]
+        columns = []
+        for sub in dtype.fields:
+            if path == ["key"]:
+                sub_alias = sub.name
+            elif ttl_wrapped and sub.name == "value":
+                sub_alias = alias
+            else:
+                sub_alias = f"{alias}_{sub.name}"
+            columns += leaves([*path, sub.name], sub.dataType, sub_alias)
+        return columns
+
+    return df.select(*[c for f in df.schema.fields for c in leaves([f.name], f.dataType, f.name)])
+
+
+def last_validation(audit: Path, before: int | None = None) -> tuple[Path, dict] | None:
+    """The latest validation result file under ``audit`` (of a batch before ``before``, if
+    given) and its content; None if there is none."""
+    found = []
+    for path in (audit / "validations").glob("batch-*.json"):
+        number = path.stem.removeprefix("batch-")
+        if number.isdigit() and (before is None or int(number) < before):
+            found.append((int(number), path))
+    if not found:
+        return None
+    path = max(found)[1]
+    return path, json.loads(path.read_text(encoding="utf-8"))
+
+
+def _previous_rows(audit: Path, batch: int) -> dict[str, int]:
+    """Rows per variable at the latest validation of an earlier batch ({} if none)."""
+    last = last_validation(audit, before=batch)
+    return {v["variable"]: int(v["rows"]) for v in last[1].get("variables", [])} if last else {}
+
+
+def _expired_keys(df: DataFrame, query: Query, watermark_ms: int) -> DataFrame:
+    """One row per key with ``expired``: its latest time + the timeout is at the watermark."""
+    from pyspark.sql import functions as F
+
+    expiry = query.expectations.expiry
+    assert expiry is not None
+    timeout_ms = int(query.processor.options[expiry.timeout_option]) * 1000
+    latest = F.max(F.unix_millis(F.col(expiry.time_column)))
+    return df.groupBy(*query.key_columns).agg(
+        ((latest + F.lit(timeout_ms)) <= F.lit(watermark_ms)).alias("expired")
+    )
+
+
+def validate_state(spark: SparkSession, query: Query, batch: int | None = None) -> dict[str, Any]:
+    """Validate the state after committed ``batch`` (default: the last); plain-data results."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    cp = load_checkpoint(query.checkpoint)
+    batch = cp.last_committed_batch if batch is None else batch
+    if batch is None:
+        raise CheckpointError(f"{query.checkpoint}: no committed batch yet: no state to validate")
+    cp.restart_files(batch)
+    watermark_ms = cp.offsets[batch].watermark_ms
+    batch_timestamp_ms = cp.offsets[batch].timestamp_ms
+    audit = audit_dir(query.checkpoint)
+    previous_rows = _previous_rows(audit, batch)
+    ctx = gx.get_context(mode="file", project_root_dir=str(audit))
+    # GX draws a progress bar per metric, which floods task logs.
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    source = ctx.data_sources.add_or_update_spark(name="state")
+    variables = []
+    for read in state_reads(spark, query.checkpoint, batch):
+        variable = read["variable"]
+        df = flatten_state(read_state_variable(spark, query.checkpoint, batch, read))
+        name = f"{query.name}.op{read['operator_id']}.{variable}"
+        checks: list[tuple[DataFrame, Any]] = []
+        keys = [k for k in query.key_columns if k in df.columns]
+        checks += [(df, gxe.ExpectColumnValuesToNotBeNull(column=k)) for k in keys]
+        # Consistent with state-metadata: rows only in the operator's partitions.
+        checks.append(
+            (df, gxe.ExpectColumnValuesToBeBetween(
+                column="partition_id", min_value=0, max_value=read["num_partitions"] - 1))
+        )  # fmt: skip
+        previous = previous_rows.get(variable)
+        if previous:
+            factor = query.expectations.row_change_factor
+            low, high = math.floor(previous / factor), math.ceil(previous * factor)
+            checks.append((df, gxe.ExpectTableRowCountToBeBetween(min_value=low, max_value=high)))
+        if read.get("ttl"):
+            # Spark evicts an entry whose TTL ran out by the batch's processing time.
+            ttl_column = next(c for c in df.columns if c.endswith("_ttlExpirationMs"))
+            checks.append(
+                (df, gxe.ExpectColumnValuesToBeBetween(
+                    column=ttl_column, min_value=batch_timestamp_ms, strict_min=True))
+            )  # fmt: skip
+        if read["kind"] == "value" and keys:
+            unique = (
+                gxe.ExpectColumnValuesToBeUnique(column=keys[0])
+                if len(keys) == 1
+                else gxe.ExpectCompoundColumnsToBeUnique(column_list=keys)
+            )
+            checks.append((df, unique))
+        for path in query.expectations.non_negative:
+            var, _, column = path.partition(".")
+            if var == variable:
+                if column not in df.columns:
+                    raise RegistryError(
+                        f"query {query.name}: expectations.non_negative: {path}: no such column "
+                        f"(columns of {variable}: {', '.join(df.columns)})"
+                    )
+                checks.append((df, gxe.ExpectColumnValuesToBeBetween(column=column, min_value=0)))
+        expiry = query.expectations.expiry
+        if expiry and expiry.variable == variable:
+            expired = _expired_keys(df, query, watermark_ms)
+            checks.append(
+                (expired, gxe.ExpectColumnValuesToBeInSet(column="expired", value_set=[False]))
+            )
+        variables.append(_run_checks(ctx, source, name, variable, checks))
+    ctx.build_data_docs()
+    docs = data_docs_path(query)
+    result = {
+        "query": query.name,
+        "checkpoint": query.checkpoint,
+        "batch_id": batch,
+        "watermark_ms": watermark_ms,
+        "ok": all(v["ok"] for v in variables),
+        "variables": variables,
+        "data_docs": str(docs),
+    }
+    out = audit / "validations" / f"batch-{batch}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    result["results_file"] = str(out)
+    return result
+
+
+def _run_checks(ctx: Any, source: Any, name: str, variable: str, checks: list) -> dict[str, Any]:
+    """One suite per (variable, DataFrame) pair: GX validates one DataFrame per batch."""
+    import great_expectations as gx
+
+    outcomes = []
+    frames: dict[int, tuple[Any, list]] = {}
+    for df, expectation in checks:
+        frames.setdefault(id(df), (df, []))[1].append(expectation)
+    for n, (df, expectations) in enumerate(frames.values()):
+        suite_name = f"{name}.{n}"
+        asset = source.add_dataframe_asset(name=suite_name)
+        batch_def = asset.add_batch_definition_whole_dataframe("all")
+        suite = ctx.suites.add_or_update(gx.ExpectationSuite(name=suite_name))
+        for expectation in expectations:
+            suite.add_expectation(expectation)
+        definition = ctx.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=suite_name, data=batch_def, suite=suite)
+        )
+        run = definition.run(batch_parameters={"dataframe": df})
+        for r in run.results:
+            outcomes.append(
+                {
+                    "expectation": r.expectation_config.type,
+                    "column": r.expectation_config.kwargs.get("column")
+                    or r.expectation_config.kwargs.get("column_list"),
+                    "success": bool(r.success),
+                    "unexpected_count": r.result.get("unexpected_count"),
+                    "observed": r.result.get("observed_value"),
+                    "bounds": [
+                        r.expectation_config.kwargs.get(b) for b in ("min_value", "max_value")
+                    ]
+                    if r.expectation_config.type == "expect_table_row_count_to_be_between"
+                    else None,
+                }
+            )
+    rows = checks[0][0].count() if checks else 0
+    return {
+        "variable": variable,
+        "rows": rows,
+        "ok": all(o["success"] for o in outcomes),
+        "expectations": outcomes,
+    }
+
+
+def format_validation(result: dict[str, Any]) -> str:
+    lines = []
+    for var in result["variables"]:
+        for e in var["expectations"]:
+            mark = "ok    " if e["success"] else "FAILED"
+            extra = "" if e["success"] else f": {e['unexpected_count']} unexpected"
+            if not e["success"] and e.get("bounds"):
+                low, high = e["bounds"]
+                extra = f": {e['observed']} rows, the last validation allows {low}..{high}"
+            column = f"({e['column']})" if e["column"] else ""
+            lines.append(f"{mark} {var['variable']}: {e['expectation']}{column}{extra}")
+    verdict = "OK" if result["ok"] else "FAILED"
+    lines.append(
+        f"{verdict}: state of {result['query']} after batch {result['batch_id']}; "
+        f"Data Docs: {result['data_docs']}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def leaking_keys(result: dict[str, Any]) -> int:
+    """How many keys hold expired state (0 when the expiry check passed or is not configured)."""
+    return sum(
+        e["unexpected_count"] or 0
+        for v in result["variables"]
+        for e in v["expectations"]
+        if e["column"] == "expired" and not e["success"]
+    )
+
+
+def data_docs_path(query: Query) -> Path:
+    return (
+        audit_dir(query.checkpoint)
+        / "gx"
+        / "uncommitted"
+        / "data_docs"
+        / "local_site"
+        / "index.html"
+    )
