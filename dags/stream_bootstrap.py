@@ -36,7 +36,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.core.steps import INITIAL_STATE_FORMATS
+from stateops.core.steps import BOOTSTRAP_STATE, INITIAL_STATE_FORMATS, VALIDATE_STATE
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     carry_over_param,
@@ -122,7 +122,7 @@ def stream_bootstrap() -> None:
 
     bootstrap = spark_job_operator(
         "bootstrap",
-        "bootstrap_state.py",
+        BOOTSTRAP_STATE,
         [
             "--query", "{{ params.query }}",
             "--initial-state", "{{ ti.xcom_pull(task_ids='plan')['initial_state'] }}",
@@ -152,7 +152,7 @@ def stream_bootstrap() -> None:
         return verify_state(get_current_context()["params"]["query"])
 
     validate = spark_job_operator(
-        "validate_state", "validate_state.py", ["--query", "{{ params.query }}"]
+        "validate_state", VALIDATE_STATE, ["--query", "{{ params.query }}"]
     )
 
     plan() >> not_a_dry_run() >> bootstrap >> record() >> verify() >> validate

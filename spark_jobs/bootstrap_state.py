@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import uuid
 from typing import Any
 
+from stateops.control.lock import new_run_id
 from stateops.core.errors import StateOpsError, domain_errors, one_line
 from stateops.core.registry import Registry, load_registry
 from stateops.ops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap, transplant_bootstrap
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if plan["road_note"]:
                 print(plan["road_note"], file=sys.stderr)
-            run_id = args.run_id or f"bootstrap-{uuid.uuid4().hex[:8]}"
+            run_id = args.run_id or new_run_id("bootstrap")
             prepare = None
             if plan["road"] == "transplant":
                 transplant_bootstrap(

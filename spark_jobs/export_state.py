@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from pathlib import Path
 
 from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.core.registry import load_registry
+from stateops.core.registry import checkpoint_of
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,10 +28,7 @@ def preflight(args: argparse.Namespace) -> tuple[str, int]:
     """(checkpoint, batch) to export; refuses without Spark (run before spark-submit too)."""
     from stateops.spark.export import check_export
 
-    checkpoint = args.checkpoint
-    # A bare name is a registered query; anything else is a path, whatever state it is in.
-    if re.fullmatch(r"[A-Za-z_]\w*", checkpoint) and not Path(checkpoint).exists():
-        checkpoint = load_registry(args.registry).query(checkpoint).checkpoint
+    checkpoint, _, _ = checkpoint_of(args.checkpoint, args.registry)
     _, batch = check_export(checkpoint, args.out, args.batch)
     return checkpoint, batch
 

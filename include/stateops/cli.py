@@ -13,9 +13,10 @@ from pathlib import Path
 from stateops.control.audit import audit_dir, read_audit
 from stateops.control.lock import force_release, read_hold, read_lock
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
-from stateops.core.errors import RegistryError, StateOpsError, domain_errors, one_line
-from stateops.core.registry import load_registry, registry_path
+from stateops.core.errors import StateOpsError, domain_errors, one_line
+from stateops.core.registry import checkpoint_of, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
+from stateops.core.steps import BOOTSTRAP_STATE, EXPORT_STATE, RUN_QUERY, VALIDATE_STATE
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.ops.bootstrap import FORMATS, plan_bootstrap
@@ -34,7 +35,7 @@ def _checkpoint_and_deltas(
     For a path, the registered query whose checkpoint it is gives K; without one (or without a
     readable registry) it is Spark's default, 10. ``min_deltas`` given by the user wins.
     """
-    path, _, owner = _owned_checkpoint(target, registry)
+    path, _, owner = checkpoint_of(target, registry)
     if min_deltas is None:
         min_deltas = owner.state_store.min_deltas_for_snapshot if owner else 10
     return path, min_deltas
@@ -85,7 +86,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     query = registry.query(args.checkpoint).name
     json_flag = ["--json"] if args.json else []
     return _spark_submit(
-        "validate_state.py",
+        VALIDATE_STATE,
         args.master,
         "--registry",
         str(registry.path),
@@ -99,7 +100,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
     batch = ["--batch", str(args.batch)] if args.batch is not None else []
     return _spark_submit(
-        "export_state.py", args.master, "--checkpoint", str(path), "--out", args.out, *batch
+        EXPORT_STATE, args.master, "--checkpoint", str(path), "--out", args.out, *batch
     )
 
 
@@ -126,7 +127,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
             print(f"  ACCEPTED, it changes what the query computes: {difference}")
         return 0
     return _spark_submit(
-        "bootstrap_state.py", args.master,
+        BOOTSTRAP_STATE, args.master,
         "--registry", str(registry.path),
         "--query", args.query,
         "--initial-state", plan["initial_state"],
@@ -156,7 +157,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from stateops.ops.cleanup import new_run_id
+    from stateops.control.lock import new_run_id
     from stateops.ops.restore import execute_restore, format_restore_plan, plan_restore
 
     # With a URL the registry only says whose checkpoint the target is (whose lock to take):
@@ -207,24 +208,12 @@ def cmd_backups(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
-def _owned_checkpoint(target: str, registry_file: str | None):
-    """(checkpoint path, registry or None, the query that owns it or None) for a path or a
-    registered query's name."""
-    if Path(target).exists() or "/" in target:
-        try:
-            registry = load_registry(registry_file)
-        except RegistryError:
-            return target, None, None
-        return target, registry, registry.owner_of(target)
-    registry = load_registry(registry_file)
-    query = registry.query(target)
-    return query.checkpoint, registry, query
-
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from stateops.ops.cleanup import checkpoint_lock, new_run_id, run_cleanup
+    from stateops.control.lock import checkpoint_lock, new_run_id
+    from stateops.ops.cleanup import run_cleanup
 
-    path, registry, _ = _owned_checkpoint(args.checkpoint, args.registry)
+    path, registry, _ = checkpoint_of(args.checkpoint, args.registry)
     lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
     log = _log if args.json else print
     plan = run_cleanup(path, args.retain_batches, lock, dry_run=args.dry_run, log=log)
@@ -234,10 +223,11 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.ops.backup import backup_checkpoint
-    from stateops.ops.cleanup import checkpoint_lock, new_run_id, run_rollback
+    from stateops.ops.cleanup import run_rollback
 
-    path, registry, query = _owned_checkpoint(args.checkpoint, args.registry)
+    path, registry, query = checkpoint_of(args.checkpoint, args.registry)
     backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)
     if not args.no_backup and not backup_to:
         raise StateOpsError(
@@ -264,11 +254,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_transplant(args: argparse.Namespace) -> int:
+    from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.ops.bootstrap import mark_transplant
-    from stateops.ops.cleanup import checkpoint_lock, new_run_id
     from stateops.ops.transplant import transplant_checkpoint
 
-    path, registry, owner = _owned_checkpoint(args.old, args.registry)
+    path, registry, owner = checkpoint_of(args.old, args.registry)
     registry = registry or load_registry(args.registry)
     query = registry.query(args.query) if args.query else owner
     if query is None:
@@ -309,9 +299,9 @@ def _job_runner(master: str):
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
+    from stateops.control.lock import new_run_id
     from stateops.ops.backfill import plan_backfill, run_backfill
     from stateops.ops.backup import backup_query
-    from stateops.ops.cleanup import new_run_id
 
     registry, run_id = load_registry(args.registry), new_run_id("backfill")
     log = _log if args.json else print
@@ -345,7 +335,7 @@ def _overrides(text: str) -> dict:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from stateops.ops.cleanup import new_run_id
+    from stateops.control.lock import new_run_id
     from stateops.ops.migration import format_migration_plan, plan_migration, run_migration
 
     registry = load_registry(args.registry)
@@ -460,16 +450,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     query = registry.query(args.query).name  # an unknown query fails before a JVM starts
     return _spark_submit(
-        "run_query.py", args.master,
+        RUN_QUERY, args.master,
         "--registry", str(registry.path), "--query", query, "--mode", args.mode,
     )  # fmt: skip
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from stateops.control.markers import request_stop
+
     registry = load_registry(args.registry)
-    marker = registry.stop_marker(registry.query(args.query).name)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    marker = request_stop(registry, registry.query(args.query).name)
     print(f"stop requested: {marker} (the running query stops after its current batch)")
     return 0
 

@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, one_line
 from stateops.core.registry import Registry, load_registry, registry_path
+from stateops.core.steps import RUN_QUERY
 from stateops.core.times import TIME_PATTERN  # a form's time field: real dates only
 from stateops.spark.jobs import PY_FILES, job_path, preflight_job
 
@@ -163,7 +164,7 @@ def run_query_operator(
 ) -> SparkSubmitOperator:
     """``run_query.py`` for one query."""
     args = ["--query", query, "--mode", mode, "--run-id", "{{ run_id }}"]
-    return spark_job_operator(kwargs.pop("task_id", f"run_{query}"), "run_query.py", args, **kwargs)
+    return spark_job_operator(kwargs.pop("task_id", f"run_{query}"), RUN_QUERY, args, **kwargs)
 
 
 @one_line_errors
@@ -227,7 +228,8 @@ def backup_query(query: str) -> dict[str, Any]:
 def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
     plan first, then the deletions under the query's lock (a running query holds it)."""
-    from stateops.ops.cleanup import checkpoint_lock, run_cleanup
+    from stateops.control.lock import checkpoint_lock
+    from stateops.ops.cleanup import run_cleanup
 
     registry = load_registry()
     checkpoint = committed_checkpoint(registry, query)

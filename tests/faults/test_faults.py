@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from stateops.control.audit import read_audit
+from stateops.control.markers import rollback_marker
 from stateops.core.checkpoint import load_checkpoint, relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.s3 import parse_s3_url
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import backup_checkpoint, read_manifests, verify_backup
-from stateops.ops.cleanup import rollback_marker
 from stateops.ops.restore import restore_backup
 from tests.conftest import S3Server, tree_digest, write_registry
 from tests.faults.engine import SETTINGS, Operation, format_report, run_operation

@@ -16,6 +16,7 @@ import fcntl
 import getpass
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -25,16 +26,22 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from stateops.control.audit import audit_dir
+from stateops.core.checkpoint import require_checkpoint_dir
 from stateops.core.errors import LockHeldError
+from stateops.core.registry import Registry
 
 __all__ = [
     "LockInfo",
     "QueryLock",
+    "checkpoint_lock",
     "force_release",
     "hold_query",
+    "new_run_id",
     "read_hold",
     "read_lock",
     "release_hold",
+    "safe_run_id",
 ]
 
 
@@ -181,7 +188,7 @@ class QueryLock:
         self.path = Path(path)
         self.query = query
         self.operation = operation
-        self.run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
+        self.run_id = run_id or new_run_id(operation)
         self.ttl = ttl_seconds
         self.token = uuid.uuid4().hex
         self.lost = False
@@ -258,3 +265,27 @@ def force_release(path: Path) -> LockInfo | None:
         path.unlink(missing_ok=True)
         _hold_path(path).unlink(missing_ok=True)
     return held
+
+
+def safe_run_id(run_id: str) -> str:
+    """A run id usable as a file name (Airflow's contain ``:`` and ``+``)."""
+    return re.sub(r"[^\w.-]", "_", run_id)
+
+
+def new_run_id(operation: str) -> str:
+    """The one recipe for a run id outside Airflow (whose runs bring their own): the
+    operation, the time and a random part (``cleanup-20261124T162000-3f9a1c``)."""
+    return f"{operation}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def checkpoint_lock(
+    checkpoint: str | os.PathLike[str], registry: Registry | None, operation: str, run_id: str
+) -> QueryLock:
+    """The lifecycle lock of the query that owns ``checkpoint`` (a running query holds it);
+    an unregistered checkpoint gets a lock beside its audit log, once the path is known to be
+    a checkpoint (a mistyped path must not get a ``.audit`` folder beside it)."""
+    owner = registry.owner_of(checkpoint) if registry is not None else None
+    if owner is not None:
+        return QueryLock(registry.lock_path(owner.name), owner.name, operation, run_id)
+    require_checkpoint_dir(checkpoint)
+    return QueryLock(audit_dir(checkpoint) / "lifecycle.lock", str(checkpoint), operation, run_id)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateops.core.errors import CheckpointError, NotACheckpointError
+from stateops.core.staging import occupied
 
 __all__ = [
     "Checkpoint",
@@ -420,7 +421,7 @@ def copy_restart_set(cp: Checkpoint, batch: int, dest: str | os.PathLike[str]) -
     and the rewritten files get fresh ``.crc`` sidecars. Returns the copied relative paths.
     """
     dest = Path(dest)
-    if dest.exists() and any(dest.iterdir()):
+    if occupied(dest):
         raise CheckpointError(f"{dest}: not empty; copy a checkpoint into a new or empty folder")
     files = cp.restart_files(batch)
     for rel in files:

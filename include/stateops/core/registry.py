@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_REGISTRY",
     "Query",
     "Registry",
+    "checkpoint_of",
     "derived_registry",
     "load_registry",
     "registry_path",
@@ -442,6 +443,24 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             field_path = ".".join(str(p) for p in first["loc"])
             raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
     return Registry(path=path, data_dir=data_dir, queries=queries, **sections)
+
+
+def checkpoint_of(
+    target: str, registry_file: str | os.PathLike[str] | None = None
+) -> tuple[str, Registry | None, Query | None]:
+    """The one rule for "a checkpoint path or a registered query's name": ``target`` is a path
+    if it exists or has a ``/`` in it, else a query's name. Returns (checkpoint path, the
+    registry or None where a path's registry cannot be read, the query that owns it or None).
+    """
+    if Path(target).exists() or "/" in target:
+        try:
+            registry = load_registry(registry_file)
+        except RegistryError:
+            return target, None, None
+        return target, registry, registry.owner_of(target)
+    registry = load_registry(registry_file)
+    query = registry.query(target)
+    return query.checkpoint, registry, query
 
 
 def _yaml_error(path: Path, err: yaml.YAMLError) -> str:

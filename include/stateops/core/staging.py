@@ -1,4 +1,5 @@
-"""Staging folders: a result is written in full beside its target, then renamed into place.
+"""Target and staging folders: a result goes into a new or empty folder (:func:`occupied` says
+where it may not), written in full beside its target, then renamed into place.
 
 A staging folder is named ``<target>.<kind>-<stamp>`` and its run holds an exclusive ``flock``
 on it for as long as it lives. The kernel drops that lock when the run dies, even by SIGKILL,
@@ -18,10 +19,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["Staging", "new_stamp", "remove_stale_staging", "stale_staging"]
+__all__ = [
+    "Staging",
+    "has_entries",
+    "new_stamp",
+    "occupied",
+    "remove_stale_staging",
+    "stale_staging",
+]
 
 # Microseconds since this module; whole seconds in staging folders of earlier versions.
 _STAMP = r"\d{8}T\d{6}(\d{6})?Z"
+
+
+def has_entries(path: str | os.PathLike[str]) -> bool:
+    """A folder with something in it (False: missing, a file, or an empty folder)."""
+    path = Path(path)
+    return path.is_dir() and any(path.iterdir())
+
+
+def occupied(path: str | os.PathLike[str]) -> bool:
+    """Anything but a missing path or an empty folder: where a new result may not go."""
+    path = Path(path)
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
 def new_stamp() -> str:

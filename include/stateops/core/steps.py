@@ -16,34 +16,44 @@ from __future__ import annotations
 
 __all__ = [
     "BACKFILL_STEPS",
+    "BOOTSTRAP_STATE",
+    "EXPORT_STATE",
     "INITIAL_STATE_FORMATS",
     "MIGRATION_STEPS",
     "OVERRIDABLE",
     "ROADS",
+    "RUN_QUERY",
     "SOURCE_FORMATS",
+    "VALIDATE_STATE",
     "fill",
 ]
 
 Step = tuple[str, str, list[str]]
 
+# The Spark jobs (files of spark_jobs/, stateops.spark.jobs.job_path finds them).
+RUN_QUERY = "run_query.py"
+EXPORT_STATE = "export_state.py"
+BOOTSTRAP_STATE = "bootstrap_state.py"
+VALIDATE_STATE = "validate_state.py"
+
 # Available-now runs of the query (its own run id: the summary it writes names it).
 _RUN = ["--query", "{query}", "--mode", "available-now", "--run-id", "{run_id}"]
 
 MIGRATION_STEPS: dict[str, Step] = {
-    "drain": ("run_query.py", "old", [*_RUN, "--cutover", "{cutover}"]),
-    "first_batch": ("run_query.py", "new", _RUN),
-    "export": ("export_state.py", "old", ["--checkpoint", "{old_checkpoint}", "--out", "{export}",
-                                          "--batch", "{last_committed_batch}"]),
-    "validate_export": ("validate_state.py", "old", ["--query", "{query}"]),
-    "bootstrap": ("bootstrap_state.py", "new", ["--query", "{query}", "--initial-state", "{export}",
-                                                "--format", "export", "--run-id", "{run_id}",
-                                                "--accept-differences={accept}"]),
-    "validate_new_state": ("validate_state.py", "new", ["--query", "{query}"]),
+    "drain": (RUN_QUERY, "old", [*_RUN, "--cutover", "{cutover}"]),
+    "first_batch": (RUN_QUERY, "new", _RUN),
+    "export": (EXPORT_STATE, "old", ["--checkpoint", "{old_checkpoint}", "--out", "{export}",
+                                     "--batch", "{last_committed_batch}"]),
+    "validate_export": (VALIDATE_STATE, "old", ["--query", "{query}"]),
+    "bootstrap": (BOOTSTRAP_STATE, "new", ["--query", "{query}", "--initial-state", "{export}",
+                                           "--format", "export", "--run-id", "{run_id}",
+                                           "--accept-differences={accept}"]),
+    "validate_new_state": (VALIDATE_STATE, "new", ["--query", "{query}"]),
 }  # fmt: skip
 
 BACKFILL_STEPS: dict[str, Step] = {
-    "reprocess": ("run_query.py", "new", _RUN),
-    "validate_state": ("validate_state.py", "new", ["--query", "{query}"]),
+    "reprocess": (RUN_QUERY, "new", _RUN),
+    "validate_state": (VALIDATE_STATE, "new", ["--query", "{query}"]),
 }
 
 # A source's formats (the registry's Source.format).

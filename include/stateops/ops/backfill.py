@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.core.registry import Registry, derived_registry, load_registry
@@ -26,14 +27,11 @@ from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.cleanup import (
-    checkpoint_lock,
     format_plan,
-    new_run_id,
     plan_digest,
     plan_rollback,
     plan_sink_rollback,
     run_rollback,
-    safe_run_id,
 )
 from stateops.ops.start import read_summary
 

@@ -28,7 +28,9 @@ from stateops.control import faults
 from stateops.control.audit import append_audit
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, s3_error
+from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
+from stateops.core.staging import new_stamp
 
 if TYPE_CHECKING:
     from stateops.core.registry import Registry
@@ -64,13 +66,6 @@ def file_sha256(path: Path) -> str:
     with path.open("rb") as f:
         return _digest(f)
 
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def _listing(client: Any, loc: S3Location, folder: str) -> list[dict[str, Any]]:
@@ -144,8 +139,8 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
     ]
     total = sum(f["size"] for f in files)
     providers = sorted({op.provider for op in cp.operators})
-    backup_id = f"b-{n:06d}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
-    log(f"backup {backup_id}: batch {n}, {len(files)} files, {_human(total)} to {loc}")
+    backup_id = f"b-{n:06d}-{new_stamp()}"
+    log(f"backup {backup_id}: batch {n}, {len(files)} files, {format_bytes(total)} to {loc}")
     try:
         # Reuse an object only at its full size: a store killed mid-write may keep a stub.
         existing = {(_name(obj), obj["Size"]) for obj in _listing(client, loc, "objects")}
@@ -166,7 +161,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
                 faults.point("upload")
                 done_bytes += f["size"]
                 if time.time() - last_log > 5:
-                    log(f"  uploaded {i}/{len(futures)} objects, {_human(done_bytes)}")
+                    log(f"  uploaded {i}/{len(futures)} objects, {format_bytes(done_bytes)}")
                     last_log = time.time()
         manifest = {
             "format": FORMAT,
@@ -197,8 +192,8 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
         to=str(loc), uploaded_bytes=uploaded, reused_bytes=total - uploaded,
     )  # fmt: skip
     log(
-        f"backup {backup_id}: batch {n}, {len(files)} files, {_human(uploaded)} uploaded "
-        f"({len(todo)} objects), {_human(total - uploaded)} reused, {manifest['seconds']} s"
+        f"backup {backup_id}: batch {n}, {len(files)} files, {format_bytes(uploaded)} uploaded "
+        f"({len(todo)} objects), {format_bytes(total - uploaded)} reused, {manifest['seconds']} s"
     )
     return manifest
 

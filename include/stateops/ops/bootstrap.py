@@ -17,9 +17,11 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stateops.control.markers import clear_carry_over, read_carry_over, write_carry_over
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.core.registry import Query, Registry
+from stateops.core.staging import has_entries
 from stateops.core.steps import INITIAL_STATE_FORMATS
 from stateops.ops.carry import carry_differences, finish_image_batch, refuse_differences
 from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
@@ -68,7 +70,7 @@ def plan_bootstrap(
         )
     path = Path(query.checkpoint)
     planned = False
-    if path.is_dir() and any(path.iterdir()):
+    if has_entries(path):
         cp = load_checkpoint(path)
         if cp.last_committed_batch is not None:
             raise CheckpointError(
@@ -337,7 +339,7 @@ def prepare_bootstrap(
                                 "watermark": manifest["watermark"]}  # fmt: skip
     if plan.get("differences"):
         marker["differences"] = plan["differences"]  # accepted by the operator
-    _write_marker(registry, query.name, marker)
+    write_carry_over(registry, query.name, marker)
     return record | {"processor_fit_keys": fit_keys}
 
 
@@ -359,17 +361,9 @@ def transplant_bootstrap(
 def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -> None:
     """A transplanted checkpoint awaits its first batch (N + 1), whose state is then proven
     against the old checkpoint's (``transplant``: what ``transplant_checkpoint`` returned)."""
-    _write_marker(registry, name, {"road": "transplant", "checkpoint": transplant["new"],
-                                   "from_checkpoint": transplant["old"],
-                                   "batch": transplant["batch"]})  # fmt: skip
-
-
-def _write_marker(registry: Registry, name: str, record: dict[str, Any]) -> None:
-    marker = registry.bootstrap_marker(name)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
-    tmp.replace(marker)
+    write_carry_over(registry, name, {"road": "transplant", "checkpoint": transplant["new"],
+                                      "from_checkpoint": transplant["old"],
+                                      "batch": transplant["batch"]})  # fmt: skip
 
 
 def pending_carry_over(
@@ -377,15 +371,14 @@ def pending_carry_over(
 ) -> dict[str, Any] | None:
     """The carried-over state awaiting its first batch on this start, or None: a bootstrap's
     initial state until batch 0 commits, a transplant until batch N + 1 commits."""
-    marker = registry.bootstrap_marker(query.name)
-    if not marker.exists():
+    record = read_carry_over(registry, query.name)
+    if record is None:
         return None
-    record = json.loads(marker.read_text(encoding="utf-8"))
     if last_committed != record.get("batch") or record.get("checkpoint") != query.checkpoint:
         same = record.get("checkpoint") == query.checkpoint
         if last_committed == 0 and same and record.get("origin"):
             # Stopped between the image batch's commit and its watermark: finish it first.
             finish_image_batch(query.checkpoint, record["origin"]["watermark"])
-        marker.unlink()  # settled (or the query moved to another checkpoint)
+        clear_carry_over(registry, query.name)  # settled (or the query moved elsewhere)
         return None
     return record

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 from stateops.core.checkpoint import Checkpoint, crc_sidecar, hadoop_crc, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.registry import Query
+from stateops.core.staging import has_entries
 from stateops.ops.transplant import operator_properties, state_differences
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def write_image_batch(
     (the values Spark records, read from the session that runs it). False, writing nothing,
     where batch 0 is already planned (a start after a failed one: Spark runs it again)."""
     root = Path(checkpoint)
-    if (root / "offsets").is_dir() and any((root / "offsets").iterdir()):
+    if has_entries(root / "offsets"):
         return False
     if root.exists() and any(p.name != "offsets" for p in root.iterdir()):
         raise CheckpointError(f"{root}: not a new checkpoint; bootstrap into a new one")

@@ -30,7 +30,6 @@ import os
 import re
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,25 +37,21 @@ from typing import Any
 from stateops.control import faults
 from stateops.control.audit import append_audit, audit_dir
 from stateops.control.lock import QueryLock
+from stateops.control.markers import clear_rollback, read_rollback, rollback_marker, write_rollback
 from stateops.core.access import refuse_unwritable
-from stateops.core.checkpoint import Checkpoint, load_checkpoint, require_checkpoint_dir
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
-from stateops.core.registry import Registry
 from stateops.core.report import format_bytes
 
 __all__ = [
-    "checkpoint_lock",
     "format_plan",
-    "new_run_id",
     "plan_digest",
     "plan_cleanup",
     "plan_rollback",
     "plan_sink_rollback",
-    "safe_run_id",
     "execute_sink_plan",
     "refuse_pending_rollback",
     "refuse_unwritable_plan",
-    "rollback_marker",
     "run_cleanup",
     "run_rollback",
 ]
@@ -74,16 +69,11 @@ CATEGORIES = {
 _NUMBER = re.compile(r"^(\d+)")
 
 
-def rollback_marker(checkpoint: str | os.PathLike[str]) -> Path:
-    return audit_dir(checkpoint) / "rollback.json"
-
-
 def refuse_pending_rollback(checkpoint: str | os.PathLike[str], to_batch: int | None = None):
     """Raise while an interrupted rollback (to another batch than ``to_batch``) is pending."""
-    marker = rollback_marker(checkpoint)
-    if not marker.exists():
+    pending = read_rollback(checkpoint)
+    if pending is None:
         return None
-    pending = json.loads(marker.read_text(encoding="utf-8"))
     if to_batch is None or pending["to_batch"] != to_batch:
         raise StateOpsError(
             f"{checkpoint}: a rollback to batch {pending['to_batch']} (run {pending['run_id']}) "
@@ -344,15 +334,6 @@ def plan_digest(plan: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def safe_run_id(run_id: str) -> str:
-    """A run id usable as a file name (Airflow's contain ``:`` and ``+``)."""
-    return re.sub(r"[^\w.-]", "_", run_id)
-
-
-def new_run_id(operation: str) -> str:
-    return f"{operation[0]}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
 def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
     """The plan for a person: what goes, grouped, and what is kept and why."""
     lines = [f"{plan['operation']} plan for {plan['checkpoint']}"]
@@ -404,19 +385,6 @@ def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
         f"keeps {plan['keep']['files']} files, {format_bytes(plan['keep']['bytes'])}"
     )
     return "\n".join(lines)
-
-
-def checkpoint_lock(
-    checkpoint: str | os.PathLike[str], registry: Registry | None, operation: str, run_id: str
-) -> QueryLock:
-    """The lifecycle lock of the query that owns ``checkpoint`` (a running query holds it);
-    an unregistered checkpoint gets a lock beside its audit log, once the path is known to be
-    a checkpoint (a mistyped path must not get a ``.audit`` folder beside it)."""
-    owner = registry.owner_of(checkpoint) if registry is not None else None
-    if owner is not None:
-        return QueryLock(registry.lock_path(owner.name), owner.name, operation, run_id)
-    require_checkpoint_dir(checkpoint)
-    return QueryLock(audit_dir(checkpoint) / "lifecycle.lock", str(checkpoint), operation, run_id)
 
 
 def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
@@ -590,24 +558,19 @@ def run_rollback(
             )
         refuse_unwritable_plan(plan, lock)
         log(format_plan(plan, dry_run=False))
-        marker = rollback_marker(checkpoint)
         if pending := plan["resumes"]:  # an interrupted run already backed up and marked
             run_id, backup_id = pending["run_id"], pending.get("backup_id")
             log(f"resuming the interrupted rollback {run_id}")
         else:
             run_id, backup_id = lock.run_id, backup() if backup else None
-            faults.point("marker")
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            tmp = marker.with_name(marker.name + ".tmp")
-            tmp.write_text(json.dumps({"to_batch": to_batch, "run_id": run_id,
-                                       "backup_id": backup_id}), encoding="utf-8")  # fmt: skip
-            os.replace(tmp, marker)
+            write_rollback(checkpoint, {"to_batch": to_batch, "run_id": run_id,
+                                        "backup_id": backup_id})  # fmt: skip
         execute_plan(plan, log)
         if plan["sink"]:
             execute_sink_plan(plan["sink"], run_id)
         seconds = round(time.time() - started, 1)
         _audit(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
-        marker.unlink()
+        clear_rollback(checkpoint)
     plan.update(run_id=run_id, backup_id=backup_id)
     log(
         f"rollback {run_id} of {plan['checkpoint']}: batch {to_batch} is the last committed "

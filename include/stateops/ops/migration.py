@@ -30,7 +30,14 @@ from pydantic import ValidationError
 
 from stateops.control.audit import append_audit, audit_dir
 from stateops.control.faults import fail_after
-from stateops.control.lock import hold_query, live_lock, refuse_unholdable, release_hold
+from stateops.control.lock import (
+    hold_query,
+    live_lock,
+    refuse_unholdable,
+    release_hold,
+    safe_run_id,
+)
+from stateops.control.markers import clear_carry_over, request_stop, withdraw_stop
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
@@ -48,11 +55,12 @@ from stateops.core.registry import (
     schema_fields,
     write_switch,
 )
+from stateops.core.staging import occupied
 from stateops.core.steps import MIGRATION_STEPS, fill
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.ops.carry import carry_differences, refuse_differences
-from stateops.ops.cleanup import execute_sink_plan, plan_sink_rollback, safe_run_id
+from stateops.ops.cleanup import execute_sink_plan, plan_sink_rollback
 from stateops.ops.start import read_summary
 from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 
@@ -108,7 +116,7 @@ def default_checkpoint(query: Query) -> Path:
     n = 2
     while True:
         candidate = current.with_name(f"{stem}.v{n}")
-        if candidate != current and not (candidate.exists() and any(candidate.iterdir())):
+        if candidate != current and not occupied(candidate):
             return candidate
         n += 1
 
@@ -168,7 +176,7 @@ def plan_migration(
     old = Path(query.checkpoint)
     if new == old or old in new.parents or new in old.parents:
         raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
-    if new.exists() and (not new.is_dir() or any(new.iterdir())):
+    if occupied(new):
         raise StateOpsError(
             f"new checkpoint {new} is not empty: name a new or empty folder (or leave the field "
             "empty for the default beside the old checkpoint)"
@@ -418,14 +426,12 @@ def stop_running_query(
         return None
     if held.operation != "run":
         raise LockHeldError(f"query {name!r} is locked by {held.operation} (run {held.run_id})")
-    marker = registry.stop_marker(name)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    marker = request_stop(registry, name)
     log(f"{name}: stopping run {held.run_id} after its current batch ({marker})")
     deadline = time.monotonic() + timeout_seconds
     while (current := live_lock(path)) is not None and current.token == held.token:
         if time.monotonic() > deadline:
-            marker.unlink(missing_ok=True)  # a later stop would surprise whoever runs it then
+            withdraw_stop(registry, name)  # a later stop would surprise whoever runs it then
             raise StateOpsError(
                 f"{name}: run {held.run_id} did not stop within {timeout_seconds:.0f} s; stop it "
                 f"(stateops stop {name}), then trigger the migration again"
@@ -626,9 +632,7 @@ def roll_back_migration(
         execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
         log(f"moved the new checkpoint's output {sink['folders']} aside to "
             f"{query.sink.path}/_rolled_back/")  # fmt: skip
-    marker = registry.bootstrap_marker(name)
-    if marker.exists() and json.loads(marker.read_text()).get("checkpoint") == str(new):
-        marker.unlink()  # the pending bootstrap belonged to the moved checkpoint
+    clear_carry_over(registry, name, str(new))  # it belonged to the moved checkpoint
     if release_hold(registry.lock_path(name), plan["run_id"]):
         log(f"{name}: hold of run {plan['run_id']} released")
     if old["checkpoint"]:

@@ -21,13 +21,13 @@ from typing import Any
 
 from stateops.control import faults
 from stateops.control.audit import append_audit, read_audit
-from stateops.control.lock import LockInfo, live_lock, read_hold
+from stateops.control.lock import LockInfo, checkpoint_lock, live_lock, read_hold
 from stateops.core.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint, relocate_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
 from stateops.core.registry import Registry
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
-from stateops.core.staging import Staging, remove_stale_staging, stale_staging
+from stateops.core.staging import Staging, has_entries, remove_stale_staging, stale_staging
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import (
     file_sha256,
@@ -36,7 +36,6 @@ from stateops.ops.backup import (
     split_backup_url,
     transfer_manager,
 )
-from stateops.ops.cleanup import checkpoint_lock
 
 __all__ = ["execute_restore", "format_restore_plan", "plan_restore", "restore_backup"]
 
@@ -152,8 +151,8 @@ def _plan(
         )
     if target.exists() and not target.is_dir():
         raise StateOpsError(f"{target}: not a folder; restore into a new or empty folder")
-    occupied = target.is_dir() and any(target.iterdir())
-    target_id = _query_id(target) if occupied else None
+    filled = has_entries(target)
+    target_id = _query_id(target) if filled else None
     target_batch = _last_batch(target) if target_id is not None else None
 
     manifest = find_manifest(client, loc, wanted)
@@ -188,7 +187,7 @@ def _plan(
             "bytes": manifest.get("bytes"),
         },
         "target": str(target),
-        "target_contents": "checkpoint" if target_id else "unknown" if occupied else "none",
+        "target_contents": "checkpoint" if target_id else "unknown" if filled else "none",
         "target_query_id": target_id,
         "target_batch": target_batch,
         "owner": owner.name if owner is not None else None,
@@ -208,7 +207,7 @@ def _plan(
             f"restore a backup of {target_id}, or allow another query's backup "
             "(--allow-other-query; in the DAG form: allow_other_query)"
         )
-    if occupied and not replace:
+    if filled and not replace:
         raise StateOpsError(
             f"{target}: not empty; restore into a new folder, or pass --replace to move it aside"
         )

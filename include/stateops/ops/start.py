@@ -6,10 +6,10 @@ The one run path of the project: ``run_query.py`` and ``bootstrap_state.py`` bot
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import QueryLock
+from stateops.control.lock import QueryLock, new_run_id
+from stateops.control.markers import clear_carry_over, withdraw_stop
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, Trigger
+from stateops.core.staging import has_entries
 from stateops.ops.cleanup import refuse_pending_rollback
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
     checkpoint is a one-line error here rather than a Spark stack trace.
     """
     path = Path(checkpoint)
-    if not path.is_dir() or not any(path.iterdir()):
+    if not has_entries(path):
         return None, []
     cp = load_checkpoint(path)
     return cp.last_committed_batch, cp.uncommitted_batches
@@ -56,7 +58,7 @@ def files_before(query: Query, before: datetime) -> list[Path]:
     """
     path = Path(query.checkpoint)
     seen = set()
-    if path.is_dir() and any(path.iterdir()):
+    if has_entries(path):
         cp = load_checkpoint(path)
         if cp.uncommitted_batches:
             raise StateOpsError(
@@ -86,22 +88,21 @@ def files_before(query: Query, before: datetime) -> list[Path]:
 
 
 def await_run(
-    streaming, marker: Path | None, poll_seconds: float, until_batch: int | None = None
+    streaming, stop: Callable[[], bool] | None, poll_seconds: float, until_batch: int | None = None
 ) -> bool:
-    """Wait for the query to end, or (continuous mode) for ``marker``, or until batch
-    ``until_batch`` has committed; True if it stopped the query."""
+    """Wait for the query to end, or (continuous mode) for a stop request (``stop()`` takes it),
+    or until batch ``until_batch`` has committed; True if it stopped the query."""
     while streaming.isActive:
         last = streaming.lastProgress
         if until_batch is not None and last and last["batchId"] >= until_batch:
             streaming.stop()
             return True
-        if marker is not None and marker.exists():
+        if stop is not None and stop():
             # Graceful: let the current batch commit before stopping. A trigger may still start
             # in between; the summary then lists that batch as uncommitted.
             while streaming.isActive and streaming.status["isTriggerActive"]:
                 time.sleep(0.2)
             streaming.stop()
-            marker.unlink(missing_ok=True)
             return True
         streaming.awaitTermination(poll_seconds)
     return False
@@ -132,8 +133,8 @@ def run_registered_query(
     from stateops.spark.streaming import build_session, progress_summary
 
     query = registry.query(name)
-    run_id = run_id or f"{operation}-{uuid.uuid4().hex[:8]}"
-    marker = registry.stop_marker(query.name) if mode == "continuous" else None
+    run_id = run_id or new_run_id(operation)
+    stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
         refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
         before, _ = checkpoint_state(query.checkpoint)
@@ -150,10 +151,9 @@ def run_registered_query(
                 "trigger": Trigger(processing_time="24 hours"),
             })  # fmt: skip
             until_batch = first if pending else first - 1
-            marker = None
-        if marker is not None and marker.exists():
-            print(f"removing a stale stop marker {marker}", file=sys.stderr)
-            marker.unlink()
+            stop = None
+        if stop is not None and stop():
+            print(f"removed a stale stop request of {query.name}", file=sys.stderr)
         spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
         prepared = prepare(spark) if prepare else None
         carried = pending_carry_over(registry, query, before)
@@ -164,11 +164,11 @@ def run_registered_query(
         origin = carried.get("origin") if carried and before is None else None
         if origin:  # from a state export: batch 0 is the image of the exported batch
             stopped_by_marker, error, progress = _run_image_batch(
-                spark, query, marker, poll_seconds, initial_state, origin["watermark"]
+                spark, query, stop, poll_seconds, initial_state, origin["watermark"]
             )
         elif until_batch is None or until_batch >= first:
             stopped_by_marker, error, progress = _run_stream(
-                spark, query, marker, poll_seconds, until_batch, initial_state
+                spark, query, stop, poll_seconds, until_batch, initial_state
             )
         else:  # a cutover with nothing before it: starting would read input past it
             stopped_by_marker, error, progress = False, None, []
@@ -181,7 +181,7 @@ def run_registered_query(
             # The first batch committed with the carried state: the carry-over is complete.
             bootstrap = "complete" if after != before else "pending"
             if after != before:
-                registry.bootstrap_marker(query.name).unlink(missing_ok=True)
+                clear_carry_over(registry, query.name)
                 if not error:
                     proof_started = time.time()
                     proof = _prove(spark, query, carried, initial_state)
@@ -252,7 +252,7 @@ def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -
 def _run_stream(
     spark: SparkSession,
     query: Query,
-    marker: Path | None,
+    stop: Callable[[], bool] | None,
     poll_seconds: float,
     until_batch: int | None,
     initial_state: Any,
@@ -264,7 +264,7 @@ def _run_stream(
 
     try:
         streaming = start_query(
-            spark, query, available_now=marker is None and until_batch is None,
+            spark, query, available_now=stop is None and until_batch is None,
             initial_state=initial_state,
         )  # fmt: skip
     except AnalysisException as err:
@@ -273,7 +273,7 @@ def _run_stream(
         ) from err
     stopped = False
     try:
-        stopped = await_run(streaming, marker, poll_seconds, until_batch)
+        stopped = await_run(streaming, stop, poll_seconds, until_batch)
     except StreamingQueryException:
         pass  # the caller records streaming.exception()
     finally:
@@ -287,7 +287,7 @@ def _run_stream(
 def _run_image_batch(
     spark: SparkSession,
     query: Query,
-    marker: Path | None,
+    stop: Callable[[], bool] | None,
     poll_seconds: float,
     initial_state: Any,
     watermark: dict[str, int],
@@ -302,7 +302,7 @@ def _run_image_batch(
 
     write_image_batch(spark, query.checkpoint, watermark)
     if watermark["next_batch_watermark_ms"] <= watermark["batch_watermark_ms"]:
-        return _run_stream(spark, query, marker, poll_seconds, None, initial_state)
+        return _run_stream(spark, query, stop, poll_seconds, None, initial_state)
     alone = query.model_copy(update={"trigger": Trigger(processing_time="24 hours")})
     _, error, progress = _run_stream(spark, alone, None, poll_seconds, 0, initial_state)
     if error:
@@ -311,7 +311,7 @@ def _run_image_batch(
         last, _ = checkpoint_state(query.checkpoint)
         if last is None:
             return False, "the image batch 0 did not commit", progress
-    stopped, error, more = _run_stream(spark, query, marker, poll_seconds, None, None)
+    stopped, error, more = _run_stream(spark, query, stop, poll_seconds, None, None)
     return stopped, error, progress + more
 
 

@@ -40,7 +40,8 @@ from stateops.core.checkpoint import (
 )
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.registry import Query, schema_fields
-from stateops.core.staging import Staging, remove_stale_staging
+from stateops.core.report import format_bytes
+from stateops.core.staging import Staging, occupied, remove_stale_staging
 from stateops.core.steps import ROADS
 
 __all__ = [
@@ -340,7 +341,7 @@ def transplant_checkpoint(
     if new == cp.root.resolve() or cp.root.resolve() in new.parents:
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
     done = None
-    if new.exists() and (not new.is_dir() or any(new.iterdir())):
+    if occupied(new):
         done = _transplanted(cp, batch, new, query.source.format)
         if done is None:
             raise StateOpsError(f"{new}: not empty; transplant into a new or empty folder")
@@ -361,7 +362,7 @@ def transplant_checkpoint(
                          "removed_staging": removed, "dry_run": dry_run}  # fmt: skip
     log(
         f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
-        f"{batch} -> {new}: {len(files)} state files ({size / 2**20:.1f} MB); the new query "
+        f"{batch} -> {new}: {len(files)} state files ({format_bytes(size)}); the new query "
         f"starts at batch {batch + 1} on its {query.source.format} source {query.source.path}"
     )
     if dry_run:
@@ -385,7 +386,7 @@ def transplant_checkpoint(
     faults.point("renamed")
     seconds = time.monotonic() - started
     log(f"transplant done: {new} (query id {query_id}), {len(files)} files, "
-        f"{size / 2**20:.1f} MB copied, {seconds:.1f} s")  # fmt: skip
+        f"{format_bytes(size)} copied, {seconds:.1f} s")  # fmt: skip
     return result | {"query_id": query_id, "already_transplanted": False,
                      "removed_staging": staging.removed, "seconds": round(seconds, 2)}  # fmt: skip
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.core.access import refuse_unreadable, refuse_unwritable
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.staging import has_entries
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -173,7 +174,7 @@ def check_export(
         is_dir = None  # a new folder; its parents are checked below
     if is_dir is False:
         raise StateOpsError(f"{out}: a file, not a folder; export into a new or empty folder")
-    if is_dir and any(out.iterdir()):
+    if has_entries(out):
         raise CheckpointError(f"{out}: not empty; export into a new or empty folder")
     refuse_unwritable(f"export to {out}", write=[out / MANIFEST])
     return cp, batch
