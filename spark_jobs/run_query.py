@@ -18,7 +18,7 @@ from datetime import datetime
 from stateops.core.errors import StateOpsError, domain_errors, one_line
 from stateops.core.registry import Registry, load_registry
 from stateops.core.times import parse_past_time
-from stateops.ops.cleanup import refuse_pending_rollback
+from stateops.ops.rollback import refuse_pending_rollback
 from stateops.ops.start import checkpoint_state, run_registered_query, write_summary
 
 

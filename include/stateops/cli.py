@@ -225,7 +225,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.ops.backup import backup_checkpoint
-    from stateops.ops.cleanup import run_rollback
+    from stateops.ops.rollback import run_rollback
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
     backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)

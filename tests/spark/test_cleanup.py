@@ -16,7 +16,8 @@ import pytest
 from stateops.control.lock import QueryLock
 from stateops.core.checkpoint import load_checkpoint, relocate_checkpoint
 from stateops.core.verify import verify_checkpoint
-from stateops.ops.cleanup import run_cleanup, run_rollback
+from stateops.ops.cleanup import run_cleanup
+from stateops.ops.rollback import run_rollback
 from tests.spark.harness import (
     ALL_CASES,
     Case,

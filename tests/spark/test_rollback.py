@@ -14,7 +14,7 @@ from stateops.control.lock import QueryLock
 from stateops.core.checkpoint import copy_restart_set, load_checkpoint, relocate_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.cleanup import refuse_pending_rollback
+from stateops.ops.rollback import refuse_pending_rollback
 from tests.conftest import (
     ROOT,
     run_cli,

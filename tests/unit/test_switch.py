@@ -84,7 +84,7 @@ def test_stateops_queries_shows_where_a_switched_query_runs(tmp_path):
 
 
 def test_a_switch_numbers_the_new_checkpoints_output_after_the_old(tmp_path):
-    from stateops.ops.cleanup import plan_sink_rollback
+    from stateops.ops.rollback import plan_sink_rollback
 
     path = write_registry(tmp_path)
     write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {},

@@ -26,13 +26,8 @@ from stateops.core.registry import Registry, derived_registry, load_registry
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
-from stateops.ops.cleanup import (
-    format_plan,
-    plan_digest,
-    plan_rollback,
-    plan_sink_rollback,
-    run_rollback,
-)
+from stateops.ops.deletion import format_plan, plan_digest
+from stateops.ops.rollback import plan_rollback, plan_sink_rollback, run_rollback
 from stateops.ops.start import read_summary
 
 __all__ = [

@@ -60,7 +60,7 @@ from stateops.core.steps import MIGRATION_STEPS, fill
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.ops.carry import carry_differences, refuse_differences
-from stateops.ops.cleanup import execute_sink_plan, plan_sink_rollback
+from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
 from stateops.ops.start import read_summary
 from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 

@@ -23,7 +23,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries
-from stateops.ops.cleanup import refuse_pending_rollback
+from stateops.ops.rollback import refuse_pending_rollback
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,0 +1,298 @@
+"""The deletion engine of cleanup and rollback: a plan names every file it deletes, by
+category, in an order whose every prefix leaves a checkpoint the next run can plan on again;
+executing it deletes exactly those files.
+
+Both operations plan from the checkpoint model and never delete a file that a restart after
+any batch they keep needs (:func:`deletion_plan` refuses, as a bug, a plan that would). The
+categories:
+
+- ``after-rollback-point`` (rollback): everything after the batch rolled back to;
+- ``snapshot-group`` (cleanup): every file of a snapshot group (a base snapshot and the deltas
+  or changelogs built on it) that no retained batch's restart loads;
+- ``orphan-version``: state versions beyond the last committed batch + 1;
+- ``unreferenced-sst``: RocksDB SST and log files that no kept ``N.zip`` refers to;
+- ``old-log`` (cleanup): offsets, commits, source-log, operator-metadata and state-schema
+  entries older than what a restart after the oldest retained batch reads;
+- ``temp``: temp files (``*.tmp``) of interrupted writes;
+- ``crc``: the ``.crc`` sidecars of deleted files, and sidecars whose file is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stateops.control import faults
+from stateops.control.audit import append_audit, audit_dir
+from stateops.control.lock import QueryLock
+from stateops.control.markers import rollback_marker
+from stateops.core.access import refuse_unwritable
+from stateops.core.checkpoint import Checkpoint
+from stateops.core.errors import CheckpointError
+from stateops.core.report import format_bytes
+
+__all__ = [
+    "CATEGORIES",
+    "audit_plan",
+    "deletion_plan",
+    "execute_plan",
+    "format_plan",
+    "plan_digest",
+    "refuse_gaps",
+    "refuse_unwritable_plan",
+    "restart_set",
+]
+
+
+# Deletion order: each prefix of it leaves a checkpoint that the next run can plan on again.
+CATEGORIES = {
+    "after-rollback-point": "after the rollback point",
+    "temp": "temp files of interrupted writes",
+    "orphan-version": "state versions beyond the last committed batch + 1",
+    "snapshot-group": "snapshot groups no retained batch needs",
+    "old-log": "log entries older than the oldest retained restart reads",
+    "unreferenced-sst": "RocksDB files no kept N.zip refers to",
+    "crc": "checksum sidecars of deleted files",
+}
+
+
+_NUMBER = re.compile(r"^(\d+)")
+
+
+def refuse_gaps(cp: Checkpoint) -> None:
+    for log in ("offsets", "commits"):
+        if gaps := cp.gaps(log):
+            raise CheckpointError(
+                f"{cp.root}: {log}/ has a gap (batch {gaps[0]} is missing); the checkpoint is "
+                "damaged: restore it from a backup before cleaning or rolling back"
+            )
+
+
+def restart_set(cp: Checkpoint, batch: int, what: str) -> list[str]:
+    """The restart set of committed ``batch``; refuses, naming the oldest usable batch, when
+    its files are gone (cleaned up before, by Spark or by us)."""
+    needed, missing = cp.restart_requirements(batch)
+    if not missing:
+        return needed
+    usable = None
+    for b in sorted((b for b in cp.commits if b > batch), reverse=True):
+        if b not in cp.offsets or cp.restart_requirements(b)[1]:
+            break
+        usable = b
+    raise CheckpointError(
+        f"{cp.root}: batch {batch} is older than the oldest batch a restart can use "
+        f"({usable if usable is not None else 'none'}; {missing[0]} is gone): {what}"
+    )
+
+
+def _number(rel: str) -> int:
+    """The batch or version number a file's name starts with (-1 for none)."""
+    m = _NUMBER.match(rel.rpartition("/")[2])
+    return int(m.group(1)) if m else -1
+
+
+def _sst_files(cp: Checkpoint) -> set[str]:
+    """RocksDB SST/log files of every store."""
+    return {
+        rel
+        for op in cp.operators
+        for store in op.stores
+        for rel in store.other_files
+        if rel.startswith((store.rel_dir + "/SSTs/", store.rel_dir + "/logs/"))
+    }
+
+
+def _sst_references(cp: Checkpoint, deleted: dict[str, str]) -> set[str]:
+    refs: set[str] = set()
+    for op in cp.operators:
+        for store in op.stores:
+            for rel in store.snapshots.values():
+                if rel.endswith(".zip") and rel not in deleted:
+                    refs.update(cp.rocksdb_zip_references(store, rel))
+    return refs
+
+
+def _finish(cp: Checkpoint, delete: dict[str, str], keep: set[str]) -> None:
+    """Add the RocksDB files left unreferenced, temp files and sidecars; check the guard."""
+    refs = _sst_references(cp, delete)
+    for rel in _sst_files(cp):
+        if rel not in refs and rel not in delete:
+            delete[rel] = "unreferenced-sst"
+    sizes = cp.sizes
+    # Temp files; then sidecars, which go with their file, or when that is gone.
+    for rel in [r for r in sizes if r.endswith((".tmp", ".tmp.crc"))]:
+        delete.setdefault(rel, "temp")
+    for rel in [r for r in sizes if r.endswith(".crc") and r not in delete]:
+        i = rel.rfind("/") + 1
+        if rel[i] == ".":
+            target = rel[:i] + rel[i + 1 : -4]
+            if delete.get(target, "crc") != "crc" or target not in sizes:
+                delete[rel] = "crc"
+    unsafe = sorted(rel for rel in keep if rel in delete)
+    if unsafe:  # a bug, never an input: refuse rather than delete a needed file
+        raise AssertionError(f"plan would delete files a kept restart needs: {unsafe[:5]}")
+
+
+def deletion_plan(
+    cp: Checkpoint, operation: str, delete: dict[str, str], keep: set[str], **extra: Any
+) -> dict[str, Any]:
+    """The plan that deletes ``delete`` (file: category) and keeps ``keep``, with the RocksDB
+    files, temp files and sidecars that go with them, in deletion order, and its totals."""
+    _finish(cp, delete, keep)
+    by_why: dict[str, list[str]] = {why: [] for why in CATEGORIES}
+    for rel, why in delete.items():
+        by_why[why].append(rel)
+    files = {why: _in_order(why, rels) for why, rels in by_why.items() if rels}
+    summary = {
+        why: {"files": len(rels), "bytes": sum(map(cp.sizes.__getitem__, rels))}
+        for why, rels in files.items()
+    }
+    deleted = sum(entry["bytes"] for entry in summary.values())
+    return {
+        "operation": operation,
+        "checkpoint": str(cp.root),
+        "last_committed_batch": cp.last_committed_batch,
+        **extra,
+        "delete": {"files": len(delete), "bytes": deleted},
+        "keep": {
+            "files": len(cp.sizes) - len(delete),
+            "bytes": cp.total_bytes - deleted,
+            "needed_by_restarts": len(keep),
+        },
+        "by_category": summary,
+        "files": files,
+    }
+
+
+def _in_order(why: str, rels: list[str]) -> list[str]:
+    """Deletion order within a category, so that every prefix leaves a plannable checkpoint.
+
+    Old log entries go oldest first (never a gap); a rollback's files and orphan versions
+    newest first, commits before offsets before the rest, so the last committed batch only
+    ever moves down. Whole snapshot groups, unreferenced SSTs, temp files and sidecars need
+    no order: they are kept in the order planned.
+    """
+    if why == "old-log":
+        return sorted(rels, key=lambda rel: (_number(rel), rel))
+    if why in ("after-rollback-point", "orphan-version"):
+        return sorted(rels, key=_newest_first)
+    return rels
+
+
+def _newest_first(rel: str) -> tuple:
+    log = 0 if rel.startswith("commits/") else 1 if rel.startswith("offsets/") else 2
+    return (log, -_number(rel), rel)
+
+
+def execute_plan(
+    plan: dict[str, Any], progress: Callable[[str], None] = print, every_seconds: float = 5.0
+) -> None:
+    """Delete the plan's files in its order; a file already gone was deleted by a killed run."""
+    root = Path(plan["checkpoint"])
+    total = plan["delete"]["files"]
+    last_log = time.time()
+    done = 0
+    for rels in plan["files"].values():
+        for rel in rels:
+            faults.point("delete")
+            (root / rel).unlink(missing_ok=True)
+            done += 1
+            if time.time() - last_log > every_seconds:
+                progress(f"  deleted {done}/{total} files")
+                last_log = time.time()
+
+
+def audit_plan(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> None:
+    append_audit(
+        plan["checkpoint"], plan["operation"], run_id=run_id, result=result,
+        batch_before=plan["last_committed_batch"],
+        batch_after=plan.get("to_batch", plan["last_committed_batch"]),
+        deleted_files=plan["delete"]["files"], deleted_bytes=plan["delete"]["bytes"], **details,
+    )  # fmt: skip
+
+
+def plan_digest(plan: dict[str, Any]) -> str:
+    """What a plan does, as a short digest: the files it deletes, by category, and the sink
+    folders it moves (equal digests, equal work)."""
+    what = [plan["checkpoint"], plan["files"], (plan.get("sink") or {}).get("folders")]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
+    """The plan for a person: what goes, grouped, and what is kept and why."""
+    lines = [f"{plan['operation']} plan for {plan['checkpoint']}"]
+    if plan["operation"] == "cleanup":
+        first, last = plan["retained"]
+        fewer = last - first + 1 < plan["retain_batches"]
+        lines.append(
+            f"  keep restarts after batches {first}..{last}"
+            + (f" (only {last - first + 1} committed batches are left)" if fewer else "")
+            + f": {plan['keep']['needed_by_restarts']} files needed"
+        )
+        groups: dict[tuple, list[dict]] = {}
+        for g in plan["groups"]:
+            groups.setdefault((g["operator"], g["store"], g["action"]), []).append(g)
+        for (op, store, action), gs in sorted(groups.items()):
+            versions = f"{min(g['versions'][0] for g in gs)}..{max(g['versions'][1] for g in gs)}"
+            why = (
+                "a retained restart loads them"
+                if action == "keep"
+                else "no retained batch needs them"
+            )
+            lines.append(
+                f"  operator {op} store {store}: {action} {len(gs)} snapshot groups "
+                f"(versions {versions}, {sum(g['files'] for g in gs)} files, "
+                f"{format_bytes(sum(g['bytes'] for g in gs))}): {why}"
+            )
+    else:
+        lines.append(
+            f"  batch {plan['to_batch']} becomes the last committed batch "
+            f"(now {plan['last_committed_batch']}); everything after it goes"
+        )
+        sink = plan.get("sink")
+        if sink:
+            lines.append(
+                f"  sink {sink['path']}: move {len(sink['folders'])} batch folders and "
+                f"{len(sink['data_files'])} data files aside (_rolled_back/), drop "
+                f"{len(sink['log_entries'])} _spark_metadata entries"
+            )
+        if not plan.get("backup_first"):
+            warning = "WARNING: no backup is taken first (--no-backup)"
+            lines.append(f"  \033[31m{warning}\033[0m" if sys.stdout.isatty() else f"  {warning}")
+    for why, entry in plan["by_category"].items():
+        lines.append(
+            f"  delete {entry['files']} files, {format_bytes(entry['bytes'])}: {CATEGORIES[why]}"
+        )
+    verb = "would delete" if dry_run else "deletes"
+    lines.append(
+        f"  {verb} {plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}; "
+        f"keeps {plan['keep']['files']} files, {format_bytes(plan['keep']['bytes'])}"
+    )
+    return "\n".join(lines)
+
+
+def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
+    """Refuse, before the lock, the backup, the marker or any deletion, a plan this process
+    could not carry out to the end: a read-only checkpoint, sink or audit folder."""
+    root = Path(plan["checkpoint"])
+    audit = audit_dir(root)
+    write = [audit / "audit.jsonl", lock.path, lock.path.with_name(lock.path.name + ".guard")]
+    if plan["operation"] == "rollback":
+        write.append(rollback_marker(root))
+    move: list[Path] = []
+    delete = [root / rel for rels in plan["files"].values() for rel in rels]
+    sink = plan.get("sink")
+    if sink:
+        sink_root = Path(sink["path"])
+        move += [sink_root / name for name in sink["folders"]]
+        move += [Path(uri.removeprefix("file:")) for uri in sink["data_files"]]
+        delete += [sink_root / "_spark_metadata" / name for name in sink["log_entries"]]
+        if sink["folders"] or sink["data_files"]:
+            write.append(sink_root / "_rolled_back" / "x")
+    refuse_unwritable(f"{plan['operation']} of {root}", delete=delete, write=write, move=move)

@@ -1,0 +1,238 @@
+"""Rollback to batch N: batch N becomes the last committed batch, and everything after it goes.
+
+Commits and offsets after N, source-log entries after N's, state versions after N + 1,
+operator metadata and schema files written after N, then the RocksDB files and sidecars left
+unreferenced (the deletion engine: :mod:`stateops.ops.deletion`); the sink's batch folders
+after N are moved aside. A rollback leaves a marker (``<checkpoint>.audit/rollback.json``)
+while it runs; the query refuses to start until a rollback run has finished it, and a rerun
+after a kill resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stateops.control import faults
+from stateops.control.lock import QueryLock
+from stateops.control.markers import clear_rollback, read_rollback, write_rollback
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.report import format_bytes
+from stateops.ops.deletion import (
+    audit_plan,
+    deletion_plan,
+    execute_plan,
+    format_plan,
+    plan_digest,
+    refuse_gaps,
+    refuse_unwritable_plan,
+    restart_set,
+)
+
+__all__ = [
+    "execute_sink_plan",
+    "plan_rollback",
+    "plan_sink_rollback",
+    "refuse_pending_rollback",
+    "run_rollback",
+]
+
+
+def refuse_pending_rollback(checkpoint: str | os.PathLike[str], to_batch: int | None = None):
+    """Raise while an interrupted rollback (to another batch than ``to_batch``) is pending."""
+    pending = read_rollback(checkpoint)
+    if pending is None:
+        return None
+    if to_batch is None or pending["to_batch"] != to_batch:
+        raise StateOpsError(
+            f"{checkpoint}: a rollback to batch {pending['to_batch']} (run {pending['run_id']}) "
+            f"was interrupted; finish it first: stateops rollback {checkpoint} "
+            f"--to-batch {pending['to_batch']}"
+        )
+    return pending
+
+
+def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
+    """What a rollback to committed batch ``to_batch`` deletes (it becomes the last one)."""
+    cp = load_checkpoint(checkpoint)
+    pending = refuse_pending_rollback(cp.root, to_batch)
+    refuse_gaps(cp)
+    last = cp.last_committed_batch
+    if cp.commits and to_batch < min(cp.commits):
+        raise CheckpointError(
+            f"{cp.root}: batch {to_batch} is older than the oldest retained batch "
+            f"({min(cp.commits)}): cleanup removed it; roll back to a later batch, or restore "
+            "an older backup"
+        )
+    if to_batch not in cp.commits:
+        raise CheckpointError(
+            f"{cp.root}: batch {to_batch} is not a committed batch (last committed batch: "
+            f"{last}); pick a batch listed by `stateops inspect`"
+        )
+    keep = set(restart_set(cp, to_batch, "roll back to a later batch, or restore an older backup"))
+    delete: dict[str, str] = {}
+    for log, batches in (("commits", cp.commits), ("offsets", cp.offsets)):
+        delete.update({f"{log}/{b}": "after-rollback-point" for b in batches if b > to_batch})
+    for name, log in cp.sources.items():
+        upper = cp.file_log_offset(to_batch, int(name)) if name.isdigit() else None
+        upper = to_batch if upper is None else upper  # other sources' logs go by batch id
+        for i, rel in log.items():
+            if i > upper:
+                delete[rel] = "after-rollback-point"
+    for op in cp.operators:
+        for b, rel in op.metadata_files.items():
+            if b is not None and b > to_batch:
+                delete[rel] = "after-rollback-point"
+        for rel, written_by in op.schema_files.items():
+            if written_by > to_batch and rel not in keep:
+                delete[rel] = "after-rollback-point"
+        for store in op.stores:
+            for v in store.versions:
+                if v > to_batch + 1:
+                    delete.update(dict.fromkeys(store.version_files(v), "after-rollback-point"))
+    return deletion_plan(cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending)
+
+
+def plan_sink_rollback(
+    sink: str | os.PathLike[str], to_batch: int, batch_offset: int = 0
+) -> dict[str, Any]:
+    """What makes a sink consistent with a rollback to ``to_batch``.
+
+    A per-batch sink (``batch_id=K`` folders, the registered queries' ``foreachBatch``; K is
+    the batch plus the sink's ``batch_offset``) moves the folders of later batches aside.
+    Spark's file sink drops its ``_spark_metadata`` entries after ``to_batch`` and moves the
+    data files only they name aside. Moved aside is
+    ``<sink>/_rolled_back/<run id>/``: readers skip ``_`` folders, and nothing is lost.
+    """
+    root = Path(sink)
+    folders = sorted(
+        p.name
+        for p in root.glob("batch_id=*")
+        if int(p.name.split("=", 1)[1]) > to_batch + batch_offset
+    )
+    log_dir = root / "_spark_metadata"
+    entries = {}
+    if log_dir.is_dir():
+        for p in log_dir.iterdir():
+            m = re.fullmatch(r"(\d+)(\.compact)?", p.name)
+            if m:
+                entries[int(m.group(1))] = p.name
+    later = sorted((b for b in entries if b > to_batch), reverse=True)
+    data_files: list[str] = []
+    if later:
+        compacts = [b for b in entries if b <= to_batch and entries[b].endswith(".compact")]
+        start = max(compacts) if compacts else 0
+        kept = [entries.get(b) for b in range(start, to_batch + 1)]
+        if None in kept:
+            raise StateOpsError(
+                f"{log_dir}: compacted after batch {to_batch} and the entries before it are gone; "
+                "the file sink cannot be rolled back to that batch"
+            )
+        named_later = {p for b in later for p in _sink_log_paths(log_dir / entries[b])}
+        named_kept = {p for name in kept for p in _sink_log_paths(log_dir / name)}
+        data_files = sorted(named_later - named_kept)
+    return {
+        "path": str(root),
+        "folders": folders,
+        "log_entries": [entries[b] for b in later],
+        "data_files": data_files,
+    }
+
+
+def _sink_log_paths(path: Path) -> list[str]:
+    paths = []
+    for line in path.read_text(encoding="utf-8").split("\n")[1:]:
+        if line.strip():
+            paths.append(json.loads(line)["path"])
+    return paths
+
+
+def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
+    """Move a sink plan's folders and files to ``<sink>/_rolled_back/<run_id>/``."""
+    root = Path(sink["path"])
+    aside = root / "_rolled_back" / run_id
+    for name in sink["folders"]:
+        faults.point("move")
+        aside.mkdir(parents=True, exist_ok=True)
+        if (root / name).exists():
+            (root / name).rename(aside / name)
+    for name in sink["log_entries"]:  # newest first, like the checkpoint's logs
+        faults.point("delete")
+        (root / "_spark_metadata" / name).unlink(missing_ok=True)
+    for uri in sink["data_files"]:
+        faults.point("move")
+        src = Path(uri.removeprefix("file:"))
+        if src.exists():
+            dest = aside / src.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            src.rename(dest)
+
+
+def run_rollback(
+    checkpoint: str | os.PathLike[str],
+    to_batch: int,
+    lock: QueryLock,
+    *,
+    sink: str | os.PathLike[str] | None = None,
+    sink_batch_offset: int = 0,
+    backup: Callable[[], str] | None = None,
+    dry_run: bool = False,
+    planned: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Make ``to_batch`` the last committed batch: backup (``backup()`` returns its id),
+    marker, checkpoint deletions, sink, audit, marker removed. A rerun after a kill resumes.
+    The plan it returns names the ``run_id`` (the sink's ``_rolled_back/<run_id>/``) and the
+    ``backup_id``. ``planned``: the :func:`plan_digest` of the plan the operator saw (a
+    backfill's); the rollback refuses, changing nothing, if the plan made under the lock
+    differs from it."""
+
+    def plan_all() -> dict[str, Any]:
+        plan = plan_rollback(checkpoint, to_batch)
+        plan["sink"] = plan_sink_rollback(sink, to_batch, sink_batch_offset) if sink else None
+        plan["backup_first"] = backup is not None
+        return plan
+
+    plan = plan_all()  # before the lock, the backup and the marker: see run_cleanup
+    if dry_run:
+        log(format_plan(plan, dry_run=True))
+        return plan
+    refuse_unwritable_plan(plan, lock)
+    with lock:
+        started = time.time()
+        plan = plan_all()
+        if planned is not None and plan_digest(plan) != planned:
+            raise CheckpointError(
+                f"{plan['checkpoint']} changed since the plan was made (last committed batch now "
+                f"{plan['last_committed_batch']}): nothing was rolled back; plan again"
+            )
+        refuse_unwritable_plan(plan, lock)
+        log(format_plan(plan, dry_run=False))
+        if pending := plan["resumes"]:  # an interrupted run already backed up and marked
+            run_id, backup_id = pending["run_id"], pending.get("backup_id")
+            log(f"resuming the interrupted rollback {run_id}")
+        else:
+            run_id, backup_id = lock.run_id, backup() if backup else None
+            write_rollback(checkpoint, {"to_batch": to_batch, "run_id": run_id,
+                                        "backup_id": backup_id})  # fmt: skip
+        execute_plan(plan, log)
+        if plan["sink"]:
+            execute_sink_plan(plan["sink"], run_id)
+        seconds = round(time.time() - started, 1)
+        audit_plan(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
+        clear_rollback(checkpoint)
+    plan.update(run_id=run_id, backup_id=backup_id)
+    log(
+        f"rollback {run_id} of {plan['checkpoint']}: batch {to_batch} is the last committed "
+        "batch; deleted "
+        f"{plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}"
+        + (f"; backup {backup_id}" if backup_id else "; no backup")
+        + f"; {seconds} s"
+    )
+    return plan
