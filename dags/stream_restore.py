@@ -5,7 +5,7 @@ Restores a checkpoint backup made by `stream_checkpoint_backup` (or `stateops ba
 it with the form; **dry run** (on by default) only prints the plan.
 
 The plan and the restore are the library's (`stateops.ops.restore`), the same as
-`stateops restore QUERY [BACKUP_ID]`, so both refuse the same things in the same words. Bad
+`stateops restore QUERY --backup latest|ID`, so both refuse the same things in the same words. Bad
 input fails a task in one line, without retries.
 
 1. `plan`: finds the backup (`latest`, or a backup id from `stateops backups list`) under the

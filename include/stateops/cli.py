@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from stateops.control.audit import audit_dir, read_audit
 from stateops.control.lock import force_release, read_hold, read_lock
@@ -471,71 +472,56 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stateops", description="Lifecycle operations for Spark streaming state."
-    )
-    parser.add_argument(
-        "--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+TARGET = "checkpoint directory, or a registered query's name"
 
+
+def _flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
+    p.add_argument(name, action="store_true", help=help)
+
+
+def _master(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+
+
+def _checkpoint_commands(sub: Any) -> None:
+    """Read-only looks at a checkpoint, and its state export."""
     p = sub.add_parser("inspect", help="what a checkpoint holds and what a restart needs")
-    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument(
-        "--files-for-batch",
-        type=int,
-        metavar="N",
-        help="files a restart after committed batch N needs",
-    )
-    p.add_argument(
-        "--min-deltas-for-snapshot",
-        type=_positive,
-        metavar="K",
-        help="for group ids (default: registry's, or 10)",
-    )
+    p.add_argument("checkpoint", help=TARGET)
+    _flag(p, "--json", "machine-readable output")
+    p.add_argument("--files-for-batch", type=int, metavar="N",
+                   help="files a restart after committed batch N needs")  # fmt: skip
+    p.add_argument("--min-deltas-for-snapshot", type=_positive, metavar="K",
+                   help="for group ids (default: registry's, or 10)")  # fmt: skip
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
         "verify", help="file-level integrity: exit 0 sound, 1 with errors (each names a file)"
     )
-    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument(
-        "--data", action="store_true", help="then Great Expectations on the state (a QUERY; Spark)"
-    )
-    p.add_argument("--master", default="local[2]", help="Spark master for --data")
+    p.add_argument("checkpoint", help=TARGET)
+    _flag(p, "--json", "machine-readable output")
+    _flag(p, "--data", "then Great Expectations on the state (a QUERY; Spark)")
+    _master(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("export", help="state at a committed batch as Parquet + manifest (Spark)")
-    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("checkpoint", help=TARGET)
     p.add_argument("--out", required=True, help="a new or empty folder")
     p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
-    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    _master(p)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("bootstrap", help="start a query on a new checkpoint with initial state")
-    p.add_argument("query")
-    p.add_argument("--initial-state", required=True, help="an export, a checkpoint, or files")
-    p.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
-    p.add_argument("--carry-over", choices=ROADS, default="auto",
-                   help="from a checkpoint: transplant its state files, or export it")  # fmt: skip
-    p.add_argument("--accept-differences", action="store_true",
-                   help="carry the state over even where the initialState road changes what "
-                   "the query computes (the refusal lists how)")  # fmt: skip
-    p.add_argument("--dry-run", action="store_true", help="print what it would do")
-    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
-    p.set_defaults(func=cmd_bootstrap)
+    p = sub.add_parser("audit", help="a checkpoint's audit log")
+    p.add_argument("checkpoint", help=TARGET)
+    _flag(p, "--json", "machine-readable output")
+    p.set_defaults(func=cmd_audit)
 
-    s3_conn = argparse.ArgumentParser(add_help=False)
-    s3_conn.add_argument(
-        "--conn-id", help="Airflow aws connection (AIRFLOW_CONN_<ID>); default: the environment"
-    )
+
+def _backup_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
+    """Backups on S3 and their restore."""
     p = sub.add_parser(
         "backup", parents=[s3_conn], help="upload the restart set of a committed batch to S3"
     )
-    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("checkpoint", help=TARGET)
     p.add_argument("--to", required=True, help="s3://BUCKET/PREFIX")
     p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     p.set_defaults(func=cmd_backup)
@@ -544,19 +530,14 @@ def build_parser() -> argparse.ArgumentParser:
         "restore", parents=[s3_conn],
         help="restore a backup: into a new folder, or over a query's checkpoint under its lock",
     )  # fmt: skip
-    p.add_argument(
-        "source", help="s3://BUCKET/PREFIX/BACKUP_ID (or .../latest), or a registered query's name"
-    )
-    p.add_argument(
-        "backup", nargs="?", help="after a query's name: a backup id, or latest (the default)"
-    )
+    p.add_argument("source", help="a registered query's name, or s3://BUCKET/PREFIX/BACKUP_ID")
+    p.add_argument("--backup", metavar="latest|ID",
+                   help="for a query: a backup id, or latest (the default)")  # fmt: skip
     p.add_argument("--to", help="target folder (default for a query: its checkpoint)")
-    p.add_argument("--replace", action="store_true", help="move a non-empty target aside")
-    p.add_argument(
-        "--allow-other-query", action="store_true",
-        help="allow a backup of another query (another query id) over the target's state",
-    )  # fmt: skip
-    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    _flag(p, "--replace", "move a non-empty target aside")
+    _flag(p, "--allow-other-query",
+          "allow a backup of another query (another query id) over the target's state")  # fmt: skip
+    _flag(p, "--dry-run", "print the plan, change nothing")
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser(
@@ -569,44 +550,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-last", type=int, help="prune: keep the newest K backups")
     p.add_argument("--max-age", help="prune: keep backups younger than this (30d, 12h)")
     p.add_argument("--grace", default="1h", help="prune: keep unreferenced objects this young")
-    p.add_argument("--dry-run", action="store_true", help="prune: print the plan, delete nothing")
+    _flag(p, "--dry-run", "prune: print the plan, delete nothing")
     p.set_defaults(func=cmd_backups)
 
+
+def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
+    """Cleanup and rollback, and the backfill that rolls back and reprocesses."""
     p = sub.add_parser(
         "cleanup", help="delete snapshot groups and log entries no retained restart needs"
     )
-    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("checkpoint", help=TARGET)
     p.add_argument(
         "--retain-batches", type=_positive, required=True, metavar="K",
         help="keep what restarts after each of the last K committed batches need",
     )  # fmt: skip
-    p.add_argument("--dry-run", action="store_true", help="print the plan, delete nothing")
-    p.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
+    _flag(p, "--dry-run", "print the plan, delete nothing")
+    _flag(p, "--json", "the plan as JSON on stdout")
     p.set_defaults(func=cmd_cleanup)
 
     p = sub.add_parser(
         "rollback", parents=[s3_conn], help="make committed batch N the last one (backup first)"
     )
-    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
+    p.add_argument("checkpoint", help=TARGET)
     p.add_argument("--to-batch", type=int, required=True, metavar="N")
-    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("--no-backup", action="store_true", help="skip the backup (not advised)")
+    _flag(p, "--dry-run", "print the plan, change nothing")
+    _flag(p, "--no-backup", "skip the backup (not advised)")
     p.add_argument("--backup-to", help="s3://BUCKET/PREFIX (default: the registry's)")
     p.add_argument("--sink", help="the sink folder to make consistent (default: the registry's)")
-    p.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
+    _flag(p, "--json", "the plan as JSON on stdout")
     p.set_defaults(func=cmd_rollback)
-
-    p = sub.add_parser(
-        "transplant", help="a new checkpoint from an old one's state files, for a new source"
-    )
-    p.add_argument("old", help="the old checkpoint directory, or a registered query's name")
-    p.add_argument("new", help="a new or empty folder")
-    p.add_argument("--query", help="the registered query that runs on it (default: OLD's)")
-    p.add_argument("--source-format", help="the new source's format (default: the query's)")
-    p.add_argument("--source-path", help="the new source's folder (default: the query's)")
-    p.add_argument("--batch", type=int, help="the committed batch to carry (default: the last)")
-    p.add_argument("--dry-run", action="store_true", help="check and print the plan, write nothing")
-    p.set_defaults(func=cmd_transplant)
 
     p = sub.add_parser(
         "backfill", parents=[s3_conn],
@@ -624,10 +596,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="merged into the query's registry entry for the reprocessing (processor, "
         "watermark, expectations, spark_conf)",
     )  # fmt: skip
-    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("--json", action="store_true", help="the plan or the result as JSON")
-    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    _flag(p, "--dry-run", "print the plan, change nothing")
+    _flag(p, "--json", "the plan or the result as JSON")
+    _master(p)
     p.set_defaults(func=cmd_backfill)
+
+
+def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
+    """State carried to a new checkpoint: bootstrap, transplant, migration."""
+    accept = ("carry the state over even where the initialState road changes what the query "
+              "computes (the refusal lists how)")  # fmt: skip
+    p = sub.add_parser("bootstrap", help="start a query on a new checkpoint with initial state")
+    p.add_argument("query")
+    p.add_argument("--initial-state", required=True, help="an export, a checkpoint, or files")
+    p.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
+    p.add_argument("--carry-over", choices=ROADS, default="auto",
+                   help="from a checkpoint: transplant its state files, or export it")  # fmt: skip
+    _flag(p, "--accept-differences", accept)
+    _flag(p, "--dry-run", "print what it would do")
+    _master(p)
+    p.set_defaults(func=cmd_bootstrap)
+
+    p = sub.add_parser(
+        "transplant", help="a new checkpoint from an old one's state files, for a new source"
+    )
+    p.add_argument("old", help="the old checkpoint directory, or a registered query's name")
+    p.add_argument("new", help="a new or empty folder")
+    p.add_argument("--query", help="the registered query that runs on it (default: OLD's)")
+    p.add_argument("--source-format", help="the new source's format (default: the query's)")
+    p.add_argument("--source-path", help="the new source's folder (default: the query's)")
+    p.add_argument("--batch", type=int, help="the committed batch to carry (default: the last)")
+    _flag(p, "--dry-run", "check and print the plan, write nothing")
+    p.set_defaults(func=cmd_transplant)
 
     p = sub.add_parser(
         "migrate", parents=[s3_conn],
@@ -641,19 +641,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--new-source-format", default="parquet", help="default: parquet")
     p.add_argument("--new-source-schema", help="DDL (default: the query's current schema)")
+    p.add_argument("--new-source-option", type=_option, action="append", default=[],
+                   metavar="KEY=VALUE", help="a reader option (repeat for more)")  # fmt: skip
     p.add_argument(
-        "--new-source-option",
-        type=_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a reader option (repeat for more)",
-    )
-    p.add_argument(
-        "--cutover",
-        default="drain",
+        "--cutover", default="drain",
         help="drain (default), or a past time: the old source reads the files modified before it",
-    )
+    )  # fmt: skip
     p.add_argument("--new-checkpoint", help="a new or empty folder (default: <checkpoint>.v2)")
     p.add_argument(
         "--carry-over",
@@ -661,16 +654,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="transplant the state files, or export + initialState (default: auto)",
     )
-    p.add_argument(
-        "--accept-differences",
-        action="store_true",
-        help="carry the state over even where the initialState road changes what "
-        "the query computes (the refusal lists how)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    _flag(p, "--accept-differences", accept)
+    _flag(p, "--dry-run", "print the plan, change nothing")
+    _master(p)
     p.set_defaults(func=cmd_migrate)
 
+
+def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
+    """The registry's queries: list, health, runs, locks, sample data."""
     p = sub.add_parser("queries", help="validate the registry and list its queries")
     p.set_defaults(func=cmd_queries)
 
@@ -679,9 +670,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="each query's state health: checkpoint, state, cleanup, backups, validation, lineage",
     )  # fmt: skip
     p.add_argument("query", nargs="?", help="one registered query (default: all)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-backups", action="store_true", help="do not list the backup store")
+    _flag(p, "--json", "machine-readable output")
+    _flag(p, "--no-backups", "do not list the backup store")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("run", help="run a registered query under its lock (Spark)")
+    p.add_argument("query")
+    p.add_argument("--mode", choices=["available-now", "continuous"], default="available-now")
+    _master(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "stop", help="ask a continuously running query to stop after its current batch"
+    )
+    p.add_argument("query")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("lock", help="show or force-release a query's lifecycle lock")
+    p.add_argument("action", choices=["show", "release"])
+    p.add_argument("query")
+    p.set_defaults(func=cmd_lock)
 
     p = sub.add_parser(
         "generate", help="write deterministic sample events for both reference pipelines"
@@ -697,27 +705,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--initial-pages", metavar="FILE", help="also write a page_visits initial state")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("lock", help="show or force-release a query's lifecycle lock")
-    p.add_argument("action", choices=["show", "release"])
-    p.add_argument("query")
-    p.set_defaults(func=cmd_lock)
 
-    p = sub.add_parser("audit", help="a checkpoint's audit log")
-    p.add_argument("checkpoint", help="checkpoint directory, or a registered query's name")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_audit)
-
-    p = sub.add_parser("run", help="run a registered query under its lock (Spark)")
-    p.add_argument("query")
-    p.add_argument("--mode", choices=["available-now", "continuous"], default="available-now")
-    p.add_argument("--master", default="local[2]", help="Spark master")
-    p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser(
-        "stop", help="ask a continuously running query to stop after its current batch"
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stateops", description="Lifecycle operations for Spark streaming state."
     )
-    p.add_argument("query")
-    p.set_defaults(func=cmd_stop)
+    parser.add_argument(
+        "--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    s3_conn = argparse.ArgumentParser(add_help=False)
+    s3_conn.add_argument(
+        "--conn-id", help="Airflow aws connection (AIRFLOW_CONN_<ID>); default: the environment"
+    )
+    _checkpoint_commands(sub)
+    _backup_commands(sub, s3_conn)
+    _deletion_commands(sub, s3_conn)
+    _carry_over_commands(sub, s3_conn)
+    _query_commands(sub, s3_conn)
     return parser
 
 

@@ -155,6 +155,14 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spar
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     assert load_checkpoint(target).last_committed_batch == last
     assert f"restoring {backups[0]['backup_id']}" in run.stdout + run.stderr
+    # `stateops restore --backup latest` into the same folder gives the same bytes.
+    by_dag = target.with_name("restored-by-dag")
+    target.rename(by_dag)
+    cli = run_cli("--registry", str(path), "restore", "page_visits", "--backup", "latest",
+                  "--to", str(target), "--conn-id", "aws_default", env=env)  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["backup_id"] == backups[0]["backup_id"]
+    assert tree_digest(target) == tree_digest(by_dag)
 
 
 def test_airflow_dags_test_stream_snapshot_cleanup(spark, tmp_path):

@@ -99,7 +99,7 @@ def test_a_restore_over_a_query_whose_lock_another_process_holds_is_refused(
     registry, checkpoint = registered
     lock = load_registry(registry).lock_path("page_visits")
     before, siblings = tree_digest(checkpoint), _siblings(checkpoint)
-    cli = ("--registry", str(registry), "restore", "page_visits", "latest", "--replace")
+    cli = ("--registry", str(registry), "restore", "page_visits", "--backup", "latest", "--replace")
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         text=True,

@@ -38,7 +38,7 @@ from stateops.control.lock import (
     safe_run_id,
 )
 from stateops.control.markers import clear_carry_over, request_stop, withdraw_stop
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
     LockHeldError,
@@ -155,52 +155,10 @@ def plan_migration(
     source = _new_source(registry, query, new_source)
     if cutover != "drain":
         cutover = parse_past_time(cutover, "cutover").isoformat()
-    folder = Path(source.path)
-    if not folder.is_dir():
-        raise StateOpsError(
-            f"new source path {folder} does not exist or is not a folder: create it and land "
-            "the new source's input there, then trigger again"
-        )
-    if source.format == query.source.format and source.path == query.source.path:
-        raise StateOpsError(f"the new source is {name}'s current source: nothing to migrate")
-    files = sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_")))
-    if not files:
-        raise StateOpsError(
-            f"new source folder {folder} has no input yet: land its first files (the carry-over "
-            "is proven on the new source's first batch), then trigger again"
-        )
-    _check_schema(query, source)
-    _check_files(source)
-    new = Path(registry.data_dir / new_checkpoint if new_checkpoint else default_checkpoint(query))
-    new = new.resolve()
+    files = _check_new_source(query, source)
+    new = _new_checkpoint(registry, query, new_checkpoint)
+    cp = _sound_checkpoint(query)
     old = Path(query.checkpoint)
-    if new == old or old in new.parents or new in old.parents:
-        raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
-    if occupied(new):
-        raise StateOpsError(
-            f"new checkpoint {new} is not empty: name a new or empty folder (or leave the field "
-            "empty for the default beside the old checkpoint)"
-        )
-    try:
-        Query.model_validate(
-            {**query.model_dump(by_alias=True), "source": source.model_dump(by_alias=True)}
-        )
-    except ValidationError as err:
-        first = err.errors()[0]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise StateOpsError(f"new source: {message}") from None
-    cp = load_checkpoint(old)
-    if cp.last_committed_batch is None:
-        raise CheckpointError(
-            f"{old} has no committed batch: there is no state to carry over; start {name} on "
-            "the new source instead"
-        )
-    findings = verify_checkpoint(old)
-    if not findings["ok"]:
-        raise CheckpointError(
-            f"{old} fails verification ({error_summary(findings)}); repair or restore it "
-            "before migrating"
-        )
     runs_as = _runs_as(query, source, new)
     refusals = transplant_refusals(cp, runs_as)
     road = choose_road(carry_over, refusals, log=lambda line: None)
@@ -235,6 +193,68 @@ def plan_migration(
         "running": None if lock is None else lock.run_id,
         "new_source_files": files,
     }
+
+
+def _check_new_source(query: Query, source: Source) -> int:
+    """Refuse a new source the query cannot run on; the number of its input files."""
+    folder = Path(source.path)
+    if not folder.is_dir():
+        raise StateOpsError(
+            f"new source path {folder} does not exist or is not a folder: create it and land "
+            "the new source's input there, then trigger again"
+        )
+    if source.format == query.source.format and source.path == query.source.path:
+        raise StateOpsError(f"the new source is {query.name}'s current source: nothing to migrate")
+    files = sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_")))
+    if not files:
+        raise StateOpsError(
+            f"new source folder {folder} has no input yet: land its first files (the carry-over "
+            "is proven on the new source's first batch), then trigger again"
+        )
+    _check_schema(query, source)
+    _check_files(source)
+    try:
+        Query.model_validate(
+            {**query.model_dump(by_alias=True), "source": source.model_dump(by_alias=True)}
+        )
+    except ValidationError as err:
+        first = err.errors()[0]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise StateOpsError(f"new source: {message}") from None
+    return files
+
+
+def _new_checkpoint(registry: Registry, query: Query, new_checkpoint: str) -> Path:
+    """The new checkpoint's folder (default: beside the old one): new or empty, apart from it."""
+    new = Path(registry.data_dir / new_checkpoint if new_checkpoint else default_checkpoint(query))
+    new = new.resolve()
+    old = Path(query.checkpoint)
+    if new == old or old in new.parents or new in old.parents:
+        raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
+    if occupied(new):
+        raise StateOpsError(
+            f"new checkpoint {new} is not empty: name a new or empty folder (or leave the field "
+            "empty for the default beside the old checkpoint)"
+        )
+    return new
+
+
+def _sound_checkpoint(query: Query) -> Checkpoint:
+    """The old checkpoint, refused without a committed batch or when it fails verification."""
+    old = query.checkpoint
+    cp = load_checkpoint(old)
+    if cp.last_committed_batch is None:
+        raise CheckpointError(
+            f"{old} has no committed batch: there is no state to carry over; start "
+            f"{query.name} on the new source instead"
+        )
+    findings = verify_checkpoint(old)
+    if not findings["ok"]:
+        raise CheckpointError(
+            f"{old} fails verification ({error_summary(findings)}); repair or restore it "
+            "before migrating"
+        )
+    return cp
 
 
 def _runs_as(query: Query, source: Source | dict[str, Any], checkpoint: str | Path) -> Query:

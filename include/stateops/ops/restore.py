@@ -127,18 +127,10 @@ def _holder(info: LockInfo) -> str:
     return f"{info.operation} (run {info.run_id}, {info.owner})"
 
 
-def _plan(
-    source: str,
-    client: Any,
-    *,
-    backup: str | None,
-    to: str | os.PathLike[str] | None,
-    registry: Registry | None,
-    replace: bool,
-    allow_other_query: bool,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The plan and the backup's manifest (kept out of the plan: thousands of file entries)."""
-    loc, wanted, query = _backup_location(source, backup, registry)
+def _target(
+    source: str, to: str | os.PathLike[str] | None, query: str | None, registry: Registry | None
+) -> Path:
+    """Where the restore goes: ``to``, or the query's own checkpoint; never through a link."""
     if to is None:
         if query is None or registry is None:
             raise StateOpsError(f"{source}: say where to restore it: --to PATH")
@@ -151,6 +143,29 @@ def _plan(
         )
     if target.exists() and not target.is_dir():
         raise StateOpsError(f"{target}: not a folder; restore into a new or empty folder")
+    return target
+
+
+def _lock_state(registry: Registry, name: str) -> dict[str, Any]:
+    """Who holds the query's lock or hold now (the plan shows it; the restore decides again)."""
+    path = registry.lock_path(name)
+    held = read_hold(path) or live_lock(path)
+    return {"query": name, "held_by": _holder(held) if held else None}
+
+
+def _plan(
+    source: str,
+    client: Any,
+    *,
+    backup: str | None,
+    to: str | os.PathLike[str] | None,
+    registry: Registry | None,
+    replace: bool,
+    allow_other_query: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan and the backup's manifest (kept out of the plan: thousands of file entries)."""
+    loc, wanted, query = _backup_location(source, backup, registry)
+    target = _target(source, to, query, registry)
     filled = has_entries(target)
     target_id = _query_id(target) if filled else None
     target_batch = _last_batch(target) if target_id is not None else None
@@ -167,11 +182,6 @@ def _plan(
         and _holds_backup(target, manifest)
     )
     owner = registry.owner_of(target) if registry is not None else None
-    lock = None
-    if owner is not None:
-        path = registry.lock_path(owner.name)
-        held = read_hold(path) or live_lock(path)
-        lock = {"query": owner.name, "held_by": _holder(held) if held else None}
     plan = {
         "operation": "restore",
         "query": query,
@@ -191,7 +201,7 @@ def _plan(
         "target_query_id": target_id,
         "target_batch": target_batch,
         "owner": owner.name if owner is not None else None,
-        "lock": lock,
+        "lock": _lock_state(registry, owner.name) if owner is not None else None,
         "other_query": other,
         "allow_other_query": allow_other_query,
         "replace": replace,

@@ -108,6 +108,54 @@ def await_run(
     return False
 
 
+def _cutover_run(query: Query, cutover: datetime, first: int) -> tuple[Query, list[Path], int]:
+    """The query as a cutover run runs it: one batch of exactly the input files not read yet
+    and modified before ``cutover`` (Spark refuses ``modifiedBefore`` on streams); those files,
+    and the batch after which it stops."""
+    pending = files_before(query, cutover)
+    print(f"{query.name}: {len(pending)} input files modified before "
+          f"{cutover.isoformat()} not read yet", file=sys.stderr)  # fmt: skip
+    options = {**query.source.options, "maxFilesPerTrigger": max(len(pending), 1)}
+    query = query.model_copy(update={
+        "source": query.source.model_copy(update={"options": options}),
+        "trigger": Trigger(processing_time="24 hours"),
+    })  # fmt: skip
+    return query, pending, first if pending else first - 1
+
+
+def _run(
+    spark: SparkSession,
+    query: Query,
+    stop: Callable[[], bool] | None,
+    poll_seconds: float,
+    first: int,
+    until_batch: int | None,
+    initial_state: Any,
+    origin: dict[str, Any] | None,
+) -> tuple[bool, Any, list]:
+    """(stopped by a stop request, error, progress) of the query's run from batch ``first``."""
+    if origin:  # from a state export: batch 0 is the image of the exported batch
+        return _run_image_batch(
+            spark, query, stop, poll_seconds, initial_state, origin["watermark"]
+        )
+    if until_batch is None or until_batch >= first:
+        return _run_stream(spark, query, stop, poll_seconds, until_batch, initial_state)
+    return False, None, []  # a cutover with nothing before it: starting would read past it
+
+
+def _proof_error(proof: dict[str, Any]) -> str | None:
+    """Print the carry-over proof; the run's error if it failed."""
+    from stateops.spark.proof import format_proof, proof_failures
+
+    print(format_proof(proof), end="", file=sys.stderr)
+    if proof["ok"]:
+        return None
+    return (
+        f"carry-over proof failed: {proof_failures(proof)}; details in {proof['proof_file']}; "
+        "move the checkpoint aside and carry the state over again"
+    )
+
+
 def run_registered_query(
     registry: Registry,
     name: str,
@@ -129,7 +177,6 @@ def run_registered_query(
     their number, the trigger a long one, and the query stops once that batch commits.
     """
     from stateops.ops.bootstrap import pending_carry_over, read_initial_state
-    from stateops.spark.proof import format_proof, proof_failures
     from stateops.spark.streaming import build_session, progress_summary
 
     query = registry.query(name)
@@ -142,15 +189,7 @@ def run_registered_query(
         started = time.time()
         until_batch = None
         if cutover is not None:
-            pending = files_before(query, cutover)
-            print(f"{query.name}: {len(pending)} input files modified before "
-                  f"{cutover.isoformat()} not read yet", file=sys.stderr)  # fmt: skip
-            options = {**query.source.options, "maxFilesPerTrigger": max(len(pending), 1)}
-            query = query.model_copy(update={
-                "source": query.source.model_copy(update={"options": options}),
-                "trigger": Trigger(processing_time="24 hours"),
-            })  # fmt: skip
-            until_batch = first if pending else first - 1
+            query, pending, until_batch = _cutover_run(query, cutover, first)
             stop = None
         if stop is not None and stop():
             print(f"removed a stale stop request of {query.name}", file=sys.stderr)
@@ -162,16 +201,9 @@ def run_registered_query(
             initial_state = read_initial_state(spark, query, carried["initial_state"],
                                                carried["format"])  # fmt: skip
         origin = carried.get("origin") if carried and before is None else None
-        if origin:  # from a state export: batch 0 is the image of the exported batch
-            stopped_by_marker, error, progress = _run_image_batch(
-                spark, query, stop, poll_seconds, initial_state, origin["watermark"]
-            )
-        elif until_batch is None or until_batch >= first:
-            stopped_by_marker, error, progress = _run_stream(
-                spark, query, stop, poll_seconds, until_batch, initial_state
-            )
-        else:  # a cutover with nothing before it: starting would read input past it
-            stopped_by_marker, error, progress = False, None, []
+        stopped_by_marker, error, progress = _run(
+            spark, query, stop, poll_seconds, first, until_batch, initial_state, origin
+        )
         after, uncommitted = checkpoint_state(query.checkpoint)
         committed = [] if after is None else list(range(first, after + 1))
         if cutover is not None and not error:
@@ -183,16 +215,8 @@ def run_registered_query(
             if after != before:
                 clear_carry_over(registry, query.name)
                 if not error:
-                    proof_started = time.time()
                     proof = _prove(spark, query, carried, initial_state)
-                    proof["seconds"] = round(time.time() - proof_started, 1)
-                    print(format_proof(proof), end="", file=sys.stderr)
-                    if not proof["ok"]:
-                        error = (
-                            f"carry-over proof failed: {proof_failures(proof)}; details in "
-                            f"{proof['proof_file']}; move the checkpoint aside and carry the "
-                            "state over again"
-                        )
+                    error = _proof_error(proof)
         summary = {
             "query": query.name,
             "operation": operation,
@@ -218,19 +242,20 @@ def run_registered_query(
             "prepared": prepared,
             **progress_summary(progress),
         }
-        append_audit(
-            query.checkpoint,
-            operation,
-            run_id=run_id,
-            result=summary["status"],
-            batch_before=before,
-            batch_after=after,
-            mode=mode,
-            batches_run=summary["batches_run"],
-            bootstrap=bootstrap,
-            proof=None if proof is None else proof["ok"],
-        )
+        _audit(summary)
     return summary
+
+
+def _audit(summary: dict[str, Any]) -> None:
+    """The run's line in its checkpoint's audit log."""
+    proof = summary["proof"]
+    append_audit(
+        summary["checkpoint"], summary["operation"], run_id=summary["run_id"],
+        result=summary["status"], batch_before=summary["last_committed_batch_before"],
+        batch_after=summary["last_committed_batch"], mode=summary["mode"],
+        batches_run=summary["batches_run"], bootstrap=summary["bootstrap"],
+        proof=None if proof is None else proof["ok"],
+    )  # fmt: skip
 
 
 def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -> str | None:
@@ -318,18 +343,22 @@ def _run_image_batch(
 def _prove(
     spark: SparkSession, query: Query, carried: dict[str, Any], initial_state: Any
 ) -> dict[str, Any]:
-    """The carry-over proof for the road ``carried`` took (:mod:`stateops.spark.proof`)."""
+    """The carry-over proof for the road ``carried`` took (:mod:`stateops.spark.proof`),
+    with the seconds it took."""
     from stateops.spark.proof import prove_carry_over, prove_first_batch
 
+    started = time.time()
     if carried.get("road") == "transplant":
         origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
-        return prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
-                                image=False, until_caught_up=False)  # fmt: skip
-    if carried.get("origin") and not carried.get("differences"):
-        return prove_carry_over(spark, query, carried["origin"], first=0, image=True,
-                                until_caught_up=True)  # fmt: skip
-    # Data files, or an accepted change of the processor's state: no old query to compare with.
-    return prove_first_batch(spark, query, initial_state)
+        proof = prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
+                                 image=False, until_caught_up=False)  # fmt: skip
+    elif carried.get("origin") and not carried.get("differences"):
+        proof = prove_carry_over(spark, query, carried["origin"], first=0, image=True,
+                                 until_caught_up=True)  # fmt: skip
+    else:  # data files, or an accepted change of the processor's state: no old query
+        proof = prove_first_batch(spark, query, initial_state)
+    proof["seconds"] = round(time.time() - started, 1)
+    return proof
 
 
 def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:
