@@ -46,6 +46,7 @@ test: prereqs lint build/stateops.zip
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests benchmarks
+	$(VENV)/bin/ruff format --check --quiet include spark_jobs dags plugins tests benchmarks
 
 lock: $(VENV)/.installed
 	$(PY) -m pip install --quiet -r requirements.in

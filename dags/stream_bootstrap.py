@@ -116,7 +116,7 @@ def stream_bootstrap() -> None:
             + "".join(
                 f"\n  WARNING (accepted): it changes what the query computes: {d}"
                 for d in result["differences"]
-            )  # fmt: skip
+            )
         )
         return result
 

@@ -209,7 +209,6 @@ def cmd_backups(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
-
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.ops.cleanup import run_cleanup

@@ -96,7 +96,7 @@ def _checkpoint_part(status: dict[str, Any], cp: Checkpoint) -> None:
                     "bytes": g["bytes"],
                 }
                 for g in op["snapshot_groups"]
-            ],  # fmt: skip
+            ],
         }
         for op in report["operators"]
     ]
@@ -125,7 +125,7 @@ def _last_validation(query: Any) -> dict[str, Any] | None:
         "ok": result["ok"],
         "variables": {
             v["variable"]: {"rows": v["rows"], "ok": v["ok"]} for v in result["variables"]
-        },  # fmt: skip
+        },
         "file": str(path),
         "data_docs": str(docs) if docs.exists() else None,
     }

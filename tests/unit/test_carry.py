@@ -128,7 +128,7 @@ def test_an_export_made_before_positions_and_watermarks_is_refused_unless_accept
         "not follow the old query's; export it again",
         f"{export} records no order for list state 'events': its elements would be carried "
         "in another order; export it again",
-    ]  # fmt: skip
+    ]
     with pytest.raises(StateOpsError, match=r"^carrying user_sessions's state by the "
                        r"initialState road would change what it computes: .*records no "
                        r"watermark.*; to go on anyway, say so$"):  # fmt: skip

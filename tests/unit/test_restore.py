@@ -46,7 +46,7 @@ def _plan(**changes) -> dict:
             "source": "/c",
             "files": 9,
             "bytes": 2048,
-        },  # fmt: skip
+        },
         "location": "s3://backups/page_visits",
         "target": "/data/ckpt",
         "owner": "page_visits",
@@ -76,7 +76,7 @@ def test_the_plan_names_the_locks_holder_and_the_folders_it_will_remove():
         _plan(
             lock={"query": "page_visits", "held_by": "run (run r-1, me@host:42)"},
             stale_staging=["/data/ckpt.restoring-1"],
-        )  # fmt: skip
+        )
     )
     assert "page_visits is locked by run (run r-1, me@host:42)" in text
     assert "to remove: /data/ckpt.restoring-1" in text

@@ -123,7 +123,7 @@ def _chain_findings(cp: Checkpoint) -> list[Finding]:
                 f"batches {in_flight} are planned but not committed; Spark plans one at a time",
             )
         )
-    return findings  # fmt: skip
+    return findings
 
 
 def _restart_findings(cp: Checkpoint) -> list[Finding]:

@@ -67,7 +67,6 @@ def file_sha256(path: Path) -> str:
         return _digest(f)
 
 
-
 def _listing(client: Any, loc: S3Location, folder: str) -> list[dict[str, Any]]:
     """Every object under ``PREFIX/folder/`` (S3's entries: Key, Size, LastModified)."""
     paginator = client.get_paginator("list_objects_v2")
@@ -259,6 +258,7 @@ def safe_relative_path(path: str) -> PurePosixPath:
     if not path or p.is_absolute() or "\\" in path or ".." in p.parts:
         raise StateOpsError(f"manifest path {path!r} escapes the restore target: refused")
     return p
+
 
 def read_manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
     """Every backup manifest under ``loc``, oldest first."""

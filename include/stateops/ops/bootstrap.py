@@ -109,8 +109,12 @@ def plan_bootstrap(
         differences = initial_state_differences(src, query)
     elif road == "initial_state":
         differences = carry_differences(load_checkpoint(src), query)
-    refuse_differences(name, differences, accept_differences,
-                       "run it again with --accept-differences (the DAG: accept_differences on)")
+    refuse_differences(
+        name,
+        differences,
+        accept_differences,
+        "run it again with --accept-differences (the DAG: accept_differences on)",
+    )
     return {
         "query": name,
         "checkpoint": str(path),

@@ -63,7 +63,6 @@ __all__ = [
 ]
 
 
-
 def write_checkpoint_file(root: Path, rel: str, text: str) -> None:
     """A checkpoint log file and the ``.crc`` sidecar Hadoop's local file system checks,
     each written beside itself and renamed into place (complete or absent)."""
@@ -116,6 +115,7 @@ def finish_image_batch(checkpoint: str | os.PathLike[str], watermark: dict[str, 
     commit = {**cp.commits[0], "nextBatchWatermarkMs": wanted}
     write_checkpoint_file(cp.root, "commits/0", f"{header}\n{json.dumps(commit)}")
     return True
+
 
 def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
     """Why carrying ``cp``'s state to ``query`` by the initialState road would not give what

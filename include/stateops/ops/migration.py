@@ -189,7 +189,7 @@ def plan_migration(
             "transplant_refusals": refusals,
             "differences": differences,
             "accepted": accept_differences,
-        },  # fmt: skip
+        },
         "running": None if lock is None else lock.run_id,
         "new_source_files": files,
     }

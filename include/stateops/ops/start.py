@@ -371,8 +371,9 @@ def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:
         "seconds": proof["seconds"],
         "batches": proof["batches"],
         "reference": proof["reference"],
-        "variables": {v["variable"]: v["actual_rows"] for v in proof["variables"]
-                      if v["batch"] == last},  # fmt: skip
+        "variables": {
+            v["variable"]: v["actual_rows"] for v in proof["variables"] if v["batch"] == last
+        },
         "proof_file": proof["proof_file"],
     }
 

@@ -112,7 +112,7 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
                         "options": {"stateVarName": name},
                     }
                 )
-    return reads  # fmt: skip
+    return reads
 
 
 def read_state_variable(
