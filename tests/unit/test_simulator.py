@@ -122,3 +122,39 @@ def test_state_with_a_ttl_is_refused():
         simulate_batch(
             _WithTtl(), time_mode="None", key_columns=["k"], input_rows=pd.DataFrame({"k": ["x"]})
         )
+
+
+class _AllKinds(_Expiring):
+    def init(self, handle):
+        self.handle = handle
+        self.seen = handle.getValueState("seen", "n LONG")
+        self.pages = handle.getListState("pages", "page STRING")
+        self.by_page = handle.getMapState("by_page", "page STRING", "n LONG")
+
+    def handleInputRows(self, key, rows, timerValues):
+        self.seen.update((sum(len(df) for df in rows),))
+        yield from ()
+
+
+def test_the_handle_and_its_state_are_sparks_own_classes():
+    from pyspark.sql.streaming.stateful_processor import (
+        ListState,
+        MapState,
+        StatefulProcessorHandle,
+        ValueState,
+    )
+
+    processor = _AllKinds()
+    state = simulate_batch(
+        processor, time_mode="None", key_columns=["k"], input_rows=pd.DataFrame({"k": ["x"]})
+    )
+    assert isinstance(state, StatefulProcessorHandle)
+    assert isinstance(processor.seen, ValueState)
+    assert isinstance(processor.pages, ListState)
+    assert isinstance(processor.by_page, MapState)
+    assert state.rows("seen") == [{"key": ("x",), "value": (1,)}]
+    # A method only Spark's class defines (as one a later Spark adds would be) fails by name.
+    with pytest.raises(StateOpsError, match=r"a ValueState method .*'exists'"):
+        ValueState.exists(processor.seen)
+    with pytest.raises(StateOpsError, match=r"a StatefulProcessorHandle method .*'delete_timer'"):
+        StatefulProcessorHandle.deleteTimer(state, 0)

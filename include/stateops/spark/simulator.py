@@ -8,7 +8,22 @@ are normalised the way Spark's Python client normalises them before it stores th
 pandas scalars become Python values), and their arity is checked against the declared schema
 (their types are checked where the proof turns them into Spark rows).
 
-No JVM: PySpark is imported only for the processor API's small value classes.
+It builds on PySpark's own in-memory runtime, ``pyspark.sql.streaming.tws_tester`` (the
+``TwsTester``'s handle, state classes and timers), so the handle and each state object are
+instances of Spark's ``StatefulProcessorHandle`` / ``ValueState`` / ``ListState`` /
+``MapState``: a method Spark adds later is inherited, or fails loudly with a
+:class:`StateOpsError` naming it (Spark's methods call a client the simulator does not have),
+rather than being silently missing. Those classes are private to PySpark: they are imported
+here without a guard because PySpark is pinned (requirements.in); a PySpark upgrade that moves
+them fails at import. Kept of the project's own, where tws_tester differs: state keyed by the
+whole grouping-key tuple; the normalisation and arity checks; TTL refused; timer misuse refused
+with a :class:`StateOpsError`; snapshots for iterators (a processor may change the state while
+it iterates); an emptied list or map is no state; ``deleteIfExists`` clears a variable but
+keeps it declared; the watermark and Spark state-reader layout (:meth:`SimulatedHandle.load`,
+:meth:`SimulatedHandle.rows`). ``TwsTester`` itself does not fit: it runs one single-column key
+at a time and filters late rows itself (the proof passes the rows the old query kept).
+
+No JVM: ``tws_tester`` imports only PySpark's Python side.
 """
 
 from __future__ import annotations
@@ -16,6 +31,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    ListState,
+    MapState,
+    StatefulProcessorHandle,
+    TimerValues,
+    ValueState,
+)
+from pyspark.sql.streaming.tws_tester import (
+    _InMemoryListState,
+    _InMemoryMapState,
+    _InMemoryStatefulProcessorHandle,
+    _InMemoryValueState,
+)
 
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import schema_columns
@@ -50,11 +80,38 @@ def _columns(schema: Any) -> list[str]:
     return schema_columns(schema) if isinstance(schema, str) else list(schema.fieldNames())
 
 
+class _NoClient:
+    """In place of the client Spark's state classes call: a Spark method the simulator neither
+    defines nor inherits from tws_tester (one a later Spark adds) fails here, by name."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise StateOpsError(
+            f"the processor calls a {self.owner} method the simulator has no stand-in for "
+            f"(Spark's client call {name!r})"
+        )
+
+
 class _Variable:
-    def __init__(self, handle: SimulatedHandle, name: str, kind: str, schema: Any) -> None:
-        self.handle, self.name, self.kind, self.schema = handle, name, kind, schema
-        self.columns = _columns(schema)
-        self.data: dict[tuple, Any] = {}
+    """What the simulator adds to tws_tester's in-memory state classes (``self.state``: grouping
+    key -> the key's state): normalisation, arity checks and the state-reader layout."""
+
+    kind: str
+    _spark: type  # Spark's public class, initialised with a _NoClient
+
+    def __init__(self, handle: SimulatedHandle, name: str, schema: Any) -> None:
+        super().__init__(handle)  # type: ignore[call-arg]  # tws_tester's: .handle, .state
+        self._spark.__init__(self, _NoClient(self._spark.__name__), name)
+        self.name, self.schema, self.columns = name, schema, _columns(schema)
+
+    @property
+    def data(self) -> dict[tuple, Any]:
+        """Grouping key -> the key's state."""
+        return self.state  # type: ignore[attr-defined]
 
     def _fit(self, value: Any, columns: list[str] | None = None) -> tuple:
         columns = columns or self.columns
@@ -65,12 +122,6 @@ class _Variable:
             )
         return tuple(_normalize(v) for v in value)
 
-    def exists(self) -> bool:
-        return self.handle.key in self.data
-
-    def clear(self) -> None:
-        self.data.pop(self.handle.key, None)
-
     def rows(self) -> list[dict[str, Any]]:
         """The state as Spark's state reader lays it out for this kind of variable."""
         return [{"key": k, "value": v} for k, v in self.data.items()]
@@ -80,31 +131,33 @@ class _Variable:
         return {"value": self.schema}
 
 
-class _ValueState(_Variable):
-    def get(self) -> tuple | None:
-        return self.data.get(self.handle.key)
+class _ValueState(_Variable, _InMemoryValueState):
+    kind, _spark = "value", ValueState
 
     def update(self, newValue: tuple) -> None:
-        self.data[self.handle.key] = self._fit(newValue)
+        super().update(self._fit(newValue))
 
 
-class _ListState(_Variable):
+class _ListState(_Variable, _InMemoryListState):
+    kind, _spark = "list", ListState
+
     def get(self) -> Iterator[tuple]:
-        return iter(list(self.data.get(self.handle.key, [])))
+        return iter(list(super().get()))
 
     def put(self, newState: list[tuple]) -> None:
         values = [self._fit(v) for v in newState]
         if values:
-            self.data[self.handle.key] = values
+            super().put(values)
         else:
             self.clear()
 
     def appendValue(self, newState: tuple) -> None:
-        self.data.setdefault(self.handle.key, []).append(self._fit(newState))
+        super().appendValue(self._fit(newState))
 
     def appendList(self, newState: list[tuple]) -> None:
-        if newState:
-            self.data.setdefault(self.handle.key, []).extend(self._fit(v) for v in newState)
+        values = [self._fit(v) for v in newState]
+        if values:
+            super().appendList(values)
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per element, with its position in the list (``list_position``): the
@@ -119,37 +172,37 @@ class _ListState(_Variable):
         return {"list_element": self.schema}
 
 
-class _MapState(_Variable):
+class _MapState(_Variable, _InMemoryMapState):
+    kind, _spark = "map", MapState
+
     def __init__(self, handle: SimulatedHandle, name: str, key_schema: Any, schema: Any) -> None:
-        super().__init__(handle, name, "map", schema)
+        super().__init__(handle, name, schema)
         self.key_schema, self.key_columns = key_schema, _columns(key_schema)
 
-    def _map(self) -> dict[tuple, tuple]:
-        return self.data.get(self.handle.key, {})
+    def _user_key(self, key: tuple) -> tuple:
+        return self._fit(key, self.key_columns)
 
     def getValue(self, key: tuple) -> tuple | None:
-        return self._map().get(self._fit(key, self.key_columns))
+        return super().getValue(self._user_key(key))
 
     def containsKey(self, key: tuple) -> bool:
-        return self._fit(key, self.key_columns) in self._map()
+        return super().containsKey(self._user_key(key))
 
     def updateValue(self, key: tuple, value: tuple) -> None:
-        entries = self.data.setdefault(self.handle.key, {})
-        entries[self._fit(key, self.key_columns)] = self._fit(value)
+        super().updateValue(self._user_key(key), self._fit(value))
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
-        return iter(list(self._map().items()))
+        return iter(list(super().iterator()))
 
     def keys(self) -> Iterator[tuple]:
-        return iter(list(self._map()))
+        return iter(list(super().keys()))
 
     def values(self) -> Iterator[tuple]:
-        return iter(list(self._map().values()))
+        return iter(list(super().values()))
 
     def removeKey(self, key: tuple) -> None:
-        entries = self._map()
-        entries.pop(self._fit(key, self.key_columns), None)
-        if not entries:
+        super().removeKey(self._user_key(key))
+        if not self.data.get(self.handle.grouping_key):
             self.clear()
 
     def rows(self) -> list[dict[str, Any]]:
@@ -163,15 +216,23 @@ class _MapState(_Variable):
         return {"user_map_key": self.key_schema, "user_map_value": self.schema}
 
 
-class SimulatedHandle:
-    """The ``StatefulProcessorHandle`` API over dictionaries, keyed by the current key."""
+class SimulatedHandle(_InMemoryStatefulProcessorHandle):
+    """Spark's ``StatefulProcessorHandle`` in memory (tws_tester's), keyed by the current
+    grouping key (``setGroupingKey``), with the batch's watermark."""
 
     def __init__(self, time_mode: str, watermark_ms: int) -> None:
-        self.time_mode = time_mode.lower()
-        self.watermark_ms = watermark_ms
-        self.key: tuple | None = None
+        super().__init__(timeMode=time_mode)
+        StatefulProcessorHandle.__init__(self, _NoClient("StatefulProcessorHandle"))
+        self.setWatermark(watermark_ms)
         self.variables: dict[str, _Variable] = {}
-        self.timers: dict[tuple, set[int]] = {}
+
+    @property
+    def time_mode(self) -> str:
+        return self._timeMode
+
+    @property
+    def watermark_ms(self) -> int:
+        return self._currentWatermarkMs
 
     def _declare(self, variable: _Variable, ttl: int | None) -> Any:
         if ttl is not None:
@@ -181,16 +242,22 @@ class SimulatedHandle:
             )
         return self.variables.setdefault(variable.name, variable)
 
+    def _get(self, variable: _Variable, ttl: int | None) -> Any:
+        declared = self._declare(variable, ttl)
+        if declared.kind == variable.kind:  # tws_tester's own registry of the kind
+            getattr(self, f"{declared.kind}_states").setdefault(declared.name, declared)
+        return declared
+
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
-        return self._declare(_ValueState(self, stateName, "value", schema), ttlDurationMs)
+        return self._get(_ValueState(self, stateName, schema), ttlDurationMs)
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
-        return self._declare(_ListState(self, stateName, "list", schema), ttlDurationMs)
+        return self._get(_ListState(self, stateName, schema), ttlDurationMs)
 
     def getMapState(
         self, stateName: str, userKeySchema: Any, valueSchema: Any, ttlDurationMs: int | None = None
     ) -> Any:
-        return self._declare(_MapState(self, stateName, userKeySchema, valueSchema), ttlDurationMs)
+        return self._get(_MapState(self, stateName, userKeySchema, valueSchema), ttlDurationMs)
 
     def _timer_mode(self) -> None:
         if self.time_mode == "none":
@@ -202,18 +269,15 @@ class SimulatedHandle:
             raise StateOpsError(
                 f"timer {expiryTimestampMs} is not after the watermark {self.watermark_ms}"
             )
-        self.timers.setdefault(self.key, set()).add(int(expiryTimestampMs))
+        super().registerTimer(int(expiryTimestampMs))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
         self._timer_mode()
-        timers = self.timers.get(self.key, set())
-        timers.discard(int(expiryTimestampMs))
-        if not timers:
-            self.timers.pop(self.key, None)
+        super().deleteTimer(int(expiryTimestampMs))
 
     def listTimers(self) -> Iterator[int]:
         self._timer_mode()
-        return iter(sorted(self.timers.get(self.key, ())))
+        return super().listTimers()  # a sorted copy
 
     def deleteIfExists(self, stateName: str) -> None:
         if stateName in self.variables:
@@ -225,9 +289,7 @@ class SimulatedHandle:
         ``list_position`` order where the rows have one, else in the order given."""
         if name == "timers":
             for row in rows:
-                self.timers.setdefault(tuple(row["key"]), set()).add(
-                    int(row["expiration_timestamp_ms"])
-                )
+                self._timers.registerTimer(tuple(row["key"]), int(row["expiration_timestamp_ms"]))
             return
         variable = self.variables.get(name)
         if variable is None:
@@ -250,8 +312,8 @@ class SimulatedHandle:
         if name == "timers":
             return [
                 {"key": key, "expiration_timestamp_ms": t}
-                for key, timers in self.timers.items()
-                for t in sorted(timers)
+                for key in self._timers.getAllKeysWithTimers()
+                for t in self._timers.listTimers(key)
             ]
         return self.variables[name].rows()
 
@@ -283,8 +345,6 @@ def simulate_batch(
 ) -> SimulatedHandle:
     """Run ``processor`` on one batch from empty state, or from ``prior_state`` (variable or
     ``"timers"`` -> rows, see :meth:`SimulatedHandle.load`); the handle holds the state after."""
-    from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
-
     handle = SimulatedHandle(time_mode, watermark_ms)
     mode = handle.time_mode
     timer_values = TimerValues(
@@ -294,17 +354,17 @@ def simulate_batch(
     for name, rows in (prior_state or {}).items():
         handle.load(name, rows)
     for key, rows in _groups(initial_state, key_columns).items():
-        handle.key = key
+        handle.setGroupingKey(key)
         processor.handleInitialState(key, rows, timer_values)
     for key, rows in _groups(input_rows, key_columns).items():
-        handle.key = key
+        handle.setGroupingKey(key)
         for _ in processor.handleInputRows(key, iter([rows]), timer_values) or ():
             pass  # output is not state; the generator must run for its state updates
     threshold = {"processingtime": batch_timestamp_ms, "eventtime": watermark_ms}.get(mode)
-    if threshold is not None:
-        for key in list(handle.timers):
-            for expiry in [t for t in sorted(handle.timers.get(key, ())) if t <= threshold]:
-                handle.key = key
+    if threshold is not None:  # as TwsTester fires them: per key, each timer due, then deleted
+        for key in list(handle._timers.getAllKeysWithTimers()):
+            for expiry in [t for t in handle._timers.listTimers(key) if t <= threshold]:
+                handle.setGroupingKey(key)
                 info = ExpiredTimerInfo(expiry)
                 for _ in processor.handleExpiredTimer(key, timer_values, info) or ():
                     pass
