@@ -61,15 +61,17 @@ from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
-    airflow_s3_client,
     carry_over_param,
     dry_run_param,
     inject_fault,
+    migration_step,
     not_a_dry_run,
-    one_line_errors,
+    plan_migration,
     query_param,
     registered_queries,
+    roll_back_migration,
     spark_job_operator,
+    stop_for_migration,
 )
 
 QUERIES = registered_queries(with_initial_state=True)
@@ -165,48 +167,17 @@ def spark_task(step: str):
 )
 def stream_source_migration() -> None:
     @task
-    @one_line_errors
     def preflight() -> dict:
-        from stateops.core.registry import load_registry
-        from stateops.ops.migration import format_migration_plan, plan_migration, prepare_migration
-
         context = get_current_context()
-        params, registry = context["params"], load_registry()
-        source = {
-            "format": params["new_source_format"],
-            "path": params["new_source_path"],
-            "schema": params["new_source_schema"] or "",
-            "options": params["new_source_options"],
-        }
-        plan = plan_migration(
-            registry, params["query"], source, params["new_checkpoint"] or "", context["run_id"],
-            params["cutover"], params["carry_over"], params["accept_differences"],
-        )  # fmt: skip
-        print(format_migration_plan(plan, params["dry_run"]))
-        if not params["dry_run"]:
-            prepare_migration(registry, plan)
-            print(f"{plan['query']}: held by this run; other lifecycle operations wait")
-        return plan
+        return plan_migration(dict(context["params"]), context["run_id"])
 
     @task
-    @one_line_errors
     def stop_query(plan: dict) -> None:
-        from stateops.core.registry import load_registry
-        from stateops.ops.migration import prepare_migration, stop_running_query
-
-        registry = load_registry()
-        prepare_migration(registry, plan)  # the hold, renewed
-        stop_running_query(registry, plan["query"])
+        stop_for_migration(plan)
 
     @task
-    @one_line_errors
     def backup(plan: dict) -> dict:
-        from stateops.core.registry import load_registry
-        from stateops.ops.migration import backup_for_migration
-
-        registry = load_registry()
-        client = airflow_s3_client(registry.backups.conn_id)
-        return backup_for_migration(registry, plan, client)
+        return migration_step("backup", plan)
 
     @task.branch
     def carry_over(settled: dict) -> str:
@@ -214,50 +185,23 @@ def stream_source_migration() -> None:
         return "transplant" if settled["road"] == "transplant" else "export"
 
     @task
-    @one_line_errors
     def transplant(plan: dict, settled: dict) -> dict:
-        from stateops.core.registry import load_registry
-        from stateops.ops.migration import transplant_for_migration
-
-        return transplant_for_migration(load_registry(), plan, settled)
+        return migration_step("transplant", plan, settled)
 
     @task(trigger_rule="none_failed_min_one_success")  # after either road
-    @one_line_errors
     def prove(plan: dict) -> dict:
-        from stateops.core.registry import load_registry
-        from stateops.ops.migration import prove_migration
-
-        return prove_migration(load_registry(), plan)
+        return migration_step("prove", plan)
 
     @task
-    @one_line_errors
     def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
-        from stateops.core.registry import load_registry
-        from stateops.ops.migration import switch_migration
-
-        return switch_migration(load_registry(), plan, settled, carry_over)
+        return migration_step("switch", plan, settled, carry_over)
 
     @task(trigger_rule="one_failed")
     def roll_back() -> None:
         """Runs only when a step failed; undoes the run, then fails itself so the run fails."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from stateops.control.lock import release_hold
-        from stateops.core.registry import load_registry
-        from stateops.ops.migration import roll_back_migration
-
         context = get_current_context()
-        plan, registry = context["ti"].xcom_pull(task_ids="preflight"), load_registry()
-        if plan:
-            roll_back_migration(registry, plan)
-        else:
-            print("preflight did not finish: nothing changed, nothing to roll back")
-            query = context["params"]["query"]  # a hold taken before preflight failed goes
-            release_hold(registry.lock_path(query), context["run_id"])
-        raise AirflowFailException(
-            "the migration failed (see the failed step's log)"
-            + ("; it was rolled back and the query runs on its old source" if plan else "")
-        )
+        plan = context["ti"].xcom_pull(task_ids="preflight")
+        roll_back_migration(plan, context["params"]["query"], context["run_id"])
 
     drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
         spark_task(step) for step in ("drain", "first_batch", "export", "validate_export",

@@ -309,3 +309,77 @@ def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str,
     from stateops.ops.backfill import report_backfill as report
 
     return report(load_registry(), plan, rollback)
+
+
+@one_line_errors
+def plan_migration(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """:func:`stateops.ops.migration.plan_migration` for the form's fields, printed; unless a
+    dry run, the query is then held by this run (other lifecycle operations wait)."""
+    from stateops.ops.migration import format_migration_plan, prepare_migration
+    from stateops.ops.migration import plan_migration as plan_it
+
+    registry = load_registry()
+    source = {
+        "format": params["new_source_format"],
+        "path": params["new_source_path"],
+        "schema": params["new_source_schema"] or "",
+        "options": params["new_source_options"],
+    }
+    plan = plan_it(
+        registry, params["query"], source, params["new_checkpoint"] or "", run_id,
+        params["cutover"], params["carry_over"], params["accept_differences"],
+    )  # fmt: skip
+    print(format_migration_plan(plan, params["dry_run"]))
+    if not params["dry_run"]:
+        prepare_migration(registry, plan)
+        print(f"{plan['query']}: held by this run; other lifecycle operations wait")
+    return plan
+
+
+@one_line_errors
+def stop_for_migration(plan: dict[str, Any]) -> None:
+    """Renew the migration's hold, then stop the query gracefully if it runs."""
+    from stateops.ops.migration import prepare_migration, stop_running_query
+
+    registry = load_registry()
+    prepare_migration(registry, plan)
+    stop_running_query(registry, plan["query"])
+
+
+@one_line_errors
+def migration_step(step: str, *args: Any) -> dict[str, Any]:
+    """Migration step ``step`` (``backup``, ``transplant``, ``prove``, ``switch``) of
+    :mod:`stateops.ops.migration` on the registry; the backup through its Airflow connection."""
+    from stateops.ops import migration
+
+    registry = load_registry()
+    if step == "backup":
+        return migration.backup_for_migration(
+            registry, *args, airflow_s3_client(registry.backups.conn_id)
+        )
+    run = {
+        "transplant": migration.transplant_for_migration,
+        "prove": migration.prove_migration,
+        "switch": migration.switch_migration,
+    }[step]
+    return run(registry, *args)
+
+
+def roll_back_migration(plan: dict[str, Any] | None, query: str, run_id: str) -> None:
+    """After a failed step: undo the migration run (or, before a plan, release its hold), then
+    fail, so that the run fails."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops.control.lock import release_hold
+    from stateops.ops.migration import roll_back_migration as roll_back
+
+    registry = load_registry()
+    if plan:
+        roll_back(registry, plan)
+    else:
+        print("preflight did not finish: nothing changed, nothing to roll back")
+        release_hold(registry.lock_path(query), run_id)  # a hold taken before it failed
+    raise AirflowFailException(
+        "the migration failed (see the failed step's log)"
+        + ("; it was rolled back and the query runs on its old source" if plan else "")
+    )
