@@ -24,7 +24,8 @@ import pytest
 
 from stateops.control.audit import read_audit
 from stateops.control.markers import rollback_marker
-from stateops.core.checkpoint import load_checkpoint, relocate_checkpoint
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.s3 import parse_s3_url
 from stateops.core.verify import verify_checkpoint

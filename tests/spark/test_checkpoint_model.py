@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from stateops.core.checkpoint import Checkpoint, copy_restart_set, load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError
+from stateops.core.files import copy_restart_set
 from stateops.core.report import checkpoint_report
 from stateops.ops.backup import backup_checkpoint
 from stateops.ops.restore import restore_backup

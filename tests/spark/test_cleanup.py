@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from stateops.control.lock import QueryLock
-from stateops.core.checkpoint import load_checkpoint, relocate_checkpoint
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.files import relocate_checkpoint
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.rollback import run_rollback

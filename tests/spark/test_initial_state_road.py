@@ -24,8 +24,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from stateops.core.checkpoint import copy_restart_set, load_checkpoint
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
+from stateops.core.files import copy_restart_set
 from stateops.core.registry import load_registry
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.migration import plan_migration

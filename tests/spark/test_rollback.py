@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from stateops.control.lock import QueryLock
-from stateops.core.checkpoint import copy_restart_set, load_checkpoint, relocate_checkpoint
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
+from stateops.core.files import copy_restart_set, relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.ops.rollback import refuse_pending_rollback
 from tests.conftest import (

@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stateops.core.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
+from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.registry import load_registry
 from stateops.ops.bootstrap import initial_state_differences
 from stateops.ops.carry import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stateops.core import checkpoint
+from stateops.core import listing
 
 pytestmark = pytest.mark.unit
 
@@ -46,10 +46,10 @@ def tree(tmp_path: Path) -> tuple[Path, dict[str, int]]:
 
 def test_find_and_scandir_list_the_same_files_and_sizes(tree, monkeypatch):
     root, expected = tree
-    assert checkpoint._FIND is not None, "GNU find is part of the machine this runs on"
-    assert checkpoint._list_files(root) == expected
-    monkeypatch.setattr(checkpoint, "_FIND", None)
-    assert checkpoint._list_files(root) == expected
+    assert listing._FIND is not None, "GNU find is part of the machine this runs on"
+    assert listing.list_files(root) == expected
+    monkeypatch.setattr(listing, "_FIND", None)
+    assert listing.list_files(root) == expected
 
 
 def test_a_failing_find_falls_back_to_scandir(tree, monkeypatch):
@@ -60,6 +60,6 @@ def test_a_failing_find_falls_back_to_scandir(tree, monkeypatch):
         calls.append(starts)
         return None  # what _find returns when find exits non-zero
 
-    monkeypatch.setattr(checkpoint, "_find", failing)
-    assert checkpoint._list_files(root) == expected
+    monkeypatch.setattr(listing, "_find", failing)
+    assert listing.list_files(root) == expected
     assert calls, "the state partitions are listed by find first"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stateops.core.checkpoint import hadoop_crc
+from stateops.core.formats import hadoop_crc
 from stateops.core.verify import verify_crc
 
 pytestmark = pytest.mark.unit

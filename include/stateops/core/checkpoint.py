@@ -15,6 +15,9 @@ Layout (Spark 4.x, checkpoint format v1):
     .<name>.crc                    checksum sidecar beside most files
 
 State version V holds the state after batch V - 1, so a restart after batch N loads V = N + 1.
+
+The files are listed by :mod:`stateops.core.listing`, parsed by :mod:`stateops.core.formats`;
+:mod:`stateops.core.files` writes copies.
 """
 
 from __future__ import annotations
@@ -23,52 +26,45 @@ import bisect
 import json
 import os
 import re
-import shutil
 import stat
-import struct
-import subprocess
-import zipfile
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateops.core.errors import CheckpointError, NotACheckpointError
-from stateops.core.staging import occupied
+from stateops.core.formats import (
+    OffsetEntry,
+    crc_sidecar,
+    parse_commit,
+    parse_offsets,
+    parse_versioned_json,
+    read_query_id,
+    read_rocksdb_zip_metadata,
+    read_text,
+    schema_file_refs,
+)
+from stateops.core.listing import walk
 
 __all__ = [
     "Checkpoint",
-    "copy_restart_set",
-    "crc_sidecar",
-    "hadoop_crc",
-    "has_commit",
-    "OffsetEntry",
     "OperatorState",
     "SnapshotGroup",
     "StoreState",
+    "has_commit",
     "load_checkpoint",
-    "relocate_checkpoint",
-    "relocated_metadata",
     "require_checkpoint_dir",
-    "schema_file_refs",
 ]
 
+
 _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
+
+
 _BATCH_FILE = re.compile(r"^(\d+)$")
+
+
 _SOURCE_LOG_FILE = re.compile(r"^(\d+)(\.compact)?$")
+
+
 _DEFAULT_STORE = "default"
-_FIND = shutil.which("find")
-
-
-@dataclass(frozen=True)
-class OffsetEntry:
-    """One parsed ``offsets/N`` file."""
-
-    batch_id: int
-    watermark_ms: int
-    timestamp_ms: int
-    conf: dict[str, str]
-    source_offsets: list[dict | str | None]
 
 
 @dataclass(frozen=True)
@@ -240,7 +236,7 @@ class Checkpoint:
                     f"{self.root}: sources/{source}/{wanted} is missing: the files batch "
                     f"{batch} read are no longer logged"
                 )
-            for line in _read_text(self.root / plain).split("\n")[1:]:
+            for line in read_text(self.root / plain).split("\n")[1:]:
                 try:
                     entry = json.loads(line) if line.strip() else None
                 except ValueError:
@@ -261,7 +257,7 @@ class Checkpoint:
         start = max(compacts) if compacts else min(log, default=0)
         seen = set()
         for i in sorted(i for i in log if i >= start):
-            for line in _read_text(self.root / log[i]).split("\n")[1:]:
+            for line in read_text(self.root / log[i]).split("\n")[1:]:
                 try:
                     path = json.loads(line)["path"] if line.strip() else None
                 except (ValueError, KeyError, TypeError):
@@ -403,91 +399,6 @@ class Checkpoint:
         return refs
 
 
-def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
-    """The ``.NAME.crc`` sidecar Hadoop's local file system writes (and checks on read)."""
-    chunks = range(0, len(data), bytes_per_checksum)
-    return (
-        b"crc\x00"
-        + struct.pack(">i", bytes_per_checksum)
-        + b"".join(struct.pack(">I", zlib.crc32(data[i : i + bytes_per_checksum])) for i in chunks)
-    )
-
-
-def copy_restart_set(cp: Checkpoint, batch: int, dest: str | os.PathLike[str]) -> list[str]:
-    """Copy the files a restart after ``batch`` needs into a new folder that Spark can run from.
-
-    Operator metadata v2 (transformWithState) names its schema files by absolute path; a plain
-    copy would keep reading (or fail on) the old folder, so those paths are rewritten to ``dest``
-    and the rewritten files get fresh ``.crc`` sidecars. Returns the copied relative paths.
-    """
-    dest = Path(dest)
-    if occupied(dest):
-        raise CheckpointError(f"{dest}: not empty; copy a checkpoint into a new or empty folder")
-    files = cp.restart_files(batch)
-    for rel in files:
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(cp.root / rel, target)
-    relocate_checkpoint(dest)
-    return files
-
-
-def relocate_checkpoint(
-    root: str | os.PathLike[str], location: str | os.PathLike[str] | None = None
-) -> list[str]:
-    """Point the operator metadata v2 files of a copied checkpoint at its own schema files.
-
-    ``transformWithState`` metadata names ``_stateSchema`` files by absolute path: after a copy
-    or a restore they still name the old folder. ``location`` is where the checkpoint will
-    live (default: ``root``; a restore stages elsewhere, then renames). Returns the rewritten
-    relative paths.
-    """
-    root = Path(root).resolve()
-    location = Path(location).resolve() if location is not None else root
-    cp = load_checkpoint(root)
-    rewritten = []
-    for op in cp.operators:
-        for key, rel in op.metadata_files.items():
-            if key is not None:
-                _relocate_schema_paths(root, rel, op.operator_id, location)
-                rewritten.append(rel)
-    return rewritten
-
-
-def relocated_metadata(text: str, op_id: int, location: Path) -> bytes:
-    """An operator metadata v2 file's content with its schema paths under ``location``."""
-    header, _, body = text.partition("\n")
-    meta = json.loads(body.split("\n")[0])
-    marker = f"/state/{op_id}/_stateSchema/"
-    for info in meta.get("stateStoreInfo", []):
-        info["stateSchemaFilePaths"] = [
-            f"file:{location}{marker}{str(p).rpartition(marker)[2]}"
-            for p in info.get("stateSchemaFilePaths") or []
-        ]
-    return (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
-
-
-def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> None:
-    path = root / rel
-    data = relocated_metadata(path.read_text(encoding="utf-8"), op_id, location)
-    path.write_bytes(data)
-    crc = root / crc_sidecar(rel)
-    if crc.exists():
-        crc.write_bytes(hadoop_crc(data))
-
-
-def read_rocksdb_zip_metadata(path: Path) -> dict:
-    """The ``metadata`` member of a RocksDB ``N.zip``: the SST and log files it refers to."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            text = zf.read("metadata").decode("utf-8")
-    except (zipfile.BadZipFile, KeyError, OSError) as err:
-        raise CheckpointError(
-            f"{path}: unreadable RocksDB snapshot ({err}); restore the checkpoint from a backup"
-        ) from err
-    return _parse_versioned_json(path, text)
-
-
 def has_commit(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` holds a committed batch, from a listing of its ``commits/`` log alone
     (for a scheduled operation that skips a query which has not committed yet; the operation
@@ -532,7 +443,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     offsets/commits/metadata file is corrupt.
     """
     root = require_checkpoint_dir(path)
-    sizes, dirs = _walk(root)
+    sizes, dirs = walk(root)
     has_logs = any(p.startswith(("offsets/", "commits/")) for p in sizes)
     if "metadata" not in sizes:
         if has_logs or any(p.startswith("state/") for p in sizes):
@@ -543,9 +454,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise NotACheckpointError(
             f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
         )
-    query_id = _read_query_id(root / "metadata")
-    offsets = {b: _parse_offsets(root / rel, b) for b, rel in _batch_files(dirs, "offsets").items()}
-    commits = {b: _parse_commit(root / rel) for b, rel in _batch_files(dirs, "commits").items()}
+    query_id = read_query_id(root / "metadata")
+    offsets = {b: parse_offsets(root / rel, b) for b, rel in _batch_files(dirs, "offsets").items()}
+    commits = {b: parse_commit(root / rel) for b, rel in _batch_files(dirs, "commits").items()}
     return Checkpoint(
         root=root,
         query_id=query_id,
@@ -557,168 +468,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     )
 
 
-def _walk(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Sizes by relative path, and the relative paths by relative directory ("" is the root).
-
-    The model keeps these very path objects (their hashes are computed once, and a plan on a
-    large checkpoint looks each up several times).
-    """
-    sizes = _list_files(root)
-    dirs: dict[str, list[str]] = {}
-    for rel in sizes:
-        parent = rel[: max(rel.rfind("/"), 0)]
-        paths = dirs.get(parent)
-        if paths is None:
-            dirs[parent] = [rel]
-        else:
-            paths.append(rel)
-    return sizes, dirs
-
-
-def _list_files(root: Path) -> dict[str, int]:
-    """Every regular file's size by relative path.
-
-    Most of a large checkpoint is ``state/<op>/<partition>/``: those folders are listed by GNU
-    ``find`` (a stat per file in C, not in Python), by several processes at once; the few
-    files above them, and everything where ``find`` is missing or fails (a file deleted during
-    the listing), by ``os.scandir``.
-    """
-    sizes: dict[str, int] = {}
-    subtrees = _scan(root, "", sizes, expand=lambda rel: rel == "state" or _is_operator(rel))
-    if not subtrees:
-        return sizes
-    workers = min(len(subtrees), os.cpu_count() or 1, 4)
-    batches = [subtrees[i::workers] for i in range(workers)]
-    with ThreadPoolExecutor(workers) as pool:
-        outputs = list(pool.map(lambda starts: _find(root, starts), batches))
-    for starts, out in zip(batches, outputs, strict=True):
-        if out is None:
-            for rel in starts:
-                _scan(root / rel, rel, sizes, expand=lambda _: True)
-            continue
-        parts = out.split("\0")
-        sizes.update(zip(parts[1::2], map(int, parts[0:-1:2]), strict=True))
-    return sizes
-
-
-def _is_operator(rel: str) -> bool:
-    parent, _, name = rel.rpartition("/")
-    return parent == "state" and name.isdigit()
-
-
-def _scan(directory: Path, rel_dir: str, sizes: dict[str, int], expand) -> list[str]:
-    """Add the files under ``directory`` to ``sizes``, descending into the folders ``expand``
-    accepts; return the relative paths of the others (for ``find``)."""
-    left: list[str] = []
-    stack = [(directory, rel_dir)]
-    while stack:
-        folder, rel_folder = stack.pop()
-        prefix = rel_folder + "/" if rel_folder else ""
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                rel = prefix + entry.name
-                if entry.is_dir(follow_symlinks=False):
-                    if expand(rel) or _FIND is None or entry.name.startswith("-"):
-                        stack.append((Path(entry.path), rel))
-                    else:
-                        left.append(rel)
-                elif entry.is_file(follow_symlinks=False):
-                    sizes[rel] = entry.stat(follow_symlinks=False).st_size
-    return left
-
-
-def _find(root: Path, starts: list[str]) -> str | None:
-    """``size NUL path NUL`` for every file under ``starts`` (relative to ``root``), or None."""
-    proc = subprocess.run(
-        [_FIND, *starts, "-type", "f", "-printf", "%s\\0%p\\0"],
-        cwd=root,
-        capture_output=True,
-    )
-    return proc.stdout.decode("utf-8", "surrogateescape") if proc.returncode == 0 else None
-
-
-def crc_sidecar(rel: str) -> str:
-    parent, _, name = rel.rpartition("/")
-    return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
-
-
 def _batch_files(dirs: dict[str, list[str]], log: str) -> dict[int, str]:
     cut = len(log) + 1
     return {int(rel[cut:]): rel for rel in dirs.get(log, []) if rel[cut:].isdigit()}
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path}: unreadable ({err})") from err
-
-
-def _read_query_id(path: Path) -> str:
-    try:
-        query_id = json.loads(_read_text(path))["id"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(
-            f'{path}: corrupt query metadata (expected {{"id": ...}}); '
-            "restore the checkpoint from a backup"
-        ) from err
-    return str(query_id)
-
-
-def _parse_versioned_json(path: Path, text: str) -> dict:
-    lines = text.split("\n")
-    if not lines or not re.fullmatch(r"v\d+", lines[0].strip()):
-        raise CheckpointError(
-            f"{path}: corrupt (no version header); restore the checkpoint from a backup"
-        )
-    try:
-        value = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else None
-    except ValueError as err:
-        raise CheckpointError(
-            f"{path}: corrupt JSON on line 2; restore the checkpoint from a backup"
-        ) from err
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: corrupt (line 2 is not a JSON object)")
-    return value
-
-
-def _parse_commit(path: Path) -> dict:
-    return _parse_versioned_json(path, _read_text(path))
-
-
-def _parse_offsets(path: Path, batch_id: int) -> OffsetEntry:
-    text = _read_text(path)
-    meta = _parse_versioned_json(path, text)
-    source_offsets: list[dict | str | None] = []
-    for n, line in enumerate(text.split("\n")[2:], start=3):
-        line = line.strip()
-        if not line:
-            continue
-        if line == "-":
-            source_offsets.append(None)
-            continue
-        try:
-            source_offsets.append(json.loads(line))
-        except ValueError:
-            if line.startswith(("{", "[")):
-                raise CheckpointError(
-                    f"{path}: corrupt source offset on line {n}; "
-                    "restore the checkpoint from a backup"
-                ) from None
-            source_offsets.append(line)
-    try:
-        return OffsetEntry(
-            batch_id=batch_id,
-            watermark_ms=int(meta.get("batchWatermarkMs", 0)),
-            timestamp_ms=int(meta.get("batchTimestampMs", 0)),
-            conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
-            source_offsets=source_offsets,
-        )
-    except (AttributeError, TypeError, ValueError) as err:
-        raise CheckpointError(
-            f"{path}: corrupt batch metadata on line 2 ({err}); "
-            "restore the checkpoint from a backup"
-        ) from err
 
 
 def _source_logs(dirs: dict[str, list[str]]) -> dict[str, dict[int, str]]:
@@ -731,26 +483,6 @@ def _source_logs(dirs: dict[str, list[str]]) -> dict[str, dict[int, str]]:
                 if m:
                     logs.setdefault(parts[1], {})[int(m.group(1))] = rel
     return logs
-
-
-def schema_file_refs(root: Path, metadata_rel: str, op_id: int) -> set[str]:
-    """Checkpoint-relative paths of the schema files a v2 operator metadata file names."""
-    meta = _parse_versioned_json(root / metadata_rel, _read_text(root / metadata_rel))
-    marker = f"/state/{op_id}/_stateSchema/"
-    refs = set()
-    try:
-        for info in meta.get("stateStoreInfo", []):
-            for p in info.get("stateSchemaFilePaths") or []:
-                head, sep, tail = str(p).rpartition(marker)
-                if not sep:
-                    raise ValueError(p)
-                refs.add(f"state/{op_id}/_stateSchema/{tail}")
-    except (AttributeError, TypeError, ValueError) as err:
-        raise CheckpointError(
-            f"{root / metadata_rel}: corrupt operator metadata (schema file paths: {err}); "
-            "restore the checkpoint from a backup"
-        ) from err
-    return refs
 
 
 def _operators(root: Path, dirs: dict[str, list[str]]) -> list[OperatorState]:
@@ -820,7 +552,7 @@ def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> Operator
     v2 = [k for k in metadata_files if k is not None]
     meta_rel = metadata_files.get(None) or (metadata_files[max(v2)] if v2 else None)
     if meta_rel:
-        meta = _parse_versioned_json(root / meta_rel, _read_text(root / meta_rel))
+        meta = parse_versioned_json(root / meta_rel, read_text(root / meta_rel))
         info = meta.get("operatorInfo")
         operator_name = info.get("operatorName") if isinstance(info, dict) else None
     return OperatorState(

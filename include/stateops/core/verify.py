@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stateops.core.checkpoint import Checkpoint, hadoop_crc, load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, NotACheckpointError
+from stateops.core.formats import hadoop_crc
 
 __all__ = ["Finding", "format_findings", "require_sound", "verify_checkpoint", "verify_crc"]
 

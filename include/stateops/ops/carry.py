@@ -45,8 +45,9 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stateops.core.checkpoint import Checkpoint, crc_sidecar, hadoop_crc, load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.registry import Query
 from stateops.core.staging import has_entries
 from stateops.ops.transplant import operator_properties, state_differences

@@ -22,8 +22,10 @@ from typing import Any
 from stateops.control import faults
 from stateops.control.audit import append_audit, read_audit
 from stateops.control.lock import LockInfo, checkpoint_lock, live_lock, read_hold
-from stateops.core.checkpoint import crc_sidecar, hadoop_crc, load_checkpoint, relocate_checkpoint
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
+from stateops.core.files import relocate_checkpoint
+from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.registry import Registry
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url

@@ -29,16 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from stateops.control import faults
-from stateops.core.checkpoint import (
-    Checkpoint,
-    crc_sidecar,
-    hadoop_crc,
-    load_checkpoint,
-    relocate_checkpoint,
-    relocated_metadata,
-    schema_file_refs,
-)
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.files import relocate_checkpoint, relocated_metadata
+from stateops.core.formats import crc_sidecar, hadoop_crc, schema_file_refs
 from stateops.core.registry import Query, schema_fields
 from stateops.core.report import format_bytes
 from stateops.core.staging import Staging, occupied, remove_stale_staging

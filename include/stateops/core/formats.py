@@ -1,0 +1,162 @@
+"""The checkpoint's file formats, read (and the ``.crc`` sidecars, written): versioned JSON logs
+(``offsets/N``, ``commits/N``, operator metadata), the query ``metadata``, RocksDB ``N.zip``
+metadata, schema file references, Hadoop's checksum sidecars. Each corrupt file is a
+:class:`CheckpointError` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from stateops.core.errors import CheckpointError
+
+__all__ = [
+    "OffsetEntry",
+    "crc_sidecar",
+    "hadoop_crc",
+    "parse_commit",
+    "parse_offsets",
+    "parse_versioned_json",
+    "read_query_id",
+    "read_rocksdb_zip_metadata",
+    "read_text",
+    "schema_file_refs",
+]
+
+
+@dataclass(frozen=True)
+class OffsetEntry:
+    """One parsed ``offsets/N`` file."""
+
+    batch_id: int
+    watermark_ms: int
+    timestamp_ms: int
+    conf: dict[str, str]
+    source_offsets: list[dict | str | None]
+
+
+def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
+    """The ``.NAME.crc`` sidecar Hadoop's local file system writes (and checks on read)."""
+    chunks = range(0, len(data), bytes_per_checksum)
+    return (
+        b"crc\x00"
+        + struct.pack(">i", bytes_per_checksum)
+        + b"".join(struct.pack(">I", zlib.crc32(data[i : i + bytes_per_checksum])) for i in chunks)
+    )
+
+
+def crc_sidecar(rel: str) -> str:
+    parent, _, name = rel.rpartition("/")
+    return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
+
+
+def read_rocksdb_zip_metadata(path: Path) -> dict:
+    """The ``metadata`` member of a RocksDB ``N.zip``: the SST and log files it refers to."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            text = zf.read("metadata").decode("utf-8")
+    except (zipfile.BadZipFile, KeyError, OSError) as err:
+        raise CheckpointError(
+            f"{path}: unreadable RocksDB snapshot ({err}); restore the checkpoint from a backup"
+        ) from err
+    return parse_versioned_json(path, text)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: unreadable ({err})") from err
+
+
+def read_query_id(path: Path) -> str:
+    try:
+        query_id = json.loads(read_text(path))["id"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f'{path}: corrupt query metadata (expected {{"id": ...}}); '
+            "restore the checkpoint from a backup"
+        ) from err
+    return str(query_id)
+
+
+def parse_versioned_json(path: Path, text: str) -> dict:
+    lines = text.split("\n")
+    if not lines or not re.fullmatch(r"v\d+", lines[0].strip()):
+        raise CheckpointError(
+            f"{path}: corrupt (no version header); restore the checkpoint from a backup"
+        )
+    try:
+        value = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else None
+    except ValueError as err:
+        raise CheckpointError(
+            f"{path}: corrupt JSON on line 2; restore the checkpoint from a backup"
+        ) from err
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: corrupt (line 2 is not a JSON object)")
+    return value
+
+
+def parse_commit(path: Path) -> dict:
+    return parse_versioned_json(path, read_text(path))
+
+
+def parse_offsets(path: Path, batch_id: int) -> OffsetEntry:
+    text = read_text(path)
+    meta = parse_versioned_json(path, text)
+    source_offsets: list[dict | str | None] = []
+    for n, line in enumerate(text.split("\n")[2:], start=3):
+        line = line.strip()
+        if not line:
+            continue
+        if line == "-":
+            source_offsets.append(None)
+            continue
+        try:
+            source_offsets.append(json.loads(line))
+        except ValueError:
+            if line.startswith(("{", "[")):
+                raise CheckpointError(
+                    f"{path}: corrupt source offset on line {n}; "
+                    "restore the checkpoint from a backup"
+                ) from None
+            source_offsets.append(line)
+    try:
+        return OffsetEntry(
+            batch_id=batch_id,
+            watermark_ms=int(meta.get("batchWatermarkMs", 0)),
+            timestamp_ms=int(meta.get("batchTimestampMs", 0)),
+            conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
+            source_offsets=source_offsets,
+        )
+    except (AttributeError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: corrupt batch metadata on line 2 ({err}); "
+            "restore the checkpoint from a backup"
+        ) from err
+
+
+def schema_file_refs(root: Path, metadata_rel: str, op_id: int) -> set[str]:
+    """Checkpoint-relative paths of the schema files a v2 operator metadata file names."""
+    meta = parse_versioned_json(root / metadata_rel, read_text(root / metadata_rel))
+    marker = f"/state/{op_id}/_stateSchema/"
+    refs = set()
+    try:
+        for info in meta.get("stateStoreInfo", []):
+            for p in info.get("stateSchemaFilePaths") or []:
+                head, sep, tail = str(p).rpartition(marker)
+                if not sep:
+                    raise ValueError(p)
+                refs.add(f"state/{op_id}/_stateSchema/{tail}")
+    except (AttributeError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{root / metadata_rel}: corrupt operator metadata (schema file paths: {err}); "
+            "restore the checkpoint from a backup"
+        ) from err
+    return refs
