@@ -83,7 +83,7 @@ def _last_batch(target: Path) -> int | None:
 
 def _names_location(path: Path, location: Path) -> bool:
     """A v2 operator metadata file names its schema files inside ``location`` (what a restore
-    writes into the manifest's copy of it; see ``checkpoint.relocate_checkpoint``)."""
+    writes into the manifest's copy of it; see ``stateops.core.files.relocate_checkpoint``)."""
     try:
         meta = json.loads(path.read_text(encoding="utf-8").split("\n")[1])
         paths = [p for info in meta.get("stateStoreInfo", [])
