@@ -1,0 +1,28 @@
+"""What a backup URL and a manifest path may be, checked before S3 is asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from stateops.core.errors import StateOpsError
+from stateops.ops.backup import safe_relative_path, split_backup_url
+
+
+def test_a_backup_url_ends_in_a_backup_id_or_latest():
+    loc, backup_id = split_backup_url("s3://backups/prod/page_visits/b-000012-20261124T101010Z")
+    assert (loc.bucket, loc.prefix, backup_id) == (
+        "backups", "prod/page_visits", "b-000012-20261124T101010Z",
+    )  # fmt: skip
+    assert split_backup_url("s3://backups/prod/page_visits/latest")[1] == "latest"
+    with pytest.raises(StateOpsError, match="no backup id at the end"):
+        split_backup_url("s3://backups/prod/page_visits")
+
+
+@pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "state/../../x", "state\\0\\1.zip"])
+def test_a_manifest_path_that_leaves_the_target_is_refused(path):
+    with pytest.raises(StateOpsError, match="escapes the restore target"):
+        safe_relative_path(path)
+
+
+def test_a_manifest_path_inside_the_target_is_kept():
+    assert str(safe_relative_path("state/0/1/2.zip")) == "state/0/1/2.zip"
