@@ -1,0 +1,93 @@
+"""The start's parts that need no Spark: the input a cutover run reads, the run summary the
+Spark job hands to its task, and the carry-over proof's verdict (runs on Spark-written
+checkpoints: tests/spark/test_run_query.py)."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+
+import pytest
+
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.start import (
+    _proof_error,
+    _proof_summary,
+    files_before,
+    read_summary,
+    write_summary,
+)
+from tests.conftest import write_registry
+
+pytestmark = pytest.mark.unit
+
+CUTOVER = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+def _query(tmp_path):
+    return load_registry(write_registry(tmp_path / "data")).query("page_visits")
+
+
+def test_a_new_querys_cutover_reads_the_files_modified_before_it_and_no_hidden_ones(tmp_path):
+    query = _query(tmp_path)
+    source = tmp_path / "source"
+    source.mkdir()
+    query = query.model_copy(
+        update={"source": query.source.model_copy(update={"path": str(source)})}
+    )
+    for name, hour in (("a.json", 10), ("b.json", 11), ("c.json", 12), ("_tmp.json", 9), (".x", 9)):
+        (source / name).write_text("{}")
+        stamp = datetime(2026, 1, 1, hour, tzinfo=UTC).timestamp()
+        os.utime(source / name, (stamp, stamp))
+    assert files_before(query, CUTOVER) == [source / "a.json", source / "b.json"]
+
+
+def test_a_missing_source_folder_is_named(tmp_path):
+    query = _query(tmp_path)
+    missing = tmp_path / "gone"
+    query = query.model_copy(
+        update={"source": query.source.model_copy(update={"path": str(missing)})}
+    )
+    with pytest.raises(
+        StateOpsError, match=f"^page_visits: source folder {missing} does not exist$"
+    ):
+        files_before(query, CUTOVER)
+
+
+def test_a_task_reads_only_the_summary_its_own_run_wrote(tmp_path):
+    registry = load_registry(write_registry(tmp_path / "data"))
+    with pytest.raises(
+        StateOpsError, match="is from run None, not 'start-1': the Spark job did not"
+    ):
+        read_summary(registry, "page_visits", "start-1")
+    write_summary(registry, {"query": "page_visits", "run_id": "start-1", "batches_run": 2})
+    assert read_summary(registry, "page_visits", "start-1")["batches_run"] == 2
+    with pytest.raises(StateOpsError, match="is from run 'start-1', not 'start-2'"):
+        read_summary(registry, "page_visits", "start-2")
+
+
+def _proof(ok: bool) -> dict:
+    variables = [
+        {"variable": "visits", "kind": "value", "batch": b, "ok": ok or b == 3,
+         "actual_rows": rows, "expected_rows": 5, "actual_checksum": "a", "expected_checksum": "e"}
+        for b, rows in ((3, 5), (4, 5 if ok else 4))
+    ]  # fmt: skip
+    return {
+        "ok": ok, "sample": False, "seconds": 1.5, "batches": [3, 4], "reference": "old",
+        "variables": variables, "watermarks": [], "proof_file": "/p/proof.json",
+        "query": "page_visits", "carried": "old state", "input_files": 1, "input_rows": 2,
+    }  # fmt: skip
+
+
+def test_the_run_summary_keeps_the_proofs_last_batch_and_a_failure_says_what_and_where(capsys):
+    assert _proof_summary(None) is None
+    summary = _proof_summary(_proof(ok=False))
+    assert summary["variables"] == {"visits": 4}, "the last batch's rows"
+    assert summary["ok"] is False and summary["proof_file"] == "/p/proof.json"
+    assert _proof_error(_proof(ok=True)) is None
+    assert _proof_error(_proof(ok=False)) == (
+        "carry-over proof failed: batch 4 visits: 4 rows, expected 5; details in /p/proof.json; "
+        "move the checkpoint aside and carry the state over again"
+    )
+    assert "NOT PROVEN: state of page_visits after batches 3-4" in capsys.readouterr().err
