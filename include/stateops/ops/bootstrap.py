@@ -79,16 +79,7 @@ def plan_bootstrap(
             )
         planned = bool(cp.offsets)
     src = Path(source)
-    if not src.exists():
-        raise StateOpsError(f"{source}: no such initial state (a state export, or data files)")
-    if fmt is None:
-        checkpoint = (src / "metadata").is_file() and (src / "offsets").is_dir()
-        fmt = "export" if (src / MANIFEST).exists() else "checkpoint" if checkpoint else None
-        fmt = fmt or src.suffix.lstrip(".") or "parquet"
-    if fmt not in FORMATS:
-        raise StateOpsError(
-            f"{source}: unknown initial state format {fmt!r} ({', '.join(FORMATS)})"
-        )
+    fmt = _initial_format(src, fmt)
     road, said = None, []
     if fmt == "checkpoint":
         cp = load_checkpoint(src)
@@ -130,6 +121,20 @@ def plan_bootstrap(
             registry.state_dir / "bootstrap" / "exports" / f"{name}-{uuid.uuid4().hex[:8]}"
         ),
     }
+
+
+def _initial_format(src: Path, fmt: str | None) -> str:
+    """The initial state's format: ``fmt``, else what the folder is (a state export, a
+    checkpoint, else data files named by their suffix, Parquet by default)."""
+    if not src.exists():
+        raise StateOpsError(f"{src}: no such initial state (a state export, or data files)")
+    if fmt is None:
+        checkpoint = (src / "metadata").is_file() and (src / "offsets").is_dir()
+        fmt = "export" if (src / MANIFEST).exists() else "checkpoint" if checkpoint else None
+        fmt = fmt or src.suffix.lstrip(".") or "parquet"
+    if fmt not in FORMATS:
+        raise StateOpsError(f"{src}: unknown initial state format {fmt!r} ({', '.join(FORMATS)})")
+    return fmt
 
 
 def _check_export(source: Path, query: Query) -> None:

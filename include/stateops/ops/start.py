@@ -176,7 +176,6 @@ def run_registered_query(
     it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
     their number, the trigger a long one, and the query stops once that batch commits.
     """
-    from stateops.ops.bootstrap import pending_carry_over, read_initial_state
     from stateops.spark.streaming import build_session, progress_summary
 
     query = registry.query(name)
@@ -195,11 +194,7 @@ def run_registered_query(
             print(f"removed a stale stop request of {query.name}", file=sys.stderr)
         spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
         prepared = prepare(spark) if prepare else None
-        carried = pending_carry_over(registry, query, before)
-        initial_state = None
-        if carried and "initial_state" in carried:
-            initial_state = read_initial_state(spark, query, carried["initial_state"],
-                                               carried["format"])  # fmt: skip
+        carried, initial_state = _carried(spark, registry, query, before)
         origin = carried.get("origin") if carried and before is None else None
         stopped_by_marker, error, progress = _run(
             spark, query, stop, poll_seconds, first, until_batch, initial_state, origin
@@ -208,15 +203,9 @@ def run_registered_query(
         committed = [] if after is None else list(range(first, after + 1))
         if cutover is not None and not error:
             error = _cutover_mismatch(query, pending, committed)
-        bootstrap = proof = None
-        if carried:
-            # The first batch committed with the carried state: the carry-over is complete.
-            bootstrap = "complete" if after != before else "pending"
-            if after != before:
-                clear_carry_over(registry, query.name)
-                if not error:
-                    proof = _prove(spark, query, carried, initial_state)
-                    error = _proof_error(proof)
+        bootstrap, proof, error = _settle(
+            spark, registry, query, carried, initial_state, after != before, error
+        )
         summary = {
             "query": query.name,
             "operation": operation,
@@ -244,6 +233,43 @@ def run_registered_query(
         }
         _audit(summary)
     return summary
+
+
+def _carried(
+    spark: SparkSession, registry: Registry, query: Query, before: int | None
+) -> tuple[dict[str, Any] | None, Any]:
+    """The carried-over state awaiting this start's first batch, and its initial state (a
+    DataFrame, on the initialState road) or None."""
+    from stateops.ops.bootstrap import pending_carry_over, read_initial_state
+
+    carried = pending_carry_over(registry, query, before)
+    if carried and "initial_state" in carried:
+        return carried, read_initial_state(
+            spark, query, carried["initial_state"], carried["format"]
+        )
+    return carried, None
+
+
+def _settle(
+    spark: SparkSession,
+    registry: Registry,
+    query: Query,
+    carried: dict[str, Any] | None,
+    initial_state: Any,
+    committed: bool,
+    error: Any,
+) -> tuple[str | None, dict[str, Any] | None, Any]:
+    """(bootstrap status, proof, the run's error) once the run ended: a carry-over is complete
+    once a batch committed with the carried state, and then proven unless the run failed."""
+    if not carried:
+        return None, None, error
+    if not committed:
+        return "pending", None, error
+    clear_carry_over(registry, query.name)
+    if error:
+        return "complete", None, error
+    proof = _prove(spark, query, carried, initial_state)
+    return "complete", proof, _proof_error(proof)
 
 
 def _audit(summary: dict[str, Any]) -> None:
