@@ -254,6 +254,16 @@ def pytest_collection_modifyitems(config, items) -> None:
     def tier(item) -> int:
         return next((i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS))
 
+    # A test in a tier's folder carries that tier's marker: `make test MARK=unit` selects by
+    # marker, and the time guard counts by it.
+    for item in items:
+        folder = Path(item.path).relative_to(ROOT).parts[1:2]
+        if folder and folder[0] in TIERS and not item.get_closest_marker(folder[0]):
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test in tests/{folder[0]}/ without the {folder[0]} marker; "
+                f"add `pytestmark = pytest.mark.{folder[0]}` to its module"
+            )
+
     items.sort(key=tier)
 
 

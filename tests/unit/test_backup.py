@@ -7,6 +7,8 @@ import pytest
 from stateops.core.errors import StateOpsError
 from stateops.ops.backup import safe_relative_path, split_backup_url
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_backup_url_ends_in_a_backup_id_or_latest():
     loc, backup_id = split_backup_url("s3://backups/prod/page_visits/b-000012-20261124T101010Z")

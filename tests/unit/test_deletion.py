@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from stateops.ops.deletion import _in_order, format_plan, plan_digest
+
+pytestmark = pytest.mark.unit
 
 
 def _rollback_plan() -> dict:

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import stateops
+
+pytestmark = pytest.mark.unit
 
 PACKAGE = Path(stateops.__file__).parent
 LAYERS = ["core", "control", "spark", "ops", "dev"]  # bottom up; status and cli on top
