@@ -99,7 +99,7 @@ def _chart(groups: list[dict[str, Any]]) -> str:
 def _query_card(s: dict[str, Any]) -> str:
     last = s["last_committed_batch"]
     facts = [
-        ["source", f"{s['source']['format']} {s['source']['path']}"],
+        ["source", s["inputs"]],
         ["checkpoint", s["checkpoint"]],
         ["last committed batch",
          "none yet" if last is None else f"{last} at {s['committed_at']}"],

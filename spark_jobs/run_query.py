@@ -20,6 +20,7 @@ from stateops.core.registry import Registry, load_registry
 from stateops.core.times import parse_past_time
 from stateops.ops.rollback import refuse_pending_rollback
 from stateops.ops.start import checkpoint_state, run_registered_query, write_summary
+from stateops.spark.streaming import check_code
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -45,10 +46,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def preflight(args: argparse.Namespace) -> tuple[Registry, datetime | None]:
     """The registry and the cutover; every refusal that needs no Spark (run before
-    spark-submit too): the registry and query, a cutover that is not a real past time, a
-    pending rollback, a damaged checkpoint."""
+    spark-submit too): the registry and query, the query's own code, a cutover that is not a
+    real past time, a pending rollback, a damaged checkpoint."""
     registry = load_registry(args.registry)
     query = registry.query(args.query)
+    check_code(registry, query)
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
     refuse_pending_rollback(query.checkpoint)
     checkpoint_state(query.checkpoint)

@@ -371,7 +371,7 @@ def cmd_queries(args: argparse.Namespace) -> int:
     print(f"registry {registry.path} (data under {registry.data_dir})")
     for q in registry.queries.values():
         print(
-            f"  {q.name:<16} {q.source.format} {q.source.path} -> {q.sink.path}\n"
+            f"  {q.name:<16} {q.inputs_text} -> {q.sink.path}\n"
             f"  {'':<16} checkpoint {q.checkpoint} ({q.state_store.provider}, "
             f"{q.shuffle_partitions} partitions)"
         )

@@ -34,7 +34,8 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     query = registry.query(name)
     status: dict[str, Any] = {
         "query": name,
-        "source": {"format": query.source.format, "path": query.source.path},
+        "sources": {n: {"format": s.format, "path": s.path} for n, s in query.inputs.items()},
+        "inputs": query.inputs_text,
         "checkpoint": query.checkpoint,
         "last_committed_batch": None,
         "committed_at": None,
@@ -141,7 +142,7 @@ def describe_cleanup(c: dict[str, Any] | None) -> str:
 def format_status(status: dict[str, Any]) -> str:
     """The readable form `stateops status` prints."""
     s = status
-    lines = [f"{s['query']}: {s['source']['format']} {s['source']['path']}",
+    lines = [f"{s['query']}: {s['inputs']}",
              f"  checkpoint      {s['checkpoint']}"]  # fmt: skip
     last = s["last_committed_batch"]
     committed = "none yet" if last is None else f"batch {last} at {s['committed_at']}"

@@ -284,7 +284,7 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
 
     [status] = json.loads(run_cli(*cli, "--json", env=s3.env(), check=True).stdout)
     cp = load_checkpoint(ckpt)
-    assert (status["checkpoint"], status["source"]["format"]) == (str(ckpt), "json")
+    assert (status["checkpoint"], status["sources"]["source"]["format"]) == (str(ckpt), "json")
     assert status["last_committed_batch"] == cp.last_committed_batch and status["committed_at"]
     [op] = status["operators"]
     assert op["bytes"] == sum(s for rel, s in cp.sizes.items() if rel.startswith("state/0/"))

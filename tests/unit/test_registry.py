@@ -114,3 +114,73 @@ def test_schema_columns_handles_nested_types():
     ]
     with pytest.raises(ValueError):
         schema_columns("a STRING, b STRUCT<x: INT")
+
+
+TRANSFORM = {"function": "stateops.pipelines.page_counts:build", "output_mode": "update"}
+
+
+def _counts(r, **changes):
+    """A transform query beside the processors (page_visits' source and sink, its own names)."""
+    spec = {"source": r["queries"]["page_visits"]["source"], "transform": TRANSFORM,
+            "sink": {"path": "output/page_counts"}, "checkpoint": "checkpoints/page_counts",
+            "state_store": {"provider": "hdfs"}}  # fmt: skip
+    r["queries"]["page_counts"] = {**spec, **changes}
+
+
+def test_a_transform_query_reads_its_sources_by_name_on_either_store(tmp_path):
+    registry = load_registry(_registry_with(tmp_path, _counts))
+    query = registry.query("page_counts")
+    assert query.processor is None and query.key_columns == []
+    assert query.output_mode == "update" and list(query.inputs) == ["source"]
+    assert query.spark_conf_for_query()[
+        "spark.sql.streaming.stateStore.providerClass"
+    ] == PROVIDER_CLASSES["hdfs"]  # fmt: skip
+    source = registry.query("page_visits").source
+    joined = load_registry(_registry_with(tmp_path, lambda r: _counts(
+        r, source=None, sources={"views": source.model_dump(by_alias=True), "clicks": {
+            **source.model_dump(by_alias=True), "path": "landing/clicks"}})))  # fmt: skip
+    assert {n: s.path for n, s in joined.query("page_counts").inputs.items()} == {
+        "views": source.path, "clicks": str(tmp_path / "data" / "landing" / "clicks")
+    }  # fmt: skip
+    assert registry.query("page_visits").output_mode == "update", "the processor's, lower case"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda r: _counts(r, processor=r["queries"]["page_visits"]["processor"]),
+         "queries.page_counts: give either processor (a transformWithStateInPandas class) or "
+         "transform"),
+        (lambda r: _counts(r, transform=None), "give either processor"),
+        (lambda r: _counts(r, sources={"a": r["queries"]["page_visits"]["source"]}),
+         "queries.page_counts: give either source (one input) or sources (inputs by name)"),
+        (lambda r: _counts(r, watermark={"column": "event_time", "delay": "1 minute"}),
+         "watermark is for processor queries: a transform applies its own watermarks"),
+        (lambda r: _counts(r, transform={**TRANSFORM, "output_mode": "replace"}),
+         "queries.page_counts.transform.output_mode"),
+        (lambda r: _counts(r, transform={"function": "no_colon"}),
+         "queries.page_counts.transform.function"),
+        (lambda r: r["queries"]["page_visits"].update(
+            source=None, sources={"a": r["queries"]["page_visits"]["source"]}),
+         "a processor reads one source: give source, not sources"),
+        (lambda r: r["queries"]["page_visits"].update(key_columns=[]),
+         "key_columns: a processor groups by at least one key column"),
+        (lambda r: r.update(code_paths=["nope"]), "code_paths: 'nope' is not a folder"),
+        (lambda r: r.update(code_paths="jobs"), "code_paths: expected a list of folders"),
+    ],
+)  # fmt: skip
+def test_a_query_is_one_shape_and_its_code_where_the_registry_says(tmp_path, mutate, expected):
+    with pytest.raises(RegistryError) as err:
+        load_registry(_registry_with(tmp_path, mutate))
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_code_paths_are_relative_to_the_registry_file_and_survive_a_derived_registry(tmp_path):
+    from stateops.core.registry import derived_registry
+
+    (tmp_path / "jobs").mkdir()
+    registry = load_registry(_registry_with(tmp_path, lambda r: r.update(code_paths=["jobs"])))
+    assert registry.code_paths == [tmp_path / "jobs"]
+    derived = derived_registry(registry, "page_visits", {}, tmp_path / "elsewhere" / "r.yaml")
+    assert load_registry(derived).code_paths == [tmp_path / "jobs"]

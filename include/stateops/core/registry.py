@@ -88,6 +88,16 @@ class Processor(_Model):
     output_mode: Literal["Append", "Update"] = "Append"
 
 
+class Transform(_Model):
+    """The user's own query: ``function(spark, inputs, **options)`` returns the streaming
+    DataFrame the sink writes (``inputs``: each source's name -> its streaming DataFrame), with
+    whatever stateful operators it applies, and its own watermarks."""
+
+    function: str = Field(pattern=r"^[\w.]+:[A-Za-z_]\w*$")
+    options: dict[str, str | int | float | bool] = {}
+    output_mode: Literal["append", "update", "complete"] = "append"
+
+
 class InitialState(_Model):
     """What ``handleInitialState`` takes, and how a state export of the query maps onto it."""
 
@@ -153,13 +163,18 @@ class Query(_Model):
 
     name: _Name
     description: str = ""
-    source: Source
+    source: Source | None = None
+    """The one input of a processor query, or of a transform (named ``source`` there)."""
+    sources: dict[_Name, Source] = {}
+    """A transform's inputs by name, where it reads more than one."""
     watermark: Watermark | None = None
-    processor: Processor
-    key_columns: list[str] = Field(min_length=1)
+    processor: Processor | None = None
+    transform: Transform | None = None
+    key_columns: list[str] = []
+    """A processor's grouping keys; for a transform, the keys its expectations use."""
     initial_state: InitialState | None = None
     expectations: Expectations = Expectations()
-    output_schema: DDLSchema
+    output_schema: DDLSchema | None = None
     sink: Sink
     checkpoint: str
     trigger: Trigger = Trigger()
@@ -167,8 +182,53 @@ class Query(_Model):
     shuffle_partitions: int = Field(4, ge=1)
     spark_conf: dict[str, str] = {}
 
+    @property
+    def output_mode(self) -> str:
+        """The sink's output mode, as ``writeStream.outputMode`` takes it."""
+        if self.transform is not None:
+            return self.transform.output_mode
+        assert self.processor is not None
+        return self.processor.output_mode.lower()
+
+    @property
+    def inputs(self) -> dict[str, Source]:
+        """Every source by name (the one-source form's name is ``source``)."""
+        return self.sources or {"source": self.source}
+
+    @property
+    def inputs_text(self) -> str:
+        """The sources as a person reads them: ``json /landing/x``, or by name when several."""
+        if self.source is not None:
+            return f"{self.source.format} {self.source.path}"
+        return "; ".join(f"{n}: {s.format} {s.path}" for n, s in self.sources.items())
+
     @model_validator(mode="after")
-    def _columns_exist(self) -> Query:
+    def _one_shape(self) -> Query:
+        if (self.source is None) == (not self.sources):
+            raise ValueError("give either source (one input) or sources (inputs by name)")
+        if (self.processor is None) == (self.transform is None):
+            raise ValueError(
+                "give either processor (a transformWithStateInPandas class) or transform "
+                "(a function that builds the query)"
+            )
+        if self.transform is not None:
+            for field in ("watermark", "initial_state", "output_schema"):
+                if getattr(self, field) is not None:
+                    raise ValueError(
+                        f"{field} is for processor queries: a transform applies its own "
+                        "watermarks and its result has its own schema"
+                    )
+            return self
+        if self.sources:
+            raise ValueError("a processor reads one source: give source, not sources")
+        if not self.key_columns:
+            raise ValueError("key_columns: a processor groups by at least one key column")
+        if self.output_schema is None:
+            raise ValueError("output_schema: a processor declares the schema of what it emits")
+        return self._processor_columns()
+
+    def _processor_columns(self) -> Query:
+        assert self.source is not None and self.processor is not None
         columns = schema_columns(self.source.schema_)
         for key in self.key_columns:
             if key not in columns:
@@ -250,6 +310,9 @@ class Registry(_Model):
     path: Path
     data_dir: Path
     queries: dict[str, Query]
+    code_paths: list[Path] = []
+    """Folders of the users' own query code (``transform.function``, ``processor.class``):
+    on ``sys.path`` in the driver, shipped to the executors."""
     backups: Backups = Backups()
     cleanup: Cleanup = Cleanup()
 
@@ -339,7 +402,8 @@ def derived_registry(
     """
     entry = registry.query(name).model_dump(by_alias=True, exclude={"name"}) | changes
     raw = _read_yaml(registry.path.read_text(encoding="utf-8"))
-    raw.update(data_dir=str(registry.data_dir), queries={name: entry})
+    raw.update(data_dir=str(registry.data_dir), queries={name: entry},
+               code_paths=[str(p) for p in registry.code_paths])  # fmt: skip
     path = Path(dest)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
@@ -410,7 +474,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         raise RegistryError(_yaml_error(path, err)) from err
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
-    unknown = set(raw) - {"data_dir", "queries", "backups", "cleanup"}
+    unknown = set(raw) - {"data_dir", "code_paths", "queries", "backups", "cleanup"}
     if unknown:
         raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     raw_data_dir = raw.get("data_dir", "data")
@@ -442,7 +506,24 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             first = err.errors()[0]
             field_path = ".".join(str(p) for p in first["loc"])
             raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
-    return Registry(path=path, data_dir=data_dir, queries=queries, **sections)
+    return Registry(path=path, data_dir=data_dir, queries=queries,
+                    code_paths=_code_paths(path, raw.get("code_paths")), **sections)  # fmt: skip
+
+
+def _code_paths(path: Path, raw: object) -> list[Path]:
+    """``code_paths``: folders relative to the registry file, each of which must exist."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+        raise RegistryError(f"{path}: code_paths: expected a list of folders, got {raw!r}")
+    folders = [(path.parent / p).resolve() for p in raw]
+    for raw_path, folder in zip(raw, folders, strict=True):
+        if not folder.is_dir():
+            raise RegistryError(
+                f"{path}: code_paths: {raw_path!r} is not a folder ({folder}); paths are "
+                "relative to the registry file"
+            )
+    return folders
 
 
 def checkpoint_of(
@@ -481,10 +562,14 @@ def _resolve_paths(query: Query, data_dir: Path) -> Query:
     def absolute(p: str) -> str:
         return str((data_dir / p).resolve()) if "://" not in p else p
 
+    def located(source: Source | None) -> Source | None:
+        return source and source.model_copy(update={"path": absolute(source.path)})
+
     return query.model_copy(
         update={
             "checkpoint": absolute(query.checkpoint),
-            "source": query.source.model_copy(update={"path": absolute(query.source.path)}),
+            "source": located(query.source),
+            "sources": {name: located(s) for name, s in query.sources.items()},
             "sink": query.sink.model_copy(update={"path": absolute(query.sink.path)}),
         }
     )

@@ -147,6 +147,11 @@ def plan_migration(
     fails verification, a non-empty new checkpoint, another operation holding the query.
     """
     query = registry.query(name)
+    if query.transform is not None:
+        raise StateOpsError(
+            f"query {name} is a transform: carrying its operators' state to a new source is "
+            "not supported yet; stop it and start it on the new source with a new checkpoint"
+        )
     if query.initial_state is None or not query.initial_state.from_export:
         raise RegistryError(
             f"query {name}: no initial_state.from_export in the registry, so its processor "

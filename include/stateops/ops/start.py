@@ -176,7 +176,7 @@ def run_registered_query(
     it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
     their number, the trigger a long one, and the query stops once that batch commits.
     """
-    from stateops.spark.streaming import build_session, progress_summary
+    from stateops.spark.streaming import build_session, progress_summary, use_code_paths
 
     query = registry.query(name)
     run_id = run_id or new_run_id(operation)
@@ -193,6 +193,7 @@ def run_registered_query(
         if stop is not None and stop():
             print(f"removed a stale stop request of {query.name}", file=sys.stderr)
         spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
+        use_code_paths(registry, spark)
         prepared = prepare(spark) if prepare else None
         carried, initial_state = _carried(spark, registry, query, before)
         origin = carried.get("origin") if carried and before is None else None

@@ -181,6 +181,8 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
 
     ``query`` is the query as it will run: its new source, processor, partitions and settings.
     """
+    if query.transform is not None:
+        return [f"query {query.name} is a transform: its state is not transplanted yet"]
     batch = cp.last_committed_batch if batch is None else batch
     if batch is None:
         return [f"{cp.root} has no committed batch: there is no state to transplant"]

@@ -1,5 +1,6 @@
-"""Reference pipelines: `transformWithStateInPandas` processors used by the registry.
+"""Reference pipelines: `transformWithStateInPandas` processors and query-building functions
+(`transform`) used by the registry.
 
-These modules are the Spark side of the project and import PySpark at module top (a
+These modules are the Spark side of the project; the processors import PySpark at module top (a
 ``StatefulProcessor`` subclass needs it); nothing outside Spark jobs imports them.
 """

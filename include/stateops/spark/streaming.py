@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.errors import RegistryError
-from stateops.core.registry import Query
+from stateops.core.registry import Query, Registry, Source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -16,10 +22,15 @@ if TYPE_CHECKING:
 __all__ = [
     "apply_query_conf",
     "build_session",
+    "check_code",
     "load_processor",
+    "load_transform",
+    "query_frame",
+    "read_source",
     "progress_summary",
     "spark_session",
     "start_query",
+    "use_code_paths",
     "write_batch",
 ]
 
@@ -57,21 +68,113 @@ def apply_query_conf(spark: SparkSession, query: Query) -> None:
             spark.conf.set(key, value)
 
 
-def load_processor(query: Query) -> Any:
-    module_name, _, class_name = query.processor.class_.partition(":")
+def use_code_paths(registry: Registry, spark: SparkSession | None = None) -> None:
+    """The registry's ``code_paths`` on ``sys.path`` here (the driver), and with ``spark``,
+    each shipped to the executors as a zip (Python workers import the user's functions that
+    Spark pickles by reference, such as an ``applyInPandasWithState`` function)."""
+    for folder in reversed(registry.code_paths):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    if spark is None or not registry.code_paths:
+        return
+    shipped = Path(tempfile.mkdtemp(prefix="stateops-code-"))
+    for n, folder in enumerate(registry.code_paths):
+        spark.sparkContext.addPyFile(
+            shutil.make_archive(str(shipped / f"code{n}-{folder.name}"), "zip", folder)
+        )
+
+
+def _imported(query: Query, field: str, ref: str) -> Any:
+    """``module:attribute`` named by the registry's ``field``, imported."""
+    module_name, _, attr = ref.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
         raise RegistryError(
-            f"query {query.name}: processor.class {query.processor.class_!r} "
-            f"cannot be imported ({err})"
+            f"query {query.name}: {field} {ref!r} cannot be imported ({err}); is its folder "
+            "in the registry's code_paths?"
         ) from err
+
+
+def load_processor(query: Query) -> Any:
+    assert query.processor is not None
+    cls = _imported(query, "processor.class", query.processor.class_)
     try:
         return cls(**query.processor.options)
     except (TypeError, ValueError) as err:
         raise RegistryError(
             f"query {query.name}: processor.options do not fit {query.processor.class_}: {err}"
         ) from err
+
+
+def load_transform(query: Query) -> Callable[..., Any]:
+    """The query's ``transform.function``, checked to take ``(spark, inputs, **options)``."""
+    assert query.transform is not None
+    ref = query.transform.function
+    function = _imported(query, "transform.function", ref)
+    try:
+        inspect.signature(function).bind(None, {}, **query.transform.options)
+    except TypeError as err:
+        raise RegistryError(
+            f"query {query.name}: transform.options do not fit {ref}(spark, inputs, **options): "
+            f"{err}"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): the call will tell
+        pass
+    return function
+
+
+def check_code(registry: Registry, query: Query) -> None:
+    """The query's own code imports and takes its options: checked without Spark, before a
+    job starts."""
+    use_code_paths(registry)
+    if query.transform is not None:
+        load_transform(query)
+    else:
+        load_processor(query)
+
+
+def read_source(spark: SparkSession, source: Source) -> DataFrame:
+    """A source as a streaming DataFrame, its schema and options applied."""
+    reader = spark.readStream.format(source.format).schema(source.schema_)
+    return reader.options(**source.reader_options).load(source.path)
+
+
+def _transformed(spark: SparkSession, query: Query) -> DataFrame:
+    from pyspark.sql import DataFrame
+
+    assert query.transform is not None
+    inputs = {name: read_source(spark, source) for name, source in query.inputs.items()}
+    out = load_transform(query)(spark, inputs, **query.transform.options)
+    if not isinstance(out, DataFrame) or not out.isStreaming:
+        what = "a batch DataFrame" if isinstance(out, DataFrame) else type(out).__name__
+        raise RegistryError(
+            f"query {query.name}: transform.function {query.transform.function} returned "
+            f"{what}, not a streaming DataFrame; build its result from the inputs it is given"
+        )
+    return out
+
+
+def query_frame(
+    spark: SparkSession, query: Query, initial_state: DataFrame | None = None
+) -> DataFrame:
+    """What the query's sink writes: the transform's result, or the processor's output."""
+    if query.transform is not None:
+        return _transformed(spark, query)
+    assert query.source is not None and query.processor is not None
+    df = read_source(spark, query.source)
+    if query.watermark:
+        df = df.withWatermark(query.watermark.column, query.watermark.delay)
+    grouped_initial = (
+        initial_state.groupBy(*query.key_columns) if initial_state is not None else None
+    )
+    return df.groupBy(*query.key_columns).transformWithStateInPandas(
+        statefulProcessor=load_processor(query),
+        outputStructType=query.output_schema,
+        outputMode=query.processor.output_mode,
+        timeMode=query.processor.time_mode,
+        initialState=grouped_initial,
+    )
 
 
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
@@ -88,28 +191,10 @@ def start_query(
     available_now: bool,
     initial_state: DataFrame | None = None,
 ) -> StreamingQuery:
-    source = query.source
-    df = (
-        spark.readStream.format(source.format)
-        .schema(source.schema_)
-        .options(**source.reader_options)
-        .load(source.path)
-    )
-    if query.watermark:
-        df = df.withWatermark(query.watermark.column, query.watermark.delay)
-    grouped_initial = (
-        initial_state.groupBy(*query.key_columns) if initial_state is not None else None
-    )
-    out = df.groupBy(*query.key_columns).transformWithStateInPandas(
-        statefulProcessor=load_processor(query),
-        outputStructType=query.output_schema,
-        outputMode=query.processor.output_mode,
-        timeMode=query.processor.time_mode,
-        initialState=grouped_initial,
-    )
+    out = query_frame(spark, query, initial_state)
     writer = (
         out.writeStream.queryName(query.name)
-        .outputMode(query.processor.output_mode.lower())
+        .outputMode(query.output_mode)
         .option("checkpointLocation", query.checkpoint)
         .foreachBatch(lambda batch_df, batch_id: write_batch(batch_df, batch_id, query))
     )

@@ -1,0 +1,203 @@
+"""A registered query may be the user's own code (``transform``): a function that builds the
+streaming query from its sources, with Spark's built-in stateful operators. Here: the windowed
+count reference pipeline on the HDFS-backed store, and applyInPandasWithState from a folder of
+the user's own code (``code_paths``), which the executors import."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import PROVIDER_CLASSES, load_registry
+from stateops.core.steps import RUN_QUERY
+from stateops.core.verify import verify_checkpoint
+from stateops.spark.jobs import job_path, preflight_job
+from tests.conftest import write_registry
+from tests.spark.harness import job_in_session, land, read_sink, run_in_session
+
+pytestmark = pytest.mark.spark
+
+# The user's own code, in a folder the registry names in code_paths.
+SESSIONS = '''
+import functools
+
+import pandas as pd
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+
+def count_events(key, frames, state, timeout_ms):
+    """Events per user; the state times out once the user is idle that long (event time)."""
+    if state.hasTimedOut:
+        (count,) = state.get
+        state.remove()
+        yield pd.DataFrame({"user_id": [key[0]], "events": [count], "open": [False]})
+        return
+    frames = list(frames)
+    latest = max(int(f["event_time"].max().timestamp() * 1000) for f in frames)
+    count = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
+    state.update((count,))
+    state.setTimeoutTimestamp(max(latest, state.getCurrentWatermarkMs()) + timeout_ms)
+    yield pd.DataFrame({"user_id": [key[0]], "events": [count], "open": [True]})
+
+
+def build(spark, inputs, idle_minutes=600):
+    events = inputs["source"].withWatermark("event_time", "10 minutes")
+    return events.groupBy("user_id").applyInPandasWithState(
+        functools.partial(count_events, timeout_ms=idle_minutes * 60_000),
+        outputStructType="user_id STRING, events LONG, open BOOLEAN",
+        stateStructType="count LONG",
+        outputMode="Update",
+        timeoutConf=GroupStateTimeout.EventTimeTimeout,
+    )
+
+
+def batch(spark, inputs):
+    return spark.range(3)
+
+
+def passthrough(spark, inputs):
+    return inputs["source"]
+'''
+
+VISITS = "user_id STRING, page STRING, event_time TIMESTAMP"
+SESSION_EVENTS = "user_id STRING, data STRING, is_last BOOLEAN, event_time TIMESTAMP"
+
+
+def _query(name: str, function: str, **fields) -> dict:
+    source = fields.pop("source", "page_visits")
+    schema = VISITS if source == "page_visits" else SESSION_EVENTS
+    return {
+        "source": {"format": "json", "path": f"landing/{source}", "schema": schema,
+                   "options": {"maxFilesPerTrigger": 1}},
+        "transform": {"function": function, **fields.pop("transform", {})},
+        "sink": {"path": f"output/{name}"},
+        "checkpoint": f"checkpoints/{name}",
+        "shuffle_partitions": 2,
+        "spark_conf": {"spark.sql.streaming.stateStore.maintenanceInterval": "200ms"},
+        **fields,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("transform")
+    code = root / "code" / "shop"
+    code.mkdir(parents=True)
+    (code / "__init__.py").write_text("")
+    (code / "sessions.py").write_text(SESSIONS)
+    path = write_registry(root)
+    raw = yaml.safe_load(path.read_text())
+    raw["code_paths"] = ["code"]
+    raw["queries"] = {
+        "page_counts": _query("page_counts", 
+            "stateops.pipelines.page_counts:build",
+            transform={"output_mode": "update", "options": {"window": "10 minutes"}},
+            key_columns=["page"],
+            state_store={"provider": "hdfs", "min_deltas_for_snapshot": 2},
+        ),
+        "build": _query("build", "shop.sessions:build", source="user_sessions",
+                        transform={"output_mode": "update"}),
+        "batch": _query("batch", "shop.sessions:batch"),
+        "passthrough": _query("passthrough", "shop.sessions:passthrough",
+                              transform={"output_mode": "complete"}),
+        "missing": _query("missing", "shop.nope:build"),
+        "misfit": _query("misfit", "stateops.pipelines.page_counts:build",
+                         transform={"options": {"size": 3}}),
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    land(root / "landing", round_=0, files=2)
+    return path
+
+
+def _events(landing: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for f in sorted(landing.glob("*.json")) for line in f.open()]
+
+
+def _ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).replace(tzinfo=None)
+
+
+def _latest(sink: Path, key: int) -> dict:
+    """The last row each key was given, over the batches in order (update mode)."""
+    latest = {}
+    for _, rows in sorted(read_sink(sink).items()):
+        for row in rows:
+            latest[row[:key]] = row[key:]
+    return latest
+
+
+def test_a_windowed_count_runs_on_the_hdfs_store_and_counts_every_view(spark, registry):
+    first = run_in_session(spark, registry, "page_counts")
+    land(registry.parent / "landing", round_=1, files=1)
+    second = run_in_session(spark, registry, "page_counts")
+    assert first["status"] == second["status"] == "succeeded"
+    # The new file's batch, then a batch without data where the watermark moved on.
+    assert second["last_committed_batch_before"] == first["last_committed_batch"]
+    assert second["batches_run"] >= 1
+
+    query = load_registry(registry).query("page_counts")
+    views = Counter()
+    for e in _events(registry.parent / "landing" / "page_visits"):
+        t = _ts(e["event_time"])
+        start = t - timedelta(minutes=t.minute % 10, seconds=t.second, microseconds=t.microsecond)
+        views[(start, start + timedelta(minutes=10), e["page"])] += 1
+    got = {k: v[0] for k, v in _latest(Path(query.sink.path), key=3).items()}
+    assert got == dict(views), "each window's last update is its whole count: no view lost"
+
+    cp = load_checkpoint(query.checkpoint)
+    assert cp.operators and {op.provider for op in cp.operators} == {"hdfs"}
+    offsets = (Path(query.checkpoint) / "offsets" / "2").read_text()
+    assert f'"spark.sql.streaming.stateStore.providerClass":"{PROVIDER_CLASSES["hdfs"]}"' in offsets
+    assert verify_checkpoint(query.checkpoint)["ok"]
+
+
+def test_the_users_own_code_runs_in_the_executors_with_its_group_state(spark, registry):
+    summary = run_in_session(spark, registry, "build")
+    assert summary["status"] == "succeeded" and summary["batches_run"] >= 2
+    events = Counter(e["user_id"] for e in _events(registry.parent / "landing" / "user_sessions"))
+    sink = Path(load_registry(registry).query("build").sink.path)
+    assert {user: row[0] for (user,), row in _latest(sink, key=1).items()} == dict(events)
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("missing", "transform.function 'shop.nope:build' cannot be imported (No module named "
+                    "'shop.nope'); is its folder in the registry's code_paths?"),
+        ("misfit", "transform.options do not fit stateops.pipelines.page_counts:build(spark, "
+                   "inputs, **options): got an unexpected keyword argument 'size'"),
+    ],
+)  # fmt: skip
+def test_code_that_cannot_run_is_refused_before_spark_starts(registry, name, says):
+    with pytest.raises(StateOpsError) as refused:
+        preflight_job(job_path(RUN_QUERY), ["--registry", str(registry), "--query", name])
+    assert str(refused.value) == f"query {name}: {says}"
+    assert not Path(load_registry(registry).query(name).checkpoint).exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("batch", "transform.function shop.sessions:batch returned a batch DataFrame, not a "
+                  "streaming DataFrame; build its result from the inputs it is given"),
+        ("passthrough", "Spark cannot start it: [STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] "
+                        "Invalid streaming output mode: complete."),
+    ],
+)  # fmt: skip
+def test_a_query_spark_refuses_fails_in_one_line_and_commits_nothing(
+    spark, registry, capsys, name, says
+):
+    code, _ = job_in_session(spark, RUN_QUERY, "--registry", str(registry), "--query", name)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: query {name}: {says}"), err[0]
+    checkpoint = Path(load_registry(registry).query(name).checkpoint)
+    assert not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir())
