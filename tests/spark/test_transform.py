@@ -46,10 +46,19 @@ def count_events(key, frames, state, timeout_ms):
     yield pd.DataFrame({"user_id": [key[0]], "events": [count], "open": [True]})
 
 
-def build(spark, inputs, idle_minutes=600):
+def keep_events(key, frames, state, timeout_ms):
+    """count_events with a bug: a timed-out group's state is kept (no remove, no new timeout)."""
+    if state.hasTimedOut:
+        yield pd.DataFrame({"user_id": [key[0]], "events": [state.get[0]], "open": [False]})
+        return
+    yield from count_events(key, frames, state, timeout_ms)
+
+
+def build(spark, inputs, idle_minutes=600, keep_expired=False):
     events = inputs["source"].withWatermark("event_time", "10 minutes")
+    function = keep_events if keep_expired else count_events
     return events.groupBy("user_id").applyInPandasWithState(
-        functools.partial(count_events, timeout_ms=idle_minutes * 60_000),
+        functools.partial(function, timeout_ms=idle_minutes * 60_000),
         outputStructType="user_id STRING, events LONG, open BOOLEAN",
         stateStructType="count LONG",
         outputMode="Update",
@@ -103,6 +112,11 @@ def registry(tmp_path_factory) -> Path:
         ),
         "build": _query("build", "shop.sessions:build", source="user_sessions",
                         transform={"output_mode": "update"}),
+        **{name: _query(name, "shop.sessions:build", source="user_sessions",
+                        key_columns=["user_id"], transform={"output_mode": "update", "options": {
+                            "idle_minutes": 20, "keep_expired": name == "leaky"}},
+                        expectations={"expiry": {"timeout_column": "value_timeoutTimestamp"}})
+           for name in ("sessions", "leaky")},
         "batch": _query("batch", "shop.sessions:batch"),
         "passthrough": _query("passthrough", "shop.sessions:passthrough",
                               transform={"output_mode": "complete"}),
@@ -165,6 +179,32 @@ def test_the_users_own_code_runs_in_the_executors_with_its_group_state(spark, re
     events = Counter(e["user_id"] for e in _events(registry.parent / "landing" / "user_sessions"))
     sink = Path(load_registry(registry).query("build").sink.path)
     assert {user: row[0] for (user,), row in _latest(sink, key=1).items()} == dict(events)
+
+
+def test_expectations_fit_the_built_in_stores_and_find_group_state_kept_past_its_timeout(
+    spark, registry
+):
+    from stateops.spark.expectations import leaking_keys, validate_state
+
+    loaded = load_registry(registry)
+    counts = validate_state(spark, loaded.query("page_counts"))  # written by the first test
+    [store] = counts["variables"]
+    checks = [(e["expectation"], e["column"]) for e in store["expectations"]]
+    assert counts["ok"] and ("expect_column_values_to_not_be_null", "page") in checks
+    assert ("expect_compound_columns_to_be_unique", ["window_start", "window_end", "page"]) in (
+        checks
+    ), "one row per whole key of the store"
+
+    for name in ("sessions", "leaky"):
+        assert run_in_session(spark, registry, name)["status"] == "succeeded"
+    # A session's last row says whether it was open or timed out (then kept, by the bug).
+    last = _latest(Path(loaded.query("leaky").sink.path), key=1)
+    timed_out = sum(1 for _, is_open in last.values() if not is_open)
+    assert timed_out > 0, "some sessions timed out, so the bug had a chance to show"
+    sessions = validate_state(spark, loaded.query("sessions"))
+    assert sessions["ok"] and leaking_keys(sessions) == 0
+    leaky = validate_state(spark, loaded.query("leaky"))
+    assert not leaky["ok"] and leaking_keys(leaky) == timed_out
 
 
 @pytest.mark.parametrize(

@@ -165,6 +165,14 @@ def test_a_transform_query_reads_its_sources_by_name_on_either_store(tmp_path):
          "a processor reads one source: give source, not sources"),
         (lambda r: r["queries"]["page_visits"].update(key_columns=[]),
          "key_columns: a processor groups by at least one key column"),
+        (lambda r: _counts(r, expectations={"expiry": {"time_column": "t"}}),
+         "queries.page_counts.expectations.expiry: give time_column and timeout_option, or "
+         "timeout_column"),
+        (lambda r: _counts(r, expectations={"expiry": {
+            "timeout_column": "c", "time_column": "t", "timeout_option": "o"}}),
+         "give time_column and timeout_option, or timeout_column"),
+        (lambda r: _counts(r, expectations={"expiry": {"time_column": "t", "timeout_option": "o"}}),
+         "expectations.expiry.timeout_option 'o' is not an integer option of the transform"),
         (lambda r: r.update(code_paths=["nope"]), "code_paths: 'nope' is not a folder"),
         (lambda r: r.update(code_paths="jobs"), "code_paths: expected a list of folders"),
     ],

@@ -114,13 +114,27 @@ class InitialState(_Model):
 
 
 class Expiry(_Model):
-    """No expired state left behind: per key, the latest ``time_column`` of ``variable`` plus
-    the timeout (the processor option ``timeout_option``, in seconds) must be after the
-    watermark of the validated batch."""
+    """No expired state left behind in ``variable`` (a processor's state variable, or a
+    built-in operator's store: ``default``) at the validated batch's watermark. Either from a
+    session's own times: per key, the latest ``time_column`` plus the timeout (the query
+    code's option ``timeout_option``, in seconds) must be after the watermark; or from the
+    timeout the state records (``timeout_column``, epoch ms, such as applyInPandasWithState's
+    ``value_timeoutTimestamp``): every row's must be after the watermark (a group whose
+    function kept it on timeout without a new timeout holds -1)."""
 
-    variable: str
-    time_column: str
-    timeout_option: str
+    variable: str = "default"
+    time_column: str | None = None
+    timeout_option: str | None = None
+    timeout_column: str | None = None
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> Expiry:
+        session = (self.time_column, self.timeout_option)
+        if (None in session and session != (None, None)) or (
+            (session == (None, None)) == (self.timeout_column is None)
+        ):
+            raise ValueError("give time_column and timeout_option, or timeout_column")
+        return self
 
 
 class Expectations(_Model):
@@ -212,6 +226,7 @@ class Query(_Model):
                 "(a function that builds the query)"
             )
         if self.transform is not None:
+            self._timeout_option_is_set()
             for field in ("watermark", "initial_state", "output_schema"):
                 if getattr(self, field) is not None:
                     raise ValueError(
@@ -226,6 +241,23 @@ class Query(_Model):
         if self.output_schema is None:
             raise ValueError("output_schema: a processor declares the schema of what it emits")
         return self._processor_columns()
+
+    @property
+    def code_options(self) -> dict[str, str | int | float | bool]:
+        """The options the query's own code takes (the processor's or the transform's)."""
+        code = self.processor or self.transform
+        assert code is not None
+        return code.options
+
+    def _timeout_option_is_set(self) -> None:
+        expiry = self.expectations.expiry
+        option = expiry and expiry.timeout_option
+        if option and not isinstance(self.code_options.get(option), int):
+            owner = "processor" if self.processor else "transform"
+            raise ValueError(
+                f"expectations.expiry.timeout_option {option!r} is not an integer option of "
+                f"the {owner}"
+            )
 
     def _processor_columns(self) -> Query:
         assert self.source is not None and self.processor is not None
@@ -249,12 +281,7 @@ class Query(_Model):
             position = self.initial_state.position
             if position is not None and position not in state_columns:
                 raise ValueError(f"initial_state.position {position!r} is not in its schema")
-        expiry = self.expectations.expiry
-        if expiry and not isinstance(self.processor.options.get(expiry.timeout_option), int):
-            raise ValueError(
-                f"expectations.expiry.timeout_option {expiry.timeout_option!r} is not an integer "
-                "option of the processor"
-            )
+        self._timeout_option_is_set()
         if self.watermark and self.watermark.column not in columns:
             raise ValueError(f"watermark.column {self.watermark.column!r} is not in source.schema")
         if self.processor.time_mode == "EventTime" and not self.watermark:

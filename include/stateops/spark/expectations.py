@@ -1,12 +1,13 @@
 """Data-level integrity: Great Expectations on the state itself (Spark-side, lazy imports).
 
 For every state variable (or store) of the query at a committed batch: key columns non-null,
-one row per key for value state, rows only in the partitions ``state-metadata`` names, row
-counts within ``expectations.row_change_factor`` of the previous validation, the registry's
-``non_negative`` bounds, and no expired state left behind: no session past its timeout
-(``expectations.expiry``) and no entry past its TTL (variables with TTL enabled). Results go
-to ``<checkpoint>.audit/validations/`` as JSON and to Great Expectations Data Docs (HTML)
-under ``<checkpoint>.audit/gx/``.
+one row per key for value state and for a built-in operator's store (its whole key), rows
+only in the partitions ``state-metadata`` names, row counts within
+``expectations.row_change_factor`` of the previous validation, the registry's
+``non_negative`` bounds, and no expired state left behind: no session or group state past
+its timeout (``expectations.expiry``) and no entry past its TTL (variables with TTL
+enabled). Results go to ``<checkpoint>.audit/validations/`` as JSON and to Great
+Expectations Data Docs (HTML) under ``<checkpoint>.audit/gx/``.
 """
 
 from __future__ import annotations
@@ -82,16 +83,30 @@ def _previous_rows(audit: Path, batch: int) -> dict[str, int]:
 
 
 def _expired_keys(df: DataFrame, query: Query, watermark_ms: int) -> DataFrame:
-    """One row per key with ``expired``: its latest time + the timeout is at the watermark."""
+    """One row per key (per row, for a recorded timeout) with ``expired``: its latest time
+    plus the timeout, or the timeout it records, is at or behind the watermark."""
     from pyspark.sql import functions as F
 
     expiry = query.expectations.expiry
     assert expiry is not None
-    timeout_ms = int(query.processor.options[expiry.timeout_option]) * 1000
+    if expiry.timeout_column is not None:
+        column = _column(query, df, "expectations.expiry", expiry.timeout_column)
+        return df.select((F.col(column) <= F.lit(watermark_ms)).alias("expired"))
+    assert expiry.time_column is not None and expiry.timeout_option is not None
+    timeout_ms = int(query.code_options[expiry.timeout_option]) * 1000
     latest = F.max(F.unix_millis(F.col(expiry.time_column)))
     return df.groupBy(*query.key_columns).agg(
         ((latest + F.lit(timeout_ms)) <= F.lit(watermark_ms)).alias("expired")
     )
+
+
+def _column(query: Query, df: DataFrame, field: str, column: str) -> str:
+    if column not in df.columns:
+        raise RegistryError(
+            f"query {query.name}: {field}: no such column {column!r} (columns of the state: "
+            f"{', '.join(df.columns)})"
+        )
+    return column
 
 
 def validate_state(spark: SparkSession, query: Query, batch: int | None = None) -> dict[str, Any]:
@@ -117,7 +132,8 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     variables = []
     for read in state_reads(spark, query.checkpoint, batch):
         variable = read["variable"]
-        df = flatten_state(read_state_variable(spark, query.checkpoint, batch, read))
+        raw = read_state_variable(spark, query.checkpoint, batch, read)
+        df = flatten_state(raw)
         name = f"{query.name}.op{read['operator_id']}.{variable}"
         checks: list[tuple[DataFrame, Any]] = []
         keys = [k for k in query.key_columns if k in df.columns]
@@ -139,7 +155,9 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
                 (df, gxe.ExpectColumnValuesToBeBetween(
                     column=ttl_column, min_value=batch_timestamp_ms, strict_min=True))
             )  # fmt: skip
-        if read["kind"] == "value" and keys:
+        if read["kind"] == "store":  # a built-in operator's store: one row per whole key
+            keys = flatten_state(raw.select("key")).columns
+        if read["kind"] in ("value", "store") and keys:
             unique = (
                 gxe.ExpectColumnValuesToBeUnique(column=keys[0])
                 if len(keys) == 1
@@ -149,11 +167,7 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         for path in query.expectations.non_negative:
             var, _, column = path.partition(".")
             if var == variable:
-                if column not in df.columns:
-                    raise RegistryError(
-                        f"query {query.name}: expectations.non_negative: {path}: no such column "
-                        f"(columns of {variable}: {', '.join(df.columns)})"
-                    )
+                _column(query, df, f"expectations.non_negative: {path}", column)
                 checks.append((df, gxe.ExpectColumnValuesToBeBetween(column=column, min_value=0)))
         expiry = query.expectations.expiry
         if expiry and expiry.variable == variable:
