@@ -104,12 +104,11 @@ def registry(tmp_path_factory) -> Path:
     raw = yaml.safe_load(path.read_text())
     raw["code_paths"] = ["code"]
     raw["queries"] = {
-        "page_counts": _query("page_counts", 
-            "stateops.pipelines.page_counts:build",
-            transform={"output_mode": "update", "options": {"window": "10 minutes"}},
-            key_columns=["page"],
-            state_store={"provider": "hdfs", "min_deltas_for_snapshot": 2},
-        ),
+        **{name: _query(name, "stateops.pipelines.page_counts:build",
+                        transform={"output_mode": "update", "options": {"window": "10 minutes"}},
+                        key_columns=["page"],
+                        state_store={"provider": "hdfs", "min_deltas_for_snapshot": 2})
+           for name in ("page_counts", "windows")},
         "build": _query("build", "shop.sessions:build", source="user_sessions",
                         transform={"output_mode": "update"}),
         **{name: _query(name, "shop.sessions:build", source="user_sessions",
@@ -171,6 +170,30 @@ def test_a_windowed_count_runs_on_the_hdfs_store_and_counts_every_view(spark, re
     offsets = (Path(query.checkpoint) / "offsets" / "2").read_text()
     assert f'"spark.sql.streaming.stateStore.providerClass":"{PROVIDER_CLASSES["hdfs"]}"' in offsets
     assert verify_checkpoint(query.checkpoint)["ok"]
+
+
+def test_a_backfill_with_a_longer_window_reprocesses_with_it_and_says_what_changed(spark, registry):
+    from stateops.ops.backfill import plan_backfill, report_backfill, rollback_for_backfill
+
+    run_in_session(spark, registry, "windows")
+    loaded = load_registry(registry)
+    lines: list[str] = []
+    overrides = {"transform": {"options": {"window": "20 minutes"}}}
+    plan = plan_backfill(loaded, "windows", "backfill-1", to_batch=0, overrides=overrides,
+                         log=lines.append)  # fmt: skip
+    change = 'transform.options.window: "10 minutes" -> "20 minutes"'
+    assert plan["changes"] == [change] and change in lines[-1], lines
+    rolled = rollback_for_backfill(loaded, plan, lambda: "b-test", log=lines.append)
+    summary = run_in_session(spark, Path(plan["registry"]), "windows", "--run-id", "backfill-1")
+    assert summary["last_committed_batch_before"] == 0 and summary["batches_run"] >= 1
+    report = report_backfill(loaded, plan, rolled, log=lines.append)
+    assert report["changes"] == [change] and f"  reprocessed with {change}" in lines
+    assert report["changed_keys"] + report["added"] > 0, report
+    reprocessed = [r for b, rows in read_sink(Path(loaded.query("windows").sink.path)).items()
+                   if b > 0 for r in rows]  # fmt: skip
+    assert reprocessed and {end - start for start, end, *_ in reprocessed} == {
+        timedelta(minutes=20)
+    }, "every window the reprocessing wrote is a 20-minute one"
 
 
 def test_the_users_own_code_runs_in_the_executors_with_its_group_state(spark, registry):

@@ -11,10 +11,23 @@ import pytest
 
 from stateops.core.errors import RegistryError, StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.backfill import diff_output, parse_time, registry_with_overrides
+from stateops.ops.backfill import diff_output, logic_changes, parse_time, registry_with_overrides
 from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit
+
+
+def test_the_plan_names_each_field_an_override_changes_and_nothing_else(tmp_path):
+    registry = load_registry(write_registry(tmp_path / "data"))
+    # row_change_factor is 10.0 already: overridden, not changed.
+    overrides = {"processor": {"options": {"session_timeout_seconds": 600}},
+                 "expectations": {"row_change_factor": 10.0}}  # fmt: skip
+    path = registry_with_overrides(registry, "user_sessions", overrides, tmp_path / "r.yaml")
+    before, after = registry.query("user_sessions"), load_registry(path).query("user_sessions")
+    assert logic_changes(before, after) == [
+        "processor.options.session_timeout_seconds: 1800 -> 600"
+    ]
+    assert logic_changes(before, before) == []
 
 
 def test_overrides_merge_into_one_query_and_keep_its_data_where_it_is(tmp_path):

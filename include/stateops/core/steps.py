@@ -63,7 +63,7 @@ INITIAL_STATE_FORMATS = ("export", "checkpoint", "parquet", "json", "csv")
 # How a carry-over takes the state to a new checkpoint (stateops.ops.transplant.choose_road).
 ROADS = ("auto", "transplant", "initial_state")
 # What a backfill may change about a query: its logic and checks, never where its data is.
-OVERRIDABLE = ("processor", "watermark", "expectations", "spark_conf")
+OVERRIDABLE = ("processor", "transform", "watermark", "expectations", "spark_conf")
 
 
 def fill(step: Step, fields: dict[str, str]) -> Step:

@@ -22,7 +22,7 @@ from typing import Any
 from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
-from stateops.core.registry import Registry, derived_registry, load_registry
+from stateops.core.registry import Query, Registry, derived_registry, load_registry
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
@@ -34,6 +34,7 @@ __all__ = [
     "OVERRIDABLE",
     "diff_output",
     "last_batch_before",
+    "logic_changes",
     "parse_past_time",
     "parse_time",
     "plan_backfill",
@@ -76,15 +77,16 @@ def plan_backfill(
         sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
         backup_first=True,
     )
-    path = str(registry.path)
+    path, changes = str(registry.path), []
     if overrides:
         folder = registry.state_dir / "backfill" / safe_run_id(run_id)
         path = str(registry_with_overrides(registry, query.name, overrides,
                                            folder / "registry.yaml"))  # fmt: skip
+        changes = logic_changes(query, load_registry(path).query(query.name))
     log(format_plan(plan, dry_run=dry_run))
     log(
         f"then: reprocess {query.name} after batch {to_batch} with available-now "
-        f"(registry {path}; overrides {json.dumps(overrides or {})}), "
+        f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "
         "check the state and compare the reprocessed output with the old one"
     )
     return {
@@ -95,6 +97,7 @@ def plan_backfill(
         "registry": path,
         "delete": plan["delete"],
         "digest": plan_digest(plan),
+        "changes": changes,
     }
 
 
@@ -145,7 +148,9 @@ def report_backfill(
     )
     for line in diff["examples"]:
         log(f"  changed {line}")
-    return diff
+    for change in plan.get("changes", []):
+        log(f"  reprocessed with {change}")
+    return {**diff, "changes": plan.get("changes", [])}
 
 
 def run_backfill(
@@ -221,6 +226,23 @@ def registry_with_overrides(
         return derived_registry(registry, query, changes, dest)
     except RegistryError as err:
         raise RegistryError(f"overrides: {err}") from None
+
+
+def logic_changes(before: Query, after: Query) -> list[str]:
+    """What a backfill's overrides change, one ``field.path: old -> new`` each."""
+    changes: list[str] = []
+
+    def walk(path: str, old: Any, new: Any) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in sorted(set(old) | set(new)):
+                walk(f"{path}.{key}", old.get(key), new.get(key))
+        elif old != new:
+            changes.append(f"{path}: {json.dumps(old)} -> {json.dumps(new)}")
+
+    old, new = before.model_dump(by_alias=True), after.model_dump(by_alias=True)
+    for field in OVERRIDABLE:
+        walk(field, old[field], new[field])
+    return changes
 
 
 def _merged(base: Any, override: Any) -> Any:
