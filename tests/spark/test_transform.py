@@ -76,6 +76,8 @@ def passthrough(spark, inputs):
 
 VISITS = "user_id STRING, page STRING, event_time TIMESTAMP"
 SESSION_EVENTS = "user_id STRING, data STRING, is_last BOOLEAN, event_time TIMESTAMP"
+# applyInPandasWithState's store records each group's timeout: none may be behind the watermark.
+GROUP_STATE_EXPIRY = {"expiry": {"timeout_column": "value_timeoutTimestamp"}}
 
 
 def _query(name: str, function: str, **fields) -> dict:
@@ -114,8 +116,13 @@ def registry(tmp_path_factory) -> Path:
         **{name: _query(name, "shop.sessions:build", source="user_sessions",
                         key_columns=["user_id"], transform={"output_mode": "update", "options": {
                             "idle_minutes": 20, "keep_expired": name == "leaky"}},
-                        expectations={"expiry": {"timeout_column": "value_timeoutTimestamp"}})
+                        expectations=GROUP_STATE_EXPIRY)
            for name in ("sessions", "leaky")},
+        "idle_sessions": _query("idle_sessions", "stateops.pipelines.idle_sessions:build",
+                                source="user_sessions", key_columns=["user_id"],
+                                transform={"output_mode": "update",
+                                           "options": {"idle_seconds": 1200}},
+                                expectations=GROUP_STATE_EXPIRY),
         "batch": _query("batch", "shop.sessions:batch"),
         "passthrough": _query("passthrough", "shop.sessions:passthrough",
                               transform={"output_mode": "complete"}),
@@ -228,6 +235,36 @@ def test_expectations_fit_the_built_in_stores_and_find_group_state_kept_past_its
     assert sessions["ok"] and leaking_keys(sessions) == 0
     leaky = validate_state(spark, loaded.query("leaky"))
     assert not leaky["ok"] and leaking_keys(leaky) == timed_out
+
+
+def test_the_idle_sessions_reference_closes_each_visit_at_its_timeout_and_keeps_no_state(
+    spark, registry
+):
+    from stateops.spark.expectations import leaking_keys, validate_state
+
+    summary = run_in_session(spark, registry, "idle_sessions")
+    assert summary["status"] == "succeeded"
+    query = load_registry(registry).query("idle_sessions")
+    cp = load_checkpoint(query.checkpoint)
+    watermark_ms = cp.offsets[cp.last_committed_batch].watermark_ms
+    # Replay the events in batch order: a visit closes once the watermark passes its last
+    # event + 20 minutes; the visits the query reports closed are exactly those.
+    times: dict[str, list[datetime]] = {}
+    for e in _events(registry.parent / "landing" / "user_sessions"):
+        times.setdefault(e["user_id"], []).append(_ts(e["event_time"]))
+    rows = [r for _, batch in sorted(read_sink(Path(query.sink.path)).items()) for r in batch]
+    closed = [r for r in rows if r[4] is False]
+    assert closed, "some visits were idle for 20 minutes of event time"
+    for user, start, end, events, _ in closed:
+        inside = [t for t in times[user] if start <= t <= end]
+        assert len(inside) == events, (user, start, end)
+        assert not [t for t in times[user] if end < t <= end + timedelta(minutes=20)]
+    result = validate_state(spark, query)
+    assert result["ok"] and leaking_keys(result) == 0
+    state = spark.read.format("statestore").load(query.checkpoint).collect()
+    assert state and all(r["value"]["timeoutTimestamp"] > watermark_ms for r in state), (
+        "open visits only, none past its timeout"
+    )
 
 
 @pytest.mark.parametrize(
