@@ -5,6 +5,8 @@ the user's own code (``code_paths``), which the executors import."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -66,6 +68,16 @@ def build(spark, inputs, idle_minutes=600, keep_expired=False):
     )
 
 
+def reject(frames):
+    for frame in frames:
+        raise ValueError(f"no visit for {frame['user_id'].iloc[0]}")
+        yield frame
+
+
+def raises(spark, inputs):
+    return inputs["source"].mapInPandas(reject, inputs["source"].schema)
+
+
 def batch(spark, inputs):
     return spark.range(3)
 
@@ -123,6 +135,7 @@ def registry(tmp_path_factory) -> Path:
                                 transform={"output_mode": "update",
                                            "options": {"idle_seconds": 1200}},
                                 expectations=GROUP_STATE_EXPIRY),
+        "raises": _query("raises", "shop.sessions:raises"),
         "batch": _query("batch", "shop.sessions:batch"),
         "passthrough": _query("passthrough", "shop.sessions:passthrough",
                               transform={"output_mode": "complete"}),
@@ -136,8 +149,6 @@ def registry(tmp_path_factory) -> Path:
 
 
 def _events(landing: Path) -> list[dict]:
-    import json
-
     return [json.loads(line) for f in sorted(landing.glob("*.json")) for line in f.open()]
 
 
@@ -265,6 +276,15 @@ def test_the_idle_sessions_reference_closes_each_visit_at_its_timeout_and_keeps_
     assert state and all(r["value"]["timeoutTimestamp"] > watermark_ms for r in state), (
         "open visits only, none past its timeout"
     )
+
+
+def test_a_query_that_fails_in_the_users_code_names_the_python_exception(spark, registry):
+    code, out = job_in_session(spark, RUN_QUERY, "--registry", str(registry), "--query", "raises")
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and summary["status"] == "failed", summary
+    # Spark's own first line ends "Return Message: Traceback (most recent call last):".
+    assert re.fullmatch(r"[^\n]+: ValueError: no visit for u\d{5}", summary["error"]), summary
+    assert "Traceback" not in summary["error"]
 
 
 @pytest.mark.parametrize(

@@ -109,3 +109,26 @@ def test_an_endpoint_that_is_not_a_url_is_refused_naming_the_setting(endpoint):
 @pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:9000", "https://s3.example.com"])
 def test_a_real_endpoint_or_none_makes_a_client(endpoint):
     assert s3_client(S3Settings(endpoint, "us-east-1", "key", "secret")) is not None
+
+
+def test_a_query_that_failed_in_python_code_names_the_python_exception():
+    from stateops.core.errors import query_error_line
+
+    spark_said = (
+        "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in "
+        "foreach batch sink. Reason: An exception was raised by the Python Proxy. Return "
+        "Message: Traceback (most recent call last):\n"
+        '  File "/x/pyspark/errors/exceptions/captured.py", line 257, in deco\n'
+        "    raise converted from None\n"
+        "pyspark.errors.exceptions.captured.PythonException: An exception was thrown from the "
+        "Python worker:\n"
+        "    raise ValueError(f'no visit for {user}')\n"
+        "ValueError: no visit for u00007\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(X.scala:1)\n"
+    )
+    assert query_error_line(spark_said) == (
+        "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in "
+        "foreach batch sink: ValueError: no visit for u00007"
+    )
+    plain = "[STREAM_FAILED] Query terminated\nwith more lines"
+    assert query_error_line(plain) == "[STREAM_FAILED] Query terminated"

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = [
+    "query_error_line",
     "CheckpointError",
     "LockHeldError",
     "NotACheckpointError",
@@ -94,6 +96,29 @@ _OS_FAULTS: dict[int, tuple[str, str]] = {
 def one_line(message: object) -> str:
     """``message`` on one line: a message built from another library's text may hold breaks."""
     return " ".join(str(message).split())
+
+
+_PYTHON_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)): (.*\S)\s*$")
+# Wrappers Spark and Py4J put around the error that happened: never the one to name.
+_WRAPPERS = {"PythonException", "Py4JJavaError", "StreamingQueryException", "SparkException"}
+
+
+def query_error_line(error: object) -> str:
+    """A failed query's error in one line: Spark's first line, and where the failure was in
+    Python code (Spark passes on its traceback), the Python exception that ended it."""
+    lines = str(error).splitlines()
+    first = lines[0].strip() if lines else ""
+    if "Traceback (most recent call last)" not in str(error):
+        return first
+    raised = [
+        f"{m.group(1)}: {m.group(2)}"
+        for line in lines
+        if (m := _PYTHON_ERROR.match(line)) and m.group(1) not in _WRAPPERS
+    ]
+    if not raised:
+        return first
+    summary = first.split(" Reason: ", 1)[0].split(" Return Message:", 1)[0].rstrip(".")
+    return f"{summary}: {raised[-1]}"
 
 
 def _os_error(err: OSError) -> PathError:

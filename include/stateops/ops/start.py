@@ -20,7 +20,7 @@ from stateops.control.audit import append_audit
 from stateops.control.lock import QueryLock, new_run_id
 from stateops.control.markers import clear_carry_over, withdraw_stop
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries
 from stateops.ops.rollback import refuse_pending_rollback
@@ -214,7 +214,7 @@ def run_registered_query(
             "mode": mode,
             "master": spark.sparkContext.master,
             "status": "failed" if error else "succeeded",
-            "error": str(error).splitlines()[0] if error else None,
+            "error": query_error_line(error) if error else None,
             "stopped_by_marker": stopped_by_marker,
             "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
             "duration_seconds": round(time.time() - started, 1),
