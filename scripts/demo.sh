@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the lifecycle story so far, on the embedded defaults (local Spark, SQLite Airflow,
-# rclone serve s3). Generates sample events, bootstraps page_visits, runs both registered queries
-# through the stream_start DAG, backs them up, lands more events, runs and backs up again (only
+# rclone serve s3). Generates sample events, bootstraps page_visits, runs the registered queries
+# (two processors, a windowed count and a group-state session query) through the stream_start DAG, backs them up, lands more events, runs and backs up again (only
 # the changes are uploaded), restores the first backup, and prints what each checkpoint holds;
 # then many small batches, a snapshot-group cleanup, a backfill with changed logic, and a move
 # of user_sessions to a new (Parquet) source with its state transplanted.
@@ -29,6 +29,8 @@ rm -rf "$DATA" && mkdir -p "$DATA" && touch "$DATA/.demo"
 
 step "Registry"
 stateops queries
+QUERIES="$(python -c 'from stateops.core.registry import load_registry; print(*load_registry().queries)')"
+QUERIES_RE="${QUERIES// /|}"
 
 step "Airflow metadata database (SQLite in $AIRFLOW_HOME)"
 logged airflow-db-migrate airflow db migrate
@@ -37,7 +39,7 @@ echo "ready"
 run_dag() {
   echo "airflow dags test stream_start  (log: $DATA/stream_start-$1.log)"
   logged "stream_start-$1" airflow dags test stream_start
-  grep -E "^(user_sessions|page_visits): " "$DATA/stream_start-$1.log" | sed 's/^/  /' || true
+  grep -E "^($QUERIES_RE): " "$DATA/stream_start-$1.log" | sed 's/^/  /' || true
 }
 
 step "Round 1: sample events land; page_visits is bootstrapped with pages users visited before"
@@ -50,7 +52,7 @@ grep -E "page_visits: bootstrap|^OK: " "$log" | sed 's/^.*\] //; s/^/  /' | sort
 grep -oE "(NOT )?PROVEN: .* input \([^)]*\)" "$log" | sed 's/^/  /' || true
 run_dag round1
 
-step "Embedded S3 endpoint ($STATEOPS_S3_ENDPOINT_URL, rclone serve s3) and a backup of both queries"
+step "Embedded S3 endpoint ($STATEOPS_S3_ENDPOINT_URL, rclone serve s3) and a backup of each query"
 python -m stateops.dev.s3server "$DATA/s3" > "$DATA/s3.log" 2>&1 &
 S3_PID=$!
 trap 'kill "$S3_PID" 2>/dev/null || true' EXIT
@@ -60,14 +62,14 @@ BACKUPS="$(python -c 'from stateops.core.registry import load_registry; print(lo
 backup() {  # the one-line result: files, uploaded, reused
   stateops backup "$1" --to "$BACKUPS/$1" 2>&1 >/dev/null | tail -1 | sed 's/^/  /'
 }
-for q in user_sessions page_visits; do backup "$q"; done
+for q in $QUERIES; do backup "$q"; done
 
 step "Round 2: more events land (later event times), stream_start runs again"
 stateops generate --round 1 --events 250 --files 4 --users 40
 run_dag round2
 
 step "Backups again: only what round 2 changed is uploaded"
-for q in user_sessions page_visits; do backup "$q"; done
+for q in $QUERIES; do backup "$q"; done
 stateops backups list "$BACKUPS/page_visits" | sed 's/^/  /'
 first="$(stateops backups list "$BACKUPS/page_visits" | awk 'NR == 1 {print $1}')"  # awk reads all: head would close the pipe mid-print
 
@@ -135,12 +137,12 @@ print(load_registry().cleanup.retain_batches)')"
 step "Snapshot-group cleanup: the plan first (dry run), keeping restarts after the last $retain batches"
 stateops cleanup user_sessions --retain-batches "$retain" --dry-run | sed 's/^/  /'
 
-step "airflow dags test stream_snapshot_cleanup: both queries, under their locks"
+step "airflow dags test stream_snapshot_cleanup: every query, under its lock"
 declare -A size_before
-for q in user_sessions page_visits; do size_before[$q]="$(du -sk "$DATA/checkpoints/$q" | cut -f1)"; done
+for q in $QUERIES; do size_before[$q]="$(du -sk "$DATA/checkpoints/$q" | cut -f1)"; done
 logged stream_snapshot_cleanup airflow dags test stream_snapshot_cleanup
 grep -oE "cleanup manual__[^ ]+ of .*" "$DATA/stream_snapshot_cleanup.log" | sed "s/^/  /"
-for q in user_sessions page_visits; do
+for q in $QUERIES; do
   after="$(du -sk "$DATA/checkpoints/$q" | cut -f1)"
   echo "  $q: ${size_before[$q]} KB -> $after KB on disk ($(( size_before[$q] - after )) KB saved)"
 done
@@ -152,6 +154,14 @@ echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backf
 logged stream_backfill airflow dags test stream_backfill --conf "$conf"
 grep -E "^(rollback r-|user_sessions: (succeeded|batches)|  changed )" "$DATA/stream_backfill.log" \
   | sed 's/^/  /'
+
+to=$(( $(last_batch page_counts) - 3 ))
+conf="{\"query\": \"page_counts\", \"to_batch\": $to, \"dry_run\": false, \"overrides\": {\"transform\": {\"options\": {\"window\": \"20 minutes\"}}}}"
+step "Backfill of a transform: page_counts back 3 batches (to $to), reprocessed with 20-minute windows"
+echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backfill-page_counts.log)"
+logged stream_backfill-page_counts airflow dags test stream_backfill --conf "$conf"
+grep -E "^(page_counts: (succeeded|batches)|  reprocessed with )" \
+  "$DATA/stream_backfill-page_counts.log" | sed 's/^/  /'
 step "Source migration: user_sessions moves to a Parquet landing folder, its state transplanted"
 stateops generate --round 3 --events 40 --files 2 --users 40 --out "$DATA/round4-json" >/dev/null
 python - "$DATA/round4-json/user_sessions" "$DATA/landing_v2/user_sessions" <<'EOF'

@@ -35,6 +35,8 @@ def test_every_dag_imports_with_tags_and_retries(dagbag):
                 assert t.retries >= 1, f"{dag_id}.{t.task_id} has no retries"
 
 
+# The registry's queries: two processors, two transforms (built-in operators' state).
+QUERIES = {"user_sessions", "page_visits", "page_counts", "idle_sessions"}
 MANUAL = ["stream_bootstrap", "stream_restore", "stream_backfill", "stream_source_migration"]
 
 
@@ -70,12 +72,9 @@ def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
     dag = dagbag.dags["stream_start"]
     assert dag.max_active_runs == 1
     assert {t.task_id for t in dag.tasks} == {
-        "run_user_sessions",
-        "record_user_sessions",
-        "run_page_visits",
-        "record_page_visits",
+        f"{s}_{q}" for q in QUERIES for s in ("run", "record")
     }
-    for name in ("user_sessions", "page_visits"):
+    for name in QUERIES:
         submit = dag.get_task(f"run_{name}")
         assert submit.downstream_task_ids == {f"record_{name}"}
         assert Path(submit.application) == ROOT / "spark_jobs" / "run_query.py"
@@ -110,14 +109,14 @@ def test_stream_bootstrap_form_and_order(dagbag):
 
 def test_stream_checkpoint_backup_backs_up_each_query_on_the_registry_schedule(dagbag):
     dag = dagbag.dags["stream_checkpoint_backup"]
-    assert {t.task_id for t in dag.tasks} == {"backup_user_sessions", "backup_page_visits"}
+    assert {t.task_id for t in dag.tasks} == {f"backup_{q}" for q in QUERIES}
     assert dag.max_active_runs == 1 and not dag.catchup
     assert dag.schedule == "@daily"  # from the registry
 
 
 def test_stream_snapshot_cleanup_cleans_each_query_on_the_registry_schedule(dagbag):
     dag = dagbag.dags["stream_snapshot_cleanup"]
-    assert {t.task_id for t in dag.tasks} == {"cleanup_user_sessions", "cleanup_page_visits"}
+    assert {t.task_id for t in dag.tasks} == {f"cleanup_{q}" for q in QUERIES}
     assert dag.max_active_runs == 1 and not dag.catchup
     assert dag.schedule == "@daily"  # from the registry
 
@@ -128,7 +127,7 @@ def test_stream_restore_form_and_order(dagbag):
     params = dag.params
     assert params["dry_run"] is True and params["backup_id"] == "latest"
     assert params["replace"] is False and params["allow_other_query"] is False
-    assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
+    assert set(params.get_param("query").schema["enum"]) == QUERIES
     order = [("plan", "not_a_dry_run"), ("not_a_dry_run", "restore"), ("restore", "verify_state")]
     for upstream, downstream in order:
         assert downstream in dag.get_task(upstream).downstream_task_ids
@@ -142,7 +141,7 @@ def test_stream_backfill_form_and_order(dagbag):
     assert dag.schedule is None
     params = dag.params
     assert params["dry_run"] is True and params["to_batch"] is None
-    assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
+    assert set(params.get_param("query").schema["enum"]) == QUERIES
     order = ["plan", "not_a_dry_run", "rollback", "reprocess", "record", "report",
              "verify_state", "validate_state"]  # fmt: skip
     for upstream, downstream in itertools.pairwise(order):
@@ -166,6 +165,7 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert dag.schedule is None and dag.max_active_runs == 1
     params = dag.params
     assert params["dry_run"] is True
+    # A transform query's state cannot be carried to a new source yet: processors only.
     assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
     assert params.get_param("new_source_format").schema["enum"] == ["json", "parquet", "csv"]
     for name, bad in [("new_source_path", ""), ("new_source_format", "kafka"),

@@ -77,13 +77,15 @@ def _airflow(
     )
 
 
-def test_airflow_dags_test_stream_start_runs_both_queries(tmp_path):
+def test_airflow_dags_test_stream_start_runs_every_registered_query(tmp_path):
+    """The processors and the transforms (an aggregation on the HDFS store, group state)."""
     registry = load_registry(write_registry(tmp_path))
     land(tmp_path / "landing", round_=0, files=2)
     run = _airflow(tmp_path, "dags", "test", "stream_start")
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
-    for name in ("user_sessions", "page_visits"):
+    assert set(registry.queries) == {"user_sessions", "page_visits", "page_counts", "idle_sessions"}
+    for name in registry.queries:
         summary = json.loads(registry.run_summary_path(name).read_text())
         assert summary["status"] == "succeeded"
         assert summary["run_id"].startswith("manual__")

@@ -42,7 +42,9 @@ def _parquet(folder: Path, **types: pa.DataType) -> None:
 
 
 BAD = [
-    ("nope", _source(), "", r"no query named 'nope' \(registered: page_visits, user_sessions\)"),
+    ("nope", _source(), "",
+     r"no query named 'nope' \(registered: idle_sessions, page_counts, page_visits, "
+     r"user_sessions\)"),
     ("page_visits", _source(path="landing_v3"), "",
      r"new source path .*/landing_v3 does not exist or is not a folder: create it"),
     ("page_visits", _source(path="landing_v3_empty"), "",

@@ -18,10 +18,12 @@ def _registry_with(tmp_path, mutate) -> str:
     return str(path)
 
 
-def test_project_registry_loads_both_reference_pipelines(tmp_path, monkeypatch):
+def test_project_registry_loads_the_reference_pipelines(tmp_path, monkeypatch):
     monkeypatch.setenv("STATEOPS_DATA_DIR", str(tmp_path))
     registry = load_registry(ROOT / "registry.yaml")
-    assert set(registry.queries) == {"user_sessions", "page_visits"}
+    assert set(registry.queries) == {"user_sessions", "page_visits", "page_counts", "idle_sessions"}
+    assert registry.query("page_counts").state_store.provider == "hdfs"
+    assert registry.query("idle_sessions").transform.options["idle_seconds"] == 1800
     q = registry.query("user_sessions")
     assert q.checkpoint == str(tmp_path / "checkpoints" / "user_sessions")
     assert q.source.path == str(tmp_path / "landing" / "user_sessions")
