@@ -99,3 +99,12 @@ def test_the_output_diff_counts_unchanged_added_removed_and_changed_keys(tmp_pat
     assert diff["added"] == 1  # d
     assert diff["removed"] == 2  # c, and the second a=1
     assert diff["examples"] == ["{'user': 'b'}: ['n=2, user=b'] -> ['n=5, user=b']"]
+
+
+def test_without_key_columns_a_row_is_its_own_key(tmp_path):
+    sink, old = tmp_path / "sink", tmp_path / "sink" / "_rolled_back" / "r-1"
+    _batch(old, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 2}])
+    _batch(sink, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 5}])
+    diff = diff_output(sink, old, 0, [])
+    assert (diff["unchanged"], diff["added"], diff["removed"]) == (1, 1, 1)
+    assert diff["changed_keys"] == 0 and diff["examples"] == []

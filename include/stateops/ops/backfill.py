@@ -139,12 +139,12 @@ def report_backfill(
     old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
     after = query.sink.folder_batch(plan["to_batch"])
     diff = diff_output(query.sink.path, old, after, query.key_columns)
+    keys = ", ".join(query.key_columns) or "whole rows"
     log(
         f"{query.name}: batches {diff['batches_before']} -> {diff['batches_after']}: "
         f"{diff['rows_before']} rows before, {diff['rows_after']} after; "
         f"{diff['unchanged']} unchanged, {diff['added']} added, {diff['removed']} removed, "
-        f"{diff['changed_keys']} keys changed (by {', '.join(query.key_columns)}); "
-        f"the old output is kept in {old}"
+        f"{diff['changed_keys']} keys changed (by {keys}); the old output is kept in {old}"
     )
     for line in diff["examples"]:
         log(f"  changed {line}")
@@ -261,13 +261,16 @@ def diff_output(
     its ``batch_id=K`` folders) against the new ``batch_id=K`` folders after ``after_batch``.
 
     Rows are compared as multisets (batch ids may differ between the runs). A key with rows
-    removed and rows added is *changed*; other rows are *added* or *removed*.
+    removed and rows added is *changed* (keys: ``key_columns``; without them a row is its own key,
+    so nothing is changed, only added or removed); other rows are *added* or *removed*.
     """
     before = _rows(Path(rolled_back), lambda k: True)
     after = _rows(Path(sink), lambda k: k > after_batch)
     added, removed = after["rows"] - before["rows"], before["rows"] - after["rows"]
 
     def key(row: tuple) -> tuple:
+        if not key_columns:  # a query without keys: a row is its own key
+            return row
         values = dict(row)
         return tuple(values.get(c) for c in key_columns)
 
