@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -77,6 +78,11 @@ def use_code_paths(registry: Registry, spark: SparkSession | None = None) -> Non
             sys.path.insert(0, str(folder))
     if spark is None or not registry.code_paths:
         return
+    # The Python workers Spark starts on the driver (transformWithState runs a processor's
+    # init there) import from the folders themselves: addPyFile reaches executors only.
+    env = spark.sparkContext.environment
+    paths = [str(f) for f in registry.code_paths] + env.get("PYTHONPATH", "").split(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     shipped = Path(tempfile.mkdtemp(prefix="stateops-code-"))
     for n, folder in enumerate(registry.code_paths):
         spark.sparkContext.addPyFile(
