@@ -30,6 +30,7 @@ SESSIONS = '''
 import functools
 
 import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 
@@ -80,6 +81,21 @@ def raises(spark, inputs):
 
 def batch(spark, inputs):
     return spark.range(3)
+
+
+class Counter(StatefulProcessor):
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n LONG")
+
+    def handleInputRows(self, key, rows, timerValues):
+        yield pd.DataFrame({"user_id": [key[0]], "n": [sum(len(r) for r in rows)]})
+
+
+def counted(spark, inputs):
+    """transformWithState, which the HDFS-backed store cannot serve."""
+    return inputs["source"].groupBy("user_id").transformWithStateInPandas(
+        Counter(), "user_id STRING, n LONG", "Update", "None"
+    )
 
 
 def passthrough(spark, inputs):
@@ -137,6 +153,8 @@ def registry(tmp_path_factory) -> Path:
                                 expectations=GROUP_STATE_EXPIRY),
         "raises": _query("raises", "shop.sessions:raises"),
         "batch": _query("batch", "shop.sessions:batch"),
+        "counted": _query("counted", "shop.sessions:counted", transform={"output_mode": "update"},
+                          state_store={"provider": "hdfs"}),
         "passthrough": _query("passthrough", "shop.sessions:passthrough",
                               transform={"output_mode": "complete"}),
         "missing": _query("missing", "shop.nope:build"),
@@ -283,7 +301,8 @@ def test_a_query_that_fails_in_the_users_code_names_the_python_exception(spark, 
     summary = json.loads(out.strip().splitlines()[-1])
     assert code == 1 and summary["status"] == "failed", summary
     # Spark's own first line ends "Return Message: Traceback (most recent call last):".
-    assert re.fullmatch(r"[^\n]+: ValueError: no visit for u\d{5}", summary["error"]), summary
+    said = r"[^\n]+: ValueError: no visit for u\d{5} \(nothing was committed; [^\n]+ removed\)"
+    assert re.fullmatch(said, summary["error"]), summary
     assert "Traceback" not in summary["error"]
 
 
@@ -321,3 +340,28 @@ def test_a_query_spark_refuses_fails_in_one_line_and_commits_nothing(
     assert err[0].startswith(f"error: query {name}: {says}"), err[0]
     checkpoint = Path(load_registry(registry).query(name).checkpoint)
     assert not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir())
+
+
+def test_a_store_an_operator_refuses_is_one_line_and_the_corrected_entry_starts_afresh(
+    spark, registry, tmp_path
+):
+    code, out = job_in_session(spark, RUN_QUERY, "--registry", str(registry), "--query", "counted")
+    error = json.loads(out.strip().splitlines()[-1])["error"]
+    assert code == 1 and len(error.splitlines()) == 1
+    assert error.startswith("[UNSUPPORTED_FEATURE.STORE_BACKEND_NOT_SUPPORTED_FOR_TWS]"), error
+    assert "Please use RocksDBStateStoreProvider" in error
+    assert error.endswith("(nothing was committed; the checkpoint it began is removed)")
+    checkpoint = Path(load_registry(registry).query("counted").checkpoint)
+    assert not checkpoint.exists()
+
+    # Its planned batch 0 would have pinned the HDFS store for every restart: gone, the entry
+    # corrected to RocksDB runs on the same checkpoint path (and the user's processor, from
+    # code_paths, runs its init in Spark's Python worker on the driver).
+    raw = yaml.safe_load(registry.read_text())
+    raw["code_paths"] = [str(registry.parent / "code")]
+    raw["queries"]["counted"]["state_store"] = {"provider": "rocksdb"}
+    fixed = tmp_path / "registry.yaml"
+    fixed.write_text(yaml.safe_dump(raw, sort_keys=False))
+    summary = run_in_session(spark, fixed, "counted")
+    assert summary["status"] == "succeeded" and summary["first_batch_id"] == 0, summary
+    assert load_checkpoint(checkpoint).operators[0].provider == "rocksdb"

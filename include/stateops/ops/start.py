@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from stateops.control.markers import clear_carry_over, withdraw_stop
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
-from stateops.core.staging import has_entries
+from stateops.core.staging import has_entries, occupied
 from stateops.ops.rollback import refuse_pending_rollback
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ def run_registered_query(
     stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
         refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
+        fresh = not occupied(query.checkpoint)
         before, _ = checkpoint_state(query.checkpoint)
         first = 0 if before is None else before + 1
         started = time.time()
@@ -207,6 +209,7 @@ def run_registered_query(
         bootstrap, proof, error = _settle(
             spark, registry, query, carried, initial_state, after != before, error
         )
+        error = _discard_failed_start(query, fresh and after is None, error)
         summary = {
             "query": query.name,
             "operation": operation,
@@ -234,6 +237,16 @@ def run_registered_query(
         }
         _audit(summary)
     return summary
+
+
+def _discard_failed_start(query: Query, fresh: bool, error: str | None) -> str | None:
+    """A first run that failed before any commit leaves a checkpoint without state, whose
+    planned batch 0 pins the settings it failed with (Spark takes a restart's state store
+    and shuffle settings from the offset log): removed, so the corrected entry starts afresh."""
+    if not error or not fresh or not Path(query.checkpoint).exists():
+        return error
+    shutil.rmtree(query.checkpoint)
+    return f"{query_error_line(error)} (nothing was committed; the checkpoint it began is removed)"
 
 
 def _carried(
