@@ -250,6 +250,26 @@ ALL_CASES = [
 ]
 
 
+def state_and_output(spark, registry: Path, name: str) -> tuple:
+    """(last committed batch, checksum of every store of every operator, output per batch) of
+    registered query ``name``."""
+    from stateops.spark.export import read_state_variable, state_checksum, state_reads
+
+    query = load_registry(registry).query(name)
+    checkpoint = query.checkpoint
+    batch = last_committed(Path(checkpoint))
+    reads = state_reads(spark, checkpoint, batch)
+    assert reads, f"{name}: no state to compare"
+    state = {
+        (r["operator_id"], r["variable"]): state_checksum(
+            read_state_variable(spark, checkpoint, batch, r)
+        )
+        for r in reads
+    }
+    quiesce(spark)
+    return batch, state, read_sink(Path(query.sink.path))
+
+
 def last_committed(checkpoint: Path) -> int:
     batch = load_checkpoint(checkpoint).last_committed_batch
     assert batch is not None

@@ -37,7 +37,7 @@ ARROW = {"STRING": pa.string(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp
 FILES = 3  # per round; one file per batch (maxFilesPerTrigger: 1)
 
 
-def _as_parquet(json_files: list[Path], folder: Path, ddl: str) -> None:
+def as_parquet(json_files: list[Path], folder: Path, ddl: str) -> None:
     """The same events in Parquet, one file per JSON file, with the same modification times."""
     from stateops.core.registry import schema_fields
 
@@ -72,7 +72,7 @@ class Migration:
         os.replace(last, held_back)  # arrives after the first run: the drain reads it
         run_in_session(spark, self.path, name)
         os.replace(held_back, last)
-        _as_parquet(sorted((tmp_path / "round1" / name).iterdir()),
+        as_parquet(sorted((tmp_path / "round1" / name).iterdir()),
                     tmp_path / "landing_v2" / name, query.source.schema_)  # fmt: skip
 
     def edit_registry(self, **top_level) -> None:

@@ -19,16 +19,8 @@ from stateops.ops.backfill import plan_backfill, run_backfill
 from stateops.ops.backup import backup_query
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.restore import execute_restore, plan_restore
-from stateops.spark.export import read_state_variable, state_checksum, state_reads
 from tests.conftest import TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
-from tests.spark.harness import (
-    job_in_session,
-    land,
-    last_committed,
-    quiesce,
-    read_sink,
-    run_in_session,
-)
+from tests.spark.harness import job_in_session, land, run_in_session, state_and_output
 
 pytestmark = pytest.mark.spark
 
@@ -88,23 +80,6 @@ def shape_registry(root: Path) -> Path:
     return path
 
 
-def observed(spark, registry: Path, name: str) -> tuple:
-    """(last committed batch, checksum of every store of every operator, output per batch)."""
-    query = load_registry(registry).query(name)
-    checkpoint = query.checkpoint
-    batch = last_committed(Path(checkpoint))
-    reads = state_reads(spark, checkpoint, batch)
-    assert reads, f"{name}: no state to compare"
-    state = {
-        (r["operator_id"], r["variable"]): state_checksum(
-            read_state_variable(spark, checkpoint, batch, r)
-        )
-        for r in reads
-    }
-    quiesce(spark)
-    return batch, state, read_sink(Path(query.sink.path))
-
-
 def in_session(spark):
     def run_job(job: str, registry_file: str, args: list[str]) -> None:
         code, out = job_in_session(spark, job, "--registry", registry_file, *args)
@@ -124,7 +99,7 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     for registry in (control, touched):
         land(registry.parent / "landing", round_=0, files=5)
     run_in_session(spark, control, name)
-    untouched = observed(spark, control, name)
+    untouched = state_and_output(spark, control, name)
     last = untouched[0]  # 5 files, one a batch, and any batch a moved watermark adds
     assert last >= 4 and untouched[1] and untouched[2], untouched
 
@@ -136,7 +111,7 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     lock = checkpoint_lock(checkpoint, registry, "cleanup", new_run_id("cleanup"))
     cleaned = run_cleanup(checkpoint, 4, lock, log=quiet)
     assert cleaned["delete"]["files"] > 0, "cleanup had nothing to delete: the proof is void"
-    assert observed(spark, touched, name) == untouched
+    assert state_and_output(spark, touched, name) == untouched
 
     # Backed up; rolled back 3 batches and reprocessed through the backfill's own steps
     # (its backup first, the validation with Great Expectations last).
@@ -147,16 +122,16 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     before_backfill = lambda: backup_query(registry, name, client, log=quiet)["backup_id"]  # noqa: E731
     done = run_backfill(registry, plan, before_backfill, in_session(spark), run_id, log=quiet)
     assert done["summary"]["batches_run"] == 3, done["summary"]
-    assert observed(spark, touched, name) == untouched
+    assert state_and_output(spark, touched, name) == untouched
 
     # The first backup restored over the checkpoint.
     restore = plan_restore(name, client, backup=backup["backup_id"], registry=registry,
                            replace=True)  # fmt: skip
     execute_restore(restore, client, registry=registry, log=quiet)
-    assert observed(spark, touched, name) == untouched
+    assert state_and_output(spark, touched, name) == untouched
 
     # Both go on with new input: the same state and output again.
     for registry_path in (control, touched):
         land(registry_path.parent / "landing", round_=1, files=2)
         run_in_session(spark, registry_path, name)
-    assert observed(spark, touched, name) == observed(spark, control, name)
+    assert state_and_output(spark, touched, name) == state_and_output(spark, control, name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -19,9 +20,17 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROVIDER_CLASSES, load_registry
 from stateops.core.steps import RUN_QUERY
 from stateops.core.verify import verify_checkpoint
+from stateops.ops.transplant import transplant_checkpoint
 from stateops.spark.jobs import job_path, preflight_job
 from tests.conftest import write_registry
-from tests.spark.harness import job_in_session, land, read_sink, run_in_session
+from tests.spark.harness import (
+    job_in_session,
+    land,
+    read_sink,
+    run_in_session,
+    state_and_output,
+)
+from tests.spark.migrations import as_parquet
 
 pytestmark = pytest.mark.spark
 
@@ -365,3 +374,36 @@ def test_a_store_an_operator_refuses_is_one_line_and_the_corrected_entry_starts_
     summary = run_in_session(spark, fixed, "counted")
     assert summary["status"] == "succeeded" and summary["first_batch_id"] == 0, summary
     assert load_checkpoint(checkpoint).operators[0].provider == "rocksdb"
+
+
+def test_the_windowed_counts_state_moves_to_a_parquet_source_by_transplant(spark, tmp_path):
+    """Spark's built-in operators keep no trace of their source: the aggregation's HDFS state
+    files, transplanted to a query reading the rest of the input as Parquet, continue exactly
+    like the query that kept reading JSON (the same batches, state and output)."""
+    control, old = write_registry(tmp_path / "control"), write_registry(tmp_path / "old")
+    for registry in (control, old):
+        land(registry.parent / "landing", round_=0, files=3)
+        run_in_session(spark, registry, "page_counts")
+    land(tmp_path / "round1", round_=1, files=2)
+    later = sorted((tmp_path / "round1" / "page_visits").iterdir())
+    for f in later:  # the control reads them as JSON, where it always read
+        shutil.copy2(f, control.parent / "landing" / "page_visits")
+    run_in_session(spark, control, "page_counts")
+
+    query = load_registry(old).query("page_counts")
+    as_parquet(later, tmp_path / "old" / "landing_v2", query.source.schema_)
+    raw = yaml.safe_load(old.read_text())
+    entry = raw["queries"]["page_counts"]
+    entry["source"].update(format="parquet", path="landing_v2")
+    entry.update(checkpoint="checkpoints/page_counts.v2", sink={"path": "output/page_counts.v2"})
+    moved = tmp_path / "old" / "registry-v2.yaml"
+    moved.write_text(yaml.safe_dump(raw, sort_keys=False))
+    new = load_registry(moved).query("page_counts")
+    done = transplant_checkpoint(query.checkpoint, new.checkpoint, new, log=lambda _: None)
+    assert done["files"] > 0 and load_checkpoint(new.checkpoint).operators[0].provider == "hdfs"
+    run_in_session(spark, moved, "page_counts")
+
+    batch, state, output = state_and_output(spark, control, "page_counts")
+    assert state_and_output(spark, moved, "page_counts")[:2] == (batch, state)
+    after = {b: rows for b, rows in output.items() if b > done["batch"]}
+    assert after and read_sink(Path(new.sink.path)) == after

@@ -9,8 +9,11 @@ position; the commit of batch N carries the watermark. The new query's first bat
 
 It applies only where Spark would read those files as its own: the same stateful operator,
 state variables and schemas, time and output mode, shuffle partitions, state store provider
-and format settings. :func:`transplant_refusals` says why not, before anything is written;
-the migration then takes the ``initialState`` road. The old checkpoint is only read.
+and format settings. For a ``transform`` (Spark's built-in operators) the same function on a
+source of the same columns plans the same operators, so only the settings are checked here and
+Spark checks the state schemas when the new query starts. One source only: the new query's
+offsets start that source anew. :func:`transplant_refusals` says why not, before anything is
+written; the migration then takes the ``initialState`` road. The old checkpoint is only read.
 
 Pure Python, no Spark.
 """
@@ -181,8 +184,6 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
 
     ``query`` is the query as it will run: its new source, processor, partitions and settings.
     """
-    if query.transform is not None:
-        return [f"query {query.name} is a transform: its state is not transplanted yet"]
     batch = cp.last_committed_batch if batch is None else batch
     if batch is None:
         return [f"{cp.root} has no committed batch: there is no state to transplant"]
@@ -191,9 +192,12 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
     reasons = []
     if cp.uncommitted_batches:
         reasons.append(f"batch {cp.uncommitted_batches[0]} is planned but not committed")
-    if query.source.format not in STARTING_OFFSETS:
+    inputs = list(query.inputs.values())
+    if len(inputs) != 1:
+        reasons.append(f"the query reads {len(inputs)} sources: the transplant starts one anew")
+    elif inputs[0].format not in STARTING_OFFSETS:
         reasons.append(
-            f"source format {query.source.format!r}: the transplant writes starting offsets "
+            f"source format {inputs[0].format!r}: the transplant writes starting offsets "
             f"for {', '.join(STARTING_OFFSETS)} sources only"
         )
     offsets = cp.offsets[batch]
@@ -206,21 +210,22 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
             short = key.removeprefix("spark.sql.")
             reasons.append(f"{short} is {old} in the old checkpoint, {new} for the new query")
     ops = cp.operators
-    if len(ops) != 1 or ops[0].operator_name != _OPERATOR:
+    if query.processor is not None and (len(ops) != 1 or ops[0].operator_name != _OPERATOR):
         names = [op.operator_name for op in ops]
         return reasons + [f"stateful operators {names}: expected one {_OPERATOR}"]
-    op = ops[0]
-    if op.store_names != ["default"]:
-        reasons.append(f"state stores {op.store_names}, expected ['default']")
-    if op.provider != query.state_store.provider:
+    for provider in sorted({op.provider for op in ops} - {query.state_store.provider}):
+        reasons.append(f"state files are {provider}, the query uses {query.state_store.provider}")
+    for partitions in sorted({op.num_partitions for op in ops} - {query.shuffle_partitions}):
         reasons.append(
-            f"state files are {op.provider}, the query uses {query.state_store.provider}"
-        )
-    if op.num_partitions != query.shuffle_partitions:
-        reasons.append(
-            f"the old state has {op.num_partitions} partitions, the query "
+            f"the old state has {partitions} partitions, the query "
             f"{query.shuffle_partitions} (shuffle_partitions)"
         )
+    if query.transform is not None:
+        # Spark's built-in operators: the same function plans the same operators and state
+        # schemas on any source of the same columns, and Spark checks the schemas on restart.
+        return reasons
+    if ops[0].store_names != ["default"]:
+        reasons.append(f"state stores {ops[0].store_names}, expected ['default']")
     return reasons + state_differences(cp, query, batch)
 
 
@@ -336,9 +341,10 @@ def transplant_checkpoint(
     batch = cp.last_committed_batch if batch is None else batch
     if new == cp.root.resolve() or cp.root.resolve() in new.parents:
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
+    source = next(iter(query.inputs.values()))
     done = None
     if occupied(new):
-        done = _transplanted(cp, batch, new, query.source.format)
+        done = _transplanted(cp, batch, new, source.format)
         if done is None:
             raise StateOpsError(f"{new}: not empty; transplant into a new or empty folder")
     reasons = transplant_refusals(cp, query, batch)
@@ -359,7 +365,7 @@ def transplant_checkpoint(
     log(
         f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
         f"{batch} -> {new}: {len(files)} state files ({format_bytes(size)}); the new query "
-        f"starts at batch {batch + 1} on its {query.source.format} source {query.source.path}"
+        f"starts at batch {batch + 1} on its {source.format} source {source.path}"
     )
     if dry_run:
         return result | {"dry_run": True}
@@ -373,7 +379,7 @@ def transplant_checkpoint(
             faults.point("copy")
         query_id = str(uuid.uuid4())
         _write(staging.path, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
-        for rel, data in _log_entries(cp, batch, query.source.format).items():
+        for rel, data in _log_entries(cp, batch, source.format).items():
             _write(staging.path, rel, data)
         relocate_checkpoint(staging.path, location=new)
         if new.exists():
