@@ -20,6 +20,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROVIDER_CLASSES, load_registry
 from stateops.core.steps import RUN_QUERY
 from stateops.core.verify import verify_checkpoint
+from stateops.ops.bootstrap import mark_transplant
 from stateops.ops.transplant import transplant_checkpoint
 from stateops.spark.jobs import job_path, preflight_job
 from tests.conftest import write_registry
@@ -401,7 +402,13 @@ def test_the_windowed_counts_state_moves_to_a_parquet_source_by_transplant(spark
     new = load_registry(moved).query("page_counts")
     done = transplant_checkpoint(query.checkpoint, new.checkpoint, new, log=lambda _: None)
     assert done["files"] > 0 and load_checkpoint(new.checkpoint).operators[0].provider == "hdfs"
-    run_in_session(spark, moved, "page_counts")
+    mark_transplant(load_registry(moved), "page_counts", done)  # as `stateops transplant` does
+    summary = run_in_session(spark, moved, "page_counts")
+    # The first run proves the carried state: every store after the transplanted batch reads
+    # the same in both checkpoints.
+    assert summary["bootstrap"] == "complete" and summary["proof"]["ok"], summary["proof"]
+    (rows,) = summary["proof"]["variables"].values()  # the aggregation's one store
+    assert rows > 0 and summary["proof"]["batches"] == [done["batch"]], summary["proof"]
 
     batch, state, output = state_and_output(spark, control, "page_counts")
     assert state_and_output(spark, moved, "page_counts")[:2] == (batch, state)

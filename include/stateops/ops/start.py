@@ -385,13 +385,16 @@ def _prove(
 ) -> dict[str, Any]:
     """The carry-over proof for the road ``carried`` took (:mod:`stateops.spark.proof`),
     with the seconds it took."""
-    from stateops.spark.proof import prove_carry_over, prove_first_batch
+    from stateops.spark.proof import prove_carried_state, prove_carry_over, prove_first_batch
 
     started = time.time()
     if carried.get("road") == "transplant":
         origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
-        proof = prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
-                                 image=False, until_caught_up=False)  # fmt: skip
+        proof = (
+            prove_carried_state(spark, query, origin) if query.transform is not None
+            else prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
+                                  image=False, until_caught_up=False)
+        )  # fmt: skip
     elif carried.get("origin") and not carried.get("differences"):
         proof = prove_carry_over(spark, query, carried["origin"], first=0, image=True,
                                  until_caught_up=True)  # fmt: skip
