@@ -5,7 +5,9 @@ Moves a registered query to a **new source** (another landing folder, another fo
 carries its state over, instead of replaying history. Trigger it with the form; **dry run**
 (on by default) runs the preflight only and prints the plan.
 
-1. `preflight`: the query is registered with an `initial_state.from_export` section; the new
+1. `preflight`: the query is a processor registered with an `initial_state.from_export`
+   section, or a one-source transform (Spark's built-in operators, whose state moves by
+   transplant only: `initial_state` is refused for it, and `auto` takes the transplant); the new
    source is valid, its folder exists and has input, its schema has every column the query
    reads with the same type (for Parquet, the files' own schema too); the old checkpoint has a
    committed batch and verifies clean; the new checkpoint is new or empty (default:
@@ -74,7 +76,7 @@ from stateops_airflow.tasks import (
     stop_for_migration,
 )
 
-QUERIES = registered_queries(with_initial_state=True)
+QUERIES = registered_queries(movable=True)
 PLAN = "ti.xcom_pull(task_ids='preflight')"
 # The Spark steps' fields (stateops.ops.migration.job_fields) as templates of this run's values.
 FIELDS = {

@@ -134,11 +134,13 @@ def not_a_dry_run() -> Any:
 
 
 def registered_queries(
-    with_initial_state: bool = False, registry: Registry | None = None
+    with_initial_state: bool = False, movable: bool = False, registry: Registry | None = None
 ) -> list[str]:
-    """Names of the registered queries (pass ``registry`` when the DAG file already read it)."""
+    """Names of the registered queries (pass ``registry`` when the DAG file already read it);
+    ``movable``: those a migration can move (see ``Query.movable``)."""
     queries = (registry or load_registry()).queries.values()
-    return sorted(q.name for q in queries if q.initial_state or not with_initial_state)
+    wanted = [q for q in queries if q.initial_state or not with_initial_state]
+    return sorted(q.name for q in wanted if q.movable or not movable)
 
 
 def spark_job_operator(

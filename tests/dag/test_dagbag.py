@@ -166,7 +166,8 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     params = dag.params
     assert params["dry_run"] is True
     # A transform query's state cannot be carried to a new source yet: processors only.
-    assert set(params.get_param("query").schema["enum"]) == {"user_sessions", "page_visits"}
+    # Processors with initial_state.from_export and the one-source transforms (by transplant).
+    assert set(params.get_param("query").schema["enum"]) == QUERIES
     assert params.get_param("new_source_format").schema["enum"] == ["json", "parquet", "csv"]
     for name, bad in [("new_source_path", ""), ("new_source_format", "kafka"),
                       ("new_source_options", "maxFilesPerTrigger=1"),

@@ -66,13 +66,13 @@ class Migration:
         land(tmp_path / "landing", round_=0, files=FILES)
         land(tmp_path / "round1", round_=1, files=FILES)
         query = self.query()
-        landing = Path(query.source.path)
+        landing = Path(query.source.path)  # the sample dataset it reads
         last = sorted(landing.iterdir())[-1]
         held_back = tmp_path / last.name
         os.replace(last, held_back)  # arrives after the first run: the drain reads it
         run_in_session(spark, self.path, name)
         os.replace(held_back, last)
-        as_parquet(sorted((tmp_path / "round1" / name).iterdir()),
+        as_parquet(sorted((tmp_path / "round1" / landing.name).iterdir()),
                     tmp_path / "landing_v2" / name, query.source.schema_)  # fmt: skip
 
     def edit_registry(self, **top_level) -> None:
@@ -118,9 +118,17 @@ def _rows(sink: Path) -> Counter:
 
 def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
     """State rows per variable, whatever partition holds them (the initialState road may run
-    on another number of partitions)."""
+    on another number of partitions); for a transform (transplant road only), every store's
+    rows."""
+    from stateops.spark.export import state_reads
+
+    batch = load_checkpoint(checkpoint).last_committed_batch
+    reads = READS.get(name) or [
+        {"operatorId": str(r["operator_id"]), **r["options"]}
+        for r in state_reads(spark, checkpoint, batch)
+    ]
     return [sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
-            for rows in read_state(spark, checkpoint, READS[name])]  # fmt: skip
+            for rows in read_state(spark, checkpoint, reads)]  # fmt: skip
 
 
 def assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=None) -> int:

@@ -41,6 +41,17 @@ def _cli_args(m: Migration, road: str = "auto") -> list[str]:
     ]  # fmt: skip
 
 
+def _in_session(spark):
+    """``run_job`` for run_migration: each Spark step's job in the shared session."""
+
+    def run_job(job: str, registry_file: str, args: list[str]) -> None:
+        code, out = job_in_session(spark, job, "--registry", registry_file, *args)
+        if code != 0:
+            raise StateOpsError(f"{job} exited with code {code}: {out[-2000:]}")
+
+    return run_job
+
+
 def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     spark, s3, tmp_path, monkeypatch
 ):
@@ -56,11 +67,7 @@ def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     assert tree_digest(m.root / "checkpoints") == before
     assert read_hold(load_registry(m.path).lock_path("page_visits")) is None
 
-    def run_job(job: str, registry_file: str, args: list[str]) -> None:
-        code, out = job_in_session(spark, job, "--registry", registry_file, *args)
-        if code != 0:
-            raise StateOpsError(f"{job} exited with code {code}: {out[-2000:]}")
-
+    run_job = _in_session(spark)
     drained = None
     for i, (step, road) in enumerate(FAULTS):
         registry = load_registry(m.path)
@@ -89,3 +96,20 @@ def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     assert "carry-over road: transplant" in log and "transplant done:" in log
     assert json.loads(migrated.stdout.strip().splitlines()[-1])["carry_over"] == "transplant"
     assert_migrated(spark, m, whole, log, "transplant")
+
+
+def test_a_transforms_state_moves_to_the_new_source_by_transplant(spark, s3, tmp_path):
+    """The windowed count (Spark's aggregation on the HDFS-backed store): the same steps, the
+    carried state proven store by store, to the state and output of one query over both
+    rounds on one source."""
+    whole = uninterrupted(spark, tmp_path, "page_counts")
+    m = Migration(spark, tmp_path, "page_counts", s3)
+    registry, conf = load_registry(m.path), m.conf()
+    source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
+              "options": conf["new_source_options"]}  # fmt: skip
+    plan = plan_migration(registry, "page_counts", source, "", "m-transform")
+    assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
+    log: list[str] = []
+    run_migration(registry, plan, s3.client(), _in_session(spark), log=log.append)
+    assert "carry-over road: transplant" in log
+    assert_migrated(spark, m, whole, "\n".join(log), "transplant")

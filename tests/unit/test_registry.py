@@ -145,6 +145,9 @@ def test_a_transform_query_reads_its_sources_by_name_on_either_store(tmp_path):
         "views": source.path, "clicks": str(tmp_path / "data" / "landing" / "clicks")
     }  # fmt: skip
     assert registry.query("page_visits").output_mode == "update", "the processor's, lower case"
+    # What a migration can move: processors with initial_state, one-source transforms.
+    assert query.movable and registry.query("page_visits").movable
+    assert not joined.query("page_counts").movable
 
 
 @pytest.mark.parametrize(

@@ -205,6 +205,15 @@ class Query(_Model):
         return self.processor.output_mode.lower()
 
     @property
+    def movable(self) -> bool:
+        """Whether a migration can carry its state to a new source: a processor that takes
+        carried-over state (``initial_state.from_export``), or a one-source transform (its
+        built-in operators' state moves by transplant)."""
+        if self.transform is not None:
+            return self.source is not None
+        return self.initial_state is not None and bool(self.initial_state.from_export)
+
+    @property
     def inputs(self) -> dict[str, Source]:
         """Every source by name (the one-source form's name is ``source``)."""
         return self.sources or {"source": self.source}

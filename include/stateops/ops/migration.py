@@ -62,7 +62,12 @@ from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.ops.carry import carry_differences, refuse_differences
 from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
 from stateops.ops.start import read_summary
-from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
+from stateops.ops.transplant import (
+    TransplantRefused,
+    choose_road,
+    transplant_checkpoint,
+    transplant_refusals,
+)
 
 __all__ = [
     "OPERATION",
@@ -147,16 +152,7 @@ def plan_migration(
     fails verification, a non-empty new checkpoint, another operation holding the query.
     """
     query = registry.query(name)
-    if query.transform is not None:
-        raise StateOpsError(
-            f"query {name} is a transform: carrying its operators' state to a new source is "
-            "not supported yet; stop it and start it on the new source with a new checkpoint"
-        )
-    if query.initial_state is None or not query.initial_state.from_export:
-        raise RegistryError(
-            f"query {name}: no initial_state.from_export in the registry, so its processor "
-            "cannot take carried-over state; add one (see the README) and trigger again"
-        )
+    carry_over = _carry_choice(query, carry_over)
     source = _new_source(registry, query, new_source)
     if cutover != "drain":
         cutover = parse_past_time(cutover, "cutover").isoformat()
@@ -166,6 +162,11 @@ def plan_migration(
     old = Path(query.checkpoint)
     runs_as = _runs_as(query, source, new)
     refusals = transplant_refusals(cp, runs_as)
+    if query.transform is not None and refusals:
+        raise TransplantRefused(
+            f"the transplant does not apply: {'; '.join(refusals)}; a transform's state "
+            "moves to a new source by transplant only"
+        )
     road = choose_road(carry_over, refusals, log=lambda line: None)
     differences = carry_differences(cp, runs_as) if road == "initial_state" else []
     refuse_differences(name, differences, accept_differences, _ACCEPT)
@@ -198,6 +199,32 @@ def plan_migration(
         "running": None if lock is None else lock.run_id,
         "new_source_files": files,
     }
+
+
+def _carry_choice(query: Query, carry_over: str) -> str:
+    """The road ``carry_over`` asks for, as ``query`` can take it: a processor's state takes
+    either (the initialState road needs ``initial_state.from_export``); a transform's, whose
+    built-in operators take no initial state, the transplant only."""
+    if query.transform is None:
+        if query.initial_state is None or not query.initial_state.from_export:
+            raise RegistryError(
+                f"query {query.name}: no initial_state.from_export in the registry, so its "
+                "processor cannot take carried-over state; add one (see the README) and "
+                "trigger again"
+            )
+        return carry_over
+    if query.source is None:
+        raise StateOpsError(
+            f"query {query.name} reads named sources ({', '.join(query.inputs)}): moving one "
+            "of them is not supported yet; stop it and start it on the new source with a new "
+            "checkpoint"
+        )
+    if carry_over == "initial_state":
+        raise StateOpsError(
+            f"carry_over initial_state is for processors (handleInitialState); {query.name} "
+            "is a transform, whose state moves by transplant: choose auto or transplant"
+        )
+    return "transplant"
 
 
 def _check_new_source(query: Query, source: Source) -> int:
