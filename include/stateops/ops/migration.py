@@ -62,12 +62,7 @@ from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.ops.carry import carry_differences, refuse_differences
 from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
 from stateops.ops.start import read_summary
-from stateops.ops.transplant import (
-    TransplantRefused,
-    choose_road,
-    transplant_checkpoint,
-    transplant_refusals,
-)
+from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 
 __all__ = [
     "OPERATION",
@@ -152,7 +147,7 @@ def plan_migration(
     fails verification, a non-empty new checkpoint, another operation holding the query.
     """
     query = registry.query(name)
-    carry_over = _carry_choice(query, carry_over)
+    _refuse_immovable(query, carry_over)
     source = _new_source(registry, query, new_source)
     if cutover != "drain":
         cutover = parse_past_time(cutover, "cutover").isoformat()
@@ -162,12 +157,9 @@ def plan_migration(
     old = Path(query.checkpoint)
     runs_as = _runs_as(query, source, new)
     refusals = transplant_refusals(cp, runs_as)
-    if query.transform is not None and refusals:
-        raise TransplantRefused(
-            f"the transplant does not apply: {'; '.join(refusals)}; a transform's state "
-            "moves to a new source by transplant only"
-        )
-    road = choose_road(carry_over, refusals, log=lambda line: None)
+    road = choose_road(
+        carry_over, refusals, lambda line: None, transform=query.transform is not None
+    )
     differences = carry_differences(cp, runs_as) if road == "initial_state" else []
     refuse_differences(name, differences, accept_differences, _ACCEPT)
     lock = refuse_unholdable(registry.lock_path(name), name, run_id)
@@ -201,30 +193,25 @@ def plan_migration(
     }
 
 
-def _carry_choice(query: Query, carry_over: str) -> str:
-    """The road ``carry_over`` asks for, as ``query`` can take it: a processor's state takes
-    either (the initialState road needs ``initial_state.from_export``); a transform's, whose
-    built-in operators take no initial state, the transplant only."""
-    if query.transform is None:
-        if query.initial_state is None or not query.initial_state.from_export:
-            raise RegistryError(
-                f"query {query.name}: no initial_state.from_export in the registry, so its "
-                "processor cannot take carried-over state; add one (see the README) and "
-                "trigger again"
-            )
-        return carry_over
-    if query.source is None:
+def _refuse_immovable(query: Query, carry_over: str) -> None:
+    """Refuse, before anything else is checked, a query whose state a migration cannot carry
+    (``Query.movable``), or a road it cannot take, saying why."""
+    if query.transform is None and not query.movable:
+        raise RegistryError(
+            f"query {query.name}: no initial_state.from_export in the registry, so its "
+            "processor cannot take carried-over state; add one (see the README) and trigger again"
+        )
+    if not query.movable:
         raise StateOpsError(
             f"query {query.name} reads named sources ({', '.join(query.inputs)}): moving one "
             "of them is not supported yet; stop it and start it on the new source with a new "
             "checkpoint"
         )
-    if carry_over == "initial_state":
+    if query.transform is not None and carry_over == "initial_state":
         raise StateOpsError(
             f"carry_over initial_state is for processors (handleInitialState); {query.name} "
             "is a transform, whose state moves by transplant: choose auto or transplant"
         )
-    return "transplant"
 
 
 def _check_new_source(query: Query, source: Source) -> int:
@@ -408,7 +395,8 @@ def settle_migration(
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
     runs_as = _runs_as(query, plan["new"]["source"], plan["new"]["checkpoint"])
-    road = choose_road(plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log)
+    road = choose_road(plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log,
+                       transform=query.transform is not None)  # fmt: skip
     if road == "initial_state":
         refuse_differences(query.name, carry_differences(cp, runs_as, last),
                            plan["carry_over"].get("accepted", False), _ACCEPT)  # fmt: skip

@@ -300,16 +300,26 @@ def _show(fields: list[tuple[str, str]]) -> str:
     return "(" + ", ".join(f"{n} {t}" for n, t in fields) + ")"
 
 
-def choose_road(choice: str, reasons: list[str], log: Callable[[str], None] = print) -> str:
+def choose_road(
+    choice: str, reasons: list[str], log: Callable[[str], None] = print, *, transform: bool = False
+) -> str:
     """``transplant`` or ``initial_state`` for a ``carry_over`` choice; ``auto`` falls back to
-    ``initial_state`` (saying why) where the transplant does not apply."""
+    ``initial_state`` (saying why) where the transplant does not apply. A ``transform``'s
+    state (Spark's built-in operators take no initial state) takes the transplant only."""
     if choice not in ROADS:
         raise StateOpsError(f"carry_over {choice!r}: choose one of {', '.join(ROADS)}")
+    if transform and choice == "initial_state":
+        raise StateOpsError("carry_over initial_state is for processors: choose auto or transplant")
     if choice == "initial_state":
         return choice
     if not reasons:
         return "transplant"
     why = "; ".join(reasons)
+    if transform:
+        raise TransplantRefused(
+            f"the transplant does not apply: {why}; a transform's state moves to a new source "
+            "by transplant only"
+        )
     if choice == "transplant":
         raise TransplantRefused(
             f"the transplant does not apply: {why}; choose carry_over auto or initial_state"
