@@ -16,6 +16,7 @@ from types import ModuleType
 import pyarrow.parquet as pq
 
 from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.dev.sampledata import DATASETS, generate_events
 from stateops.spark.streaming import apply_query_conf, start_query
@@ -212,6 +213,18 @@ def job_in_session(spark, job: str, *args: str) -> tuple[int, str]:
     finally:
         quiesce(spark)
     return code, out.getvalue()
+
+
+def job_runner(spark) -> Callable[[str, str, list[str]], None]:
+    """``run_job(job, registry_file, args)`` for the library's one-process runs (backfill,
+    migration), each Spark step's job in the shared session; raises when it fails."""
+
+    def run_job(job: str, registry_file: str, args: list[str]) -> None:
+        code, out = job_in_session(spark, job, "--registry", registry_file, *args)
+        if code != 0:
+            raise StateOpsError(f"{job} exited with code {code}: {out[-2000:]}")
+
+    return run_job
 
 
 def summary_of(code: int, stdout: str) -> dict:

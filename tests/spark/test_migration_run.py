@@ -18,7 +18,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.migration import plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest
-from tests.spark.harness import job_in_session, run_in_session
+from tests.spark.harness import job_runner, run_in_session
 from tests.spark.migrations import (
     FAULTS,
     Migration,
@@ -41,17 +41,6 @@ def _cli_args(m: Migration, road: str = "auto") -> list[str]:
     ]  # fmt: skip
 
 
-def _in_session(spark):
-    """``run_job`` for run_migration: each Spark step's job in the shared session."""
-
-    def run_job(job: str, registry_file: str, args: list[str]) -> None:
-        code, out = job_in_session(spark, job, "--registry", registry_file, *args)
-        if code != 0:
-            raise StateOpsError(f"{job} exited with code {code}: {out[-2000:]}")
-
-    return run_job
-
-
 def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     spark, s3, tmp_path, monkeypatch
 ):
@@ -67,7 +56,7 @@ def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     assert tree_digest(m.root / "checkpoints") == before
     assert read_hold(load_registry(m.path).lock_path("page_visits")) is None
 
-    run_job = _in_session(spark)
+    run_job = job_runner(spark)
     drained = None
     for i, (step, road) in enumerate(FAULTS):
         registry = load_registry(m.path)
@@ -110,6 +99,6 @@ def test_a_transforms_state_moves_to_the_new_source_by_transplant(spark, s3, tmp
     plan = plan_migration(registry, "page_counts", source, "", "m-transform")
     assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
     log: list[str] = []
-    run_migration(registry, plan, s3.client(), _in_session(spark), log=log.append)
+    run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
     assert "carry-over road: transplant" in log
     assert_migrated(spark, m, whole, "\n".join(log), "transplant")

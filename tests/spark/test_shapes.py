@@ -20,7 +20,7 @@ from stateops.ops.backup import backup_query
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.restore import execute_restore, plan_restore
 from tests.conftest import TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
-from tests.spark.harness import job_in_session, land, run_in_session, state_and_output
+from tests.spark.harness import job_runner, land, run_in_session, state_and_output
 
 pytestmark = pytest.mark.spark
 
@@ -80,14 +80,6 @@ def shape_registry(root: Path) -> Path:
     return path
 
 
-def in_session(spark):
-    def run_job(job: str, registry_file: str, args: list[str]) -> None:
-        code, out = job_in_session(spark, job, "--registry", registry_file, *args)
-        assert code == 0, out[-3000:]
-
-    return run_job
-
-
 QUERIES = ["user_sessions", "page_visits", "page_counts", "idle_sessions", *SHAPES]
 
 
@@ -120,7 +112,7 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     run_id = new_run_id("backfill")
     plan = plan_backfill(registry, name, run_id, to_batch=last - 3, log=quiet)
     before_backfill = lambda: backup_query(registry, name, client, log=quiet)["backup_id"]  # noqa: E731
-    done = run_backfill(registry, plan, before_backfill, in_session(spark), run_id, log=quiet)
+    done = run_backfill(registry, plan, before_backfill, job_runner(spark), run_id, log=quiet)
     assert done["summary"]["batches_run"] == 3, done["summary"]
     assert state_and_output(spark, touched, name) == untouched
 

@@ -18,6 +18,14 @@ def _registry_with(tmp_path, mutate) -> str:
     return str(path)
 
 
+def _refused_in_one_line(tmp_path, mutate, expected: str) -> None:
+    """The registry ``mutate`` leaves is refused in one line that says ``expected``."""
+    with pytest.raises(RegistryError) as err:
+        load_registry(_registry_with(tmp_path, mutate))
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_project_registry_loads_the_reference_pipelines(tmp_path, monkeypatch):
     monkeypatch.setenv("STATEOPS_DATA_DIR", str(tmp_path))
     registry = load_registry(ROOT / "registry.yaml")
@@ -87,10 +95,7 @@ def test_test_registry_overrides_reach_spark_conf(tmp_path):
     ],
 )
 def test_errors_name_the_bad_field(tmp_path, mutate, expected):
-    with pytest.raises(RegistryError) as err:
-        load_registry(_registry_with(tmp_path, mutate))
-    assert expected in str(err.value)
-    assert "\n" not in str(err.value)
+    _refused_in_one_line(tmp_path, mutate, expected)
 
 
 def test_unknown_query_lists_the_registered_ones(tmp_path):
@@ -183,10 +188,7 @@ def test_a_transform_query_reads_its_sources_by_name_on_either_store(tmp_path):
     ],
 )  # fmt: skip
 def test_a_query_is_one_shape_and_its_code_where_the_registry_says(tmp_path, mutate, expected):
-    with pytest.raises(RegistryError) as err:
-        load_registry(_registry_with(tmp_path, mutate))
-    assert expected in str(err.value)
-    assert "\n" not in str(err.value)
+    _refused_in_one_line(tmp_path, mutate, expected)
 
 
 def test_code_paths_are_relative_to_the_registry_file_and_survive_a_derived_registry(tmp_path):
