@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import inspect
 import json
@@ -84,6 +85,7 @@ def use_code_paths(registry: Registry, spark: SparkSession | None = None) -> Non
     paths = [str(f) for f in registry.code_paths] + env.get("PYTHONPATH", "").split(os.pathsep)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     shipped = Path(tempfile.mkdtemp(prefix="stateops-code-"))
+    atexit.register(shutil.rmtree, shipped, True)  # served to executors until the driver ends
     for n, folder in enumerate(registry.code_paths):
         spark.sparkContext.addPyFile(
             shutil.make_archive(str(shipped / f"code{n}-{folder.name}"), "zip", folder)
