@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: the lifecycle story so far, on the embedded defaults (local Spark, SQLite Airflow,
 # rclone serve s3). Generates sample events, bootstraps page_visits, runs the registered queries
-# (two processors, a windowed count and a group-state session query) through the stream_start DAG, backs them up, lands more events, runs and backs up again (only
-# the changes are uploaded), restores the first backup, and prints what each checkpoint holds;
+# (two processors, a windowed count and a group-state session query) through the stream_start
+# DAG, backs them up, lands more events, runs and backs up again (only the changes are
+# uploaded), restores the first backup, and prints what each checkpoint holds;
 # then many small batches, a snapshot-group cleanup, a backfill with changed logic, and a move
 # of user_sessions to a new (Parquet) source with its state transplanted.
 set -euo pipefail
@@ -147,21 +148,20 @@ for q in $QUERIES; do
   echo "  $q: ${size_before[$q]} KB -> $after KB on disk ($(( size_before[$q] - after )) KB saved)"
 done
 
-to=$(( $(last_batch user_sessions) - 3 ))
-conf="{\"query\": \"user_sessions\", \"to_batch\": $to, \"dry_run\": false, \"overrides\": {\"processor\": {\"options\": {\"session_timeout_seconds\": 2700}}}}"
-step "Backfill: roll user_sessions back 3 batches (to $to), reprocess with a 45-minute session timeout"
-echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backfill.log)"
-logged stream_backfill airflow dags test stream_backfill --conf "$conf"
-grep -E "^(rollback r-|user_sessions: (succeeded|batches)|  changed )" "$DATA/stream_backfill.log" \
-  | sed 's/^/  /'
+backfill() {  # QUERY OVERRIDES TITLE: back 3 batches, reprocessed with OVERRIDES
+  local to=$(( $(last_batch "$1") - 3 ))
+  local conf="{\"query\": \"$1\", \"to_batch\": $to, \"dry_run\": false, \"overrides\": $2}"
+  step "Backfill: $1 back 3 batches (to $to), $3"
+  echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backfill-$1.log)"
+  logged "stream_backfill-$1" airflow dags test stream_backfill --conf "$conf"
+  grep -E "^(rollback r-|$1: (succeeded|batches)|  changed |  reprocessed with )" \
+    "$DATA/stream_backfill-$1.log" | sed 's/^/  /'
+}
+backfill user_sessions '{"processor": {"options": {"session_timeout_seconds": 2700}}}' \
+  "reprocessed with a 45-minute session timeout"
+backfill page_counts '{"transform": {"options": {"window": "20 minutes"}}}' \
+  "a transform reprocessed with 20-minute windows"
 
-to=$(( $(last_batch page_counts) - 3 ))
-conf="{\"query\": \"page_counts\", \"to_batch\": $to, \"dry_run\": false, \"overrides\": {\"transform\": {\"options\": {\"window\": \"20 minutes\"}}}}"
-step "Backfill of a transform: page_counts back 3 batches (to $to), reprocessed with 20-minute windows"
-echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backfill-page_counts.log)"
-logged stream_backfill-page_counts airflow dags test stream_backfill --conf "$conf"
-grep -E "^(page_counts: (succeeded|batches)|  reprocessed with )" \
-  "$DATA/stream_backfill-page_counts.log" | sed 's/^/  /'
 step "Source migration: user_sessions moves to a Parquet landing folder, its state transplanted"
 stateops generate --round 3 --events 40 --files 2 --users 40 --out "$DATA/round4-json" >/dev/null
 python - "$DATA/round4-json/user_sessions" "$DATA/landing_v2/user_sessions" <<'EOF'
