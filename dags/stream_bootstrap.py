@@ -6,7 +6,9 @@ made by `stateops export`, another checkpoint, or Parquet/JSON/CSV files), inste
 replaying history. From a checkpoint, `carry_over` picks the road: `transplant` copies its
 state files (fast; only where the query can read them as its own, see `stateops transplant`),
 `initial_state` exports it and takes the export as the initial state, `auto` the transplant
-where it applies.
+where it applies. A transform (Spark's built-in operators, which take no initial state)
+starts from a checkpoint of the same query shape, by transplant only; its first batch is
+proven store by store against that checkpoint's state.
 
 Trigger it with the form. **Dry run** (on by default) only prints the plan. Otherwise:
 
@@ -50,7 +52,7 @@ from stateops_airflow.tasks import (
     verify_state,
 )
 
-QUERIES = registered_queries(with_initial_state=True)
+QUERIES = registered_queries(where=lambda q: q.bootstrappable)
 
 
 @dag(
@@ -62,7 +64,9 @@ QUERIES = registered_queries(with_initial_state=True)
     doc_md=__doc__,
     params={
         "query": query_param(
-            QUERIES, "A registered query whose registry entry has an initial_state section."
+            QUERIES,
+            "A registered query whose registry entry has an initial_state section, or a "
+            "transform (from a checkpoint of the same query shape).",
         ),
         "initial_state": Param(
             "",

@@ -6,8 +6,10 @@ carries its state over, instead of replaying history. Trigger it with the form; 
 (on by default) runs the preflight only and prints the plan.
 
 1. `preflight`: the query is a processor registered with an `initial_state.from_export`
-   section, or a one-source transform (Spark's built-in operators, whose state moves by
-   transplant only: `initial_state` is refused for it, and `auto` takes the transplant); the new
+   section, or a transform (Spark's built-in operators, whose state moves by transplant only:
+   `initial_state` is refused for it, and `auto` takes the transplant); for a query with
+   several sources (a join), **source that moves** names the one that moves, in a folder of its
+   own (the others go on where they were; a cutover time is for one-source queries); the new
    source is valid, its folder exists and has input, its schema has every column the query
    reads with the same type (for Parquet, the files' own schema too); the old checkpoint has a
    committed batch and verifies clean; the new checkpoint is new or empty (default:
@@ -27,8 +29,9 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    changed, state with a TTL), the preflight says why and refuses unless **accept
    differences** is on.
 4. Transplant road: `transplant` copies the old checkpoint's restart set into the new
-   checkpoint with offsets for the new source (a file copy; the old checkpoint is only read);
-   `first_batch` runs the query there, from batch N + 1 on the new source.
+   checkpoint with offsets that start the new source anew (a file copy; the old checkpoint is
+   only read; a source that does not move keeps its offset and file log); `first_batch` runs
+   the query there, from batch N + 1 on the new source.
    initialState road: `export` the state at the last committed batch (list state with each
    element's position, and the batch's watermarks), `validate_export` (Great Expectations on
    it), `bootstrap` the query on the new source, into the new checkpoint: its batch 0 reads
@@ -76,7 +79,7 @@ from stateops_airflow.tasks import (
     stop_for_migration,
 )
 
-QUERIES = registered_queries(movable=True)
+QUERIES = registered_queries(where=lambda q: q.movable)
 PLAN = "ti.xcom_pull(task_ids='preflight')"
 # The Spark steps' fields (stateops.ops.migration.job_fields) as templates of this run's values.
 FIELDS = {
@@ -106,6 +109,14 @@ def spark_task(step: str):
     doc_md=__doc__,
     params={
         "query": query_param(QUERIES, "The registered query to move to the new source."),
+        "source": Param(
+            None,
+            type=["null", "string"],
+            title="Source that moves",
+            description="Which of the query's sources (by its name in the registry) moves, "
+            "e.g. clicks for a join of views and clicks; the others stay where they are. "
+            "Empty: the query's only source.",
+        ),
         "new_source_format": Param(
             "parquet",
             type="string",

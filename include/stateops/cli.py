@@ -269,9 +269,10 @@ def cmd_transplant(args: argparse.Namespace) -> int:
     changes = {"format": args.source_format}
     if args.source_path:
         changes["path"] = str((registry.data_dir / args.source_path).resolve())
-    source = query.source.model_copy(update={k: v for k, v in changes.items() if v})
+    moved = query.input_name(args.source)
+    source = query.inputs[moved].model_copy(update={k: v for k, v in changes.items() if v})
     new = str(Path(args.new).resolve())
-    runs_as = query.model_copy(update={"source": source, "checkpoint": new})
+    runs_as = query.with_input(moved, source).model_copy(update={"checkpoint": new})
     if args.dry_run:
         result = transplant_checkpoint(path, new, runs_as, args.batch, dry_run=True, log=_log)
     else:
@@ -279,7 +280,7 @@ def cmd_transplant(args: argparse.Namespace) -> int:
             result = transplant_checkpoint(path, new, runs_as, args.batch, log=_log)
         mark_transplant(registry, query.name, result)
         _log(
-            f"next: run {query.name} on {new} (source {source.format} {source.path}); its first "
+            f"next: run {query.name} on {new} ({runs_as.inputs_text}); its first "
             f"batch, {result['batch'] + 1}, is proven against the state of {path}"
         )
     print(json.dumps(result))
@@ -347,7 +348,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     }
     plan = plan_migration(
         registry, args.query, source, args.new_checkpoint or "", new_run_id("migration"),
-        args.cutover, args.carry_over, args.accept_differences,
+        args.cutover, args.carry_over, args.accept_differences, args.source or "",
     )  # fmt: skip
     _log(format_migration_plan(plan, args.dry_run))
     if args.dry_run:
@@ -622,6 +623,7 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("old", help="the old checkpoint directory, or a registered query's name")
     p.add_argument("new", help="a new or empty folder")
     p.add_argument("--query", help="the registered query that runs on it (default: OLD's)")
+    p.add_argument("--source", help="which of the query's sources moves (default: its only one)")
     p.add_argument("--source-format", help="the new source's format (default: the query's)")
     p.add_argument("--source-path", help="the new source's folder (default: the query's)")
     p.add_argument("--batch", type=int, help="the committed batch to carry (default: the last)")
@@ -633,6 +635,7 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
         help="move a query to a new source with its state (the stream_source_migration steps)",
     )  # fmt: skip
     p.add_argument("query")
+    p.add_argument("--source", help="which of the query's sources moves (default: its only one)")
     p.add_argument(
         "--new-source-path",
         required=True,

@@ -15,7 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, one_line
-from stateops.core.registry import Registry, load_registry, registry_path
+from stateops.core.registry import Query, Registry, load_registry, registry_path
 from stateops.core.steps import RUN_QUERY
 from stateops.core.times import TIME_PATTERN  # a form's time field: real dates only
 from stateops.spark.jobs import PY_FILES, job_path, preflight_job
@@ -134,13 +134,12 @@ def not_a_dry_run() -> Any:
 
 
 def registered_queries(
-    with_initial_state: bool = False, movable: bool = False, registry: Registry | None = None
+    registry: Registry | None = None, where: Callable[[Query], bool] = lambda query: True
 ) -> list[str]:
-    """Names of the registered queries (pass ``registry`` when the DAG file already read it);
-    ``movable``: those a migration can move (see ``Query.movable``)."""
+    """Names of the registered queries ``where`` takes, e.g. ``lambda q: q.movable`` (pass
+    ``registry`` when the DAG file already read it)."""
     queries = (registry or load_registry()).queries.values()
-    wanted = [q for q in queries if q.initial_state or not with_initial_state]
-    return sorted(q.name for q in wanted if q.movable or not movable)
+    return sorted(q.name for q in queries if where(q))
 
 
 def spark_job_operator(
@@ -330,6 +329,7 @@ def plan_migration(params: dict[str, Any], run_id: str) -> dict[str, Any]:
     plan = plan_it(
         registry, params["query"], source, params["new_checkpoint"] or "", run_id,
         params["cutover"], params["carry_over"], params["accept_differences"],
+        params["source"] or "",
     )  # fmt: skip
     print(format_migration_plan(plan, params["dry_run"]))
     if not params["dry_run"]:

@@ -92,7 +92,12 @@ def test_stream_bootstrap_form_and_order(dagbag):
     params = dag.params
     assert params["dry_run"] is True, "dry run must be the default"
     query = params.get_param("query")
-    assert query.schema["enum"] == ["page_visits", "user_sessions"], "with an initial_state"
+    assert query.schema["enum"] == [
+        "idle_sessions",
+        "page_counts",
+        "page_visits",
+        "user_sessions",
+    ], "the processors with an initial_state, and the transforms (from a checkpoint)"
     assert query.schema["title"] and query.description
     formats = ["auto", "export", "checkpoint", "parquet", "json", "csv"]
     assert params.get_param("format").schema["enum"] == formats

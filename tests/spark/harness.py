@@ -14,13 +14,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pyarrow.parquet as pq
+import yaml
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.dev.sampledata import DATASETS, generate_events
 from stateops.spark.streaming import apply_query_conf, start_query
-from tests.conftest import ROOT, write_registry
+from tests.conftest import ROOT, TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
 
 _mtime = [1_700_000_000]
 
@@ -287,3 +288,60 @@ def last_committed(checkpoint: Path) -> int:
     batch = load_checkpoint(checkpoint).last_committed_batch
     assert batch is not None
     return batch
+
+
+# Queries of every shape of Spark's built-in stateful operators (tests/spark/user_code).
+USER_CODE = Path(__file__).parent / "user_code"
+VIEWS = {
+    "format": "json",
+    "path": "landing/page_visits",
+    "schema": "user_id STRING, page STRING, event_time TIMESTAMP",
+    "options": {"maxFilesPerTrigger": 1},
+}
+EVENTS = {
+    "format": "json",
+    "path": "landing/user_sessions",
+    "schema": "user_id STRING, data STRING, is_last BOOLEAN, event_time TIMESTAMP",
+    "options": {"maxFilesPerTrigger": 1},
+}
+
+
+def _transform(function: str, **entry) -> dict:
+    inputs = {"source": VIEWS} if "sources" not in entry else {}
+    return {**inputs, "transform": {"function": function, "output_mode": "append"},
+            "state_store": {"provider": "rocksdb"}, **entry}  # fmt: skip
+
+
+# The shapes beside registry.yaml's own queries (user_sessions, page_visits, page_counts on the
+# HDFS-backed store, idle_sessions with applyInPandasWithState): name -> registry entry, or
+# the registered query whose entry it takes on RocksDB.
+SHAPES = {
+    "page_counts_rocksdb": "page_counts",
+    "first_views": _transform("shapes:first_views", key_columns=["user_id", "page"]),
+    "session_counts": _transform("shapes:session_counts"),
+    "views_near_events": _transform(
+        "shapes:views_near_events", sources={"views": VIEWS, "events": EVENTS}
+    ),
+}
+
+
+def shape_registry(root: Path) -> Path:
+    """registry.yaml's queries and the shapes above, test-sized, backed up to the test's S3."""
+    path = write_registry(root)
+    raw = yaml.safe_load(path.read_text())
+    queries = raw["queries"]
+    for name, entry in SHAPES.items():
+        if isinstance(entry, str):
+            entry = {**queries[entry], "state_store": {"provider": "rocksdb"}}
+        queries[name] = {
+            "shuffle_partitions": 2,
+            "spark_conf": dict(TEST_SPARK_CONF),
+            **entry,
+            "state_store": {**TEST_STATE_STORE, **entry["state_store"]},
+            "sink": {"format": "parquet", "path": f"output/{name}"},
+            "checkpoint": f"checkpoints/{name}",
+        }
+    raw["code_paths"] = [str(USER_CODE)]
+    raw["backups"]["url"] = f"s3://backups/{root.parent.name}"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path

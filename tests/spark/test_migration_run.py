@@ -9,6 +9,7 @@ The DAG runs the same step functions: tests/dag/test_migration.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,18 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.migration import plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest
-from tests.spark.harness import job_runner, run_in_session
+from tests.spark.harness import (
+    job_runner,
+    land,
+    run_in_session,
+    shape_registry,
+    state_and_output,
+)
 from tests.spark.migrations import (
     FAULTS,
+    FILES,
     Migration,
+    as_parquet,
     assert_migrated,
     assert_rolled_back,
     uninterrupted,
@@ -102,3 +111,57 @@ def test_a_transforms_state_moves_to_the_new_source_by_transplant(spark, s3, tmp
     run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
     assert "carry-over road: transplant" in log
     assert_migrated(spark, m, whole, "\n".join(log), "transplant")
+
+
+def _land_round(root: Path, round_: int, *datasets: str) -> None:
+    """Round ``round_`` of the sample events, only ``datasets`` of it, into ``root/landing``."""
+    staged = root / f"round{round_}"
+    land(staged, round_=round_, files=FILES)
+    for dataset in datasets:
+        for f in sorted((staged / dataset).iterdir()):
+            os.replace(f, root / "landing" / dataset / f.name)  # mtimes kept: the file order
+
+
+def test_a_join_moves_one_of_its_two_sources_by_transplant(spark, s3, tmp_path):
+    """The stream-stream join of views and events: events move from JSON to Parquet and views
+    stay where they are. State and output equal one query on the JSON sources that stopped and
+    restarted at the cutover: round 1's events, then round 1's views."""
+    name = "views_near_events"
+    control = shape_registry(tmp_path / "control")
+    land(control.parent / "landing", round_=0, files=FILES)
+    run_in_session(spark, control, name)
+    _land_round(control.parent, 1, "user_sessions")
+    run_in_session(spark, control, name)
+    _land_round(control.parent, 1, "page_visits")
+    run_in_session(spark, control, name)
+
+    root = tmp_path / "touched"
+    touched = shape_registry(root)
+    land(root / "landing", round_=0, files=FILES)
+    run_in_session(spark, touched, name)  # all of round 0: the drain finds nothing new
+    events = load_registry(touched).query(name).sources["events"]
+    land(root / "round1", round_=1, files=FILES)
+    as_parquet(sorted((root / "round1" / "user_sessions").iterdir()),
+               root / "landing_v2" / "user_sessions", events.schema_)  # fmt: skip
+
+    registry = load_registry(touched)
+    new_source = {"format": "parquet", "path": "landing_v2/user_sessions",
+                  "options": {"maxFilesPerTrigger": 1}}  # fmt: skip
+    with pytest.raises(StateOpsError, match="name the one that moves"):
+        plan_migration(registry, name, new_source, "", "m-join")
+    plan = plan_migration(registry, name, new_source, "", "m-join", source_name="events")
+    assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
+    log: list[str] = []
+    run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
+    said = "\n".join(log)
+    assert "1 source read anew, 1 kept" in said and "carry-over proven" in said, said
+
+    query = load_registry(touched).query(name)
+    assert query.sources["events"].format == "parquet"
+    assert query.sources["views"] == load_registry(control).query(name).sources["views"].model_copy(
+        update={"path": str(root / "landing" / "page_visits")}
+    ), "views stay where they were"
+    for f in sorted((root / "round1" / "page_visits").iterdir()):
+        os.replace(f, root / "landing" / "page_visits" / f.name)
+    run_in_session(spark, touched, name)
+    assert state_and_output(spark, touched, name) == state_and_output(spark, control, name)

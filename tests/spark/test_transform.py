@@ -18,10 +18,9 @@ import yaml
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROVIDER_CLASSES, load_registry
-from stateops.core.steps import RUN_QUERY
+from stateops.core.steps import BOOTSTRAP_STATE, RUN_QUERY
 from stateops.core.verify import verify_checkpoint
-from stateops.ops.bootstrap import mark_transplant
-from stateops.ops.transplant import transplant_checkpoint
+from stateops.ops.bootstrap import plan_bootstrap
 from stateops.spark.jobs import job_path, preflight_job
 from tests.conftest import write_registry
 from tests.spark.harness import (
@@ -377,10 +376,13 @@ def test_a_store_an_operator_refuses_is_one_line_and_the_corrected_entry_starts_
     assert load_checkpoint(checkpoint).operators[0].provider == "rocksdb"
 
 
-def test_the_windowed_counts_state_moves_to_a_parquet_source_by_transplant(spark, tmp_path):
-    """Spark's built-in operators keep no trace of their source: the aggregation's HDFS state
-    files, transplanted to a query reading the rest of the input as Parquet, continue exactly
-    like the query that kept reading JSON (the same batches, state and output)."""
+def test_the_windowed_count_bootstraps_from_its_checkpoint_by_transplant_on_a_parquet_source(
+    spark, tmp_path
+):
+    """Spark's built-in operators keep no trace of their source: a bootstrap of the windowed
+    count from another checkpoint of it transplants the aggregation's HDFS state files, and
+    the query reading the rest of the input as Parquet continues exactly like the query that
+    kept reading JSON (the same batches, state and output). It takes no other initial state."""
     control, old = write_registry(tmp_path / "control"), write_registry(tmp_path / "old")
     for registry in (control, old):
         land(registry.parent / "landing", round_=0, files=3)
@@ -400,17 +402,31 @@ def test_the_windowed_counts_state_moves_to_a_parquet_source_by_transplant(spark
     moved = tmp_path / "old" / "registry-v2.yaml"
     moved.write_text(yaml.safe_dump(raw, sort_keys=False))
     new = load_registry(moved).query("page_counts")
-    done = transplant_checkpoint(query.checkpoint, new.checkpoint, new, log=lambda _: None)
-    assert done["files"] > 0 and load_checkpoint(new.checkpoint).operators[0].provider == "hdfs"
-    mark_transplant(load_registry(moved), "page_counts", done)  # as `stateops transplant` does
-    summary = run_in_session(spark, moved, "page_counts")
+    with pytest.raises(
+        StateOpsError,
+        match=r"^query page_counts is a transform: Spark's "
+        r"built-in operators take no initial state, so .*landing_v2 \(parquet\)",
+    ):
+        plan_bootstrap(load_registry(moved), "page_counts", str(tmp_path / "old" / "landing_v2"),
+                       None)  # fmt: skip
+    with pytest.raises(StateOpsError, match="^carry_over initial_state is for processors"):
+        plan_bootstrap(load_registry(moved), "page_counts", query.checkpoint, None,
+                       "initial_state")  # fmt: skip
+    assert not Path(new.checkpoint).exists()
+
+    code, out = job_in_session(spark, BOOTSTRAP_STATE, "--registry", str(moved), "--query",
+                               "page_counts", "--initial-state", query.checkpoint)  # fmt: skip
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and summary["carry_over"] == "transplant", out[-3000:]
     # The first run proves the carried state: every store after the transplanted batch reads
     # the same in both checkpoints.
     assert summary["bootstrap"] == "complete" and summary["proof"]["ok"], summary["proof"]
     (rows,) = summary["proof"]["variables"].values()  # the aggregation's one store
-    assert rows > 0 and summary["proof"]["batches"] == [done["batch"]], summary["proof"]
+    old_last = load_checkpoint(query.checkpoint).last_committed_batch
+    assert rows > 0 and summary["proof"]["batches"] == [old_last], summary["proof"]
+    assert load_checkpoint(new.checkpoint).operators[0].provider == "hdfs"
 
     batch, state, output = state_and_output(spark, control, "page_counts")
     assert state_and_output(spark, moved, "page_counts")[:2] == (batch, state)
-    after = {b: rows for b, rows in output.items() if b > done["batch"]}
+    after = {b: rows for b, rows in output.items() if b > old_last}
     assert after and read_sink(Path(new.sink.path)) == after

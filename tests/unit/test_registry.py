@@ -150,9 +150,12 @@ def test_a_transform_query_reads_its_sources_by_name_on_either_store(tmp_path):
         "views": source.path, "clicks": str(tmp_path / "data" / "landing" / "clicks")
     }  # fmt: skip
     assert registry.query("page_visits").output_mode == "update", "the processor's, lower case"
-    # What a migration can move: processors with initial_state, one-source transforms.
+    # What a migration can move: processors with initial_state, transforms (a source by name).
     assert query.movable and registry.query("page_visits").movable
-    assert not joined.query("page_counts").movable
+    assert joined.query("page_counts").movable
+    assert (query.input_name(""), joined.query("page_counts").input_name("clicks")) == (
+        "source", "clicks"
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ __all__ = [
     "checkpoint_of",
     "derived_registry",
     "load_registry",
+    "placement",
     "registry_path",
     "schema_columns",
     "schema_fields",
@@ -207,16 +208,45 @@ class Query(_Model):
     @property
     def movable(self) -> bool:
         """Whether a migration can carry its state to a new source: a processor that takes
-        carried-over state (``initial_state.from_export``), or a one-source transform (its
-        built-in operators' state moves by transplant)."""
+        carried-over state (``initial_state.from_export``), or a transform (its built-in
+        operators' state moves by transplant, one source at a time)."""
         if self.transform is not None:
-            return self.source is not None
+            return True
         return self.initial_state is not None and bool(self.initial_state.from_export)
+
+    @property
+    def bootstrappable(self) -> bool:
+        """Whether a bootstrap can start it on carried-over state: a processor with an
+        ``initial_state`` section, or a transform (from a checkpoint, by transplant)."""
+        return self.transform is not None or self.initial_state is not None
 
     @property
     def inputs(self) -> dict[str, Source]:
         """Every source by name (the one-source form's name is ``source``)."""
         return self.sources or {"source": self.source}
+
+    def input_name(self, name: str = "") -> str:
+        """The input ``name`` names (empty: the only one); an unknown or missing name is
+        refused in one line that lists the query's sources."""
+        names = ", ".join(self.inputs)
+        if name in self.inputs or (not name and len(self.inputs) == 1):
+            return name or next(iter(self.inputs))
+        if not name:
+            raise RegistryError(
+                f"query {self.name} reads {len(self.inputs)} sources ({names}): name the one "
+                "that moves"
+            )
+        if self.source is not None:
+            names = "it reads one source: leave the source name empty"
+        else:
+            names = f"its sources are {names}"
+        raise RegistryError(f"query {self.name} has no source {name!r}: {names}")
+
+    def with_input(self, name: str, source: Source) -> Query:
+        """The query reading ``source`` as its input ``name``, everything else as it is."""
+        if self.source is not None:
+            return self.model_copy(update={"source": source})
+        return self.model_copy(update={"sources": {**self.sources, name: source}})
 
     @property
     def inputs_text(self) -> str:
@@ -396,9 +426,11 @@ def write_switch(
     checkpoint: str,
     lineage: dict,
     sink_batch_offset: int = 0,
+    input_name: str = "source",
 ) -> Path:
-    """Record that ``name`` now runs on ``source`` and ``checkpoint`` (a migration's switch),
-    its output numbered from ``sink_batch_offset`` (see :class:`Sink`).
+    """Record that ``name`` now runs on ``checkpoint`` with ``source`` as its input
+    ``input_name`` (a migration's switch), its output numbered from ``sink_batch_offset`` (see
+    :class:`Sink`).
 
     The registry file is not edited: the switch is kept beside the data and applies while the
     file still declares what was there before the first switch. ``lineage`` is appended to
@@ -406,17 +438,15 @@ def write_switch(
     """
     query = registry.query(name)
     path = registry.switch_path(name)
-    here = {"source": query.source.model_dump(by_alias=True), "checkpoint": query.checkpoint}
+    here = placement(query)
     previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     current = previous.get("current") or {}
     applied = {k: current.get(k) for k in here} == here
+    moved = query.with_input(input_name, Source.model_validate(source))
     switch = {
         "declared": previous["declared"] if applied else here,
-        "current": {
-            "source": Source.model_validate(source).model_dump(by_alias=True),
-            "checkpoint": str(Path(checkpoint).resolve()),
-            "sink_batch_offset": sink_batch_offset,
-        },
+        "current": placement(moved)
+        | {"checkpoint": str(Path(checkpoint).resolve()), "sink_batch_offset": sink_batch_offset},
         "history": [*previous.get("history", []), lineage],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -424,6 +454,16 @@ def write_switch(
     tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def placement(query: Query) -> dict:
+    """Where a query reads (``source`` or ``sources``) and keeps its state (``checkpoint``):
+    what a migration's switch changes."""
+    if query.source is not None:
+        inputs = {"source": query.source.model_dump(by_alias=True)}
+    else:
+        inputs = {"sources": {n: s.model_dump(by_alias=True) for n, s in query.sources.items()}}
+    return inputs | {"checkpoint": query.checkpoint}
 
 
 def derived_registry(
@@ -469,12 +509,12 @@ def _switched(query: Query, data_dir: Path) -> Query:
         declared, current = switch["declared"], switch["current"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RegistryError(f"{path}: unreadable migration switch ({err})") from None
-    here = {"source": query.source.model_dump(by_alias=True), "checkpoint": query.checkpoint}
-    if here != declared:
+    if placement(query) != declared:
         return query
     try:
         data = query.model_dump(by_alias=True)
-        data.update(source=current["source"], checkpoint=str(current["checkpoint"]))
+        data.update({k: current[k] for k in ("source", "sources") if k in current})
+        data["checkpoint"] = str(current["checkpoint"])
         data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
         return Query.model_validate(data)
     except (ValidationError, KeyError, TypeError) as err:

@@ -61,10 +61,12 @@ def plan_bootstrap(
     :func:`stateops.ops.transplant.choose_road`): a transplant of its state files where the query
     can read them as its own, else an export of it as the initial state. Where that road
     would not give what the old query computes (:func:`initial_state_differences`), it is
-    refused unless ``accept_differences``.
+    refused unless ``accept_differences``. A transform (Spark's built-in operators take no
+    initial state) bootstraps from a checkpoint of the same query shape, by transplant only.
     """
     query = registry.query(name)
-    if query.initial_state is None:
+    transform = query.transform is not None
+    if not transform and query.initial_state is None:
         raise RegistryError(
             f"query {name}: no initial_state in the registry, so its processor takes none"
         )
@@ -80,6 +82,12 @@ def plan_bootstrap(
         planned = bool(cp.offsets)
     src = Path(source)
     fmt = _initial_format(src, fmt)
+    if transform and fmt != "checkpoint":
+        raise StateOpsError(
+            f"query {name} is a transform: Spark's built-in operators take no initial state, "
+            f"so {src} ({fmt}) cannot seed it; bootstrap it from a checkpoint of the same "
+            "query shape (its state files are transplanted)"
+        )
     road, said = None, []
     if fmt == "checkpoint":
         cp = load_checkpoint(src)
@@ -88,7 +96,8 @@ def plan_bootstrap(
                 f"{src}: no committed batch yet: there is no state to carry over; run that "
                 "query first, or bootstrap from another state"
             )
-        road = choose_road(carry_over, transplant_refusals(cp, query), log=said.append)
+        road = choose_road(carry_over, transplant_refusals(cp, query), log=said.append,
+                           transform=transform)  # fmt: skip
     if fmt == "export" or road == "initial_state":
         if not query.initial_state.from_export:
             raise RegistryError(
@@ -111,9 +120,9 @@ def plan_bootstrap(
         "checkpoint": str(path),
         "initial_state": str(src.resolve()),
         "format": fmt,
-        "schema": query.initial_state.schema_,
+        "schema": query.initial_state and query.initial_state.schema_,
         "batch_0_already_planned": planned,
-        "source": query.source.path,
+        "source": query.inputs_text,
         "road": road,
         "road_note": said[0] if said else None,
         "differences": differences,

@@ -52,6 +52,7 @@ from stateops.core.registry import (
     Source,
     derived_registry,
     load_registry,
+    placement,
     schema_fields,
     write_switch,
 )
@@ -130,11 +131,15 @@ def plan_migration(
     cutover: str = "drain",
     carry_over: str = "auto",
     accept_differences: bool = False,
+    source_name: str = "",
 ) -> dict[str, Any]:
     """Preflight: everything a migration needs, checked without changing anything.
 
+    ``source_name``: which of the query's sources moves (empty: its only one); the others
+    stay where they are and go on from where they were.
     ``cutover``: ``drain`` (the old source is read to its end) or a time: the old source
-    reads only the input files modified before it (see ``start.files_before``).
+    reads only the input files modified before it (see ``start.files_before``; one-source
+    queries).
     ``carry_over``: ``auto``, ``transplant`` or ``initial_state``; the plan says which road
     the state would take now (the backup step decides, on the drained checkpoint), and where
     the initialState road would change what the query computes
@@ -142,20 +147,27 @@ def plan_migration(
     ``accept_differences``.
 
     Raises a one-line StateOpsError naming what is wrong: an unknown query or one without
-    ``initial_state.from_export``, an invalid or missing new source, a new schema without the
+    ``initial_state.from_export``, an unknown source name, an invalid or missing new source
+    (or one in the folder of another of its sources), a new schema without the
     columns (and types) the query reads, an old checkpoint without a committed batch or that
     fails verification, a non-empty new checkpoint, another operation holding the query.
     """
     query = registry.query(name)
     _refuse_immovable(query, carry_over)
-    source = _new_source(registry, query, new_source)
+    source_name = query.input_name(source_name)
+    source = _new_source(registry, query.inputs[source_name], new_source)
     if cutover != "drain":
         cutover = parse_past_time(cutover, "cutover").isoformat()
-    files = _check_new_source(query, source)
+        if len(query.inputs) > 1:
+            raise StateOpsError(
+                f"a cutover time reads one source up to it; {query.name} reads "
+                f"{len(query.inputs)}: choose cutover drain"
+            )
+    files = _check_new_source(query, source_name, source)
     new = _new_checkpoint(registry, query, new_checkpoint)
     cp = _sound_checkpoint(query)
     old = Path(query.checkpoint)
-    runs_as = _runs_as(query, source, new)
+    runs_as = _runs_as(query, source_name, source, new)
     refusals = transplant_refusals(cp, runs_as)
     road = choose_road(
         carry_over, refusals, lambda line: None, transform=query.transform is not None
@@ -167,8 +179,9 @@ def plan_migration(
     return {
         "query": name,
         "run_id": run_id,
+        "source_name": source_name,
         "old": {
-            "source": query.source.model_dump(by_alias=True),
+            "source": query.inputs[source_name].model_dump(by_alias=True),
             "checkpoint": str(old),
             "query_id": cp.query_id,
             "last_committed_batch": cp.last_committed_batch,
@@ -196,16 +209,10 @@ def plan_migration(
 def _refuse_immovable(query: Query, carry_over: str) -> None:
     """Refuse, before anything else is checked, a query whose state a migration cannot carry
     (``Query.movable``), or a road it cannot take, saying why."""
-    if query.transform is None and not query.movable:
+    if not query.movable:
         raise RegistryError(
             f"query {query.name}: no initial_state.from_export in the registry, so its "
             "processor cannot take carried-over state; add one (see the README) and trigger again"
-        )
-    if not query.movable:
-        raise StateOpsError(
-            f"query {query.name} reads named sources ({', '.join(query.inputs)}): moving one "
-            "of them is not supported yet; stop it and start it on the new source with a new "
-            "checkpoint"
         )
     if query.transform is not None and carry_over == "initial_state":
         raise StateOpsError(
@@ -214,28 +221,36 @@ def _refuse_immovable(query: Query, carry_over: str) -> None:
         )
 
 
-def _check_new_source(query: Query, source: Source) -> int:
-    """Refuse a new source the query cannot run on; the number of its input files."""
+def _check_new_source(query: Query, source_name: str, source: Source) -> int:
+    """Refuse a new source for ``source_name`` the query cannot run on; the number of its
+    input files."""
     folder = Path(source.path)
     if not folder.is_dir():
         raise StateOpsError(
             f"new source path {folder} does not exist or is not a folder: create it and land "
             "the new source's input there, then trigger again"
         )
-    if source.format == query.source.format and source.path == query.source.path:
+    current = query.inputs[source_name]
+    if source.format == current.format and source.path == current.path:
         raise StateOpsError(f"the new source is {query.name}'s current source: nothing to migrate")
+    for other, kept in query.inputs.items():
+        there = Path(kept.path)
+        if other != source_name and (folder == there or there in folder.parents
+                                     or folder in there.parents):  # fmt: skip
+            raise StateOpsError(
+                f"new source folder {folder} overlaps the folder of {query.name}'s source "
+                f"{other} ({there}): land the new source's input in a folder of its own"
+            )
     files = sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_")))
     if not files:
         raise StateOpsError(
             f"new source folder {folder} has no input yet: land its first files (the carry-over "
             "is proven on the new source's first batch), then trigger again"
         )
-    _check_schema(query, source)
+    _check_schema(query, current, source)
     _check_files(source)
     try:
-        Query.model_validate(
-            {**query.model_dump(by_alias=True), "source": source.model_dump(by_alias=True)}
-        )
+        Query.model_validate(query.with_input(source_name, source).model_dump(by_alias=True))
     except ValidationError as err:
         first = err.errors()[0]
         message = str(first["msg"]).removeprefix("Value error, ")
@@ -276,15 +291,22 @@ def _sound_checkpoint(query: Query) -> Checkpoint:
     return cp
 
 
-def _runs_as(query: Query, source: Source | dict[str, Any], checkpoint: str | Path) -> Query:
+def _runs_as(
+    query: Query, source_name: str, source: Source | dict[str, Any], checkpoint: str | Path
+) -> Query:
     """The query as it will run after the migration (for the transplant's checks)."""
     source = Source.model_validate(source) if isinstance(source, dict) else source
-    return query.model_copy(update={"source": source, "checkpoint": str(checkpoint)})
+    return query.with_input(source_name, source).model_copy(update={"checkpoint": str(checkpoint)})
 
 
-def _new_source(registry: Registry, query: Query, spec: dict[str, Any]) -> Source:
+def _planned_query(query: Query, plan: dict[str, Any]) -> Query:
+    """The query as ``plan`` will run it: its new source and checkpoint."""
+    return _runs_as(query, plan["source_name"], plan["new"]["source"], plan["new"]["checkpoint"])
+
+
+def _new_source(registry: Registry, current: Source, spec: dict[str, Any]) -> Source:
     spec = {k: v for k, v in spec.items() if v not in (None, "")}
-    spec.setdefault("schema", query.source.schema_)
+    spec.setdefault("schema", current.schema_)
     path = str(spec.get("path", ""))
     if path and "://" not in path:
         spec["path"] = str((registry.data_dir / path).resolve())
@@ -296,14 +318,14 @@ def _new_source(registry: Registry, query: Query, spec: dict[str, Any]) -> Sourc
         raise StateOpsError(f"new source: {field}: {first['msg']}") from None
 
 
-def _check_schema(query: Query, source: Source) -> None:
-    """The new schema has every column of the query's current source, with the same type."""
+def _check_schema(query: Query, current: Source, source: Source) -> None:
+    """The new schema has every column of the source it replaces, with the same type."""
     new = dict(schema_fields(source.schema_))
-    for column, kind in schema_fields(query.source.schema_):
+    for column, kind in schema_fields(current.schema_):
         if column not in new:
             raise StateOpsError(
                 f"new source schema has no column {column!r}, which {query.name} reads "
-                f"(its current schema: {query.source.schema_})"
+                f"(its current schema: {current.schema_})"
             )
         if new[column] != kind:
             raise StateOpsError(
@@ -334,8 +356,9 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
     """The preflight's plan for a person (the task log, the CLI)."""
     old, new = plan["old"], plan["new"]
     running = f", running as {plan['running']}: will be stopped" if plan["running"] else ""
+    which = "" if plan["source_name"] == "source" else f"source {plan['source_name']}, "
     return (
-        f"{'DRY RUN: would migrate' if dry_run else 'migrating'} {plan['query']}: "
+        f"{'DRY RUN: would migrate' if dry_run else 'migrating'} {plan['query']}: {which}"
         f"{old['source']['format']} {old['source']['path']} -> {new['source']['format']} "
         f"{new['source']['path']} ({plan['new_source_files']} files there now)\n"
         f"  old checkpoint {old['checkpoint']} (last committed batch "
@@ -394,7 +417,7 @@ def settle_migration(
         raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
-    runs_as = _runs_as(query, plan["new"]["source"], plan["new"]["checkpoint"])
+    runs_as = _planned_query(query, plan)
     road = choose_road(plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log,
                        transform=query.transform is not None)  # fmt: skip
     if road == "initial_state":
@@ -402,11 +425,7 @@ def settle_migration(
                            plan["carry_over"].get("accepted", False), _ACCEPT)  # fmt: skip
     # A transplanted checkpoint goes on from batch last + 1, a bootstrapped one from batch 0.
     offset = query.sink.batch_offset if road == "transplant" else query.sink.folder_batch(last) + 1
-    changes = {
-        "source": plan["new"]["source"],
-        "checkpoint": plan["new"]["checkpoint"],
-        "sink": query.sink.model_dump() | {"batch_offset": offset},
-    }
+    changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
     derived_registry(registry, query.name, changes, plan["new"]["registry"])
     return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road}
 
@@ -611,6 +630,7 @@ def switch_query(
         "operation": OPERATION,
         "run_id": plan["run_id"],
         "time": _now(),
+        "source_name": plan["source_name"],
         "from": {
             "checkpoint": old["checkpoint"],
             "query_id": old["query_id"],
@@ -635,7 +655,8 @@ def switch_query(
     append_audit(new["checkpoint"], OPERATION, result="derived", derived_from=old["checkpoint"],
                  backup_id=backup_id, **common)  # fmt: skip
     write_switch(registry, name, new["source"], new["checkpoint"], lineage,
-                 sink_batch_offset=settled["sink_batch_offset"])  # fmt: skip
+                 sink_batch_offset=settled["sink_batch_offset"],
+                 input_name=plan["source_name"])  # fmt: skip
     _set_read_only(Path(old["checkpoint"]), True)
     append_audit(old["checkpoint"], OPERATION, result="retired (read-only)",
                  migrated_to=new["checkpoint"], backup_id=backup_id, **common)  # fmt: skip
@@ -655,7 +676,8 @@ def roll_back_migration(
     if registry.query(name).checkpoint == str(new):
         undo = {"operation": "migration rolled back", "run_id": plan["run_id"], "time": _now()}
         write_switch(registry, name, old["source"], old["checkpoint"], undo,
-                     sink_batch_offset=old["sink_batch_offset"])  # fmt: skip
+                     sink_batch_offset=old["sink_batch_offset"],
+                     input_name=plan["source_name"])  # fmt: skip
         done["switch_undone"] = True
         log(f"{name}: switch undone: back on {old['checkpoint']}")
     _set_read_only(Path(old["checkpoint"]), False)

@@ -4,16 +4,21 @@ The fast road to carry state over (the other is ``initialState``, see
 :mod:`stateops.ops.bootstrap`): the state files of the old checkpoint already hold what the query
 needs. The new checkpoint gets the restart set of the old one at its last committed batch N (state
 files, operator metadata and schema files), a new query id, and the offsets of batches N-1 and N
-(Spark reads both on restart) with the source's offset replaced by the new source's starting
-position; the commit of batch N carries the watermark. The new query's first batch is N + 1.
+(Spark reads both on restart) with each moved source's offset replaced by a starting position;
+the commit of batch N carries the watermark. The new query's first batch is N + 1.
+
+Which sources moved: the old checkpoint's logs name the files each of its sources read; a
+source whose files lie under one of the new query's source folders is kept (its offset and log
+are copied, it goes on where it was), any other starts anew. Spark numbers a query's sources in
+the order its plan reads them, which the same code on the same inputs keeps.
 
 It applies only where Spark would read those files as its own: the same stateful operator,
 state variables and schemas, time and output mode, shuffle partitions, state store provider
 and format settings. For a ``transform`` (Spark's built-in operators) the same function on a
 source of the same columns plans the same operators, so only the settings are checked here and
-Spark checks the state schemas when the new query starts. One source only: the new query's
-offsets start that source anew. :func:`transplant_refusals` says why not, before anything is
-written; the migration then takes the ``initialState`` road. The old checkpoint is only read.
+Spark checks the state schemas when the new query starts. :func:`transplant_refusals` says why
+not, before anything is written; the migration then takes the ``initialState`` road (a
+processor's) or is refused (a transform's). The old checkpoint is only read.
 
 Pure Python, no Spark.
 """
@@ -54,9 +59,10 @@ __all__ = [
 
 STAGING = "transplanting"
 
-# The starting offset of a source that has read nothing, per Spark source type. A file source
-# counts its own log entries: -1 is "before the first" (its sources/0 log starts empty).
-STARTING_OFFSETS = {fmt: '{"logOffset":-1}' for fmt in ("json", "parquet", "csv", "text", "orc")}
+# The starting offset of a file source that has read nothing: it counts its own log entries, and
+# -1 is "before the first" (its sources/<i> log starts empty). Other sources: not written here.
+STARTING_OFFSET = '{"logOffset":-1}'
+FILE_FORMATS = ("json", "parquet", "csv", "text", "orc")
 
 _OPERATOR = "transformWithStateInPandasExec"
 _TIME_MODES = {"None": "NoTime", "EventTime": "EventTime", "ProcessingTime": "ProcessingTime"}
@@ -192,19 +198,9 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
     reasons = []
     if cp.uncommitted_batches:
         reasons.append(f"batch {cp.uncommitted_batches[0]} is planned but not committed")
-    inputs = list(query.inputs.values())
-    if len(inputs) != 1:
-        reasons.append(f"the query reads {len(inputs)} sources: the transplant starts one anew")
-    elif inputs[0].format not in STARTING_OFFSETS:
-        reasons.append(
-            f"source format {inputs[0].format!r}: the transplant writes starting offsets "
-            f"for {', '.join(STARTING_OFFSETS)} sources only"
-        )
-    offsets = cp.offsets[batch]
-    if len(offsets.source_offsets) != 1:
-        reasons.append(f"the old query read {len(offsets.source_offsets)} sources, not one")
+    reasons += fresh_sources(cp, query, batch)[1]
     expected = query.spark_conf_for_query()
-    for key, old in sorted(offsets.conf.items()):
+    for key, old in sorted(cp.offsets[batch].conf.items()):
         new = expected.get(key)
         if new is not None and new != old and key != "spark.sql.shuffle.partitions":
             short = key.removeprefix("spark.sql.")
@@ -227,6 +223,46 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
     if ops[0].store_names != ["default"]:
         reasons.append(f"state stores {ops[0].store_names}, expected ['default']")
     return reasons + state_differences(cp, query, batch)
+
+
+def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[list[int], list[str]]:
+    """The old checkpoint's sources (their offsets index) that ``query`` reads anew, and why
+    its sources cannot be matched with the old ones (empty: they can).
+
+    A source is kept when every file it logged lies under the folder of one of ``query``'s
+    inputs: that input goes on where it was. Any other (moved, or nothing read yet) starts
+    anew; ``query`` reads as many sources as the old query did.
+    """
+    offsets = cp.offsets[batch].source_offsets
+    inputs = query.inputs
+    reasons = [
+        f"source format {s.format!r}: the transplant writes starting offsets for "
+        f"{', '.join(FILE_FORMATS)} sources only"
+        for s in inputs.values() if s.format not in FILE_FORMATS
+    ]  # fmt: skip
+    if len(offsets) != len(inputs):
+        reasons.append(f"the old query read {len(offsets)} sources, the query reads {len(inputs)}")
+    if reasons:
+        return [], reasons
+    fresh, kept = [], {}
+    for i in range(len(offsets)):
+        if cp.file_log_offset(batch, i) is None:
+            reasons.append(f"source {i} of the old checkpoint is not a file source")
+            continue
+        seen = [Path(f) for f in cp.seen_files(i)]
+        owners = [
+            name for name, source in inputs.items()
+            if seen and all(f.is_relative_to(source.path) for f in seen)
+        ]  # fmt: skip
+        if len(owners) > 1:
+            reasons.append(f"source {i} read files under the folders of {' and '.join(owners)}")
+        elif owners:
+            kept.setdefault(owners[0], []).append(i)
+        else:
+            fresh.append(i)
+    reasons += [f"sources {' and '.join(map(str, ix))} both read {name}'s folder"
+                for name, ix in kept.items() if len(ix) > 1]  # fmt: skip
+    return fresh, reasons
 
 
 def state_differences(cp: Checkpoint, query: Query, batch: int) -> list[str]:
@@ -351,16 +387,16 @@ def transplant_checkpoint(
     batch = cp.last_committed_batch if batch is None else batch
     if new == cp.root.resolve() or cp.root.resolve() in new.parents:
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
-    source = next(iter(query.inputs.values()))
+    fresh = fresh_sources(cp, query, batch)[0] if batch in cp.offsets else []
     done = None
     if occupied(new):
-        done = _transplanted(cp, batch, new, source.format)
+        done = _transplanted(cp, batch, new, fresh)
         if done is None:
             raise StateOpsError(f"{new}: not empty; transplant into a new or empty folder")
     reasons = transplant_refusals(cp, query, batch)
     if reasons:
         raise TransplantRefused(f"transplant of {cp.root} refused: {'; '.join(reasons)}")
-    files = _state_files(cp, batch)
+    files = _state_files(cp, batch, fresh)
     size = sum(cp.sizes[rel] for rel in files)
     result = {"old": str(cp.root), "new": str(new), "batch": batch,
               "old_query_id": cp.query_id, "files": len(files), "bytes": size}  # fmt: skip
@@ -374,8 +410,8 @@ def transplant_checkpoint(
                          "removed_staging": removed, "dry_run": dry_run}  # fmt: skip
     log(
         f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
-        f"{batch} -> {new}: {len(files)} state files ({format_bytes(size)}); the new query "
-        f"starts at batch {batch + 1} on its {source.format} source {source.path}"
+        f"{batch} -> {new}: {len(files)} files ({format_bytes(size)}); the new query "
+        f"starts at batch {batch + 1} on {query.inputs_text} ({_anew(cp, batch, fresh)})"
     )
     if dry_run:
         return result | {"dry_run": True}
@@ -389,7 +425,7 @@ def transplant_checkpoint(
             faults.point("copy")
         query_id = str(uuid.uuid4())
         _write(staging.path, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
-        for rel, data in _log_entries(cp, batch, source.format).items():
+        for rel, data in _log_entries(cp, batch, fresh).items():
             _write(staging.path, rel, data)
         relocate_checkpoint(staging.path, location=new)
         if new.exists():
@@ -403,34 +439,44 @@ def transplant_checkpoint(
                      "removed_staging": staging.removed, "seconds": round(seconds, 2)}  # fmt: skip
 
 
-def _state_files(cp: Checkpoint, batch: int) -> list[str]:
-    """What a transplant copies: the restart set of ``batch`` but its logs and query id."""
+def _anew(cp: Checkpoint, batch: int, fresh: list[int]) -> str:
+    kept = len(cp.offsets[batch].source_offsets) - len(fresh)
+    return f"{len(fresh)} source{'s' * (len(fresh) != 1)} read anew, {kept} kept"
+
+
+def _state_files(cp: Checkpoint, batch: int, fresh: list[int]) -> list[str]:
+    """What a transplant copies: the restart set of ``batch`` but its offsets, commits and
+    query id, and the logs of the sources read anew."""
+    anew = tuple(f"sources/{i}/" for i in fresh)
     return [
         rel for rel in cp.restart_files(batch)
-        if not rel.startswith(("sources/", "offsets/", "commits/"))
+        if not rel.startswith(("offsets/", "commits/", *anew))
         and rel not in ("metadata", crc_sidecar("metadata"))
     ]  # fmt: skip
 
 
-def _log_entries(cp: Checkpoint, batch: int, fmt: str) -> dict[str, str]:
-    """The offsets (source offset replaced) and commits of batches ``batch - 1`` and ``batch``."""
+def _log_entries(cp: Checkpoint, batch: int, fresh: list[int]) -> dict[str, str]:
+    """The offsets (fresh sources' offsets replaced) and commits of batches ``batch - 1`` and
+    ``batch``."""
     entries = {}
     for b in (batch - 1, batch):
         if b in cp.offsets:
-            entries[f"offsets/{b}"] = _offsets_for(cp, b, fmt)
+            entries[f"offsets/{b}"] = _offsets_for(cp, b, fresh)
         if b in cp.commits:
             entries[f"commits/{b}"] = (cp.root / f"commits/{b}").read_text("utf-8")
     return entries
 
 
-def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fmt: str) -> str | None:
+def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fresh: list[int]) -> str | None:
     """The query id of ``new`` when it holds exactly what a transplant of ``cp`` at ``batch``
-    for a ``fmt`` source writes (any query id but the old one), else None."""
-    if batch not in cp.commits or batch not in cp.offsets or fmt not in STARTING_OFFSETS:
+    with sources ``fresh`` read anew writes (any query id but the old one), else None."""
+    if batch not in cp.commits or batch not in cp.offsets:
         return None
     try:
         # Copied files as they are; what the transplant writes or rewrites, with its sidecar.
-        expected: dict[str, bytes | Path] = {rel: cp.root / rel for rel in _state_files(cp, batch)}
+        expected: dict[str, bytes | Path] = {
+            rel: cp.root / rel for rel in _state_files(cp, batch, fresh)
+        }
         written: dict[str, bytes] = {}
         for op in cp.operators:  # operator metadata v2 names its schema files under ``new``
             for key, rel in op.metadata_files.items():
@@ -439,7 +485,7 @@ def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fmt: str) -> str
                     written[rel] = relocated_metadata(text, op.operator_id, new)
                     if crc_sidecar(rel) in expected:
                         written[crc_sidecar(rel)] = hadoop_crc(written[rel])
-        for rel, text in _log_entries(cp, batch, fmt).items():
+        for rel, text in _log_entries(cp, batch, fresh).items():
             written[rel] = text.encode("utf-8")
             written[crc_sidecar(rel)] = hadoop_crc(written[rel])
         expected.update(written)
@@ -469,10 +515,13 @@ def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fmt: str) -> str
     return query_id
 
 
-def _offsets_for(cp: Checkpoint, batch: int, fmt: str) -> str:
-    """``offsets/<batch>`` with its batch metadata kept and the source offset replaced."""
-    header, meta = (cp.root / f"offsets/{batch}").read_text("utf-8").split("\n")[:2]
-    return "\n".join([header, meta, STARTING_OFFSETS[fmt]])
+def _offsets_for(cp: Checkpoint, batch: int, fresh: list[int]) -> str:
+    """``offsets/<batch>`` with its batch metadata kept and the offsets of the sources read
+    anew replaced by a starting offset."""
+    header, meta, *lines = (cp.root / f"offsets/{batch}").read_text("utf-8").split("\n")
+    sources = [line for line in lines if line.strip()]
+    sources = [STARTING_OFFSET if i in fresh else line for i, line in enumerate(sources)]
+    return "\n".join([header, meta, *sources])
 
 
 def _write(root: Path, rel: str, text: str) -> None:
