@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
+import time
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -22,7 +24,7 @@ from stateops.core.steps import BOOTSTRAP_STATE, RUN_QUERY
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.bootstrap import plan_bootstrap
 from stateops.spark.jobs import job_path, preflight_job
-from tests.conftest import write_registry
+from tests.conftest import run_cli, write_registry
 from tests.spark.harness import (
     job_in_session,
     land,
@@ -430,3 +432,56 @@ def test_the_windowed_count_bootstraps_from_its_checkpoint_by_transplant_on_a_pa
     assert state_and_output(spark, moved, "page_counts")[:2] == (batch, state)
     after = {b: rows for b, rows in output.items() if b > old_last}
     assert after and read_sink(Path(new.sink.path)) == after
+
+
+def test_the_windowed_count_runs_continuously_until_a_graceful_stop(spark, tmp_path):
+    """stream_start's continuous mode on a transform: it picks up input while it runs and, on
+    `stateops stop`, stops after its current batch, with the state and output of a query that
+    ran once per arrival (available-now)."""
+    control = write_registry(tmp_path / "control")
+    running = write_registry(
+        tmp_path / "running", page_counts={"trigger": {"processing_time": "1 second"}}
+    )
+    checkpoint = Path(load_registry(running).query("page_counts").checkpoint)
+    for round_ in (0, 1):  # the control first: a query in this session must run alone
+        land(control.parent / "landing", round_=round_, files=1)
+        run_in_session(spark, control, "page_counts")
+    land(running.parent / "landing", round_=0, files=1)
+    ran: list[tuple[int, str]] = []
+    thread = threading.Thread(target=lambda: ran.append(job_in_session(
+        spark, RUN_QUERY, "--registry", str(running), "--query", "page_counts", "--mode",
+        "continuous", "--run-id", "cont-t", "--poll-seconds", "0.5")))  # fmt: skip
+    thread.start()
+
+    def read(files: int) -> bool:
+        """Whether the running query committed every batch of ``files`` input files."""
+        try:
+            cp = load_checkpoint(checkpoint)
+        except StateOpsError:
+            return False
+        return (
+            len(cp.seen_files()) == files
+            and cp.last_committed_batch is not None
+            and (not cp.uncommitted_batches)
+        )
+
+    try:
+        deadline = time.monotonic() + 120
+        while not read(1) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert read(1), "the first input was not committed"
+        land(running.parent / "landing", round_=1, files=1)
+        while not read(2) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert read(2) and thread.is_alive(), "the running query did not pick up new input"
+        run_cli("--registry", str(running), "stop", "page_counts", check=True)
+    finally:
+        thread.join(120)
+    ((code, out),) = ran
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and summary["stopped_by_marker"] and summary["mode"] == "continuous", out
+    assert load_checkpoint(checkpoint).uncommitted_batches == []
+    assert not load_registry(running).stop_marker("page_counts").exists()
+    assert state_and_output(spark, running, "page_counts") == state_and_output(
+        spark, control, "page_counts"
+    )
