@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib.util
 import io
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ import yaml
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
+from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.dev.sampledata import DATASETS, generate_events
 from stateops.spark.streaming import apply_query_conf, start_query
@@ -325,14 +328,15 @@ SHAPES = {
 }
 
 
-def shape_registry(root: Path) -> Path:
-    """registry.yaml's queries and the shapes above, test-sized, backed up to the test's S3."""
+def shape_registry(root: Path, landing: Path | None = None) -> Path:
+    """registry.yaml's queries and the shapes above, test-sized, backed up to the test's S3;
+    reading ``landing`` (another registry's landing folder) instead of ``root/landing``."""
     path = write_registry(root)
     raw = yaml.safe_load(path.read_text())
     queries = raw["queries"]
-    for name, entry in SHAPES.items():
+    for name, entry in copy.deepcopy(SHAPES).items():
         if isinstance(entry, str):
-            entry = {**queries[entry], "state_store": {"provider": "rocksdb"}}
+            entry = {**copy.deepcopy(queries[entry]), "state_store": {"provider": "rocksdb"}}
         queries[name] = {
             "shuffle_partitions": 2,
             "spark_conf": dict(TEST_SPARK_CONF),
@@ -341,7 +345,17 @@ def shape_registry(root: Path) -> Path:
             "sink": {"format": "parquet", "path": f"output/{name}"},
             "checkpoint": f"checkpoints/{name}",
         }
+    for entry in queries.values() if landing else ():
+        for source in [entry["source"]] if "source" in entry else entry["sources"].values():
+            source["path"] = str(landing / Path(source["path"]).name)  # landing/<dataset>
     raw["code_paths"] = [str(USER_CODE)]
     raw["backups"]["url"] = f"s3://backups/{root.parent.name}"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
+
+
+def copy_checkpoint(src: Path, dest: Path) -> Path:
+    """A full copy that Spark can run: transformWithState metadata names absolute paths."""
+    shutil.copytree(src, dest)
+    relocate_checkpoint(dest)
+    return dest

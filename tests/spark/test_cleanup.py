@@ -15,13 +15,13 @@ import pytest
 
 from stateops.control.lock import QueryLock
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.files import relocate_checkpoint
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.rollback import run_rollback
 from tests.spark.harness import (
     ALL_CASES,
     Case,
+    copy_checkpoint,
     land,
     last_committed,
     read_sink,
@@ -36,13 +36,6 @@ quiet = lambda _: None  # noqa: E731
 
 def lock_for(path: Path) -> QueryLock:
     return QueryLock(path.with_name(path.name + ".lock"), path.name, "test")
-
-
-def copy_checkpoint(src: Path, dest: Path) -> Path:
-    """A full copy that Spark can run: transformWithState metadata names absolute paths."""
-    shutil.copytree(src, dest)
-    relocate_checkpoint(dest)
-    return dest
 
 
 @dataclass

@@ -8,6 +8,9 @@ tests/dag (stream_start and stream_checkpoint_backup run every query of registry
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from stateops.control.lock import checkpoint_lock, new_run_id
@@ -18,6 +21,7 @@ from stateops.ops.cleanup import run_cleanup
 from stateops.ops.restore import execute_restore, plan_restore
 from tests.spark.harness import (
     SHAPES,
+    copy_checkpoint,
     job_runner,
     land,
     run_in_session,
@@ -34,19 +38,23 @@ QUERIES = ["user_sessions", "page_visits", "page_counts", "idle_sessions", *SHAP
 def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     spark, s3, tmp_path, name
 ):
-    control, touched = shape_registry(tmp_path / "control"), shape_registry(tmp_path / "touched")
-    for registry in (control, touched):
-        land(registry.parent / "landing", round_=0, files=5)
+    # Started as stream_start starts it (run_query.py). The control goes on untouched; the
+    # touched query is a copy of what the start wrote (checkpoint and output), on the same input.
+    control = shape_registry(tmp_path / "control")
+    touched = shape_registry(tmp_path / "touched", landing=control.parent / "landing")
+    land(control.parent / "landing", round_=0, files=5)
     run_in_session(spark, control, name)
     untouched = state_and_output(spark, control, name)
     last = untouched[0]  # 5 files, one a batch, and any batch a moved watermark adds
     assert last >= 4 and untouched[1] and untouched[2], untouched
-
-    # Started as stream_start starts it (run_query.py), then cleaned as the scheduled cleanup
-    # does, keeping what restarts after each of the last 4 batches need.
-    run_in_session(spark, touched, name)
-    registry, client, quiet = load_registry(touched), s3.client(), lambda _: None
+    started, registry = load_registry(control).query(name), load_registry(touched)
     checkpoint = registry.query(name).checkpoint
+    copy_checkpoint(Path(started.checkpoint), Path(checkpoint))
+    shutil.copytree(started.sink.path, registry.query(name).sink.path)
+
+    # Cleaned as the scheduled cleanup does, keeping what restarts after each of the last 4
+    # batches need.
+    client, quiet = s3.client(), lambda _: None
     lock = checkpoint_lock(checkpoint, registry, "cleanup", new_run_id("cleanup"))
     cleaned = run_cleanup(checkpoint, 4, lock, log=quiet)
     assert cleaned["delete"]["files"] > 0, "cleanup had nothing to delete: the proof is void"
@@ -70,7 +78,7 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     assert state_and_output(spark, touched, name) == untouched
 
     # Both go on with new input: the same state and output again.
+    land(control.parent / "landing", round_=1, files=2)
     for registry_path in (control, touched):
-        land(registry_path.parent / "landing", round_=1, files=2)
         run_in_session(spark, registry_path, name)
     assert state_and_output(spark, touched, name) == state_and_output(spark, control, name)
