@@ -270,19 +270,12 @@ ALL_CASES = [
 def state_and_output(spark, registry: Path, name: str) -> tuple:
     """(last committed batch, checksum of every store of every operator, output per batch) of
     registered query ``name``."""
-    from stateops.spark.export import read_state_variable, state_checksum, state_reads
+    from stateops.spark.export import store_checksums
 
     query = load_registry(registry).query(name)
-    checkpoint = query.checkpoint
-    batch = last_committed(Path(checkpoint))
-    reads = state_reads(spark, checkpoint, batch)
-    assert reads, f"{name}: no state to compare"
-    state = {
-        (r["operator_id"], r["variable"]): state_checksum(
-            read_state_variable(spark, checkpoint, batch, r)
-        )
-        for r in reads
-    }
+    batch = last_committed(Path(query.checkpoint))
+    state = store_checksums(spark, query.checkpoint, batch)
+    assert state, f"{name}: no state to compare"
     quiesce(spark)
     return batch, state, read_sink(Path(query.sink.path))
 

@@ -38,6 +38,7 @@ __all__ = [
     "state_checksum",
     "state_checksums",
     "state_reads",
+    "store_checksums",
 ]
 
 MANIFEST = "manifest.json"
@@ -113,6 +114,18 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
                     }
                 )
     return reads
+
+
+def store_checksums(spark: SparkSession, checkpoint: str, batch: int) -> dict[str, tuple]:
+    """Every entry of :func:`state_reads` after ``batch`` (every store of every operator, or
+    every state variable): ``operator N <variable>`` -> (kind, (rows, checksum))."""
+    return {
+        f"operator {r['operator_id']} {r['variable']}": (
+            r["kind"],
+            state_checksum(read_state_variable(spark, checkpoint, batch, r)),
+        )
+        for r in state_reads(spark, checkpoint, batch)
+    }
 
 
 def read_state_variable(

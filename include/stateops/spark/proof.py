@@ -36,10 +36,10 @@ from stateops.spark.export import (
     MANIFEST,
     batch_watermarks,
     read_ordered_state,
-    read_state_variable,
     state_checksum,
     state_checksums,
     state_reads,
+    store_checksums,
 )
 from stateops.spark.simulator import SimulatedHandle, simulate_batch
 
@@ -310,14 +310,13 @@ def prove_carried_state(spark: SparkSession, query: Query, origin: dict[str, Any
     processor to simulate."""
     old, batch = origin["checkpoint"], int(origin["batch"])
     load_checkpoint(query.checkpoint).restart_files(batch)  # the carried batch is whole
-    expected, actual = (
-        _store_checksums(spark, old, batch),
-        _store_checksums(spark, query.checkpoint, batch),
-    )
+    expected = store_checksums(spark, old, batch)
+    actual = store_checksums(spark, query.checkpoint, batch)
+    none = ("", (0, "0"))
     variables = [
-        _compared(name, kind, batch, expected.get(name, (kind, (0, "0")))[1],
-                  actual.get(name, (kind, (0, "0")))[1])
-        for name, kind in sorted({(n, k) for n, (k, _) in [*expected.items(), *actual.items()]})
+        _compared(name, (expected.get(name) or actual[name])[0], batch,
+                  expected.get(name, none)[1], actual.get(name, none)[1])
+        for name in sorted(expected.keys() | actual.keys())
     ]  # fmt: skip
     result = {
         "query": query.name,
@@ -334,17 +333,6 @@ def prove_carried_state(spark: SparkSession, query: Query, origin: dict[str, Any
         "variables": variables,
     }
     return _write_proof(query, result)
-
-
-def _store_checksums(spark: SparkSession, checkpoint: str, batch: int) -> dict[str, tuple]:
-    """``operator N store`` -> (kind, (rows, checksum)) after ``batch``."""
-    return {
-        f"operator {r['operator_id']} {r['variable']}": (
-            r["kind"],
-            state_checksum(read_state_variable(spark, checkpoint, batch, r)),
-        )
-        for r in state_reads(spark, checkpoint, batch)
-    }
 
 
 def _carried(watermark: dict[str, int], steps: list[dict[str, Any]], delay: int) -> tuple:
