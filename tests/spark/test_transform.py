@@ -446,6 +446,9 @@ def test_the_windowed_count_runs_continuously_until_a_graceful_stop(spark, tmp_p
     for round_ in (0, 1):  # the control first: a query in this session must run alone
         land(control.parent / "landing", round_=round_, files=1)
         run_in_session(spark, control, "page_counts")
+    # The control's last batch may be one that only moved the watermark: a continuous query
+    # plans it at its next trigger, so the stop waits for it.
+    control_last = load_checkpoint(load_registry(control).query("page_counts").checkpoint)
     land(running.parent / "landing", round_=0, files=1)
     ran: list[tuple[int, str]] = []
     thread = threading.Thread(target=lambda: ran.append(job_in_session(
@@ -465,13 +468,16 @@ def test_the_windowed_count_runs_continuously_until_a_graceful_stop(spark, tmp_p
             and (not cp.uncommitted_batches)
         )
 
+    def caught_up() -> bool:
+        return load_checkpoint(checkpoint).last_committed_batch == control_last.last_committed_batch
+
     try:
         deadline = time.monotonic() + 120
         while not read(1) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert read(1), "the first input was not committed"
         land(running.parent / "landing", round_=1, files=1)
-        while not read(2) and time.monotonic() < deadline:
+        while not (read(2) and caught_up()) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert read(2) and thread.is_alive(), "the running query did not pick up new input"
         run_cli("--registry", str(running), "stop", "page_counts", check=True)
