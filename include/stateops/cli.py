@@ -42,9 +42,10 @@ def _checkpoint_and_deltas(
     return path, min_deltas
 
 
-def _spark_submit(job: str, master: str, *args: str) -> int:
+def _spark_submit(job: str, master: str, *args: str, to_stderr: bool = False) -> int:
     """Run ``spark_jobs/<job>`` through the venv's spark-submit, once the job's checks that
-    need no Spark passed here (a refusal costs no JVM start); its exit code."""
+    need no Spark passed here (a refusal costs no JVM start); its exit code. ``to_stderr``:
+    the job's output too goes to stderr (stdout is the command's JSON)."""
     application = job_path(job)
     preflight_job(application, args)
     cmd = [
@@ -54,7 +55,7 @@ def _spark_submit(job: str, master: str, *args: str) -> int:
         str(application),
         *args,
     ]  # fmt: skip
-    return subprocess.run(cmd).returncode
+    return subprocess.run(cmd, stdout=sys.stderr if to_stderr else None).returncode
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -225,6 +226,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.ops.backup import backup_checkpoint
+    from stateops.ops.repartition import record_partitions
     from stateops.ops.rollback import run_rollback
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
@@ -248,8 +250,47 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         sink_batch_offset=query.sink.batch_offset if query and not args.sink else 0,
         dry_run=args.dry_run, log=log,
     )  # fmt: skip
+    if query is not None and not args.dry_run:
+        record_partitions(registry, query.name, plan["run_id"])  # back to before a repartition
     if args.json:
         print(json.dumps(plan, indent=1))
+    return 0
+
+
+def cmd_repartition(args: argparse.Namespace) -> int:
+    from stateops.control.lock import checkpoint_lock, new_run_id
+    from stateops.core.steps import REPARTITION_STATE
+    from stateops.ops.backup import backup_checkpoint
+    from stateops.ops.repartition import run_repartition
+
+    path, registry, query = checkpoint_of(args.checkpoint, args.registry)
+    log = _log if args.json else print
+    backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)
+    if not args.dry_run and not args.no_backup and not backup_to:
+        raise StateOpsError(
+            f"{path}: not a registered query's checkpoint, so there is no backup location; "
+            "give --backup-to s3://BUCKET/PREFIX (or --no-backup)"
+        )
+    client = None if args.dry_run or args.no_backup else _s3(args)  # refused before the lock
+
+    def backup() -> str:
+        _log(f"backup of {path} to {backup_to} before the repartition")
+        return backup_checkpoint(path, backup_to, client, log=_log)["backup_id"]
+
+    def submit(plan: dict) -> None:
+        code = _spark_submit(REPARTITION_STATE, args.master, "--checkpoint", path,
+                             "--run-id", plan["run_id"], to_stderr=args.json)  # fmt: skip
+        if code != 0:
+            raise StateOpsError(f"{REPARTITION_STATE} exited with code {code} (see above)")
+
+    lock = checkpoint_lock(path, registry, "repartition", new_run_id("repartition"))
+    result = run_repartition(
+        path, args.partitions, lock, submit=submit, registry=registry,
+        backup=None if args.no_backup else backup, query=query.name if query else None,
+        dry_run=args.dry_run, log=log,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(result, indent=1))
     return 0
 
 
@@ -579,6 +620,20 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("--sink", help="the sink folder to make consistent (default: the registry's)")
     _flag(p, "--json", "the plan as JSON on stdout")
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser(
+        "repartition", parents=[s3_conn],
+        help="change the number of state partitions of a stopped query (backup first)",
+    )  # fmt: skip
+    p.add_argument("checkpoint", help=TARGET)
+    p.add_argument("--partitions", type=int, required=True, metavar="N",
+                   help="the new number of state partitions")  # fmt: skip
+    _flag(p, "--dry-run", "print the plan, change nothing")
+    _flag(p, "--no-backup", "skip the backup (not advised)")
+    p.add_argument("--backup-to", help="s3://BUCKET/PREFIX (default: the registry's)")
+    _flag(p, "--json", "the plan or the result as JSON on stdout")
+    _master(p)
+    p.set_defaults(func=cmd_repartition)
 
     p = sub.add_parser(
         "backfill", parents=[s3_conn],

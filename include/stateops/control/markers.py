@@ -7,6 +7,9 @@ reads and writes each of them; the operations call these functions, never the fi
   state, a transplant) awaiting its first batch, whose run then proves it.
 - **rollback** (``<checkpoint>.audit/rollback.json``): a rollback under way; the query refuses
   to start until a rollback run has finished it.
+- **repartition** (``<checkpoint>.audit/repartition.json``): a repartition under way, with
+  every file the checkpoint held before it; the query refuses to start until a repartition
+  run has finished or undone it, or a rollback went back to before it.
 
 The registry's migration switch (``stateops.core.registry.write_switch``) is the registry's
 own record, kept with it.
@@ -21,10 +24,14 @@ from typing import Any
 
 from stateops.control import faults
 from stateops.control.audit import audit_dir
+from stateops.core.errors import CheckpointError
 from stateops.core.registry import Registry
 
 __all__ = [
     "clear_carry_over",
+    "clear_repartition",
+    "read_repartition",
+    "write_repartition",
     "clear_rollback",
     "read_carry_over",
     "read_rollback",
@@ -48,7 +55,10 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
 def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise CheckpointError(f"{path}: unreadable marker ({err}); see the audit log") from None
 
 
 def request_stop(registry: Registry, name: str) -> Path:
@@ -101,3 +111,20 @@ def read_rollback(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def clear_rollback(checkpoint: str | os.PathLike[str]) -> None:
     rollback_marker(checkpoint).unlink()
+
+
+def _repartition_marker(checkpoint: str | os.PathLike[str]) -> Path:
+    return audit_dir(checkpoint) / "repartition.json"
+
+
+def write_repartition(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    faults.point("marker")
+    _write_json(_repartition_marker(checkpoint), record)
+
+
+def read_repartition(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
+    return _read_json(_repartition_marker(checkpoint))
+
+
+def clear_repartition(checkpoint: str | os.PathLike[str]) -> None:
+    _repartition_marker(checkpoint).unlink(missing_ok=True)

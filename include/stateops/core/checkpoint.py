@@ -45,6 +45,7 @@ from stateops.core.formats import (
 from stateops.core.listing import walk
 
 __all__ = [
+    "SHUFFLE_PARTITIONS",
     "Checkpoint",
     "OperatorState",
     "SnapshotGroup",
@@ -65,6 +66,9 @@ _SOURCE_LOG_FILE = re.compile(r"^(\d+)(\.compact)?$")
 
 
 _DEFAULT_STORE = "default"
+
+# The offsets log's record of a batch's state partition count.
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,31 @@ class Checkpoint:
     def total_bytes(self) -> int:
         return sum(self.sizes.values())
 
+    def partitions(self, batch: int | None) -> int | None:
+        """The number of state partitions batch ``batch`` ran with: the partition count in its
+        offsets entry, which a repartition (``stateops repartition``) changes from its batch
+        on. Spark's v1 operator metadata keeps the count of batch 0 and is never rewritten, so
+        it is not read for this. None when the log does not say."""
+        entry = self.offsets.get(batch) if batch is not None else None
+        value = entry.conf.get(SHUFFLE_PARTITIONS) if entry is not None else None
+        return int(value) if value and value.isdigit() else None
+
+    def repartition_batches(self) -> dict[int, tuple[int, int]]:
+        """Batch -> (partitions before, after) for every batch whose partition count differs
+        from the batch before it: the batches ``stateops repartition`` wrote."""
+        changes = {}
+        for b in sorted(self.offsets):
+            before, after = self.partitions(b - 1), self.partitions(b)
+            if before is not None and after is not None and before != after:
+                changes[b] = (before, after)
+        return changes
+
+    def reads_store(self, store: StoreState, batch: int | None) -> bool:
+        """Whether batch ``batch`` reads ``store``: a store of one of its partitions. After a
+        repartition to fewer partitions the others stay behind until cleanup."""
+        count = self.partitions(batch)
+        return count is None or store.partition < count
+
     def gaps(self, log: str) -> list[int]:
         """Batch ids missing inside the ``offsets`` or ``commits`` chain."""
         ids = set(self.offsets if log == "offsets" else self.commits)
@@ -336,7 +365,7 @@ class Checkpoint:
         version = batch + 1
         for op in self.operators:
             needed += self._operator_metadata_files(op, batch)
-            for store in op.stores:
+            for store in [s for s in op.stores if self.reads_store(s, batch)]:
                 chain, chain_missing = store.load_chain(version)
                 needed += chain
                 missing += chain_missing

@@ -427,10 +427,11 @@ def write_switch(
     lineage: dict,
     sink_batch_offset: int = 0,
     input_name: str = "source",
+    shuffle_partitions: int | None = None,
 ) -> Path:
     """Record that ``name`` now runs on ``checkpoint`` with ``source`` as its input
     ``input_name`` (a migration's switch), its output numbered from ``sink_batch_offset`` (see
-    :class:`Sink`).
+    :class:`Sink`), with ``shuffle_partitions`` state partitions if given (a repartition's).
 
     The registry file is not edited: the switch is kept beside the data and applies while the
     file still declares what was there before the first switch. ``lineage`` is appended to
@@ -441,8 +442,11 @@ def write_switch(
     here = placement(query)
     previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     current = previous.get("current") or {}
-    applied = {k: current.get(k) for k in here} == here
+    # Switches written before the partition count was part of them do not name it.
+    applied = bool(current) and all(current.get(k) == v for k, v in here.items() if k in current)
     moved = query.with_input(input_name, Source.model_validate(source))
+    if shuffle_partitions is not None:
+        moved = moved.model_copy(update={"shuffle_partitions": shuffle_partitions})
     switch = {
         "declared": previous["declared"] if applied else here,
         "current": placement(moved)
@@ -457,13 +461,14 @@ def write_switch(
 
 
 def placement(query: Query) -> dict:
-    """Where a query reads (``source`` or ``sources``) and keeps its state (``checkpoint``):
-    what a migration's switch changes."""
+    """Where a query reads (``source`` or ``sources``), keeps its state (``checkpoint``) and in
+    how many partitions (``shuffle_partitions``): what a migration's or a repartition's switch
+    changes."""
     if query.source is not None:
         inputs = {"source": query.source.model_dump(by_alias=True)}
     else:
         inputs = {"sources": {n: s.model_dump(by_alias=True) for n, s in query.sources.items()}}
-    return inputs | {"checkpoint": query.checkpoint}
+    return inputs | {"checkpoint": query.checkpoint, "shuffle_partitions": query.shuffle_partitions}
 
 
 def derived_registry(
@@ -509,11 +514,13 @@ def _switched(query: Query, data_dir: Path) -> Query:
         declared, current = switch["declared"], switch["current"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RegistryError(f"{path}: unreadable migration switch ({err})") from None
-    if placement(query) != declared:
+    here = placement(query)
+    if any(here[k] != v for k, v in declared.items() if k in here):
         return query
     try:
         data = query.model_dump(by_alias=True)
-        data.update({k: current[k] for k in ("source", "sources") if k in current})
+        data.update({k: current[k] for k in ("source", "sources", "shuffle_partitions")
+                     if k in current})  # fmt: skip
         data["checkpoint"] = str(current["checkpoint"])
         data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
         return Query.model_validate(data)

@@ -96,7 +96,7 @@ def _operator(
         "operator_id": op.operator_id,
         "operator_name": op.operator_name,
         "provider": op.provider,
-        "num_partitions": op.num_partitions,
+        "num_partitions": cp.partitions(last_committed) or op.num_partitions,
         "store_names": op.store_names,
         "min_version": versions[0] if versions else None,
         "max_version": versions[-1] if versions else None,

@@ -21,6 +21,7 @@ __all__ = [
     "INITIAL_STATE_FORMATS",
     "MIGRATION_STEPS",
     "OVERRIDABLE",
+    "REPARTITION_STATE",
     "ROADS",
     "RUN_QUERY",
     "SOURCE_FORMATS",
@@ -35,6 +36,7 @@ RUN_QUERY = "run_query.py"
 EXPORT_STATE = "export_state.py"
 BOOTSTRAP_STATE = "bootstrap_state.py"
 VALIDATE_STATE = "validate_state.py"
+REPARTITION_STATE = "repartition_state.py"
 
 # Available-now runs of the query (its own run id: the summary it writes names it).
 _RUN = ["--query", "{query}", "--mode", "available-now", "--run-id", "{run_id}"]

@@ -27,6 +27,7 @@ from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.deletion import format_plan, plan_digest
+from stateops.ops.repartition import record_partitions
 from stateops.ops.rollback import plan_rollback, plan_sink_rollback, run_rollback
 from stateops.ops.start import read_summary
 
@@ -114,6 +115,7 @@ def rollback_for_backfill(
     done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
                         sink_batch_offset=query.sink.batch_offset, backup=backup,
                         planned=plan.get("digest"), log=log)  # fmt: skip
+    record_partitions(registry, query.name, done["run_id"])  # back to before a repartition
     return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
 
 

@@ -52,7 +52,11 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
     for op in cp.operators:
         for store in op.stores:
             bases = sorted({0, *store.snapshots})
-            needed = {bases[bisect.bisect_right(bases, b + 1) - 1] for b in retained}
+            needed = {
+                bases[bisect.bisect_right(bases, b + 1) - 1]
+                for b in retained
+                if cp.reads_store(store, b)  # one a repartition left behind is not read
+            }
             for g in store.snapshot_groups(cp.sizes):
                 action = "keep" if g.snapshot_version in needed else "delete"
                 if action == "delete":

@@ -255,6 +255,11 @@ def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
             f"  batch {plan['to_batch']} becomes the last committed batch "
             f"(now {plan['last_committed_batch']}); everything after it goes"
         )
+        if plan.get("partitions"):
+            now, then = plan["partitions"]
+            lines.append(
+                f"  state partitions {now} -> {then}: it goes back to before a repartition"
+            )
         sink = plan.get("sink")
         if sink:
             lines.append(

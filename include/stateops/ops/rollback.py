@@ -20,7 +20,13 @@ from typing import Any
 
 from stateops.control import faults
 from stateops.control.lock import QueryLock
-from stateops.control.markers import clear_rollback, read_rollback, write_rollback
+from stateops.control.markers import (
+    clear_repartition,
+    clear_rollback,
+    read_repartition,
+    read_rollback,
+    write_rollback,
+)
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.report import format_bytes
@@ -45,7 +51,17 @@ __all__ = [
 
 
 def refuse_pending_rollback(checkpoint: str | os.PathLike[str], to_batch: int | None = None):
-    """Raise while an interrupted rollback (to another batch than ``to_batch``) is pending."""
+    """Raise while an interrupted rollback (to another batch than ``to_batch``) or repartition
+    (unless ``to_batch`` goes back to before it: the rollback finishes it) is pending."""
+    repartition = read_repartition(checkpoint)
+    if repartition is not None and (to_batch is None or to_batch >= repartition["batch"]):
+        before = repartition["batch"] - 1
+        raise StateOpsError(
+            f"{checkpoint}: a repartition to {repartition['partitions']} partitions (run "
+            f"{repartition['run_id']}) was interrupted; run it again (stateops repartition "
+            f"{checkpoint} --partitions {repartition['partitions']}) or undo it (stateops "
+            f"rollback {checkpoint} --to-batch {before})"
+        )
     pending = read_rollback(checkpoint)
     if pending is None:
         return None
@@ -96,7 +112,10 @@ def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str
             for v in store.versions:
                 if v > to_batch + 1:
                     delete.update(dict.fromkeys(store.version_files(v), "after-rollback-point"))
-    return deletion_plan(cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending)
+    partitions = [cp.partitions(last), cp.partitions(to_batch)]  # differ across a repartition
+    changed = partitions if partitions[0] != partitions[1] else None
+    return deletion_plan(cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending,
+                         partitions=changed)  # fmt: skip
 
 
 def plan_sink_rollback(
@@ -226,6 +245,7 @@ def run_rollback(
             execute_sink_plan(plan["sink"], run_id)
         seconds = round(time.time() - started, 1)
         audit_plan(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
+        clear_repartition(checkpoint)  # a rollback to before an interrupted one finishes it
         clear_rollback(checkpoint)
     plan.update(run_id=run_id, backup_id=backup_id)
     log(

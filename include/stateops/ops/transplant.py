@@ -211,7 +211,8 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
         return reasons + [f"stateful operators {names}: expected one {_OPERATOR}"]
     for provider in sorted({op.provider for op in ops} - {query.state_store.provider}):
         reasons.append(f"state files are {provider}, the query uses {query.state_store.provider}")
-    for partitions in sorted({op.num_partitions for op in ops} - {query.shuffle_partitions}):
+    old_partitions = {cp.partitions(batch) or op.num_partitions for op in ops}
+    for partitions in sorted(old_partitions - {query.shuffle_partitions}):
         reasons.append(
             f"the old state has {partitions} partitions, the query "
             f"{query.shuffle_partitions} (shuffle_partitions)"

@@ -1,0 +1,344 @@
+"""Repartition: change the number of state partitions of a stopped query, keeping its state.
+
+Spark 4.2's engine does the work (``StreamingCheckpointManager.repartition``, run by the Spark
+job ``spark_jobs/repartition_state.py``): it writes one batch, N + 1, that reads no input and
+holds the state of batch N re-hashed into the new number of partitions (its offsets entry
+records the count; the query continues with it). It only adds files: the offsets and commit
+of N + 1 and a snapshot of version N + 2 in every new partition (verified on every stateful
+operator Spark supports, tests/spark/test_repartition.py). Around it, this module:
+
+1. plans, refusing what must not be repartitioned (:func:`plan_repartition`);
+2. prepares under the query's lock (:func:`prepare_repartition`): backup, then a marker
+   (``<checkpoint>.audit/repartition.json``) with every file the checkpoint holds; while it
+   exists the query does not start, clean up or back up into a half-written state;
+3. after the job, checks Spark's work and its proof and records the new count
+   (:func:`finish_repartition`);
+4. on any failure, or when a killed run left the marker, undoes it (:func:`undo_repartition`):
+   deletes every file the marker does not list, which gives back the checkpoint as it was
+   (checked file by file); a rollback to batch N finishes an interrupted run too.
+
+:func:`run_repartition` is all of it in one process (the CLI); the DAG runs the steps as
+tasks with the job as a ``spark-submit`` between them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stateops.control import faults
+from stateops.control.audit import append_audit, audit_dir
+from stateops.control.lock import QueryLock
+from stateops.control.markers import clear_repartition, read_repartition, write_repartition
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import CheckpointError, StateOpsError, one_line
+from stateops.core.registry import Registry, write_switch
+from stateops.core.verify import error_summary, verify_checkpoint
+
+__all__ = [
+    "MAX_PARTITIONS",
+    "OPERATION",
+    "finish_repartition",
+    "format_repartition_plan",
+    "plan_repartition",
+    "prepare_repartition",
+    "record_partitions",
+    "proof_path",
+    "run_repartition",
+    "undo_repartition",
+]
+
+OPERATION = "repartition"
+# Each partition is a state store opened by every batch: past this it is a typo, not a plan.
+MAX_PARTITIONS = 10_000
+_FORMAT_VERSION = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+
+
+def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path:
+    """Where the Spark job writes its proof of run ``run_id``."""
+    return audit_dir(checkpoint) / f"repartition-{run_id}.proof.json"
+
+
+def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]:
+    """What a repartition of ``checkpoint`` to ``partitions`` would do, or a one-line refusal
+    that changes nothing. A repartition a killed run left behind is part of the plan: it is
+    undone first."""
+    if partitions < 1 or partitions > MAX_PARTITIONS:
+        raise StateOpsError(
+            f"--partitions {partitions}: give a number of state partitions from 1 to "
+            f"{MAX_PARTITIONS}"
+        )
+    cp = load_checkpoint(checkpoint)
+    pending = read_repartition(cp.root)  # a killed run's: planned as the checkpoint it found
+    last = cp.last_committed_batch if pending is None else pending["batch"] - 1
+    if last is None:
+        raise CheckpointError(
+            f"{cp.root}: no committed batch yet: there is no state to repartition"
+        )
+    if pending is None and cp.uncommitted_batches:
+        raise CheckpointError(
+            f"{cp.root}: batch {cp.uncommitted_batches[0]} is planned but not committed; run "
+            "the query until it commits (or roll back to its last committed batch), then "
+            "repartition"
+        )
+    if not cp.operators:
+        raise CheckpointError(f"{cp.root}: no stateful operator: there is no state to repartition")
+    before = cp.partitions(last) or max(op.num_partitions for op in cp.operators)
+    if pending is not None:
+        before = pending["partitions_before"]
+    if before == partitions:
+        raise StateOpsError(
+            f"{cp.root}: the state already has {partitions} partitions; nothing to change"
+        )
+    if cp.offsets[last].conf.get(_FORMAT_VERSION, "1") != "1":
+        raise CheckpointError(
+            f"{cp.root}: checkpoint format v{cp.offsets[last].conf[_FORMAT_VERSION]}: "
+            "repartition reads format v1 only"
+        )
+    for op in cp.operators:
+        if op.provider != "rocksdb":
+            raise CheckpointError(
+                f"{cp.root}: operator {op.operator_id} ({op.operator_name}) keeps its state "
+                f"in {op.provider}: Spark repartitions RocksDB state only; migrate the query "
+                "to a RocksDB checkpoint first"
+            )
+    if pending is None:
+        result = verify_checkpoint(cp.root)
+        if not result["ok"]:
+            raise CheckpointError(
+                f"{cp.root} failed verification ({error_summary(result)}): nothing was "
+                "repartitioned; `stateops verify` lists every finding"
+            )
+    return {
+        "operation": OPERATION,
+        "checkpoint": str(cp.root),
+        "query_id": cp.query_id,
+        "last_committed_batch": last,
+        "batch": last + 1,
+        "partitions_before": before,
+        "partitions": partitions,
+        "operators": [
+            {
+                "operator_id": op.operator_id,
+                "operator_name": op.operator_name,
+                "stores": op.store_names,
+            }
+            for op in cp.operators
+        ],  # fmt: skip
+        "files": len(cp.sizes),
+        "resumes": pending,
+    }
+
+
+def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
+    head = "DRY RUN: nothing changed; would repartition" if dry_run else "repartition"
+    lines = [
+        f"{head} {plan['checkpoint']}",
+        f"  state partitions {plan['partitions_before']} -> {plan['partitions']}, by Spark's "
+        f"repartition: batch {plan['batch']} reads no input and holds the state of batch "
+        f"{plan['last_committed_batch']} in {plan['partitions']} partitions",
+    ]
+    for op in plan["operators"]:
+        stores = ", ".join(op["stores"])
+        lines.append(f"  operator {op['operator_id']} {op['operator_name']}: stores {stores}")
+    if plan["resumes"]:
+        lines.append(f"  first undoes the interrupted repartition {plan['resumes']['run_id']}")
+    lines.append(
+        f"  undo: stateops rollback {plan['checkpoint']} --to-batch {plan['last_committed_batch']}"
+    )
+    return "\n".join(lines)
+
+
+def prepare_repartition(
+    checkpoint: str | os.PathLike[str],
+    partitions: int,
+    run_id: str,
+    *,
+    backup: Callable[[], str] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Plan again, undo an interrupted run, back up, and write the marker that lists every
+    file; call it under the query's lock. The plan, with ``run_id`` and ``backup_id``."""
+    plan = plan_repartition(checkpoint, partitions)
+    log(format_repartition_plan(plan, dry_run=False))
+    if plan["resumes"]:
+        undo_repartition(checkpoint, log=log)
+    backup_id = backup() if backup else None
+    cp = load_checkpoint(checkpoint)
+    write_repartition(cp.root, {
+        "run_id": run_id, "batch": plan["batch"], "partitions": partitions,
+        "partitions_before": plan["partitions_before"], "backup_id": backup_id,
+        "files": cp.sizes,
+    })  # fmt: skip
+    plan.update(run_id=run_id, backup_id=backup_id, resumes=None)
+    return plan
+
+
+def finish_repartition(
+    checkpoint: str | os.PathLike[str],
+    *,
+    registry: Registry | None = None,
+    query: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """After the Spark job: batch N + 1 is committed with the new count, the job's proof holds
+    and the checkpoint verifies clean; then the registry's count (``shuffle_partitions``, for
+    a registered ``query``), the audit record and the marker's removal. Raises, leaving the
+    marker, when any of it does not hold. Call it under the query's lock."""
+    pending = read_repartition(checkpoint)
+    if pending is None:
+        raise StateOpsError(f"{checkpoint}: no repartition under way to finish")
+    root, batch, n = Path(checkpoint), pending["batch"], pending["partitions"]
+    cp = load_checkpoint(root)
+    if cp.last_committed_batch != batch or cp.partitions(batch) != n:
+        raise CheckpointError(
+            f"{root}: Spark's repartition did not commit batch {batch} with {n} partitions "
+            f"(last committed batch {cp.last_committed_batch}, "
+            f"{cp.partitions(cp.last_committed_batch)} partitions)"
+        )
+    proof = _read_proof(root, pending["run_id"])
+    result = verify_checkpoint(root)
+    if not result["ok"]:
+        raise CheckpointError(f"{root} failed verification after the repartition: "
+                              f"{error_summary(result)}")  # fmt: skip
+    append_audit(root, OPERATION, run_id=pending["run_id"], result="succeeded",
+                 batch_before=batch - 1, batch_after=batch, backup_id=pending["backup_id"],
+                 partitions=[pending["partitions_before"], n],
+                 proof=str(proof_path(root, pending["run_id"])))  # fmt: skip
+    faults.point("finish")
+    clear_repartition(root)
+    if registry is not None and query is not None:
+        record_partitions(registry, query, pending["run_id"])
+    log(
+        f"repartition {pending['run_id']} of {root}: {pending['partitions_before']} -> {n} "
+        f"state partitions in batch {batch}; proven: {proof['summary']}"
+    )
+    return {**pending, "files": len(pending["files"]), "proof": proof}
+
+
+def record_partitions(registry: Registry, name: str, run_id: str) -> int | None:
+    """Make the registry's ``shuffle_partitions`` of query ``name`` the count its checkpoint
+    runs with now (recorded with the migration switch; the registry file is not edited), after
+    a repartition or a rollback to before one. Idempotent: a rerun after a kill heals it. The
+    count recorded, or None when it already agreed."""
+    query = registry.query(name)
+    if read_repartition(query.checkpoint) is not None:
+        return None  # under way: its finish records the count, its undo leaves it
+    cp = load_checkpoint(query.checkpoint)
+    count = cp.partitions(cp.last_committed_batch)
+    if count is None or count == query.shuffle_partitions:
+        return None
+    input_name = next(iter(query.inputs))  # every input stays as it is
+    write_switch(registry, name, query.inputs[input_name].model_dump(by_alias=True),
+                 query.checkpoint, {"operation": OPERATION, "run_id": run_id,
+                                    "partitions": [query.shuffle_partitions, count]},
+                 sink_batch_offset=query.sink.batch_offset, input_name=input_name,
+                 shuffle_partitions=count)  # fmt: skip
+    return count
+
+
+def _read_proof(root: Path, run_id: str) -> dict[str, Any]:
+    path = proof_path(root, run_id)
+    try:
+        proof = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: the repartition job left no readable proof ({err})"
+        ) from None
+    if not proof.get("ok"):
+        raise CheckpointError(f"the repartition's proof failed: {proof.get('summary')} ({path})")
+    return proof
+
+
+def undo_repartition(
+    checkpoint: str | os.PathLike[str], *, log: Callable[[str], None] = print
+) -> dict[str, Any] | None:
+    """Give back the checkpoint as the repartition found it: delete every file its marker
+    does not list (Spark's repartition only adds files), then check that exactly the listed
+    files are there with their sizes; the marker goes last. Call it under the query's lock."""
+    pending = read_repartition(checkpoint)
+    if pending is None:
+        return None
+    root = Path(checkpoint)
+    cp = load_checkpoint(root)
+    before: dict[str, int] = pending["files"]
+    added = sorted(rel for rel in cp.sizes if rel not in before)
+    for rel in sorted(added, key=_newest_first):
+        faults.point("delete")
+        (root / rel).unlink(missing_ok=True)
+    _remove_empty_dirs(root, added)
+    now = load_checkpoint(root).sizes
+    if now != before:
+        changed = sorted(set(now) ^ set(before) | {r for r in now if now[r] != before.get(r)})
+        raise CheckpointError(
+            f"{root}: could not give back the checkpoint as it was before repartition "
+            f"{pending['run_id']} ({', '.join(changed[:3])} differ); restore backup "
+            f"{pending['backup_id'] or '(none taken)'}: stateops restore"
+        )
+    append_audit(root, OPERATION, run_id=pending["run_id"], result="undone",
+                 batch_before=pending["batch"] - 1, batch_after=pending["batch"] - 1,
+                 deleted=len(added))  # fmt: skip
+    clear_repartition(root)
+    log(f"undid repartition {pending['run_id']}: deleted the {len(added)} files it added; "
+        f"batch {pending['batch'] - 1} with {pending['partitions_before']} partitions is the "
+        "last committed batch again")  # fmt: skip
+    return pending
+
+
+def _newest_first(rel: str) -> tuple[int, str]:
+    """The commit first, then offsets, then state: a kill in between leaves a checkpoint
+    whose last batch is planned, not committed, which a rerun or a rollback finishes."""
+    order = 0 if rel.startswith("commits/") else 1 if rel.startswith("offsets/") else 2
+    return order, rel
+
+
+def _remove_empty_dirs(root: Path, added: list[str]) -> None:
+    for folder in sorted({(root / rel).parent for rel in added}, key=lambda p: -len(p.parts)):
+        while folder != root and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+
+
+def run_repartition(
+    checkpoint: str | os.PathLike[str],
+    partitions: int,
+    lock: QueryLock,
+    *,
+    submit: Callable[[dict[str, Any]], None],
+    backup: Callable[[], str] | None = None,
+    registry: Registry | None = None,
+    query: str | None = None,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Plan, prepare, ``submit(plan)`` (runs the Spark job and raises if it fails), finish;
+    on any failure undo, and fail saying so. The lock is held throughout."""
+    if registry is not None and query is not None and not dry_run:
+        record_partitions(registry, query, lock.run_id)  # a run killed before it did
+    plan = plan_repartition(checkpoint, partitions)
+    if dry_run:
+        log(format_repartition_plan(plan, dry_run=True))
+        return plan
+    started = time.time()
+    with lock:
+        plan = prepare_repartition(checkpoint, partitions, lock.run_id, backup=backup, log=log)
+        try:
+            submit(plan)
+            done = finish_repartition(checkpoint, registry=registry, query=query, log=log)
+        except BaseException as err:
+            undo_repartition(checkpoint, log=log)
+            append_audit(checkpoint, OPERATION, run_id=plan["run_id"], result="failed",
+                         batch_before=plan["last_committed_batch"],
+                         error=one_line(err))  # fmt: skip
+            raise StateOpsError(
+                f"the repartition of {checkpoint} failed ({one_line(err)}); it was undone: "
+                f"batch {plan['last_committed_batch']} with {plan['partitions_before']} "
+                "partitions is the last committed batch, as before"
+                + (f" (backup {plan['backup_id']})" if plan["backup_id"] else "")
+            ) from err
+    done["seconds"] = round(time.time() - started, 1)
+    return {**plan, **done}

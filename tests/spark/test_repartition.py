@@ -1,0 +1,261 @@
+"""Repartition (issue 19): a stopped query's state moves to another number of partitions by
+Spark's own engine, proven, and the query goes on as if it had always had that many.
+
+Library-level in the shared session (the job's ``main`` in process, as ``spark-submit`` runs
+it); the CLI through ``spark-submit`` with a backup to the test's S3, the refusals, and
+kills at each step of a run are below."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.control.lock import checkpoint_lock, new_run_id
+from stateops.control.markers import read_repartition
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.files import relocate_checkpoint
+from stateops.core.registry import load_registry
+from stateops.core.steps import REPARTITION_STATE
+from stateops.core.verify import verify_checkpoint
+from stateops.ops.cleanup import run_cleanup
+from stateops.ops.repartition import proof_path, run_repartition
+from tests.conftest import VENV_BIN, run_cli, tree_digest
+from tests.spark.harness import (
+    copy_checkpoint,
+    job_in_session,
+    land,
+    run_in_session,
+    shape_registry,
+    state_and_output,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def registry_with(root: Path, partitions: int, landing: Path | None = None) -> Path:
+    """The shapes' registry with every query on ``partitions`` state partitions."""
+    path = shape_registry(root, landing=landing)
+    raw = yaml.safe_load(path.read_text())
+    for entry in raw["queries"].values():
+        entry["shuffle_partitions"] = partitions
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def in_session(spark):
+    """``submit`` for :func:`run_repartition`: the job's main in the shared session."""
+
+    def submit(plan: dict) -> None:
+        code, out = job_in_session(spark, REPARTITION_STATE, "--checkpoint", plan["checkpoint"],
+                                   "--run-id", plan["run_id"])  # fmt: skip
+        assert code == 0, out
+
+    return submit
+
+
+def repartition(spark, registry: Path, name: str, partitions: int) -> dict:
+    reg = load_registry(registry)
+    checkpoint = reg.query(name).checkpoint
+    lock = checkpoint_lock(checkpoint, reg, "repartition", new_run_id("repartition"))
+    return run_repartition(checkpoint, partitions, lock, submit=in_session(spark),
+                           registry=reg, query=name, log=quiet)  # fmt: skip
+
+
+def held_and_written(spark, registry: Path, name: str) -> tuple:
+    """(state checksums, output of each batch that wrote any, in order): what a query holds
+    and wrote, whatever the batch ids (a repartition's batch reads no input and writes
+    nothing)."""
+    _, state, output = state_and_output(spark, registry, name)
+    return state, [rows for _, rows in sorted(output.items())]
+
+
+def copy_query(src: Path, dest: Path, name: str) -> None:
+    """``dest``'s ``name`` starts where ``src``'s is (checkpoint and output)."""
+    old, new = load_registry(src).query(name), load_registry(dest).query(name)
+    copy_checkpoint(Path(old.checkpoint), Path(new.checkpoint))
+    shutil.copytree(old.sink.path, new.sink.path)
+
+
+# Both reference processors, a built-in aggregation and a stream-stream join, on RocksDB
+# (Spark repartitions RocksDB state only: the HDFS store is refused, below).
+@pytest.mark.parametrize(
+    "name", ["page_visits", "user_sessions", "page_counts_rocksdb", "views_near_events"]
+)
+def test_repartitioned_queries_go_on_like_queries_that_always_had_the_new_count(
+    spark, tmp_path, name
+):
+    landing = tmp_path / "landing"
+    at4, at8, at3 = (registry_with(tmp_path / f"p{n}", n, landing) for n in (4, 8, 3))
+    from8 = registry_with(tmp_path / "from8", 8, landing)
+    land(landing, round_=0, files=1)
+    for registry in (at4, at8, at3):
+        run_in_session(spark, registry, name)
+    copy_query(at8, from8, name)
+
+    up = repartition(spark, at4, name, 8)
+    down = repartition(spark, from8, name, 3)
+    for done, (before, after) in ((up, (4, 8)), (down, (8, 3))):
+        assert (done["partitions_before"], done["partitions"]) == (before, after)
+        proof = done["proof"]
+        assert proof["ok"] and proof["stores"], proof
+        for store in proof["stores"].values():  # same rows and checksum, each row placed
+            assert store["before"]["state"] == store["after"]["state"]
+            assert store["after"]["state"][0] > 0 and store["after"]["misplaced"] == 0
+    for registry, n in ((at4, 8), (from8, 3)):
+        query = load_registry(registry).query(name)  # the registry follows
+        cp = load_checkpoint(query.checkpoint)
+        assert query.shuffle_partitions == n and cp.partitions(cp.last_committed_batch) == n
+        assert verify_checkpoint(query.checkpoint)["ok"]
+
+    land(landing, round_=1, files=1)
+    for registry in (at4, at8, at3, from8):
+        run_in_session(spark, registry, name)
+    assert held_and_written(spark, at4, name) == held_and_written(spark, at8, name)
+    assert held_and_written(spark, from8, name) == held_and_written(spark, at3, name)
+
+    # The 5 partitions the state left behind go with the cleanup once no retained batch
+    # reads them.
+    checkpoint = Path(load_registry(from8).query(name).checkpoint)
+    lock = checkpoint_lock(checkpoint, load_registry(from8), "cleanup", new_run_id("cleanup"))
+    run_cleanup(checkpoint, 1, lock, log=quiet)
+    left = {p.relative_to(checkpoint).parts[2] for p in checkpoint.glob("state/*/*/**/*.zip")}
+    assert left == {"0", "1", "2"} and verify_checkpoint(checkpoint)["ok"], left
+
+
+def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark, s3, tmp_path):
+    """``stateops repartition`` through spark-submit, and its refusals: a running query, an
+    uncommitted last batch, the same count, 0 or a negative count, and the HDFS store; each
+    in one line, exiting non-zero, the checkpoint byte-identical after."""
+    registry = registry_with(tmp_path / "data", 2)
+    land(registry.parent / "landing", round_=0, files=2)
+    for name in ("page_counts", "page_visits"):
+        run_in_session(spark, registry, name)
+    reg = load_registry(registry)
+    checkpoint = Path(reg.query("page_visits").checkpoint)
+    cli = ("--registry", str(registry), "repartition")
+
+    def refused(name: str, *args: str, says: str) -> None:
+        path = Path(reg.query(name).checkpoint)
+        before = tree_digest(path)
+        proc = run_cli(*cli, name, *args, env=s3.env())
+        error = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and len(error) == 1 and says in error[0], proc.stderr
+        assert tree_digest(path) == before and read_repartition(path) is None
+
+    refused("page_visits", "--partitions", "2", says="already has 2 partitions")
+    refused("page_visits", "--partitions", "0", says="from 1 to 10000")
+    refused("page_visits", "--partitions", "-4", says="from 1 to 10000")
+    refused("page_counts", "--partitions", "4", says="Spark repartitions RocksDB state only")
+    with checkpoint_lock(checkpoint, reg, "run", "run-now"):  # as a running query holds it
+        refused("page_visits", "--partitions", "4", says="run-now")
+    last = load_checkpoint(checkpoint).last_committed_batch
+    uncommitted = tmp_path / "uncommitted"  # as a run killed between offsets and commit
+    copy_checkpoint(checkpoint, uncommitted)
+    (uncommitted / "commits" / str(last)).unlink()
+    before = tree_digest(uncommitted)
+    proc = run_cli(*cli, str(uncommitted), "--partitions", "4", "--no-backup")
+    assert proc.returncode != 0 and "planned but not committed" in proc.stderr, proc.stderr
+    assert tree_digest(uncommitted) == before
+
+    before = tree_digest(checkpoint)
+    dry = run_cli(*cli, "page_visits", "--partitions", "4", "--dry-run", check=True)
+    assert "DRY RUN: nothing changed" in dry.stdout and "2 -> 4" in dry.stdout, dry.stdout
+    assert tree_digest(checkpoint) == before
+    proc = run_cli(*cli, "page_visits", "--partitions", "4", "--json", env=s3.env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(proc.stdout)
+    assert done["proof"]["ok"] and done["batch"] == last + 1 and done["backup_id"], done
+    assert proof_path(checkpoint, done["run_id"]).exists()
+    assert load_registry(registry).query("page_visits").shuffle_partitions == 4
+    listed = run_cli("--registry", str(registry), "backups", "list",
+                     reg.backups.url_for("page_visits"), env=s3.env(), check=True)  # fmt: skip
+    assert done["backup_id"] in listed.stdout
+    inspect = run_cli("--registry", str(registry), "inspect", "page_visits", "--json", check=True)
+    assert [op["num_partitions"] for op in json.loads(inspect.stdout)["operators"]] == [4]
+
+
+def clone(registry: Path, dest: Path) -> Path:
+    """A copy of ``registry``'s whole data folder (checkpoints, their audit folders and
+    markers, output, locks, switches) that runs on its own."""
+    shutil.copytree(registry.parent, dest)
+    path = dest / registry.name
+    raw = yaml.safe_load(path.read_text())
+    raw["data_dir"] = str(dest)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    for query in load_registry(path).queries.values():
+        if Path(query.checkpoint).exists():
+            relocate_checkpoint(Path(query.checkpoint))
+    return path
+
+
+def kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 240) -> None:
+    """SIGKILL ``proc``'s whole process group (the CLI, spark-submit, the JVM and the driver)
+    as soon as ``appears`` exists: in the middle of Spark's write."""
+    deadline = time.monotonic() + timeout
+    while not appears.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark, s3, tmp_path):
+    """kill -9 at five points of ``stateops repartition`` (the backup's upload, the marker,
+    in the middle of Spark's write, the audit record and the marker's removal after it),
+    each from the same start; then each killed checkpoint both run again (it goes on like a
+    query that always had the new count) and rolled back to its last batch (it goes on like
+    the query that was never touched)."""
+    name, landing = "page_counts_rocksdb", tmp_path / "landing"
+    at2, at4 = (registry_with(tmp_path / f"p{n}", n, landing) for n in (2, 4))
+    start = registry_with(tmp_path / "start", 2, landing)
+    land(landing, round_=0, files=1)
+    for registry in (at2, at4, start):
+        run_in_session(spark, registry, name)
+    last = load_checkpoint(load_registry(start).query(name).checkpoint).last_committed_batch
+
+    killed: dict[str, Path] = {}
+    running = []
+    for point in ("upload:1", "marker:1", "spark", "audit:2", "finish:1"):
+        registry = clone(start, tmp_path / f"killed-{point.replace(':', '-')}")
+        env = {**s3.env(), **({} if point == "spark" else {"STATEOPS_KILL_AT": point})}
+        args = [str(VENV_BIN / "stateops"), "--registry", str(registry), "repartition", name,
+                "--partitions", "4"]  # fmt: skip
+        proc = subprocess.Popen(args, env={**os.environ, **env}, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        running.append((point, registry, proc))
+        killed[point] = registry
+    for point, registry, proc in running:
+        if point == "spark":
+            checkpoint = Path(load_registry(registry).query(name).checkpoint)
+            kill_when(proc, checkpoint / "offsets" / str(last + 1))
+        else:
+            proc.wait(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, (point, proc.stderr.read())
+
+    land(landing, round_=1, files=1)
+    for registry in (at2, at4):
+        run_in_session(spark, registry, name)
+    for point, registry in killed.items():
+        again, back = registry, clone(registry, registry.with_name(registry.name + "-back"))
+        repartition(spark, again, name, 4)
+        checkpoint = load_registry(back).query(name).checkpoint
+        run_cli("--registry", str(back), "rollback", name, "--to-batch", str(last),
+                "--no-backup", check=True)  # fmt: skip
+        assert read_repartition(checkpoint) is None and verify_checkpoint(checkpoint)["ok"]
+        assert load_registry(back).query(name).shuffle_partitions == 2, point
+        for registry, control in ((again, at4), (back, at2)):
+            run_in_session(spark, registry, name)
+            assert held_and_written(spark, registry, name) == held_and_written(
+                spark, control, name
+            ), point
