@@ -24,6 +24,10 @@ __all__ = [
     "LIFECYCLE_DAG",
     "StateOpsSparkSubmitOperator",
     "one_line_errors",
+    "finish_repartition",
+    "plan_repartition",
+    "prepare_repartition",
+    "undo_repartition",
     "airflow_s3_client",
     "backup_query",
     "dry_run_param",
@@ -384,4 +388,66 @@ def roll_back_migration(plan: dict[str, Any] | None, query: str, run_id: str) ->
     raise AirflowFailException(
         "the migration failed (see the failed step's log)"
         + ("; it was rolled back and the query runs on its old source" if plan else "")
+    )
+
+
+def _repartition_lock(query: str, run_id: str) -> tuple[Registry, str, Any]:
+    from stateops.control.lock import checkpoint_lock
+
+    registry = load_registry()
+    checkpoint = registry.query(query).checkpoint
+    return registry, checkpoint, checkpoint_lock(checkpoint, registry, "repartition", run_id)
+
+
+@one_line_errors
+def plan_repartition(query: str, partitions: int, dry_run: bool) -> dict[str, Any]:
+    """:func:`stateops.ops.repartition.plan_repartition` for the form, printed."""
+    from stateops.ops.repartition import format_repartition_plan
+    from stateops.ops.repartition import plan_repartition as plan
+
+    result = plan(load_registry().query(query).checkpoint, partitions)
+    print(format_repartition_plan(result, dry_run=dry_run))
+    return result
+
+
+@one_line_errors
+def prepare_repartition(query: str, partitions: int, run_id: str) -> dict[str, Any]:
+    """Under the query's lock: plan again, back up through the registry's Airflow
+    connection, and mark the run (:func:`stateops.ops.repartition.prepare_repartition`)."""
+    from stateops.ops.backup import backup_query
+    from stateops.ops.repartition import prepare_repartition as prepare
+
+    registry, checkpoint, lock = _repartition_lock(query, run_id)
+
+    def backup() -> str:
+        client = airflow_s3_client(registry.backups.conn_id)
+        return backup_query(registry, query, client, log=print)["backup_id"]
+
+    with lock:
+        return prepare(checkpoint, partitions, run_id, backup=backup, log=print)
+
+
+@one_line_errors
+def finish_repartition(query: str, run_id: str) -> dict[str, Any]:
+    """Under the query's lock: check Spark's work and its proof, record the count."""
+    from stateops.ops.repartition import finish_repartition as finish
+
+    registry, checkpoint, lock = _repartition_lock(query, run_id)
+    with lock:
+        done = finish(checkpoint, registry=registry, query=query, log=print)
+    return {k: v for k, v in done.items() if k != "proof"} | {"proof": done["proof"]["summary"]}
+
+
+def undo_repartition(query: str, run_id: str) -> None:
+    """After a failed step: give back the checkpoint as it was, then fail, so the run fails."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops.ops.repartition import undo_repartition as undo
+
+    _, checkpoint, lock = _repartition_lock(query, run_id)
+    with lock:
+        undone = one_line_errors(undo)(checkpoint, run_id=run_id, log=print)
+    raise AirflowFailException(
+        "the repartition failed (see the failed step's log)"
+        + ("; it was undone: the checkpoint is as it was" if undone else "; nothing to undo")
     )

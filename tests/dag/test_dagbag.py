@@ -37,7 +37,10 @@ def test_every_dag_imports_with_tags_and_retries(dagbag):
 
 # The registry's queries: two processors, two transforms (built-in operators' state).
 QUERIES = {"user_sessions", "page_visits", "page_counts", "idle_sessions"}
-MANUAL = ["stream_bootstrap", "stream_restore", "stream_backfill", "stream_source_migration"]
+MANUAL = [
+    "stream_bootstrap", "stream_restore", "stream_backfill", "stream_source_migration",
+    "stream_repartition",
+]  # fmt: skip
 
 
 def test_every_manual_form_has_titles_defaults_and_a_dry_run_and_takes_empty_optional_fields(
@@ -209,3 +212,22 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
             "{{ ti.xcom_pull(task_ids='preflight')['new']['registry'] }}"
         )
         assert args[args.index("--run-id") + 1] == "{{ run_id }}"
+
+
+def test_stream_repartition_form_and_order(dagbag):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    dag = dagbag.dags["stream_repartition"]
+    params = dag.params
+    assert dag.schedule is None and params["dry_run"] is True
+    assert set(params.get_param("query").schema["enum"]) == QUERIES
+    for bad in (0, -3, 10_001, "eight"):
+        with pytest.raises(ParamValidationError):
+            params.get_param("partitions").resolve(bad)
+    order = ["plan", "not_a_dry_run", "prepare", "repartition", "finish", "verify_state"]
+    for upstream, downstream in itertools.pairwise(order):
+        assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    roll_back = dag.get_task("roll_back")
+    assert roll_back.trigger_rule == "one_failed"
+    assert roll_back.upstream_task_ids == {"repartition", "finish"}
+    assert dag.get_task("repartition").application.endswith("spark_jobs/repartition_state.py")

@@ -165,6 +165,16 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spar
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["backup_id"] == backups[0]["backup_id"]
     assert tree_digest(target) == tree_digest(by_dag)
+    # ... and stream_repartition moves its state from 2 to 3 partitions, backing up first.
+    conf = {"query": "page_visits", "partitions": 3, "dry_run": False}
+    run = _airflow(tmp_path, "dags", "test", "stream_repartition", "--conf", json.dumps(conf),
+                   env=env)  # fmt: skip
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    cp = load_checkpoint(registry.query("page_visits").checkpoint)
+    assert cp.last_committed_batch == last + 1 and cp.partitions(last + 1) == 3
+    assert load_registry(path).query("page_visits").shuffle_partitions == 3
+    assert len(list_backups("s3://backups/dagtest/page_visits", s3.client())) == 2
+    assert "state partitions 2 -> 3" in run.stdout + run.stderr
 
 
 def test_airflow_dags_test_stream_snapshot_cleanup(spark, tmp_path):

@@ -242,6 +242,12 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark,
         else:
             proc.wait(timeout=300)
         assert proc.returncode == -signal.SIGKILL, (point, proc.stderr.read())
+        checkpoint = Path(load_registry(registry).query(name).checkpoint)
+        cp, marker = load_checkpoint(checkpoint), read_repartition(checkpoint)
+        left = (marker is not None, cp.latest_offset_batch, cp.last_committed_batch)
+        assert left == {"upload:1": (False, last, last), "marker:1": (False, last, last),
+                        "spark": (True, last + 1, last)}.get(point, (True, last + 1, last + 1)), (
+            point, left)  # fmt: skip
 
     land(landing, round_=1, files=1)
     for registry in (at2, at4):

@@ -255,13 +255,17 @@ def _read_proof(root: Path, run_id: str) -> dict[str, Any]:
 
 
 def undo_repartition(
-    checkpoint: str | os.PathLike[str], *, log: Callable[[str], None] = print
+    checkpoint: str | os.PathLike[str],
+    *,
+    run_id: str | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any] | None:
     """Give back the checkpoint as the repartition found it: delete every file its marker
     does not list (Spark's repartition only adds files), then check that exactly the listed
-    files are there with their sizes; the marker goes last. Call it under the query's lock."""
+    files are there with their sizes; the marker goes last. Only run ``run_id``'s, if given.
+    Call it under the query's lock."""
     pending = read_repartition(checkpoint)
-    if pending is None:
+    if pending is None or run_id not in (None, pending["run_id"]):
         return None
     root = Path(checkpoint)
     cp = load_checkpoint(root)

@@ -1,0 +1,112 @@
+"""
+### stream_repartition
+
+Changes the number of **state partitions** of a stopped query, keeping its state: Spark fixes
+the count at a checkpoint's first batch, and this is the way to change it without throwing
+the state away (to scale a query out, or to stop paying for hundreds of tiny partitions).
+Trigger it with the form; **dry run** (on by default) only prints the plan. The same as
+`stateops repartition QUERY --partitions N`.
+
+1. `plan`: refuses, changing nothing: a count that is not from 1 to 10,000 or is the one the
+   state has; a checkpoint without a committed batch, with a planned batch not committed, or
+   failing verification; state in the HDFS-backed store (Spark repartitions RocksDB state
+   only); checkpoint format v2.
+2. `prepare`: under the query's lock (a running query holds it: refused, naming the holder),
+   plans again, backs up the checkpoint to the registry's `backups.url`, and marks the run
+   (`<checkpoint>.audit/repartition.json`, with every file it holds): until the run ends the
+   query does not start.
+3. `repartition`: Spark's own repartition (`spark_jobs/repartition_state.py`): a new batch
+   N + 1 that reads no input and holds the state of batch N in the new number of
+   partitions; then its proof, per operator and store: the same rows and order-independent
+   checksum as batch N, every row in the partition its key hashes to, the count in the
+   offsets log (and the operator metadata, where Spark keeps it per batch).
+4. `finish`: the checkpoint verifies clean and the proof holds; the registry's
+   `shuffle_partitions` follows (recorded beside the data, the file is not edited), the
+   audit log has the run.
+5. `verify_state`: file-level integrity of the checkpoint.
+
+`roll_back` runs when a step after `prepare` failed: it deletes what the repartition added (it
+only adds files) and checks that the checkpoint is file for file what it was, then fails
+itself so the run fails. To go back later: `stream_backfill` or `stateops rollback QUERY
+--to-batch N` to the batch before the repartition restores the old count.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from stateops.core.steps import REPARTITION_STATE
+from stateops_airflow.tasks import (
+    LIFECYCLE_DAG,
+    dry_run_param,
+    finish_repartition,
+    not_a_dry_run,
+    plan_repartition,
+    prepare_repartition,
+    query_param,
+    registered_queries,
+    spark_job_operator,
+    undo_repartition,
+    verify_state,
+)
+
+QUERIES = registered_queries()
+
+
+@dag(
+    dag_id="stream_repartition",
+    schedule=None,
+    **LIFECYCLE_DAG,
+    default_args={"retries": 0},  # a failed step is undone at once, never retried half-done
+    tags=["stateops", "streaming", "repartition"],
+    doc_md=__doc__,
+    params={
+        "query": query_param(QUERIES, "The registered query to repartition (stopped)."),
+        "partitions": Param(
+            8,
+            type="integer",
+            minimum=1,
+            maximum=10_000,
+            title="State partitions",
+            description="The new number of state partitions (spark.sql.shuffle.partitions).",
+        ),
+        "dry_run": dry_run_param("Only print the plan."),
+    },
+)
+def stream_repartition() -> None:
+    @task
+    def plan() -> dict:
+        params = get_current_context()["params"]
+        return plan_repartition(params["query"], params["partitions"], params["dry_run"])
+
+    @task
+    def prepare() -> dict:
+        context = get_current_context()
+        params = context["params"]
+        return prepare_repartition(params["query"], params["partitions"], context["run_id"])
+
+    @task
+    def finish() -> dict:
+        context = get_current_context()
+        return finish_repartition(context["params"]["query"], context["run_id"])
+
+    @task(task_id="verify_state")
+    def verify() -> dict:
+        return verify_state(get_current_context()["params"]["query"])
+
+    @task(trigger_rule="one_failed")
+    def roll_back() -> None:
+        """Runs only when a step failed; undoes the run, then fails itself."""
+        context = get_current_context()
+        undo_repartition(context["params"]["query"], context["run_id"])
+
+    repartition = spark_job_operator(
+        "repartition", REPARTITION_STATE,
+        ["--checkpoint", "{{ params.query }}", "--run-id", "{{ run_id }}"],
+    )  # fmt: skip
+    prepared, finished = prepare(), finish()
+    plan() >> not_a_dry_run() >> prepared >> repartition >> finished >> verify()
+    [repartition, finished] >> roll_back()
+
+
+stream_repartition()
