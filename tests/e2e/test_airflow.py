@@ -36,7 +36,9 @@ CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "build" / "test-artifacts"
 DAG = "stream_source_migration"
 # The manual DAGs only: an unpaused scheduled DAG would start a run at once, beside the tests'.
-UNPAUSE = "stream_source_migration stream_bootstrap stream_restore stream_backfill"
+UNPAUSE = (
+    "stream_source_migration stream_bootstrap stream_restore stream_backfill stream_repartition"
+)
 
 
 @dataclass
