@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from stateops.control.lock import QueryLock, read_hold
 from stateops.core.errors import StateOpsError
@@ -107,6 +108,24 @@ def test_a_query_held_by_another_operation_is_refused_and_a_held_query_admits_on
         from stateops.control.lock import release_hold
 
         assert release_hold(lock, "manual__1")
+
+
+def test_a_transplant_asked_for_where_the_partition_count_changed_is_refused(data, tmp_path):
+    """The old state files have 2 partitions, the query now wants 3: ``carry_over
+    transplant`` is refused at preflight, saying why (``auto`` takes the initialState road:
+    tests/dag/test_migration.py)."""
+    path = write_registry(tmp_path, page_visits={"shuffle_partitions": 3})
+    raw = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**raw, "data_dir": str(data)}, sort_keys=False))
+    before = tree_digest(data)
+    with pytest.raises(
+        StateOpsError,
+        match=r"the transplant does not apply: the old state has 2 "
+        r"partitions, the query 3 \(shuffle_partitions\)",
+    ):
+        plan_migration(load_registry(path), "page_visits", _source(), "", "manual__tp",
+                       carry_over="transplant")  # fmt: skip
+    assert tree_digest(data) == before
 
 
 def test_a_query_without_carry_over_support_is_refused(tmp_path):

@@ -184,6 +184,16 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
     assert done["backup_id"] in listed.stdout
     inspect = run_cli("--registry", str(registry), "inspect", "page_visits", "--json", check=True)
     assert [op["num_partitions"] for op in json.loads(inspect.stdout)["operators"]] == [4]
+    # A backup after it holds the repartition batch's restart set, and restores to a
+    # checkpoint with 4 partitions that verifies clean.
+    run_cli("--registry", str(registry), "backup", "page_visits", "--to",
+            reg.backups.url_for("page_visits"), env=s3.env(), check=True)  # fmt: skip
+    restored = tmp_path / "restored"
+    run_cli("--registry", str(registry), "restore", "page_visits", "--backup", "latest",
+            "--to", str(restored), env=s3.env(), check=True)  # fmt: skip
+    cp = load_checkpoint(restored)
+    assert cp.last_committed_batch == last + 1 and cp.partitions(last + 1) == 4
+    assert verify_checkpoint(restored)["ok"]
 
 
 def clone(registry: Path, dest: Path) -> Path:
