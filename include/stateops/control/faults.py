@@ -12,9 +12,11 @@ environment, read once here when the module is imported, asks for it:
 Points: ``upload`` (an object uploaded by a backup), ``manifest`` (a backup's objects are all
 uploaded, its manifest not yet written), ``download`` (a restore's file downloaded), ``stage``
 (a restore's staging folder verified, not yet swapped in), ``swap`` (the staging folder renamed
-aside, the exchange with the target not yet done), ``marker`` (a rollback's backup taken, its
-marker not yet written), ``delete`` (a cleanup's or rollback's file about to be deleted),
-``move`` (a rollback's sink folder or file about to be moved aside), ``copy`` (a transplant's
+aside, the exchange with the target not yet done), ``marker`` (a rollback's or a
+repartition's backup taken, its marker not yet written), ``finish`` (a repartition's audit
+record written, its marker not yet removed), ``delete`` (a cleanup's, rollback's or undone
+repartition's file about to be deleted), ``move`` (a rollback's sink folder or file about to
+be moved aside), ``copy`` (a transplant's
 file copied), ``renamed`` (a transplant's new checkpoint renamed into place), ``audit`` (an
 audit record about to be appended). ``tests/faults`` kills every operation at these points and
 at random moments, then checks that running it again finishes the job.
