@@ -96,3 +96,27 @@ def test_a_switch_numbers_the_new_checkpoints_output_after_the_old(tmp_path):
     # A rollback of the new checkpoint to its batch 1 moves its batches 2 and 3 only.
     plan = plan_sink_rollback(sink.path, 1, sink.batch_offset)
     assert plan["folders"] == ["batch_id=10", "batch_id=11"]
+
+
+def test_a_recorded_partition_count_follows_until_the_file_changes_its_count(tmp_path):
+    """A repartition's count is recorded with the switch. A migration after it keeps it.
+    Editing the count in the file makes the file's count win, and only the count: the
+    migration still applies."""
+    path = write_registry(tmp_path)  # page_visits: 2 partitions in the file
+    registry = load_registry(path)
+    query = registry.query("page_visits")
+    source = query.source.model_dump(by_alias=True)
+    write_switch(registry, "page_visits", source, query.checkpoint, {"run": "r-1"},
+                 shuffle_partitions=8)  # fmt: skip
+    assert load_registry(path).query("page_visits").shuffle_partitions == 8
+    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
+    migrated = load_registry(path).query("page_visits")
+    assert migrated.shuffle_partitions == 8 and migrated.checkpoint == str(tmp_path / "v2")
+
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["page_visits"]["shuffle_partitions"] = 5
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    edited = load_registry(path).query("page_visits")
+    assert edited.shuffle_partitions == 5 and edited.checkpoint == str(tmp_path / "v2")
+    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v3"), {})
+    assert load_registry(path).query("page_visits").shuffle_partitions == 5

@@ -434,25 +434,32 @@ def write_switch(
     :class:`Sink`), with ``shuffle_partitions`` state partitions if given (a repartition's).
 
     The registry file is not edited: the switch is kept beside the data and applies while the
-    file still declares what was there before the first switch. ``lineage`` is appended to
-    the switch's history.
+    file still declares what was there before the first switch. The partition count is kept
+    apart (``partitions``) and applies while the file still says the count it said: editing
+    the count in the file must not undo a migration. ``lineage`` is appended to the switch's
+    history.
     """
     query = registry.query(name)
     path = registry.switch_path(name)
     here = placement(query)
     previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     current = previous.get("current") or {}
-    # Switches written before the partition count was part of them do not name it.
-    applied = bool(current) and all(current.get(k) == v for k, v in here.items() if k in current)
+    applied = {k: current.get(k) for k in here} == here
     moved = query.with_input(input_name, Source.model_validate(source))
-    if shuffle_partitions is not None:
-        moved = moved.model_copy(update={"shuffle_partitions": shuffle_partitions})
     switch = {
         "declared": previous["declared"] if applied else here,
         "current": placement(moved)
         | {"checkpoint": str(Path(checkpoint).resolve()), "sink_batch_offset": sink_batch_offset},
         "history": [*previous.get("history", []), lineage],
     }
+    counted = previous.get("partitions")
+    if counted and query.shuffle_partitions != counted["current"]:
+        counted = None  # the file's count was edited since: it wins
+    if shuffle_partitions is not None:
+        declared = counted["declared"] if counted else query.shuffle_partitions
+        counted = {"declared": declared, "current": shuffle_partitions}
+    if counted:
+        switch["partitions"] = counted
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
@@ -461,14 +468,13 @@ def write_switch(
 
 
 def placement(query: Query) -> dict:
-    """Where a query reads (``source`` or ``sources``), keeps its state (``checkpoint``) and in
-    how many partitions (``shuffle_partitions``): what a migration's or a repartition's switch
-    changes."""
+    """Where a query reads (``source`` or ``sources``) and keeps its state (``checkpoint``):
+    what a migration's switch changes."""
     if query.source is not None:
         inputs = {"source": query.source.model_dump(by_alias=True)}
     else:
         inputs = {"sources": {n: s.model_dump(by_alias=True) for n, s in query.sources.items()}}
-    return inputs | {"checkpoint": query.checkpoint, "shuffle_partitions": query.shuffle_partitions}
+    return inputs | {"checkpoint": query.checkpoint}
 
 
 def derived_registry(
@@ -514,13 +520,14 @@ def _switched(query: Query, data_dir: Path) -> Query:
         declared, current = switch["declared"], switch["current"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RegistryError(f"{path}: unreadable migration switch ({err})") from None
-    here = placement(query)
-    if any(here[k] != v for k, v in declared.items() if k in here):
+    if placement(query) != declared:
         return query
     try:
         data = query.model_dump(by_alias=True)
-        data.update({k: current[k] for k in ("source", "sources", "shuffle_partitions")
-                     if k in current})  # fmt: skip
+        data.update({k: current[k] for k in ("source", "sources") if k in current})
+        counted = switch.get("partitions")
+        if counted and query.shuffle_partitions == counted["declared"]:
+            data["shuffle_partitions"] = int(counted["current"])
         data["checkpoint"] = str(current["checkpoint"])
         data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
         return Query.model_validate(data)
