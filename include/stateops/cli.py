@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -223,30 +224,43 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rollback(args: argparse.Namespace) -> int:
-    from stateops.control.lock import checkpoint_lock, new_run_id
-    from stateops.ops.backup import backup_checkpoint
-    from stateops.ops.repartition import record_partitions
-    from stateops.ops.rollback import run_rollback
-
-    path, registry, query = checkpoint_of(args.checkpoint, args.registry)
+def _backup_first(
+    args: argparse.Namespace, path: str, registry: Any, query: Any, operation: str, *, skip: bool
+) -> Callable[[], str] | None:
+    """``backup()`` of ``path`` before ``operation`` (to ``--backup-to``, else the registry's
+    location for ``query``), or None when ``skip``; no location and bad S3 settings are
+    refused here, before the lock."""
+    if skip:
+        return None
     backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)
-    if not args.no_backup and not backup_to:
+    if not backup_to:
         raise StateOpsError(
             f"{path}: not a registered query's checkpoint, so there is no backup location; "
             "give --backup-to s3://BUCKET/PREFIX (or --no-backup)"
         )
-    sink = args.sink or (query.sink.path if query else None)
-    client = None if args.no_backup else _s3(args)  # bad S3 settings: refused before the lock
+    client = _s3(args)
 
     def backup() -> str:
-        _log(f"backup of {path} to {backup_to} before the rollback")
+        from stateops.ops.backup import backup_checkpoint
+
+        _log(f"backup of {path} to {backup_to} before the {operation}")
         return backup_checkpoint(path, backup_to, client, log=_log)["backup_id"]
 
+    return backup
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from stateops.control.lock import checkpoint_lock, new_run_id
+    from stateops.ops.repartition import record_partitions
+    from stateops.ops.rollback import run_rollback
+
+    path, registry, query = checkpoint_of(args.checkpoint, args.registry)
+    backup = _backup_first(args, path, registry, query, "rollback", skip=args.no_backup)
+    sink = args.sink or (query.sink.path if query else None)
     lock = checkpoint_lock(path, registry, "rollback", new_run_id("rollback"))
     log = _log if args.json else print
     plan = run_rollback(
-        path, args.to_batch, lock, sink=sink, backup=None if args.no_backup else backup,
+        path, args.to_batch, lock, sink=sink, backup=backup,
         sink_batch_offset=query.sink.batch_offset if query and not args.sink else 0,
         dry_run=args.dry_run, log=log,
     )  # fmt: skip
@@ -260,22 +274,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_repartition(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.core.steps import REPARTITION_STATE
-    from stateops.ops.backup import backup_checkpoint
     from stateops.ops.repartition import run_repartition
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
     log = _log if args.json else print
-    backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)
-    if not args.dry_run and not args.no_backup and not backup_to:
-        raise StateOpsError(
-            f"{path}: not a registered query's checkpoint, so there is no backup location; "
-            "give --backup-to s3://BUCKET/PREFIX (or --no-backup)"
-        )
-    client = None if args.dry_run or args.no_backup else _s3(args)  # refused before the lock
-
-    def backup() -> str:
-        _log(f"backup of {path} to {backup_to} before the repartition")
-        return backup_checkpoint(path, backup_to, client, log=_log)["backup_id"]
+    backup = _backup_first(args, path, registry, query, "repartition",
+                           skip=args.no_backup or args.dry_run)  # fmt: skip
 
     def submit(plan: dict) -> None:
         code = _spark_submit(REPARTITION_STATE, args.master, "--checkpoint", path,
@@ -286,7 +290,7 @@ def cmd_repartition(args: argparse.Namespace) -> int:
     lock = checkpoint_lock(path, registry, "repartition", new_run_id("repartition"))
     result = run_repartition(
         path, args.partitions, lock, submit=submit, registry=registry,
-        backup=None if args.no_backup else backup, query=query.name if query else None,
+        backup=backup, query=query.name if query else None,
         dry_run=args.dry_run, log=log,
     )  # fmt: skip
     if args.json:

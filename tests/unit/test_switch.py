@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from stateops.core.errors import RegistryError
-from stateops.core.registry import load_registry, write_switch
+from stateops.core.registry import load_registry, write_partitions, write_switch
 from tests.conftest import run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -103,11 +103,7 @@ def test_a_recorded_partition_count_follows_until_the_file_changes_its_count(tmp
     Editing the count in the file makes the file's count win, and only the count: the
     migration still applies."""
     path = write_registry(tmp_path)  # page_visits: 2 partitions in the file
-    registry = load_registry(path)
-    query = registry.query("page_visits")
-    source = query.source.model_dump(by_alias=True)
-    write_switch(registry, "page_visits", source, query.checkpoint, {"run": "r-1"},
-                 shuffle_partitions=8)  # fmt: skip
+    write_partitions(load_registry(path), "page_visits", 8, {"run": "r-1"})
     assert load_registry(path).query("page_visits").shuffle_partitions == 8
     write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
     migrated = load_registry(path).query("page_visits")

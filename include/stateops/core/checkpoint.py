@@ -45,7 +45,6 @@ from stateops.core.formats import (
 from stateops.core.listing import walk
 
 __all__ = [
-    "SHUFFLE_PARTITIONS",
     "Checkpoint",
     "OperatorState",
     "SnapshotGroup",
@@ -66,9 +65,6 @@ _SOURCE_LOG_FILE = re.compile(r"^(\d+)(\.compact)?$")
 
 
 _DEFAULT_STORE = "default"
-
-# The offsets log's record of a batch's state partition count.
-SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 @dataclass(frozen=True)
@@ -216,8 +212,7 @@ class Checkpoint:
         on. Spark's v1 operator metadata keeps the count of batch 0 and is never rewritten, so
         it is not read for this. None when the log does not say."""
         entry = self.offsets.get(batch) if batch is not None else None
-        value = entry.conf.get(SHUFFLE_PARTITIONS) if entry is not None else None
-        return int(value) if value and value.isdigit() else None
+        return entry.partitions if entry is not None else None
 
     def repartition_batches(self) -> dict[int, tuple[int, int]]:
         """Batch -> (partitions before, after) for every batch whose partition count differs

@@ -40,6 +40,13 @@ class OffsetEntry:
     conf: dict[str, str]
     source_offsets: list[dict | str | None]
 
+    @property
+    def partitions(self) -> int | None:
+        """The state partition count the batch ran with (its ``spark.sql.shuffle.partitions``,
+        which a repartition changes); None when the entry does not say."""
+        value = self.conf.get("spark.sql.shuffle.partitions")
+        return int(value) if value and value.isdigit() else None
+
 
 def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
     """The ``.NAME.crc`` sidecar Hadoop's local file system writes (and checks on read)."""

@@ -29,6 +29,7 @@ __all__ = [
     "registry_path",
     "schema_columns",
     "schema_fields",
+    "write_partitions",
     "write_switch",
 ]
 
@@ -427,22 +428,20 @@ def write_switch(
     lineage: dict,
     sink_batch_offset: int = 0,
     input_name: str = "source",
-    shuffle_partitions: int | None = None,
 ) -> Path:
     """Record that ``name`` now runs on ``checkpoint`` with ``source`` as its input
     ``input_name`` (a migration's switch), its output numbered from ``sink_batch_offset`` (see
-    :class:`Sink`), with ``shuffle_partitions`` state partitions if given (a repartition's).
+    :class:`Sink`).
 
     The registry file is not edited: the switch is kept beside the data and applies while the
     file still declares what was there before the first switch. The partition count is kept
     apart (``partitions``) and applies while the file still says the count it said: editing
-    the count in the file must not undo a migration. ``lineage`` is appended to the switch's
-    history.
+    the count in the file must not undo a migration (:func:`write_partitions` records it).
+    ``lineage`` is appended to the switch's history.
     """
     query = registry.query(name)
-    path = registry.switch_path(name)
+    previous = _read_switch(registry, name)
     here = placement(query)
-    previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     current = previous.get("current") or {}
     applied = {k: current.get(k) for k in here} == here
     moved = query.with_input(input_name, Source.model_validate(source))
@@ -450,16 +449,46 @@ def write_switch(
         "declared": previous["declared"] if applied else here,
         "current": placement(moved)
         | {"checkpoint": str(Path(checkpoint).resolve()), "sink_batch_offset": sink_batch_offset},
-        "history": [*previous.get("history", []), lineage],
     }
+    return _save_switch(registry, name, switch, previous, lineage, _partitions(query, previous))
+
+
+def write_partitions(registry: Registry, name: str, count: int, lineage: dict) -> Path:
+    """Record that ``name``'s state now has ``count`` partitions (a repartition, or a rollback
+    to before one): the query's ``shuffle_partitions`` while the file still says the count it
+    says now. Where it runs stays as it is."""
+    query = registry.query(name)
+    previous = _read_switch(registry, name)
+    here = placement(query)
+    switch = {
+        "declared": previous.get("declared", here),
+        "current": previous.get("current", here | {"sink_batch_offset": query.sink.batch_offset}),
+    }
+    counted = _partitions(query, previous)
+    declared = counted["declared"] if counted else query.shuffle_partitions
+    return _save_switch(registry, name, switch, previous, lineage,
+                        {"declared": declared, "current": count})  # fmt: skip
+
+
+def _read_switch(registry: Registry, name: str) -> dict:
+    path = registry.switch_path(name)
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def _partitions(query: Query, previous: dict) -> dict | None:
+    """The recorded count, while it applies (the file's count was not edited since)."""
     counted = previous.get("partitions")
-    if counted and query.shuffle_partitions != counted["current"]:
-        counted = None  # the file's count was edited since: it wins
-    if shuffle_partitions is not None:
-        declared = counted["declared"] if counted else query.shuffle_partitions
-        counted = {"declared": declared, "current": shuffle_partitions}
-    if counted:
-        switch["partitions"] = counted
+    return counted if counted and query.shuffle_partitions == counted["current"] else None
+
+
+def _save_switch(
+    registry: Registry, name: str, switch: dict, previous: dict, lineage: dict,
+    partitions: dict | None,
+) -> Path:  # fmt: skip
+    switch["history"] = [*previous.get("history", []), lineage]
+    if partitions:
+        switch["partitions"] = partitions
+    path = registry.switch_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")

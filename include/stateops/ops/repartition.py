@@ -36,7 +36,7 @@ from stateops.control.lock import QueryLock
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, one_line
-from stateops.core.registry import Registry, write_switch
+from stateops.core.registry import Registry, write_partitions
 from stateops.core.verify import error_summary, verify_checkpoint
 
 __all__ = [
@@ -232,12 +232,12 @@ def record_partitions(registry: Registry, name: str, run_id: str) -> int | None:
     count = cp.partitions(cp.last_committed_batch)
     if count is None or count == query.shuffle_partitions:
         return None
-    input_name = next(iter(query.inputs))  # every input stays as it is
-    write_switch(registry, name, query.inputs[input_name].model_dump(by_alias=True),
-                 query.checkpoint, {"operation": OPERATION, "run_id": run_id,
-                                    "partitions": [query.shuffle_partitions, count]},
-                 sink_batch_offset=query.sink.batch_offset, input_name=input_name,
-                 shuffle_partitions=count)  # fmt: skip
+    write_partitions(
+        registry,
+        name,
+        count,
+        {"operation": OPERATION, "run_id": run_id, "partitions": [query.shuffle_partitions, count]},
+    )
     return count
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.access import refuse_unreadable, refuse_unwritable
-from stateops.core.checkpoint import SHUFFLE_PARTITIONS, Checkpoint, load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.formats import parse_offsets
 from stateops.core.staging import has_entries
@@ -75,13 +75,13 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
     reads = []
     # The batch's own partition count: state-metadata's is batch 0's for operators with v1
     # metadata, which Spark never rewrites (stale after a repartition).
-    conf = parse_offsets(Path(checkpoint) / "offsets" / str(batch), batch).conf
+    partitions = parse_offsets(Path(checkpoint) / "offsets" / str(batch), batch).partitions
     meta = spark.read.format("state-metadata").option("batchId", batch).load(checkpoint)
     for row in meta.orderBy("operatorId", "stateStoreName").collect():
         base = {
             "operator_id": int(row["operatorId"]),
             "operator_name": row["operatorName"],
-            "num_partitions": int(conf.get(SHUFFLE_PARTITIONS) or row["numPartitions"]),
+            "num_partitions": partitions or int(row["numPartitions"]),
         }
         props = json.loads(row["operatorProperties"] or "{}")
         variables = props.get("stateVariables")
