@@ -28,12 +28,12 @@ def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_a
     """The dry run changes nothing. A failed step (here the first Spark step, the drain) runs
     the DAG's ``roll_back``, with the checks of the library's failure after each step. Then,
     after the registry's shuffle_partitions changed (the old state files have 2 partitions,
-    the query now wants 3), auto says why the transplant does not apply and takes the
-    initialState road, which repartitions the state (a transplant asked for is refused at
-    preflight: tests/spark/test_migration_preflight.py). (The transplant road through
-    the DAG: tests/e2e/test_airflow.py; through ``stateops migrate``:
-    tests/spark/test_migration_run.py; user_sessions' list state and timers on the
-    initialState road, repartitioned: tests/spark/test_initial_state_road.py.)"""
+    the query now wants 3), the initialState road, chosen in the form, repartitions the state
+    (auto takes the transplant and Spark's repartition: tests/spark/test_migration_run.py;
+    where the transplant does not apply, auto falls back to this road:
+    tests/spark/test_migration_preflight.py). (The transplant road through the DAG:
+    tests/e2e/test_airflow.py; user_sessions' list state and timers on the initialState
+    road, repartitioned: tests/spark/test_initial_state_road.py.)"""
     whole = uninterrupted(spark, tmp_path, "page_visits")
     m = Migration(spark, tmp_path, "page_visits", s3)
     old = Path(m.query().checkpoint)
@@ -56,12 +56,9 @@ def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_a
     raw = yaml.safe_load(m.path.read_text())
     raw["queries"]["page_visits"]["shuffle_partitions"] = 3
     m.edit_registry(queries=raw["queries"])
-    run, log = m.trigger(m.conf())
+    run, log = m.trigger(m.conf(carry_over="initial_state"))
     assert run.returncode == 0, log[-8000:]
-    assert (
-        "transplant does not apply (the old state has 2 partitions, the query 3 "
-        "(shuffle_partitions)): falling back to the initialState road" in log
-    )
+    assert "carry-over road: initial_state" in log
     assert_migrated(spark, m, whole, log, "initial_state")
     new = load_checkpoint(m.query().checkpoint)
     assert [op.num_partitions for op in new.operators] == [3]

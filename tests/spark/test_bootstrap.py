@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
+from stateops.core.verify import verify_checkpoint
 from stateops.ops.bootstrap import read_initial_state
 from stateops.spark.proof import prove_first_batch
 from tests.conftest import (
@@ -236,13 +238,15 @@ def test_values_of_the_wrong_type_and_a_processor_misfit_are_refused(tmp_path):
     assert not Path(load_registry(registry).query("page_visits").checkpoint).exists()
 
 
-@pytest.mark.parametrize("partitions, road", [(2, "transplant"), (3, "initial_state")])
-def test_bootstrap_from_a_checkpoint_transplants_it_or_falls_back_to_its_export(
-    spark, tmp_path, partitions, road
+@pytest.mark.parametrize("partitions", [2, 3])
+def test_bootstrap_from_a_checkpoint_transplants_it_and_repartitions_where_the_count_changed(
+    spark, tmp_path, partitions
 ):
-    """Same partitions: its state files are transplanted. Other partitions: the transplant
-    does not apply, so the checkpoint is exported and bootstrapped from; the counts are the
-    old query's plus the new input either way, and the old checkpoint is left as it was."""
+    """Its state files are transplanted; where the query wants 3 partitions and the old state
+    has 2, the start has Spark repartition the new checkpoint (batch N + 1) before its first
+    batch (N + 2), which is proven against the old state. The counts are the old query's plus
+    the new input either way, and the old checkpoint is left as it was. (Where the transplant
+    does not apply, the state goes by export: tests/spark/test_initial_state_road.py.)"""
     old = write_registry(tmp_path / "old")
     land(tmp_path / "old" / "landing", round_=0, files=2)
     run_in_session(spark, old, "page_visits")
@@ -252,10 +256,21 @@ def test_bootstrap_from_a_checkpoint_transplants_it_or_falls_back_to_its_export(
     land(tmp_path / "new" / "landing", round_=1, files=1)
     proc, output = _bootstrap(new, Path(old_checkpoint))
     summary = _summary(proc)
-    assert summary["carry_over"] == road and summary["bootstrap"] == "complete", output[-3000:]
-    assert summary["proof"]["ok"], summary["proof"]
-    fell_back = "transplant does not apply (the old state has 2 partitions, the query 3"
-    assert (fell_back in output) == (road == "initial_state"), output[-3000:]
+    assert summary["carry_over"] == "transplant", output[-3000:]
+    assert summary["bootstrap"] == "complete" and summary["proof"]["ok"], summary["proof"]
+    last = load_checkpoint(old_checkpoint).last_committed_batch
+    cp = load_checkpoint(load_registry(new).query("page_visits").checkpoint)
+    if partitions == 2:
+        assert summary["repartitioned"] is None and cp.repartition_batches() == {}
+        assert summary["proof"]["batches"] == [last + 1]
+    else:
+        assert summary["repartitioned"]["partitions"] == [2, 3], summary["repartitioned"]
+        assert cp.repartition_batches() == {last + 1: (2, 3)}
+        assert cp.input_files(last + 1) == [], "the repartition batch reads no input"
+        assert summary["proof"]["batches"] == [last + 2], summary["proof"]
+        assert f"then Spark's repartition writes batch {last + 1}" in output
+    assert cp.partitions(cp.last_committed_batch) == partitions
+    assert verify_checkpoint(cp.root)["ok"]
     assert tree_digest(Path(old_checkpoint)) == before
     expected = _landed(tmp_path / "old") + _landed(tmp_path / "new")
     assert _counts(spark, load_registry(new).query("page_visits").checkpoint) == expected

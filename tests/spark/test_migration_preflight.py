@@ -12,7 +12,7 @@ import yaml
 from stateops.control.lock import QueryLock, read_hold
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.migration import plan_migration, prepare_migration
+from stateops.ops.migration import format_migration_plan, plan_migration, prepare_migration
 from tests.conftest import spark_submit_run_query, tree_digest, write_registry
 from tests.spark.harness import land, run_in_session
 
@@ -110,20 +110,58 @@ def test_a_query_held_by_another_operation_is_refused_and_a_held_query_admits_on
         assert release_hold(lock, "manual__1")
 
 
-def test_a_transplant_asked_for_where_the_partition_count_changed_is_refused(data, tmp_path):
-    """The old state files have 2 partitions, the query now wants 3: ``carry_over
-    transplant`` is refused at preflight, saying why (``auto`` takes the initialState road:
-    tests/dag/test_migration.py)."""
-    path = write_registry(tmp_path, page_visits={"shuffle_partitions": 3})
+def _changed(tmp_path: Path, data: Path, **changes) -> Path:
+    """The registry of ``data`` with page_visits' entry changed."""
+    path = write_registry(tmp_path, page_visits=changes)
     raw = yaml.safe_load(path.read_text())
     path.write_text(yaml.safe_dump({**raw, "data_dir": str(data)}, sort_keys=False))
+    return path
+
+
+def test_a_changed_partition_count_plans_the_transplant_then_sparks_repartition(data, tmp_path):
+    """The old state files have 2 partitions, the query now wants 3: the transplant applies,
+    and Spark's repartition gives the new checkpoint 3 partitions before its first batch (run:
+    tests/spark/test_migration_run.py)."""
+    registry = load_registry(_changed(tmp_path, data, shuffle_partitions=3))
     before = tree_digest(data)
-    with pytest.raises(
-        StateOpsError,
-        match=r"the transplant does not apply: the old state has 2 "
-        r"partitions, the query 3 \(shuffle_partitions\)",
-    ):
-        plan_migration(load_registry(path), "page_visits", _source(), "", "manual__tp",
+    for road in ("auto", "transplant"):
+        plan = plan_migration(registry, "page_visits", _source(), "", "manual__tp",
+                              carry_over=road)  # fmt: skip
+        assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
+        assert plan["carry_over"]["repartition"] == [2, 3]
+        assert plan["carry_over"]["transplant_refusals"] == []
+    text = format_migration_plan(plan, dry_run=True)
+    assert (
+        "carry-over: transplant, then Spark's repartition of the state, 2 -> 3 partitions" in text
+    )
+    same = plan_migration(load_registry(_changed(tmp_path / "same", data)), "page_visits",
+                          _source(), "", "manual__same")  # fmt: skip
+    assert same["carry_over"]["repartition"] is None, "no repartition without a change"
+    assert tree_digest(data) == before
+
+
+def test_where_the_transplant_does_not_apply_auto_falls_back_and_transplant_is_refused(
+    data, tmp_path
+):
+    """Another state encoding (Spark cannot repartition it into one): auto takes the
+    initialState road and says why; carry_over transplant is refused at preflight, saying
+    why; nothing changes."""
+    registry = load_registry(_changed(
+        tmp_path, data, shuffle_partitions=3,
+        spark_conf={"spark.sql.streaming.stateStore.encodingFormat": "avro"},
+    ))  # fmt: skip
+    before = tree_digest(data)
+    plan = plan_migration(registry, "page_visits", _source(), "", "manual__auto")
+    assert (
+        plan["carry_over"]["road"] == "initial_state" and plan["carry_over"]["repartition"] is None
+    )
+    why = "streaming.stateStore.encodingFormat is unsaferow in the old checkpoint, avro"
+    assert any(why in r for r in plan["carry_over"]["transplant_refusals"]), plan["carry_over"]
+    assert f"initial_state (transplant does not apply: {why}" in format_migration_plan(
+        plan, dry_run=True
+    )
+    with pytest.raises(StateOpsError, match=f"the transplant does not apply: {why}"):
+        plan_migration(registry, "page_visits", _source(), "", "manual__tp",
                        carry_over="transplant")  # fmt: skip
     assert tree_digest(data) == before
 

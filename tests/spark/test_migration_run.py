@@ -1,6 +1,7 @@
 """The migration's steps in one process (``stateops.ops.migration.run_migration``, behind
 ``stateops migrate``): a failure after each step rolls the run back, and a new run migrates,
-to the state and output of one uninterrupted query (tests/spark/migrations.py). The Spark
+to the state and output of one uninterrupted query (tests/spark/migrations.py), by transplant
+and, as the query now wants another partition count, Spark's repartition. The Spark
 steps run their jobs' own ``main()`` in the shared session while failing one by one; the
 migration that succeeds is ``stateops migrate`` itself, its jobs through ``spark-submit``.
 The DAG runs the same step functions: tests/dag/test_migration.py.
@@ -13,8 +14,10 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stateops.control.lock import read_hold
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.migration import plan_migration, run_migration
@@ -88,12 +91,23 @@ def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     run_in_session(spark, m.path, "page_visits")
     assert tree_digest(old) == drained
 
+    # The query now wants 3 partitions (its old state has 2): the transplant keeps 2, and the
+    # first batch's job has Spark repartition the new checkpoint before it runs.
+    raw = yaml.safe_load(m.path.read_text())
+    raw["queries"]["page_visits"]["shuffle_partitions"] = 3
+    m.edit_registry(queries=raw["queries"])
     migrated = run_cli(*_cli_args(m), env=m.s3.env(), timeout=600)
     log = migrated.stdout + migrated.stderr
     assert migrated.returncode == 0, log[-8000:]
     assert "carry-over road: transplant" in log and "transplant done:" in log
+    last = load_checkpoint(old).last_committed_batch
+    assert f"then Spark's repartition writes batch {last + 1}" in log
+    assert f": 2 -> 3 state partitions in batch {last + 1}; proven:" in log, log[-8000:]
     assert json.loads(migrated.stdout.strip().splitlines()[-1])["carry_over"] == "transplant"
     assert_migrated(spark, m, whole, log, "transplant")
+    new = load_checkpoint(m.query().checkpoint)
+    assert new.repartition_batches() == {last + 1: (2, 3)}
+    assert new.partitions(new.last_committed_batch) == 3
 
 
 def test_a_transforms_state_moves_to_the_new_source_by_transplant(spark, s3, tmp_path):

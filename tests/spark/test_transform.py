@@ -23,6 +23,7 @@ from stateops.core.registry import PROVIDER_CLASSES, load_registry
 from stateops.core.steps import BOOTSTRAP_STATE, RUN_QUERY
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.bootstrap import plan_bootstrap
+from stateops.ops.transplant import transplant_refusals
 from stateops.spark.jobs import job_path, preflight_job
 from tests.conftest import run_cli, write_registry
 from tests.spark.harness import (
@@ -414,6 +415,12 @@ def test_the_windowed_count_bootstraps_from_its_checkpoint_by_transplant_on_a_pa
     with pytest.raises(StateOpsError, match="^carry_over initial_state is for processors"):
         plan_bootstrap(load_registry(moved), "page_counts", query.checkpoint, None,
                        "initial_state")  # fmt: skip
+    # Another partition count: Spark repartitions RocksDB state only, so no transplant.
+    (why,) = transplant_refusals(load_checkpoint(query.checkpoint),
+                                 new.model_copy(update={"shuffle_partitions": 3}))  # fmt: skip
+    assert re.fullmatch(r"the old state has 2 partitions, the query 3 \(shuffle_partitions\), "
+                        r"and operator 0 \(.*\) keeps its state in hdfs: Spark repartitions "
+                        r"RocksDB state only; .*", why), why  # fmt: skip
     assert not Path(new.checkpoint).exists()
 
     code, out = job_in_session(spark, BOOTSTRAP_STATE, "--registry", str(moved), "--query",

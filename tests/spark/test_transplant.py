@@ -30,7 +30,6 @@ class PagesWithReferrer(PageVisitsProcessor):
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 REFUSED = [
-    ({"shuffle_partitions": 8}, None, r"the old state has 2 partitions, the query 8"),
     ({"processor": {"class": f"{__name__}:PagesWithReferrer", "output_mode": "Update"}}, None,
      r"state 'pages' holds \(page string, visited_at timestamp\) in the old checkpoint, the "
      r"processor declares \(page string, visited_at timestamp, referrer string\)"),
@@ -82,11 +81,12 @@ def test_an_unreadable_state_schema_file_refuses_the_transplant(page_visits, tmp
 def test_the_cli_refuses_in_one_line_and_writes_nothing(page_visits, tmp_path):
     old = Path(load_registry(page_visits / "registry.yaml").query("page_visits").checkpoint)
     before = tree_digest(old)
-    changed = write_registry(tmp_path, page_visits={"shuffle_partitions": 8})
+    changed = write_registry(tmp_path, page_visits={"spark_conf": {
+        "spark.sql.streaming.stateStore.encodingFormat": "avro"}})  # fmt: skip
     proc = run_cli("--registry", str(changed), "transplant", str(old), str(tmp_path / "new"),
                    "--query", "page_visits")  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("error: transplant of ") and "partitions" in proc.stderr
+    assert proc.stderr.startswith("error: transplant of ") and "encodingFormat" in proc.stderr
     assert not (tmp_path / "new").exists() and tree_digest(old) == before
     marker = load_registry(changed).bootstrap_marker("page_visits")
     assert not marker.exists(), "a refused transplant leaves no pending proof"

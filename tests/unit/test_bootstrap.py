@@ -57,3 +57,15 @@ def test_a_carry_over_waits_for_its_own_batch_on_its_own_checkpoint(registry):
     write_carry_over(registry, "user_sessions", {**record, "checkpoint": "/elsewhere"})
     assert pending_carry_over(registry, query, 4) is None, "the query moved to another checkpoint"
     assert read_carry_over(registry, "user_sessions") is None
+
+
+def test_a_transplant_that_repartitions_waits_through_the_repartition_batch(registry):
+    """Batch 5 is Spark's repartition (no input): the carried state's first batch is 6."""
+    query = registry.query("user_sessions")
+    record = {"road": "transplant", "checkpoint": query.checkpoint, "batch": 4, "first": 6,
+              "partitions": 3}  # fmt: skip
+    write_carry_over(registry, "user_sessions", record)
+    assert pending_carry_over(registry, query, 4) == record, "to repartition, then batch 6"
+    assert pending_carry_over(registry, query, 5) == record, "repartitioned, batch 6 to run"
+    assert pending_carry_over(registry, query, 6) is None, "batch 6 committed: settled"
+    assert read_carry_over(registry, "user_sessions") is None

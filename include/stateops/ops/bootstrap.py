@@ -377,22 +377,31 @@ def transplant_bootstrap(
 
 
 def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -> None:
-    """A transplanted checkpoint awaits its first batch (N + 1), whose state is then proven
-    against the old checkpoint's (``transplant``: what ``transplant_checkpoint`` returned)."""
-    write_carry_over(registry, name, {"road": "transplant", "checkpoint": transplant["new"],
-                                      "from_checkpoint": transplant["old"],
-                                      "batch": transplant["batch"]})  # fmt: skip
+    """A transplanted checkpoint awaits its first batch, whose state is then proven against
+    the old checkpoint's (``transplant``: what ``transplant_checkpoint`` returned). That is
+    batch N + 1; where the partition count changes, the start first has Spark repartition the
+    state (batch N + 1, ``partitions``) and the first batch is N + 2."""
+    repartition = transplant.get("repartition")
+    write_carry_over(registry, name, {
+        "road": "transplant", "checkpoint": transplant["new"],
+        "from_checkpoint": transplant["old"], "batch": transplant["batch"],
+        "first": transplant["batch"] + (2 if repartition else 1),
+        "partitions": repartition and repartition[1],
+    })  # fmt: skip
 
 
 def pending_carry_over(
     registry: Registry, query: Query, last_committed: int | None
 ) -> dict[str, Any] | None:
     """The carried-over state awaiting its first batch on this start, or None: a bootstrap's
-    initial state until batch 0 commits, a transplant until batch N + 1 commits."""
+    initial state until batch 0 commits, a transplant until its first batch commits (N + 1,
+    or N + 2 after a repartition)."""
     record = read_carry_over(registry, query.name)
     if record is None:
         return None
-    if last_committed != record.get("batch") or record.get("checkpoint") != query.checkpoint:
+    batch = record.get("batch")
+    awaiting = [batch] if batch is None else range(batch, record.get("first", batch + 1))
+    if last_committed not in awaiting or record.get("checkpoint") != query.checkpoint:
         same = record.get("checkpoint") == query.checkpoint
         if last_committed == 0 and same and record.get("origin"):
             # Stopped between the image batch's commit and its watermark: finish it first.

@@ -63,7 +63,12 @@ from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.ops.carry import carry_differences, refuse_differences
 from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
 from stateops.ops.start import read_summary
-from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
+from stateops.ops.transplant import (
+    choose_road,
+    repartition_from,
+    transplant_checkpoint,
+    transplant_refusals,
+)
 
 __all__ = [
     "OPERATION",
@@ -168,11 +173,13 @@ def plan_migration(
     cp = _sound_checkpoint(query)
     old = Path(query.checkpoint)
     runs_as = _runs_as(query, source_name, source, new)
-    refusals = transplant_refusals(cp, runs_as)
+    last = cp.last_committed_batch
+    refusals = transplant_refusals(cp, runs_as, last)
     road = choose_road(
         carry_over, refusals, lambda line: None, transform=query.transform is not None
     )
     differences = carry_differences(cp, runs_as) if road == "initial_state" else []
+    repartition = repartition_from(cp, runs_as, last) if road == "transplant" else None
     refuse_differences(name, differences, accept_differences, _ACCEPT)
     lock = refuse_unholdable(registry.lock_path(name), name, run_id)
     work = _work_dir(registry, run_id or "plan")
@@ -197,6 +204,7 @@ def plan_migration(
         "carry_over": {
             "choice": carry_over,
             "road": road,
+            "repartition": repartition and [repartition, runs_as.shuffle_partitions],
             "transplant_refusals": refusals,
             "differences": differences,
             "accepted": accept_differences,
@@ -371,7 +379,13 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
 
 
 def _road(carry_over: dict[str, Any]) -> str:
-    if carry_over["road"] == "transplant":
+    if carry_over["road"] == "transplant" and carry_over.get("repartition"):
+        before, after = carry_over["repartition"]
+        road = (
+            f"transplant, then Spark's repartition of the state, {before} -> {after} partitions "
+            "(batch N + 1, no input; the new query starts at batch N + 2)"
+        )
+    elif carry_over["road"] == "transplant":
         road = "transplant (the new query can run on the old state files)"
     elif carry_over["choice"] == "initial_state":
         road = "initial_state (chosen)"

@@ -34,7 +34,7 @@ from stateops.control import faults
 from stateops.control.audit import append_audit, audit_dir
 from stateops.control.lock import QueryLock
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, one_line
 from stateops.core.registry import Registry, write_partitions
 from stateops.core.verify import error_summary, verify_checkpoint
@@ -46,8 +46,10 @@ __all__ = [
     "format_repartition_plan",
     "plan_repartition",
     "prepare_repartition",
-    "record_partitions",
     "proof_path",
+    "record_partitions",
+    "repartition_locked",
+    "repartition_unsupported",
     "run_repartition",
     "undo_repartition",
 ]
@@ -94,18 +96,9 @@ def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dic
         raise StateOpsError(
             f"{cp.root}: the state already has {partitions} partitions; nothing to change"
         )
-    if cp.offsets[last].conf.get(_FORMAT_VERSION, "1") != "1":
-        raise CheckpointError(
-            f"{cp.root}: checkpoint format v{cp.offsets[last].conf[_FORMAT_VERSION]}: "
-            "repartition reads format v1 only"
-        )
-    for op in cp.operators:
-        if op.provider != "rocksdb":
-            raise CheckpointError(
-                f"{cp.root}: operator {op.operator_id} ({op.operator_name}) keeps its state "
-                f"in {op.provider}: Spark repartitions RocksDB state only; migrate the query "
-                "to a RocksDB checkpoint first"
-            )
+    unsupported = repartition_unsupported(cp, last)
+    if unsupported:
+        raise CheckpointError(f"{cp.root}: {unsupported}")
     if pending is None:
         result = verify_checkpoint(cp.root)
         if not result["ok"]:
@@ -132,6 +125,21 @@ def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dic
         "files": len(cp.sizes),
         "resumes": pending and {k: v for k, v in pending.items() if k != "files"},
     }
+
+
+def repartition_unsupported(cp: Checkpoint, batch: int) -> str | None:
+    """Why Spark's repartition cannot take ``cp``'s state at ``batch`` (None: it can)."""
+    version = cp.offsets[batch].conf.get(_FORMAT_VERSION, "1")
+    if version != "1":
+        return f"checkpoint format v{version}: repartition reads format v1 only"
+    for op in cp.operators:
+        if op.provider != "rocksdb":
+            return (
+                f"operator {op.operator_id} ({op.operator_name}) keeps its state in "
+                f"{op.provider}: Spark repartitions RocksDB state only; migrate the query to a "
+                "RocksDB checkpoint first"
+            )
+    return None
 
 
 def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
@@ -335,22 +343,41 @@ def run_repartition(
     if dry_run:
         log(format_repartition_plan(plan, dry_run=True))
         return plan
-    started = time.time()
     with lock:
-        plan = prepare_repartition(checkpoint, partitions, lock.run_id, backup=backup, log=log)
-        try:
-            submit(plan)
-            done = finish_repartition(checkpoint, registry=registry, query=query, log=log)
-        except BaseException as err:
-            undo_repartition(checkpoint, log=log)
-            append_audit(checkpoint, OPERATION, run_id=plan["run_id"], result="failed",
-                         batch_before=plan["last_committed_batch"],
-                         error=one_line(err))  # fmt: skip
-            raise StateOpsError(
-                f"the repartition of {checkpoint} failed ({one_line(err)}); it was undone: "
-                f"batch {plan['last_committed_batch']} with {plan['partitions_before']} "
-                "partitions is the last committed batch, as before"
-                + (f" (backup {plan['backup_id']})" if plan["backup_id"] else "")
-            ) from err
+        return repartition_locked(
+            checkpoint, partitions, lock.run_id, submit=submit, backup=backup,
+            registry=registry, query=query, log=log,
+        )  # fmt: skip
+
+
+def repartition_locked(
+    checkpoint: str | os.PathLike[str],
+    partitions: int,
+    run_id: str,
+    *,
+    submit: Callable[[dict[str, Any]], Any],
+    backup: Callable[[], str] | None = None,
+    registry: Registry | None = None,
+    query: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Prepare, ``submit(plan)``, finish; on any failure undo, and fail saying so. The caller
+    holds the query's lock (:func:`run_repartition`, or a start that repartitions a
+    transplanted checkpoint before its first batch)."""
+    started = time.time()
+    plan = prepare_repartition(checkpoint, partitions, run_id, backup=backup, log=log)
+    try:
+        submit(plan)
+        done = finish_repartition(checkpoint, registry=registry, query=query, log=log)
+    except BaseException as err:
+        undo_repartition(checkpoint, log=log)
+        append_audit(checkpoint, OPERATION, run_id=plan["run_id"], result="failed",
+                     batch_before=plan["last_committed_batch"], error=one_line(err))  # fmt: skip
+        raise StateOpsError(
+            f"the repartition of {checkpoint} failed ({one_line(err)}); it was undone: "
+            f"batch {plan['last_committed_batch']} with {plan['partitions_before']} "
+            "partitions is the last committed batch, as before"
+            + (f" (backup {plan['backup_id']})" if plan["backup_id"] else "")
+        ) from err
     done["seconds"] = round(time.time() - started, 1)
     return {**plan, **done}

@@ -183,6 +183,7 @@ def run_registered_query(
     run_id = run_id or new_run_id(operation)
     stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
+        _undo_killed_repartition(registry, query)
         refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
         fresh = not occupied(query.checkpoint)
         before, _ = checkpoint_state(query.checkpoint)
@@ -198,6 +199,10 @@ def run_registered_query(
         use_code_paths(registry, spark)
         prepared = prepare(spark) if prepare else None
         carried, initial_state = _carried(spark, registry, query, before)
+        repartitioned = None
+        if carried and carried.get("partitions") and before == carried["batch"]:
+            repartitioned = _repartition_carried(spark, query, carried["partitions"], run_id)
+            before, first = repartitioned["batch"], repartitioned["batch"] + 1
         origin = carried.get("origin") if carried and before is None else None
         stopped_by_marker, error, progress = _run(
             spark, query, stop, poll_seconds, first, until_batch, initial_state, origin
@@ -231,6 +236,7 @@ def run_registered_query(
             "lock_lost": lock.lost,
             "bootstrap": bootstrap,
             "carry_over": carried.get("road", "initial_state") if carried else None,
+            "repartitioned": repartitioned,
             "proof": _proof_summary(proof),
             "prepared": prepared,
             **progress_summary(progress),
@@ -262,6 +268,43 @@ def _carried(
             spark, query, carried["initial_state"], carried["format"]
         )
     return carried, None
+
+
+def _undo_killed_repartition(registry: Registry, query: Query) -> None:
+    """A start killed while Spark repartitioned its transplanted checkpoint left the
+    repartition's marker: undone here, so this start repartitions again."""
+    from stateops.control.markers import read_carry_over, read_repartition
+    from stateops.ops.repartition import undo_repartition
+
+    carried, marker = read_carry_over(registry, query.name), read_repartition(query.checkpoint)
+    if (
+        carried and marker and carried.get("partitions")
+        and carried.get("checkpoint") == query.checkpoint
+        and marker["batch"] == carried["batch"] + 1
+    ):  # fmt: skip
+        undo_repartition(query.checkpoint, log=_stderr)
+
+
+def _repartition_carried(
+    spark: SparkSession, query: Query, partitions: int, run_id: str
+) -> dict[str, Any]:
+    """Spark's repartition of a transplanted checkpoint to the query's count, before its first
+    batch (:func:`stateops.ops.bootstrap.mark_transplant`): batch N + 1, proven, undone if it
+    fails (:func:`stateops.ops.repartition.repartition_locked`; the start holds the lock)."""
+    from stateops.ops.repartition import proof_path, repartition_locked
+    from stateops.spark.repartition import repartition_and_prove
+
+    def submit(plan: dict[str, Any]) -> None:
+        repartition_and_prove(spark, query.checkpoint, plan["partitions"],
+                              proof_path(query.checkpoint, run_id))  # fmt: skip
+
+    done = repartition_locked(query.checkpoint, partitions, run_id, submit=submit, log=_stderr)
+    return {"batch": done["batch"], "partitions": [done["partitions_before"], partitions],
+            "proof": done["proof"]["summary"], "seconds": done["seconds"]}  # fmt: skip
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _settle(
@@ -389,11 +432,12 @@ def _prove(
 
     started = time.time()
     if carried.get("road") == "transplant":
+        first = carried.get("first", carried["batch"] + 1)
         origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
         proof = (
-            prove_carried_state(spark, query, origin) if query.transform is not None
-            else prove_carry_over(spark, query, origin, first=carried["batch"] + 1,
-                                  image=False, until_caught_up=False)
+            prove_carried_state(spark, query, origin, first - 1) if query.transform is not None
+            else prove_carry_over(spark, query, origin, first=first, image=False,
+                                  until_caught_up=False)
         )  # fmt: skip
     elif carried.get("origin") and not carried.get("differences"):
         proof = prove_carry_over(spark, query, carried["origin"], first=0, image=True,

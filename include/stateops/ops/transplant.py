@@ -13,12 +13,15 @@ are copied, it goes on where it was), any other starts anew. Spark numbers a que
 the order its plan reads them, which the same code on the same inputs keeps.
 
 It applies only where Spark would read those files as its own: the same stateful operator,
-state variables and schemas, time and output mode, shuffle partitions, state store provider
-and format settings. For a ``transform`` (Spark's built-in operators) the same function on a
-source of the same columns plans the same operators, so only the settings are checked here and
-Spark checks the state schemas when the new query starts. :func:`transplant_refusals` says why
-not, before anything is written; the migration then takes the ``initialState`` road (a
-processor's) or is refused (a transform's). The old checkpoint is only read.
+state variables and schemas, time and output mode, state store provider and format settings.
+Where only the partition count differs, the transplant keeps the old one and Spark's repartition
+(:mod:`stateops.ops.repartition`) gives the new checkpoint the query's count in a batch N + 1
+that reads no input, before the query's first batch, N + 2 (RocksDB state in format v1:
+what Spark repartitions). For a ``transform`` (Spark's built-in operators) the same function
+on a source of the same columns plans the same operators, so only the settings are checked
+here and Spark checks the state schemas when the new query starts. :func:`transplant_refusals`
+says why not, before anything is written; the migration then takes the ``initialState`` road
+(a processor's) or is refused (a transform's). The old checkpoint is only read.
 
 Pure Python, no Spark.
 """
@@ -45,6 +48,7 @@ from stateops.core.registry import Query, schema_fields
 from stateops.core.report import format_bytes
 from stateops.core.staging import Staging, occupied, remove_stale_staging
 from stateops.core.steps import ROADS
+from stateops.ops.repartition import repartition_unsupported
 
 __all__ = [
     "ROADS",
@@ -52,6 +56,7 @@ __all__ = [
     "choose_road",
     "operator_properties",
     "read_state_schema",
+    "repartition_from",
     "state_differences",
     "transplant_checkpoint",
     "transplant_refusals",
@@ -211,11 +216,12 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
         return reasons + [f"stateful operators {names}: expected one {_OPERATOR}"]
     for provider in sorted({op.provider for op in ops} - {query.state_store.provider}):
         reasons.append(f"state files are {provider}, the query uses {query.state_store.provider}")
-    old_partitions = {cp.partitions(batch) or op.num_partitions for op in ops}
-    for partitions in sorted(old_partitions - {query.shuffle_partitions}):
+    old_partitions = repartition_from(cp, query, batch)
+    unsupported = old_partitions and repartition_unsupported(cp, batch)
+    if unsupported:
         reasons.append(
-            f"the old state has {partitions} partitions, the query "
-            f"{query.shuffle_partitions} (shuffle_partitions)"
+            f"the old state has {old_partitions} partitions, the query "
+            f"{query.shuffle_partitions} (shuffle_partitions), and {unsupported}"
         )
     if query.transform is not None:
         # Spark's built-in operators: the same function plans the same operators and state
@@ -224,6 +230,14 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
     if ops[0].store_names != ["default"]:
         reasons.append(f"state stores {ops[0].store_names}, expected ['default']")
     return reasons + state_differences(cp, query, batch)
+
+
+def repartition_from(cp: Checkpoint, query: Query, batch: int) -> int | None:
+    """The old state's partition count where ``query`` runs with another (None: the same).
+    The transplant keeps the old count; Spark's repartition then gives the query its own
+    before its first batch (:func:`stateops.ops.bootstrap.mark_transplant`)."""
+    old = cp.partitions(batch) or max((op.num_partitions for op in cp.operators), default=None)
+    return old if old not in (None, query.shuffle_partitions) else None
 
 
 def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[list[int], list[str]]:
@@ -399,8 +413,10 @@ def transplant_checkpoint(
         raise TransplantRefused(f"transplant of {cp.root} refused: {'; '.join(reasons)}")
     files = _state_files(cp, batch, fresh)
     size = sum(cp.sizes[rel] for rel in files)
+    before = repartition_from(cp, query, batch)
     result = {"old": str(cp.root), "new": str(new), "batch": batch,
-              "old_query_id": cp.query_id, "files": len(files), "bytes": size}  # fmt: skip
+              "old_query_id": cp.query_id, "files": len(files), "bytes": size,
+              "repartition": before and [before, query.shuffle_partitions]}  # fmt: skip
     if done is not None:
         removed = [] if dry_run else remove_stale_staging(new, STAGING)
         log(
@@ -409,10 +425,17 @@ def transplant_checkpoint(
         )
         return result | {"query_id": done, "already_transplanted": True,
                          "removed_staging": removed, "dry_run": dry_run}  # fmt: skip
+    then = f"the new query starts at batch {batch + 1}"
+    if before:
+        then = (
+            f"then Spark's repartition writes batch {batch + 1}, the state in "
+            f"{query.shuffle_partitions} partitions (it has {before}), and the new query "
+            f"starts at batch {batch + 2}"
+        )
     log(
         f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
-        f"{batch} -> {new}: {len(files)} files ({format_bytes(size)}); the new query "
-        f"starts at batch {batch + 1} on {query.inputs_text} ({_anew(cp, batch, fresh)})"
+        f"{batch} -> {new}: {len(files)} files ({format_bytes(size)}); {then} on "
+        f"{query.inputs_text} ({_anew(cp, batch, fresh)})"
     )
     if dry_run:
         return result | {"dry_run": True}

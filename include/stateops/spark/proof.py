@@ -303,26 +303,28 @@ def prove_carry_over(
     return _write_proof(query, result)
 
 
-def prove_carried_state(spark: SparkSession, query: Query, origin: dict[str, Any]) -> dict:
-    """A transplanted ``transform``'s carried state: after batch N, every store of every
-    operator reads the same (rows and checksum) in the new checkpoint as in the old one
-    (``origin``). Its first new batch is Spark's own operators on that state; there is no
-    processor to simulate."""
+def prove_carried_state(
+    spark: SparkSession, query: Query, origin: dict[str, Any], carried: int
+) -> dict:
+    """A transplanted ``transform``'s carried state: every store of every operator reads the
+    same (rows and checksum) after batch ``carried`` of the new checkpoint (N, or N + 1 where
+    Spark repartitioned it) as after batch N of the old one (``origin``). Its first new batch
+    is Spark's own operators on that state; there is no processor to simulate."""
     old, batch = origin["checkpoint"], int(origin["batch"])
-    load_checkpoint(query.checkpoint).restart_files(batch)  # the carried batch is whole
+    load_checkpoint(query.checkpoint).restart_files(carried)  # the carried batch is whole
     expected = store_checksums(spark, old, batch)
-    actual = store_checksums(spark, query.checkpoint, batch)
+    actual = store_checksums(spark, query.checkpoint, carried)
     none = ("", (0, "0"))
     variables = [
-        _compared(name, (expected.get(name) or actual[name])[0], batch,
+        _compared(name, (expected.get(name) or actual[name])[0], carried,
                   expected.get(name, none)[1], actual.get(name, none)[1])
         for name in sorted(expected.keys() | actual.keys())
     ]  # fmt: skip
     result = {
         "query": query.name,
         "checkpoint": query.checkpoint,
-        "batch_id": batch,
-        "batches": [batch],
+        "batch_id": carried,
+        "batches": [carried],
         "carried": f"state of {old} after batch {batch}",
         "reference": "Spark's state reader on both checkpoints, every store of every operator",
         "input_files": 0,
