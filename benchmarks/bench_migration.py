@@ -1,7 +1,7 @@
 """Carrying the state of N keys to a new source, by both roads, against replaying every event.
 
     .venv/bin/python benchmarks/bench_migration.py [--keys 1000000] [--events-per-key 10]
-        [--new-share 100] [--pipeline counter|page_visits]
+        [--new-share 100] [--pipeline counter|page_visits] [--new-partitions 8]
 
 local[2], RocksDB, 8 partitions, through the project's spark-submit jobs and CLI (every figure
 includes a JVM or Python start). The pipeline: ``counter`` (default; a visit count per user,
@@ -15,6 +15,10 @@ event of each key (JSON; not timed). The new source (Parquet) holds the last eve
   new source and proves it);
 - transplant road: ``stateops transplant`` (the carry-over: checks and a file copy), then
   ``run_query.py`` on the new source (its first batch, proven against the old state).
+
+``--new-partitions N`` (other than 8): the new query wants N state partitions. The replay and
+the initialState road write N from the start; the transplant keeps 8 and ``run_query.py`` first
+has Spark repartition the new checkpoint (batch N + 1, proven), then runs the first batch.
 
 Each road's carry-over is printed with its ratio against the replay, and so is each road up to
 a proven first batch on the new source.
@@ -54,11 +58,12 @@ PIPELINE = {"counter": COUNTER, "page_visits": {}}
 
 
 def registry(
-    root: Path, pipeline: str, name: str, checkpoint: str, landing: Path, fmt: str = "json"
-) -> Path:
+    root: Path, pipeline: str, name: str, checkpoint: str, landing: Path, fmt: str = "json",
+    partitions: int = 8,
+) -> Path:  # fmt: skip
     raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
     spec = raw["queries"]["page_visits"] | PIPELINE[pipeline]
-    spec.update(checkpoint=checkpoint, shuffle_partitions=8)
+    spec.update(checkpoint=checkpoint, shuffle_partitions=partitions)
     spec["source"] = {**spec["source"], "format": fmt, "path": str(landing), "options": {}}
     spec["sink"] = {**spec["sink"], "path": f"output/{checkpoint}"}
     path = root / name
@@ -90,17 +95,21 @@ def main() -> None:
     parser.add_argument("--new-share", type=int, default=100, metavar="M",
                         help="the new source holds new events of 1 in M keys")  # fmt: skip
     parser.add_argument("--pipeline", choices=sorted(PIPELINE), default="counter")
+    parser.add_argument("--new-partitions", type=int, default=8, metavar="N",
+                        help="the new query's state partitions (the old query has 8)")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
     root = Path(tempfile.mkdtemp(prefix="bench-migration-"))
     try:
-        run(root, args.pipeline, args.keys, args.events_per_key, args.new_share)
+        run(
+            root, args.pipeline, args.keys, args.events_per_key, args.new_share, args.new_partitions
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(root: Path, pipeline: str, keys: int, per_key: int, share: int) -> None:
+def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) -> None:
     landing = root / "landing"
     old_events = write_events(landing / "old", keys, per_key - 1, files=4)
     rows = new_events(keys, per_key, share)
@@ -117,21 +126,22 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int) -> None:
     old = registry(root, pipeline, "old.yaml", "old", landing / "old")
     built, _ = job("run_query.py", "--registry", str(old), "--query", "page_visits")
     print(f"{keys} keys, {old_events} events in the old source, {len(rows)} in the new one "
-          f"({pipeline}, local[2], RocksDB, 8 partitions); the old query was built in "
-          f"{built:.1f} s", flush=True)  # fmt: skip
+          f"({pipeline}, local[2], RocksDB, 8 partitions; the new query {n}); the old query "
+          f"was built in {built:.1f} s", flush=True)  # fmt: skip
 
-    all_reg = registry(root, pipeline, "all.yaml", "replayed", landing / "all")
+    all_reg = registry(root, pipeline, "all.yaml", "replayed", landing / "all", partitions=n)
     replay, _ = job("run_query.py", "--registry", str(all_reg), "--query", "page_visits")
     print(f"replay: {replay:.1f} s", flush=True)
 
     export, _ = job("export_state.py", "--checkpoint", str(root / "old"),
                     "--out", str(root / "export"))  # fmt: skip
-    boot_reg = registry(root, pipeline, "boot.yaml", "bootstrapped", landing / "new", "parquet")
+    boot_reg = registry(root, pipeline, "boot.yaml", "bootstrapped", landing / "new", "parquet",
+                        n)  # fmt: skip
     boot, boot_summary = job("bootstrap_state.py", "--registry", str(boot_reg), "--query",
                              "page_visits", "--initial-state", str(root / "export"))  # fmt: skip
     print(f"initialState road: export {export:.1f} s, bootstrap {boot:.1f} s", flush=True)
 
-    tp_reg = registry(root, pipeline, "tp.yaml", "transplanted", landing / "new", "parquet")
+    tp_reg = registry(root, pipeline, "tp.yaml", "transplanted", landing / "new", "parquet", n)
     copy, _ = timed(
         str(BIN / "stateops"),
         "--registry",
@@ -146,17 +156,25 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int) -> None:
 
     proofs = {name: json.loads(s)["proof"] for name, s in
               (("initialState", boot_summary), ("transplant", tp_summary))}  # fmt: skip
+    repartitioned = json.loads(tp_summary)["repartitioned"]
+    if (repartitioned is None) != (n == 8):
+        sys.exit(f"the transplanted query's repartition: {repartitioned}, expected one to {n}")
+    then = "" if repartitioned is None else " + repartition"
     figures = [
         ("replay of every event", replay),
         ("initialState carry-over (export + bootstrap)", export + boot),
         ("transplant carry-over (stateops transplant)", copy),
-        ("transplant + first batch and its proof", copy + first),
+        (f"transplant{then} + first batch and its proof", copy + first),
     ]
     for label, seconds in figures:
         ratio = "(baseline)" if seconds is replay else f"{replay / seconds:6.2f}x replay's speed"
         print(f"{label:<46}{seconds:8.1f} s  {ratio}")
     for name, proof in proofs.items():
         print(f"  {name} proof: {proof['seconds']} s, {proof['sample']}, proven: {proof['ok']}")
+    if repartitioned:
+        print(f"  Spark's repartition {repartitioned['partitions'][0]} -> "
+              f"{repartitioned['partitions'][1]} (batch {repartitioned['batch']}): "
+              f"{repartitioned['seconds']} s, proven: {repartitioned['proof']}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ import io
 import json
 import os
 import shutil
+import signal
+import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,3 +355,19 @@ def copy_checkpoint(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest)
     relocate_checkpoint(dest)
     return dest
+
+
+def kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 240) -> None:
+    """SIGKILL ``proc``'s whole process group (the CLI, spark-submit, the JVM and the driver)
+    as soon as ``appears`` exists: in the middle of Spark's write."""
+    deadline = time.monotonic() + timeout
+    while not appears.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    while time.monotonic() < deadline + 30:  # every process of the group gone (and reaped)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
+from stateops.control.audit import read_audit
+from stateops.control.markers import read_repartition
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.verify import verify_checkpoint
@@ -16,12 +20,13 @@ from stateops.ops.bootstrap import read_initial_state
 from stateops.spark.proof import prove_first_batch
 from tests.conftest import (
     ROOT,
+    job_command,
     run_cli,
     spark_job,
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import job_in_session, land, run_in_session, summary_of
+from tests.spark.harness import job_in_session, kill_when, land, run_in_session, summary_of
 
 pytestmark = pytest.mark.spark
 
@@ -274,3 +279,38 @@ def test_bootstrap_from_a_checkpoint_transplants_it_and_repartitions_where_the_c
     assert tree_digest(Path(old_checkpoint)) == before
     expected = _landed(tmp_path / "old") + _landed(tmp_path / "new")
     assert _counts(spark, load_registry(new).query("page_visits").checkpoint) == expected
+
+
+def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_again(spark, tmp_path):
+    """kill -9 of the bootstrap job in the middle of Spark's repartition of the transplanted
+    state (its offsets written, not its commit): the next start undoes that write, repartitions
+    again, runs the first batch and proves it, to the counts of a run never killed."""
+    old = write_registry(tmp_path / "old")
+    land(tmp_path / "old" / "landing", round_=0, files=2)
+    run_in_session(spark, old, "page_visits")
+    old_checkpoint = load_registry(old).query("page_visits").checkpoint
+    last = load_checkpoint(old_checkpoint).last_committed_batch
+    new = write_registry(tmp_path / "new", page_visits={"shuffle_partitions": 3})
+    land(tmp_path / "new" / "landing", round_=1, files=1)
+    checkpoint = Path(load_registry(new).query("page_visits").checkpoint)
+    args = job_command("bootstrap_state.py", "--registry", str(new), "--query", "page_visits",
+                       "--initial-state", old_checkpoint)  # fmt: skip
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    kill_when(proc, checkpoint / "offsets" / str(last + 1))
+    assert proc.returncode == -signal.SIGKILL
+    cp = load_checkpoint(checkpoint)
+    assert (cp.last_committed_batch, cp.uncommitted_batches) == (last, [last + 1])
+    assert read_repartition(checkpoint) is not None, "killed in the middle of Spark's write"
+
+    summary = run_in_session(spark, new, "page_visits")
+    assert summary["status"] == "succeeded" and summary["proof"]["ok"], summary
+    assert summary["repartitioned"]["partitions"] == [2, 3]
+    assert summary["proof"]["batches"] == [last + 2]
+    cp = load_checkpoint(checkpoint)
+    assert cp.repartition_batches() == {last + 1: (2, 3)} and read_repartition(checkpoint) is None
+    assert verify_checkpoint(checkpoint)["ok"]
+    undone = [r for r in read_audit(checkpoint) if r.get("result") == "undone"]
+    assert len(undone) == 1, "the killed start's repartition was undone, then done again"
+    expected = _landed(tmp_path / "old") + _landed(tmp_path / "new")
+    assert _counts(spark, str(checkpoint)) == expected

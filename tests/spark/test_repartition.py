@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from tests.conftest import VENV_BIN, run_cli, tree_digest
 from tests.spark.harness import (
     copy_checkpoint,
     job_in_session,
+    kill_when,
     land,
     run_in_session,
     shape_registry,
@@ -208,16 +208,6 @@ def clone(registry: Path, dest: Path) -> Path:
         if Path(query.checkpoint).exists():
             relocate_checkpoint(Path(query.checkpoint))
     return path
-
-
-def kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 240) -> None:
-    """SIGKILL ``proc``'s whole process group (the CLI, spark-submit, the JVM and the driver)
-    as soon as ``appears`` exists: in the middle of Spark's write."""
-    deadline = time.monotonic() + timeout
-    while not appears.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark, s3, tmp_path):

@@ -17,7 +17,12 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateops.control.markers import clear_carry_over, read_carry_over, write_carry_over
+from stateops.control.markers import (
+    clear_carry_over,
+    read_carry_over,
+    read_repartition,
+    write_carry_over,
+)
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.core.registry import Query, Registry
@@ -35,6 +40,7 @@ __all__ = [
     "check_initial_types",
     "check_processor_fit",
     "initial_state_differences",
+    "killed_repartition",
     "mark_transplant",
     "pending_carry_over",
     "plan_bootstrap",
@@ -388,6 +394,19 @@ def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -
         "first": transplant["batch"] + (2 if repartition else 1),
         "partitions": repartition and repartition[1],
     })  # fmt: skip
+
+
+def killed_repartition(registry: Registry, query: Query) -> dict[str, Any] | None:
+    """The marker of the repartition a killed start of a transplanted checkpoint left (see
+    :func:`mark_transplant`), which the next start undoes and does again; else None."""
+    carried, marker = read_carry_over(registry, query.name), read_repartition(query.checkpoint)
+    if (
+        carried and marker and carried.get("partitions")
+        and carried.get("checkpoint") == query.checkpoint
+        and marker["batch"] == carried["batch"] + 1
+    ):  # fmt: skip
+        return marker
+    return None
 
 
 def pending_carry_over(

@@ -50,10 +50,14 @@ __all__ = [
 ]
 
 
-def refuse_pending_rollback(checkpoint: str | os.PathLike[str], to_batch: int | None = None):
+def refuse_pending_rollback(
+    checkpoint: str | os.PathLike[str], to_batch: int | None = None, *, redone: bool = False
+):
     """Raise while an interrupted rollback (to another batch than ``to_batch``) or repartition
-    (unless ``to_batch`` goes back to before it: the rollback finishes it) is pending."""
-    repartition = read_repartition(checkpoint)
+    (unless ``to_batch`` goes back to before it: the rollback finishes it; or ``redone``: the
+    start undoes and does it again, :func:`stateops.ops.bootstrap.killed_repartition`) is
+    pending."""
+    repartition = None if redone else read_repartition(checkpoint)
     if repartition is not None and (to_batch is None or to_batch >= repartition["batch"]):
         before = repartition["batch"] - 1
         raise StateOpsError(

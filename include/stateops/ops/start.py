@@ -24,6 +24,8 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
+from stateops.ops.bootstrap import killed_repartition
+from stateops.ops.repartition import undo_repartition
 from stateops.ops.rollback import refuse_pending_rollback
 
 if TYPE_CHECKING:
@@ -183,7 +185,8 @@ def run_registered_query(
     run_id = run_id or new_run_id(operation)
     stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
-        _undo_killed_repartition(registry, query)
+        if killed_repartition(registry, query):  # this start repartitions again
+            undo_repartition(query.checkpoint, log=_stderr)
         refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
         fresh = not occupied(query.checkpoint)
         before, _ = checkpoint_state(query.checkpoint)
@@ -268,21 +271,6 @@ def _carried(
             spark, query, carried["initial_state"], carried["format"]
         )
     return carried, None
-
-
-def _undo_killed_repartition(registry: Registry, query: Query) -> None:
-    """A start killed while Spark repartitioned its transplanted checkpoint left the
-    repartition's marker: undone here, so this start repartitions again."""
-    from stateops.control.markers import read_carry_over, read_repartition
-    from stateops.ops.repartition import undo_repartition
-
-    carried, marker = read_carry_over(registry, query.name), read_repartition(query.checkpoint)
-    if (
-        carried and marker and carried.get("partitions")
-        and carried.get("checkpoint") == query.checkpoint
-        and marker["batch"] == carried["batch"] + 1
-    ):  # fmt: skip
-        undo_repartition(query.checkpoint, log=_stderr)
 
 
 def _repartition_carried(
