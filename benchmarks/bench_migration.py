@@ -168,7 +168,7 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) 
     ]
     for label, seconds in figures:
         ratio = "(baseline)" if seconds is replay else f"{replay / seconds:6.2f}x replay's speed"
-        print(f"{label:<46}{seconds:8.1f} s  {ratio}")
+        print(f"{label:<54}{seconds:8.1f} s  {ratio}")
     for name, proof in proofs.items():
         print(f"  {name} proof: {proof['seconds']} s, {proof['sample']}, proven: {proof['ok']}")
     if repartitioned:
