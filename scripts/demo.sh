@@ -4,8 +4,9 @@
 # (two processors, a windowed count and a group-state session query) through the stream_start
 # DAG, backs them up, lands more events, runs and backs up again (only the changes are
 # uploaded), restores the first backup, and prints what each checkpoint holds;
-# then many small batches, a snapshot-group cleanup, a backfill with changed logic, and a move
-# of user_sessions to a new (Parquet) source with its state transplanted.
+# then many small batches, a snapshot-group cleanup, a backfill with changed logic, a
+# repartition of page_visits' state to 8 partitions, and a move of user_sessions to a new
+# (Parquet) source with its state transplanted.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$STATEOPS_HOME"
@@ -161,6 +162,13 @@ backfill user_sessions '{"processor": {"options": {"session_timeout_seconds": 27
   "reprocessed with a 45-minute session timeout"
 backfill page_counts '{"transform": {"options": {"window": "20 minutes"}}}' \
   "a transform reprocessed with 20-minute windows"
+
+step "Repartition: page_visits' state from 4 to 8 partitions by Spark's own engine, backed up first"
+conf='{"query": "page_visits", "partitions": 8, "dry_run": false}'
+echo "airflow dags test stream_repartition --conf '$conf'  (log: $DATA/stream_repartition.log)"
+logged stream_repartition airflow dags test stream_repartition --conf "$conf"
+grep -oE "repartition manual__[^ ]+ of .*" "$DATA/stream_repartition.log" | sed 's/^/  /' | sort -u
+stateops queries | grep -A1 "^  page_visits"
 
 step "Source migration: user_sessions moves to a Parquet landing folder, its state transplanted"
 stateops generate --round 3 --events 40 --files 2 --users 40 --out "$DATA/round4-json" >/dev/null
