@@ -326,7 +326,8 @@ def cmd_transplant(args: argparse.Namespace) -> int:
         mark_transplant(registry, query.name, result)
         _log(
             f"next: run {query.name} on {new} ({runs_as.inputs_text}); its first "
-            f"batch, {result['batch'] + 1}, is proven against the state of {path}"
+            f"batch, {result['first']}, is proven against the state of {path}"
+            + (" (the start first has Spark repartition it)" if result["repartition"] else "")
         )
     print(json.dumps(result))
     return 0

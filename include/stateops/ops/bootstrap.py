@@ -391,7 +391,7 @@ def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -
     write_carry_over(registry, name, {
         "road": "transplant", "checkpoint": transplant["new"],
         "from_checkpoint": transplant["old"], "batch": transplant["batch"],
-        "first": transplant["batch"] + (2 if repartition else 1),
+        "first": transplant["first"],
         "partitions": repartition and repartition[1],
     })  # fmt: skip
 

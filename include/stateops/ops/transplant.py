@@ -416,7 +416,8 @@ def transplant_checkpoint(
     before = repartition_from(cp, query, batch)
     result = {"old": str(cp.root), "new": str(new), "batch": batch,
               "old_query_id": cp.query_id, "files": len(files), "bytes": size,
-              "repartition": before and [before, query.shuffle_partitions]}  # fmt: skip
+              "repartition": before and [before, query.shuffle_partitions],
+              "first": batch + (2 if before else 1)}  # fmt: skip
     if done is not None:
         removed = [] if dry_run else remove_stale_staging(new, STAGING)
         log(
@@ -425,12 +426,11 @@ def transplant_checkpoint(
         )
         return result | {"query_id": done, "already_transplanted": True,
                          "removed_staging": removed, "dry_run": dry_run}  # fmt: skip
-    then = f"the new query starts at batch {batch + 1}"
+    then = f"the new query starts at batch {result['first']}"
     if before:
         then = (
             f"then Spark's repartition writes batch {batch + 1}, the state in "
-            f"{query.shuffle_partitions} partitions (it has {before}), and the new query "
-            f"starts at batch {batch + 2}"
+            f"{query.shuffle_partitions} partitions (it has {before}), and {then}"
         )
     log(
         f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
