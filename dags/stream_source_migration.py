@@ -21,8 +21,9 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    before it (refused if the query already read a later one).
 3. `backup`: the old checkpoint to the registry's `backups.url`; then the road the state takes
    (`carry_over`): **transplant** where the new query can run on the old state files as its
-   own (same processor state variables and schemas, time and output mode, shuffle partitions,
-   state store provider and format settings), else **initial_state**. `auto` (the default)
+   own (same processor state variables and schemas, time and output mode, state store
+   provider and format settings; another partition count is repartitioned by Spark after the
+   transplant), else **initial_state**. `auto` (the default)
    takes the transplant where it applies and logs why not where it does not;
    `transplant` fails (and rolls back) where it does not apply. Where the initialState road
    cannot give what the query would have computed on its old source (a processor whose state
@@ -31,7 +32,8 @@ carries its state over, instead of replaying history. Trigger it with the form; 
 4. Transplant road: `transplant` copies the old checkpoint's restart set into the new
    checkpoint with offsets that start the new source anew (a file copy; the old checkpoint is
    only read; a source that does not move keeps its offset and file log); `first_batch` runs
-   the query there, from batch N + 1 on the new source.
+   the query there, from batch N + 1 on the new source (where the partition count changed,
+   Spark's repartition first writes batch N + 1, proven, and the query starts at N + 2).
    initialState road: `export` the state at the last committed batch (list state with each
    element's position, and the batch's watermarks), `validate_export` (Great Expectations on
    it), `bootstrap` the query on the new source, into the new checkpoint: its batch 0 reads
@@ -164,8 +166,9 @@ def spark_task(step: str):
         "carry_over": carry_over_param(
             "Carry-over road",
             "transplant: copy the old state files (fast; only where the new query "
-            "can read them as its own). initial_state: export and bootstrap (any change of "
-            "partitions or schema). auto: the transplant where it applies, else initial_state.",
+            "can read them as its own; another partition count is then repartitioned by "
+            "Spark). initial_state: export and bootstrap (any change of partitions or schema). "
+            "auto: the transplant where it applies, else initial_state.",
         ),
         "accept_differences": Param(
             False,
