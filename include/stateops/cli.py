@@ -9,14 +9,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from stateops import __version__
 from stateops.control.audit import audit_dir, read_audit
 from stateops.control.lock import force_release, read_hold, read_lock
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.core.registry import checkpoint_of, load_registry, registry_path
+from stateops.core.registry import Query, Registry, checkpoint_of, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.steps import BOOTSTRAP_STATE, EXPORT_STATE, RUN_QUERY, VALIDATE_STATE
 from stateops.core.verify import format_findings, verify_checkpoint
@@ -415,6 +417,11 @@ def _option(text: str) -> tuple[str, str]:
 
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
+    if args.json:
+        print(json.dumps({"registry": str(registry.path), "data_dir": str(registry.data_dir),
+                          "queries": [_query_json(registry, q) for q in registry.queries.values()]},
+                         indent=1))  # fmt: skip
+        return 0
     print(f"registry {registry.path} (data under {registry.data_dir})")
     for q in registry.queries.values():
         print(
@@ -429,6 +436,19 @@ def cmd_queries(args: argparse.Namespace) -> int:
     return 0
 
 
+def _query_json(registry: Registry, q: Query) -> dict[str, Any]:
+    switch = registry.switch_path(q.name)
+    return {
+        "name": q.name,
+        "sources": {n: {"format": s.format, "path": s.path} for n, s in q.inputs.items()},
+        "sink": q.sink.path,
+        "checkpoint": q.checkpoint,
+        "provider": q.state_store.provider,
+        "partitions": q.shuffle_partitions,
+        "switch": str(switch) if switch.exists() else None,
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     names = [args.query] if args.query else list(registry.queries)
@@ -438,7 +458,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(statuses, indent=2, default=str))
     else:
         print("\n\n".join(format_status(s) for s in statuses))
-    return 0
+    return 1 if any(s["errors"] for s in statuses) else 0  # a part unknown is not healthy
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -467,6 +487,12 @@ def cmd_lock(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     path = registry.lock_path(registry.query(args.query).name)
     held = force_release(path) if args.action == "release" else read_lock(path) or read_hold(path)
+    if args.json:
+        state = None if held is None else "released" if args.action == "release" else (
+            "expired" if held.expired else "held")  # fmt: skip
+        print(json.dumps({"query": args.query, "state": state,
+                          "lock": None if held is None else asdict(held)}))  # fmt: skip
+        return 0
     if held is None:
         print(f"{args.query}: not locked")
     else:
@@ -519,6 +545,7 @@ def _positive(text: str) -> int:
 
 
 TARGET = "checkpoint directory, or a registered query's name"
+REGISTRY_HELP = "registry file (default: STATEOPS_REGISTRY or registry.yaml)"
 
 
 def _flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
@@ -725,6 +752,7 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
 def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     """The registry's queries: list, health, runs, locks, sample data."""
     p = sub.add_parser("queries", help="validate the registry and list its queries")
+    _flag(p, "--json", "machine-readable output")
     p.set_defaults(func=cmd_queries)
 
     p = sub.add_parser(
@@ -751,6 +779,7 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p = sub.add_parser("lock", help="show or force-release a query's lifecycle lock")
     p.add_argument("action", choices=["show", "release"])
     p.add_argument("query")
+    _flag(p, "--json", "machine-readable output")
     p.set_defaults(func=cmd_lock)
 
     p = sub.add_parser(
@@ -770,11 +799,14 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="stateops", description="Lifecycle operations for Spark streaming state."
+        prog="stateops",
+        description="Lifecycle operations for Spark streaming state.",
+        epilog="Exit codes: 0 done; 1 a finding (verify: errors; status: a part it could not "
+        "read); 2 refused or bad input (one line on stderr, nothing changed); 141 the reader "
+        "of the output went away (stateops status --json | head).",
     )
-    parser.add_argument(
-        "--registry", help="registry file (default: STATEOPS_REGISTRY or registry.yaml)"
-    )
+    parser.add_argument("--version", action="version", version=f"stateops {__version__}")
+    parser.add_argument("--registry", help=REGISTRY_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     s3_conn = argparse.ArgumentParser(add_help=False)
     s3_conn.add_argument(
@@ -785,6 +817,8 @@ def build_parser() -> argparse.ArgumentParser:
     _deletion_commands(sub, s3_conn)
     _carry_over_commands(sub, s3_conn)
     _query_commands(sub, s3_conn)
+    for command in sub.choices.values():  # a global option after the command too
+        command.add_argument("--registry", default=argparse.SUPPRESS, help=REGISTRY_HELP)
     return parser
 
 
@@ -794,8 +828,24 @@ def main(argv: list[str] | None = None) -> int:
         with domain_errors():
             return args.func(args)
     except StateOpsError as err:
+        if isinstance(err.__cause__, BrokenPipeError) and _reader_gone():
+            # `stateops status --json | head`: the reader took what it wanted; no error.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141  # as a shell reports a writer that SIGPIPE ended
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

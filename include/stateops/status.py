@@ -157,7 +157,9 @@ def format_status(status: dict[str, Any]) -> str:
                      f"{op['partitions']} partitions, {size}, {rows}")  # fmt: skip
         lines.append(f"    snapshot groups {groups or 'none'}")
     lines.append(f"  last cleanup    {describe_cleanup(s['last_cleanup'])}")
-    lines.append(f"  backups         {len(s['backups'])}" + "".join(
+    unlisted = any(e.startswith("backups: ") for e in s["errors"])
+    lines.append("  backups         unknown (the error below)" if unlisted else
+                 f"  backups         {len(s['backups'])}" + "".join(
         f"\n    {b['backup_id']}  batch {b['batch_id']}  {format_bytes(b['bytes'])}"
         for b in s["backups"]))  # fmt: skip
     v = s["last_validation"]

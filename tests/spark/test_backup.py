@@ -298,13 +298,17 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     assert f"last committed  batch {cp.last_committed_batch} at " in text, text
     assert f"{taken['backup_id']}  batch {taken['batch_id']}" in text, text
 
-    # The backup store refuses: said, and the rest is still shown.
+    # The backup store refuses: said, the rest is still shown, and the exit code says that a
+    # part is unknown (1).
     secret = "not-the-secret-7f3a"
     wrong = run_cli(*cli, "--json", env={**s3.env(), "AWS_SECRET_ACCESS_KEY": secret})
     [partial] = json.loads(wrong.stdout)
-    assert wrong.returncode == 0 and partial["last_committed_batch"] == cp.last_committed_batch
+    assert wrong.returncode == 1 and partial["last_committed_batch"] == cp.last_committed_batch
     assert len(partial["errors"]) == 1 and partial["errors"][0].startswith("backups: ")
     assert secret not in wrong.stdout + wrong.stderr, "never the secret"
+    text = run_cli(*cli, env={**s3.env(), "AWS_SECRET_ACCESS_KEY": secret})
+    assert text.returncode == 1 and "  backups         unknown (the error below)" in text.stdout
+    assert "  backups         0" not in text.stdout and "  error: backups: " in text.stdout
 
     unknown = run_cli("--registry", str(registry), "status", "no_such_query")
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
