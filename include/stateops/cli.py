@@ -187,16 +187,23 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_backups(args: argparse.Namespace) -> int:
     from stateops.ops.backup import list_backups, prune_backups, verify_backup
 
+    url = args.url
+    if args.action != "verify" and not url.startswith("s3://"):  # a registered query's backups
+        registry = load_registry(args.registry)
+        url = registry.backups.url_for(registry.query(url).name)
     if args.action == "list":
-        rows = list_backups(args.url, _s3(args))
+        rows = list_backups(url, _s3(args))
+        if args.json:
+            print(json.dumps(rows, indent=1, default=str))
+            return 0
         for r in rows:
             print(f"{r['backup_id']}  batch {r['batch_id']:>6}  {r['files']:>6} files  "
                   f"{r['bytes']:>12} bytes  {r['created_at']}")  # fmt: skip
-        print(f"{len(rows)} backups under {args.url}")
+        print(f"{len(rows)} backups under {url}")
         return 0
     if args.action == "prune":
         plan = prune_backups(
-            args.url, _s3(args), keep_last=args.keep_last, max_age=args.max_age,
+            url, _s3(args), keep_last=args.keep_last, max_age=args.max_age,
             grace=args.grace, dry_run=args.dry_run,
         )  # fmt: skip
         verb = "would delete" if plan["dry_run"] else "deleted"
@@ -218,9 +225,14 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from stateops.ops.cleanup import run_cleanup
 
     path, registry, _ = checkpoint_of(args.checkpoint, args.registry)
+    retain = args.retain_batches or (registry and registry.cleanup.retain_batches)
+    if retain is None:
+        raise StateOpsError(
+            f"{path}: no readable registry sets cleanup.retain_batches; give --retain-batches K"
+        )
     lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
     log = _log if args.json else print
-    plan = run_cleanup(path, args.retain_batches, lock, dry_run=args.dry_run, log=log)
+    plan = run_cleanup(path, retain, lock, dry_run=args.dry_run, log=log)
     if args.json:
         print(json.dumps(plan, indent=1))
     return 0
@@ -618,12 +630,15 @@ def _backup_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     )
     p.add_argument("action", choices=["list", "verify", "prune"])
     p.add_argument(
-        "url", help="list/prune: s3://BUCKET/PREFIX; verify: s3://BUCKET/PREFIX/BACKUP_ID"
-    )
+        "url", metavar="QUERY|URL",
+        help="list/prune: a registered query's name (its backups.url) or s3://BUCKET/PREFIX; "
+        "verify: s3://BUCKET/PREFIX/BACKUP_ID",
+    )  # fmt: skip
     p.add_argument("--keep-last", type=int, help="prune: keep the newest K backups")
     p.add_argument("--max-age", help="prune: keep backups younger than this (30d, 12h)")
     p.add_argument("--grace", default="1h", help="prune: keep unreferenced objects this young")
     _flag(p, "--dry-run", "prune: print the plan, delete nothing")
+    _flag(p, "--json", "list: machine-readable output")
     p.set_defaults(func=cmd_backups)
 
 
@@ -634,8 +649,9 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     )
     p.add_argument("checkpoint", help=TARGET)
     p.add_argument(
-        "--retain-batches", type=_positive, required=True, metavar="K",
-        help="keep what restarts after each of the last K committed batches need",
+        "--retain-batches", type=_positive, metavar="K",
+        help="keep what restarts after each of the last K committed batches need (default: "
+        "the registry's cleanup.retain_batches)",
     )  # fmt: skip
     _flag(p, "--dry-run", "print the plan, delete nothing")
     _flag(p, "--json", "the plan as JSON on stdout")

@@ -296,6 +296,9 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
 
     text = run_cli(*cli, env=s3.env(), check=True).stdout
     assert f"last committed  batch {cp.last_committed_batch} at " in text, text
+    listed = run_cli("--registry", str(registry), "backups", "list", "page_visits", "--json",
+                     env=s3.env(), check=True).stdout  # fmt: skip
+    assert [b["backup_id"] for b in json.loads(listed)] == [taken["backup_id"]], "by its name"
     assert f"{taken['backup_id']}  batch {taken['batch_id']}" in text, text
 
     # The backup store refuses: said, the rest is still shown, and the exit code says that a

@@ -69,6 +69,13 @@ def test_rollback_then_reprocess_with_unchanged_logic_equals_an_uninterrupted_ru
     run_in_session(spark, registry, "page_visits")
     assert (read_state(spark, ckpt, READS["page_visits"]), _rows(sink)) == uninterrupted
 
+    # A cleanup plan by the query's name takes the registry's cleanup.retain_batches.
+    before = tree_digest(ckpt)
+    plan = json.loads(run_cli("cleanup", "page_visits", "--dry-run", "--json", "--registry",
+                              str(registry), check=True).stdout)  # fmt: skip
+    assert plan["retain_batches"] == load_registry(registry).cleanup.retain_batches == 10
+    assert tree_digest(ckpt) == before
+
 
 def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark, tmp_path):
     registry = write_registry(tmp_path)  # sessions time out after 30 minutes
@@ -146,7 +153,8 @@ def test_refusals_change_nothing(template, tmp_path, command):
     run_cli("cleanup", str(work), "--retain-batches", "3", check=True)  # keeps 5..7
     if command == "rollback":
         cases = [(["--to-batch", "99"], "batch 99 is not a committed batch"),
-                 (["--to-batch", "0"], "older than the oldest retained batch (5)")]  # fmt: skip
+                 (["--to-batch", "0"], "older than the oldest retained batch (5)"),
+                 (["--to-batch", "-1"], "batch -1: batch ids start at 0")]  # fmt: skip
     else:  # fewer batches than asked for are left: they are all retained, nothing goes
         proc = run_cli("cleanup", str(work), "--retain-batches", "5", check=True)
         assert "(only 3 committed batches are left)" in proc.stdout

@@ -80,6 +80,11 @@ def refuse_pending_rollback(
 
 def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
     """What a rollback to committed batch ``to_batch`` deletes (it becomes the last one)."""
+    if to_batch < 0:
+        raise StateOpsError(
+            f"batch {to_batch}: batch ids start at 0; pick a committed batch listed by "
+            "`stateops inspect`"
+        )
     cp = load_checkpoint(checkpoint)
     pending = refuse_pending_rollback(cp.root, to_batch)
     refuse_gaps(cp)
