@@ -118,6 +118,7 @@ cat <<EOF
   Spark master  http://127.0.0.1:${STATEOPS_SPARK_UI_PORT:-8081}
   S3 endpoint   $STATEOPS_S3_ENDPOINT_URL   (key $AWS_ACCESS_KEY_ID)
   Data          $DATA     Logs: $RUN
+  CLI           source scripts/env.sh; export STATEOPS_REGISTRY=${STATEOPS_REGISTRY:-$STATEOPS_HOME/registry.yaml} STATEOPS_DATA_DIR=$DATA STATEOPS_S3_ENDPOINT_URL=$STATEOPS_S3_ENDPOINT_URL
 
 Ctrl-C (or \`make airflow-stop\` in another shell) stops everything.
 EOF

@@ -155,8 +155,14 @@ def _log(line: str) -> None:
 def cmd_backup(args: argparse.Namespace) -> int:
     from stateops.ops.backup import backup_checkpoint
 
-    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
-    manifest = backup_checkpoint(path, args.to, _s3(args), batch=args.batch, log=_log)
+    path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
+    to = args.to or (owner and registry.backups.url_for(owner.name))
+    if not to:
+        raise StateOpsError(
+            f"{path}: not a registered query's checkpoint, so no backups.url applies; give "
+            "--to s3://BUCKET/PREFIX"
+        )
+    manifest = backup_checkpoint(path, to, _s3(args), batch=args.batch, log=_log)
     print(json.dumps({k: v for k, v in manifest.items() if k != "files"}))
     return 0
 
@@ -213,6 +219,9 @@ def cmd_backups(args: argparse.Namespace) -> int:
         print(f"{verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes")
         return 0
     result = verify_backup(args.url, _s3(args))
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0 if result["ok"] else 1
     for problem in result["problems"]:
         print(f"ERROR    {problem}")
     verdict = "OK" if result["ok"] else "FAILED"
@@ -607,7 +616,7 @@ def _backup_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
         "backup", parents=[s3_conn], help="upload the restart set of a committed batch to S3"
     )
     p.add_argument("checkpoint", help=TARGET)
-    p.add_argument("--to", required=True, help="s3://BUCKET/PREFIX")
+    p.add_argument("--to", help="s3://BUCKET/PREFIX (default: the registry's backups.url/QUERY)")
     p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     p.set_defaults(func=cmd_backup)
 
@@ -638,7 +647,7 @@ def _backup_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("--max-age", help="prune: keep backups younger than this (30d, 12h)")
     p.add_argument("--grace", default="1h", help="prune: keep unreferenced objects this young")
     _flag(p, "--dry-run", "prune: print the plan, delete nothing")
-    _flag(p, "--json", "list: machine-readable output")
+    _flag(p, "--json", "list, verify: machine-readable output")
     p.set_defaults(func=cmd_backups)
 
 

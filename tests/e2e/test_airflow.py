@@ -172,6 +172,15 @@ def _browser(stack: Stack, name: str):
 def test_the_stack_is_up_with_every_lifecycle_dag(stack):
     out = stack.output()
     assert f"Airflow UI    {stack.base}   (login: admin / {PASSWORD})" in out, out
+    # The banner's CLI line is all another shell needs to reach this stack's S3 endpoint.
+    [cli] = [line.split("CLI", 1)[1].strip() for line in out.splitlines()
+             if line.startswith("  CLI ")]  # fmt: skip
+    clean = {k: v for k, v in stack.env.items()  # the shell that ran make airflow, less ours
+             if not k.startswith(("STATEOPS_", "AIRFLOW_CONN_"))}  # fmt: skip
+    command = f"{cli}; stateops backups list user_sessions --json"
+    listed = subprocess.run(["bash", "-c", command], cwd=ROOT, env=clean, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
     token = stack.token()
     dags = {d["dag_id"]: d for d in _request(f"{stack.base}/api/v2/dags?limit=100",
                                              token=token)["dags"]}  # fmt: skip
