@@ -18,9 +18,12 @@ from datetime import datetime
 from stateops.core.errors import StateOpsError, domain_errors, one_line
 from stateops.core.registry import Registry, load_registry
 from stateops.core.times import parse_past_time
-from stateops.ops.bootstrap import killed_repartition
-from stateops.ops.rollback import refuse_pending_rollback
-from stateops.ops.start import checkpoint_state, run_registered_query, write_summary
+from stateops.ops.start import (
+    checkpoint_state,
+    refuse_unrunnable,
+    run_registered_query,
+    write_summary,
+)
 from stateops.spark.streaming import check_code
 
 
@@ -53,9 +56,7 @@ def preflight(args: argparse.Namespace) -> tuple[Registry, datetime | None]:
     query = registry.query(args.query)
     check_code(registry, query)
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
-    refuse_pending_rollback(
-        query.checkpoint, redone=killed_repartition(registry, query) is not None
-    )
+    refuse_unrunnable(registry, query)
     checkpoint_state(query.checkpoint)
     return registry, cutover
 

@@ -156,12 +156,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from stateops.ops.backup import backup_checkpoint
 
     path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
-    to = args.to or (owner and registry.backups.url_for(owner.name))
-    if not to:
-        raise StateOpsError(
-            f"{path}: not a registered query's checkpoint, so no backups.url applies; give "
-            "--to s3://BUCKET/PREFIX"
-        )
+    to = _backup_location(args.to, path, registry, owner, "--to s3://BUCKET/PREFIX")
     manifest = backup_checkpoint(path, to, _s3(args), batch=args.batch, log=_log)
     print(json.dumps({k: v for k, v in manifest.items() if k != "files"}))
     return 0
@@ -247,6 +242,18 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backup_location(given: str | None, path: str, registry: Any, query: Any, give: str) -> str:
+    """``given``, else the registry's ``backups.url``/QUERY for a registered query's
+    checkpoint; else a one-line refusal that says what to ``give``."""
+    location = given or (registry.backups.url_for(query.name) if query else None)
+    if not location:
+        raise StateOpsError(
+            f"{path}: not a registered query's checkpoint, so there is no backup location; "
+            f"give {give}"
+        )
+    return location
+
+
 def _backup_first(
     args: argparse.Namespace, path: str, registry: Any, query: Any, operation: str, *, skip: bool
 ) -> Callable[[], str] | None:
@@ -255,12 +262,8 @@ def _backup_first(
     refused here, before the lock."""
     if skip:
         return None
-    backup_to = args.backup_to or (registry.backups.url_for(query.name) if query else None)
-    if not backup_to:
-        raise StateOpsError(
-            f"{path}: not a registered query's checkpoint, so there is no backup location; "
-            "give --backup-to s3://BUCKET/PREFIX (or --no-backup)"
-        )
+    backup_to = _backup_location(args.backup_to, path, registry, query,
+                                 "--backup-to s3://BUCKET/PREFIX (or --no-backup)")  # fmt: skip
     client = _s3(args)
 
     def backup() -> str:
@@ -461,7 +464,7 @@ def _query_json(registry: Registry, q: Query) -> dict[str, Any]:
     switch = registry.switch_path(q.name)
     return {
         "name": q.name,
-        "sources": {n: {"format": s.format, "path": s.path} for n, s in q.inputs.items()},
+        "sources": q.inputs_brief,
         "sink": q.sink.path,
         "checkpoint": q.checkpoint,
         "provider": q.state_store.provider,
@@ -508,16 +511,15 @@ def cmd_lock(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     path = registry.lock_path(registry.query(args.query).name)
     held = force_release(path) if args.action == "release" else read_lock(path) or read_hold(path)
+    state = None if held is None else "released" if args.action == "release" else (
+        "expired" if held.expired else "held")  # fmt: skip
     if args.json:
-        state = None if held is None else "released" if args.action == "release" else (
-            "expired" if held.expired else "held")  # fmt: skip
         print(json.dumps({"query": args.query, "state": state,
                           "lock": None if held is None else asdict(held)}))  # fmt: skip
         return 0
     if held is None:
         print(f"{args.query}: not locked")
     else:
-        state = "released" if args.action == "release" else ("expired" if held.expired else "held")
         until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
         print(
             f"{args.query}: {state}: {held.operation} run {held.run_id} "

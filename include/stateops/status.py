@@ -34,7 +34,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     query = registry.query(name)
     status: dict[str, Any] = {
         "query": name,
-        "sources": {n: {"format": s.format, "path": s.path} for n, s in query.inputs.items()},
+        "sources": query.inputs_brief,
         "inputs": query.inputs_text,
         "checkpoint": query.checkpoint,
         "last_committed_batch": None,

@@ -256,6 +256,12 @@ class Query(_Model):
             return f"{self.source.format} {self.source.path}"
         return "; ".join(f"{n}: {s.format} {s.path}" for n, s in self.sources.items())
 
+    @property
+    def inputs_brief(self) -> dict[str, dict[str, str]]:
+        """Each source by name: its format and folder (what status and ``queries --json``
+        show)."""
+        return {n: {"format": s.format, "path": s.path} for n, s in self.inputs.items()}
+
     @model_validator(mode="after")
     def _one_shape(self) -> Query:
         if (self.source is None) == (not self.sources):

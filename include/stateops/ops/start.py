@@ -25,7 +25,7 @@ from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
 from stateops.ops.bootstrap import killed_repartition
-from stateops.ops.repartition import undo_repartition
+from stateops.ops.repartition import proof_path, repartition_locked, undo_repartition
 from stateops.ops.rollback import refuse_pending_rollback
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ __all__ = [
     "checkpoint_state",
     "files_before",
     "read_summary",
+    "refuse_unrunnable",
     "run_registered_query",
     "write_summary",
 ]
@@ -185,9 +186,7 @@ def run_registered_query(
     run_id = run_id or new_run_id(operation)
     stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
-        if killed_repartition(registry, query):  # this start repartitions again
-            undo_repartition(query.checkpoint, log=_stderr)
-        refuse_pending_rollback(query.checkpoint)  # a half rolled back checkpoint never runs
+        refuse_unrunnable(registry, query, undo=True)
         fresh = not occupied(query.checkpoint)
         before, _ = checkpoint_state(query.checkpoint)
         first = 0 if before is None else before + 1
@@ -273,13 +272,23 @@ def _carried(
     return carried, None
 
 
+def refuse_unrunnable(registry: Registry, query: Query, *, undo: bool = False) -> None:
+    """Refuse a checkpoint no start may run on: a rollback or repartition half done. Except a
+    repartition that a killed start of a transplanted checkpoint left
+    (:func:`stateops.ops.bootstrap.killed_repartition`): the next start repartitions again,
+    having undone it first (``undo``, under the lock)."""
+    killed = killed_repartition(registry, query) is not None
+    if killed and undo:
+        undo_repartition(query.checkpoint, log=_stderr)
+    refuse_pending_rollback(query.checkpoint, redone=killed)
+
+
 def _repartition_carried(
     spark: SparkSession, query: Query, partitions: int, run_id: str
 ) -> dict[str, Any]:
     """Spark's repartition of a transplanted checkpoint to the query's count, before its first
     batch (:func:`stateops.ops.bootstrap.mark_transplant`): batch N + 1, proven, undone if it
     fails (:func:`stateops.ops.repartition.repartition_locked`; the start holds the lock)."""
-    from stateops.ops.repartition import proof_path, repartition_locked
     from stateops.spark.repartition import repartition_and_prove
 
     def submit(plan: dict[str, Any]) -> None:
