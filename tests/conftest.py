@@ -52,6 +52,43 @@ def write_registry(data_dir: Path, **query_overrides: dict) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class CliRow:
+    """One row of the README's table of every CLI command."""
+
+    words: tuple[str, ...]  # the synopsis after `stateops`, e.g. ("rollback", "QUERY|PATH", ...)
+    spark: bool
+    by_name: bool
+    json: str  # yes | always | -
+    dry_run: bool
+    exit_codes: frozenset[int]
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """('backups', 'list') for a command with an action, else ('cleanup',)."""
+        return self.words[:2] if self.words[0] in ("backups", "lock") else self.words[:1]
+
+
+def cli_table() -> list[CliRow]:
+    """The README's "Every CLI command" table, row by row."""
+    section = (ROOT / "README.md").read_text().split("## Every CLI command\n", 1)[1]
+    rows = []
+    for line in section.split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.replace("\\|", "\x00").strip("|").split("|")]
+        if len(cells) != 5 or not cells[0].startswith("`stateops "):
+            continue
+        synopsis, by_name, json_, dry_run, codes = (c.replace("\x00", "|") for c in cells)
+        rows.append(CliRow(
+            words=tuple(synopsis.split("`")[1].split()[1:]),
+            spark=synopsis.endswith("(Spark)"),
+            by_name=by_name == "yes",
+            json=json_,
+            dry_run=dry_run == "yes",
+            exit_codes=frozenset(int(c.split()[0]) for c in codes.split(", ")),
+        ))  # fmt: skip
+    return rows
+
+
 def tree_digest(path: Path) -> dict[str, str]:
     """Every file under ``path`` with its sha256: 'byte-for-byte unchanged' is equality."""
     return {

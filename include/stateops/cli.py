@@ -636,21 +636,24 @@ def _backup_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     _flag(p, "--dry-run", "print the plan, change nothing")
     p.set_defaults(func=cmd_restore)
 
-    p = sub.add_parser(
-        "backups", parents=[s3_conn], help="list backups, verify one, or apply retention"
+    backups = sub.add_parser("backups", help="list backups, verify one, or apply retention")
+    actions = backups.add_subparsers(dest="action", required=True)
+    where = "a registered query's name (its backups.url) or s3://BUCKET/PREFIX"
+    p = actions.add_parser(
+        "list", parents=[s3_conn], help="the backups under a query's backups.url (or URL)"
     )
-    p.add_argument("action", choices=["list", "verify", "prune"])
-    p.add_argument(
-        "url", metavar="QUERY|URL",
-        help="list/prune: a registered query's name (its backups.url) or s3://BUCKET/PREFIX; "
-        "verify: s3://BUCKET/PREFIX/BACKUP_ID",
-    )  # fmt: skip
-    p.add_argument("--keep-last", type=int, help="prune: keep the newest K backups")
-    p.add_argument("--max-age", help="prune: keep backups younger than this (30d, 12h)")
-    p.add_argument("--grace", default="1h", help="prune: keep unreferenced objects this young")
-    _flag(p, "--dry-run", "prune: print the plan, delete nothing")
-    _flag(p, "--json", "list, verify: machine-readable output")
-    p.set_defaults(func=cmd_backups)
+    p.add_argument("url", metavar="QUERY|URL", help=where)
+    _flag(p, "--json", "machine-readable output")
+    p = actions.add_parser("verify", parents=[s3_conn], help="check one backup's objects")
+    p.add_argument("url", metavar="URL", help="s3://BUCKET/PREFIX/BACKUP_ID")
+    _flag(p, "--json", "machine-readable output")
+    p = actions.add_parser("prune", parents=[s3_conn], help="apply retention")
+    p.add_argument("url", metavar="QUERY|URL", help=where)
+    p.add_argument("--keep-last", type=int, help="keep the newest K backups")
+    p.add_argument("--max-age", help="keep backups younger than this (30d, 12h)")
+    p.add_argument("--grace", default="1h", help="keep unreferenced objects this young")
+    _flag(p, "--dry-run", "print the plan, delete nothing")
+    backups.set_defaults(func=cmd_backups)
 
 
 def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
@@ -803,11 +806,14 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("query")
     p.set_defaults(func=cmd_stop)
 
-    p = sub.add_parser("lock", help="show or force-release a query's lifecycle lock")
-    p.add_argument("action", choices=["show", "release"])
+    lock = sub.add_parser("lock", help="show or force-release a query's lifecycle lock")
+    actions = lock.add_subparsers(dest="action", required=True)
+    p = actions.add_parser("show", help="who holds the query's lock, and until when")
     p.add_argument("query")
     _flag(p, "--json", "machine-readable output")
-    p.set_defaults(func=cmd_lock)
+    p = actions.add_parser("release", help="force-release it (its holder is gone)")
+    p.add_argument("query")
+    lock.set_defaults(func=cmd_lock, json=False)
 
     p = sub.add_parser(
         "generate", help="write deterministic sample events for both reference pipelines"
@@ -844,9 +850,20 @@ def build_parser() -> argparse.ArgumentParser:
     _deletion_commands(sub, s3_conn)
     _carry_over_commands(sub, s3_conn)
     _query_commands(sub, s3_conn)
-    for command in sub.choices.values():  # a global option after the command too
+    for command in _commands(parser).values():  # a global option after the command too
         command.add_argument("--registry", default=argparse.SUPPRESS, help=REGISTRY_HELP)
     return parser
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every command's parser by its words: ('cleanup',), ('backups', 'list'), ..."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                found.update({(name, *k): v for k, v in _commands(command).items()} or
+                             {(name,): command})  # fmt: skip
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stateops import cli
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
@@ -25,7 +26,9 @@ from stateops.ops.backup import (
 from stateops.ops.restore import restore_backup
 from tests.conftest import (
     S3_SECRET,
+    CliRow,
     S3Server,
+    cli_table,
     run_cli,
     run_query_command,
     tree_digest,
@@ -318,4 +321,92 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     unknown = run_cli("--registry", str(registry), "status", "no_such_query")
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
     assert "no_such_query" in unknown.stderr, unknown.stderr
+    assert tree_digest(ckpt) == before
+
+
+def _walk_argv(row: CliRow, name: str, values: dict[str, str]) -> list[str]:
+    """The row's synopsis with its optional parts left out (not a query's name) and each
+    placeholder given a value (``QUERY...`` the name), then ``--dry-run`` and ``--json``
+    where the row has them."""
+    argv, optional = [], False
+    for word in row.words:
+        optional = optional or word.startswith("[")
+        if word.strip("[]").startswith("QUERY"):
+            argv.append(name)
+        elif not optional:
+            argv.append(values.get(word, word))
+        optional = optional and not word.endswith("]")
+    return argv + ["--dry-run"] * row.dry_run + ["--json"] * (row.json == "yes")
+
+
+def _new_source(folder: Path) -> Path:
+    """A parquet source with one page_visits event."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    event = {"user_id": ["u1"], "page": ["/home"], "event_time": [datetime.datetime(2026, 1, 1)]}
+    pq.write_table(pa.table(event), folder / "part-0.parquet")
+    return folder
+
+
+def _json_documents(text: str) -> list:
+    try:
+        return [json.loads(text)]
+    except ValueError:
+        return [json.loads(line) for line in text.splitlines()]
+
+
+def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, capsys, monkeypatch):
+    """Every row of README "Every CLI command" run as its synopsis says, by a query's name
+    (a dry run where the row has one; the two Spark runs without one, export and run, have
+    their own tests): exit 0 and JSON where the row says so; then by a name no registry
+    knows: exit 2, one line that names it. The checkpoint is byte-identical after."""
+    registry, ckpt = checkpoint
+    raw = yaml.safe_load(registry.read_text())
+    fresh = dict(raw["queries"]["page_visits"], checkpoint="checkpoints/page_visits_new",
+                 sink={"format": "parquet", "path": "output/page_visits_new"})  # fmt: skip
+    raw["queries"]["page_visits_new"] = fresh  # an empty checkpoint to bootstrap
+    raw["backups"] = {"url": "s3://backups/walk"}
+    walk_registry = tmp_path / "registry.yaml"
+    walk_registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "new-source").mkdir()
+    values = {"N": "0", "K": "2", "PATH": str(ckpt), "FOLDER": str(tmp_path / "new-source")}
+    before = tree_digest(ckpt)
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        code = cli.main(["--registry", str(walk_registry), *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    walked = []
+    for row in cli_table():
+        argv = _walk_argv(row, "page_visits_new" if row.words[0] == "bootstrap" else
+                          "page_visits", values)  # fmt: skip
+        if row.words[0] == "repartition":
+            argv[argv.index("0")] = "3"
+        if row.words[0] == "transplant":
+            argv[2] = str(tmp_path / "transplanted")
+        if row.words[0] == "migrate":  # a new source with its first file landed
+            argv[3] = str(_new_source(tmp_path / "landed"))
+        if row.spark and not row.dry_run:
+            pass  # export and run: their own tests run them
+        else:
+            code, out, err = run(argv)
+            assert code == 0, (argv, err)
+            if row.json != "-":  # one document, or JSON lines (audit)
+                assert _json_documents(out), (argv, out)
+            walked.append(row.command)
+            if row.command == ("backup",):
+                taken = json.loads(out)
+                values["URL"] = f"s3://backups/walk/page_visits/{taken['backup_id']}"
+        if row.by_name:
+            code, out, err = run(_walk_argv(row, "no_such_query", values))
+            assert code == 2 and len(err.strip().splitlines()) == 1, (row.words, err)
+            assert "no_such_query" in err, (row.words, err)
+    assert len(walked) == len(cli_table()) - 2
     assert tree_digest(ckpt) == before

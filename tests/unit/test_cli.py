@@ -10,9 +10,10 @@ import subprocess
 import pytest
 
 from stateops import __version__
+from stateops.cli import _commands, build_parser
 from stateops.control.lock import QueryLock
 from stateops.core.registry import load_registry
-from tests.conftest import VENV_BIN, run_cli, write_registry
+from tests.conftest import VENV_BIN, cli_table, run_cli, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +62,20 @@ def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_the_readme_table_lists_every_command_as_the_parser_has_it():
+    """README "Every CLI command": one row per command, its `--json` and `--dry-run` columns
+    and the options its synopsis shows as the parser has them; the walk with a real
+    checkpoint is tests/spark/test_backup.py."""
+    rows = cli_table()
+    commands = {k: {o for a in p._actions for o in a.option_strings}
+                for k, p in _commands(build_parser()).items()}  # fmt: skip
+    assert sorted(r.command for r in rows) == sorted(commands)
+    for row in rows:
+        options = commands[row.command]
+        assert (row.json == "yes") == ("--json" in options), row.command
+        assert row.dry_run == ("--dry-run" in options), row.command
+        shown = {w.strip("[]") for w in row.words if w.lstrip("[").startswith("--")}
+        assert shown <= options, (row.command, shown - options)
+        assert {0, 2} <= row.exit_codes and (not row.spark or 1 in row.exit_codes), row.command
