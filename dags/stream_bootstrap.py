@@ -48,6 +48,7 @@ from stateops_airflow.tasks import (
     query_param,
     read_run_summary,
     registered_queries,
+    say,
     spark_job_operator,
     verify_state,
 )
@@ -105,23 +106,13 @@ def stream_bootstrap() -> None:
     @one_line_errors
     def plan() -> dict:
         from stateops.core.registry import load_registry
-        from stateops.ops.bootstrap import plan_bootstrap
+        from stateops.ops.bootstrap import format_bootstrap_plan, plan_bootstrap
 
         params = get_current_context()["params"]
         fmt = None if params["format"] == "auto" else params["format"]
         result = plan_bootstrap(load_registry(), params["query"], params["initial_state"], fmt,
                                 params["carry_over"], params["accept_differences"])  # fmt: skip
-        print(
-            f"{'DRY RUN: would bootstrap' if params['dry_run'] else 'bootstrapping'} "
-            f"{result['query']} from {result['initial_state']} ({result['format']}) into "
-            f"{result['checkpoint']}; complete once its first batch commits"
-            + (f"\n  carry-over road: {result['road']}" if result["road"] else "")
-            + (f"\n  {result['road_note']}" if result["road_note"] else "")
-            + "".join(
-                f"\n  WARNING (accepted): it changes what the query computes: {d}"
-                for d in result["differences"]
-            )
-        )
+        say(format_bootstrap_plan(result, params["dry_run"]))
         return result
 
     bootstrap = spark_job_operator(
@@ -145,7 +136,7 @@ def stream_bootstrap() -> None:
             f"{summary['prepared']['rows']} initial rows" if summary["prepared"]
             else "state files transplanted"
         )  # fmt: skip
-        print(
+        say(
             f"{summary['query']}: bootstrap {summary['bootstrap']}, {carried}, last committed "
             f"batch {summary['last_committed_batch']}"
         )

@@ -37,6 +37,7 @@ from stateops_airflow.tasks import (
     query_param,
     registered_queries,
     restore_query,
+    say,
     verify_state,
 )
 
@@ -98,7 +99,7 @@ def stream_restore() -> None:
     @task(task_id="verify_state")
     def verify(plan: dict) -> dict | None:
         if plan["owner"] is None:
-            print(f"restored into {plan['target']}; verified by the restore itself")
+            say(f"restored into {plan['target']}; verified by the restore itself")
             return None
         return verify_state(plan["owner"])
 

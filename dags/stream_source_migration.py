@@ -77,6 +77,7 @@ from stateops_airflow.tasks import (
     query_param,
     registered_queries,
     roll_back_migration,
+    say,
     spark_job_operator,
     stop_for_migration,
 )
@@ -197,7 +198,7 @@ def stream_source_migration() -> None:
 
     @task.branch
     def carry_over(settled: dict) -> str:
-        print(f"carry-over road: {settled['road']}")
+        say(f"carry-over road: {settled['road']}")
         return "transplant" if settled["road"] == "transplant" else "export"
 
     @task

@@ -21,6 +21,7 @@ from stateops_airflow.tasks import (
     read_run_summary,
     registered_queries,
     run_query_operator,
+    say,
 )
 
 
@@ -45,7 +46,7 @@ def stream_start() -> None:
                 if summary["batches_run"]
                 else "no new input"
             )
-            print(
+            say(
                 f"{query}: {summary['status']}, {batches}, {summary['input_rows']} input rows, "
                 f"last committed batch {summary['last_committed_batch']}"
             )

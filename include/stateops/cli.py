@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,13 @@ from stateops.control.audit import audit_dir, read_audit
 from stateops.control.lock import force_release, read_hold, read_lock
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.core.errors import StateOpsError, domain_errors, one_line
+from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.steps import BOOTSTRAP_STATE, EXPORT_STATE, RUN_QUERY, VALIDATE_STATE
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
-from stateops.ops.bootstrap import FORMATS, plan_bootstrap
+from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
 from stateops.ops.transplant import ROADS
 from stateops.spark.jobs import job_path, preflight_job
 from stateops.status import format_status, query_status
@@ -113,23 +113,8 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over,
                           args.accept_differences)  # fmt: skip
+    print(format_bootstrap_plan(plan, args.dry_run))
     if args.dry_run:
-        print("dry run: nothing changed. A bootstrap would:")
-        if plan["road"] == "transplant":
-            print(
-                f"  transplant the state files of {plan['initial_state']} into "
-                f"{plan['checkpoint']}, then start {plan['query']} on {plan['source']}"
-            )
-            print("  and prove its first batch against that state")
-            return 0
-        if plan["road_note"]:
-            print(f"  ({plan['road_note']})")
-        print(f"  read the initial state {plan['initial_state']} ({plan['format']})")
-        print(f"  validate it against {plan['schema']} (null keys, repeated keys)")
-        print(f"  start {plan['query']} on {plan['source']} into {plan['checkpoint']}")
-        print("  and be complete once batch 0 commits (every start passes it until then)")
-        for difference in plan["differences"]:
-            print(f"  ACCEPTED, it changes what the query computes: {difference}")
         return 0
     return _spark_submit(
         BOOTSTRAP_STATE, args.master,
@@ -175,9 +160,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
         args.source, client, backup=args.backup, to=args.to, registry=registry,
         replace=args.replace, allow_other_query=args.allow_other_query,
     )  # fmt: skip
-    _log(format_restore_plan(plan, color=sys.stderr.isatty() and "NO_COLOR" not in os.environ))
+    color = sys.stderr.isatty() and "NO_COLOR" not in os.environ
+    _log(format_restore_plan(plan, dry_run=args.dry_run, color=color))
     if args.dry_run:
-        _log("dry run: nothing changed")
         print(json.dumps(plan))
         return 0
     run_id = new_run_id("restore")
@@ -208,10 +193,19 @@ def cmd_backups(args: argparse.Namespace) -> int:
             grace=args.grace, dry_run=args.dry_run,
         )  # fmt: skip
         verb = "would delete" if plan["dry_run"] else "deleted"
-        print(f"keeps {len(plan['kept'])} backups: {', '.join(plan['kept'])}")
-        print(f"{verb} {len(plan['deleted_backups'])} backups: "
-              f"{', '.join(plan['deleted_backups']) or '-'}")  # fmt: skip
-        print(f"{verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes")
+        gone = (f"{len(plan['deleted_backups'])} backups and {plan['deleted_objects']} "
+                f"unreferenced objects, {plan['freed_bytes']} bytes")  # fmt: skip
+        lines = [
+            f"  keeps {len(plan['kept'])} backups: {', '.join(plan['kept'])}",
+            f"  {verb} {len(plan['deleted_backups'])} backups: "
+            f"{', '.join(plan['deleted_backups']) or '-'}",
+            f"  {verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes",
+        ]
+        if plan["dry_run"]:
+            lines = [plan_head(True, f"prune of the backups under {url}"), *lines,
+                     *plan_tail(irreversible=f"deleting {gone}", backup="none",
+                                undo="none: a deleted backup is gone")]  # fmt: skip
+        print("\n".join(lines))
         return 0
     result = verify_backup(args.url, _s3(args))
     if args.json:
@@ -255,12 +249,12 @@ def _backup_location(given: str | None, path: str, registry: Any, query: Any, gi
 
 
 def _backup_first(
-    args: argparse.Namespace, path: str, registry: Any, query: Any, operation: str, *, skip: bool
-) -> Callable[[], str] | None:
-    """``backup()`` of ``path`` before ``operation`` (to ``--backup-to``, else the registry's
-    location for ``query``), or None when ``skip``; no location and bad S3 settings are
+    args: argparse.Namespace, path: str, registry: Any, query: Any, operation: str
+) -> BackupFirst | None:
+    """The backup of ``path`` before ``operation`` (to ``--backup-to``, else the registry's
+    location for ``query``), or None with ``--no-backup``; no location and bad S3 settings are
     refused here, before the lock."""
-    if skip:
+    if args.no_backup:
         return None
     backup_to = _backup_location(args.backup_to, path, registry, query,
                                  "--backup-to s3://BUCKET/PREFIX (or --no-backup)")  # fmt: skip
@@ -272,7 +266,7 @@ def _backup_first(
         _log(f"backup of {path} to {backup_to} before the {operation}")
         return backup_checkpoint(path, backup_to, client, log=_log)["backup_id"]
 
-    return backup
+    return BackupFirst(backup_to, backup)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
@@ -281,7 +275,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from stateops.ops.rollback import run_rollback
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
-    backup = _backup_first(args, path, registry, query, "rollback", skip=args.no_backup)
+    backup = _backup_first(args, path, registry, query, "rollback")
     sink = args.sink or (query.sink.path if query else None)
     lock = checkpoint_lock(path, registry, "rollback", new_run_id("rollback"))
     log = _log if args.json else print
@@ -304,8 +298,7 @@ def cmd_repartition(args: argparse.Namespace) -> int:
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
     log = _log if args.json else print
-    backup = _backup_first(args, path, registry, query, "repartition",
-                           skip=args.no_backup or args.dry_run)  # fmt: skip
+    backup = _backup_first(args, path, registry, query, "repartition")
 
     def submit(plan: dict) -> None:
         code = _spark_submit(REPARTITION_STATE, args.master, "--checkpoint", path,
@@ -424,7 +417,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     _log(format_migration_plan(plan, args.dry_run))
     if args.dry_run:
-        _log("dry run: nothing changed")
         print(json.dumps(plan))
         return 0
     client = _s3(args)  # bad S3 settings: refused before the query is held

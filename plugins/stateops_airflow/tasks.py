@@ -7,6 +7,7 @@ variable or Spark session is touched until a task runs.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
@@ -32,6 +33,7 @@ __all__ = [
     "backup_query",
     "dry_run_param",
     "inject_fault",
+    "say",
     "not_a_dry_run",
     "plan_backfill",
     "plan_restore",
@@ -55,6 +57,12 @@ LIFECYCLE_DAG: dict[str, Any] = {
     "catchup": False,
     "max_active_runs": 1,
 }
+
+
+def say(text: str) -> None:
+    """Lines for the task log, in order with Airflow's own: ``print`` goes down another pipe,
+    and its lines can land after the task's end, under "Post Execute"."""
+    logging.getLogger("stateops").info(text)
 
 
 P = ParamSpec("P")
@@ -218,10 +226,10 @@ def backup_query(query: str) -> dict[str, Any]:
     settings = registry.backups
     committed_checkpoint(registry, query)
     client = airflow_s3_client(settings.conn_id)
-    manifest = backup(registry, query, client, log=print)
+    manifest = backup(registry, query, client, log=say)
     retention = prune_backups(settings.url_for(query), client, keep_last=settings.keep_last,
                               max_age=settings.max_age)  # fmt: skip
-    print(
+    say(
         f"retention: kept {len(retention['kept'])} backups, deleted "
         f"{len(retention['deleted_backups'])} and {retention['deleted_objects']} unreferenced "
         f"objects ({retention['freed_bytes']} bytes)"
@@ -239,7 +247,7 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     registry = load_registry()
     checkpoint = committed_checkpoint(registry, query)
     lock = checkpoint_lock(checkpoint, registry, "cleanup", run_id)
-    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock, log=print)
+    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock, log=say)
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 
@@ -262,10 +270,8 @@ def plan_restore(
         query, airflow_s3_client(registry.backups.conn_id), backup=backup_id, to=target or None,
         registry=registry, replace=replace, allow_other_query=allow_other_query,
     )  # fmt: skip
-    verb = "DRY RUN: would restore" if dry_run else "restoring"
-    print(f"{verb} {result['backup']['backup_id']} into {result['target']}")
     # Airflow's log view shows ANSI colours: another query's state is marked in red.
-    print(format_restore_plan(result, color=True))
+    say(format_restore_plan(result, dry_run=dry_run, color=True))
     return result
 
 
@@ -277,7 +283,7 @@ def restore_query(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
 
     registry = load_registry()
     client = airflow_s3_client(registry.backups.conn_id)
-    return execute_restore(plan, client, registry=registry, run_id=run_id, log=print)
+    return execute_restore(plan, client, registry=registry, run_id=run_id, log=say)
 
 
 @one_line_errors
@@ -303,7 +309,7 @@ def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
 
     def backup() -> str:
         client = airflow_s3_client(registry.backups.conn_id)
-        return backup_query(registry, plan["query"], client, log=print)["backup_id"]
+        return backup_query(registry, plan["query"], client, log=say)["backup_id"]
 
     return rollback(registry, plan, backup)
 
@@ -335,10 +341,10 @@ def plan_migration(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         params["cutover"], params["carry_over"], params["accept_differences"],
         params["source"] or "",
     )  # fmt: skip
-    print(format_migration_plan(plan, params["dry_run"]))
+    say(format_migration_plan(plan, params["dry_run"]))
     if not params["dry_run"]:
         prepare_migration(registry, plan)
-        print(f"{plan['query']}: held by this run; other lifecycle operations wait")
+        say(f"{plan['query']}: held by this run; other lifecycle operations wait")
     return plan
 
 
@@ -383,7 +389,7 @@ def roll_back_migration(plan: dict[str, Any] | None, query: str, run_id: str) ->
     if plan:
         roll_back(registry, plan)
     else:
-        print("preflight did not finish: nothing changed, nothing to roll back")
+        say("preflight did not finish: nothing changed, nothing to roll back")
         release_hold(registry.lock_path(query), run_id)  # a hold taken before it failed
     raise AirflowFailException(
         "the migration failed (see the failed step's log)"
@@ -405,8 +411,10 @@ def plan_repartition(query: str, partitions: int, dry_run: bool) -> dict[str, An
     from stateops.ops.repartition import format_repartition_plan
     from stateops.ops.repartition import plan_repartition as plan
 
-    result = plan(load_registry().query(query).checkpoint, partitions)
-    print(format_repartition_plan(result, dry_run=dry_run))
+    registry = load_registry()
+    result = plan(registry.query(query).checkpoint, partitions)
+    result["backup_to"] = registry.backups.url_for(query)
+    say(format_repartition_plan(result, dry_run=dry_run))
     return result
 
 
@@ -414,6 +422,7 @@ def plan_repartition(query: str, partitions: int, dry_run: bool) -> dict[str, An
 def prepare_repartition(query: str, partitions: int, run_id: str) -> dict[str, Any]:
     """Under the query's lock: plan again, back up through the registry's Airflow
     connection, and mark the run (:func:`stateops.ops.repartition.prepare_repartition`)."""
+    from stateops.core.plans import BackupFirst
     from stateops.ops.backup import backup_query
     from stateops.ops.repartition import prepare_repartition as prepare
 
@@ -421,10 +430,11 @@ def prepare_repartition(query: str, partitions: int, run_id: str) -> dict[str, A
 
     def backup() -> str:
         client = airflow_s3_client(registry.backups.conn_id)
-        return backup_query(registry, query, client, log=print)["backup_id"]
+        return backup_query(registry, query, client, log=say)["backup_id"]
 
     with lock:
-        return prepare(checkpoint, partitions, run_id, backup=backup, log=print)
+        return prepare(checkpoint, partitions, run_id, log=say,
+                       backup=BackupFirst(registry.backups.url_for(query), backup))  # fmt: skip
 
 
 @one_line_errors
@@ -434,7 +444,7 @@ def finish_repartition(query: str, run_id: str) -> dict[str, Any]:
 
     registry, checkpoint, lock = _repartition_lock(query, run_id)
     with lock:
-        done = finish(checkpoint, registry=registry, query=query, log=print)
+        done = finish(checkpoint, registry=registry, query=query, log=say)
     return {k: v for k, v in done.items() if k != "proof"} | {"proof": done["proof"]["summary"]}
 
 
@@ -446,7 +456,7 @@ def undo_repartition(query: str, run_id: str) -> None:
 
     _, checkpoint, lock = _repartition_lock(query, run_id)
     with lock:
-        undone = one_line_errors(undo)(checkpoint, run_id=run_id, log=print)
+        undone = one_line_errors(undo)(checkpoint, run_id=run_id, log=say)
     raise AirflowFailException(
         "the repartition failed (see the failed step's log)"
         + ("; it was undone: the checkpoint is as it was" if undone else "; nothing to undo")

@@ -41,7 +41,7 @@ def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_a
     before = tree_digest(m.root / "checkpoints")
     dry, log = m.trigger(m.conf(dry_run=True))
     assert dry.returncode == 0, log[-5000:]
-    assert "DRY RUN: would migrate page_visits" in log
+    assert "DRY RUN: nothing changed: migration of page_visits" in log
     assert tree_digest(m.root / "checkpoints") == before and read_hold(lock) is None
 
     run, log = m.trigger(m.conf(), STATEOPS_FAIL_AFTER="drain")

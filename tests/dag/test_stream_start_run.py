@@ -109,7 +109,7 @@ def test_airflow_dags_test_stream_bootstrap_dry_run_then_real(tmp_path):
     dry = _airflow(tmp_path, "dags", "test", "stream_bootstrap", "--conf", json.dumps(conf))
     log = dry.stdout + dry.stderr
     assert dry.returncode == 0, log[-5000:]
-    assert "DRY RUN: would bootstrap page_visits" in log
+    assert "DRY RUN: nothing changed: bootstrap of page_visits" in log
     checkpoint = registry.query("page_visits").checkpoint
     assert not os.path.exists(checkpoint), "a dry run must not start anything"
 
@@ -156,7 +156,7 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spar
     run = _airflow(tmp_path, "dags", "test", "stream_restore", "--conf", json.dumps(conf), env=env)
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     assert load_checkpoint(target).last_committed_batch == last
-    assert f"restoring {backups[0]['backup_id']}" in run.stdout + run.stderr
+    assert f"PLAN: restore of backup {backups[0]['backup_id']} into " in run.stdout + run.stderr
     # `stateops restore --backup latest` into the same folder gives the same bytes.
     by_dag = target.with_name("restored-by-dag")
     target.rename(by_dag)
@@ -193,7 +193,7 @@ def test_airflow_dags_test_stream_snapshot_cleanup(spark, tmp_path):
     after = load_checkpoint(checkpoint)
     assert len(after.sizes) < len(before.sizes)
     assert sorted(after.commits) == sorted(before.commits)[-2:]
-    assert "cleanup plan for" in log and "snapshot groups" in log  # the plan, then the result
+    assert "PLAN: cleanup of " in log and "snapshot groups" in log  # the plan, then the result
     assert "has no committed batch yet" in log  # user_sessions
     assert read_audit(checkpoint)[-1]["operation"] == "cleanup"
 

@@ -215,6 +215,17 @@ def test_browser_fills_the_migration_form_and_sees_the_dry_run_succeed(stack):
         assert state == "success", run
         page.reload()
         page.get_by_text("Success").first.wait_for()  # the run page shows its outcome
+    # The plan is in the task's log in order: before Airflow's "Post Execute" group, not
+    # under it; it says DRY RUN first and ends in the irreversible / backup / undo lines.
+    [log] = (Path(stack.env["AIRFLOW_HOME"]) / "logs").rglob(
+        f"run_id={run_id}/task_id=preflight/attempt=1.log"
+    )
+    events = [json.loads(line).get("event", "") for line in log.read_text().splitlines()]
+    [plan] = [e for e in events if e.startswith("DRY RUN: nothing changed: migration of ")]
+    assert events.index(plan) < events.index("::group::Post Execute"), events
+    assert [line.split(":")[0] for line in plan.splitlines()[-3:]] == [
+        "  irreversible", "  backup", "  undo"
+    ], plan  # fmt: skip
     checkpoint = load_checkpoint(stack.migration.query().checkpoint)
     assert checkpoint.root.name == "user_sessions", "a dry run changes nothing"
 

@@ -362,8 +362,9 @@ def _json_documents(text: str) -> list:
 def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, capsys, monkeypatch):
     """Every row of README "Every CLI command" run as its synopsis says, by a query's name
     (a dry run where the row has one; the two Spark runs without one, export and run, have
-    their own tests): exit 0 and JSON where the row says so; then by a name no registry
-    knows: exit 2, one line that names it. The checkpoint is byte-identical after."""
+    their own tests): exit 0 and JSON where the row says so, and a dry run's plan first says
+    DRY RUN and last what cannot be undone, the backup and the undo; then by a name no
+    registry knows: exit 2, one line that names it. The checkpoint is byte-identical after."""
     registry, ckpt = checkpoint
     raw = yaml.safe_load(registry.read_text())
     fresh = dict(raw["queries"]["page_visits"], checkpoint="checkpoints/page_visits_new",
@@ -400,6 +401,12 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
             assert code == 0, (argv, err)
             if row.json != "-":  # one document, or JSON lines (audit)
                 assert _json_documents(out), (argv, out)
+            if row.dry_run:  # a plan that reads as one, on stderr where stdout is JSON
+                plan = (err if row.json != "-" else out).splitlines()
+                assert plan[0].startswith("DRY RUN: nothing changed: "), (argv, plan)
+                assert [line.split(":")[0] for line in plan[-3:]] == [
+                    "  irreversible", "  backup", "  undo"
+                ], (argv, plan)  # fmt: skip
             walked.append(row.command)
             if row.command == ("backup",):
                 taken = json.loads(out)

@@ -165,7 +165,7 @@ def test_dry_run_and_queries_without_initial_state(tmp_path):
     initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
     proc = run_cli("--registry", str(registry), "bootstrap", "page_visits",
                    "--initial-state", str(initial), "--dry-run", check=True)  # fmt: skip
-    assert "dry run: nothing changed" in proc.stdout and "(json)" in proc.stdout
+    assert "DRY RUN: nothing changed: bootstrap of " in proc.stdout and "(json)" in proc.stdout
     assert not (tmp_path / "checkpoints").exists()
     registry = write_registry(tmp_path / "other", user_sessions={"initial_state": None})
     proc = run_cli("--registry", str(registry), "bootstrap", "user_sessions",

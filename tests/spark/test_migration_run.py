@@ -63,7 +63,7 @@ def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
 
     dry = run_cli(*_cli_args(m), "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert "DRY RUN: would migrate page_visits" in dry.stderr
+    assert "DRY RUN: nothing changed: migration of page_visits" in dry.stderr
     assert json.loads(dry.stdout)["carry_over"]["road"] == "transplant"
     assert tree_digest(m.root / "checkpoints") == before
     assert read_hold(load_registry(m.path).lock_path("page_visits")) is None

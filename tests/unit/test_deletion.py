@@ -18,7 +18,7 @@ def _rollback_plan() -> dict:
         "checkpoint": "/data/ck",
         "last_committed_batch": 7,
         "to_batch": 5,
-        "backup_first": True,
+        "backup_to": "s3://b/page_visits",
         "sink": None,
         "delete": {"files": 3, "bytes": 3072},
         "keep": {"files": 10, "bytes": 10240, "needed_by_restarts": 6},
@@ -49,10 +49,23 @@ def test_equal_plans_have_equal_digests_and_another_file_changes_it():
 
 def test_the_plan_reads_as_what_goes_and_what_stays():
     dry = format_plan(_rollback_plan(), dry_run=True)
-    assert dry.splitlines()[0] == "rollback plan for /data/ck"
+    assert dry.splitlines()[0] == "DRY RUN: nothing changed: rollback of /data/ck"
     assert "batch 5 becomes the last committed batch (now 7)" in dry
     assert "delete 3 files, 3.0 KB: after the rollback point" in dry
     assert "would delete 3 files, 3.0 KB; keeps 10 files, 10.0 KB" in dry
-    assert "deletes 3 files" in format_plan(_rollback_plan(), dry_run=False)
-    no_backup = {**_rollback_plan(), "backup_first": False}
-    assert "WARNING: no backup is taken first" in format_plan(no_backup, dry_run=True)
+    # It ends in what cannot be undone, where the backup goes and the command that undoes it.
+    assert dry.splitlines()[-3:] == [
+        "  irreversible: nothing: the backup holds the checkpoint as it is now",
+        "  backup:       to s3://b/page_visits, before anything changes",
+        "  undo:         stateops restore s3://b/page_visits/BACKUP_ID --to /data/ck --replace "
+        "(the backup this run prints)",
+    ]
+    real = format_plan(_rollback_plan(), dry_run=False)
+    assert real.splitlines()[0] == "PLAN: rollback of /data/ck" and "deletes 3 files" in real
+    no_backup = format_plan({**_rollback_plan(), "backup_to": None}, dry_run=True)
+    assert "WARNING: no backup is taken first" in no_backup
+    assert no_backup.splitlines()[-3:] == [
+        "  irreversible: deleting 3 files, 3.0 KB (no backup)",
+        "  backup:       none",
+        "  undo:         none",
+    ]

@@ -95,3 +95,18 @@ def test_the_swap_puts_the_new_at_the_target_and_the_old_aside(tmp_path, monkeyp
     assert (target / "metadata").read_text() == "new"
     assert (aside / "metadata").read_text() == "old"
     assert not staging.exists()
+
+
+def test_the_plan_says_dry_run_or_plan_and_how_to_undo():
+    dry = format_restore_plan(_plan()).splitlines()
+    backup_id, target = _plan()["backup"]["backup_id"], _plan()["target"]
+    assert dry[0] == f"DRY RUN: nothing changed: restore of backup {backup_id} into {target}"
+    assert dry[-3:] == [
+        "  irreversible: nothing: the target's files are moved aside, never deleted",
+        "  backup:       none needed: nothing is deleted",
+        f"  undo:         remove {target}, then move {target}.replaced-<time> (the restore "
+        f"prints it) back to {target}",
+    ]
+    assert format_restore_plan(_plan(), dry_run=False).startswith("PLAN: restore of backup ")
+    fresh = format_restore_plan(_plan(target_contents="none")).splitlines()
+    assert fresh[-1] == f"  undo:         remove {target}"

@@ -22,6 +22,7 @@ from typing import Any
 from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
+from stateops.core.plans import BackupFirst
 from stateops.core.registry import Query, Registry, derived_registry, load_registry
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
@@ -76,7 +77,7 @@ def plan_backfill(
     plan = plan_rollback(query.checkpoint, to_batch)
     plan.update(
         sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
-        backup_first=True,
+        backup_to=registry.backups.url_for(query.name),
     )
     path, changes = str(registry.path), []
     if overrides:
@@ -84,12 +85,12 @@ def plan_backfill(
         path = str(registry_with_overrides(registry, query.name, overrides,
                                            folder / "registry.yaml"))  # fmt: skip
         changes = logic_changes(query, load_registry(path).query(query.name))
-    log(format_plan(plan, dry_run=dry_run))
-    log(
-        f"then: reprocess {query.name} after batch {to_batch} with available-now "
+    then = (
+        f"reprocess {query.name} after batch {to_batch} with available-now "
         f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "
         "check the state and compare the reprocessed output with the old one"
     )
+    log(format_plan(plan, dry_run=dry_run, then=then))
     return {
         "query": query.name,
         "checkpoint": query.checkpoint,
@@ -113,7 +114,8 @@ def rollback_for_backfill(
     query = registry.query(plan["query"])
     lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
     done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
-                        sink_batch_offset=query.sink.batch_offset, backup=backup,
+                        sink_batch_offset=query.sink.batch_offset,
+                        backup=BackupFirst(registry.backups.url_for(query.name), backup),
                         planned=plan.get("digest"), log=log)  # fmt: skip
     record_partitions(registry, query.name, done["run_id"])  # back to before a repartition
     return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}

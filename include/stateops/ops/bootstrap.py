@@ -25,6 +25,7 @@ from stateops.control.markers import (
 )
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
+from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Query, Registry
 from stateops.core.staging import has_entries
 from stateops.core.steps import INITIAL_STATE_FORMATS
@@ -39,6 +40,7 @@ __all__ = [
     "FORMATS",
     "check_initial_types",
     "check_processor_fit",
+    "format_bootstrap_plan",
     "initial_state_differences",
     "killed_repartition",
     "mark_transplant",
@@ -136,6 +138,34 @@ def plan_bootstrap(
             registry.state_dir / "bootstrap" / "exports" / f"{name}-{uuid.uuid4().hex[:8]}"
         ),
     }
+
+
+def format_bootstrap_plan(plan: dict[str, Any], dry_run: bool) -> str:
+    """:func:`plan_bootstrap`'s plan for a person (the CLI, the task log)."""
+    lines = [plan_head(dry_run, f"bootstrap of {plan['query']} into {plan['checkpoint']}")]
+    if plan["road"] == "transplant":
+        lines += [
+            f"  transplant the state files of {plan['initial_state']}, then start "
+            f"{plan['query']} on {plan['source']}",
+            "  and prove its first batch against that state",
+        ]
+    else:
+        if plan["road_note"]:
+            lines.append(f"  ({plan['road_note']})")
+        lines += [
+            f"  read the initial state {plan['initial_state']} ({plan['format']})",
+            f"  validate it against {plan['schema']} (null keys, repeated keys)",
+            f"  start {plan['query']} on {plan['source']}",
+            "  and be complete once batch 0 commits (every start passes it until then)",
+        ]
+    lines += [f"  ACCEPTED, it changes what the query computes: {d}" for d in plan["differences"]]
+    lines += plan_tail(
+        irreversible=f"nothing: {plan['initial_state']} is only read",
+        backup="none: nothing that exists changes (the checkpoint is new)",
+        undo=f"stop {plan['query']}, then remove {plan['checkpoint']} and its .audit folder "
+        "and the output it wrote",
+    )  # fmt: skip
+    return "\n".join(lines)
 
 
 def _initial_format(src: Path, fmt: str | None) -> str:

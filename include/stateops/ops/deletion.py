@@ -35,6 +35,7 @@ from stateops.control.markers import rollback_marker
 from stateops.core.access import refuse_unwritable
 from stateops.core.checkpoint import Checkpoint
 from stateops.core.errors import CheckpointError
+from stateops.core.plans import plan_head, plan_tail
 from stateops.core.report import format_bytes
 
 __all__ = [
@@ -224,9 +225,11 @@ def plan_digest(plan: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
-    """The plan for a person: what goes, grouped, and what is kept and why."""
-    lines = [f"{plan['operation']} plan for {plan['checkpoint']}"]
+def format_plan(plan: dict[str, Any], dry_run: bool, then: str | None = None) -> str:
+    """The plan for a person: what goes, grouped, and what is kept and why; ``then``: what
+    follows the deletions (a backfill's reprocessing); last what cannot be undone, where the
+    backup goes and how to undo (:mod:`stateops.core.plans`)."""
+    lines = [plan_head(dry_run, f"{plan['operation']} of {plan['checkpoint']}")]
     if plan["operation"] == "cleanup":
         first, last = plan["retained"]
         fewer = last - first + 1 < plan["retain_batches"]
@@ -256,9 +259,9 @@ def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
             f"(now {plan['last_committed_batch']}); everything after it goes"
         )
         if plan.get("partitions"):
-            now, then = plan["partitions"]
+            now, then_ = plan["partitions"]
             lines.append(
-                f"  state partitions {now} -> {then}: it goes back to before a repartition"
+                f"  state partitions {now} -> {then_}: it goes back to before a repartition"
             )
         sink = plan.get("sink")
         if sink:
@@ -267,7 +270,7 @@ def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
                 f"{len(sink['data_files'])} data files aside (_rolled_back/), drop "
                 f"{len(sink['log_entries'])} _spark_metadata entries"
             )
-        if not plan.get("backup_first"):
+        if not plan.get("backup_to"):
             warning = "WARNING: no backup is taken first (--no-backup)"
             lines.append(f"  \033[31m{warning}\033[0m" if sys.stdout.isatty() else f"  {warning}")
     for why, entry in plan["by_category"].items():
@@ -275,11 +278,39 @@ def format_plan(plan: dict[str, Any], dry_run: bool) -> str:
             f"  delete {entry['files']} files, {format_bytes(entry['bytes'])}: {CATEGORIES[why]}"
         )
     verb = "would delete" if dry_run else "deletes"
+    deleted = f"{plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}"
     lines.append(
-        f"  {verb} {plan['delete']['files']} files, {format_bytes(plan['delete']['bytes'])}; "
-        f"keeps {plan['keep']['files']} files, {format_bytes(plan['keep']['bytes'])}"
+        f"  {verb} {deleted}; keeps {plan['keep']['files']} files, "
+        f"{format_bytes(plan['keep']['bytes'])}"
     )
-    return "\n".join(lines)
+    if then:
+        lines.append(f"  then: {then}")
+    return "\n".join(lines + _plan_tail(plan, deleted))
+
+
+def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
+    checkpoint, backup_to = plan["checkpoint"], plan.get("backup_to")
+    if plan["operation"] == "cleanup":
+        return plan_tail(
+            irreversible=f"deleting {deleted}: only files no restart after the retained "
+            "batches reads",
+            backup="none (take one first to keep older restarts: stateops backup "
+            f"{checkpoint})",
+            undo="none; deleted files come back only from an earlier backup (stateops "
+            f"restore s3://BUCKET/PREFIX/BACKUP_ID --to {checkpoint} --replace)",
+        )  # fmt: skip
+    if not backup_to:
+        return plan_tail(irreversible=f"deleting {deleted} (no backup)", backup="none",
+                         undo="none")  # fmt: skip
+    sink = plan.get("sink")
+    return plan_tail(
+        irreversible="nothing: the backup holds the checkpoint as it is now",
+        backup=f"to {backup_to}, before anything changes",
+        undo=f"stateops restore {backup_to}/BACKUP_ID --to {checkpoint} --replace (the "
+        "backup this run prints)"
+        + (f", and the sink's batch folders back from {sink['path']}/_rolled_back/RUN_ID"
+           if sink else ""),
+    )  # fmt: skip
 
 
 def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:

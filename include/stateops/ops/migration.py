@@ -46,6 +46,7 @@ from stateops.core.errors import (
     StateOpsError,
     one_line,
 )
+from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import (
     Query,
     Registry,
@@ -200,6 +201,8 @@ def plan_migration(
             "registry": str(work / "registry.yaml"),
         },
         "export": str(work / "export"),
+        "backup_to": registry.backups.url_for(name),
+        "switch_file": str(registry.switch_path(name)),
         "cutover": cutover,
         "carry_over": {
             "choice": carry_over,
@@ -365,17 +368,25 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
     old, new = plan["old"], plan["new"]
     running = f", running as {plan['running']}: will be stopped" if plan["running"] else ""
     which = "" if plan["source_name"] == "source" else f"source {plan['source_name']}, "
-    return (
-        f"{'DRY RUN: would migrate' if dry_run else 'migrating'} {plan['query']}: {which}"
-        f"{old['source']['format']} {old['source']['path']} -> {new['source']['format']} "
-        f"{new['source']['path']} ({plan['new_source_files']} files there now)\n"
+    tail = plan_tail(
+        irreversible="nothing: the old checkpoint stays (read-only) and a failed step rolls "
+        "the whole run back",
+        backup=f"to {plan['backup_to']}, after the drain and before the carry-over",
+        undo=f"after the switch: stop {plan['query']}, remove {plan['switch_file']}, run "
+        f"chmod -R u+w {old['checkpoint']}, and move the new checkpoint's output aside",
+    )  # fmt: skip
+    return "\n".join([
+        plan_head(dry_run, f"migration of {plan['query']}: {which}{old['source']['format']} "
+                  f"{old['source']['path']} -> {new['source']['format']} {new['source']['path']} "
+                  f"({plan['new_source_files']} files there now)"),
         f"  old checkpoint {old['checkpoint']} (last committed batch "
-        f"{old['last_committed_batch']}, verifies clean){running}\n"
-        f"  new checkpoint {new['checkpoint']}\n"
-        f"  cutover: {plan['cutover']}\n"
-        f"  carry-over: {_road(plan['carry_over'])}\n"
-        "  then: drain the old source, back up, carry the state over, prove, switch"
-    )
+        f"{old['last_committed_batch']}, verifies clean){running}",
+        f"  new checkpoint {new['checkpoint']}",
+        f"  cutover: {plan['cutover']}",
+        f"  carry-over: {_road(plan['carry_over'])}",
+        "  then: drain the old source, back up, carry the state over, prove, switch",
+        *tail,
+    ])  # fmt: skip
 
 
 def _road(carry_over: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from stateops.control.lock import QueryLock
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, one_line
+from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Registry, write_partitions
 from stateops.core.verify import error_summary, verify_checkpoint
 
@@ -143,9 +144,10 @@ def repartition_unsupported(cp: Checkpoint, batch: int) -> str | None:
 
 
 def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
-    head = "DRY RUN: nothing changed; would repartition" if dry_run else "repartition"
+    """The plan for a person, ending in what cannot be undone, where the backup goes
+    (``plan["backup_to"]``, None for none) and how to undo (:mod:`stateops.core.plans`)."""
     lines = [
-        f"{head} {plan['checkpoint']}",
+        plan_head(dry_run, f"repartition of {plan['checkpoint']}"),
         f"  state partitions {plan['partitions_before']} -> {plan['partitions']}, by Spark's "
         f"repartition: batch {plan['batch']} reads no input and holds the state of batch "
         f"{plan['last_committed_batch']} in {plan['partitions']} partitions",
@@ -155,9 +157,13 @@ def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
         lines.append(f"  operator {op['operator_id']} {op['operator_name']}: stores {stores}")
     if plan["resumes"]:
         lines.append(f"  first undoes the interrupted repartition {plan['resumes']['run_id']}")
-    lines.append(
-        f"  undo: stateops rollback {plan['checkpoint']} --to-batch {plan['last_committed_batch']}"
-    )
+    backup_to = plan.get("backup_to")
+    lines += plan_tail(
+        irreversible="nothing: Spark's repartition only adds files (batch "
+        f"{plan['batch']}); a failed run deletes them again",
+        backup=f"to {backup_to}, before anything changes" if backup_to else "none",
+        undo=f"stateops rollback {plan['checkpoint']} --to-batch {plan['last_committed_batch']}",
+    )  # fmt: skip
     return "\n".join(lines)
 
 
@@ -166,12 +172,12 @@ def prepare_repartition(
     partitions: int,
     run_id: str,
     *,
-    backup: Callable[[], str] | None = None,
+    backup: BackupFirst | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Plan again, undo an interrupted run, back up, and write the marker that lists every
     file; call it under the query's lock. The plan, with ``run_id`` and ``backup_id``."""
-    plan = plan_repartition(checkpoint, partitions)
+    plan = plan_repartition(checkpoint, partitions) | {"backup_to": backup and backup.to}
     log(format_repartition_plan(plan, dry_run=False))
     if plan["resumes"]:
         undo_repartition(checkpoint, log=log)
@@ -329,7 +335,7 @@ def run_repartition(
     lock: QueryLock,
     *,
     submit: Callable[[dict[str, Any]], None],
-    backup: Callable[[], str] | None = None,
+    backup: BackupFirst | None = None,
     registry: Registry | None = None,
     query: str | None = None,
     dry_run: bool = False,
@@ -339,7 +345,7 @@ def run_repartition(
     on any failure undo, and fail saying so. The lock is held throughout."""
     if registry is not None and query is not None and not dry_run:
         record_partitions(registry, query, lock.run_id)  # a run killed before it did
-    plan = plan_repartition(checkpoint, partitions)
+    plan = plan_repartition(checkpoint, partitions) | {"backup_to": backup and backup.to}
     if dry_run:
         log(format_repartition_plan(plan, dry_run=True))
         return plan
@@ -356,7 +362,7 @@ def repartition_locked(
     run_id: str,
     *,
     submit: Callable[[dict[str, Any]], Any],
-    backup: Callable[[], str] | None = None,
+    backup: BackupFirst | None = None,
     registry: Registry | None = None,
     query: str | None = None,
     log: Callable[[str], None] = print,

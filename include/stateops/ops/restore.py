@@ -26,6 +26,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
 from stateops.core.files import relocate_checkpoint
 from stateops.core.formats import crc_sidecar, hadoop_crc
+from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Registry
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
@@ -252,12 +253,13 @@ def plan_restore(
     return plan
 
 
-def format_restore_plan(plan: dict[str, Any], *, color: bool = False) -> str:
+def format_restore_plan(plan: dict[str, Any], *, dry_run: bool = True, color: bool = False) -> str:
     """The plan for a person; ``color``: another query's state marked in red (ANSI)."""
     b = plan["backup"]
     size = format_bytes(b["bytes"]) if isinstance(b["bytes"], int) else "? bytes"
     lines = [
-        f"restore plan: backup {b['backup_id']} of query {b['query_id']} (batch {b['batch_id']}, "
+        plan_head(dry_run, f"restore of backup {b['backup_id']} into {plan['target']}"),
+        f"  backup {b['backup_id']} of query {b['query_id']} (batch {b['batch_id']}, "
         f"{b['files']} files, {size}, taken {b['created_at']} of {b['source']})",
         f"  from {plan['location']}",
         f"  into {plan['target']}"
@@ -294,6 +296,15 @@ def format_restore_plan(plan: dict[str, Any], *, color: bool = False) -> str:
         lines.append(
             "  staging folders of killed restores, to remove: " + ", ".join(plan["stale_staging"])
         )
+    target, replaced = plan["target"], plan["target_contents"] != "none"
+    lines += plan_tail(
+        irreversible="nothing: "
+        + ("the target's files are moved aside, never deleted" if replaced
+           else "the target is new or empty"),
+        backup="none needed: nothing is deleted",
+        undo=(f"remove {target}, then move {target}.replaced-<time> (the restore prints it) "
+              f"back to {target}") if replaced else f"remove {target}",
+    )  # fmt: skip
     return "\n".join(lines)
 
 

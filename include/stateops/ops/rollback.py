@@ -29,6 +29,7 @@ from stateops.control.markers import (
 )
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.plans import BackupFirst
 from stateops.core.report import format_bytes
 from stateops.ops.deletion import (
     audit_plan,
@@ -209,13 +210,14 @@ def run_rollback(
     *,
     sink: str | os.PathLike[str] | None = None,
     sink_batch_offset: int = 0,
-    backup: Callable[[], str] | None = None,
+    backup: BackupFirst | None = None,
     dry_run: bool = False,
     planned: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Make ``to_batch`` the last committed batch: backup (``backup()`` returns its id),
-    marker, checkpoint deletions, sink, audit, marker removed. A rerun after a kill resumes.
+    """Make ``to_batch`` the last committed batch: backup (``backup()`` returns its id; the
+    plan shows where it goes), marker, checkpoint deletions, sink, audit, marker removed. A
+    rerun after a kill resumes.
     The plan it returns names the ``run_id`` (the sink's ``_rolled_back/<run_id>/``) and the
     ``backup_id``. ``planned``: the :func:`plan_digest` of the plan the operator saw (a
     backfill's); the rollback refuses, changing nothing, if the plan made under the lock
@@ -224,7 +226,7 @@ def run_rollback(
     def plan_all() -> dict[str, Any]:
         plan = plan_rollback(checkpoint, to_batch)
         plan["sink"] = plan_sink_rollback(sink, to_batch, sink_batch_offset) if sink else None
-        plan["backup_first"] = backup is not None
+        plan["backup_to"] = backup.to if backup else None
         return plan
 
     plan = plan_all()  # before the lock, the backup and the marker: see run_cleanup

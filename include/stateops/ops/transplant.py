@@ -44,6 +44,7 @@ from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar, hadoop_crc, schema_file_refs
+from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Query, schema_fields
 from stateops.core.report import format_bytes
 from stateops.core.staging import Staging, occupied, remove_stale_staging
@@ -432,11 +433,13 @@ def transplant_checkpoint(
             f"then Spark's repartition writes batch {batch + 1}, the state in "
             f"{query.shuffle_partitions} partitions (it has {before}), and {then}"
         )
-    log(
-        f"{'DRY RUN: would transplant' if dry_run else 'transplant'} {cp.root} at batch "
-        f"{batch} -> {new}: {len(files)} files ({format_bytes(size)}); {then} on "
-        f"{query.inputs_text} ({_anew(cp, batch, fresh)})"
-    )
+    log("\n".join([
+        plan_head(dry_run, f"transplant of {cp.root} at batch {batch} -> {new}"),
+        f"  {len(files)} files ({format_bytes(size)}); {then} on {query.inputs_text} "
+        f"({_anew(cp, batch, fresh)})",
+        *plan_tail(irreversible=f"nothing: {cp.root} is only read",
+                   backup="none: nothing that exists changes", undo=f"remove {new}"),
+    ]))  # fmt: skip
     if dry_run:
         return result | {"dry_run": True}
     with Staging(new, STAGING) as staging:
