@@ -11,6 +11,10 @@ maintenance deletes during the copy makes the backup start over on the newest ba
 After each backup, retention keeps the last `backups.keep_last` backups and those younger than
 `backups.max_age`, then deletes the objects no kept manifest names.
 
+The last task, `outcome`, says per query what was backed up, or that it was skipped because it
+has no committed batch yet; a run that backed up no query at all fails, saying so, rather than
+showing green while no backup exists.
+
 S3 comes from the Airflow connection `backups.conn_id` (type `aws`; `extra.endpoint_url` for an
 S3-compatible endpoint). Restore with the DAG `stream_restore` or `stateops restore`.
 """
@@ -19,10 +23,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import dag, task
+from airflow.sdk import dag, get_current_context, task
 
 from stateops.core.registry import load_registry
-from stateops_airflow.tasks import LIFECYCLE_DAG, backup_query, registered_queries
+from stateops_airflow.tasks import (
+    LIFECYCLE_DAG,
+    backup_query,
+    registered_queries,
+    scheduled_outcome,
+)
 
 REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query
 
@@ -36,13 +45,25 @@ REGISTRY = load_registry()  # read once at parse time: the schedule and the task
     doc_md=__doc__,
 )
 def stream_checkpoint_backup() -> None:
-    for query in registered_queries(registry=REGISTRY):
+    queries = registered_queries(registry=REGISTRY)
+
+    @task(trigger_rule="none_failed")
+    def outcome() -> list[str]:
+        """One line per query; a run that backed nothing up fails (see scheduled_outcome)."""
+        ti = get_current_context()["ti"]
+        done = {q: ti.xcom_pull(task_ids=f"backup_{q}") for q in queries}
+        return scheduled_outcome("backup", {
+            q: r and f"backup {r['backup_id']} of batch {r['batch_id']}" for q, r in done.items()
+        })  # fmt: skip
+
+    last = outcome()
+    for query in queries:
 
         @task(task_id=f"backup_{query}")
         def backup(query: str = query) -> dict:
             return backup_query(query)
 
-        backup()
+        backup() >> last
 
 
 stream_checkpoint_backup()

@@ -26,9 +26,10 @@ Trigger it with the form; **dry run** (on by default) only prints the plan. The 
 5. `verify_state`: file-level integrity of the checkpoint.
 
 `roll_back` runs when a step after `prepare` failed: it deletes what the repartition added (it
-only adds files) and checks that the checkpoint is file for file what it was, then fails
-itself so the run fails. To go back later: `stream_backfill` or `stateops rollback QUERY
---to-batch N` to the batch before the repartition restores the old count.
+only adds files) and checks that the checkpoint is file for file what it was (with nothing
+to undo it is skipped and says so); the run fails either way, since `verify_state` did not
+run. To go back later: `stream_backfill` or `stateops rollback QUERY --to-batch N` to the
+batch before the repartition restores the old count.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def stream_repartition() -> None:
 
     @task(trigger_rule="one_failed")
     def roll_back() -> None:
-        """Runs only when a step failed; undoes the run, then fails itself."""
+        """Runs only when a step failed; undoes the run (skipped when nothing changed); the
+        run fails either way, since verify_state does not run."""
         context = get_current_context()
         undo_repartition(context["params"]["query"], context["run_id"])
 

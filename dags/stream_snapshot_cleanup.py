@@ -12,7 +12,9 @@ checkpoint (`stateops audit QUERY`).
 
 It takes the query's lifecycle lock: while the query runs (or another lifecycle operation
 holds the lock) the task fails with the holder's name and retries later. A killed cleanup is
-finished by the next run. By hand: `stateops cleanup QUERY --retain-batches K --dry-run`.
+finished by the next run. The last task, `outcome`, says per query what was deleted, or that it
+was skipped because it has no committed batch yet; a run that cleaned no query at all fails,
+saying so. By hand: `stateops cleanup QUERY --dry-run`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from datetime import timedelta
 from airflow.sdk import dag, get_current_context, task
 
 from stateops.core.registry import load_registry
-from stateops_airflow.tasks import LIFECYCLE_DAG, cleanup_query, registered_queries
+from stateops_airflow.tasks import (
+    LIFECYCLE_DAG,
+    cleanup_query,
+    registered_queries,
+    scheduled_outcome,
+)
 
 REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query
 
@@ -36,13 +43,26 @@ REGISTRY = load_registry()  # read once at parse time: the schedule and the task
     doc_md=__doc__,
 )
 def stream_snapshot_cleanup() -> None:
-    for query in registered_queries(registry=REGISTRY):
+    queries = registered_queries(registry=REGISTRY)
+
+    @task(trigger_rule="none_failed")
+    def outcome() -> list[str]:
+        """One line per query; a run that cleaned nothing fails (see scheduled_outcome)."""
+        ti = get_current_context()["ti"]
+        done = {q: ti.xcom_pull(task_ids=f"cleanup_{q}") for q in queries}
+        return scheduled_outcome("cleanup", {
+            q: r and f"deleted {r['delete']['files']} files ({r['delete']['bytes']} bytes)"
+            for q, r in done.items()
+        })  # fmt: skip
+
+    last = outcome()
+    for query in queries:
 
         @task(task_id=f"cleanup_{query}")
         def cleanup(query: str = query) -> dict:
             return cleanup_query(query, run_id=get_current_context()["run_id"])
 
-        cleanup()
+        cleanup() >> last
 
 
 stream_snapshot_cleanup()

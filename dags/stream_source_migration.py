@@ -54,7 +54,9 @@ carries its state over, instead of replaying history. Trigger it with the form; 
 `roll_back` runs when a step fails: the new checkpoint moves aside (`<new>.failed-<run id>`),
 a switch already written is undone, the new checkpoint's output moves to
 `<sink>/_rolled_back/migration-<run id>/`, the old checkpoint is writable again and the hold
-is released; then it fails itself, so the run shows as failed. The old query can start again;
+is released (a preflight that failed before anything changed: `roll_back` is skipped and says
+so). The run shows as failed either way: its last step, `migrated` (what the run did and how to
+undo it), did not run. The old query can start again;
 fix the cause and trigger again. Each step's failure is final (no retries): a failed migration
 is rolled back at once.
 
@@ -215,10 +217,23 @@ def stream_source_migration() -> None:
 
     @task(trigger_rule="one_failed")
     def roll_back() -> None:
-        """Runs only when a step failed; undoes the run, then fails itself so the run fails."""
+        """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
         context = get_current_context()
         plan = context["ti"].xcom_pull(task_ids="preflight")
         roll_back_migration(plan, context["params"]["query"], context["run_id"])
+
+    @task
+    def migrated(plan: dict) -> str:
+        """The last step: what the run did and how to undo it. It does not run when a step
+        failed, so the run fails (whether roll_back undid something or had nothing to undo)."""
+        line = (
+            f"{plan['query']} migrated: it runs on {plan['new']['checkpoint']} "
+            f"({plan['new']['source']['format']} {plan['new']['source']['path']}); the old "
+            f"checkpoint {plan['old']['checkpoint']} stays, read-only; to undo, stop the "
+            f"query, remove {plan['switch_file']} and make the old checkpoint writable"
+        )
+        say(line)
+        return line
 
     drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
         spark_task(step) for step in ("drain", "first_batch", "export", "validate_export",
@@ -234,7 +249,7 @@ def stream_source_migration() -> None:
     planned >> not_a_dry_run() >> stopped >> drain >> backed_up >> road
     road >> transplanted >> first_batch >> proven
     road >> export >> validate_export >> bootstrap >> proven
-    proven >> validate_new_state >> switched
+    proven >> validate_new_state >> switched >> migrated(planned)
     [stopped, drain, backed_up, road, transplanted, first_batch, export, validate_export,
      bootstrap, proven, validate_new_state, switched] >> roll_back()  # fmt: skip
 

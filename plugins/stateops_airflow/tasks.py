@@ -34,6 +34,7 @@ __all__ = [
     "dry_run_param",
     "inject_fault",
     "say",
+    "scheduled_outcome",
     "not_a_dry_run",
     "plan_backfill",
     "plan_restore",
@@ -140,7 +141,14 @@ def not_a_dry_run() -> Any:
 
     @task.short_circuit(task_id="not_a_dry_run")
     def gate() -> bool:
-        return not get_current_context()["params"]["dry_run"]
+        dry_run = get_current_context()["params"]["dry_run"]
+        say(
+            "dry run: the plan above is all this run does; every step after this gate is "
+            "skipped (trigger again with dry run off to carry the plan out)"
+            if dry_run
+            else "not a dry run: the steps after this gate carry the plan out"
+        )
+        return not dry_run
 
     return gate()
 
@@ -235,6 +243,25 @@ def backup_query(query: str) -> dict[str, Any]:
         f"objects ({retention['freed_bytes']} bytes)"
     )
     return {k: v for k, v in manifest.items() if k != "files"} | {"retention": retention}
+
+
+def scheduled_outcome(operation: str, done: dict[str, str | None]) -> list[str]:
+    """The last task of a scheduled DAG (backup, cleanup): one line per query, what was done
+    (``done[query]``) or why it was skipped (None: no committed batch yet). When every query
+    was skipped, nothing was done, and the run must not look green: it fails, saying so."""
+    lines = [
+        f"{query}: {what}" if what is not None
+        else f"{query}: skipped, no committed batch yet (stream_start runs it)"
+        for query, what in sorted(done.items())
+    ]  # fmt: skip
+    for line in lines:
+        say(line)
+    if done and all(what is None for what in done.values()):
+        raise AirflowFailException(
+            f"no {operation} was done: no registered query has a committed batch yet; run "
+            f"stream_start first (the next scheduled run will {operation} them)"
+        )
+    return lines
 
 
 @one_line_errors
@@ -378,23 +405,26 @@ def migration_step(step: str, *args: Any) -> dict[str, Any]:
 
 
 def roll_back_migration(plan: dict[str, Any] | None, query: str, run_id: str) -> None:
-    """After a failed step: undo the migration run (or, before a plan, release its hold), then
-    fail, so that the run fails."""
-    from airflow.sdk.exceptions import AirflowFailException
-
+    """After a failed step: undo the migration run (or, before a plan, release its hold). It
+    succeeds when it undid something and is skipped, saying why, when there was nothing to
+    undo (a refused preflight, a failed dry run); the run fails either way, since its last
+    step (``migrated``) did not run."""
     from stateops.control.lock import release_hold
     from stateops.ops.migration import roll_back_migration as roll_back
 
     registry = load_registry()
     if plan:
-        roll_back(registry, plan)
+        roll_back(registry, plan, log=say)
+        say("the migration failed (see the failed step's log); it was rolled back and the "
+            "query runs on its old source")  # fmt: skip
+    elif release_hold(registry.lock_path(query), run_id):  # taken before the preflight failed
+        say(f"the preflight failed after it held {query}: the hold is released; nothing else "
+            "had changed")  # fmt: skip
     else:
-        say("preflight did not finish: nothing changed, nothing to roll back")
-        release_hold(registry.lock_path(query), run_id)  # a hold taken before it failed
-    raise AirflowFailException(
-        "the migration failed (see the failed step's log)"
-        + ("; it was rolled back and the query runs on its old source" if plan else "")
-    )
+        raise AirflowSkipException(
+            "the preflight failed before anything changed: nothing to roll back (its log says "
+            "what to fix)"
+        )
 
 
 def _repartition_lock(query: str, run_id: str) -> tuple[Registry, str, Any]:
@@ -449,15 +479,18 @@ def finish_repartition(query: str, run_id: str) -> dict[str, Any]:
 
 
 def undo_repartition(query: str, run_id: str) -> None:
-    """After a failed step: give back the checkpoint as it was, then fail, so the run fails."""
-    from airflow.sdk.exceptions import AirflowFailException
-
+    """After a failed step: give back the checkpoint as it was. It succeeds when it undid
+    something and is skipped, saying why, when there was nothing to undo; the run fails
+    either way, since its last step (``verify_state``) did not run."""
     from stateops.ops.repartition import undo_repartition as undo
 
     _, checkpoint, lock = _repartition_lock(query, run_id)
     with lock:
         undone = one_line_errors(undo)(checkpoint, run_id=run_id, log=say)
-    raise AirflowFailException(
-        "the repartition failed (see the failed step's log)"
-        + ("; it was undone: the checkpoint is as it was" if undone else "; nothing to undo")
-    )
+    if not undone:
+        raise AirflowSkipException(
+            "the repartition failed before it changed the checkpoint: nothing to undo (the "
+            "failed step's log says what to fix)"
+        )
+    say("the repartition failed (see the failed step's log); it was undone: the checkpoint "
+        "is as it was")  # fmt: skip

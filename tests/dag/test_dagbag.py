@@ -117,14 +117,20 @@ def test_stream_bootstrap_form_and_order(dagbag):
 
 def test_stream_checkpoint_backup_backs_up_each_query_on_the_registry_schedule(dagbag):
     dag = dagbag.dags["stream_checkpoint_backup"]
-    assert {t.task_id for t in dag.tasks} == {f"backup_{q}" for q in QUERIES}
+    assert {t.task_id for t in dag.tasks} == {f"backup_{q}" for q in QUERIES} | {"outcome"}
+    outcome = dag.get_task("outcome")  # after every query's task, skipped ones included
+    assert outcome.upstream_task_ids == {f"backup_{q}" for q in QUERIES}
+    assert outcome.trigger_rule == "none_failed"
     assert dag.max_active_runs == 1 and not dag.catchup
     assert dag.schedule == "@daily"  # from the registry
 
 
 def test_stream_snapshot_cleanup_cleans_each_query_on_the_registry_schedule(dagbag):
     dag = dagbag.dags["stream_snapshot_cleanup"]
-    assert {t.task_id for t in dag.tasks} == {f"cleanup_{q}" for q in QUERIES}
+    assert {t.task_id for t in dag.tasks} == {f"cleanup_{q}" for q in QUERIES} | {"outcome"}
+    outcome = dag.get_task("outcome")
+    assert outcome.upstream_task_ids == {f"cleanup_{q}" for q in QUERIES}
+    assert outcome.trigger_rule == "none_failed"
     assert dag.max_active_runs == 1 and not dag.catchup
     assert dag.schedule == "@daily"  # from the registry
 
@@ -186,16 +192,19 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert params.get_param("carry_over").schema["enum"] == ["auto", "transplant", "initial_state"]
     start = ["preflight", "not_a_dry_run", "stop_query", "drain", "backup", "carry_over"]
     roads = [["transplant", "first_batch"], ["export", "validate_export", "bootstrap"]]
-    end = ["prove", "validate_new_state", "switch"]
+    end = ["prove", "validate_new_state", "switch", "migrated"]
     for road in roads:
         for upstream, downstream in itertools.pairwise(start + road + end):
             assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert dag.get_task("prove").trigger_rule == "none_failed_min_one_success"
     roll_back = dag.get_task("roll_back")
     assert roll_back.trigger_rule == "one_failed"
-    steps = set(start[2:] + roads[0] + roads[1] + end)
+    steps = set(start[2:] + roads[0] + roads[1] + end[:-1])
     assert roll_back.upstream_task_ids == steps
-    assert len(dag.tasks) == len(steps) + 3
+    # The run's outcome is its last step's: a failed step leaves `migrated` not run (the run
+    # fails) whether roll_back undid something (green) or had nothing to undo (skipped).
+    assert {t.task_id for t in dag.tasks if not t.downstream_task_ids} == {"migrated", "roll_back"}
+    assert len(dag.tasks) == len(steps) + 4
     args = dag.get_task("drain").application_args
     assert (
         args[args.index("--cutover") + 1] == "{{ ti.xcom_pull(task_ids='preflight')['cutover'] }}"

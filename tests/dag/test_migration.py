@@ -7,6 +7,7 @@ The same steps fail one by one at the library level, with the same checks
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -42,12 +43,28 @@ def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_a
     dry, log = m.trigger(m.conf(dry_run=True))
     assert dry.returncode == 0, log[-5000:]
     assert "DRY RUN: nothing changed: migration of page_visits" in log
+    assert "dry run: the plan above is all this run does" in log  # the gate says why it skips
+    assert tree_digest(m.root / "checkpoints") == before and read_hold(lock) is None
+    # A dry run whose preflight refuses fails, and roll_back is skipped with its reason, not
+    # red: there was nothing to roll back.
+    (m.root / "empty").mkdir()
+    dry, log = m.trigger(m.conf(dry_run=True, new_source_path="empty"))
+    assert dry.returncode != 0 and "has no input yet" in log, log[-5000:]
+    assert "the preflight failed before anything changed: nothing to roll back" in log
+    states = _task_states(m.root)
+    assert (states["preflight"], states["roll_back"], states["migrated"]) == (
+        "failed", "skipped", "upstream_failed"
+    ), states  # fmt: skip
     assert tree_digest(m.root / "checkpoints") == before and read_hold(lock) is None
 
     run, log = m.trigger(m.conf(), STATEOPS_FAIL_AFTER="drain")
     assert run.returncode != 0, log[-3000:]
     assert "injected failure after drain" in log
     assert "migration rolled back; the query runs on" in log, log[-5000:]
+    states = _task_states(m.root)  # roll_back did its work; the run failed: migrated did not run
+    assert (states["drain"], states["roll_back"], states["migrated"]) == (
+        "failed", "success", "upstream_failed"
+    ), states  # fmt: skip
     drained = assert_rolled_back(m, "drain", None)
     # The old query is still runnable: nothing new to read, so no batch and no change.
     run_in_session(spark, m.path, "page_visits")
@@ -62,3 +79,13 @@ def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_a
     assert_migrated(spark, m, whole, log, "initial_state")
     new = load_checkpoint(m.query().checkpoint)
     assert [op.num_partitions for op in new.operators] == [3]
+
+
+def _task_states(root: Path) -> dict[str, str]:
+    """The task states of the last ``airflow dags test`` run under ``root``."""
+    with sqlite3.connect(root / "airflow" / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT task_id, state FROM task_instance WHERE run_id = "
+            "(SELECT run_id FROM dag_run ORDER BY id DESC LIMIT 1)"
+        ).fetchall()
+    return dict(rows)

@@ -149,6 +149,9 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spar
     last = load_checkpoint(registry.query("page_visits").checkpoint).last_committed_batch
     assert [b["batch_id"] for b in backups] == [last]
     assert "has no committed batch yet" in log  # user_sessions
+    # The last task lists every query: the backup taken, or why it was skipped.
+    assert f"page_visits: backup {backups[0]['backup_id']} of batch {last}" in log, log[-3000:]
+    assert "user_sessions: skipped, no committed batch yet (stream_start runs it)" in log
     assert "uploaded" in log and "reused" in log and S3_SECRET not in log
     # ... and stream_restore brings it back, into a new folder.
     target = tmp_path / "restored"
@@ -195,6 +198,10 @@ def test_airflow_dags_test_stream_snapshot_cleanup(spark, tmp_path):
     assert sorted(after.commits) == sorted(before.commits)[-2:]
     assert "PLAN: cleanup of " in log and "snapshot groups" in log  # the plan, then the result
     assert "has no committed batch yet" in log  # user_sessions
+    # The last task lists every query: what was deleted, or why it was skipped.
+    deleted = len(before.sizes) - len(after.sizes)
+    assert f"page_visits: deleted {deleted} files (" in log, log[-3000:]
+    assert "user_sessions: skipped, no committed batch yet (stream_start runs it)" in log
     assert read_audit(checkpoint)[-1]["operation"] == "cleanup"
 
 
