@@ -1,6 +1,8 @@
 """The "Streaming state" view: an Airflow 3 plugin (a FastAPI app at ``/stateops`` and a nav
 entry under Browse that shows it), read-only, per registered query. It shows what
 ``stateops status`` prints (:func:`stateops.status.query_status`), for a logged-in user only.
+It also registers the middleware that checks the manual DAGs' trigger forms before a run is
+created (:mod:`stateops_airflow.forms`).
 
 Airflow loads each ``.py`` file of the plugins folder as a top-level module: this file has a
 name of its own and imports absolutely.
@@ -22,6 +24,7 @@ from stateops.core.registry import load_registry
 from stateops.core.report import format_bytes
 from stateops.spark.expectations import data_docs_path
 from stateops.status import describe_cleanup, query_status
+from stateops_airflow.forms import FormCheck
 
 app = FastAPI(title="Streaming state", dependencies=[Depends(requires_authenticated())])
 
@@ -156,6 +159,8 @@ th {{ color: #555; font-weight: 600; }} .ok {{ color: #17803d; }} .error {{ colo
 class StateOpsUiPlugin(AirflowPlugin):
     name = "stateops_ui"
     fastapi_apps = [{"app": app, "url_prefix": "/stateops", "name": "Streaming state"}]
+    # The manual DAGs' trigger forms, checked before a run is created (stateops_airflow.forms).
+    fastapi_root_middlewares = [{"middleware": FormCheck, "name": "stateops trigger forms"}]
     external_views = [
         {
             "name": "Streaming state",

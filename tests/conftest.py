@@ -29,6 +29,13 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # Spark's Python workers import test-only processors (tests.spark.leaky) by module path.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
+# Airflow reads AIRFLOW_HOME on first import: a throwaway folder for the tests that import it
+# in-process (DagBag, the plugins' pure logic); runs of `airflow` get their own home.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="stateops-airflow-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+# Airflow puts plugins/ on sys.path when it runs; code loaded in-process needs it too.
+sys.path.insert(0, str(ROOT / "plugins"))
+
 # py4j logs its connection shutdown at interpreter exit, after pytest closed the streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 

@@ -25,7 +25,7 @@ import pytest
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.dev.s3server import free_port
-from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server
+from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server, tree_digest
 from tests.spark.harness import read_sink
 from tests.spark.migrations import Migration, assert_migrated, uninterrupted
 
@@ -228,6 +228,65 @@ def test_browser_fills_the_migration_form_and_sees_the_dry_run_succeed(stack):
     ], plan  # fmt: skip
     checkpoint = load_checkpoint(stack.migration.query().checkpoint)
     assert checkpoint.root.name == "user_sessions", "a dry run changes nothing"
+
+
+# Each kind of bad value the manual forms take: (DAG, conf, the start of the one line back).
+BAD_FORMS = [
+    ("stream_backfill", {"query": "user_sessions"},
+     "to_batch, input_before: give one of them, the last batch to keep or a time"),
+    ("stream_backfill", {"query": "user_sessions", "to_batch": 1, "input_before": "2026-01-01"},
+     "to_batch, input_before: give one of them"),
+    ("stream_backfill", {"query": "user_sessions", "input_before": "yesterday 3am"},
+     "input_before 'yesterday 3am' is not a time; write it like 2026-11-21T03:00:00Z"),
+    ("stream_backfill", {"query": "user_sessions", "to_batch": 999},
+     "to_batch: 999 is not a committed batch of user_sessions (committed and kept: "),
+    ("stream_backfill", {"query": "user_sessions", "to_batch": 1, "overrides": {"sink": {}}},
+     "overrides: sink cannot be changed by a backfill"),
+    ("stream_source_migration", {"query": "user_sessions", "new_source_path": "no/such/folder"},
+     "new_source_path: new source path "),
+    ("stream_source_migration", {"query": "user_sessions", "cutover": "yesterday 3am",
+                                 "new_source_path": "landing_v2/user_sessions"},
+     "cutover 'yesterday 3am' is not a time"),
+]  # fmt: skip
+
+
+def test_bad_form_values_are_refused_before_a_run_with_the_field_named(stack):
+    """Over REST, each kind of bad value gets 400 and one line that names the field and the
+    fix (not the JSON schema's text), no run is created, no retry is possible and the
+    checkpoint is byte-identical; in the browser, the trigger dialogs of the backfill and the
+    migration show the same line."""
+    token, checkpoint = stack.token(), Path(stack.migration.query().checkpoint)
+    before = tree_digest(checkpoint)
+    runs = {dag: _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", token=token)
+            ["total_entries"] for dag in ("stream_backfill", DAG)}  # fmt: skip
+    for dag, conf, start in BAD_FORMS:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", "POST",
+                     {"logical_date": None, "conf": conf}, token=token)  # fmt: skip
+        detail = json.loads(refused.value.read())["detail"]
+        assert refused.value.code == 400 and detail.startswith(start), (conf, detail)
+        assert "\n" not in detail and "Failed validating" not in detail, detail
+    for dag, count in runs.items():
+        assert _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", token=token)[
+            "total_entries"] == count, f"{dag}: a refused trigger created a run"  # fmt: skip
+    with _browser(stack, "2-bad-forms") as page:
+        for dag, field, value, start in [
+            ("stream_backfill", "input_before", "yesterday 3am", BAD_FORMS[2][2]),
+            (DAG, "new_source_path", "no/such/folder", BAD_FORMS[5][2]),
+        ]:
+            page.goto(f"{stack.base}/dags/{dag}")
+            page.get_by_role("button", name="Trigger").click()
+            form = page.get_by_role("dialog")
+            form.get_by_role("combobox").first.click()
+            page.get_by_role("option", name="user_sessions").click()
+            form.locator(f"#element_{field}").fill(value)
+            form.get_by_role("button", name="Trigger").click()
+            said = form.get_by_text(start)  # the dialog stays open, saying what to fix
+            said.wait_for()
+            said.scroll_into_view_if_needed()
+            page.screenshot(path=ARTIFACTS / f"2-bad-form-{dag}.png")
+            page.keyboard.press("Escape")
+    assert tree_digest(checkpoint) == before
 
 
 def test_rest_api_triggers_the_migration_and_it_succeeds_on_the_cluster(stack, spark):

@@ -47,19 +47,23 @@ BAD = [
      r"no query named 'nope' \(registered: idle_sessions, page_counts, page_visits, "
      r"user_sessions\)"),
     ("page_visits", _source(path="landing_v3"), "",
-     r"new source path .*/landing_v3 does not exist or is not a folder: create it"),
+     r"^new_source_path: new source path .*/landing_v3 does not exist or is not a folder: "
+     r"create it"),
     ("page_visits", _source(path="landing_v3_empty"), "",
-     r"new source folder .*/landing_v3_empty has no input yet: land its first files"),
-    ("page_visits", _source(format="kafka"), "", r"new source: format: Input should be"),
+     r"^new_source_path: new source folder .*/landing_v3_empty has no input yet: land its "
+     r"first files"),
+    ("page_visits", _source(format="kafka"), "", r"^new_source_format: Input should be"),
     ("page_visits", _source(schema="user_id STRING, event_time TIMESTAMP"), "",
-     r"new source schema has no column 'page', which page_visits reads"),
+     r"^new_source_schema: new source schema has no column 'page', which page_visits reads"),
     ("page_visits", _source(schema="user_id STRING, page STRING, event_time STRING"), "",
-     r"new source column 'event_time' is STRING, but page_visits reads it as TIMESTAMP"),
+     r"^new_source_schema: new source column 'event_time' is STRING, but page_visits reads "
+     r"it as TIMESTAMP"),
     ("page_visits", _source(path="landing/page_visits", format="json"), "",
-     r"the new source is page_visits's current source: nothing to migrate"),
-    ("page_visits", _source(), "landing", r"new checkpoint .*/landing is not empty"),
+     r"^new_source_path: the new source is page_visits's current source: nothing to migrate"),
+    ("page_visits", _source(), "landing",
+     r"^new_checkpoint: new checkpoint .*/landing is not empty"),
     ("page_visits", _source(), "checkpoints/page_visits/offsets",
-     r"new checkpoint .* overlaps the current checkpoint"),
+     r"^new_checkpoint: new checkpoint .* overlaps the current checkpoint"),
 ]  # fmt: skip
 
 

@@ -93,6 +93,21 @@ _OS_FAULTS: dict[int, tuple[str, str]] = {
 }
 
 
+@contextmanager
+def about(field: str) -> Iterator[None]:
+    """Checks of one trigger-form field (or CLI option): a refusal raised inside names
+    ``field`` first, as the forms and the REST API show it (``input_before: ...``)."""
+    try:
+        yield
+    except StateOpsError as err:
+        if _NAMED.match(str(err)) or str(err).startswith(f"{field} "):
+            raise  # it names its field already
+        raise StateOpsError(f"{field}: {one_line(err)}") from None
+
+
+_NAMED = re.compile(r"^[a-z]+_[a-z_]+(, [a-z]+_[a-z_]+)*: ")  # to_batch: ..., new_source_path: ...
+
+
 def one_line(message: object) -> str:
     """``message`` on one line: a message built from another library's text may hold breaks."""
     return " ".join(str(message).split())

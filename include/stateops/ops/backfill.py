@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
@@ -21,7 +22,7 @@ from typing import Any
 
 from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
+from stateops.core.errors import CheckpointError, RegistryError, StateOpsError, about
 from stateops.core.plans import BackupFirst
 from stateops.core.registry import Query, Registry, derived_registry, load_registry
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
@@ -34,6 +35,8 @@ from stateops.ops.start import read_summary
 
 __all__ = [
     "OVERRIDABLE",
+    "backfill_point",
+    "check_backfill_form",
     "diff_output",
     "last_batch_before",
     "logic_changes",
@@ -46,6 +49,44 @@ __all__ = [
     "rollback_for_backfill",
     "run_backfill",
 ]
+
+
+def backfill_point(
+    registry: Registry, name: str, to_batch: int | None, input_before: str | None
+) -> int:
+    """The batch a backfill of ``name`` rolls back to: ``to_batch``, or the last batch whose
+    input is older than ``input_before`` (one of the two), a committed batch; a refusal
+    names the form's field."""
+    query = registry.query(name)
+    before = (input_before or "").strip()
+    if (to_batch is None) == (not before):
+        raise StateOpsError(
+            "to_batch, input_before: give one of them, the last batch to keep or a time (the "
+            "last batch whose input is older), not " + ("both" if before else "neither")
+        )
+    if to_batch is None:
+        with about("input_before"):
+            return last_batch_before(query.checkpoint, parse_time(before, "input_before"))
+    with about("to_batch"):
+        committed = sorted(load_checkpoint(query.checkpoint).commits)
+        if to_batch not in committed:
+            kept = f"{committed[0]}..{committed[-1]}" if committed else "none yet"
+            raise StateOpsError(
+                f"{to_batch} is not a committed batch of {name} (committed and kept: {kept}); "
+                f"pick one of them (stateops inspect {name})"
+            )
+    return to_batch
+
+
+def check_backfill_form(registry: Registry, conf: dict[str, Any]) -> None:
+    """The backfill form's rules that need no Spark, before a run is created: the rollback
+    point and the overrides (known keys, a valid registry entry once merged)."""
+    overrides = conf.get("overrides") or {}
+    if overrides:
+        with tempfile.TemporaryDirectory() as scratch:
+            registry_with_overrides(registry, conf["query"], overrides,
+                                    Path(scratch) / "registry.yaml")  # fmt: skip
+    backfill_point(registry, conf["query"], conf.get("to_batch"), conf.get("input_before"))
 
 
 def plan_backfill(
@@ -65,15 +106,10 @@ def plan_backfill(
     with them merged in, validated and written under the state folder). Its ``digest`` is what
     :func:`rollback_for_backfill` holds the rollback to."""
     query = registry.query(name)
-    before = (input_before or "").strip()
-    if (to_batch is None) == (not before):
-        raise StateOpsError(
-            "give either a batch to roll back to or an input time, not "
-            + ("both" if before else "neither")
-        )
-    if to_batch is None:
-        to_batch = last_batch_before(query.checkpoint, parse_time(before, "input_before"))
-        log(f"the last batch whose input is older than {before}: {to_batch}")
+    given = to_batch
+    to_batch = backfill_point(registry, name, to_batch, input_before)
+    if given is None:
+        log(f"the last batch whose input is older than {input_before.strip()}: {to_batch}")
     plan = plan_rollback(query.checkpoint, to_batch)
     plan.update(
         sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),

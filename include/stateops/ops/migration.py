@@ -44,6 +44,7 @@ from stateops.core.errors import (
     LockHeldError,
     RegistryError,
     StateOpsError,
+    about,
     one_line,
 )
 from stateops.core.plans import plan_head, plan_tail
@@ -75,6 +76,7 @@ __all__ = [
     "OPERATION",
     "backup_for_migration",
     "check_carry_over",
+    "check_migration_form",
     "format_migration_plan",
     "plan_migration",
     "prepare_migration",
@@ -158,19 +160,9 @@ def plan_migration(
     columns (and types) the query reads, an old checkpoint without a committed batch or that
     fails verification, a non-empty new checkpoint, another operation holding the query.
     """
-    query = registry.query(name)
-    _refuse_immovable(query, carry_over)
-    source_name = query.input_name(source_name)
-    source = _new_source(registry, query.inputs[source_name], new_source)
-    if cutover != "drain":
-        cutover = parse_past_time(cutover, "cutover").isoformat()
-        if len(query.inputs) > 1:
-            raise StateOpsError(
-                f"a cutover time reads one source up to it; {query.name} reads "
-                f"{len(query.inputs)}: choose cutover drain"
-            )
-    files = _check_new_source(query, source_name, source)
-    new = _new_checkpoint(registry, query, new_checkpoint)
+    query, source_name, source, cutover, files, new = _form_checks(
+        registry, name, new_source, new_checkpoint, cutover, carry_over, source_name
+    )
     cp = _sound_checkpoint(query)
     old = Path(query.checkpoint)
     runs_as = _runs_as(query, source_name, source, new)
@@ -217,6 +209,53 @@ def plan_migration(
     }
 
 
+def check_migration_form(registry: Registry, conf: dict[str, Any]) -> None:
+    """The migration form's rules that need no Spark and no look at the old checkpoint, before
+    a run is created (the preflight checks them again, then the rest)."""
+    source = {
+        "format": conf.get("new_source_format", "parquet"),
+        "path": conf.get("new_source_path", ""),
+        "schema": conf.get("new_source_schema") or "",
+        "options": conf.get("new_source_options") or {},
+    }
+    _form_checks(registry, conf["query"], source, conf.get("new_checkpoint") or "",
+                 conf.get("cutover", "drain"), conf.get("carry_over", "auto"),
+                 conf.get("source") or "")  # fmt: skip
+
+
+def _form_checks(
+    registry: Registry,
+    name: str,
+    new_source: dict[str, Any],
+    new_checkpoint: str,
+    cutover: str,
+    carry_over: str,
+    source_name: str,
+) -> tuple[Query, str, Source, str, int, Path]:
+    """What the form (or the CLI's options) says, checked field by field: a refusal names the
+    field. The query, the moved source's name, the new source, the cutover, the number of
+    files in the new source, the new checkpoint's folder."""
+    query = registry.query(name)
+    with about("carry_over"):
+        _refuse_immovable(query, carry_over)
+    with about("source"):
+        source_name = query.input_name(source_name)
+    source = _new_source(registry, query.inputs[source_name], new_source)
+    if cutover != "drain":
+        with about("cutover"):
+            cutover = parse_past_time(cutover, "cutover").isoformat()
+            if len(query.inputs) > 1:
+                raise StateOpsError(
+                    f"a cutover time reads one source up to it; {query.name} reads "
+                    f"{len(query.inputs)}: choose cutover drain"
+                )
+    with about("new_source_path"):
+        files = _check_new_source(query, source_name, source)
+    with about("new_checkpoint"):
+        new = _new_checkpoint(registry, query, new_checkpoint)
+    return query, source_name, source, cutover, files, new
+
+
 def _refuse_immovable(query: Query, carry_over: str) -> None:
     """Refuse, before anything else is checked, a query whose state a migration cannot carry
     (``Query.movable``), or a road it cannot take, saying why."""
@@ -258,7 +297,8 @@ def _check_new_source(query: Query, source_name: str, source: Source) -> int:
             f"new source folder {folder} has no input yet: land its first files (the carry-over "
             "is proven on the new source's first batch), then trigger again"
         )
-    _check_schema(query, current, source)
+    with about("new_source_schema"):
+        _check_schema(query, current, source)
     _check_files(source)
     try:
         Query.model_validate(query.with_input(source_name, source).model_dump(by_alias=True))
@@ -325,8 +365,8 @@ def _new_source(registry: Registry, current: Source, spec: dict[str, Any]) -> So
         return Source.model_validate(spec)
     except ValidationError as err:
         first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise StateOpsError(f"new source: {field}: {first['msg']}") from None
+        field = ".".join(str(p) for p in first["loc"])  # format, path, schema, options...
+        raise StateOpsError(f"new_source_{field}: {first['msg']}") from None
 
 
 def _check_schema(query: Query, current: Source, source: Source) -> None:
