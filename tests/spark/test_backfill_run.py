@@ -24,7 +24,9 @@ def test_a_rollback_is_refused_when_the_checkpoint_moved_on_since_its_plan(spark
     plan = plan_backfill(registry, "page_visits", "r1", to_batch=1, log=lines.append)
     assert plan["to_batch"] == 1 and plan["last_committed_batch"] == 2
     assert any("would delete" in line for line in lines), lines
-    with pytest.raises(StateOpsError, match="either a batch to roll back to or an input time"):
+    with pytest.raises(
+        StateOpsError, match="^to_batch, input_before: give one of them, the last batch to keep"
+    ):
         plan_backfill(registry, "page_visits", "r1", log=lines.append)
 
     land(tmp_path / "landing", round_=1, files=1)  # the query runs once more after the plan

@@ -32,11 +32,12 @@ def test_the_default_new_checkpoint_is_the_first_free_version_beside_the_old(tmp
     [
         ({"source": "s"}, "initial_state", "", "^carry_over initial_state is for processors "
          r"\(handleInitialState\); page_counts is a transform, whose state moves by transplant"),
-        ({"sources": {"views": "s", "events": "s"}}, "auto", "", r"^query page_counts reads 2 "
-         r"sources \(events, views\): name the one that moves$"),
-        ({"sources": {"views": "s", "events": "s"}}, "auto", "clicks", r"^query page_counts has "
-         r"no source 'clicks': its sources are events, views$"),
-        ({"source": "s"}, "auto", "views", r"^query page_counts has no source 'views': it "
+        ({"sources": {"views": "s", "events": "s"}}, "auto", "",
+         r"^source: query page_counts reads 2 sources \(events, views\): name the one that moves$"),
+        ({"sources": {"views": "s", "events": "s"}}, "auto", "clicks",
+         r"^source: query page_counts has no source 'clicks': its sources are events, views$"),
+        ({"source": "s"}, "auto", "views", r"^source: query page_counts has no source 'views': "
+         r"it "
          r"reads one source: leave the source name empty$"),
     ],
 )  # fmt: skip
@@ -62,10 +63,12 @@ def test_a_transform_moves_its_state_by_transplant_one_named_source_at_a_time(
 @pytest.mark.parametrize(
     ("new_path", "cutover", "says"),
     [
-        ("landing/page_visits/v2", "drain", r"^new source folder .*landing/page_visits/v2 "
+        ("landing/page_visits/v2", "drain", r"^new_source_path: new source folder "
+         r".*landing/page_visits/v2 "
          r"overlaps the folder of page_counts's source views \(.*landing/page_visits\): land "
          "the new source's input in a folder of its own$"),
-        ("landing/events_v2", "2026-01-01T00:00:00Z", r"^a cutover time reads one source up "
+        ("landing/events_v2", "2026-01-01T00:00:00Z", r"^cutover: a cutover time reads one "
+         r"source up "
          "to it; page_counts reads 2: choose cutover drain$"),
     ],
 )  # fmt: skip
@@ -94,6 +97,6 @@ def test_stateops_migrate_names_the_source_that_moves(tmp_path):
     proc = run_cli("--registry", str(path), "migrate", "page_visits", "--source", "clicks",
                    "--new-source-path", "landing/v2", "--dry-run")  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "error: query page_visits has no source 'clicks': it reads one source: leave the "
+        "error: source: query page_visits has no source 'clicks': it reads one source: leave the "
         "source name empty"
     ), proc.stderr
