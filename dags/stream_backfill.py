@@ -46,6 +46,7 @@ from stateops_airflow.tasks import (
     registered_queries,
     report_backfill,
     rollback_for_backfill,
+    say,
     spark_job_operator,
     verify_state,
 )
@@ -114,7 +115,7 @@ def stream_backfill() -> None:
     def record(plan: dict) -> dict:
         from stateops.ops.backfill import read_reprocessing
 
-        return read_reprocessing(plan, get_current_context()["run_id"])
+        return read_reprocessing(plan, get_current_context()["run_id"], log=say)
 
     @task
     def report(plan: dict, rollback: dict) -> dict:

@@ -14,6 +14,9 @@ DATA="${STATEOPS_DATA_DIR:-$STATEOPS_HOME/data}"
 export STATEOPS_DATA_DIR="$DATA"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+task_log() {  # the lines of an `airflow dags test` log without the task logger's decoration
+  sed -E 's/^[0-9]{4}-[0-9-]+T[0-9:.]+Z \[[a-z]+ *\] //; s/ +\[[a-z_.]+\] loc=[^ ]+( [a-z_]+=.*)?$//' "$1"
+}
 logged() {  # logged NAME COMMAND...: output to $DATA/NAME.log; on failure, its errors
   local name="$1" log="$DATA/$1.log"; shift
   if ! "$@" > "$log" 2>&1; then
@@ -41,7 +44,7 @@ echo "ready"
 run_dag() {
   echo "airflow dags test stream_start  (log: $DATA/stream_start-$1.log)"
   logged "stream_start-$1" airflow dags test stream_start
-  grep -E "^($QUERIES_RE): " "$DATA/stream_start-$1.log" | sed 's/^/  /' || true
+  task_log "$DATA/stream_start-$1.log" | grep -E "^($QUERIES_RE): " | sed 's/^/  /' || true
 }
 
 step "Round 1: sample events land; page_visits is bootstrapped with pages users visited before"
@@ -155,8 +158,8 @@ backfill() {  # QUERY OVERRIDES TITLE: back 3 batches, reprocessed with OVERRIDE
   step "Backfill: $1 back 3 batches (to $to), $3"
   echo "airflow dags test stream_backfill --conf '$conf'  (log: $DATA/stream_backfill-$1.log)"
   logged "stream_backfill-$1" airflow dags test stream_backfill --conf "$conf"
-  grep -E "^(rollback r-|$1: (succeeded|batches)|  changed |  reprocessed with )" \
-    "$DATA/stream_backfill-$1.log" | sed 's/^/  /'
+  task_log "$DATA/stream_backfill-$1.log" \
+    | grep -E "^(rollback r-|$1: (succeeded|batches)|  changed |  reprocessed with )" | sed 's/^/  /'
 }
 backfill user_sessions '{"processor": {"options": {"session_timeout_seconds": 2700}}}' \
   "reprocessed with a 45-minute session timeout"

@@ -321,7 +321,7 @@ def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
     return plan(
         load_registry(), params["query"], run_id, to_batch=params.get("to_batch"),
         input_before=params.get("input_before"), overrides=params.get("overrides"),
-        dry_run=params["dry_run"],
+        dry_run=params["dry_run"], log=say,
     )  # fmt: skip
 
 
@@ -338,7 +338,7 @@ def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
         client = airflow_s3_client(registry.backups.conn_id)
         return backup_query(registry, plan["query"], client, log=say)["backup_id"]
 
-    return rollback(registry, plan, backup)
+    return rollback(registry, plan, backup, log=say)
 
 
 @one_line_errors
@@ -346,7 +346,7 @@ def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str,
     """:func:`stateops.ops.backfill.report_backfill`."""
     from stateops.ops.backfill import report_backfill as report
 
-    return report(load_registry(), plan, rollback)
+    return report(load_registry(), plan, rollback, log=say)
 
 
 @one_line_errors
@@ -382,7 +382,7 @@ def stop_for_migration(plan: dict[str, Any]) -> None:
 
     registry = load_registry()
     prepare_migration(registry, plan)
-    stop_running_query(registry, plan["query"])
+    stop_running_query(registry, plan["query"], log=say)
 
 
 @one_line_errors
@@ -394,14 +394,14 @@ def migration_step(step: str, *args: Any) -> dict[str, Any]:
     registry = load_registry()
     if step == "backup":
         return migration.backup_for_migration(
-            registry, *args, airflow_s3_client(registry.backups.conn_id)
+            registry, *args, airflow_s3_client(registry.backups.conn_id), log=say
         )
     run = {
         "transplant": migration.transplant_for_migration,
         "prove": migration.prove_migration,
         "switch": migration.switch_migration,
     }[step]
-    return run(registry, *args)
+    return run(registry, *args, log=say)
 
 
 def roll_back_migration(plan: dict[str, Any] | None, query: str, run_id: str) -> None:
