@@ -15,7 +15,7 @@ export STATEOPS_DATA_DIR="$DATA"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 task_log() {  # the lines of an `airflow dags test` log without the task logger's decoration
-  sed -E 's/^[0-9]{4}-[0-9-]+T[0-9:.]+Z \[[a-z]+ *\] //; s/ +\[[a-z_.]+\] loc=[^ ]+( [a-z_]+=.*)?$//' "$1"
+  sed -E 's/^[0-9]{4}-[0-9-]+T[0-9:.]+Z \[[a-z]+ *\] //; s/ +\[[A-Za-z0-9_.]+\] loc=[^ ]+( [a-z_]+=.*)?$//' "$1"
 }
 logged() {  # logged NAME COMMAND...: output to $DATA/NAME.log; on failure, its errors
   local name="$1" log="$DATA/$1.log"; shift
@@ -53,7 +53,7 @@ conf="{\"query\": \"page_visits\", \"initial_state\": \"$DATA/initial/page_visit
 log="$DATA/stream_bootstrap.log"
 echo "airflow dags test stream_bootstrap --conf '$conf'  (log: $log)"
 logged stream_bootstrap airflow dags test stream_bootstrap --conf "$conf"
-grep -E "page_visits: bootstrap|^OK: " "$log" | sed 's/^.*\] //; s/^/  /' | sort -u || true
+task_log "$log" | grep -E "^(page_visits: bootstrap|OK: )" | sed 's/^/  /' | sort -u || true
 grep -oE "(NOT )?PROVEN: .* input \([^)]*\)" "$log" | sed 's/^/  /' || true
 run_dag round1
 
@@ -146,7 +146,7 @@ step "airflow dags test stream_snapshot_cleanup: every query, under its lock"
 declare -A size_before
 for q in $QUERIES; do size_before[$q]="$(du -sk "$DATA/checkpoints/$q" | cut -f1)"; done
 logged stream_snapshot_cleanup airflow dags test stream_snapshot_cleanup
-grep -oE "cleanup manual__[^ ]+ of .*" "$DATA/stream_snapshot_cleanup.log" | sed "s/^/  /"
+task_log "$DATA/stream_snapshot_cleanup.log" | grep -oE "cleanup manual__[^ ]+ of .*" | sed "s/^/  /"
 for q in $QUERIES; do
   after="$(du -sk "$DATA/checkpoints/$q" | cut -f1)"
   echo "  $q: ${size_before[$q]} KB -> $after KB on disk ($(( size_before[$q] - after )) KB saved)"
@@ -170,7 +170,8 @@ step "Repartition: page_visits' state from 4 to 8 partitions by Spark's own engi
 conf='{"query": "page_visits", "partitions": 8, "dry_run": false}'
 echo "airflow dags test stream_repartition --conf '$conf'  (log: $DATA/stream_repartition.log)"
 logged stream_repartition airflow dags test stream_repartition --conf "$conf"
-grep -oE "repartition manual__[^ ]+ of .*" "$DATA/stream_repartition.log" | sed 's/^/  /' | sort -u
+task_log "$DATA/stream_repartition.log" | grep -oE "repartition manual__[^ ]+ of .*" | sed 's/^/  /' \
+  | sort -u
 stateops queries | grep -A1 "^  page_visits"
 
 step "Source migration: user_sessions moves to a Parquet landing folder, its state transplanted"
@@ -191,7 +192,8 @@ EOF
 conf='{"query": "user_sessions", "new_source_format": "parquet", "new_source_path": "landing_v2/user_sessions", "dry_run": false}'
 echo "airflow dags test stream_source_migration --conf '$conf'  (log: $DATA/stream_source_migration.log)"
 logged stream_source_migration airflow dags test stream_source_migration --conf "$conf"
-grep -E "carry-over road|transplant done|carry-over proven|switched to" \
-  "$DATA/stream_source_migration.log" | sed 's/^.*\] //; s/^/  /' | sort -u
+task_log "$DATA/stream_source_migration.log" \
+  | grep -E "^(carry-over road|transplant done|user_sessions: (carry-over proven|switched to))" \
+  | sed 's/^/  /' | sort -u
 stateops queries | grep -A2 "^  user_sessions"
 printf '\nDemo data is in %s (landing/, checkpoints/, output/).\n' "$DATA"

@@ -226,6 +226,8 @@ def test_browser_fills_the_migration_form_and_sees_the_dry_run_succeed(stack):
     assert [line.split(":")[0] for line in plan.splitlines()[-3:]] == [
         "  irreversible", "  backup", "  undo"
     ], plan  # fmt: skip
+    [gate] = log.parent.parent.glob("task_id=not_a_dry_run/attempt=1.log")  # says why it skips
+    assert "dry run: the plan above is all this run does" in gate.read_text()
     checkpoint = load_checkpoint(stack.migration.query().checkpoint)
     assert checkpoint.root.name == "user_sessions", "a dry run changes nothing"
 
