@@ -128,9 +128,12 @@ def _query_card(s: dict[str, Any]) -> str:
                       f'{"passed" if v["ok"] else "FAILED"} ({_e(rows)}){docs}</p>')  # fmt: skip
     else:
         validation = "<p>none</p>"
+    h = s["health"]
+    verdict = (f'<p class="verdict {h["verdict"].lower()}"><b>{h["verdict"]}</b></p>'
+               + "".join(f"<p>{_e(r)}</p>" for r in h["reasons"]))  # fmt: skip
     errors = "".join(f'<p class="error">{_e(e)}</p>' for e in s["errors"])
     return (
-        f'<section id="query-{_e(s["query"])}"><h2>{_e(s["query"])}</h2>{errors}'
+        f'<section id="query-{_e(s["query"])}"><h2>{_e(s["query"])}</h2>{verdict}{errors}'
         + _rows([], facts)
         + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
         + "<h3>Backups</h3>"
@@ -152,6 +155,8 @@ body {{ font: 14px system-ui, sans-serif; margin: 16px; color: #222; }}
 section {{ border: 1px solid #ccc; border-radius: 6px; padding: 4px 16px 12px; margin: 0 0 16px; }}
 table {{ border-collapse: collapse; }} td, th {{ padding: 2px 10px 2px 0; text-align: left; }}
 th {{ color: #555; font-weight: 600; }} .ok {{ color: #17803d; }} .error {{ color: #b42318; }}
+.verdict.ok {{ color: #17803d; }} .verdict.warn {{ color: #b54708; }}
+.verdict.fail {{ color: #b42318; }}
 .chart rect {{ fill: #3b82f6; }} .chart text {{ font-size: 11px; }}
 </style></head><body><h1>Streaming state</h1>{body}</body></html>"""
 

@@ -474,7 +474,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(statuses, indent=2, default=str))
     else:
         print("\n\n".join(format_status(s) for s in statuses))
-    return 1 if any(s["errors"] for s in statuses) else 0  # a part unknown is not healthy
+    # A part unknown, or a query that cannot run as it is, is not healthy.
+    return 1 if any(s["errors"] or s["health"]["verdict"] == "FAIL" for s in statuses) else 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -827,8 +828,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stateops",
         description="Lifecycle operations for Spark streaming state.",
         epilog="Exit codes: 0 done; 1 a finding (verify: errors; status: a part it could not "
-        "read); 2 refused or bad input (one line on stderr, nothing changed); 141 the reader "
-        "of the output went away (stateops status --json | head).",
+        "read, or a FAIL verdict); 2 refused or bad input (one line on stderr, nothing "
+        "changed); 141 the reader of the output went away (stateops status --json | head).",
     )
     parser.add_argument("--version", action="version", version=f"stateops {__version__}")
     parser.add_argument("--registry", help=REGISTRY_HELP)

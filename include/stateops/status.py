@@ -9,11 +9,13 @@ store's manifests. Nothing here writes, takes a lock or starts Spark.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from stateops.control.audit import audit_dir, read_audit
+from stateops.control.lock import read_hold, read_lock
+from stateops.control.markers import read_rollback
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Registry
@@ -21,10 +23,23 @@ from stateops.core.report import checkpoint_report, format_bytes
 from stateops.ops.backup import list_backups
 from stateops.spark.expectations import data_docs_path, last_validation
 
-__all__ = ["LINEAGE_OPERATIONS", "describe_cleanup", "format_status", "query_status"]
+__all__ = [
+    "LINEAGE_OPERATIONS",
+    "STALE_INPUT",
+    "describe_cleanup",
+    "format_status",
+    "health",
+    "query_status",
+]
 
 # The operations that change where a query's state came from (shown as its lineage).
 LINEAGE_OPERATIONS = ("bootstrap", "migration", "rollback", "restore", "backfill")
+# Input landed this long ago and still not read says the query is not being run: twice
+# stream_start's schedule (30 minutes).
+STALE_INPUT = timedelta(hours=1)
+# A backup older than twice its schedule says the scheduled backups stopped.
+_SCHEDULES = {"@hourly": timedelta(hours=1), "@daily": timedelta(days=1),
+              "@weekly": timedelta(weeks=1)}  # fmt: skip
 
 
 def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[str, Any]:
@@ -72,7 +87,89 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             status["backups"] = list_backups(registry.backups.url_for(name), s3_client)
         except StateOpsError as err:
             status["errors"].append(f"backups: {err}")
+    status["health"] = health(registry, query, status, listed=s3_client is not None)
     return status
+
+
+def health(
+    registry: Registry, query: Any, status: dict[str, Any], *, listed: bool,
+    now: datetime | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, or its
+    last run or validation failed), WARN (it needs a look: input waiting, no recent backup, an
+    operation holding it, no commit yet), else OK; with one reason per finding."""
+    now = now or datetime.now(UTC)
+    fail: list[str] = [e for e in status["errors"] if e.startswith("checkpoint: ")]
+    warn: list[str] = [e for e in status["errors"] if not e.startswith("checkpoint: ")]
+    root = query.checkpoint
+    if read_rollback(root) is not None:
+        fail.append(f"a rollback was interrupted, the query refuses to start: finish it "
+                    f"(stateops rollback {query.name} --to-batch N, N as it says)")  # fmt: skip
+    run = status["last_run"]
+    if run and run["status"] == "failed":
+        fail.append(f"the last run failed: {run.get('error') or 'see its log'}")
+    v = status["last_validation"]
+    if v and not v["ok"]:
+        fail.append(f"the last validation (batch {v['batch_id']}) failed: {v['file']}")
+    lock = registry.lock_path(query.name)
+    held = read_lock(lock)
+    if held is not None and held.operation != "run":
+        if held.expired:
+            warn.append(f"{held.operation} run {held.run_id} left the lock expired: its "
+                        f"holder is gone (stateops lock release {query.name})")  # fmt: skip
+        else:
+            warn.append(f"{held.operation} run {held.run_id} holds the query")
+    hold = read_hold(lock)
+    if hold is not None:
+        warn.append(f"{hold.operation} run {hold.run_id} holds the query (other operations wait)")
+    if status["last_committed_batch"] is None:
+        warn.append("no committed batch yet (stream_start runs it)")
+    else:
+        warn += _waiting_input(query, now)
+    if listed and status["last_committed_batch"] is not None:
+        warn += _backup_age(registry, status["backups"], now)
+    verdict = "FAIL" if fail else "WARN" if warn else "OK"
+    return {"verdict": verdict, "reasons": fail + warn}
+
+
+def _waiting_input(query: Any, now: datetime) -> list[str]:
+    """Input files landed more than STALE_INPUT ago and not read yet, per file source."""
+    try:
+        cp = load_checkpoint(query.checkpoint)
+    except StateOpsError:
+        return []  # said under errors
+    reasons = []
+    for i, (name, source) in enumerate(query.inputs.items()):
+        folder = Path(source.path)
+        if "://" in source.path or not folder.is_dir():
+            continue
+        seen = cp.seen_files(i)
+        waiting = [f.stat().st_mtime for f in folder.iterdir() if f.is_file()
+                   and not f.name.startswith((".", "_")) and str(f) not in seen]  # fmt: skip
+        oldest = min(waiting, default=None)
+        if oldest is not None and now - datetime.fromtimestamp(oldest, UTC) > STALE_INPUT:
+            age = _age(now - datetime.fromtimestamp(oldest, UTC))
+            reasons.append(f"{len(waiting)} input files of {name} landed and not read, the "
+                           f"oldest {age} ago (allowed: {_age(STALE_INPUT)})")  # fmt: skip
+    return reasons
+
+
+def _backup_age(registry: Registry, backups: list[dict[str, Any]], now: datetime) -> list[str]:
+    every = _SCHEDULES.get(registry.backups.schedule)
+    if not backups:
+        return ["no backup yet (stream_checkpoint_backup takes them)"]
+    last = max(datetime.fromisoformat(b["created_at"]) for b in backups)
+    if every is not None and now - last > 2 * every:
+        return [f"the last backup is {_age(now - last)} old (schedule "
+                f"{registry.backups.schedule})"]  # fmt: skip
+    return []
+
+
+def _age(delta: timedelta) -> str:
+    minutes = int(delta.total_seconds() // 60)
+    if minutes < 120:
+        return f"{minutes} min"
+    return f"{minutes // 60} h" if minutes < 48 * 60 else f"{minutes // 1440} days"
 
 
 def _checkpoint_part(status: dict[str, Any], cp: Checkpoint) -> None:
@@ -142,8 +239,10 @@ def describe_cleanup(c: dict[str, Any] | None) -> str:
 def format_status(status: dict[str, Any]) -> str:
     """The readable form `stateops status` prints."""
     s = status
-    lines = [f"{s['query']}: {s['inputs']}",
-             f"  checkpoint      {s['checkpoint']}"]  # fmt: skip
+    h = s["health"]
+    lines = [f"{s['query']}: {h['verdict']}  {s['inputs']}"]
+    lines += [f"  {h['verdict']:<15} {reason}" for reason in h["reasons"]]
+    lines.append(f"  checkpoint      {s['checkpoint']}")
     last = s["last_committed_batch"]
     committed = "none yet" if last is None else f"batch {last} at {s['committed_at']}"
     lines.append(f"  last committed  {committed}")

@@ -336,6 +336,10 @@ def test_streaming_state_view_shows_the_last_committed_batch_and_the_lineage(sta
     shown = _request(f"{stack.base}/stateops/api/status", token=stack.token())
     sessions = next(s for s in shown if s["query"] == "user_sessions")
     assert sessions["last_committed_batch"] == last and sessions["backups"], sessions
+    # Its verdict leads the card, with its reasons (the rules: tests/unit/test_health.py).
+    assert sessions["health"]["verdict"] in ("OK", "WARN", "FAIL")
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[:2] == ["user_sessions", sessions["health"]["verdict"]], lines[:4]
 
 
 def test_make_airflow_stop_stops_everything(stack):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from stateops import cli
+from stateops.control.markers import rollback_marker
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
@@ -298,6 +300,7 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
         (taken["backup_id"], taken["batch_id"])
     ]
     assert status["errors"] == [] and status["last_run"]["status"] == "succeeded"
+    assert status["health"] == {"verdict": "OK", "reasons": []}
 
     text = run_cli(*cli, env=s3.env(), check=True).stdout
     assert f"last committed  batch {cp.last_committed_batch} at " in text, text
@@ -317,6 +320,26 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     text = run_cli(*cli, env={**s3.env(), "AWS_SECRET_ACCESS_KEY": secret})
     assert text.returncode == 1 and "  backups         unknown (the error below)" in text.stdout
     assert "  backups         0" not in text.stdout and "  error: backups: " in text.stdout
+
+    # Input that landed two hours ago and was not read: WARN, saying so; exit 0.
+    landing = Path(load_registry(registry).query("page_visits").source.path)
+    waiting = landing / "late-arrival.json"
+    waiting.write_text('{"user_id": "u1", "page": "/", "event_time": "2026-01-01T00:00:00Z"}\n')
+    two_hours_ago = time.time() - 7200
+    os.utime(waiting, (two_hours_ago, two_hours_ago))
+    warned = run_cli(*cli, "--no-backups")
+    assert warned.returncode == 0 and warned.stdout.startswith("page_visits: WARN "), warned
+    assert ("  WARN            1 input files of source landed and not read, the oldest 2 h "
+            "ago (allowed: 60 min)") in warned.stdout  # fmt: skip
+    # An interrupted rollback: the query refuses to start: FAIL, exit 1.
+    marker = rollback_marker(ckpt)
+    marker.write_text(json.dumps({"to_batch": 0, "run_id": "r-test", "backup_id": None}))
+    failed = run_cli(*cli, "--no-backups", "--json")
+    [status] = json.loads(failed.stdout)
+    assert failed.returncode == 1 and status["health"]["verdict"] == "FAIL", failed
+    assert status["health"]["reasons"][0].startswith("a rollback was interrupted")
+    marker.unlink()
+    waiting.unlink()
 
     unknown = run_cli("--registry", str(registry), "status", "no_such_query")
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1

@@ -1,0 +1,44 @@
+"""The health verdict of `stateops status` and the Streaming state view (issue 20, item 5):
+FAIL, WARN or OK with one reason per finding, on a registry without Spark (a Spark-written
+checkpoint with input waiting and an interrupted rollback: tests/spark/test_backup.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from stateops.control.lock import QueryLock
+from stateops.control.markers import rollback_marker
+from stateops.core.registry import load_registry
+from stateops.status import _backup_age, query_status
+from tests.conftest import write_registry
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_query_that_never_ran_is_warn_and_an_interrupted_rollback_is_fail(tmp_path):
+    registry = load_registry(write_registry(tmp_path))
+    assert query_status(registry, "page_visits")["health"] == {
+        "verdict": "WARN", "reasons": ["no committed batch yet (stream_start runs it)"]
+    }  # fmt: skip
+    with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", "run-7"):
+        held = query_status(registry, "page_visits")["health"]
+    assert "cleanup run run-7 holds the query" in held["reasons"]
+    marker = rollback_marker(registry.query("page_visits").checkpoint)
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"to_batch": 3, "run_id": "r-1"}))
+    failed = query_status(registry, "page_visits")["health"]
+    assert failed["verdict"] == "FAIL"
+    assert failed["reasons"][0].startswith("a rollback was interrupted, the query refuses to start")
+
+
+def test_backups_missing_or_older_than_twice_their_schedule_warn(tmp_path):
+    registry = load_registry(write_registry(tmp_path))  # backups.schedule @daily
+    now = datetime(2026, 11, 25, 12, tzinfo=UTC)
+    backup = {"created_at": (now - timedelta(hours=30)).isoformat()}
+    assert _backup_age(registry, [], now) == ["no backup yet (stream_checkpoint_backup takes them)"]
+    assert _backup_age(registry, [backup], now) == []
+    old = {"created_at": (now - timedelta(days=3)).isoformat()}
+    assert _backup_age(registry, [old], now) == ["the last backup is 3 days old (schedule @daily)"]
