@@ -131,9 +131,17 @@ def _query_card(s: dict[str, Any]) -> str:
     h = s["health"]
     verdict = (f'<p class="verdict {h["verdict"].lower()}"><b>{h["verdict"]}</b></p>'
                + "".join(f"<p>{_e(r)}</p>" for r in h["reasons"]))  # fmt: skip
+    # Links into Airflow (the view is at <base>/stateops/): its runs and its trigger forms.
+    links = "<p>" + " · ".join(
+        f'<a href="../dags/{dag}{page}" target="_top">{label}</a>' for label, dag, page in (
+            ("runs", "stream_start", "/runs"), ("backfill", "stream_backfill", ""),
+            ("migrate", "stream_source_migration", ""), ("restore", "stream_restore", ""),
+            ("repartition", "stream_repartition", ""))
+    ) + "</p>"  # fmt: skip
     errors = "".join(f'<p class="error">{_e(e)}</p>' for e in s["errors"])
     return (
         f'<section id="query-{_e(s["query"])}"><h2>{_e(s["query"])}</h2>{verdict}{errors}'
+        + links
         + _rows([], facts)
         + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
         + "<h3>Backups</h3>"
@@ -149,16 +157,36 @@ def _query_card(s: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
+# The view sits in an iframe of Airflow's UI: it takes Airflow's light or dark theme (the
+# "dark" class next-themes puts on the UI's <html>, followed as it changes; the system's
+# preference when opened on its own) and reloads itself every 30 seconds.
 _PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>Streaming state</title><style>
-body {{ font: 14px system-ui, sans-serif; margin: 16px; color: #222; }}
-section {{ border: 1px solid #ccc; border-radius: 6px; padding: 4px 16px 12px; margin: 0 0 16px; }}
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="30">
+<title>Streaming state</title><style>
+:root {{ --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #ffffff; --ok: #1a7f37;
+  --warn: #9a6700; --fail: #cf222e; --bar: #3b82f6; color-scheme: light; }}
+html.dark {{ --fg: #e6edf3; --muted: #9198a1; --line: #3d444d; --bg: #0d1117; --ok: #3fb950;
+  --warn: #d29922; --fail: #f85149; --bar: #58a6ff; color-scheme: dark; }}
+body {{ font: 14px system-ui, sans-serif; margin: 16px; color: var(--fg); background: var(--bg); }}
+a {{ color: var(--bar); }}
+section {{ border: 1px solid var(--line); border-radius: 6px; padding: 4px 16px 12px;
+  margin: 0 0 16px; }}
 table {{ border-collapse: collapse; }} td, th {{ padding: 2px 10px 2px 0; text-align: left; }}
-th {{ color: #555; font-weight: 600; }} .ok {{ color: #17803d; }} .error {{ color: #b42318; }}
-.verdict.ok {{ color: #17803d; }} .verdict.warn {{ color: #b54708; }}
-.verdict.fail {{ color: #b42318; }}
-.chart rect {{ fill: #3b82f6; }} .chart text {{ font-size: 11px; }}
-</style></head><body><h1>Streaming state</h1>{body}</body></html>"""
+th {{ color: var(--muted); font-weight: 600; }} .ok {{ color: var(--ok); }}
+.error {{ color: var(--fail); }} .verdict.ok {{ color: var(--ok); }}
+.verdict.warn {{ color: var(--warn); }} .verdict.fail {{ color: var(--fail); }}
+.chart rect {{ fill: var(--bar); }} .chart text {{ font-size: 11px; fill: var(--fg); }}
+</style><script>
+function theme() {{
+  let dark = window.matchMedia("(prefers-color-scheme: dark)").matches;
+  try {{ if (window.parent !== window) {{
+    dark = window.parent.document.documentElement.classList.contains("dark"); }} }} catch (e) {{}}
+  document.documentElement.classList.toggle("dark", dark);
+}}
+theme();
+try {{ new MutationObserver(theme).observe(window.parent.document.documentElement,
+  {{attributes: true, attributeFilter: ["class"]}}); }} catch (e) {{}}
+</script></head><body><h1>Streaming state</h1>{body}</body></html>"""
 
 
 class StateOpsUiPlugin(AirflowPlugin):

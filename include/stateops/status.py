@@ -149,8 +149,9 @@ def _waiting_input(query: Any, now: datetime) -> list[str]:
         oldest = min(waiting, default=None)
         if oldest is not None and now - datetime.fromtimestamp(oldest, UTC) > STALE_INPUT:
             age = _age(now - datetime.fromtimestamp(oldest, UTC))
-            reasons.append(f"{len(waiting)} input files of {name} landed and not read, the "
-                           f"oldest {age} ago (allowed: {_age(STALE_INPUT)})")  # fmt: skip
+            files = f"{len(waiting)} input file" + "s" * (len(waiting) != 1)
+            reasons.append(f"{files} of {name} landed and not read, the oldest {age} ago "
+                           f"(allowed: {_age(STALE_INPUT)})")  # fmt: skip
     return reasons
 
 

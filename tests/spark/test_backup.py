@@ -329,7 +329,7 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     os.utime(waiting, (two_hours_ago, two_hours_ago))
     warned = run_cli(*cli, "--no-backups")
     assert warned.returncode == 0 and warned.stdout.startswith("page_visits: WARN "), warned
-    assert ("  WARN            1 input files of source landed and not read, the oldest 2 h "
+    assert ("  WARN            1 input file of source landed and not read, the oldest 2 h "
             "ago (allowed: 60 min)") in warned.stdout  # fmt: skip
     # An interrupted rollback: the query refuses to start: FAIL, exit 1.
     marker = rollback_marker(ckpt)
