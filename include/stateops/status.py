@@ -64,7 +64,10 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     }
     if Path(query.checkpoint).exists():
         try:
-            _checkpoint_part(status, load_checkpoint(query.checkpoint))
+            # Snapshot groups as the checkpoint model and the cleanup count them: by the
+            # query's own minDeltasForSnapshot.
+            _checkpoint_part(status, load_checkpoint(query.checkpoint),
+                             query.state_store.min_deltas_for_snapshot)  # fmt: skip
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
     summary = registry.run_summary_path(name)
@@ -173,8 +176,8 @@ def _age(delta: timedelta) -> str:
     return f"{minutes // 60} h" if minutes < 48 * 60 else f"{minutes // 1440} days"
 
 
-def _checkpoint_part(status: dict[str, Any], cp: Checkpoint) -> None:
-    report = checkpoint_report(cp)
+def _checkpoint_part(status: dict[str, Any], cp: Checkpoint, min_deltas: int) -> None:
+    report = checkpoint_report(cp, min_deltas)
     last = report["last_committed_batch"]
     status["last_committed_batch"] = last
     if last is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from stateops.core.checkpoint import load_checkpoint
+from stateops.core.report import checkpoint_report
 from stateops.dev.s3server import free_port
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server, tree_digest
 from tests.spark.harness import read_sink
@@ -351,6 +352,12 @@ def test_streaming_state_view_shows_the_last_committed_batch_and_the_lineage(sta
     sessions = next(s for s in shown if s["query"] == "user_sessions")
     assert sessions["last_committed_batch"] == last and sessions["backups"], sessions
     # Its verdict leads the card, with its reasons (the rules: tests/unit/test_health.py).
+    # Its snapshot groups are the checkpoint model's, by the query's own minDeltasForSnapshot
+    # (several after these batches; Spark's default K would have shown one).
+    k = query.state_store.min_deltas_for_snapshot
+    [model] = checkpoint_report(load_checkpoint(query.checkpoint), k)["operators"]
+    groups = [g["group_id"] for g in sessions["operators"][0]["snapshot_groups"]]
+    assert groups == [g["group_id"] for g in model["snapshot_groups"]] and len(groups) > 1, groups
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines[:2] == ["user_sessions", "WARN"], lines[:4]
     assert sessions["health"]["verdict"] == "WARN", sessions["health"]

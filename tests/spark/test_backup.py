@@ -17,6 +17,7 @@ from stateops.control.markers import rollback_marker
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
+from stateops.core.report import checkpoint_report
 from stateops.core.verify import verify_checkpoint
 from stateops.dev.s3server import free_port
 from stateops.ops.backup import (
@@ -296,6 +297,12 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     [op] = status["operators"]
     assert op["bytes"] == sum(s for rel, s in cp.sizes.items() if rel.startswith("state/0/"))
     assert op["snapshot_groups"] and sum(g["bytes"] for g in op["snapshot_groups"]) <= op["bytes"]
+    # The groups as the checkpoint model and the cleanup count them, by the query's own K.
+    k = load_registry(registry).query("page_visits").state_store.min_deltas_for_snapshot
+    [model] = checkpoint_report(cp, k)["operators"]
+    assert [g["group_id"] for g in op["snapshot_groups"]] == [
+        g["group_id"] for g in model["snapshot_groups"]
+    ], op["snapshot_groups"]  # fmt: skip (several groups: tests/e2e/test_airflow.py)
     assert [(b["backup_id"], b["batch_id"]) for b in status["backups"]] == [
         (taken["backup_id"], taken["batch_id"])
     ]
