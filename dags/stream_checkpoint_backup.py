@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import dag, get_current_context, task
+from airflow.sdk import dag
 
 from stateops.core.registry import load_registry
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     backup_query,
+    each_query_then_outcome,
     registered_queries,
-    scheduled_outcome,
 )
 
 REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query
@@ -45,25 +45,10 @@ REGISTRY = load_registry()  # read once at parse time: the schedule and the task
     doc_md=__doc__,
 )
 def stream_checkpoint_backup() -> None:
-    queries = registered_queries(registry=REGISTRY)
-
-    @task(trigger_rule="none_failed")
-    def outcome() -> list[str]:
-        """One line per query; a run that backed nothing up fails (see scheduled_outcome)."""
-        ti = get_current_context()["ti"]
-        done = {q: ti.xcom_pull(task_ids=f"backup_{q}") for q in queries}
-        return scheduled_outcome("backup", {
-            q: r and f"backup {r['backup_id']} of batch {r['batch_id']}" for q, r in done.items()
-        })  # fmt: skip
-
-    last = outcome()
-    for query in queries:
-
-        @task(task_id=f"backup_{query}")
-        def backup(query: str = query) -> dict:
-            return backup_query(query)
-
-        backup() >> last
+    each_query_then_outcome(
+        "backup", registered_queries(registry=REGISTRY), backup_query,
+        lambda r: f"backup {r['backup_id']} of batch {r['batch_id']}",
+    )  # fmt: skip
 
 
 stream_checkpoint_backup()

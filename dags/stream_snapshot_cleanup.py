@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import dag, get_current_context, task
+from airflow.sdk import dag, get_current_context
 
 from stateops.core.registry import load_registry
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     cleanup_query,
+    each_query_then_outcome,
     registered_queries,
-    scheduled_outcome,
 )
 
 REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query
@@ -43,26 +43,11 @@ REGISTRY = load_registry()  # read once at parse time: the schedule and the task
     doc_md=__doc__,
 )
 def stream_snapshot_cleanup() -> None:
-    queries = registered_queries(registry=REGISTRY)
-
-    @task(trigger_rule="none_failed")
-    def outcome() -> list[str]:
-        """One line per query; a run that cleaned nothing fails (see scheduled_outcome)."""
-        ti = get_current_context()["ti"]
-        done = {q: ti.xcom_pull(task_ids=f"cleanup_{q}") for q in queries}
-        return scheduled_outcome("cleanup", {
-            q: r and f"deleted {r['delete']['files']} files ({r['delete']['bytes']} bytes)"
-            for q, r in done.items()
-        })  # fmt: skip
-
-    last = outcome()
-    for query in queries:
-
-        @task(task_id=f"cleanup_{query}")
-        def cleanup(query: str = query) -> dict:
-            return cleanup_query(query, run_id=get_current_context()["run_id"])
-
-        cleanup() >> last
+    each_query_then_outcome(
+        "cleanup", registered_queries(registry=REGISTRY),
+        lambda q: cleanup_query(q, run_id=get_current_context()["run_id"]),
+        lambda r: f"deleted {r['delete']['files']} files ({r['delete']['bytes']} bytes)",
+    )  # fmt: skip
 
 
 stream_snapshot_cleanup()

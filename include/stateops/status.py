@@ -62,12 +62,13 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         "lineage": [],
         "errors": [],
     }
+    cp = None
     if Path(query.checkpoint).exists():
         try:
+            cp = load_checkpoint(query.checkpoint)
             # Snapshot groups as the checkpoint model and the cleanup count them: by the
             # query's own minDeltasForSnapshot.
-            _checkpoint_part(status, load_checkpoint(query.checkpoint),
-                             query.state_store.min_deltas_for_snapshot)  # fmt: skip
+            _checkpoint_part(status, cp, query.state_store.min_deltas_for_snapshot)
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
     summary = registry.run_summary_path(name)
@@ -90,17 +91,18 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             status["backups"] = list_backups(registry.backups.url_for(name), s3_client)
         except StateOpsError as err:
             status["errors"].append(f"backups: {err}")
-    status["health"] = health(registry, query, status, listed=s3_client is not None)
+    status["health"] = health(registry, query, status, cp, listed=s3_client is not None)
     return status
 
 
 def health(
-    registry: Registry, query: Any, status: dict[str, Any], *, listed: bool,
-    now: datetime | None = None,
+    registry: Registry, query: Any, status: dict[str, Any], cp: Checkpoint | None, *,
+    listed: bool, now: datetime | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, or its
     last run or validation failed), WARN (it needs a look: input waiting, no recent backup, an
-    operation holding it, no commit yet), else OK; with one reason per finding."""
+    operation holding it, no commit yet), else OK; with one reason per finding. ``cp``: the
+    checkpoint :func:`query_status` read (None when it could not)."""
     now = now or datetime.now(UTC)
     fail: list[str] = [e for e in status["errors"] if e.startswith("checkpoint: ")]
     warn: list[str] = [e for e in status["errors"] if not e.startswith("checkpoint: ")]
@@ -127,20 +129,16 @@ def health(
         warn.append(f"{hold.operation} run {hold.run_id} holds the query (other operations wait)")
     if status["last_committed_batch"] is None:
         warn.append("no committed batch yet (stream_start runs it)")
-    else:
-        warn += _waiting_input(query, now)
+    elif cp is not None:
+        warn += _waiting_input(query, cp, now)
     if listed and status["last_committed_batch"] is not None:
         warn += _backup_age(registry, status["backups"], now)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"
     return {"verdict": verdict, "reasons": fail + warn}
 
 
-def _waiting_input(query: Any, now: datetime) -> list[str]:
+def _waiting_input(query: Any, cp: Checkpoint, now: datetime) -> list[str]:
     """Input files landed more than STALE_INPUT ago and not read yet, per file source."""
-    try:
-        cp = load_checkpoint(query.checkpoint)
-    except StateOpsError:
-        return []  # said under errors
     reasons = []
     for i, (name, source) in enumerate(query.inputs.items()):
         folder = Path(source.path)

@@ -32,6 +32,7 @@ __all__ = [
     "airflow_s3_client",
     "backup_query",
     "dry_run_param",
+    "each_query_then_outcome",
     "inject_fault",
     "say",
     "scheduled_outcome",
@@ -243,6 +244,33 @@ def backup_query(query: str) -> dict[str, Any]:
         f"objects ({retention['freed_bytes']} bytes)"
     )
     return {k: v for k, v in manifest.items() if k != "files"} | {"retention": retention}
+
+
+def each_query_then_outcome(
+    operation: str,
+    queries: list[str],
+    work: Callable[[str], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str],
+) -> None:
+    """A scheduled DAG's tasks: ``<operation>_<query>`` (``work(query)``) for each query, then
+    ``outcome``: what each did (``describe(result)``) or why it was skipped, failing the run
+    when every query was skipped (:func:`scheduled_outcome`)."""
+    from airflow.sdk import get_current_context, task
+
+    @task(trigger_rule="none_failed")
+    def outcome() -> list[str]:
+        ti = get_current_context()["ti"]
+        done = {q: ti.xcom_pull(task_ids=f"{operation}_{q}") for q in queries}
+        return scheduled_outcome(operation, {q: r and describe(r) for q, r in done.items()})
+
+    last = outcome()
+    for query in queries:
+
+        @task(task_id=f"{operation}_{query}")
+        def step(query: str = query) -> dict[str, Any]:
+            return work(query)
+
+        step() >> last
 
 
 def scheduled_outcome(operation: str, done: dict[str, str | None]) -> list[str]:
