@@ -11,7 +11,10 @@ again, with the same logic or a changed one. Trigger it by hand with the form; *
    **overrides**, writes the registry the reprocessing runs with: the query's entry with the
    overrides merged in (`processor`, `watermark`, `expectations`, `spark_conf`; e.g.
    `{"processor": {"options": {"session_timeout_seconds": 600}}}`), validated first.
-2. `rollback`: takes a backup to the registry's `backups.url` (through `backups.conn_id`),
+2. `approve`: where the query's registry entry says `approval: required`, the run waits for
+   a second person to approve the plan (the UI's required actions, or REST); rejected or
+   unanswered (4 hours), the run fails and nothing changed.
+   `rollback`: takes a backup to the registry's `backups.url` (through `backups.conn_id`),
    then rolls back under the query's lifecycle lock: the checkpoint's batches after the
    point, every state version and snapshot group written after it, and the file source's log
    entries go; the sink's later `batch_id=K` folders move to `<sink>/_rolled_back/<run id>/`.
@@ -35,6 +38,7 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
+from stateops_airflow.approval import ApprovalGate, ask_backfill
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
@@ -130,7 +134,9 @@ def stream_backfill() -> None:
     planned = plan()
     rolled = rollback(planned)
     reported = report(planned, rolled)
-    planned >> not_a_dry_run() >> rolled >> reprocess >> record(planned) >> reported
+    approve = ApprovalGate(task_id="approve", operation="backfill", ask=ask_backfill,
+                           on_reject="nothing changed; the query goes on as it was")  # fmt: skip
+    planned >> not_a_dry_run() >> approve >> rolled >> reprocess >> record(planned) >> reported
     reported >> verify() >> validate
 
 

@@ -11,7 +11,10 @@ Trigger it with the form; **dry run** (on by default) only prints the plan. The 
    state has; a checkpoint without a committed batch, with a planned batch not committed, or
    failing verification; state in the HDFS-backed store (Spark repartitions RocksDB state
    only); checkpoint format v2.
-2. `prepare`: under the query's lock (a running query holds it: refused, naming the holder),
+2. `approve`: where the query's registry entry says `approval: required`, the run waits for
+   a second person to approve the plan (the UI's required actions, or REST); rejected or
+   unanswered (4 hours), the run fails and nothing changed.
+   `prepare`: under the query's lock (a running query holds it: refused, naming the holder),
    plans again, backs up the checkpoint to the registry's `backups.url`, and marks the run
    (`<checkpoint>.audit/repartition.json`, with every file it holds): until the run ends the
    query does not start.
@@ -35,8 +38,10 @@ batch before the repartition restores the old count.
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from stateops.core.steps import REPARTITION_STATE
+from stateops_airflow.approval import ApprovalGate, approved, ask_repartition
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
@@ -100,6 +105,11 @@ def stream_repartition() -> None:
         """Runs only when a step failed; undoes the run (skipped when nothing changed); the
         run fails either way, since verify_state does not run."""
         context = get_current_context()
+        if not approved(context, "approve"):
+            raise AirflowSkipException(
+                "the repartition was not approved (approve says why) before anything changed: "
+                "nothing to undo"
+            )
         undo_repartition(context["params"]["query"], context["run_id"])
 
     repartition = spark_job_operator(
@@ -107,7 +117,9 @@ def stream_repartition() -> None:
         ["--checkpoint", "{{ params.query }}", "--run-id", "{{ run_id }}"],
     )  # fmt: skip
     prepared, finished = prepare(), finish()
-    plan() >> not_a_dry_run() >> prepared >> repartition >> finished >> verify()
+    approve = ApprovalGate(task_id="approve", operation="repartition", ask=ask_repartition,
+                           on_reject="nothing changed; the checkpoint is as it was")  # fmt: skip
+    plan() >> not_a_dry_run() >> approve >> prepared >> repartition >> finished >> verify()
     [repartition, finished] >> roll_back()
 
 

@@ -14,7 +14,10 @@ input fails a task in one line, without retries.
    query id is not the backup's) unless **Allow another query's backup** is on (then the plan
    marks it in red), and a non-empty target unless **Replace** is on. A target that already
    holds exactly this backup is reported as restored.
-2. `restore`: restoring over a registered query's checkpoint takes that query's lifecycle lock
+2. `approve`: a restore over a folder that is not empty, of a query whose registry entry says
+   `approval: required`, waits for a second person to approve the plan (the UI's required
+   actions, or REST); rejected or unanswered (4 hours), the run fails and nothing changed.
+   `restore`: restoring over a registered query's checkpoint takes that query's lifecycle lock
    (a run or another operation holding it: refused, naming the holder, and retried once), and
    decides again under it. It downloads into a staging folder beside the target (removing those
    of killed restores), checks every file's sha256, points the state metadata at the new
@@ -29,6 +32,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from stateops_airflow.approval import ApprovalGate, ask_restore
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
@@ -105,7 +109,9 @@ def stream_restore() -> None:
 
     planned = plan()
     restored = restore(planned)
-    planned >> not_a_dry_run() >> restored >> verify(planned)
+    approve = ApprovalGate(task_id="approve", operation="restore", ask=ask_restore,
+                           on_reject="nothing changed; the target is as it was")  # fmt: skip
+    planned >> not_a_dry_run() >> approve >> restored >> verify(planned)
 
 
 stream_restore()

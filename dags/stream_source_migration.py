@@ -13,9 +13,12 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    source is valid, its folder exists and has input, its schema has every column the query
    reads with the same type (for Parquet, the files' own schema too); the old checkpoint has a
    committed batch and verifies clean; the new checkpoint is new or empty (default:
-   `<checkpoint>.v2` beside the old one); no other lifecycle operation holds the query. Then
-   the migration **holds** the query: until it ends, only its own steps take the query's lock.
-2. `stop_query`: a running query is stopped gracefully (its stop marker; the current batch
+   `<checkpoint>.v2` beside the old one); no other lifecycle operation holds the query.
+2. `approve_stop`: where the query's registry entry asks for it (`approval`; unset, a
+   migration asks), the run waits for a second person to approve the plan in the UI's
+   required actions or over REST; rejected or unanswered (4 hours), the run fails and nothing
+   changed. `stop_query` then **holds** the query: until the run ends, only its own steps take
+   the query's lock. A running query is stopped gracefully (its stop marker; the current batch
    commits) and waited for. `drain`: the old source runs to its end with `available-now`,
    or, with a cutover time, reads in one batch exactly the files not read yet and modified
    before it (refused if the query already read a later one).
@@ -46,7 +49,8 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    batch by batch until the new input's own watermark caught up (rows and checksums per state
    variable, list order included; each batch's watermark; computed by the Spark job), and it
    verifies clean; `validate_new_state`: Great Expectations on the new state.
-6. `switch`: the query now runs on the new source and checkpoint (recorded beside the data,
+6. `approve_switch`: as `approve_stop`, with the backup's id and the proof; rejected or
+   unanswered, `roll_back` undoes the run. `switch`: the query now runs on the new source and checkpoint (recorded beside the data,
    the registry file is not edited; `stream_start` and the CLI follow it); lineage in
    `<new checkpoint>.audit/lineage.json`; the old checkpoint's files become read-only; the
    hold is released.
@@ -67,6 +71,12 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
+from stateops_airflow.approval import (
+    ApprovalGate,
+    approved,
+    ask_migration_stop,
+    ask_migration_switch,
+)
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
@@ -220,7 +230,8 @@ def stream_source_migration() -> None:
         """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
         context = get_current_context()
         plan = context["ti"].xcom_pull(task_ids="preflight")
-        roll_back_migration(plan, context["params"]["query"], context["run_id"])
+        roll_back_migration(plan, context["params"]["query"], context["run_id"],
+                            approved(context, "approve_stop"))  # fmt: skip
 
     @task
     def migrated(plan: dict) -> str:
@@ -246,12 +257,21 @@ def stream_source_migration() -> None:
     transplanted = transplant(planned, backed_up)
     proven = prove(planned)
     switched = switch(planned, backed_up, proven)
-    planned >> not_a_dry_run() >> stopped >> drain >> backed_up >> road
+    approve_stop = ApprovalGate(
+        task_id="approve_stop", operation="migration", ask=ask_migration_stop,
+        on_reject="nothing changed; the query goes on as it was",
+    )  # fmt: skip
+    approve_switch = ApprovalGate(
+        task_id="approve_switch", operation="migration", ask=ask_migration_switch,
+        on_reject="roll_back moves the new checkpoint aside; the query goes on from its old "
+        "source and checkpoint",
+    )  # fmt: skip
+    planned >> not_a_dry_run() >> approve_stop >> stopped >> drain >> backed_up >> road
     road >> transplanted >> first_batch >> proven
     road >> export >> validate_export >> bootstrap >> proven
-    proven >> validate_new_state >> switched >> migrated(planned)
+    proven >> validate_new_state >> approve_switch >> switched >> migrated(planned)
     [stopped, drain, backed_up, road, transplanted, first_batch, export, validate_export,
-     bootstrap, proven, validate_new_state, switched] >> roll_back()  # fmt: skip
+     bootstrap, proven, validate_new_state, approve_switch, switched] >> roll_back()  # fmt: skip
 
 
 stream_source_migration()

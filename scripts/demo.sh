@@ -193,7 +193,7 @@ conf='{"query": "user_sessions", "new_source_format": "parquet", "new_source_pat
 echo "airflow dags test stream_source_migration --conf '$conf'  (log: $DATA/stream_source_migration.log)"
 logged stream_source_migration airflow dags test stream_source_migration --conf "$conf"
 task_log "$DATA/stream_source_migration.log" \
-  | grep -E "^(carry-over road|transplant done|user_sessions: (carry-over proven|switched to))" \
+  | grep -E "^(carry-over road|transplant done|user_sessions: (carry-over proven|switched to|the migration goes on))" \
   | sed 's/^/  /' | sort -u
 stateops queries | grep -A2 "^  user_sessions"
 printf '\nDemo data is in %s (landing/, checkpoints/, output/).\n' "$DATA"

@@ -379,9 +379,9 @@ def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str,
 
 @one_line_errors
 def plan_migration(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """:func:`stateops.ops.migration.plan_migration` for the form's fields, printed; unless a
-    dry run, the query is then held by this run (other lifecycle operations wait)."""
-    from stateops.ops.migration import format_migration_plan, prepare_migration
+    """:func:`stateops.ops.migration.plan_migration` for the form's fields, printed. The query
+    is held from ``stop_query`` on, once the plan is approved: not while a request waits."""
+    from stateops.ops.migration import format_migration_plan
     from stateops.ops.migration import plan_migration as plan_it
 
     registry = load_registry()
@@ -397,19 +397,18 @@ def plan_migration(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         params["source"] or "",
     )  # fmt: skip
     say(format_migration_plan(plan, params["dry_run"]))
-    if not params["dry_run"]:
-        prepare_migration(registry, plan)
-        say(f"{plan['query']}: held by this run; other lifecycle operations wait")
     return plan
 
 
 @one_line_errors
 def stop_for_migration(plan: dict[str, Any]) -> None:
-    """Renew the migration's hold, then stop the query gracefully if it runs."""
+    """Hold the query for the migration (other lifecycle operations wait until it ends), then
+    stop it gracefully if it runs."""
     from stateops.ops.migration import prepare_migration, stop_running_query
 
     registry = load_registry()
     prepare_migration(registry, plan)
+    say(f"{plan['query']}: held by this run; other lifecycle operations wait")
     stop_running_query(registry, plan["query"], log=say)
 
 
@@ -432,15 +431,22 @@ def migration_step(step: str, *args: Any) -> dict[str, Any]:
     return run(registry, *args, log=say)
 
 
-def roll_back_migration(plan: dict[str, Any] | None, query: str, run_id: str) -> None:
+def roll_back_migration(
+    plan: dict[str, Any] | None, query: str, run_id: str, approved: bool
+) -> None:
     """After a failed step: undo the migration run (or, before a plan, release its hold). It
     succeeds when it undid something and is skipped, saying why, when there was nothing to
-    undo (a refused preflight, a failed dry run); the run fails either way, since its last
-    step (``migrated``) did not run."""
+    undo (a refused preflight, a failed dry run, a stop not approved); the run fails either
+    way, since its last step (``migrated``) did not run."""
     from stateops.control.lock import release_hold
     from stateops.ops.migration import roll_back_migration as roll_back
 
     registry = load_registry()
+    if plan and not approved:
+        raise AirflowSkipException(
+            "the migration was not approved (approve_stop says why) before anything changed: "
+            "nothing to roll back"
+        )
     if plan:
         roll_back(registry, plan, log=say)
         say("the migration failed (see the failed step's log); it was rolled back and the "

@@ -142,10 +142,11 @@ def test_stream_restore_form_and_order(dagbag):
     assert params["dry_run"] is True and params["backup_id"] == "latest"
     assert params["replace"] is False and params["allow_other_query"] is False
     assert set(params.get_param("query").schema["enum"]) == QUERIES
-    order = [("plan", "not_a_dry_run"), ("not_a_dry_run", "restore"), ("restore", "verify_state")]
-    for upstream, downstream in order:
+    order = ["plan", "not_a_dry_run", "approve", "restore", "verify_state"]
+    for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids
-    assert len(dag.tasks) == 4
+    assert len(dag.tasks) == len(order)
+    _asks_approval(dag, "approve", "restore")
 
 
 def test_stream_backfill_form_and_order(dagbag):
@@ -156,11 +157,12 @@ def test_stream_backfill_form_and_order(dagbag):
     params = dag.params
     assert params["dry_run"] is True and params["to_batch"] is None
     assert set(params.get_param("query").schema["enum"]) == QUERIES
-    order = ["plan", "not_a_dry_run", "rollback", "reprocess", "record", "report",
+    order = ["plan", "not_a_dry_run", "approve", "rollback", "reprocess", "record", "report",
              "verify_state", "validate_state"]  # fmt: skip
     for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert len(dag.tasks) == len(order)
+    _asks_approval(dag, "approve", "backfill")
     # The form refuses what the plan could not use.
     for name, bad in [("to_batch", -1), ("input_before", "yesterday"),
                       ("overrides", {"checkpoint": "elsewhere"})]:  # fmt: skip
@@ -190,21 +192,26 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert params["cutover"] == "drain" and params["carry_over"] == "auto"
     assert params.get_param("cutover").resolve("2026-11-21T03:00:00Z")
     assert params.get_param("carry_over").schema["enum"] == ["auto", "transplant", "initial_state"]
-    start = ["preflight", "not_a_dry_run", "stop_query", "drain", "backup", "carry_over"]
+    start = ["preflight", "not_a_dry_run", "approve_stop", "stop_query", "drain", "backup",
+             "carry_over"]  # fmt: skip
     roads = [["transplant", "first_batch"], ["export", "validate_export", "bootstrap"]]
-    end = ["prove", "validate_new_state", "switch", "migrated"]
+    end = ["prove", "validate_new_state", "approve_switch", "switch", "migrated"]
     for road in roads:
         for upstream, downstream in itertools.pairwise(start + road + end):
             assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert dag.get_task("prove").trigger_rule == "none_failed_min_one_success"
     roll_back = dag.get_task("roll_back")
     assert roll_back.trigger_rule == "one_failed"
-    steps = set(start[2:] + roads[0] + roads[1] + end[:-1])
+    # Every step after the approval of the stop (its refusal changed nothing: roll_back
+    # says so and is skipped), the switch's approval included (its refusal undoes the run).
+    steps = set(start[3:] + roads[0] + roads[1] + end[:-1])
     assert roll_back.upstream_task_ids == steps
+    _asks_approval(dag, "approve_stop", "migration")
+    _asks_approval(dag, "approve_switch", "migration")
     # The run's outcome is its last step's: a failed step leaves `migrated` not run (the run
     # fails) whether roll_back undid something (green) or had nothing to undo (skipped).
     assert {t.task_id for t in dag.tasks if not t.downstream_task_ids} == {"migrated", "roll_back"}
-    assert len(dag.tasks) == len(steps) + 4
+    assert len(dag.tasks) == len(steps) + 5
     args = dag.get_task("drain").application_args
     assert (
         args[args.index("--cutover") + 1] == "{{ ti.xcom_pull(task_ids='preflight')['cutover'] }}"
@@ -233,10 +240,25 @@ def test_stream_repartition_form_and_order(dagbag):
     for bad in (0, -3, 10_001, "eight"):
         with pytest.raises(ParamValidationError):
             params.get_param("partitions").resolve(bad)
-    order = ["plan", "not_a_dry_run", "prepare", "repartition", "finish", "verify_state"]
+    order = ["plan", "not_a_dry_run", "approve", "prepare", "repartition", "finish",
+             "verify_state"]  # fmt: skip
     for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     roll_back = dag.get_task("roll_back")
     assert roll_back.trigger_rule == "one_failed"
     assert roll_back.upstream_task_ids == {"repartition", "finish"}
+    _asks_approval(dag, "approve", "repartition")
     assert dag.get_task("repartition").application.endswith("spark_jobs/repartition_state.py")
+
+
+def _asks_approval(dag, task_id: str, operation: str) -> None:
+    """``task_id`` is Airflow's approval step (human-in-the-loop) for ``operation``, behind the
+    dry-run gate (a dry run asks nothing), waiting no longer than the library's timeout."""
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    from stateops.control.approval import TIMEOUT
+
+    gate = dag.get_task(task_id)
+    assert isinstance(gate, ApprovalOperator) and gate.operation == operation
+    assert gate.response_timeout == TIMEOUT and gate.on_reject
+    assert "not_a_dry_run" in gate.get_flat_relative_ids(upstream=True)

@@ -54,9 +54,9 @@ class Migration:
     """A data folder with the old query run on part of round 0 (the rest is left to the drain)
     and round 1 as Parquet in the new source's folder, for query ``name``."""
 
-    def __init__(self, spark, tmp_path: Path, name: str, s3) -> None:
+    def __init__(self, spark, tmp_path: Path, name: str, s3, approval: str = "none") -> None:
         self.root, self.name = tmp_path, name
-        self.path = write_registry(tmp_path)
+        self.path = write_registry(tmp_path, **{name: {"approval": approval}})
         self.edit_registry(backups={"url": f"s3://backups/{tmp_path.name}",
                                     "conn_id": "aws_default"})  # fmt: skip
         conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,

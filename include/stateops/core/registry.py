@@ -197,6 +197,14 @@ class Query(_Model):
     state_store: StateStore = StateStore()
     shuffle_partitions: int = Field(4, ge=1)
     spark_conf: dict[str, str] = {}
+    approval: Literal["required", "none"] | None = None
+    """Whether a second person approves its irreversible steps (migration, backfill, restore
+    over its checkpoint, repartition) in Airflow first; unset: a migration asks, the others
+    do not."""
+
+    def needs_approval(self, operation: str) -> bool:
+        """Whether ``operation`` (stateops.control.approval.OPERATIONS) waits for an approval."""
+        return self.approval == "required" if self.approval else operation == "migration"
 
     @property
     def output_mode(self) -> str:

@@ -126,7 +126,8 @@ def plan_backfill(
         f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "
         "check the state and compare the reprocessed output with the old one"
     )
-    log(format_plan(plan, dry_run=dry_run, then=then))
+    text = format_plan(plan, dry_run=dry_run, then=then)
+    log(text)
     return {
         "query": query.name,
         "checkpoint": query.checkpoint,
@@ -136,6 +137,8 @@ def plan_backfill(
         "delete": plan["delete"],
         "digest": plan_digest(plan),
         "changes": changes,
+        "backup_to": plan["backup_to"],
+        "text": text,
     }
 
 

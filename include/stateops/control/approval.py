@@ -1,0 +1,62 @@
+"""Approval before an irreversible step: whether a second person must agree (the query's
+registry setting ``approval: required | none``; unset, only a migration asks) and what they
+are shown: the plan as printed, the backup, and what a rejection or no answer leaves.
+
+The asking and the answer are Airflow's (human-in-the-loop required actions, answered in the
+UI or through the REST API); this module decides and words it, so the DAGs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from stateops.core.registry import Query
+
+__all__ = ["OPERATIONS", "TIMEOUT", "ApprovalRequest", "refusal", "without_approval"]
+
+OPERATIONS = ("migration", "backfill", "restore", "repartition")
+# Under the migration's 6-hour hold (stateops.control.lock.hold_query), which the step before
+# the switch's approval renews: an unanswered request ends the run before the hold lapses.
+TIMEOUT = timedelta(hours=4)
+TIMEOUT_TEXT = f"{int(TIMEOUT.total_seconds() // 3600)} hours"
+
+
+def without_approval(query: Query, operation: str) -> str | None:
+    """None when ``operation`` of ``query`` waits for an approval; else the line that says why
+    it goes on without one (for the task log)."""
+    if operation not in OPERATIONS:
+        raise ValueError(f"{operation!r} is not one of {OPERATIONS}")
+    if query.needs_approval(operation):
+        return None
+    setting = (
+        f"approval: {query.approval}" if query.approval
+        else "no approval setting: only a migration asks by default"
+    )  # fmt: skip
+    return f"{query.name}: the {operation} goes on without approval (registry: {setting})"
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What an approver is asked about one step of an operation of ``query``."""
+
+    query: Query
+    step: str  # what an approval lets happen, e.g. "stop it and drain its old source"
+    plan: str  # the plan as the task log shows it
+    backup: str  # the backup's id, or where it goes
+
+    def subject(self, operation: str) -> str:
+        return f"Approve the {operation} of {self.query.name}: {self.step}?"
+
+    def body(self, on_reject: str) -> str:
+        return "\n\n".join([
+            f"**Backup:** {self.backup}",
+            f"```\n{self.plan}\n```",
+            f"**Reject**, or no answer within {TIMEOUT_TEXT}: {on_reject}.",
+        ])  # fmt: skip
+
+
+def refusal(operation: str, query: str, answer: str, on_reject: str) -> str:
+    """The one line that ends a run whose approval was refused (``answer``: "rejected by NAME"
+    or "not answered within N hours")."""
+    return f"the {operation} of {query} was {answer}: {on_reject}"

@@ -1,0 +1,176 @@
+"""The approval step before an irreversible step of a manual DAG: Airflow's human-in-the-loop
+``ApprovalOperator``, asking only where the query's registry entry says so
+(:mod:`stateops.control.approval`), showing the plan and the backup, and ending the run on a
+rejection or no answer, so that nothing irreversible happens unapproved.
+
+Its answer comes from the UI (Browse > Required Actions, or the task's Required Actions tab)
+or the REST API (``PATCH /api/v2/dags/{dag}/dagRuns/{run}/taskInstances/{task}/-1/hitlDetails``
+with ``{"chosen_options": ["Approve"]}`` or ``["Reject"]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from stateops.control.approval import (
+    TIMEOUT,
+    TIMEOUT_TEXT,
+    ApprovalRequest,
+    refusal,
+    without_approval,
+)
+from stateops.core.registry import load_registry
+from stateops_airflow.tasks import one_line_errors, say
+
+__all__ = [
+    "ApprovalGate",
+    "approved",
+    "ask_backfill",
+    "ask_migration_stop",
+    "ask_migration_switch",
+    "ask_repartition",
+    "ask_restore",
+]
+
+
+class ApprovalGate(ApprovalOperator):
+    """Waits for an approval of ``operation`` where ``ask(context)`` (an ApprovalRequest, or a
+    line saying why there is nothing to approve) and the query's registry entry call for one;
+    else it says why in the log and the run goes on. Approved: returns who approved (see
+    :func:`approved`). Rejected or unanswered within :data:`stateops.control.approval.TIMEOUT`:
+    fails with ``on_reject``, without retries (a retry is for a fault while asking)."""
+
+    def __init__(
+        self,
+        *,
+        operation: str,
+        ask: Callable[[Any], ApprovalRequest | str],
+        on_reject: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            subject=f"Approve the {operation}?",  # the request's own when it asks
+            response_timeout=TIMEOUT,
+            **kwargs,
+        )
+        self.operation, self.ask, self.on_reject = operation, ask, on_reject
+
+    def execute(self, context: Any) -> Any:
+        asked = one_line_errors(self.ask)(context)
+        needless = (
+            asked if isinstance(asked, str) else without_approval(asked.query, self.operation)
+        )
+        if needless:
+            say(needless)
+            return {"approved_by": None, "reason": needless}
+        self.subject, self.body = asked.subject(self.operation), asked.body(self.on_reject)
+        say(
+            f"{self.subject} Waiting for an answer in Airflow's required actions (or over "
+            f"REST) for up to {TIMEOUT_TEXT}; rejected or unanswered: {self.on_reject}"
+        )
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        query = context["params"]["query"]
+        if event.get("error_type") == "timeout":
+            answer = f"not answered within {TIMEOUT_TEXT}"
+            raise AirflowFailException(refusal(self.operation, query, answer, self.on_reject))
+        # The base class checks the answer; ApprovalOperator's own would skip the steps after
+        # it on a rejection and leave the run green.
+        answer = HITLOperator.execute_complete(self, context, event)
+        who = (answer["responded_by_user"] or {}).get("name") or "an unknown user"
+        if answer["chosen_options"] != [self.APPROVE]:
+            raise AirflowFailException(
+                refusal(self.operation, query, f"rejected by {who}", self.on_reject)
+            )
+        say(f"the {self.operation} of {query} was approved by {who}")
+        return {"approved_by": who, "at": answer["responded_at"].isoformat()}
+
+
+def approved(context: Any, gate: str) -> bool:
+    """Whether approval step ``gate`` of this run let the steps after it go (approved, or no
+    approval needed): if not, none of them ran."""
+    return context["ti"].xcom_pull(task_ids=gate) is not None
+
+
+# What each manual DAG's approval step asks, from its plan step's result.
+
+
+def _result(context: Any, task_id: str = "plan") -> dict[str, Any]:
+    return context["ti"].xcom_pull(task_ids=task_id)
+
+
+def ask_migration_stop(context: Any) -> ApprovalRequest:
+    """Before the migration stops the query and drains its old source."""
+    from stateops.ops.migration import format_migration_plan
+
+    plan = _result(context, "preflight")
+    new = plan["new"]["source"]
+    return ApprovalRequest(
+        load_registry().query(plan["query"]),
+        step=f"stop it, drain its old source, carry its state to {new['format']} {new['path']}",
+        plan=format_migration_plan(plan, dry_run=False),
+        backup=f"taken after the drain, to {plan['backup_to']}",
+    )
+
+
+def ask_migration_switch(context: Any) -> ApprovalRequest:
+    """Before the migrated query is switched to its new source and checkpoint; the hold is
+    renewed first, since the query stays held while the request waits."""
+    from stateops.ops.migration import format_migration_plan, prepare_migration
+
+    registry, plan = load_registry(), _result(context, "preflight")
+    settled, proof = _result(context, "backup"), _result(context, "prove")["proof"]
+    prepare_migration(registry, plan)
+    return ApprovalRequest(
+        registry.query(plan["query"]),
+        step=f"switch it to {plan['new']['checkpoint']}, its carried state proven",
+        plan=format_migration_plan(plan, dry_run=False)
+        + f"\n  proven: {proof['variables']} ({proof['proof_file']})",
+        backup=f"{settled['backup_id']} in {plan['backup_to']}",
+    )
+
+
+def ask_backfill(context: Any) -> ApprovalRequest:
+    """Before the backfill's rollback."""
+    plan = _result(context)
+    return ApprovalRequest(
+        load_registry().query(plan["query"]),
+        step=f"roll it back to batch {plan['to_batch']} and reprocess what follows",
+        plan=plan["text"],
+        backup=f"taken before the rollback, to {plan['backup_to']}",
+    )
+
+
+def ask_restore(context: Any) -> ApprovalRequest | str:
+    """Before a restore over an existing checkpoint (into a new or empty folder: none)."""
+    from stateops.ops.restore import format_restore_plan
+
+    plan = _result(context)
+    if plan["target_contents"] == "none" or plan["already_restored"]:
+        return f"{plan['target']}: nothing there is replaced; the restore needs no approval"
+    backup = plan["backup"]
+    return ApprovalRequest(
+        load_registry().query(plan["owner"] or context["params"]["query"]),
+        step=f"replace {plan['target']} with backup {backup['backup_id']}",
+        plan=format_restore_plan(plan, dry_run=False),
+        backup=f"restores {backup['backup_id']} (batch {backup['batch_id']}); the target's "
+        "files are moved aside to <target>.replaced-<time>, never deleted",
+    )
+
+
+def ask_repartition(context: Any) -> ApprovalRequest:
+    """Before the repartition's backup and Spark's repartition."""
+    from stateops.ops.repartition import format_repartition_plan
+
+    plan = _result(context)
+    return ApprovalRequest(
+        load_registry().query(context["params"]["query"]),
+        step=f"repartition its state {plan['partitions_before']} -> {plan['partitions']}",
+        plan=format_repartition_plan(plan, dry_run=False),
+        backup=f"taken before anything changes, to {plan['backup_to']}",
+    )

@@ -1,0 +1,122 @@
+"""Approval before irreversible steps (issue 20, item 3): who must approve (the registry's
+``approval`` per query; unset, a migration asks and the rest do not), what the approver sees,
+and how the approval step ends a run on a rejection or no answer. The step waiting in a real
+Airflow and answered from the UI and over REST: tests/e2e/test_airflow.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+import yaml
+from airflow.sdk.exceptions import AirflowFailException
+
+from stateops.control.approval import OPERATIONS, TIMEOUT, ApprovalRequest, without_approval
+from stateops.core.errors import RegistryError
+from stateops.core.registry import load_registry
+from stateops_airflow.approval import ApprovalGate
+from tests.conftest import write_registry
+
+pytestmark = pytest.mark.unit
+
+
+def _query(tmp_path, approval: str | None):
+    overrides = {} if approval is None else {"page_visits": {"approval": approval}}
+    return load_registry(write_registry(tmp_path, **overrides)).query("page_visits")
+
+
+@pytest.mark.parametrize(
+    ("approval", "asks"),
+    [
+        (None, {"migration"}),  # the default: only a migration waits
+        ("required", set(OPERATIONS)),
+        ("none", set()),
+    ],
+)
+def test_the_registry_says_which_operations_wait_for_an_approval(tmp_path, approval, asks):
+    query = _query(tmp_path, approval)
+    assert {op for op in OPERATIONS if without_approval(query, op) is None} == asks
+    for op in set(OPERATIONS) - asks:
+        said = without_approval(query, op)
+        assert said.startswith(f"page_visits: the {op} goes on without approval (registry: ")
+        assert ("approval: none" if approval else "only a migration asks by default") in said
+
+
+def test_an_unknown_approval_setting_is_refused_when_the_registry_loads(tmp_path):
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["page_visits"]["approval"] = "sometimes"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(RegistryError, match="approval"):
+        load_registry(path)
+
+
+def test_the_request_shows_the_plan_the_backup_and_what_a_refusal_leaves(tmp_path):
+    request = ApprovalRequest(
+        _query(tmp_path, None),
+        step="stop it",
+        plan="PLAN: migration of page_visits\n  undo: stop it",
+        backup="b-000004-20261125T000000Z in s3://backups/page_visits",
+    )
+    assert request.subject("migration") == "Approve the migration of page_visits: stop it?"
+    body = request.body("nothing changed")
+    assert "**Backup:** b-000004-20261125T000000Z in s3://backups/page_visits" in body
+    assert "```\nPLAN: migration of page_visits\n  undo: stop it\n```" in body
+    hours = int(TIMEOUT.total_seconds() // 3600)
+    assert body.endswith(f"**Reject**, or no answer within {hours} hours: nothing changed.")
+
+
+class _TaskInstance:
+    def __init__(self, results: dict[str, object]) -> None:
+        self.results = results
+
+    def xcom_pull(self, task_ids: str) -> object:
+        return self.results.get(task_ids)
+
+
+def _gate(ask=lambda context: "never asked") -> ApprovalGate:
+    return ApprovalGate(task_id="approve", operation="backfill", ask=ask,
+                        on_reject="nothing changed; the query goes on as it was")  # fmt: skip
+
+
+CONTEXT = {"params": {"query": "page_visits"}}
+
+
+def _answer(option: str) -> dict:
+    return {
+        "chosen_options": [option],
+        "params_input": {},
+        "responded_at": datetime(2026, 11, 25, 3, 0, tzinfo=UTC),
+        "responded_by_user": {"id": "7", "name": "oncall"},
+    }
+
+
+def test_an_approval_lets_the_steps_after_it_go_and_says_who_approved():
+    done = _gate().execute_complete(CONTEXT, _answer("Approve"))
+    assert done == {"approved_by": "oncall", "at": "2026-11-25T03:00:00+00:00"}
+
+
+def test_a_rejection_or_no_answer_fails_the_step_saying_what_it_leaves():
+    with pytest.raises(AirflowFailException) as refused:
+        _gate().execute_complete(CONTEXT, _answer("Reject"))
+    assert str(refused.value) == (
+        "the backfill of page_visits was rejected by oncall: nothing changed; the query goes on "
+        "as it was"
+    )
+    timed_out = {"error": "The Human-in-the-loop response timeout has passed without a "
+                 "response.", "error_type": "timeout"}  # fmt: skip
+    with pytest.raises(AirflowFailException, match="^the backfill of page_visits was not "
+                       "answered within 4 hours: nothing changed"):  # fmt: skip
+        _gate().execute_complete(CONTEXT, timed_out)
+
+
+def test_where_nothing_needs_approval_the_step_says_why_and_does_not_wait(tmp_path):
+    query = _query(tmp_path, "none")
+    ask = lambda context: ApprovalRequest(query, "roll it back", "PLAN: ...", "to s3://b")  # noqa: E731
+    done = _gate(ask).execute({**CONTEXT, "ti": _TaskInstance({})})
+    assert done["approved_by"] is None
+    assert done["reason"] == "page_visits: the backfill goes on without approval (registry: " \
+        "approval: none)"  # fmt: skip
+    # A restore into an empty folder: the ask itself says there is nothing to approve.
+    done = _gate(lambda context: "nothing there is replaced").execute(CONTEXT)
+    assert done == {"approved_by": None, "reason": "nothing there is replaced"}
