@@ -4,9 +4,10 @@ ports; the tests then use it through the REST API v2 and through a real browser 
 Chromium, headless, driven by Playwright), and `make airflow-stop` (the script's `stop`) must
 leave no process behind.
 
-The tests run in file order on one stack: the browser dry-runs the migration form, REST runs
-the migration for real (on the Spark cluster), the browser looks at the Streaming state view,
-then everything stops. Screenshots go to build/test-artifacts/.
+The tests run in file order on one stack: the browser dry-runs the migration form, bad form
+values are refused, a migration is rejected over REST (nothing changes), another is approved
+twice in the browser's required actions and runs for real (on the Spark cluster), the browser
+looks at the Streaming state view, then everything stops. Screenshots go to build/test-artifacts/.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def stack(spark, tmp_path_factory):
     ports = {name: free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI",
                                                "S3")}  # fmt: skip
     s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
-    migration = Migration(spark, tmp, "user_sessions", s3)
+    # Approval as a migration asks by default: a second person answers (the tests below).
+    migration = Migration(spark, tmp, "user_sessions", s3, approval="required")
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(tmp / "airflow"),
@@ -292,17 +294,82 @@ def test_bad_form_values_are_refused_before_a_run_with_the_field_named(stack):
     assert tree_digest(checkpoint) == before
 
 
-def test_rest_api_triggers_the_migration_and_it_succeeds_on_the_cluster(stack, spark):
+def _awaiting(stack: Stack, run_url: str, task: str, token: str) -> dict:
+    """The approval request of ``task``, once the run waits for it."""
+    _until(f"{task} did not wait for an answer",
+           lambda: _request(f"{run_url}/taskInstances/{task}", token=token)["state"]
+           == "awaiting_input", 600, stack.output)  # fmt: skip
+    # Airflow 3.3 fails a step answered before the executor has reported that the parked
+    # process ended (under a second later; "task state changed externally"). A person is
+    # slower than that; a test answering at once must wait as long.
+    time.sleep(3)
+    return _request(f"{run_url}/taskInstances/{task}/-1/hitlDetails", token=token)
+
+
+def _finished(stack: Stack, run_url: str, token: str) -> tuple[str, dict[str, str]]:
+    state = _until("the run did not finish",
+                   lambda: (s := _request(run_url, token=token)["state"])
+                   in ("success", "failed") and s, 900, stack.output)  # fmt: skip
+    tasks = _request(f"{run_url}/taskInstances", token=token)["task_instances"]
+    return state, {t["task_id"]: t["state"] for t in tasks}
+
+
+def test_a_migration_rejected_over_rest_changes_nothing(stack):
+    """The migration waits for a second person before it stops the query, showing the plan
+    and where the backup goes; rejected over REST, the run fails saying so, nothing ran after
+    the approval step, and the checkpoint is byte-identical."""
+    m, token = stack.migration, stack.token()
+    checkpoint = Path(m.query().checkpoint)
+    before = tree_digest(checkpoint)
+    dag_url = f"{stack.base}/api/v2/dags/{DAG}"
+    run = _request(f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()},
+                   token=token)  # fmt: skip
+    run_url = f"{dag_url}/dagRuns/{run['dag_run_id']}"
+    asked = _awaiting(stack, run_url, "approve_stop", token)
+    assert asked["options"] == ["Approve", "Reject"], asked
+    assert asked["subject"].startswith("Approve the migration of user_sessions: stop it"), asked
+    body = asked["body"]
+    assert "`PLAN: migration of user_sessions: json " in body, body
+    backup = f"taken after the drain, to s3://backups/{m.root.name}/user_sessions"
+    assert f"**Backup:** `{backup}`" in body and "- `undo: " in body, body
+    _request(f"{run_url}/taskInstances/approve_stop/-1/hitlDetails", "PATCH",
+             {"chosen_options": ["Reject"], "params_input": {}}, token=token)  # fmt: skip
+    state, states = _finished(stack, run_url, token)
+    assert state == "failed", states
+    assert (states["approve_stop"], states["stop_query"], states["roll_back"]) == (
+        "failed", "upstream_failed", "skipped"
+    ), states  # fmt: skip
+    logs = Path(stack.env["AIRFLOW_HOME"]) / "logs"
+    [log] = logs.rglob(f"run_id={run['dag_run_id']}/task_id=approve_stop/attempt=1.log")
+    said = "the migration of user_sessions was rejected by admin: nothing changed"
+    _until("the approval step's log did not say why", lambda: said in log.read_text(), 60,
+           log.read_text)  # the resumed step's lines land after the run's end  # fmt: skip
+    assert tree_digest(checkpoint) == before, "a rejected migration changed the checkpoint"
+    assert m.query().checkpoint == str(checkpoint), "the query did not move"
+
+
+def test_rest_api_triggers_the_migration_approved_in_the_browser_and_it_succeeds(stack, spark):
+    """Both approvals of the migration (before the stop, before the switch) are given in the
+    UI's required actions; the migration then runs on the Spark cluster."""
     m, token = stack.migration, stack.token()
     dag_url = f"{stack.base}/api/v2/dags/{DAG}"
     run = _request(f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()},
                    token=token)  # fmt: skip
     run_url = f"{dag_url}/dagRuns/{run['dag_run_id']}"
-    state = _until("the migration did not finish",
-                   lambda: (s := _request(run_url, token=token)["state"])
-                   in ("success", "failed") and s, 900, stack.output)  # fmt: skip
-    tasks = _request(f"{run_url}/taskInstances", token=token)["task_instances"]
-    states = {t["task_id"]: t["state"] for t in tasks}
+    with _browser(stack, "3-approvals") as page:
+        for gate, says in [("approve_stop", "stop it, drain its old source"),
+                           ("approve_switch", "its carried state proven")]:  # fmt: skip
+            asked = _awaiting(stack, run_url, gate, token)
+            assert says in asked["subject"], asked
+            page.goto(f"{stack.base}/dags/{DAG}/runs/{run['dag_run_id']}/tasks/{gate}"
+                      "/required_actions")  # fmt: skip
+            page.get_by_text(asked["subject"]).first.wait_for()
+            page.screenshot(path=ARTIFACTS / f"3-{gate}.png")
+            page.get_by_role("button", name="Approve").click()
+            _until(f"{gate} was not approved",
+                   lambda gate=gate: _request(f"{run_url}/taskInstances/{gate}", token=token)
+                   ["state"] == "success", 120, stack.output)  # fmt: skip
+    state, states = _finished(stack, run_url, token)
     assert state == "success", states
     assert states["roll_back"] == "skipped" and states["switch"] == "success", states
     assert states["transplant"] == "success" and states["bootstrap"] == "skipped", states

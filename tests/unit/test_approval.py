@@ -60,8 +60,8 @@ def test_the_request_shows_the_plan_the_backup_and_what_a_refusal_leaves(tmp_pat
     )
     assert request.subject("migration") == "Approve the migration of page_visits: stop it?"
     body = request.body("nothing changed")
-    assert "**Backup:** b-000004-20261125T000000Z in s3://backups/page_visits" in body
-    assert "```\nPLAN: migration of page_visits\n  undo: stop it\n```" in body
+    assert "**Backup:** `b-000004-20261125T000000Z in s3://backups/page_visits`" in body
+    assert "`PLAN: migration of page_visits`\n- `undo: stop it`" in body
     hours = int(TIMEOUT.total_seconds() // 3600)
     assert body.endswith(f"**Reject**, or no answer within {hours} hours: nothing changed.")
 

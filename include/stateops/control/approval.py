@@ -49,9 +49,12 @@ class ApprovalRequest:
         return f"Approve the {operation} of {self.query.name}: {self.step}?"
 
     def body(self, on_reject: str) -> str:
+        """Markdown: the plan's lines as a list of code spans (Airflow's required actions
+        join the lines of a fenced block, and would take ``<target>`` for HTML)."""
+        head, *rest = self.plan.splitlines()
         return "\n\n".join([
-            f"**Backup:** {self.backup}",
-            f"```\n{self.plan}\n```",
+            f"**Backup:** `{self.backup}`",
+            f"`{head}`\n" + "\n".join(f"- `{line.strip()}`" for line in rest),
             f"**Reject**, or no answer within {TIMEOUT_TEXT}: {on_reject}.",
         ])  # fmt: skip
 
