@@ -50,10 +50,10 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    variable, list order included; each batch's watermark; computed by the Spark job), and it
    verifies clean; `validate_new_state`: Great Expectations on the new state.
 6. `approve_switch`: as `approve_stop`, with the backup's id and the proof; rejected or
-   unanswered, `roll_back` undoes the run. `switch`: the query now runs on the new source and checkpoint (recorded beside the data,
-   the registry file is not edited; `stream_start` and the CLI follow it); lineage in
-   `<new checkpoint>.audit/lineage.json`; the old checkpoint's files become read-only; the
-   hold is released.
+   unanswered, `roll_back` undoes the run. `switch`: the query now runs on the new source and
+   checkpoint (recorded beside the data, the registry file is not edited; `stream_start`
+   and the CLI follow it); lineage in `<new checkpoint>.audit/lineage.json`; the old
+   checkpoint's files become read-only; the hold is released.
 
 `roll_back` runs when a step fails: the new checkpoint moves aside (`<new>.failed-<run id>`),
 a switch already written is undone, the new checkpoint's output moves to
