@@ -131,6 +131,9 @@ def health(
         warn.append("no committed batch yet (stream_start runs it)")
     elif cp is not None:
         warn += _waiting_input(query, cp, now)
+    if cp is not None and cp.format_version != 1:
+        warn.append(f"checkpoint format v{cp.format_version}: verify, cleanup, rollback, backup "
+                    "and the other operations refuse it (README: Known limits)")  # fmt: skip
     if listed and status["last_committed_batch"] is not None:
         warn += _backup_age(registry, status["backups"], now)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"

@@ -50,6 +50,22 @@ def test_test_registry_overrides_reach_spark_conf(tmp_path):
     assert conf["spark.sql.streaming.stateStore.maintenanceInterval"] == "200ms"
 
 
+def test_the_checkpoint_format_is_set_for_every_query_and_v2_is_for_rocksdb(tmp_path):
+    """Every query sets its format (default 1): in a shared session one query's v2 must not
+    carry over to the next query's new checkpoint."""
+    key = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+    registry = load_registry(write_registry(
+        tmp_path, page_visits={"state_store": {"checkpoint_format": 2}}))  # fmt: skip
+    assert registry.query("page_visits").spark_conf_for_query()[key] == "2"
+    assert {q.spark_conf_for_query()[key] for n, q in registry.queries.items()
+            if n != "page_visits"} == {"1"}  # fmt: skip
+    _refused_in_one_line(
+        tmp_path,
+        lambda r: r["queries"]["page_counts"]["state_store"].update(checkpoint_format=2),
+        "checkpoint_format 2 is for the rocksdb provider only",
+    )
+
+
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [

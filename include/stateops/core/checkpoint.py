@@ -56,6 +56,8 @@ __all__ = [
 
 
 _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
+# Checkpoint format v2 names a version's files by the id of the task attempt that wrote them.
+_V2_VERSION_FILE = re.compile(r"^(\d+)_[0-9a-f-]+\.(changelog|zip)$")
 
 
 _BATCH_FILE = re.compile(r"^(\d+)$")
@@ -205,6 +207,31 @@ class Checkpoint:
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes.values())
+
+    @property
+    def format_version(self) -> int:
+        """Spark's checkpoint format: 2 (``spark.sql.streaming.stateStore.
+        checkpointFormatVersion=2``) when a commit names the state files its batch uses
+        (``stateUniqueIds``) or a state file is named ``<version>_<id>``; else 1. The offsets
+        log does not record the setting."""
+        if any(commit.get("stateUniqueIds") for commit in self.commits.values()):
+            return 2
+        for op in self.operators:
+            for store in op.stores:
+                if any(_V2_VERSION_FILE.match(r.rpartition("/")[2]) for r in store.other_files):
+                    return 2
+        return 1
+
+    def require_format_v1(self, operation: str) -> None:
+        """Refuse ``operation`` on a checkpoint in format v2, where several files of one state
+        version can exist and the commit log's ids choose among them: an operation that picks
+        files by version number alone would delete or copy the wrong ones."""
+        if self.format_version != 1:
+            raise CheckpointError(
+                f"{self.root}: checkpoint format v2 (spark.sql.streaming.stateStore."
+                f"checkpointFormatVersion=2): {operation} reads format v1 only, so nothing was "
+                "changed; Spark itself still runs the query and cleans its old state"
+            )
 
     def partitions(self, batch: int | None) -> int | None:
         """The number of state partitions batch ``batch`` ran with: the partition count in its

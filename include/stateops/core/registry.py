@@ -172,6 +172,16 @@ class StateStore(_Model):
     changelog_checkpointing: bool = True
     min_deltas_for_snapshot: int = Field(10, ge=1)
     min_batches_to_retain: int = Field(100, ge=1)
+    checkpoint_format: Literal[1, 2] = 1
+    """spark.sql.streaming.stateStore.checkpointFormatVersion of a new checkpoint (2: what
+    Spark's real-time mode needs; RocksDB only)."""
+
+    @model_validator(mode="after")
+    def _format_needs_rocksdb(self) -> StateStore:
+        if self.checkpoint_format == 2 and self.provider != "rocksdb":
+            # Spark 4.2: STATE_STORE_CHECKPOINT_IDS_NOT_SUPPORTED, at run time.
+            raise ValueError("checkpoint_format 2 is for the rocksdb provider only")
+        return self
 
 
 class Query(_Model):
@@ -358,6 +368,8 @@ class Query(_Model):
                 store.min_deltas_for_snapshot
             ),
             "spark.sql.streaming.minBatchesToRetain": str(store.min_batches_to_retain),
+            # Always set: a shared session must not carry one query's format to the next.
+            "spark.sql.streaming.stateStore.checkpointFormatVersion": str(store.checkpoint_format),
         }
         if store.provider == "rocksdb":
             conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = str(

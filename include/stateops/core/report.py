@@ -17,6 +17,7 @@ def checkpoint_report(cp: Checkpoint, min_deltas_for_snapshot: int = 10) -> dict
     return {
         "checkpoint": str(cp.root),
         "query_id": cp.query_id,
+        "format_version": cp.format_version,
         "last_committed_batch": last,
         "latest_offset_batch": cp.latest_offset_batch,
         "uncommitted_batches": cp.uncommitted_batches,
@@ -141,6 +142,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"checkpoint  {report['checkpoint']}",
         f"query id    {report['query_id']}",
+        f"format      v{report['format_version']}"
+        + ("" if report["format_version"] == 1 else " (read-only here: operations refuse it)"),
         f"batches     last committed {report['last_committed_batch']}, "
         f"latest planned {report['latest_offset_batch']}"
         + (

@@ -37,6 +37,7 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
     if retain_batches < 1:
         raise StateOpsError(f"--retain-batches must be at least 1, got {retain_batches}")
     cp = load_checkpoint(checkpoint)
+    cp.require_format_v1("cleanup")
     refuse_pending_rollback(cp.root)
     refuse_gaps(cp)
     committed = sorted(cp.commits)

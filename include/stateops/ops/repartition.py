@@ -58,7 +58,6 @@ __all__ = [
 OPERATION = "repartition"
 # Each partition is a state store opened by every batch: past this it is a typo, not a plan.
 MAX_PARTITIONS = 10_000
-_FORMAT_VERSION = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 
 
 def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path:
@@ -97,7 +96,7 @@ def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dic
         raise StateOpsError(
             f"{cp.root}: the state already has {partitions} partitions; nothing to change"
         )
-    unsupported = repartition_unsupported(cp, last)
+    unsupported = repartition_unsupported(cp)
     if unsupported:
         raise CheckpointError(f"{cp.root}: {unsupported}")
     if pending is None:
@@ -128,11 +127,10 @@ def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dic
     }
 
 
-def repartition_unsupported(cp: Checkpoint, batch: int) -> str | None:
-    """Why Spark's repartition cannot take ``cp``'s state at ``batch`` (None: it can)."""
-    version = cp.offsets[batch].conf.get(_FORMAT_VERSION, "1")
-    if version != "1":
-        return f"checkpoint format v{version}: repartition reads format v1 only"
+def repartition_unsupported(cp: Checkpoint) -> str | None:
+    """Why the repartition cannot take ``cp``'s state (None: it can)."""
+    if cp.format_version != 1:
+        return f"checkpoint format v{cp.format_version}: repartition reads format v1 only"
     for op in cp.operators:
         if op.provider != "rocksdb":
             return (

@@ -218,7 +218,7 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
     for provider in sorted({op.provider for op in ops} - {query.state_store.provider}):
         reasons.append(f"state files are {provider}, the query uses {query.state_store.provider}")
     old_partitions = repartition_from(cp, query, batch)
-    unsupported = old_partitions and repartition_unsupported(cp, batch)
+    unsupported = old_partitions and repartition_unsupported(cp)
     if unsupported:
         reasons.append(
             f"the old state has {old_partitions} partitions, the query "
@@ -400,6 +400,7 @@ def transplant_checkpoint(
     started = time.monotonic()
     new = Path(new).resolve()
     cp = load_checkpoint(old)
+    cp.require_format_v1("transplant")
     batch = cp.last_committed_batch if batch is None else batch
     if new == cp.root.resolve() or cp.root.resolve() in new.parents:
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
