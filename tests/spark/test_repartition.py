@@ -198,11 +198,14 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
 
 def clone(registry: Path, dest: Path) -> Path:
     """A copy of ``registry``'s whole data folder (checkpoints, their audit folders and
-    markers, output, locks, switches) that runs on its own."""
+    markers, output, locks, switches) that runs on its own, with backups of its own: backups
+    are stored by content, so copies backing up side by side under one location would upload
+    each object once, and a kill at one copy's upload could find nothing left to upload."""
     shutil.copytree(registry.parent, dest)
     path = dest / registry.name
     raw = yaml.safe_load(path.read_text())
     raw["data_dir"] = str(dest)
+    raw["backups"]["url"] = f"s3://backups/{dest.parent.name}-{dest.name}"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     for query in load_registry(path).queries.values():
         if Path(query.checkpoint).exists():
