@@ -230,8 +230,7 @@ def stream_source_migration() -> None:
         """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
         context = get_current_context()
         plan = context["ti"].xcom_pull(task_ids="preflight")
-        roll_back_migration(plan, context["params"]["query"], context["run_id"],
-                            approved(context, "approve_stop"))  # fmt: skip
+        roll_back_migration(plan, approved(context, "approve_stop"))
 
     @task
     def migrated(plan: dict) -> str:

@@ -431,34 +431,26 @@ def migration_step(step: str, *args: Any) -> dict[str, Any]:
     return run(registry, *args, log=say)
 
 
-def roll_back_migration(
-    plan: dict[str, Any] | None, query: str, run_id: str, approved: bool
-) -> None:
-    """After a failed step: undo the migration run (or, before a plan, release its hold). It
-    succeeds when it undid something and is skipped, saying why, when there was nothing to
-    undo (a refused preflight, a failed dry run, a stop not approved); the run fails either
+def roll_back_migration(plan: dict[str, Any] | None, approved: bool) -> None:
+    """After a failed step: undo the migration run. It succeeds when it undid something and is
+    skipped, saying why, when there was nothing to undo (a refused preflight, a failed dry run,
+    a stop not approved: the query is held only from ``stop_query`` on); the run fails either
     way, since its last step (``migrated``) did not run."""
-    from stateops.control.lock import release_hold
     from stateops.ops.migration import roll_back_migration as roll_back
 
-    registry = load_registry()
-    if plan and not approved:
-        raise AirflowSkipException(
-            "the migration was not approved (approve_stop says why) before anything changed: "
-            "nothing to roll back"
-        )
-    if plan:
-        roll_back(registry, plan, log=say)
-        say("the migration failed (see the failed step's log); it was rolled back and the "
-            "query runs on its old source")  # fmt: skip
-    elif release_hold(registry.lock_path(query), run_id):  # taken before the preflight failed
-        say(f"the preflight failed after it held {query}: the hold is released; nothing else "
-            "had changed")  # fmt: skip
-    else:
+    if not plan:
         raise AirflowSkipException(
             "the preflight failed before anything changed: nothing to roll back (its log says "
             "what to fix)"
         )
+    if not approved:
+        raise AirflowSkipException(
+            "the migration was not approved (approve_stop says why) before anything changed: "
+            "nothing to roll back"
+        )
+    roll_back(load_registry(), plan, log=say)
+    say("the migration failed (see the failed step's log); it was rolled back and the query "
+        "runs on its old source")  # fmt: skip
 
 
 def _repartition_lock(query: str, run_id: str) -> tuple[Registry, str, Any]:
