@@ -1,14 +1,18 @@
-"""Checkpoint format v2 (issue 21, items 3 and 4, first step): a registered query may write it
-(``state_store.checkpoint_format: 2``), ``inspect`` says which format a checkpoint uses, and
-no operation that reads format v1 only meets a v2 checkpoint unawares: each refuses in one line
-that names the format, and the checkpoint is byte-identical after. (In v2 several files of one
-state version can exist and the commit log's ids choose among them: picking by version number
-alone would delete or copy the wrong ones.)"""
+"""Checkpoint format v2 (issue 21, first steps): a registered query may write it
+(``state_store.checkpoint_format: 2``); ``inspect`` says which format a checkpoint uses; the
+model reads a v2 restart set exactly (the files the commit's ids name, and the snapshot and
+changelogs their lineage names), so ``verify`` finds damage on v2 and the restart set alone,
+and a backup restored, go on like the original; and no operation that still reads format v1
+only meets a v2 checkpoint unawares: each refuses in one line that names the format, and the
+checkpoint is byte-identical after. (In v2 several files of one state version can exist and
+the commit log's ids choose among them: picking by version number alone would delete or copy
+the wrong ones.)"""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,12 +60,12 @@ def test_spark_wrote_format_v2_and_inspect_says_so(v2):
                                 check=True).stdout)  # fmt: skip
     assert report["format_version"] == 2
     text = run_cli("--registry", str(v2), "inspect", QUERY, check=True).stdout
-    assert "format      v2 (read-only here: operations refuse it)" in text, text
+    assert "format      v2 (verify, backup and restore read it; " in text, text
     # The on-call engineer learns it from the health verdict before an operation refuses.
     status = run_cli("--registry", str(v2), "status", QUERY, "--json")
     [health] = [q["health"] for q in json.loads(status.stdout) if q["query"] == QUERY]
     assert health["verdict"] != "OK" and any(
-        r.startswith("checkpoint format v2: verify, cleanup, rollback, backup")
+        r.startswith("checkpoint format v2: cleanup, rollback, backfill, migration")
         for r in health["reasons"]
     ), health
 
@@ -69,12 +73,10 @@ def test_spark_wrote_format_v2_and_inspect_says_so(v2):
 @pytest.mark.parametrize(
     ("args", "code"),
     [
-        (["verify", QUERY], 1),
         (["cleanup", QUERY, "--retain-batches", "1", "--dry-run"], 2),
         (["cleanup", QUERY, "--retain-batches", "1"], 2),
         (["rollback", QUERY, "--to-batch", "0", "--dry-run"], 2),
         (["rollback", QUERY, "--to-batch", "0"], 2),
-        (["backup", QUERY, "--to", "s3://backups/v2"], 2),
         (["transplant", QUERY, "{root}/transplanted", "--dry-run"], 2),
         (["repartition", QUERY, "--partitions", "3", "--dry-run"], 2),
         (["backfill", QUERY, "--to-batch", "0", "--dry-run"], 2),
@@ -97,3 +99,82 @@ def test_every_v1_operation_refuses_a_v2_checkpoint_in_one_line_and_changes_noth
         assert proc.stderr.strip().count("\n") == 0, f"more than one line: {proc.stderr}"
     assert tree_digest(checkpoint) == before, f"stateops {' '.join(args)} changed the checkpoint"
     assert not (v2.parent / "transplanted").exists()
+
+
+def test_verify_reads_the_lineage_and_finds_each_kind_of_damage_on_v2(v2, tmp_path):
+    """The files a restart needs are those the last commit's ids name: its zip, or the
+    snapshot its changelog's lineage starts from and the changelogs after it."""
+    checkpoint = Path(load_registry(v2).query(QUERY).checkpoint)
+    cp = load_checkpoint(checkpoint)
+    needed = cp.restart_files(cp.last_committed_batch)
+    ids = cp.state_ids(cp.last_committed_batch)
+    assert len(ids) == 2  # one store in each of the 2 partitions
+    named = []  # version 3's file by the commit's id: its snapshot if Spark uploaded one,
+    for (_, partition, _), uid in ids.items():  # else its changelog (and its lineage's base)
+        mine = [r for r in needed if r.startswith(f"state/0/{partition}/3_{uid}.")]
+        assert mine and any(r.startswith(f"state/0/{partition}/") and r.endswith(".zip")
+                            for r in needed), needed  # fmt: skip
+        named += [r for r in mine if not r.endswith(".crc")]
+    proc = run_cli("verify", str(checkpoint))
+    assert proc.returncode == 0 and "0 errors" in proc.stdout, proc.stdout + proc.stderr
+
+    state_file = named[0]
+    version_3 = state_file.rsplit(".", 1)[0]  # its zip and changelog: with one of them left,
+    damages = {  # Spark (and the model) still load version 3, from the zip or the lineage
+        "missing file": (
+            lambda root: [p.unlink() for p in root.glob(f"{version_3}.*")],
+            f"{version_3}.changelog: missing: a restart after batch 2 needs it",
+        ),
+        "flipped byte": (lambda root: _flip(root / state_file), f"{state_file}: "),
+        "gap": (lambda root: (root / "commits" / "1").unlink(), "commits/1: missing: a gap"),
+        "missing metadata": (lambda root: (root / "metadata").unlink(), "metadata: missing"),
+    }
+    for kind, (damage, said) in damages.items():
+        copy = tmp_path / kind.replace(" ", "-")
+        shutil.copytree(checkpoint, copy)
+        damage(copy)
+        proc = run_cli("verify", str(copy))
+        assert proc.returncode == 1 and said in proc.stdout, (kind, proc.stdout, proc.stderr)
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_the_restart_set_alone_and_a_restored_backup_go_on_like_the_original(
+    spark, s3, v2, tmp_path
+):
+    """Last in this file: it runs the original on."""
+    from stateops.core.files import copy_restart_set
+    from stateops.ops.backup import backup_checkpoint
+    from stateops.ops.restore import restore_backup
+    from tests.spark.harness import state_and_output
+
+    original = load_registry(v2).query(QUERY)
+    cp = load_checkpoint(original.checkpoint)
+    copies = {}
+    for name in ("restart-set", "restored"):
+        entry = {"state_store": {"checkpoint_format": 2, "min_deltas_for_snapshot": 2},
+                 "source": original.source.model_dump(by_alias=True)}  # fmt: skip
+        copies[name] = write_registry(tmp_path / name, page_visits=entry)
+        shutil.copytree(original.sink.path, load_registry(copies[name]).query(QUERY).sink.path)
+    copy_restart_set(cp, cp.last_committed_batch, load_registry(copies["restart-set"])
+                     .query(QUERY).checkpoint)  # fmt: skip
+    quiet = lambda _: None  # noqa: E731
+    backup = backup_checkpoint(original.checkpoint, "s3://backups/v2", s3.client(), log=quiet)
+    assert backup["files"] and all(
+        f["path"] in cp.restart_files(cp.last_committed_batch) for f in backup["files"]
+    )
+    restore_backup(f"s3://backups/v2/{backup['backup_id']}",
+                   load_registry(copies["restored"]).query(QUERY).checkpoint, s3.client(),
+                   log=quiet)  # fmt: skip
+
+    land(v2.parent / "landing", round_=1, files=2)
+    for registry in (v2, *copies.values()):
+        run_in_session(spark, registry, QUERY)
+    expected = state_and_output(spark, v2, QUERY)
+    assert expected[0] > cp.last_committed_batch
+    for name, registry in copies.items():
+        assert state_and_output(spark, registry, QUERY) == expected, name

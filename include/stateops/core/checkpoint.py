@@ -37,6 +37,7 @@ from stateops.core.formats import (
     parse_commit,
     parse_offsets,
     parse_versioned_json,
+    read_changelog_lineage,
     read_query_id,
     read_rocksdb_zip_metadata,
     read_text,
@@ -57,7 +58,7 @@ __all__ = [
 
 _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
 # Checkpoint format v2 names a version's files by the id of the task attempt that wrote them.
-_V2_VERSION_FILE = re.compile(r"^(\d+)_[0-9a-f-]+\.(changelog|zip)$")
+_V2_VERSION_FILE = re.compile(r"^(\d+)_([0-9a-f-]+)\.(changelog|zip)$")
 
 
 _BATCH_FILE = re.compile(r"^(\d+)$")
@@ -96,6 +97,10 @@ class StoreState:
     deltas: dict[int, str] = field(default_factory=dict)
     snapshots: dict[int, str] = field(default_factory=dict)
     other_files: list[str] = field(default_factory=list)
+    v2_files: dict[int, dict[str, dict[str, str]]] = field(default_factory=dict)
+    """Checkpoint format v2: version -> unique id -> kind (zip, changelog) -> file. Several
+    ids of one version can exist (a retried task's upload); the commit log names the one a
+    batch uses."""
 
     @property
     def versions(self) -> list[int]:
@@ -216,11 +221,46 @@ class Checkpoint:
         log does not record the setting."""
         if any(commit.get("stateUniqueIds") for commit in self.commits.values()):
             return 2
+        return 2 if any(s.v2_files for op in self.operators for s in op.stores) else 1
+
+    def state_ids(self, batch: int) -> dict[tuple[int, int, str], str]:
+        """Format v2: (operator, partition, store) -> the unique id of the state version that
+        committed ``batch`` wrote (version ``batch + 1``), from its commit. A partition's ids
+        follow its stores' names in order (a join's four stores sort as Spark lists them)."""
+        ids = (self.commits.get(batch) or {}).get("stateUniqueIds") or {}
+        named = {}
         for op in self.operators:
-            for store in op.stores:
-                if any(_V2_VERSION_FILE.match(r.rpartition("/")[2]) for r in store.other_files):
-                    return 2
-        return 1
+            for partition, store_ids in enumerate(ids.get(str(op.operator_id)) or []):
+                for store_name, uid in zip(op.store_names, store_ids, strict=False):
+                    named[(op.operator_id, partition, store_name)] = uid
+        return named
+
+    def v2_load_chain(self, store: StoreState, version: int, uid: str | None):
+        """Format v2: the files that load ``version`` with id ``uid`` (its zip; else the newest
+        zip its changelog's lineage names, then the changelogs after it), and the names of
+        missing ones."""
+
+        def named(v: int, i: str, kind: str) -> str | None:
+            return store.v2_files.get(v, {}).get(i, {}).get(kind)
+
+        if uid is None:
+            return [], [f"{store.rel_dir}: commit of batch {version - 1} names no state id"]
+        if named(version, uid, "zip"):
+            return [named(version, uid, "zip")], []
+        changelog = named(version, uid, "changelog")
+        if changelog is None:
+            return [], [f"{store.rel_dir}/{version}_{uid}.changelog"]
+        chain = [*read_changelog_lineage(self.root / changelog), (version, uid)]
+        base = next((n for n in range(len(chain) - 1, -1, -1) if named(*chain[n], "zip")), None)
+        files, missing = [], []
+        if base is not None:
+            files.append(named(*chain[base], "zip"))
+        elif chain[0][0] != 1:
+            missing.append(f"{store.rel_dir}/{chain[0][0]}_{chain[0][1]}.zip")
+        for v, i in chain[(base + 1 if base is not None else 0) :]:
+            rel = named(v, i, "changelog")
+            files.append(rel) if rel else missing.append(f"{store.rel_dir}/{v}_{i}.changelog")
+        return files, missing
 
     def require_format_v1(self, operation: str) -> None:
         """Refuse ``operation`` on a checkpoint in format v2, where several files of one state
@@ -385,10 +425,15 @@ class Checkpoint:
             needed.append(f"offsets/{batch - 1}")
         needed += self._source_log_files(batch, missing)
         version = batch + 1
+        ids = self.state_ids(batch) if self.format_version == 2 else None
         for op in self.operators:
             needed += self._operator_metadata_files(op, batch)
             for store in [s for s in op.stores if self.reads_store(s, batch)]:
-                chain, chain_missing = store.load_chain(version)
+                chain, chain_missing = (
+                    store.load_chain(version) if ids is None else self.v2_load_chain(
+                        store, version, ids.get((op.operator_id, store.partition,
+                                                 store.store_name)))
+                )  # fmt: skip
                 needed += chain
                 missing += chain_missing
                 needed += [f for f in store.other_files if f.endswith("/_metadata/schema")]
@@ -586,6 +631,12 @@ def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> Operator
         kinds = set()
         for name, rel in zip(names, paths, strict=True):
             if name.endswith(".crc"):
+                continue
+            v2 = _V2_VERSION_FILE.match(name)
+            if v2 is not None:
+                version, uid, kind = v2.groups()
+                store.v2_files.setdefault(int(version), {}).setdefault(uid, {})[kind] = rel
+                kinds.add(kind)
                 continue
             m = _VERSION_FILE.match(name)
             if m is None:

@@ -11,8 +11,10 @@ import re
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from stateops.core.errors import CheckpointError
 
@@ -73,6 +75,89 @@ def read_rocksdb_zip_metadata(path: Path) -> dict:
             f"{path}: unreadable RocksDB snapshot ({err}); restore the checkpoint from a backup"
         ) from err
     return parse_versioned_json(path, text)
+
+
+def read_changelog_lineage(path: Path) -> list[tuple[int, str]]:
+    """The lineage at the head of a RocksDB changelog of checkpoint format v2 (writer version
+    v3 or v4): the (version, unique id) of each state version it builds on, oldest first, back
+    to a snapshot or to version 1 (docs/checkpoint-format-v2.md)."""
+    try:
+        with open(path, "rb") as f:
+            head = b""
+            for block in _lz4_blocks(f):  # only as many blocks as the head spans
+                head += block
+                header, rest = _java_utf(head)
+                if len(rest) >= 2 and len(rest) >= 2 + struct.unpack_from(">H", rest)[0]:
+                    break
+        if header not in ("v3", "v4"):
+            raise ValueError(f"changelog version {header!r} has no lineage")
+        lineage = json.loads(_java_utf(rest)[0])
+        return [(int(e["version"]), str(e["checkpointUniqueId"])) for e in lineage]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as err:
+        raise CheckpointError(
+            f"{path}: unreadable changelog lineage ({err}); restore the checkpoint from a backup"
+        ) from err
+
+
+_LZ4_MAGIC = b"LZ4Block"
+
+
+def _lz4_blocks(f: BinaryIO) -> Iterator[bytes]:
+    """The blocks of a file Spark compressed with its default ``lz4`` codec (Java's
+    LZ4BlockOutputStream framing: magic, token, compressed and plain lengths, checksum, data).
+    Pure Python: only a changelog's head is read, a few KB, and no dependency is added."""
+    while True:
+        frame = f.read(len(_LZ4_MAGIC) + 13)
+        if not frame.startswith(_LZ4_MAGIC):
+            raise ValueError(
+                "not LZ4-compressed (the state store's compression codec is not lz4, the only "
+                "one read here)"
+            )
+        token = frame[len(_LZ4_MAGIC)]
+        compressed, length, _ = struct.unpack_from("<iii", frame, len(_LZ4_MAGIC) + 1)
+        if length == 0:
+            raise ValueError("the changelog ends before its lineage")
+        block = f.read(compressed)
+        yield block if token & 0xF0 == 0x10 else _lz4_block(block, length)  # 0x10: raw
+
+
+def _lz4_block(src: bytes, length: int) -> bytes:
+    """Decode one LZ4 block (the LZ4 block format: literals, then a match to copy)."""
+    out, i = bytearray(), 0
+    while i < len(src):
+        token = src[i]
+        i += 1
+        literals, i = _lz4_length(src, i, token >> 4)
+        out += src[i : i + literals]
+        i += literals
+        if i >= len(src):
+            break
+        offset = src[i] | src[i + 1] << 8
+        i += 2
+        match, i = _lz4_length(src, i, token & 0x0F)
+        start = len(out) - offset
+        for k in range(match + 4):  # byte by byte: a match may overlap what it writes
+            out.append(out[start + k])
+    if len(out) != length:
+        raise ValueError(f"LZ4 block decoded to {len(out)} bytes, not {length}")
+    return bytes(out)
+
+
+def _lz4_length(src: bytes, i: int, length: int) -> tuple[int, int]:
+    if length == 15:
+        while True:
+            more = src[i]
+            i += 1
+            length += more
+            if more != 255:
+                break
+    return length, i
+
+
+def _java_utf(data: bytes) -> tuple[str, bytes]:
+    """One string written by Java's ``DataOutputStream.writeUTF`` and what follows it."""
+    (length,) = struct.unpack_from(">H", data)
+    return data[2 : 2 + length].decode("utf-8"), data[2 + length :]
 
 
 def read_text(path: Path) -> str:

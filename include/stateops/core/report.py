@@ -143,7 +143,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"checkpoint  {report['checkpoint']}",
         f"query id    {report['query_id']}",
         f"format      v{report['format_version']}"
-        + ("" if report["format_version"] == 1 else " (read-only here: operations refuse it)"),
+        + (
+            ""
+            if report["format_version"] == 1
+            else " (verify, backup and restore read it; the operations that delete refuse it)"
+        ),
         f"batches     last committed {report['last_committed_batch']}, "
         f"latest planned {report['latest_offset_batch']}"
         + (

@@ -99,7 +99,6 @@ def backup_checkpoint(
     loc = parse_s3_url(to)
     for attempt in range(1, attempts + 1):
         cp = load_checkpoint(checkpoint)
-        cp.require_format_v1("backup")
         n = cp.last_committed_batch if batch is None else batch
         if n is None:
             raise CheckpointError(f"{checkpoint}: no committed batch yet: nothing to back up")
