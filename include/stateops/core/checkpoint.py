@@ -245,8 +245,8 @@ class Checkpoint:
 
         if uid is None:
             return [], [f"{store.rel_dir}: commit of batch {version - 1} names no state id"]
-        if named(version, uid, "zip"):
-            return [named(version, uid, "zip")], []
+        if zip_rel := named(version, uid, "zip"):
+            return [zip_rel], []
         changelog = named(version, uid, "changelog")
         if changelog is None:
             return [], [f"{store.rel_dir}/{version}_{uid}.changelog"]
@@ -259,7 +259,10 @@ class Checkpoint:
             missing.append(f"{store.rel_dir}/{chain[0][0]}_{chain[0][1]}.zip")
         for v, i in chain[(base + 1 if base is not None else 0) :]:
             rel = named(v, i, "changelog")
-            files.append(rel) if rel else missing.append(f"{store.rel_dir}/{v}_{i}.changelog")
+            if rel:
+                files.append(rel)
+            else:
+                missing.append(f"{store.rel_dir}/{v}_{i}.changelog")
         return files, missing
 
     def require_format_v1(self, operation: str) -> None:
