@@ -11,6 +11,9 @@ PYTEST_ARGS ?=
 # order: xdist would otherwise hand out the modules with the most tests first and the single
 # long DAG tests last).
 WORKERS ?= auto
+# Each checkout keeps its test folders in its own build/ (not /tmp/pytest-of-$USER, where two
+# pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
+BASETEMP := build/pytest-tmp
 
 .PHONY: demo airflow airflow-stop test lint lock prereqs clean
 
@@ -42,7 +45,7 @@ airflow-stop:
 
 test: prereqs lint build/stateops.zip
 	@scripts/ensure_chromium.sh
-	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
+	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests benchmarks
