@@ -6,8 +6,9 @@ same way. The result must pass the file-level verifier and equal what an untouch
 of the same command left; on a sample, Spark restarts it on new input, and its state and
 output must equal those of the untouched checkpoint restarted on the same input.
 
-Spark writes one page_visits checkpoint (6 batches, 2 partitions, RocksDB) for the module;
-each trial works on a copy. ``make test`` runs a few trials per operation
+Spark writes one page_visits checkpoint (6 batches, 2 partitions, RocksDB) per checkpoint
+format; each trial works on a copy. In format v2 (issue 21) cleanup and rollback are killed,
+on a checkpoint that holds the files of an attempt no commit names. ``make test`` runs a few trials per operation
 (``STATEOPS_FAULT_TRIALS``, default 3), ``make faults`` many; the seed is printed
 (``STATEOPS_FAULT_SEED`` replays it).
 """
@@ -33,12 +34,22 @@ from stateops.ops.backup import backup_checkpoint, read_manifests, verify_backup
 from stateops.ops.restore import restore_backup
 from tests.conftest import S3Server, tree_digest, write_registry
 from tests.faults.engine import SETTINGS, Operation, format_report, run_operation
-from tests.spark.harness import land, last_committed, pipeline_case, read_sink, read_state
+from tests.spark.harness import (
+    PAGE_VISITS_READS,
+    Case,
+    land,
+    last_committed,
+    pipeline_case,
+    read_sink,
+    read_state,
+    v2_case,
+)
 
 pytestmark = pytest.mark.spark
 
-READS = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
-CASE = pipeline_case("page_visits", READS)
+READS = PAGE_VISITS_READS
+# Checkpoint format 1, or 2 with the files of an attempt no commit names (harness.v2_case).
+CASES = {1: pipeline_case("page_visits", READS), 2: v2_case()}
 QUIET = {"log": lambda _: None}
 
 
@@ -47,6 +58,7 @@ class World:
     """What every operation's trials share: the Spark-written checkpoint and sink, its last
     batch, the S3 server, the Spark session, and the control restart's state and output."""
 
+    case: Case  # the query, in checkpoint format 1 or 2
     root: Path  # landing/page_visits: the 6 files read, and 1 more a restart reads
     checkpoint: Path
     sink: Path
@@ -74,26 +86,28 @@ def _restart(world: World, checkpoint: Path, sink: Path, root: Path | None = Non
     """Run the query on ``checkpoint`` until it caught up; its state and its output after the
     batch it started from."""
     after = last_committed(checkpoint)
-    CASE.run(world.spark, root or world.root, checkpoint, sink)
+    world.case.run(world.spark, root or world.root, checkpoint, sink)
     output = {b: rows for b, rows in read_sink(sink).items() if b > after}
     return read_state(world.spark, checkpoint, READS), output, after
 
 
 @pytest.fixture(scope="module")
-def world(spark, s3, tmp_path_factory) -> World:
-    root = tmp_path_factory.mktemp("faults")
+def world(request, spark, s3, tmp_path_factory) -> World:
+    """Parametrized by checkpoint format (indirectly, by the test)."""
+    case = CASES[request.param]
+    root = tmp_path_factory.mktemp(f"faults-v{request.param}")
     landing = root / "landing" / "page_visits"
     land(root / "landing", round_=0, files=6)
     checkpoint, sink = root / "template" / "ck", root / "template" / "sink"
-    CASE.run(spark, root, checkpoint, sink)
+    case.run(spark, root, checkpoint, sink)
     read = set(landing.iterdir())
     land(root / "landing", round_=1, files=1)
     new_source = root / "new-source"
     (new_source / "landing" / "page_visits").mkdir(parents=True)
     for path in sorted(set(landing.iterdir()) - read):
         shutil.copy2(path, new_source / "landing" / "page_visits" / path.name)
-    world = World(root, checkpoint, sink, last_committed(checkpoint), new_source, s3, spark,
-                  [], {})  # fmt: skip
+    world = World(case, root, checkpoint, sink, last_committed(checkpoint), new_source, s3,
+                  spark, [], {})  # fmt: skip
     # The control: the untouched checkpoint restarted on the new file.
     control = root / "control"
     _copy(world, control, sink=True)
@@ -427,7 +441,15 @@ class Transplant(Operation):
 OPERATIONS = {op.name: op for op in (Backup, Restore, Cleanup, Rollback, Transplant)}
 
 
-@pytest.mark.parametrize("operation", OPERATIONS)
+# Format v2: the operations that read it and delete (issue 21); backup and restore copy the
+# restart set the model reads, which tests/spark/test_format_v2.py proves.
+@pytest.mark.parametrize(
+    ("world", "operation"),
+    [*((1, op) for op in OPERATIONS), (2, "cleanup"), (2, "rollback")],
+    ids=lambda v: f"format-v{v}" if isinstance(v, int) else v,
+    indirect=["world"],
+    scope="module",  # one world per format, not per test
+)
 def test_killed_and_run_again_it_is_sound_and_restarts_like_the_untouched_control(world, operation):
     report = run_operation(OPERATIONS[operation](world), world.root / "ops")
     print(format_report([report]))

@@ -26,7 +26,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.dev.sampledata import DATASETS, generate_events
-from stateops.spark.streaming import apply_query_conf, start_query
+from stateops.spark.streaming import apply_query_conf, query_frame, start_query, write_batch
 from tests.conftest import ROOT, TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
 
 _mtime = [1_700_000_000]
@@ -183,8 +183,8 @@ def join_case(provider: str) -> Case:
     )
 
 
-def registered_query(root: Path, name: str, checkpoint: Path, sink: Path) -> Query:
-    query = load_registry(write_registry(root)).query(name)
+def registered_query(root: Path, name: str, checkpoint: Path, sink: Path, **entry) -> Query:
+    query = load_registry(write_registry(root, **{name: entry})).query(name)
     return query.model_copy(
         update={
             "checkpoint": str(checkpoint),
@@ -247,6 +247,9 @@ def run_in_session(spark, registry: Path, name: str, *args: str) -> dict:
     ))  # fmt: skip
 
 
+PAGE_VISITS_READS = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
+
+
 def pipeline_case(name: str, state_reads: list[dict[str, str]]) -> Case:
     def start(spark, root, checkpoint, sink):
         query = registered_query(root, name, checkpoint, sink)
@@ -257,12 +260,56 @@ def pipeline_case(name: str, state_reads: list[dict[str, str]]) -> Case:
     return Case(f"{name}-rocksdb", "rocksdb", name, state_reads, start)
 
 
+# Checkpoint format v2, with what a retried task leaves: batch FAILS_ONCE fails once after its
+# tasks uploaded their state (its output is written, its commit is not), so Spark runs it again
+# and state version FAILS_ONCE + 1 has two files in each store, of which the commit names one.
+V2_STATE_STORE = {**TEST_STATE_STORE, "checkpoint_format": 2}
+FAILS_ONCE = 3
+
+
+class InjectedFailure(RuntimeError):
+    pass
+
+
+def v2_case() -> Case:
+    name = "page_visits"
+
+    def start(spark, root, checkpoint, sink):
+        query = registered_query(root, name, checkpoint, sink, state_store=V2_STATE_STORE)
+        _registered_conf(spark)
+        apply_query_conf(spark, query)
+        if not checkpoint.exists():  # the first run: batch FAILS_ONCE fails once
+
+            def fails_once(df, batch_id):
+                write_batch(df, batch_id, query)
+                if batch_id == FAILS_ONCE:
+                    raise InjectedFailure(f"batch {batch_id} fails once, after its state")
+
+            failing = (
+                query_frame(spark, query).writeStream.outputMode(query.output_mode)
+                .option("checkpointLocation", query.checkpoint).foreachBatch(fails_once)
+                .trigger(availableNow=True).start()
+            )  # fmt: skip
+            try:
+                failing.awaitTermination(240)
+            except Exception as err:  # noqa: BLE001 - the query's failure, checked below
+                assert "fails once, after its state" in str(err), err
+            else:
+                raise AssertionError(f"batch {FAILS_ONCE} was never run: too little input")
+            finally:
+                failing.stop()
+                quiesce(spark)
+        return start_query(spark, query, available_now=True)
+
+    return Case("page_visits-v2", "rocksdb", name, PAGE_VISITS_READS, start)
+
+
 ALL_CASES = [
     pipeline_case(
         "user_sessions",
         [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
     ),
-    pipeline_case("page_visits", [{"stateVarName": "pages"}, {"stateVarName": "count"}]),
+    pipeline_case("page_visits", PAGE_VISITS_READS),
     aggregation_case("hdfs"),
     aggregation_case("rocksdb"),
     join_case("hdfs"),

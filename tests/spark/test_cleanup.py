@@ -7,6 +7,7 @@ each retained batch (rolled back on a copy) reprocesses to the same state and ou
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +21,14 @@ from stateops.ops.cleanup import run_cleanup
 from stateops.ops.rollback import run_rollback
 from tests.spark.harness import (
     ALL_CASES,
+    FAILS_ONCE,
     Case,
     copy_checkpoint,
     land,
     last_committed,
     read_sink,
     read_state,
+    v2_case,
 )
 
 pytestmark = pytest.mark.spark
@@ -51,7 +54,10 @@ class Cleaned:
     rolled_back: dict[int, tuple[list[list[str]], dict[int, list[tuple]]]]
 
 
-@pytest.fixture(scope="module", params=ALL_CASES, ids=lambda c: c.name)
+V2 = v2_case()  # format v2, with the files of an attempt no commit names
+
+
+@pytest.fixture(scope="module", params=[*ALL_CASES, V2], ids=lambda c: c.name)
 def cleaned(request, spark, tmp_path_factory) -> Cleaned:
     case: Case = request.param
     root = tmp_path_factory.mktemp(f"cleanup-{case.name}")
@@ -98,6 +104,12 @@ def test_cleanup_deletes_old_snapshot_groups_and_logs(cleaned: Cleaned):
     by_category = cleaned.plan["by_category"]
     assert by_category["snapshot-group"]["files"] > 0, by_category
     assert by_category["old-log"]["files"] > 0, by_category
+    if cleaned.case is V2:  # the retried batch's other attempt: 2 stores, changelog (and zip)
+        orphans = cleaned.plan["files"]["orphan-attempt"]
+        where = {re.fullmatch(r"state/0/(\d)/(\d+)_[0-9a-f-]+\.(zip|changelog)", rel).group(1, 2)
+                 for rel in orphans}  # fmt: skip
+        assert where == {("0", str(FAILS_ONCE + 1)), ("1", str(FAILS_ONCE + 1))}, orphans
+        assert not any((cleaned.root / "ck-original" / rel).exists() for rel in orphans)
     deleted = [g for g in cleaned.plan["groups"] if g["action"] == "delete"]
     kept = [g for g in cleaned.plan["groups"] if g["action"] == "keep"]
     assert deleted and kept

@@ -20,35 +20,40 @@ import pytest
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from tests.conftest import run_cli, tree_digest, write_registry
-from tests.spark.harness import land, run_in_session
+from tests.spark.harness import (
+    FAILS_ONCE,
+    PAGE_VISITS_READS,
+    V2_STATE_STORE,
+    land,
+    read_sink,
+    read_state,
+    run_in_session,
+    v2_case,
+)
 
 pytestmark = pytest.mark.spark
 
 QUERY = "page_visits"
+V2 = v2_case()
 
 
 @pytest.fixture(scope="module")
 def v2(spark, s3, tmp_path_factory):
-    """A registry whose page_visits writes format v2, run by Spark over three files."""
+    """A registry whose page_visits writes format v2, run by Spark over six files, its batch
+    FAILS_ONCE failed once after its state was written and run again (harness.v2_case)."""
     root = tmp_path_factory.mktemp("format-v2")
-    registry = write_registry(
-        root,
-        page_visits={
-            "state_store": {"checkpoint_format": 2, "min_deltas_for_snapshot": 2},
-            "approval": "none",
-        },
-    )
-    land(root / "landing", round_=0, files=3)
-    run_in_session(spark, registry, QUERY)
-    (root / "landing_v2").mkdir()  # a new source with input, for the migration's preflight
-    next((root / "landing" / QUERY).iterdir()).rename(root / "landing_v2" / "events.json")
+    land(root / "landing", round_=0, files=6)
+    V2.run(spark, root, root / "checkpoints" / QUERY, root / "output" / QUERY)
+    registry = write_registry(root, page_visits={"state_store": V2_STATE_STORE,
+                                                 "approval": "none"})  # fmt: skip
+    land(root / "landing_v2", round_=2, files=1)  # a new source, for the migration's preflight
     return registry
 
 
-def test_spark_wrote_format_v2_and_inspect_says_so(v2):
+def test_spark_wrote_format_v2_and_inspect_says_so(spark, v2):
     checkpoint = Path(load_registry(v2).query(QUERY).checkpoint)
     cp = load_checkpoint(checkpoint)
-    assert cp.last_committed_batch == 2
+    assert cp.last_committed_batch == 5
     # Spark's own marks of v2: commits that name the state files of their batch, and state
     # files named <version>_<id>.
     assert all(c.get("stateUniqueIds") for c in cp.commits.values()), cp.commits
@@ -56,16 +61,38 @@ def test_spark_wrote_format_v2_and_inspect_says_so(v2):
     assert state_files and all(re.fullmatch(r"\d+_[0-9a-f-]{36}\.changelog", n)
                                for n in state_files), state_files  # fmt: skip
     assert cp.format_version == 2
+    # The batch that failed once left a second file set of its state version in each store,
+    # an id no commit names: the attempt the commit names is the one a restart loads.
+    version = FAILS_ONCE + 1
+    for store in cp.operators[0].stores:
+        ids = store.v2_files[version]
+        named = cp.state_ids(FAILS_ONCE)[(0, store.partition, "default")]
+        assert len(ids) == 2 and named in ids, (store.rel_dir, ids, named)
     report = json.loads(run_cli("--registry", str(v2), "inspect", QUERY, "--json",
                                 check=True).stdout)  # fmt: skip
     assert report["format_version"] == 2
+    # It agrees with Spark's own reading of the checkpoint, store by store (Spark's batch ids
+    # are state versions - 1), and its snapshot groups are those of the committed ids.
+    spark_says = sorted(
+        (r.operatorId, r.operatorName, r.stateStoreName, r.numPartitions, r.minBatchId,
+         r.maxBatchId)
+        for r in spark.read.format("state-metadata").load(str(checkpoint)).collect()
+    )  # fmt: skip
+    we_say = sorted(
+        (op["operator_id"], op["operator_name"], store, op["num_partitions"],
+         op["min_version"] - 1, op["max_version"] - 1)
+        for op in report["operators"] for store in op["store_names"]
+    )  # fmt: skip
+    assert spark_says == we_say and we_say, (spark_says, we_say)
+    [op] = report["operators"]
+    assert len(op["snapshot_groups"]) >= 2 and all(s["snapshots"] for s in op["stores"]), op
     text = run_cli("--registry", str(v2), "inspect", QUERY, check=True).stdout
-    assert "format      v2 (verify, backup and restore read it; " in text, text
+    assert "format      v2 (transplant, migration and repartition refuse it; " in text, text
     # The on-call engineer learns it from the health verdict before an operation refuses.
     status = run_cli("--registry", str(v2), "status", QUERY, "--json")
     [health] = [q["health"] for q in json.loads(status.stdout) if q["query"] == QUERY]
     assert health["verdict"] != "OK" and any(
-        r.startswith("checkpoint format v2: cleanup, rollback, backfill, migration")
+        r.startswith("checkpoint format v2: transplant, migration and repartition refuse")
         for r in health["reasons"]
     ), health
 
@@ -73,14 +100,9 @@ def test_spark_wrote_format_v2_and_inspect_says_so(v2):
 @pytest.mark.parametrize(
     ("args", "code"),
     [
-        (["cleanup", QUERY, "--retain-batches", "1", "--dry-run"], 2),
-        (["cleanup", QUERY, "--retain-batches", "1"], 2),
-        (["rollback", QUERY, "--to-batch", "0", "--dry-run"], 2),
-        (["rollback", QUERY, "--to-batch", "0"], 2),
         (["transplant", QUERY, "{root}/transplanted", "--dry-run"], 2),
         (["repartition", QUERY, "--partitions", "3", "--dry-run"], 2),
-        (["backfill", QUERY, "--to-batch", "0", "--dry-run"], 2),
-        (["migrate", QUERY, "--new-source-path", "{root}/landing_v2", "--dry-run"], 2),
+        (["migrate", QUERY, "--new-source-path", "{root}/landing_v2/" + QUERY, "--dry-run"], 2),
     ],
     ids=lambda v: " ".join(v[:3]) if isinstance(v, list) else None,
 )
@@ -109,9 +131,10 @@ def test_verify_reads_the_lineage_and_finds_each_kind_of_damage_on_v2(v2, tmp_pa
     needed = cp.restart_files(cp.last_committed_batch)
     ids = cp.state_ids(cp.last_committed_batch)
     assert len(ids) == 2  # one store in each of the 2 partitions
-    named = []  # version 3's file by the commit's id: its snapshot if Spark uploaded one,
+    last = cp.last_committed_batch
+    named = []  # version last + 1's file by the commit's id: its snapshot if Spark uploaded one,
     for (_, partition, _), uid in ids.items():  # else its changelog (and its lineage's base)
-        mine = [r for r in needed if r.startswith(f"state/0/{partition}/3_{uid}.")]
+        mine = [r for r in needed if r.startswith(f"state/0/{partition}/{last + 1}_{uid}.")]
         assert mine and any(r.startswith(f"state/0/{partition}/") and r.endswith(".zip")
                             for r in needed), needed  # fmt: skip
         named += [r for r in mine if not r.endswith(".crc")]
@@ -119,11 +142,11 @@ def test_verify_reads_the_lineage_and_finds_each_kind_of_damage_on_v2(v2, tmp_pa
     assert proc.returncode == 0 and "0 errors" in proc.stdout, proc.stdout + proc.stderr
 
     state_file = named[0]
-    version_3 = state_file.rsplit(".", 1)[0]  # its zip and changelog: with one of them left,
-    damages = {  # Spark (and the model) still load version 3, from the zip or the lineage
+    newest = state_file.rsplit(".", 1)[0]  # its zip and changelog: with one of them left,
+    damages = {  # Spark (and the model) still load the version, from the zip or the lineage
         "missing file": (
-            lambda root: [p.unlink() for p in root.glob(f"{version_3}.*")],
-            f"{version_3}.changelog: missing: a restart after batch 2 needs it",
+            lambda root: [p.unlink() for p in root.glob(f"{newest}.*")],
+            f"{newest}.changelog: missing: a restart after batch {last} needs it",
         ),
         "flipped byte": (lambda root: _flip(root / state_file), f"{state_file}: "),
         "gap": (lambda root: (root / "commits" / "1").unlink(), "commits/1: missing: a gap"),
@@ -141,6 +164,48 @@ def _flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def test_the_expectations_validate_the_state_of_a_v2_checkpoint(spark, v2):
+    """Great Expectations on the state Spark reads from the files the last commit's ids name;
+    the count of visits it checks non-negative is a value kept per user."""
+    from stateops.spark.expectations import validate_state
+
+    result = validate_state(spark, load_registry(v2).query(QUERY))
+    assert result["ok"] and result["batch_id"] == 5, result
+    assert {v["variable"] for v in result["variables"]} == {"pages", "count"}, result
+
+
+def test_rollback_three_batches_and_reprocess_gives_the_untouched_run(spark, s3, v2, tmp_path):
+    """Commit log and lineage stay consistent: the commit of the batch rolled back to names
+    the files its restart loads, and Spark, reprocessing the same input from there, arrives at
+    the state and output of the run nobody touched (the attempt no commit names stays for
+    cleanup)."""
+    from stateops.core.files import relocate_checkpoint
+
+    original = load_registry(v2).query(QUERY)
+    checkpoint, sink = tmp_path / "checkpoints" / QUERY, tmp_path / "output" / QUERY
+    shutil.copytree(original.checkpoint, checkpoint)
+    relocate_checkpoint(checkpoint)
+    shutil.copytree(original.sink.path, sink)
+    (tmp_path / "landing").symlink_to(v2.parent / "landing")
+    last = load_checkpoint(checkpoint).last_committed_batch
+    to_batch = last - 3
+    assert to_batch < FAILS_ONCE + 1 <= last  # the version with two attempts is rolled over
+
+    proc = run_cli("rollback", str(checkpoint), "--to-batch", str(to_batch), "--sink", str(sink),
+                   "--backup-to", "s3://backups/v2-rollback", env=s3.env())  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rolled = load_checkpoint(checkpoint)
+    assert rolled.last_committed_batch == to_batch
+    assert all(v <= to_batch + 1 for s in rolled.operators[0].stores for v in s.versions)
+    assert rolled.restart_requirements(to_batch)[1] == []
+    V2.run(spark, tmp_path, checkpoint, sink)
+    assert load_checkpoint(checkpoint).last_committed_batch == last
+    assert read_state(spark, checkpoint, PAGE_VISITS_READS) == read_state(
+        spark, Path(original.checkpoint), PAGE_VISITS_READS
+    )
+    assert read_sink(sink) == read_sink(Path(original.sink.path))
 
 
 def test_the_restart_set_alone_and_a_restored_backup_go_on_like_the_original(

@@ -22,7 +22,14 @@ from tests.conftest import (
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_sink, read_state, run_in_session
+from tests.spark.harness import (
+    V2_STATE_STORE,
+    land,
+    read_sink,
+    read_state,
+    run_in_session,
+    v2_case,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -117,14 +124,21 @@ def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark,
     assert state != old_logic_state
 
 
-@pytest.fixture(scope="module")
-def template(spark, tmp_path_factory) -> Path:
-    """A page_visits checkpoint after 8 batches, and its sink, to copy from."""
-    root = tmp_path_factory.mktemp("rollback-template")
-    registry = write_registry(root)
+@pytest.fixture(scope="module", params=[1, 2], ids=["format-v1", "format-v2"])
+def template(request, spark, tmp_path_factory) -> Path:
+    """A page_visits checkpoint after 8 batches, and its sink, to copy from: in checkpoint
+    format v1, or v2 with the files of an attempt no commit names (harness.v2_case)."""
+    root = tmp_path_factory.mktemp(f"rollback-template-v{request.param}")
     land(root / "landing", round_=0, files=8)
-    run_in_session(spark, registry, "page_visits")
+    if request.param == 1:
+        run_in_session(spark, write_registry(root), "page_visits")
+    else:
+        v2_case().run(spark, root, root / "checkpoints/page_visits", root / "output/page_visits")
     return root
+
+
+def _state_store(template: Path) -> dict:
+    return {"state_store": V2_STATE_STORE} if "-v2" in template.name else {}
 
 
 def _fresh(template: Path, work: Path) -> tuple[Path, Path]:
@@ -215,7 +229,7 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, s
         "checkpoint": str(work), "sink": {"format": "parquet", "path": str(tmp_path / "sink")},
         "source": {"format": "json", "path": str(template / "landing/page_visits"),
                    "schema": "user_id STRING, page STRING, event_time TIMESTAMP",
-                   "options": {"maxFilesPerTrigger": 1}},
+                   "options": {"maxFilesPerTrigger": 1}}, **_state_store(template),
     })  # fmt: skip
     before = load_checkpoint(work).last_committed_batch
     run_in_session(spark, registry, "page_visits")

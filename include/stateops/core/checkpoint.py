@@ -104,11 +104,21 @@ class StoreState:
 
     @property
     def versions(self) -> list[int]:
-        return sorted(set(self.deltas) | set(self.snapshots))
+        return sorted(set(self.deltas) | set(self.snapshots) | set(self.v2_files))
 
     def version_files(self, version: int) -> list[str]:
-        """The files of one version: its snapshot and/or its delta (changelog)."""
-        return [f for f in (self.snapshots.get(version), self.deltas.get(version)) if f]
+        """The files of one version: its delta (changelog) and/or its snapshot; in format v2,
+        those of every id."""
+        files = [f for f in (self.deltas.get(version), self.snapshots.get(version)) if f]
+        return files + [rel for kinds in self.v2_files.get(version, {}).values()
+                        for rel in kinds.values()]  # fmt: skip
+
+    @property
+    def zips(self) -> list[str]:
+        """Every RocksDB snapshot (``N.zip``; in format v2 ``N_<id>.zip`` of every id)."""
+        zips = [rel for rel in self.snapshots.values() if rel.endswith(".zip")]
+        return zips + [kinds["zip"] for by_id in self.v2_files.values()
+                       for kinds in by_id.values() if "zip" in kinds]  # fmt: skip
 
     def load_chain(self, version: int) -> tuple[list[str], list[str]]:
         """Files that load ``version`` (base snapshot first), and the names of missing ones."""
@@ -132,7 +142,7 @@ class StoreState:
         A base's own delta stays in its group, as Spark's own cleanup keeps it.
         """
         bases = sorted({0, *self.snapshots})
-        versions = self.versions
+        versions = sorted(set(self.deltas) | set(self.snapshots))  # format v2: committed_view
         groups = []
         for i, base in enumerate(bases):
             lo = bisect.bisect_left(versions, base)
@@ -194,6 +204,7 @@ class Checkpoint:
         self.sources = sources
         self.operators = operators
         self._zip_references: dict[str, list[str]] = {}
+        self._state_ids: dict[int, dict[tuple[int, int, str], str]] = {}
 
     @property
     def last_committed_batch(self) -> int | None:
@@ -227,13 +238,41 @@ class Checkpoint:
         """Format v2: (operator, partition, store) -> the unique id of the state version that
         committed ``batch`` wrote (version ``batch + 1``), from its commit. A partition's ids
         follow its stores' names in order (a join's four stores sort as Spark lists them)."""
+        if batch in self._state_ids:
+            return self._state_ids[batch]
         ids = (self.commits.get(batch) or {}).get("stateUniqueIds") or {}
         named = {}
         for op in self.operators:
             for partition, store_ids in enumerate(ids.get(str(op.operator_id)) or []):
                 for store_name, uid in zip(op.store_names, store_ids, strict=False):
                     named[(op.operator_id, partition, store_name)] = uid
+        self._state_ids[batch] = named
         return named
+
+    def committed_view(self, store: StoreState, keep: set[str] = frozenset()) -> StoreState:
+        """The store as format v1 names it, one file set per version: in format v2, of each
+        version the id that a file in ``keep`` has, else the id its commit names, else the
+        only id when that commit has left the log. The files of other ids are not in the view:
+        an attempt no commit names (a retried or failed task's upload). Format v1: ``store``."""
+        if not store.v2_files:
+            return store
+        key = (store.operator_id, store.partition, store.store_name)
+        view = StoreState(store.operator_id, store.partition, store.store_name, store.rel_dir,
+                          store.provider, other_files=store.other_files)  # fmt: skip
+        for version, by_id in store.v2_files.items():
+            kept = [i for i, kinds in by_id.items() if keep & set(kinds.values())]
+            if kept:
+                uid = kept[0]
+            elif version - 1 in self.commits:
+                uid = self.state_ids(version - 1).get(key)
+            else:
+                uid = next(iter(by_id)) if len(by_id) == 1 else None
+            kinds = by_id.get(uid, {})
+            if "zip" in kinds:
+                view.snapshots[version] = kinds["zip"]
+            if "changelog" in kinds:
+                view.deltas[version] = kinds["changelog"]
+        return view
 
     def v2_load_chain(self, store: StoreState, version: int, uid: str | None):
         """Format v2: the files that load ``version`` with id ``uid`` (its zip; else the newest

@@ -59,19 +59,20 @@ def _operator(
     stores = []
     for store in op.stores:
         present = store.versions
+        view = cp.committed_view(store)  # format v2: the files of the ids the commits name
         stores.append(
             {
                 "partition": store.partition,
                 "store_name": store.store_name,
                 "min_version": present[0] if present else None,
                 "max_version": present[-1] if present else None,
-                "snapshots": sorted(store.snapshots),
+                "snapshots": sorted(view.snapshots),
                 "missing_versions": sorted(
                     set(range(present[0], present[-1] + 1)) - set(present) if present else []
                 ),
             }
         )
-        for g in store.snapshot_groups(cp.sizes):
+        for g in view.snapshot_groups(cp.sizes):
             agg = groups.setdefault(
                 g.snapshot_version // min_deltas,
                 {
@@ -146,7 +147,7 @@ def format_report(report: dict[str, Any]) -> str:
         + (
             ""
             if report["format_version"] == 1
-            else " (verify, backup and restore read it; the operations that delete refuse it)"
+            else " (transplant, migration and repartition refuse it; the others read it)"
         ),
         f"batches     last committed {report['last_committed_batch']}, "
         f"latest planned {report['latest_offset_batch']}"

@@ -148,7 +148,7 @@ def _version_findings(cp: Checkpoint) -> list[Finding]:
         for store in op.stores:
             for v in store.versions:
                 if v > allowed:
-                    rel = store.deltas.get(v) or store.snapshots[v]
+                    rel = store.version_files(v)[0]
                     findings.append(
                         Finding(
                             "error",

@@ -37,7 +37,6 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
     if retain_batches < 1:
         raise StateOpsError(f"--retain-batches must be at least 1, got {retain_batches}")
     cp = load_checkpoint(checkpoint)
-    cp.require_format_v1("cleanup")
     refuse_pending_rollback(cp.root)
     refuse_gaps(cp)
     committed = sorted(cp.commits)
@@ -52,13 +51,18 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
     groups = []
     for op in cp.operators:
         for store in op.stores:
-            bases = sorted({0, *store.snapshots})
+            view = cp.committed_view(store, keep)  # format v2: the files of committed ids
+            bases = sorted({0, *view.snapshots})
             needed = {
                 bases[bisect.bisect_right(bases, b + 1) - 1]
                 for b in retained
                 if cp.reads_store(store, b)  # one a repartition left behind is not read
             }
-            for g in store.snapshot_groups(cp.sizes):
+            in_view = {rel for v in view.versions for rel in view.version_files(v)}
+            for v in [v for v in store.versions if v <= last + 1]:
+                delete.update({rel: "orphan-attempt" for rel in store.version_files(v)
+                               if rel not in in_view and rel not in keep})  # fmt: skip
+            for g in view.snapshot_groups(cp.sizes):
                 action = "keep" if g.snapshot_version in needed else "delete"
                 if action == "delete":
                     delete.update(dict.fromkeys(g.files, "snapshot-group"))

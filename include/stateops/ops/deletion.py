@@ -10,6 +10,8 @@ categories:
 - ``snapshot-group`` (cleanup): every file of a snapshot group (a base snapshot and the deltas
   or changelogs built on it) that no retained batch's restart loads;
 - ``orphan-version``: state versions beyond the last committed batch + 1;
+- ``orphan-attempt`` (cleanup, checkpoint format v2): the files of a state version whose id
+  no commit names (a retried or failed task's upload) and no retained restart loads;
 - ``unreferenced-sst``: RocksDB SST and log files that no kept ``N.zip`` refers to;
 - ``old-log`` (cleanup): offsets, commits, source-log, operator-metadata and state-schema
   entries older than what a restart after the oldest retained batch reads;
@@ -56,6 +58,7 @@ CATEGORIES = {
     "after-rollback-point": "after the rollback point",
     "temp": "temp files of interrupted writes",
     "orphan-version": "state versions beyond the last committed batch + 1",
+    "orphan-attempt": "state files of attempts no commit names (format v2: retried tasks)",
     "snapshot-group": "snapshot groups no retained batch needs",
     "old-log": "log entries older than the oldest retained restart reads",
     "unreferenced-sst": "RocksDB files no kept N.zip refers to",
@@ -113,8 +116,8 @@ def _sst_references(cp: Checkpoint, deleted: dict[str, str]) -> set[str]:
     refs: set[str] = set()
     for op in cp.operators:
         for store in op.stores:
-            for rel in store.snapshots.values():
-                if rel.endswith(".zip") and rel not in deleted:
+            for rel in store.zips:
+                if rel not in deleted:
                     refs.update(cp.rocksdb_zip_references(store, rel))
     return refs
 

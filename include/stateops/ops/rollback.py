@@ -87,7 +87,6 @@ def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str
             "`stateops inspect`"
         )
     cp = load_checkpoint(checkpoint)
-    cp.require_format_v1("rollback")
     pending = refuse_pending_rollback(cp.root, to_batch)
     refuse_gaps(cp)
     last = cp.last_committed_batch
