@@ -131,9 +131,6 @@ def health(
         warn.append("no committed batch yet (stream_start runs it)")
     elif cp is not None:
         warn += _waiting_input(query, cp, now)
-    if cp is not None and cp.format_version != 1:
-        warn.append(f"checkpoint format v{cp.format_version}: transplant, migration and "
-                    "repartition refuse it (README: Known limits)")  # fmt: skip
     if listed and status["last_committed_batch"] is not None:
         warn += _backup_age(registry, status["backups"], now)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"

@@ -7,10 +7,10 @@ of the same command left; on a sample, Spark restarts it on new input, and its s
 output must equal those of the untouched checkpoint restarted on the same input.
 
 Spark writes one page_visits checkpoint (6 batches, 2 partitions, RocksDB) per checkpoint
-format; each trial works on a copy. In format v2 (issue 21) cleanup and rollback are killed,
-on a checkpoint that holds the files of an attempt no commit names. ``make test`` runs a few trials per operation
-(``STATEOPS_FAULT_TRIALS``, default 3), ``make faults`` many; the seed is printed
-(``STATEOPS_FAULT_SEED`` replays it).
+format; each trial works on a copy. In format v2 (issue 21) cleanup, rollback and transplant
+are killed, on a checkpoint that holds the files of an attempt no commit names. ``make test``
+runs a few trials per operation (``STATEOPS_FAULT_TRIALS``, default 3), ``make faults`` many;
+the seed is printed (``STATEOPS_FAULT_SEED`` replays it).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from tests.conftest import S3Server, tree_digest, write_registry
 from tests.faults.engine import SETTINGS, Operation, format_report, run_operation
 from tests.spark.harness import (
     PAGE_VISITS_READS,
+    V2_STATE_STORE,
     Case,
     land,
     last_committed,
@@ -50,6 +51,7 @@ pytestmark = pytest.mark.spark
 READS = PAGE_VISITS_READS
 # Checkpoint format 1, or 2 with the files of an attempt no commit names (harness.v2_case).
 CASES = {1: pipeline_case("page_visits", READS), 2: v2_case()}
+ENTRIES = {1: {}, 2: {"state_store": V2_STATE_STORE}}  # the registry's page_visits, by format
 QUIET = {"log": lambda _: None}
 
 
@@ -59,6 +61,7 @@ class World:
     batch, the S3 server, the Spark session, and the control restart's state and output."""
 
     case: Case  # the query, in checkpoint format 1 or 2
+    entry: dict  # its registry entry
     root: Path  # landing/page_visits: the 6 files read, and 1 more a restart reads
     checkpoint: Path
     sink: Path
@@ -106,8 +109,8 @@ def world(request, spark, s3, tmp_path_factory) -> World:
     (new_source / "landing" / "page_visits").mkdir(parents=True)
     for path in sorted(set(landing.iterdir()) - read):
         shutil.copy2(path, new_source / "landing" / "page_visits" / path.name)
-    world = World(case, root, checkpoint, sink, last_committed(checkpoint), new_source, s3,
-                  spark, [], {})  # fmt: skip
+    world = World(case, ENTRIES[request.param], root, checkpoint, sink, last_committed(checkpoint),
+                  new_source, s3, spark, [], {})  # fmt: skip
     # The control: the untouched checkpoint restarted on the new file.
     control = root / "control"
     _copy(world, control, sink=True)
@@ -387,7 +390,7 @@ class Transplant(Operation):
 
     def prepare(self, trial: str) -> tuple[Path, Path, Path]:
         old = _copy(self.world, self.dir)  # only read, but a fresh copy keeps trials apart
-        registry = write_registry(self.dir / "data")
+        registry = write_registry(self.dir / "data", page_visits=self.world.entry)
         return old, self.dir / "new", registry
 
     def command(self, ctx: tuple[Path, Path, Path]) -> tuple[list[str], dict[str, str]]:
@@ -441,11 +444,11 @@ class Transplant(Operation):
 OPERATIONS = {op.name: op for op in (Backup, Restore, Cleanup, Rollback, Transplant)}
 
 
-# Format v2: the operations that read it and delete (issue 21); backup and restore copy the
-# restart set the model reads, which tests/spark/test_format_v2.py proves.
+# Format v2 (issue 21): the operations that delete or build a checkpoint from the restart set
+# (backup and restore copy the restart set too: tests/spark/test_format_v2.py).
 @pytest.mark.parametrize(
     ("world", "operation"),
-    [*((1, op) for op in OPERATIONS), (2, "cleanup"), (2, "rollback")],
+    [*((1, op) for op in OPERATIONS), *((2, op) for op in ("cleanup", "rollback", "transplant"))],
     ids=lambda v: f"format-v{v}" if isinstance(v, int) else v,
     indirect=["world"],
     scope="module",  # one world per format, not per test

@@ -54,9 +54,11 @@ class Migration:
     """A data folder with the old query run on part of round 0 (the rest is left to the drain)
     and round 1 as Parquet in the new source's folder, for query ``name``."""
 
-    def __init__(self, spark, tmp_path: Path, name: str, s3, approval: str = "none") -> None:
+    def __init__(
+        self, spark, tmp_path: Path, name: str, s3, approval: str = "none", **entry
+    ) -> None:
         self.root, self.name = tmp_path, name
-        self.path = write_registry(tmp_path, **{name: {"approval": approval}})
+        self.path = write_registry(tmp_path, **{name: {"approval": approval, **entry}})
         self.edit_registry(backups={"url": f"s3://backups/{tmp_path.name}",
                                     "conn_id": "aws_default"})  # fmt: skip
         conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
@@ -103,9 +105,9 @@ class Migration:
         return run, run.stdout + run.stderr
 
 
-def uninterrupted(spark, tmp_path: Path, name: str):
+def uninterrupted(spark, tmp_path: Path, name: str, **entry):
     """The query run once over both rounds, on one source: what the migration must equal."""
-    whole = write_registry(tmp_path / "whole")
+    whole = write_registry(tmp_path / "whole", **{name: entry})
     land(tmp_path / "whole" / "landing", round_=0, files=FILES)
     land(tmp_path / "whole" / "landing", round_=1, files=FILES)
     run_in_session(spark, whole, name)

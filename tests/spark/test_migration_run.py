@@ -23,6 +23,7 @@ from stateops.core.registry import load_registry
 from stateops.ops.migration import plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import (
+    V2_STATE_STORE,
     job_runner,
     land,
     run_in_session,
@@ -125,6 +126,24 @@ def test_a_transforms_state_moves_to_the_new_source_by_transplant(spark, s3, tmp
     run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
     assert "carry-over road: transplant" in log
     assert_migrated(spark, m, whole, "\n".join(log), "transplant")
+
+
+def test_a_v2_checkpoint_moves_to_the_new_source_by_transplant(spark, s3, tmp_path):
+    """Checkpoint format v2 (issue 21): the transplant copies the restart set the commit's ids
+    name, and the commits that name them, so the new checkpoint goes on in v2 to the state
+    and output of one query over both rounds on one source."""
+    entry = {"state_store": V2_STATE_STORE}
+    whole = uninterrupted(spark, tmp_path, "page_visits", **entry)
+    m = Migration(spark, tmp_path, "page_visits", s3, **entry)
+    registry, conf = load_registry(m.path), m.conf()
+    source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
+              "options": conf["new_source_options"]}  # fmt: skip
+    plan = plan_migration(registry, "page_visits", source, "", "m-v2")
+    assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
+    log: list[str] = []
+    run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
+    assert_migrated(spark, m, whole, "\n".join(log), "transplant")
+    assert load_checkpoint(m.query().checkpoint).format_version == 2
 
 
 def _land_round(root: Path, round_: int, *datasets: str) -> None:

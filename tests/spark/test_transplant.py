@@ -13,7 +13,7 @@ from stateops.core.registry import load_registry
 from stateops.ops.transplant import TransplantRefused, transplant_checkpoint
 from stateops.pipelines.page_visits import PageVisitsProcessor
 from tests.conftest import run_cli, tree_digest, write_registry
-from tests.spark.harness import land, run_in_session
+from tests.spark.harness import V2_STATE_STORE, land, run_in_session
 
 pytestmark = pytest.mark.spark
 
@@ -39,6 +39,9 @@ REFUSED = [
     ({"spark_conf": {"spark.sql.streaming.stateStore.encodingFormat": "avro"}}, None,
      r"streaming.stateStore.encodingFormat is unsaferow in the old checkpoint, avro"),
     ({}, "kafka", r"source format 'kafka': the transplant writes starting offsets for json, "),
+    ({"state_store": V2_STATE_STORE}, None,
+     r"the old checkpoint is in format v1, the query writes format v2 "
+     r"\(state_store.checkpoint_format\)"),
 ]  # fmt: skip
 
 

@@ -304,17 +304,6 @@ class Checkpoint:
                 missing.append(f"{store.rel_dir}/{v}_{i}.changelog")
         return files, missing
 
-    def require_format_v1(self, operation: str) -> None:
-        """Refuse ``operation`` on a checkpoint in format v2, where several files of one state
-        version can exist and the commit log's ids choose among them: an operation that picks
-        files by version number alone would delete or copy the wrong ones."""
-        if self.format_version != 1:
-            raise CheckpointError(
-                f"{self.root}: checkpoint format v2 (spark.sql.streaming.stateStore."
-                f"checkpointFormatVersion=2): {operation} reads format v1 only, so nothing was "
-                "changed; Spark itself still runs the query and cleans its old state"
-            )
-
     def partitions(self, batch: int | None) -> int | None:
         """The number of state partitions batch ``batch`` ran with: the partition count in its
         offsets entry, which a repartition (``stateops repartition``) changes from its batch

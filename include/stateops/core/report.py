@@ -147,7 +147,7 @@ def format_report(report: dict[str, Any]) -> str:
         + (
             ""
             if report["format_version"] == 1
-            else " (transplant, migration and repartition refuse it; the others read it)"
+            else " (every operation reads it but repartition: Spark 4.2's reads v1 only)"
         ),
         f"batches     last committed {report['last_committed_batch']}, "
         f"latest planned {report['latest_offset_batch']}"

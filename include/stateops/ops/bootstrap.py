@@ -99,7 +99,6 @@ def plan_bootstrap(
     road, said = None, []
     if fmt == "checkpoint":
         cp = load_checkpoint(src)
-        cp.require_format_v1("bootstrap from a checkpoint")
         if cp.last_committed_batch is None:
             raise CheckpointError(
                 f"{src}: no committed batch yet: there is no state to carry over; run that "

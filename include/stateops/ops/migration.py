@@ -328,7 +328,6 @@ def _sound_checkpoint(query: Query) -> Checkpoint:
     """The old checkpoint, refused without a committed batch or when it fails verification."""
     old = query.checkpoint
     cp = load_checkpoint(old)
-    cp.require_format_v1("migration")
     if cp.last_committed_batch is None:
         raise CheckpointError(
             f"{old} has no committed batch: there is no state to carry over; start "

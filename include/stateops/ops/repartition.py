@@ -130,7 +130,12 @@ def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dic
 def repartition_unsupported(cp: Checkpoint) -> str | None:
     """Why the repartition cannot take ``cp``'s state (None: it can)."""
     if cp.format_version != 1:
-        return f"checkpoint format v{cp.format_version}: repartition reads format v1 only"
+        # Spark 4.2's repartition loads each store without its checkpoint id, reading the file
+        # names as v1 (NumberFormatException on "<version>_<id>"): seen here, not Spark's claim.
+        return (
+            f"checkpoint format v{cp.format_version}: repartition reads format v1 only "
+            "(Spark 4.2's repartition loads the state without its checkpoint ids)"
+        )
     for op in cp.operators:
         if op.provider != "rocksdb":
             return (

@@ -217,6 +217,13 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
         return reasons + [f"stateful operators {names}: expected one {_OPERATOR}"]
     for provider in sorted({op.provider for op in ops} - {query.state_store.provider}):
         reasons.append(f"state files are {provider}, the query uses {query.state_store.provider}")
+    if ops and cp.format_version != query.state_store.checkpoint_format:
+        # The offsets log does not record the setting; Spark would read the files in the
+        # query's format.
+        reasons.append(
+            f"the old checkpoint is in format v{cp.format_version}, the query writes format "
+            f"v{query.state_store.checkpoint_format} (state_store.checkpoint_format)"
+        )
     old_partitions = repartition_from(cp, query, batch)
     unsupported = old_partitions and repartition_unsupported(cp)
     if unsupported:
@@ -400,7 +407,6 @@ def transplant_checkpoint(
     started = time.monotonic()
     new = Path(new).resolve()
     cp = load_checkpoint(old)
-    cp.require_format_v1("transplant")
     batch = cp.last_committed_batch if batch is None else batch
     if new == cp.root.resolve() or cp.root.resolve() in new.parents:
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
