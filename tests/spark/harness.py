@@ -114,6 +114,10 @@ def quiesce(spark) -> None:
 
 def _builtin_conf(spark, provider: str) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[provider])
+    # Format v1, whatever a registered query in format v2 (tests/spark/test_format_v2.py) left
+    # in the shared session: the HDFS provider fails on v2, and the offsets log does not record
+    # the format, so a v1 test would silently write v2.
+    spark.conf.set("spark.sql.streaming.stateStore.checkpointFormatVersion", "1")
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     spark.conf.set("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
     # Compact the file source's log every 3 entries, so restart sets cross a compaction.
