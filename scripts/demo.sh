@@ -4,9 +4,10 @@
 # (two processors, a windowed count and a group-state session query) through the stream_start
 # DAG, backs them up, lands more events, runs and backs up again (only the changes are
 # uploaded), restores the first backup, and prints what each checkpoint holds;
-# then many small batches, a snapshot-group cleanup, a backfill with changed logic, a
-# repartition of page_visits' state to 8 partitions, and a move of user_sessions to a new
-# (Parquet) source with its state transplanted.
+# then many small batches, a snapshot-group cleanup, a backfill with changed logic, a twin
+# of user_sessions in checkpoint format v2 cleaned and rolled back, a repartition of
+# page_visits' state to 8 partitions, and a move of user_sessions to a new (Parquet) source
+# with its state transplanted.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$STATEOPS_HOME"
@@ -165,6 +166,34 @@ backfill user_sessions '{"processor": {"options": {"session_timeout_seconds": 27
   "reprocessed with a 45-minute session timeout"
 backfill page_counts '{"transform": {"options": {"window": "20 minutes"}}}' \
   "a transform reprocessed with 20-minute windows"
+
+step "Checkpoint format v2 (what Spark's real-time mode needs): a twin of user_sessions in v2"
+python - "$DATA/v2/registry.yaml" <<'EOF'
+import sys
+from pathlib import Path
+import yaml
+from stateops.core.registry import load_registry
+raw = yaml.safe_load(load_registry().path.read_text())
+query = raw["queries"]["user_sessions"]
+query.update(checkpoint="v2/user_sessions", sink={**query["sink"], "path": "v2/output"},
+             state_store={**query.get("state_store", {}), "checkpoint_format": 2})
+raw["queries"] = {"user_sessions_v2": query}
+Path(sys.argv[1]).parent.mkdir(parents=True, exist_ok=True)
+with open(sys.argv[1], "w") as f:
+    yaml.safe_dump(raw, f, sort_keys=False)
+EOF
+v2() { stateops --registry "$DATA/v2/registry.yaml" "$@"; }
+echo "stateops --registry $DATA/v2/registry.yaml run user_sessions_v2  (the same landing files)"
+logged v2-run v2 run user_sessions_v2
+v2 inspect user_sessions_v2 | grep -E "^(format|batches) " | sed 's/^/  /'
+echo "stateops cleanup user_sessions_v2 --retain-batches $retain"
+v2 cleanup user_sessions_v2 --retain-batches "$retain" | tail -1 | sed 's/^/  /'
+to=$(( $(v2 inspect user_sessions_v2 --json | python -c 'import json, sys
+print(json.load(sys.stdin)["last_committed_batch"])') - 3 ))
+echo "stateops rollback user_sessions_v2 --to-batch $to, then run again: the 3 batches reprocessed"
+v2 rollback user_sessions_v2 --to-batch "$to" 2>&1 | tail -1 | sed 's/^/  /'
+logged v2-rerun v2 run user_sessions_v2
+v2 verify user_sessions_v2 | tail -1 | sed 's/^/  /'
 
 step "Repartition: page_visits' state from 4 to 8 partitions by Spark's own engine, backed up first"
 conf='{"query": "page_visits", "partitions": 8, "dry_run": false}'
