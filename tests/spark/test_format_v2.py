@@ -2,12 +2,12 @@
 ``state_store.checkpoint_format: 2`` whose batch 3 failed once after its tasks uploaded their
 state, so that one state version has two file sets and the commit names one
 (harness.v2_case): ``inspect`` says v2 and agrees with Spark's ``state-metadata``; ``verify``
-reads the lineage and finds each kind of damage; Great Expectations validate the state; a
-rollback of three batches then reprocessing, the restart set alone and a restored backup each
-go on like the untouched query; and the repartition, which Spark 4.2 cannot do on v2, refuses
-in one line and changes nothing. Cleanup, rollback and transplant on v2 are proven beside
-their v1 proofs: tests/spark/test_cleanup.py, test_rollback.py, test_migration_run.py and the
-fault injection of tests/faults."""
+reads the lineage and finds each kind of damage; the export and Great Expectations read the
+state; a rollback of three batches then reprocessing, the restart set alone and a restored
+backup each go on like the untouched query; and the repartition, which Spark 4.2 cannot do
+on v2, refuses in one line and changes nothing. Cleanup, rollback and transplant on v2 are
+proven beside their v1 proofs: tests/spark/test_cleanup.py, test_rollback.py,
+test_migration_run.py and the fault injection of tests/faults."""
 
 from __future__ import annotations
 
@@ -155,6 +155,27 @@ def test_the_expectations_validate_the_state_of_a_v2_checkpoint(spark, v2):
     result = validate_state(spark, load_registry(v2).query(QUERY))
     assert result["ok"] and result["batch_id"] == 5, result
     assert {v["variable"] for v in result["variables"]} == {"pages", "count"}, result
+
+
+def test_the_export_holds_the_state_spark_reads_at_the_last_batch(spark, v2, tmp_path):
+    """``stateops export`` on v2: each variable's rows and checksum are those Spark's state
+    reader gives for the last batch (the files its commit's ids name)."""
+    from stateops.spark.export import export_state, state_checksum
+
+    checkpoint = load_registry(v2).query(QUERY).checkpoint
+    manifest = export_state(spark, checkpoint, tmp_path / "export")
+    assert manifest["batch_id"] == 5
+    by_var = {e["variable"]: e for e in manifest["entries"]}
+    assert set(by_var) == {"pages", "count"}, manifest
+    for variable, entry in by_var.items():
+        live = state_checksum(
+            spark.read.format("statestore")
+            .options(batchId="5", stateVarName=variable)
+            .load(checkpoint)
+        )
+        assert live[0] > 0 and entry["rows"] == live[0], (variable, entry, live)
+        if entry["kind"] != "list":  # a list's checksum is of its rows by position
+            assert entry["checksum"] == live[1], (variable, entry, live)
 
 
 def test_rollback_three_batches_and_reprocess_gives_the_untouched_run(spark, s3, v2, tmp_path):
