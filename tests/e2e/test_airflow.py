@@ -299,10 +299,15 @@ def _awaiting(stack: Stack, run_url: str, task: str, token: str) -> dict:
     _until(f"{task} did not wait for an answer",
            lambda: _request(f"{run_url}/taskInstances/{task}", token=token)["state"]
            == "awaiting_input", 600, stack.output)  # fmt: skip
-    # Airflow 3.3 fails a step answered before the executor has reported that the parked
-    # process ended (under a second later; "task state changed externally"). A person is
-    # slower than that; a test answering at once must wait as long.
-    time.sleep(3)
+    # Airflow 3.3 fails a step answered before the scheduler has heard from the executor that
+    # the parked process ended ("finished with state success, but the task instance's state
+    # attribute is queued": Marking task as FAILED); on a loaded machine that took 5 s. A person
+    # is slower than that; a test answering at once waits for the scheduler's line.
+    run_id = run_url.rsplit("/", 1)[1]
+    scheduler = stack.migration.root / "_stateops" / "airflow" / "airflow.log"
+    heard = f"TaskInstance Finished: dag_id={DAG}, task_id={task}, run_id={run_id},"
+    _until(f"the scheduler did not hear that {task} was parked",
+           lambda: heard in scheduler.read_text(), 120, stack.output)  # fmt: skip
     return _request(f"{run_url}/taskInstances/{task}/-1/hitlDetails", token=token)
 
 
