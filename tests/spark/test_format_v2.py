@@ -25,6 +25,7 @@ from tests.spark.harness import (
     FAILS_ONCE,
     PAGE_VISITS_READS,
     V2_STATE_STORE,
+    copy_checkpoint,
     land,
     read_sink,
     read_state,
@@ -183,12 +184,9 @@ def test_rollback_three_batches_and_reprocess_gives_the_untouched_run(spark, s3,
     the files its restart loads, and Spark, reprocessing the same input from there, arrives at
     the state and output of the run nobody touched (the attempt no commit names stays for
     cleanup)."""
-    from stateops.core.files import relocate_checkpoint
-
     original = load_registry(v2).query(QUERY)
     checkpoint, sink = tmp_path / "checkpoints" / QUERY, tmp_path / "output" / QUERY
-    shutil.copytree(original.checkpoint, checkpoint)
-    relocate_checkpoint(checkpoint)
+    copy_checkpoint(Path(original.checkpoint), checkpoint)
     shutil.copytree(original.sink.path, sink)
     (tmp_path / "landing").symlink_to(v2.parent / "landing")
     last = load_checkpoint(checkpoint).last_committed_batch

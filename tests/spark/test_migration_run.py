@@ -117,15 +117,22 @@ def test_a_transforms_state_moves_to_the_new_source_by_transplant(spark, s3, tmp
     rounds on one source."""
     whole = uninterrupted(spark, tmp_path, "page_counts")
     m = Migration(spark, tmp_path, "page_counts", s3)
+    log = _migrated_in_session(spark, m, "m-transform")
+    assert "carry-over road: transplant" in log
+    assert_migrated(spark, m, whole, "\n".join(log), "transplant")
+
+
+def _migrated_in_session(spark, m: Migration, run_id: str) -> list[str]:
+    """``m``'s migration planned and run in one process (its Spark steps in the shared
+    session), by the transplant road that ``auto`` must choose: its log lines."""
     registry, conf = load_registry(m.path), m.conf()
     source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
               "options": conf["new_source_options"]}  # fmt: skip
-    plan = plan_migration(registry, "page_counts", source, "", "m-transform")
+    plan = plan_migration(registry, m.name, source, "", run_id)
     assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
     log: list[str] = []
-    run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
-    assert "carry-over road: transplant" in log
-    assert_migrated(spark, m, whole, "\n".join(log), "transplant")
+    run_migration(registry, plan, m.s3.client(), job_runner(spark), log=log.append)
+    return log
 
 
 def test_a_v2_checkpoint_moves_to_the_new_source_by_transplant(spark, s3, tmp_path):
@@ -135,13 +142,7 @@ def test_a_v2_checkpoint_moves_to_the_new_source_by_transplant(spark, s3, tmp_pa
     entry = {"state_store": V2_STATE_STORE}
     whole = uninterrupted(spark, tmp_path, "page_visits", **entry)
     m = Migration(spark, tmp_path, "page_visits", s3, **entry)
-    registry, conf = load_registry(m.path), m.conf()
-    source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
-              "options": conf["new_source_options"]}  # fmt: skip
-    plan = plan_migration(registry, "page_visits", source, "", "m-v2")
-    assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
-    log: list[str] = []
-    run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
+    log = _migrated_in_session(spark, m, "m-v2")
     assert_migrated(spark, m, whole, "\n".join(log), "transplant")
     assert load_checkpoint(m.query().checkpoint).format_version == 2
 
