@@ -1,4 +1,5 @@
-"""Append-only audit log beside each checkpoint: ``<checkpoint>.audit/audit.jsonl``.
+"""Append-only audit log beside each checkpoint: ``<checkpoint>.audit/audit.jsonl``; for a
+checkpoint in S3, which has no appends, one object per record under ``<checkpoint>.audit/records/``.
 
 Beside, not inside: Spark owns the checkpoint folder, and a backup of it must hold state only.
 """
@@ -9,17 +10,20 @@ import getpass
 import json
 import os
 import socket
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from stateops.control import faults
+from stateops.core.storage import S3Path, list_files, location
 
 __all__ = ["append_audit", "audit_dir", "read_audit"]
 
 
-def audit_dir(checkpoint: str | os.PathLike[str]) -> Path:
-    path = Path(checkpoint)
+def audit_dir(checkpoint: str | os.PathLike[str] | S3Path) -> Path | S3Path:
+    """``<checkpoint>.audit``: a folder, or for a checkpoint in S3 a prefix beside it."""
+    path = location(checkpoint)
     return path.with_name(path.name + ".audit")
 
 
@@ -46,8 +50,12 @@ def append_audit(
         **details,
     }
     directory = audit_dir(checkpoint)
-    directory.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8")
+    if isinstance(directory, S3Path):  # no appends in S3: one object per record, in time order
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        (directory / "records" / f"{stamp}-{uuid.uuid4().hex[:8]}.json").write_bytes(line)
+        return record
+    directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / "audit.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)
@@ -59,11 +67,15 @@ def append_audit(
 
 def read_audit(checkpoint: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All records, oldest first; a torn last line (a crash mid-write) is skipped."""
-    path = audit_dir(checkpoint) / "audit.jsonl"
-    if not path.exists():
-        return []
+    directory = audit_dir(checkpoint)
+    if isinstance(directory, S3Path):
+        folder = directory / "records"
+        lines = [(folder / rel).read_text() for rel in sorted(list_files(folder))]
+    else:
+        path = directory / "audit.jsonl"
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in lines:
         try:
             records.append(json.loads(line))
         except ValueError:

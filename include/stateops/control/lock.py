@@ -28,8 +28,9 @@ from pathlib import Path
 
 from stateops.control.audit import audit_dir
 from stateops.core.checkpoint import require_checkpoint_dir
-from stateops.core.errors import LockHeldError
+from stateops.core.errors import LockHeldError, StateOpsError
 from stateops.core.registry import Registry
+from stateops.core.storage import S3Path
 
 __all__ = [
     "LockInfo",
@@ -287,5 +288,15 @@ def checkpoint_lock(
     owner = registry.owner_of(checkpoint) if registry is not None else None
     if owner is not None:
         return QueryLock(registry.lock_path(owner.name), owner.name, operation, run_id)
-    require_checkpoint_dir(checkpoint)
-    return QueryLock(audit_dir(checkpoint) / "lifecycle.lock", str(checkpoint), operation, run_id)
+    root = require_checkpoint_dir(checkpoint)
+    if isinstance(root, S3Path):
+        # S3 has no lock primitive: the deployment's own state folder holds it, as for a
+        # registered query (docs/checkpoints-on-s3.md).
+        if registry is None:
+            raise StateOpsError(
+                f"{root}: an S3 checkpoint's lock lives in the registry's state folder, and no "
+                "registry is readable; pass --registry or set STATEOPS_REGISTRY"
+            )
+        path = registry.state_dir / "locks" / "s3" / root.bucket / f"{root.key}.lock"
+        return QueryLock(path, str(root), operation, run_id)
+    return QueryLock(audit_dir(root) / "lifecycle.lock", str(root), operation, run_id)

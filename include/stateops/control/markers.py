@@ -26,6 +26,7 @@ from stateops.control import faults
 from stateops.control.audit import audit_dir
 from stateops.core.errors import CheckpointError
 from stateops.core.registry import Registry
+from stateops.core.storage import S3Path
 
 __all__ = [
     "clear_carry_over",
@@ -44,15 +45,18 @@ __all__ = [
 ]
 
 
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    """Whole or not at all: a reader never sees half a record."""
+def _write_json(path: Path | S3Path, record: dict[str, Any]) -> None:
+    """Whole or not at all: a reader never sees half a record (an S3 put is atomic)."""
+    if isinstance(path, S3Path):
+        path.write_text(json.dumps(record, indent=2))
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path | S3Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:

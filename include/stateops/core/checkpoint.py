@@ -44,6 +44,7 @@ from stateops.core.formats import (
     schema_file_refs,
 )
 from stateops.core.listing import walk
+from stateops.core.storage import S3Path, list_files, location, prefetch
 
 __all__ = [
     "Checkpoint",
@@ -530,20 +531,34 @@ def has_commit(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` holds a committed batch, from a listing of its ``commits/`` log alone
     (for a scheduled operation that skips a query which has not committed yet; the operation
     then loads the model itself)."""
-    commits = Path(path) / "commits"
+    root = location(path)
+    if isinstance(root, S3Path):
+        return any(_BATCH_FILE.match(rel.partition("/")[2]) for rel in list_files(root / "commits"))
     try:
-        return any(_BATCH_FILE.match(name) for name in os.listdir(commits))
+        return any(_BATCH_FILE.match(name) for name in os.listdir(root / "commits"))
     except (FileNotFoundError, NotADirectoryError):
         return False
 
 
-def require_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
-    """``path`` if it is a folder that holds a checkpoint (a ``metadata`` file or an
-    ``offsets/`` or ``commits/`` log), without reading it; else :class:`NotACheckpointError`.
+def require_checkpoint_dir(path: str | os.PathLike[str] | S3Path) -> Path | S3Path:
+    """``path`` (a folder, or an S3 prefix: :mod:`stateops.core.storage`) if it holds a
+    checkpoint (a ``metadata`` file or an ``offsets/`` or ``commits/`` log), without reading
+    it; else :class:`NotACheckpointError`.
 
     Cheap enough to call before anything is written beside a path the user typed.
     """
-    root = Path(path)
+    root = location(path)
+    if isinstance(root, S3Path):
+        top = root.top_level()
+        if not top:
+            raise NotACheckpointError(
+                f"{root}: no objects under this prefix; pass the query's checkpoint location"
+            )
+        if not top & {"metadata", "offsets", "commits", "state"}:
+            raise NotACheckpointError(
+                f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
+            )
+        return root
     try:
         # stat, not is_dir(): is_dir() answers False for a link loop or a name too long, and
         # the user would read "no such directory" for a path that is there.
@@ -581,9 +596,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise NotACheckpointError(
             f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
         )
+    offset_files, commit_files = _batch_files(dirs, "offsets"), _batch_files(dirs, "commits")
+    prefetch(root, ["metadata", *offset_files.values(), *commit_files.values()])
     query_id = read_query_id(root / "metadata")
-    offsets = {b: parse_offsets(root / rel, b) for b, rel in _batch_files(dirs, "offsets").items()}
-    commits = {b: parse_commit(root / rel) for b, rel in _batch_files(dirs, "commits").items()}
+    offsets = {b: parse_offsets(root / rel, b) for b, rel in offset_files.items()}
+    commits = {b: parse_commit(root / rel) for b, rel in commit_files.items()}
     return Checkpoint(
         root=root,
         query_id=query_id,

@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 __all__ = [
     "query_error_line",
@@ -149,9 +150,25 @@ def _os_error(err: OSError) -> PathError:
     return PathError(f"{text}; {todo}")
 
 
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+              "TooManyRequests", "ServiceUnavailable", "RequestThrottled"}  # fmt: skip
+_AGAIN = "run again: an operation goes on from where it stopped"
+
+
+def _status(err: Any) -> int | None:
+    return err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
 def s3_error(err: Exception, what: str) -> StateOpsError:
     """One line naming the operation and the S3 error code; never credentials."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+    )
 
     if isinstance(err, ClientError):
         error = err.response.get("Error", {})
@@ -162,10 +179,22 @@ def s3_error(err: Exception, what: str) -> StateOpsError:
             "AccessDenied": "check the S3 connection's credentials and permissions",
             "NoSuchBucket": "create the bucket or fix the URL",
             "NoSuchKey": "no such object; list the backups with `stateops backups list`",
-        }.get(code, "see the S3 server's log")
-        return StateOpsError(f"S3 {what}: {code}: {hint}")
+        }.get(code)
+        if hint is None and (code in _THROTTLED or _status(err) in (429, 503)):
+            hint = "the endpoint is throttling requests (retried with backoff); " + _AGAIN
+        return StateOpsError(f"S3 {what}: {code}: {hint or 'see the S3 server log'}")
+    if isinstance(err, EndpointConnectionError | ConnectionClosedError | ConnectTimeoutError):
+        return StateOpsError(
+            f"S3 {what}: the endpoint does not answer ({type(err).__name__}); check that it is "
+            f"up and that the endpoint URL is right, then {_AGAIN}"
+        )
+    if isinstance(err, NoCredentialsError):
+        return StateOpsError(
+            f"S3 {what}: no credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or the connection's login and password)"
+        )
     if isinstance(err, BotoCoreError):
-        return StateOpsError(f"S3 {what}: {type(err).__name__}: {err}")
+        return StateOpsError(f"S3 {what}: {type(err).__name__}: {err}; {_AGAIN}")
     return StateOpsError(f"S3 {what}: {type(err).__name__}")
 
 

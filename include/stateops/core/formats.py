@@ -68,7 +68,7 @@ def crc_sidecar(rel: str) -> str:
 def read_rocksdb_zip_metadata(path: Path) -> dict:
     """The ``metadata`` member of a RocksDB ``N.zip``: the SST and log files it refers to."""
     try:
-        with zipfile.ZipFile(path) as zf:
+        with path.open("rb") as f, zipfile.ZipFile(f) as zf:
             text = zf.read("metadata").decode("utf-8")
     except (zipfile.BadZipFile, KeyError, OSError) as err:
         raise CheckpointError(
@@ -82,7 +82,7 @@ def read_changelog_lineage(path: Path) -> list[tuple[int, str]]:
     v3 or v4): the (version, unique id) of each state version it builds on, oldest first, back
     to a snapshot or to version 1 (docs/checkpoint-format-v2.md)."""
     try:
-        with open(path, "rb") as f:
+        with path.open("rb") as f:
             head = b""
             for block in _lz4_blocks(f):  # only as many blocks as the head spans
                 head += block

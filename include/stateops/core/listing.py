@@ -12,6 +12,10 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stateops.core.storage import S3Path
 
 __all__ = [
     "list_files",
@@ -22,13 +26,16 @@ __all__ = [
 _FIND = shutil.which("find")
 
 
-def walk(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Sizes by relative path, and the relative paths by relative directory ("" is the root).
+def walk(root: Path | S3Path) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """Sizes by relative path, and the relative paths by relative directory ("" is the root),
+    of a local folder or an S3 prefix (:func:`stateops.core.storage.list_files`).
 
     The model keeps these very path objects (their hashes are computed once, and a plan on a
     large checkpoint looks each up several times).
     """
-    sizes = list_files(root)
+    from stateops.core.storage import list_files as list_any
+
+    sizes = list_any(root)
     dirs: dict[str, list[str]] = {}
     for rel in sizes:
         parent = rel[: max(rel.rfind("/"), 0)]

@@ -425,8 +425,9 @@ class Registry(_Model):
 
     def owner_of(self, checkpoint: str | os.PathLike[str]) -> Query | None:
         """The registered query whose checkpoint ``checkpoint`` is, if any."""
-        resolved = str(Path(checkpoint).resolve())
-        return next((q for q in self.queries.values() if q.checkpoint == resolved), None)
+        resolved = _normal(checkpoint)
+        return next((q for q in self.queries.values() if _normal(q.checkpoint) == resolved),
+                    None)  # fmt: skip
 
     def lock_path(self, name: str) -> Path:
         return self.state_dir / "locks" / f"{name}.lock"
@@ -444,6 +445,15 @@ class Registry(_Model):
     def switch_path(self, name: str) -> Path:
         """Where a migration records the query's current source and checkpoint."""
         return _switch_path(self.data_dir, name)
+
+
+def _normal(checkpoint: str | os.PathLike[str]) -> str:
+    """One spelling per checkpoint: an absolute path, or ``s3://BUCKET/KEY`` (``s3a://`` is
+    Spark's name for the same objects)."""
+    text = str(checkpoint)
+    if text.startswith(("s3://", "s3a://")):
+        return "s3://" + text.split("://", 1)[1].strip("/")
+    return str(Path(text).resolve())
 
 
 def write_switch(

@@ -26,7 +26,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from stateops.core.checkpoint import Checkpoint
 from stateops.core.errors import CheckpointError
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.report import format_bytes
+from stateops.core.storage import delete_files, location
 
 __all__ = [
     "CATEGORIES",
@@ -197,19 +198,24 @@ def _newest_first(rel: str) -> tuple:
 def execute_plan(
     plan: dict[str, Any], progress: Callable[[str], None] = print, every_seconds: float = 5.0
 ) -> None:
-    """Delete the plan's files in its order; a file already gone was deleted by a killed run."""
-    root = Path(plan["checkpoint"])
+    """Delete the plan's files in its order (in S3, 1,000 a request); a file already gone was
+    deleted by a killed run."""
     total = plan["delete"]["files"]
     last_log = time.time()
-    done = 0
-    for rels in plan["files"].values():
-        for rel in rels:
-            faults.point("delete")
-            (root / rel).unlink(missing_ok=True)
-            done += 1
-            if time.time() - last_log > every_seconds:
-                progress(f"  deleted {done}/{total} files")
-                last_log = time.time()
+
+    def done(count: int) -> None:
+        nonlocal last_log
+        if time.time() - last_log > every_seconds:
+            progress(f"  deleted {count}/{total} files")
+            last_log = time.time()
+
+    def each() -> Iterator[str]:
+        for rels in plan["files"].values():
+            for rel in rels:
+                faults.point("delete")
+                yield rel
+
+    delete_files(location(plan["checkpoint"]), each(), done)
 
 
 def audit_plan(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> None:
@@ -319,13 +325,15 @@ def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
 def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
     """Refuse, before the lock, the backup, the marker or any deletion, a plan this process
     could not carry out to the end: a read-only checkpoint, sink or audit folder."""
-    root = Path(plan["checkpoint"])
-    audit = audit_dir(root)
-    write = [audit / "audit.jsonl", lock.path, lock.path.with_name(lock.path.name + ".guard")]
-    if plan["operation"] == "rollback":
-        write.append(rollback_marker(root))
+    root = location(plan["checkpoint"])
+    write = [lock.path, lock.path.with_name(lock.path.name + ".guard")]
+    delete: list[Path] = []
+    if isinstance(root, Path):  # S3 answers only by trying: a refusal there comes at once
+        write.append(audit_dir(root) / "audit.jsonl")
+        if plan["operation"] == "rollback":
+            write.append(rollback_marker(root))
+        delete = [root / rel for rels in plan["files"].values() for rel in rels]
     move: list[Path] = []
-    delete = [root / rel for rels in plan["files"].values() for rel in rels]
     sink = plan.get("sink")
     if sink:
         sink_root = Path(sink["path"])

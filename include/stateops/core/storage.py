@@ -1,0 +1,333 @@
+"""Where a checkpoint lives: the one seam between the operations and their files.
+
+A checkpoint location is a local folder (:class:`pathlib.Path`) or an S3 prefix
+(:class:`S3Path`, from an ``s3://`` or ``s3a://`` URL; ``s3a://`` is how Spark's S3 connector
+names the same objects). :class:`S3Path` has the part of ``Path``'s interface the model and
+the operations use (``/``, ``name``, ``parent``, ``read_bytes``, ``write_bytes``, ``exists``,
+``unlink``, ``open("rb")``), so reading a checkpoint is one code path for both. What differs
+is done here, once per kind of storage:
+
+- :func:`list_files`: every file with its size (local: parallel ``find``; S3: paged
+  ``ListObjectsV2`` of each state folder at once, the sizes from the listing, no HEAD);
+- :func:`prefetch`: the small files a model reads (logs, metadata), fetched concurrently;
+- :func:`delete_files`: local ``unlink``; S3 ``DeleteObjects`` of up to 1,000 keys a request.
+
+S3 connection settings are those of :func:`stateops.core.s3.s3_settings` (the environment, or
+the Airflow connection named by ``STATEOPS_CHECKPOINT_CONN_ID``); credentials are never
+printed. Every S3 error leaves as one line (:func:`stateops.core.errors.s3_error`); throttling
+is retried with backoff by botocore before it does.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from stateops.core.errors import StateOpsError
+
+__all__ = [
+    "S3Path",
+    "delete_files",
+    "is_s3_url",
+    "list_files",
+    "location",
+    "prefetch",
+    "request_count",
+]
+
+
+_SCHEMES = ("s3://", "s3a://")
+_DELETE_BATCH = 1000  # DeleteObjects takes at most 1,000 keys
+_WORKERS = 16
+
+
+def is_s3_url(path: object) -> bool:
+    return isinstance(path, S3Path) or str(path).startswith(_SCHEMES)
+
+
+def location(path: str | os.PathLike[str] | S3Path) -> Path | S3Path:
+    """The location object of a checkpoint path or URL."""
+    if isinstance(path, S3Path | Path):
+        return path
+    text = os.fspath(path)
+    if not text.startswith(_SCHEMES):
+        return Path(text)
+    bucket, _, key = text.split("://", 1)[1].partition("/")
+    if not bucket:
+        raise StateOpsError(f"{text}: no bucket; use s3://BUCKET/PREFIX")
+    return S3Path(bucket, key.strip("/"), _bucket_client())
+
+
+class _Client:
+    """A boto3 client (thread-safe) for one set of S3 settings; every request it sends counts
+    in :func:`request_count`."""
+
+    def __init__(self, settings: Any) -> None:
+        from stateops.core.s3 import s3_client
+
+        self.endpoint = settings.endpoint_url or "AWS S3"
+        self.s3 = s3_client(settings, attempts=5)
+        self.s3.meta.events.register("before-send.s3", _count)
+
+    def call(self, what: str, method: str, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from stateops.core.errors import s3_error
+
+        try:
+            return getattr(self.s3, method)(**kwargs)
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(2, "no such object", what) from None
+            raise s3_error(err, f"{what} at {self.endpoint}") from err
+        except BotoCoreError as err:
+            raise s3_error(err, f"{what} at {self.endpoint}") from err
+
+
+_CLIENTS: dict[Any, _Client] = {}
+_LOCK = threading.Lock()
+_REQUESTS = [0]
+
+
+def _count(**_: Any) -> None:
+    with _LOCK:
+        _REQUESTS[0] += 1
+
+
+def _bucket_client() -> _Client:
+    """The client of the current settings (read each time: cheap, and a test or a task may
+    change them), made once per settings."""
+    from stateops.core.s3 import s3_settings
+
+    settings = s3_settings(os.environ.get("STATEOPS_CHECKPOINT_CONN_ID"))
+    key = (settings.endpoint_url, settings.region, settings.access_key, settings.secret_key)
+    with _LOCK:
+        if key not in _CLIENTS:
+            _CLIENTS[key] = _Client(settings)
+        return _CLIENTS[key]
+
+
+def request_count() -> int:
+    """S3 requests this process has sent for checkpoints (for reports and benchmarks)."""
+    return _REQUESTS[0]
+
+
+class S3Path:
+    """An object or prefix in S3, addressed like a local path.
+
+    Reads of files that :func:`prefetch` fetched come from memory (one model's lifetime: the
+    cache belongs to the root the model was built on and is shared by the paths made from it);
+    writes and deletes go through to S3 and update it.
+    """
+
+    __slots__ = ("bucket", "key", "_client", "_cache")
+
+    def __init__(
+        self, bucket: str, key: str, client: _Client, cache: dict[str, bytes] | None = None
+    ) -> None:
+        self.bucket = bucket
+        self.key = key
+        self._client = client
+        self._cache = {} if cache is None else cache
+
+    # -- naming -----------------------------------------------------------------------------
+    def __truediv__(self, rel: str | os.PathLike[str]) -> S3Path:
+        rel = os.fspath(rel).strip("/")
+        key = f"{self.key}/{rel}" if self.key else rel
+        return S3Path(self.bucket, key, self._client, self._cache)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}" if self.key else f"s3://{self.bucket}"
+
+    def __repr__(self) -> str:
+        return f"S3Path({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, S3Path) and (self.bucket, self.key) == (other.bucket, other.key)
+
+    def __hash__(self) -> int:
+        return hash((self.bucket, self.key))
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.key).name
+
+    @property
+    def parent(self) -> S3Path:
+        return S3Path(self.bucket, str(PurePosixPath(self.key).parent).lstrip("."), self._client)
+
+    def with_name(self, name: str) -> S3Path:
+        return self.parent / name
+
+    def resolve(self) -> S3Path:
+        return self
+
+    def relative_to(self, other: S3Path) -> PurePosixPath:
+        return PurePosixPath(self.key).relative_to(other.key)
+
+    # -- reading ----------------------------------------------------------------------------
+    def read_bytes(self) -> bytes:
+        cached = self._cache.get(self.key)
+        if cached is not None:
+            return cached
+        body = self._client.call(f"read {self}", "get_object", Bucket=self.bucket, Key=self.key)
+        return body["Body"].read()
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def open(self, mode: str = "rb") -> io.BytesIO:
+        if mode != "rb":
+            raise ValueError(f"{self}: S3 objects are opened for reading only ('rb')")
+        return io.BytesIO(self.read_bytes())
+
+    def exists(self) -> bool:
+        """An object, or a prefix with objects under it."""
+        return self.key in self._cache or self._is_object() or self.is_dir()
+
+    def is_dir(self) -> bool:
+        """A prefix with objects under it (S3's folders)."""
+        listed = self._client.call(f"list {self}", "list_objects_v2", Bucket=self.bucket,
+                                   Prefix=self.key.rstrip("/") + "/", MaxKeys=1)  # fmt: skip
+        return bool(listed.get("Contents"))
+
+    def top_level(self) -> set[str]:
+        """The names right under this prefix (files and folders), from one listing."""
+        base = self.key + "/" if self.key else ""
+        files, folders = self._list(base, delimiter=True)
+        return {k[len(base) :] for k in files} | {f[len(base) :].rstrip("/") for f in folders}
+
+    def _is_object(self) -> bool:
+        try:
+            self._client.call(f"read {self}", "head_object", Bucket=self.bucket, Key=self.key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    # -- writing ----------------------------------------------------------------------------
+    def write_bytes(self, data: bytes) -> int:
+        self._client.call(
+            f"write {self}", "put_object", Bucket=self.bucket, Key=self.key, Body=data
+        )
+        self._cache.pop(self.key, None)
+        return len(data)
+
+    def write_text(self, text: str, encoding: str = "utf-8") -> int:
+        return self.write_bytes(text.encode(encoding))
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        """S3 deletes a missing key without complaint; ``missing_ok=False`` checks first."""
+        if not missing_ok and not self._is_object():
+            raise FileNotFoundError(2, "no such object", str(self))
+        self._client.call(f"delete {self}", "delete_object", Bucket=self.bucket, Key=self.key)
+        self._cache.pop(self.key, None)
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """S3 has no folders: nothing to make."""
+
+    # -- many at once -----------------------------------------------------------------------
+    def _list(self, prefix: str, delimiter: bool) -> tuple[dict[str, int], list[str]]:
+        """Sizes by key and (with ``delimiter``) the sub-prefixes, every page of one prefix."""
+        sizes: dict[str, int] = {}
+        folders: list[str] = []
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        if delimiter:
+            kwargs["Delimiter"] = "/"
+        while True:
+            page = self._client.call(f"list s3://{self.bucket}/{prefix}", "list_objects_v2",
+                                     **kwargs)  # fmt: skip
+            sizes.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
+            folders += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+            if not page.get("IsTruncated"):
+                return sizes, folders
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def list_files(root: Path | S3Path) -> dict[str, int]:
+    """Every file's size by path relative to ``root``."""
+    if isinstance(root, Path):
+        from stateops.core.listing import list_files as list_local
+
+        return list_local(root)
+    return _list_s3(root)
+
+
+def _list_s3(root: S3Path) -> dict[str, int]:
+    """The root's folders one level at a time down to ``state/<op>/``; then each folder below
+    (a partition: most of a checkpoint's objects) listed whole, several at once."""
+    base = root.key + "/" if root.key else ""
+    sizes: dict[str, int] = {}
+    whole: list[str] = []
+    level = [base]
+    while level:
+        below = []
+        for prefix in level:
+            found, folders = root._list(prefix, delimiter=True)
+            sizes.update(found)
+            for folder in folders:
+                rel = folder[len(base) :].rstrip("/")
+                expand = rel == "state" or (rel.startswith("state/") and rel.count("/") == 1)
+                (below if expand else whole).append(folder)
+        level = below
+    with ThreadPoolExecutor(min(_WORKERS, max(len(whole), 1))) as pool:
+        for found, _ in pool.map(lambda prefix: root._list(prefix, delimiter=False), whole):
+            sizes.update(found)
+    return {key[len(base) :]: size for key, size in sizes.items()}
+
+
+def prefetch(root: Path | S3Path, rels: Iterable[str]) -> None:
+    """Fetch ``rels`` into memory at once, for the reads that follow (S3 only: a local read is
+    as fast as memory would be)."""
+    if isinstance(root, Path):
+        return
+    wanted = [root / rel for rel in rels]
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        for path, data in zip(wanted, pool.map(S3Path.read_bytes, wanted), strict=True):
+            root._cache[path.key] = data
+
+
+def delete_files(
+    root: Path | S3Path, rels: Iterable[str], done: Callable[[int], None] = lambda n: None
+) -> None:
+    """Delete ``rels`` in their order (a file already gone counts as deleted); ``done(n)``
+    after each file (local) or batch (S3) with the count so far."""
+    if isinstance(root, Path):
+        for n, rel in enumerate(rels, 1):
+            (root / rel).unlink(missing_ok=True)
+            done(n)
+        return
+    batch: list[str] = []
+    count = 0
+    for rel in rels:
+        batch.append((root / rel).key)
+        if len(batch) == _DELETE_BATCH:
+            count += _delete_batch(root, batch)
+            done(count)
+            batch = []
+    if batch:
+        count += _delete_batch(root, batch)
+        done(count)
+
+
+def _delete_batch(root: S3Path, keys: list[str]) -> int:
+    answer = root._client.call(
+        f"delete {len(keys)} objects under {root}", "delete_objects", Bucket=root.bucket,
+        Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
+    )  # fmt: skip
+    errors = answer.get("Errors") or []
+    if errors:
+        first = errors[0]
+        raise StateOpsError(
+            f"S3 delete under {root}: {len(errors)} of {len(keys)} objects not deleted "
+            f"({first.get('Key')}: {first.get('Code')}); check the connection's permissions, "
+            "then run again: it continues where it stopped"
+        )
+    for key in keys:
+        root._cache.pop(key, None)
+    return len(keys)
