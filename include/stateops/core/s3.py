@@ -115,9 +115,9 @@ def _check_endpoint(url: str | None) -> None:
         )
 
 
-def s3_client(settings: S3Settings, attempts: int = 3) -> Any:
-    """A client for ``settings``; ``attempts``: tries of a request that failed on a
-    connection, a timeout or throttling (standard backoff between them)."""
+def s3_client(settings: S3Settings, retries: int = 3) -> Any:
+    """A client for ``settings``; ``retries``: how often a request that failed on a
+    connection, a timeout or throttling is tried again (standard backoff between tries)."""
     import boto3
     from botocore.config import Config
 
@@ -130,7 +130,7 @@ def s3_client(settings: S3Settings, attempts: int = 3) -> Any:
         aws_access_key_id=settings.access_key,
         aws_secret_access_key=settings.secret_key,
         config=Config(
-            retries={"max_attempts": attempts, "mode": "standard"},
+            retries={"max_attempts": retries, "mode": "standard"},  # retries, not tries
             connect_timeout=5,
             read_timeout=60,
             s3={"addressing_style": "path"},

@@ -71,7 +71,7 @@ class _Client:
         from stateops.core.s3 import s3_client
 
         self.endpoint = settings.endpoint_url or "AWS S3"
-        self.s3 = s3_client(settings, attempts=5)
+        self.s3 = s3_client(settings, retries=5)
         self.s3.meta.events.register("before-send.s3", _count)
 
     def call(self, what: str, method: str, **kwargs: Any) -> Any:

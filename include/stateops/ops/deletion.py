@@ -181,13 +181,14 @@ def _in_order(why: str, rels: list[str]) -> list[str]:
     Old log entries go oldest first (never a gap); a rollback's files and orphan versions
     newest first, commits before offsets before the rest, so the last committed batch only
     ever moves down. Whole snapshot groups, unreferenced SSTs, temp files and sidecars need
-    no order: they are kept in the order planned.
+    no order: they are sorted by name, so that a plan does not depend on the order a listing
+    gave (a local folder's and an S3 prefix's differ).
     """
     if why == "old-log":
         return sorted(rels, key=lambda rel: (_number(rel), rel))
     if why in ("after-rollback-point", "orphan-version"):
         return sorted(rels, key=_newest_first)
-    return rels
+    return sorted(rels)
 
 
 def _newest_first(rel: str) -> tuple:

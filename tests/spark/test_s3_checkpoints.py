@@ -1,0 +1,331 @@
+"""Checkpoints in S3 (issue 22): every library-side operation on a copy of a Spark-written
+checkpoint uploaded to the embedded S3 endpoint does what it does on the local copy.
+
+Per case (both providers, both reference processors, an aggregation and a join): the local
+copy and the S3 copy go through the same chain of operations (cleanup, then a rollback); the
+S3 result, brought back to local disk, holds the same files byte for byte and continues with
+Spark to the same state and output as the local result. Damage on S3 is found and named as
+it is locally; an endpoint that stops or throttles mid-cleanup gives one line, and a second
+run completes with nothing lost.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from stateops.control.audit import read_audit
+from stateops.control.lock import QueryLock
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.files import relocate_checkpoint
+from stateops.core.formats import crc_sidecar
+from stateops.core.report import checkpoint_report
+from stateops.core.verify import verify_checkpoint
+from stateops.ops.cleanup import run_cleanup
+from stateops.ops.rollback import run_rollback
+from tests.conftest import S3_SECRET
+from tests.spark.harness import ALL_CASES, Case, copy_checkpoint, land, read_sink, read_state
+
+pytestmark = pytest.mark.spark
+
+# Both providers, both reference processors, an aggregation and a join.
+SHOWN = ("user_sessions-rocksdb", "page_visits-rocksdb", "aggregation-hdfs", "join-rocksdb")
+CASES = [c for c in ALL_CASES if c.name in SHOWN]
+BUCKET = "checkpoints"
+RETAIN = 2
+quiet = lambda _: None  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def s3_env(s3):
+    """The S3 server as the environment names it (where checkpoint URLs are read), with a
+    bucket for checkpoints."""
+    s3.client().create_bucket(Bucket=BUCKET)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in s3.env().items():
+            mp.setenv(name, value)
+        yield s3
+
+
+def upload(s3, local: Path, prefix: str) -> str:
+    client = s3.client()
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        client.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(local)}")
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def download(s3, prefix: str, local: Path) -> Path:
+    client = s3.client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
+                                                                 Prefix=prefix + "/"):  # fmt: skip
+        for obj in page.get("Contents", []):
+            target = local / obj["Key"][len(prefix) + 1 :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(BUCKET, obj["Key"], str(target))
+    return local
+
+
+def contents(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def lock_for(root: Path, name: str) -> QueryLock:
+    return QueryLock(root / f"{name}.lock", name, "test")
+
+
+def chain(checkpoint: str | Path, root: Path, name: str) -> tuple[dict, dict]:
+    """The operations both copies go through: cleanup, then a rollback of one batch."""
+    cleaned = run_cleanup(checkpoint, RETAIN, lock_for(root, name), log=quiet)
+    to_batch = cleaned["last_committed_batch"] - 1
+    rolled = run_rollback(checkpoint, to_batch, lock_for(root, name), log=quiet)
+    return cleaned, rolled
+
+
+@dataclass
+class Story:
+    case: Case
+    root: Path
+    url: str
+    inspected: tuple[dict, dict]  # (local, S3)
+    verified: tuple[dict, dict]
+    plans: tuple[tuple[dict, dict], tuple[dict, dict]]
+    files: tuple[dict[str, bytes], dict[str, bytes]]
+    continued: tuple[tuple, tuple]
+    round0_state: list
+
+
+_BUILT: dict[str, Path] = {}
+
+
+def built(spark, tmp_path_factory, case: Case) -> Path:
+    """The case's checkpoint after round 0, written by Spark once per module."""
+    if case.name not in _BUILT:
+        root = tmp_path_factory.mktemp(f"s3-{case.name}")
+        land(root / "landing", round_=0, files=6)
+        case.run(spark, root, root / "ck-original", root / "out-original")
+        _BUILT[case.name] = root
+    return _BUILT[case.name]
+
+
+def without_location(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "checkpoint"}
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: c.name)
+def story(request, spark, tmp_path_factory, s3_env) -> Story:
+    case: Case = request.param
+    root = built(spark, tmp_path_factory, case)
+    local = copy_checkpoint(root / "ck-original", root / "ck-local")
+    url = upload(s3_env, local, case.name)
+
+    inspected = tuple(checkpoint_report(load_checkpoint(c), 2) for c in (local, url))
+    verified = tuple(verify_checkpoint(c) for c in (local, url))
+    plans = (chain(local, root, "local"), chain(url, root, "s3"))
+    from_s3 = download(s3_env, case.name, root / "ck-from-s3")
+    files = (contents(local), contents(from_s3))
+
+    relocate_checkpoint(from_s3)  # the metadata named ck-local's schema files
+    land(root / "landing", round_=1, files=3)
+    continued = []
+    for ck, out in ((local, "out-local"), (from_s3, "out-from-s3")):
+        shutil.copytree(root / "out-original", root / out)
+        case.run(spark, root, ck, root / out)
+        continued.append((read_state(spark, ck, case.state_reads), read_sink(root / out)))
+    return Story(
+        case=case, root=root, url=url, inspected=inspected, verified=verified, plans=plans,
+        files=files, continued=tuple(continued),
+        round0_state=read_state(spark, root / "ck-original", case.state_reads),
+    )  # fmt: skip
+
+
+def test_inspect_and_verify_answer_on_s3_as_on_the_local_copy(story: Story):
+    local, remote = story.inspected
+    assert remote["checkpoint"] == story.url
+    assert without_location(remote) == without_location(local)
+    assert local["operators"], local  # a stateful query: the comparison covers its state
+    local, remote = story.verified
+    assert remote["ok"] and local["ok"], remote["findings"]
+    assert remote["findings"] == local["findings"]
+
+
+def test_cleanup_and_rollback_on_s3_leave_the_files_they_leave_locally(story: Story):
+    (cleaned, rolled), (cleaned_s3, rolled_s3) = story.plans
+    assert cleaned["delete"]["files"] > 0 and rolled["delete"]["files"] > 0
+    assert cleaned_s3["files"] == cleaned["files"]
+    assert rolled_s3["files"] == rolled["files"]
+    local, from_s3 = story.files
+    assert sorted(from_s3) == sorted(local)
+    assert from_s3 == local  # byte for byte
+    records = read_audit(story.url)
+    assert [r["operation"] for r in records] == ["cleanup", "rollback"], records
+    assert all(r["result"] == "succeeded" for r in records), records
+
+
+def test_the_s3_result_brought_back_continues_like_the_local_one(story: Story):
+    (state, out), (state_s3, out_s3) = story.continued
+    assert state_s3 == state
+    assert out_s3 == out
+    assert state != story.round0_state  # round 1 did change the state
+
+
+def _damaged(s3, story: Story, tmp_path: Path, name: str, damage) -> tuple[dict, dict]:
+    """Verify findings of the same damage done to a local copy and to an S3 copy."""
+    local = copy_checkpoint(story.root / "ck-original", tmp_path / name)
+    prefix = f"{story.case.name}-{name}"
+    url = upload(s3, local, prefix)
+    client = s3.client()
+
+    def delete(rel: str) -> None:
+        client.delete_object(Bucket=BUCKET, Key=f"{prefix}/{rel}")
+
+    def put(rel: str, data: bytes) -> None:
+        client.put_object(Bucket=BUCKET, Key=f"{prefix}/{rel}", Body=data)
+
+    damage(local, delete, put)
+    return findings(verify_checkpoint(local), local), findings(verify_checkpoint(url), url)
+
+
+def findings(result: dict, where: Path | str) -> list[dict]:
+    """A verify result's findings, the checkpoint's location in their text as ``CK``."""
+    return [{**f, "problem": f["problem"].replace(str(where), "CK")} for f in result["findings"]]
+
+
+def test_damage_on_s3_is_found_and_named(story: Story, s3_env, tmp_path):
+    cp = load_checkpoint(story.root / "ck-original")
+    restart = [rel for rel in cp.restart_files(cp.last_committed_batch)
+               if not rel.rpartition("/")[2].startswith(".")]  # fmt: skip
+    # A flipped byte in a state file no model reads: only its checksum finds it.
+    unread = (".sst", ".delta", ".changelog", ".snapshot")
+    flipped = next(rel for rel in restart if rel.endswith(unread) and crc_sidecar(rel) in cp.sizes)
+    needed = f"offsets/{cp.last_committed_batch - 1}"  # a restart reads it; nothing else has it
+
+    def missing_and_flipped(local: Path, delete, put) -> None:
+        (local / needed).unlink()
+        delete(needed)
+        data = bytearray((local / flipped).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (local / flipped).write_bytes(bytes(data))
+        put(flipped, bytes(data))
+
+    def missing_metadata(local: Path, delete, put) -> None:
+        (local / "metadata").unlink()
+        delete("metadata")
+
+    for name, damage, named in (("damaged", missing_and_flipped, [needed, flipped]),
+                                ("no-metadata", missing_metadata, [""])):  # fmt: skip
+        local, remote = _damaged(s3_env, story, tmp_path, name, damage)
+        assert remote == local
+        errors = {f["path"] for f in remote if f["severity"] == "error"}
+        assert set(named) <= errors, remote
+    assert remote[0]["problem"].startswith("CK/metadata: missing"), remote
+
+
+# -- an endpoint that stops or throttles mid-cleanup ----------------------------------------
+
+
+class Throttling(http.server.ThreadingHTTPServer):
+    """A loopback proxy in front of the S3 server that answers every DeleteObjects request
+    with ``503 SlowDown``, as S3 does to a client over its request rate."""
+
+    def __init__(self, upstream_port: int) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_request(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.command == "POST" and "delete" in self.path:
+                    proxy.throttled += 1
+                    reply = (b"<Error><Code>SlowDown</Code><Message>Please reduce your "
+                             b"request rate.</Message></Error>")  # fmt: skip
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                conn.request(self.command, self.path, body, dict(self.headers))
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_request
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.throttled = 0
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def uploaded(spark, tmp_path_factory, s3_env, tmp_path) -> tuple[Path, str]:
+    """A local copy of the first case's checkpoint and the same bytes in S3."""
+    root = built(spark, tmp_path_factory, CASES[0])
+    local = copy_checkpoint(root / "ck-original", tmp_path / "local")
+    return local, upload(s3_env, local, tmp_path.name)
+
+
+def _cleaned_locally(local: Path) -> dict[str, bytes]:
+    run_cleanup(local, RETAIN, lock_for(local.parent, "local"), log=quiet)
+    return contents(local)
+
+
+def test_an_endpoint_stopped_mid_cleanup_gives_one_line_and_a_second_run_completes(
+    uploaded, s3_env, tmp_path
+):
+    local, url = uploaded
+
+    def stop_when_planned(line: str) -> None:
+        if line.startswith("PLAN: cleanup of"):  # the plan is printed, the deletions are next
+            s3_env.stop()
+
+    try:
+        with pytest.raises(StateOpsError) as err:
+            run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=stop_when_planned)
+    finally:
+        s3_env.start()
+    line = str(err.value)
+    assert "\n" not in line and "the endpoint does not answer" in line and "run again" in line
+    assert S3_SECRET not in line
+    run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
+    assert contents(from_s3) == _cleaned_locally(local)
+
+
+def test_a_throttling_endpoint_gives_one_line_and_a_second_run_completes(
+    uploaded, s3_env, tmp_path, monkeypatch
+):
+    local, url = uploaded
+    proxy = Throttling(s3_env.port)
+    try:
+        monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(StateOpsError) as err:
+            run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    finally:
+        proxy.shutdown()
+    line = str(err.value)
+    assert "\n" not in line and "SlowDown" in line and "throttling" in line, line
+    assert proxy.throttled == 6  # the first try and 5 retries, backing off
+    assert contents(download(s3_env, tmp_path.name, tmp_path / "untouched")) == contents(local)
+    monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", s3_env.endpoint)
+    run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
+    assert contents(from_s3) == _cleaned_locally(local)
