@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote
+from xml.etree import ElementTree
 
 from stateops.core.errors import StateOpsError
 
@@ -73,6 +76,7 @@ class _Client:
         self.endpoint = settings.endpoint_url or "AWS S3"
         self.s3 = s3_client(settings, retries=5)
         self.s3.meta.events.register("before-send.s3", _count)
+        self.s3.meta.events.register("before-parse.s3.ListObjectsV2", _keys_and_sizes)
 
     def call(self, what: str, method: str, **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -88,6 +92,26 @@ class _Client:
             raise s3_error(err, f"{what} at {self.endpoint}") from err
         except BotoCoreError as err:
             raise s3_error(err, f"{what} at {self.endpoint}") from err
+
+
+_CONTENTS = re.compile(rb"<Contents>.*?</Contents>", re.S)
+
+
+def _keys_and_sizes(response_dict: dict, customized_response_dict: dict, **_: Any) -> None:
+    """A listing page's keys and sizes, read in one pass (``KeySizes``), and the page without
+    them for botocore to parse: its parser costs about 100 us a key, most of the time of a
+    large checkpoint's listing. Error answers are left whole (botocore retries on them)."""
+    if response_dict.get("status_code") != 200:
+        return
+    body = response_dict["body"]
+    page = ElementTree.fromstring(body)
+    ns = page.tag[: page.tag.index("}") + 1] if page.tag.startswith("{") else ""
+    decode = unquote if page.findtext(f"{ns}EncodingType") == "url" else str
+    customized_response_dict["KeySizes"] = [
+        (decode(c.findtext(f"{ns}Key")), int(c.findtext(f"{ns}Size")))
+        for c in page.iter(f"{ns}Contents")
+    ]
+    response_dict["body"] = _CONTENTS.sub(b"", body)
 
 
 _CLIENTS: dict[Any, _Client] = {}
@@ -195,7 +219,7 @@ class S3Path:
         """A prefix with objects under it (S3's folders)."""
         listed = self._client.call(f"list {self}", "list_objects_v2", Bucket=self.bucket,
                                    Prefix=self.key.rstrip("/") + "/", MaxKeys=1)  # fmt: skip
-        return bool(listed.get("Contents"))
+        return bool(listed["KeySizes"])
 
     def top_level(self) -> set[str]:
         """The names right under this prefix (files and folders), from one listing."""
@@ -242,7 +266,7 @@ class S3Path:
         while True:
             page = self._client.call(f"list s3://{self.bucket}/{prefix}", "list_objects_v2",
                                      **kwargs)  # fmt: skip
-            sizes.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
+            sizes.update(page["KeySizes"])
             folders += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
             if not page.get("IsTruncated"):
                 return sizes, folders
