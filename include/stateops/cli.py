@@ -21,6 +21,7 @@ from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.steps import BOOTSTRAP_STATE, EXPORT_STATE, RUN_QUERY, VALIDATE_STATE
+from stateops.core.storage import location
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
@@ -335,7 +336,7 @@ def cmd_transplant(args: argparse.Namespace) -> int:
         changes["path"] = str((registry.data_dir / args.source_path).resolve())
     moved = query.input_name(args.source)
     source = query.inputs[moved].model_copy(update={k: v for k, v in changes.items() if v})
-    new = str(Path(args.new).resolve())
+    new = str(location(args.new).resolve())
     runs_as = query.with_input(moved, source).model_copy(update={"checkpoint": new})
     if args.dry_run:
         result = transplant_checkpoint(path, new, runs_as, args.batch, dry_run=True, log=_log)

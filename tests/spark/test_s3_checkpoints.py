@@ -2,9 +2,11 @@
 checkpoint uploaded to the embedded S3 endpoint does what it does on the local copy.
 
 Per case (both providers, both reference processors, an aggregation and a join): the local
-copy and the S3 copy go through the same chain of operations (cleanup, then a rollback); the
-S3 result, brought back to local disk, holds the same files byte for byte and continues with
-Spark to the same state and output as the local result. Damage on S3 is found and named as
+copy and the S3 copy go through the same chain of operations (cleanup; a rollback; a backup,
+restored into a new place; for the two pipelines a transplant of that into another); the S3
+result, brought back to local disk, holds the same files byte for byte (but the query id a
+transplant draws and the location operator metadata names) and continues with Spark to the
+same state and output as the local result. Damage on S3 is found and named as
 it is locally; an endpoint that stops or throttles mid-cleanup gives one line, and a second
 run completes with nothing lost.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import json
 import shutil
 import threading
 from dataclasses import dataclass
@@ -24,20 +27,32 @@ from stateops.control.audit import read_audit
 from stateops.control.lock import QueryLock
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
-from stateops.core.files import relocate_checkpoint
+from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar
 from stateops.core.report import checkpoint_report
 from stateops.core.verify import verify_checkpoint
+from stateops.ops.backup import backup_checkpoint
 from stateops.ops.cleanup import run_cleanup
+from stateops.ops.restore import restore_backup
 from stateops.ops.rollback import run_rollback
+from stateops.ops.transplant import transplant_checkpoint
 from tests.conftest import S3_SECRET
-from tests.spark.harness import ALL_CASES, Case, copy_checkpoint, land, read_sink, read_state
+from tests.spark.harness import (
+    ALL_CASES,
+    Case,
+    copy_checkpoint,
+    land,
+    read_sink,
+    read_state,
+    registered_query,
+)
 
 pytestmark = pytest.mark.spark
 
 # Both providers, both reference processors, an aggregation and a join.
 SHOWN = ("user_sessions-rocksdb", "page_visits-rocksdb", "aggregation-hdfs", "join-rocksdb")
 CASES = [c for c in ALL_CASES if c.name in SHOWN]
+TRANSPLANTED = ("user_sessions-rocksdb", "page_visits-rocksdb")  # registered: a transplant's query
 BUCKET = "checkpoints"
 RETAIN = 2
 quiet = lambda _: None  # noqa: E731
@@ -76,16 +91,45 @@ def contents(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def comparable(root: Path, transplanted: bool) -> dict[str, bytes]:
+    """Every file's bytes, but what differs by place and run: the schema paths operator
+    metadata v2 names (made relative, their checksums left out) and the query id a
+    transplant draws."""
+    files = contents(root)
+    for op in load_checkpoint(root).operators:
+        for key, rel in op.metadata_files.items():
+            if key is not None:
+                text = files[rel].decode("utf-8")
+                files[rel] = relocated_metadata(text, op.operator_id, Path("/CK"))
+                files.pop(crc_sidecar(rel), None)
+    if transplanted:
+        assert json.loads(files.pop("metadata"))["id"], root
+        files.pop(crc_sidecar("metadata"))
+    return files
+
+
 def lock_for(root: Path, name: str) -> QueryLock:
     return QueryLock(root / f"{name}.lock", name, "test")
 
 
-def chain(checkpoint: str | Path, root: Path, name: str) -> tuple[dict, dict]:
-    """The operations both copies go through: cleanup, then a rollback of one batch."""
+def chain(s3, case: Case, checkpoint: str | Path, root: Path, name: str, place) -> tuple:
+    """The operations both copies go through: cleanup; a rollback of one batch; a backup,
+    restored into a new place (``place(what)``: a folder or an S3 URL); for a pipeline, a
+    transplant of that into another. The plans and where the result is."""
     cleaned = run_cleanup(checkpoint, RETAIN, lock_for(root, name), log=quiet)
     to_batch = cleaned["last_committed_batch"] - 1
     rolled = run_rollback(checkpoint, to_batch, lock_for(root, name), log=quiet)
-    return cleaned, rolled
+    backups = f"s3://backups/{case.name}-{name}"
+    manifest = backup_checkpoint(checkpoint, backups, s3.client(), log=quiet)
+    restored = place("restored")
+    restore_backup(f"{backups}/{manifest['backup_id']}", restored, s3.client(), log=quiet)
+    if case.name not in TRANSPLANTED:
+        return (cleaned, rolled), restored
+    new = place("transplanted")
+    query = registered_query(root, case.landing, Path("unused"), root / "unused")
+    transplant_checkpoint(restored, new, query.model_copy(update={"checkpoint": str(new)}),
+                          log=quiet)  # fmt: skip
+    return (cleaned, rolled), new
 
 
 @dataclass
@@ -96,6 +140,7 @@ class Story:
     inspected: tuple[dict, dict]  # (local, S3)
     verified: tuple[dict, dict]
     plans: tuple[tuple[dict, dict], tuple[dict, dict]]
+    result: str  # where the S3 chain ended
     files: tuple[dict[str, bytes], dict[str, bytes]]
     continued: tuple[tuple, tuple]
     round0_state: list
@@ -127,19 +172,24 @@ def story(request, spark, tmp_path_factory, s3_env) -> Story:
 
     inspected = tuple(checkpoint_report(load_checkpoint(c), 2) for c in (local, url))
     verified = tuple(verify_checkpoint(c) for c in (local, url))
-    plans = (chain(local, root, "local"), chain(url, root, "s3"))
-    from_s3 = download(s3_env, case.name, root / "ck-from-s3")
-    files = (contents(local), contents(from_s3))
+    (plans, local_result), (plans_s3, s3_result) = (
+        chain(s3_env, case, local, root, "local", lambda what: root / f"ck-local-{what}"),
+        chain(s3_env, case, url, root, "s3", lambda what: f"{url}-{what}"),
+    )
+    from_s3 = download(s3_env, s3_result[len(f"s3://{BUCKET}/") :], root / "ck-from-s3")
+    transplanted = case.name in TRANSPLANTED
+    files = (comparable(local_result, transplanted), comparable(from_s3, transplanted))
 
-    relocate_checkpoint(from_s3)  # the metadata named ck-local's schema files
+    relocate_checkpoint(from_s3)  # the metadata named S3's schema files
     land(root / "landing", round_=1, files=3)
     continued = []
-    for ck, out in ((local, "out-local"), (from_s3, "out-from-s3")):
+    for ck, out in ((local_result, "out-local"), (from_s3, "out-from-s3")):
         shutil.copytree(root / "out-original", root / out)
         case.run(spark, root, ck, root / out)
         continued.append((read_state(spark, ck, case.state_reads), read_sink(root / out)))
     return Story(
-        case=case, root=root, url=url, inspected=inspected, verified=verified, plans=plans,
+        case=case, root=root, url=url, inspected=inspected, verified=verified,
+        plans=(plans, plans_s3), result=s3_result,
         files=files, continued=tuple(continued),
         round0_state=read_state(spark, root / "ck-original", case.state_reads),
     )  # fmt: skip
@@ -155,7 +205,7 @@ def test_inspect_and_verify_answer_on_s3_as_on_the_local_copy(story: Story):
     assert remote["findings"] == local["findings"]
 
 
-def test_cleanup_and_rollback_on_s3_leave_the_files_they_leave_locally(story: Story):
+def test_every_operation_on_s3_leaves_the_files_it_leaves_locally(story: Story):
     (cleaned, rolled), (cleaned_s3, rolled_s3) = story.plans
     assert cleaned["delete"]["files"] > 0 and rolled["delete"]["files"] > 0
     assert cleaned_s3["files"] == cleaned["files"]
@@ -164,8 +214,11 @@ def test_cleanup_and_rollback_on_s3_leave_the_files_they_leave_locally(story: St
     assert sorted(from_s3) == sorted(local)
     assert from_s3 == local  # byte for byte
     records = read_audit(story.url)
-    assert [r["operation"] for r in records] == ["cleanup", "rollback"], records
+    assert [r["operation"] for r in records] == ["cleanup", "rollback", "backup"], records
     assert all(r["result"] == "succeeded" for r in records), records
+    restored = read_audit(f"{story.url}-restored")
+    assert [r["operation"] for r in restored] == ["restore"], restored
+    assert verify_checkpoint(story.result)["ok"]
 
 
 def test_the_s3_result_brought_back_continues_like_the_local_one(story: Story):

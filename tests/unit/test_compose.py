@@ -149,4 +149,8 @@ def test_minio_is_the_backup_endpoint_the_code_reads():
     bucket = parse_s3_url(load_registry(ROOT / "registry.yaml").backups.url).bucket
     init = SERVICES["minio-init"]["entrypoint"]
     assert f"mc mb --ignore-existing local/{bucket}" in init
+    assert "mc mb --ignore-existing local/stateops-checkpoints" in init  # checkpoints in S3
     assert f"{env['AWS_ACCESS_KEY_ID']} {env['AWS_SECRET_ACCESS_KEY']}" in init
+    airflow = SERVICES["airflow-scheduler"]["environment"]
+    conn_id = load_registry(ROOT / "registry.yaml").backups.conn_id
+    assert airflow["STATEOPS_CHECKPOINT_CONN_ID"] == conn_id

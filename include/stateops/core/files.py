@@ -9,15 +9,18 @@ import os
 import shutil
 from pathlib import Path
 
+from stateops.core import storage
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError
 from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.staging import occupied
+from stateops.core.storage import S3Path
 
 __all__ = [
     "copy_restart_set",
     "relocate_checkpoint",
     "relocated_metadata",
+    "schema_url",
 ]
 
 
@@ -51,7 +54,7 @@ def relocate_checkpoint(
     relative paths.
     """
     root = Path(root).resolve()
-    location = Path(location).resolve() if location is not None else root
+    location = storage.location(location).resolve() if location is not None else root
     cp = load_checkpoint(root)
     rewritten = []
     for op in cp.operators:
@@ -62,20 +65,28 @@ def relocate_checkpoint(
     return rewritten
 
 
-def relocated_metadata(text: str, op_id: int, location: Path) -> bytes:
-    """An operator metadata v2 file's content with its schema paths under ``location``."""
+def relocated_metadata(text: str, op_id: int, location: Path | S3Path) -> bytes:
+    """An operator metadata v2 file's content with its schema paths under ``location`` (in
+    S3, as Spark's S3A connector names them: ``s3a://``)."""
     header, _, body = text.partition("\n")
     meta = json.loads(body.split("\n")[0])
     marker = f"/state/{op_id}/_stateSchema/"
+    url = schema_url(location)
     for info in meta.get("stateStoreInfo", []):
         info["stateSchemaFilePaths"] = [
-            f"file:{location}{marker}{str(p).rpartition(marker)[2]}"
+            f"{url}{marker}{str(p).rpartition(marker)[2]}"
             for p in info.get("stateSchemaFilePaths") or []
         ]
     return (header + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
 
 
-def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path) -> None:
+def schema_url(location: Path | S3Path) -> str:
+    """How Spark names a checkpoint location in operator metadata: ``file:/PATH``, or for S3
+    ``s3a://BUCKET/KEY`` (its S3A connector)."""
+    return f"file:{location.resolve()}" if isinstance(location, Path) else f"s3a{str(location)[2:]}"
+
+
+def _relocate_schema_paths(root: Path, rel: str, op_id: int, location: Path | S3Path) -> None:
     path = root / rel
     data = relocated_metadata(path.read_text(encoding="utf-8"), op_id, location)
     path.write_bytes(data)

@@ -13,11 +13,14 @@ import fcntl
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
+
+from stateops.core.storage import S3Path, location, unfinished
 
 __all__ = [
     "Staging",
@@ -32,15 +35,20 @@ __all__ = [
 _STAMP = r"\d{8}T\d{6}(\d{6})?Z"
 
 
-def has_entries(path: str | os.PathLike[str]) -> bool:
-    """A folder with something in it (False: missing, a file, or an empty folder)."""
-    path = Path(path)
+def has_entries(path: str | os.PathLike[str] | S3Path) -> bool:
+    """A folder with something in it (False: missing, a file, or an empty folder); an S3
+    prefix with objects under it, but an unfinished publish's (:func:`storage.publish`)."""
+    path = location(path)
+    if isinstance(path, S3Path):
+        return path.is_dir() and not unfinished(path)
     return path.is_dir() and any(path.iterdir())
 
 
-def occupied(path: str | os.PathLike[str]) -> bool:
+def occupied(path: str | os.PathLike[str] | S3Path) -> bool:
     """Anything but a missing path or an empty folder: where a new result may not go."""
-    path = Path(path)
+    path = location(path)
+    if isinstance(path, S3Path):
+        return has_entries(path)
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
@@ -79,8 +87,11 @@ def _in_use(folder: Path) -> bool:
     return False
 
 
-def stale_staging(target: str | os.PathLike[str], kind: str) -> list[Path]:
-    """The staging folders of ``target`` that killed runs of ``kind`` left behind."""
+def stale_staging(target: str | os.PathLike[str] | S3Path, kind: str) -> list[Path]:
+    """The staging folders of ``target`` that killed runs of ``kind`` left behind (none for
+    an S3 target: its staging folder is a temporary one, its killed publish is redone)."""
+    if isinstance(target, S3Path):
+        return []
     target = Path(target).absolute()
     return [f for f in _staging_folders(target, kind) if not _in_use(f)]
 
@@ -95,8 +106,10 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def remove_stale_staging(target: str | os.PathLike[str], kind: str) -> list[str]:
+def remove_stale_staging(target: str | os.PathLike[str] | S3Path, kind: str) -> list[str]:
     """Remove the staging folders killed runs of ``kind`` left beside ``target``; their paths."""
+    if isinstance(target, S3Path):
+        return []
     target = Path(target).absolute()
     if not target.parent.is_dir():
         return []
@@ -116,8 +129,9 @@ class Staging:
     """``with Staging(target, "restoring") as s:`` write into ``s.path``, then rename it into
     place; an exception (not a kill) removes it. ``s.removed``: stale folders it removed."""
 
-    def __init__(self, target: str | os.PathLike[str], kind: str) -> None:
-        self.target = Path(target).absolute()
+    def __init__(self, target: str | os.PathLike[str] | S3Path, kind: str) -> None:
+        target = location(target)
+        self.target = target.absolute() if isinstance(target, Path) else target
         self.kind = kind
         self.stamp = new_stamp()
         self.path = self.target.with_name(f"{self.target.name}.{kind}-{self.stamp}")
@@ -125,6 +139,11 @@ class Staging:
         self._fd: int | None = None
 
     def __enter__(self) -> Staging:
+        if isinstance(self.target, S3Path):
+            # An S3 target is built in a local folder and published (storage.publish); the
+            # folder goes at the end, published or not.
+            self.path = Path(tempfile.mkdtemp(prefix=f"stateops-{self.kind}-"))
+            return self
         self.target.parent.mkdir(parents=True, exist_ok=True)
         # Under the parent's flock, another run cannot create its folder between our look for
         # stale ones and their removal (it would be new, unlocked for an instant, and removed).
@@ -141,7 +160,7 @@ class Staging:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None:
+        if exc_type is not None or isinstance(self.target, S3Path):
             shutil.rmtree(self.path, ignore_errors=True)
         if self._fd is not None:
             os.close(self._fd)

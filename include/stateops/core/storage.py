@@ -23,11 +23,12 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote
 from xml.etree import ElementTree
 
@@ -35,11 +36,16 @@ from stateops.core.errors import StateOpsError
 
 __all__ = [
     "S3Path",
+    "copy_to_local",
     "delete_files",
     "is_s3_url",
     "list_files",
     "location",
+    "open_stream",
     "prefetch",
+    "publish",
+    "same_endpoint",
+    "unfinished",
     "request_count",
 ]
 
@@ -303,6 +309,62 @@ def _list_s3(root: S3Path) -> dict[str, int]:
         for found, _ in pool.map(lambda prefix: root._list(prefix, delimiter=False), whole):
             sizes.update(found)
     return {key[len(base) :]: size for key, size in sizes.items()}
+
+
+def open_stream(path: Path | S3Path) -> BinaryIO:
+    """``path`` opened for reading in chunks (an S3 object is not read into memory first)."""
+    if isinstance(path, Path):
+        return path.open("rb")
+    body = path._client.call(f"read {path}", "get_object", Bucket=path.bucket, Key=path.key)
+    return body["Body"]
+
+
+def same_endpoint(path: S3Path, client: Any) -> bool:
+    """Whether ``client`` talks to the endpoint ``path`` is on (a server-side copy can go)."""
+    return client.meta.endpoint_url == path._client.s3.meta.endpoint_url
+
+
+_PUBLISHING = ".stateops-publishing"
+
+
+def publish(staging: Path, target: S3Path, each: Callable[[str], None] = lambda rel: None) -> None:
+    """Upload the checkpoint built in the local folder ``staging`` into the prefix ``target``,
+    which holds nothing or an unfinished publish: the prefix is a checkpoint only once it is
+    whole. A marker object goes first, ``metadata`` (what makes a prefix a checkpoint) last,
+    then the marker is removed; a prefix with the marker is an unfinished publish
+    (:func:`unfinished`), which the next publish empties first. ``each(rel)`` after a file."""
+    if unfinished(target):
+        delete_files(target, sorted(list_files(target)))  # a killed publish: ours to redo
+    (target / _PUBLISHING).write_bytes(b"")
+    rels = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+    last = [rel for rel in rels if rel in ("metadata", ".metadata.crc")]
+
+    def put(rel: str) -> None:
+        with (staging / rel).open("rb") as body:
+            dest = target / rel
+            target._client.call(f"write {dest}", "put_object", Bucket=dest.bucket,
+                                Key=dest.key, Body=body)  # fmt: skip
+        each(rel)
+
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        list(pool.map(put, [rel for rel in rels if rel not in last]))
+    for rel in last:
+        put(rel)
+    (target / _PUBLISHING).unlink(missing_ok=True)
+
+
+def unfinished(target: S3Path) -> bool:
+    """Whether ``target`` holds a publish that was killed before it finished."""
+    return (target / _PUBLISHING)._is_object()
+
+
+def copy_to_local(source: Path | S3Path, dest: Path) -> None:
+    """One file of a checkpoint into a local file."""
+    if isinstance(source, Path):
+        shutil.copyfile(source, dest)
+        return
+    with open_stream(source) as body, dest.open("wb") as out:
+        shutil.copyfileobj(body, out, 1 << 20)
 
 
 def prefetch(root: Path | S3Path, rels: Iterable[str]) -> None:

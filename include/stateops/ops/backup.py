@@ -19,6 +19,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -31,6 +32,7 @@ from stateops.core.errors import CheckpointError, StateOpsError, s3_error
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
 from stateops.core.staging import new_stamp
+from stateops.core.storage import S3Path, open_stream, same_endpoint
 
 if TYPE_CHECKING:
     from stateops.core.registry import Registry
@@ -62,8 +64,8 @@ def _digest(stream: Any) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    with path.open("rb") as f:
+def file_sha256(path: Path | S3Path) -> str:
+    with open_stream(path) as f:
         return _digest(f)
 
 
@@ -132,10 +134,11 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
     from botocore.exceptions import BotoCoreError, ClientError
 
     started = time.time()
-    files = [
-        {"path": rel, "size": (cp.root / rel).stat().st_size, "sha256": file_sha256(cp.root / rel)}
-        for rel in cp.restart_files(n)
-    ]
+    rels = cp.restart_files(n)
+    with ThreadPoolExecutor(workers) as pool:  # an S3 checkpoint's reads overlap
+        digests = list(pool.map(lambda rel: file_sha256(cp.root / rel), rels))
+    files = [{"path": rel, "size": cp.sizes[rel], "sha256": sha}
+             for rel, sha in zip(rels, digests, strict=True)]  # fmt: skip
     total = sum(f["size"] for f in files)
     providers = sorted({op.provider for op in cp.operators})
     backup_id = f"b-{n:06d}-{new_stamp()}"
@@ -151,7 +154,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
         manager = transfer_manager(client, workers)
         with manager:
             futures = [
-                (manager.upload(str(cp.root / f["path"]), loc.bucket, loc.key("objects", sha)), f)
+                (_transfer(manager, client, cp.root / f["path"], loc, sha), f)
                 for sha, f in todo.items()
             ]
             done_bytes, last_log = 0, time.time()
@@ -195,6 +198,18 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
         f"({len(todo)} objects), {format_bytes(total - uploaded)} reused, {manifest['seconds']} s"
     )
     return manifest
+
+
+def _transfer(manager: Any, client: Any, source: Path | S3Path, loc: S3Location, sha: str) -> Any:
+    """Start putting ``source`` at ``objects/<sha>``: an upload of a local file; for a
+    checkpoint in S3, a server-side copy when the backup goes to the same endpoint, else the
+    object streamed through."""
+    key = loc.key("objects", sha)
+    if isinstance(source, Path):
+        return manager.upload(str(source), loc.bucket, key)
+    if same_endpoint(source, client):
+        return manager.copy({"Bucket": source.bucket, "Key": source.key}, loc.bucket, key)
+    return manager.upload(open_stream(source), loc.bucket, key)
 
 
 def split_backup_url(url: str) -> tuple[S3Location, str]:

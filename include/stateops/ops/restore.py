@@ -24,13 +24,14 @@ from stateops.control.audit import append_audit, read_audit
 from stateops.control.lock import LockInfo, checkpoint_lock, live_lock, read_hold
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
-from stateops.core.files import relocate_checkpoint
+from stateops.core.files import relocate_checkpoint, schema_url
 from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Registry
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
 from stateops.core.staging import Staging, has_entries, remove_stale_staging, stale_staging
+from stateops.core.storage import S3Path, list_files, location, publish
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import (
     file_sha256,
@@ -66,7 +67,7 @@ def _backup_location(
     return parse_s3_url(registry.backups.url_for(query.name)), backup or "latest", query.name
 
 
-def _query_id(target: Path) -> str | None:
+def _query_id(target: Path | S3Path) -> str | None:
     """The query id in ``target/metadata``, or None (no such file, or not readable as one):
     read alone, so a checkpoint damaged elsewhere still says whose it is."""
     try:
@@ -75,14 +76,14 @@ def _query_id(target: Path) -> str | None:
         return None
 
 
-def _last_batch(target: Path) -> int | None:
+def _last_batch(target: Path | S3Path) -> int | None:
     try:
         return load_checkpoint(target).last_committed_batch
     except StateOpsError:
         return None
 
 
-def _names_location(path: Path, location: Path) -> bool:
+def _names_location(path: Path | S3Path, location: Path | S3Path) -> bool:
     """A v2 operator metadata file names its schema files inside ``location`` (what a restore
     writes into the manifest's copy of it; see ``stateops.core.files.relocate_checkpoint``)."""
     try:
@@ -91,19 +92,15 @@ def _names_location(path: Path, location: Path) -> bool:
                  for p in info.get("stateSchemaFilePaths") or []]  # fmt: skip
     except (OSError, ValueError, IndexError, AttributeError, TypeError):
         return False
-    return all(str(p).startswith(f"file:{location.resolve()}/state/") for p in paths)
+    return all(str(p).startswith(f"{schema_url(location)}/state/") for p in paths)
 
 
-def _holds_backup(target: Path, manifest: dict[str, Any]) -> bool:
+def _holds_backup(target: Path | S3Path, manifest: dict[str, Any]) -> bool:
     """``target`` has exactly the manifest's files with their content: byte for byte, but for
     the operator metadata a restore rewrites for the new location (and their checksums)."""
     files = {f["path"]: f for f in manifest["files"]}
-    present = {
-        os.path.relpath(os.path.join(folder, name), target)
-        for folder, _, names in os.walk(target)
-        for name in names
-    }
-    if present != set(files):
+    sizes = list_files(target)
+    if set(sizes) != set(files):
         return False
     try:
         cp = load_checkpoint(target)
@@ -121,7 +118,7 @@ def _holds_backup(target: Path, manifest: dict[str, Any]) -> bool:
         elif rel in sidecars:
             if path.read_bytes() != hadoop_crc((target / sidecars[rel]).read_bytes()):
                 return False
-        elif path.stat().st_size != f["size"] or file_sha256(path) != f["sha256"]:
+        elif sizes[rel] != f["size"] or file_sha256(path) != f["sha256"]:
             return False
     return True
 
@@ -138,6 +135,8 @@ def _target(
         if query is None or registry is None:
             raise StateOpsError(f"{source}: say where to restore it: --to PATH")
         to = registry.query(query).checkpoint
+    if isinstance(location(to), S3Path):
+        return location(to)
     target = Path(to).absolute()
     if target.is_symlink():
         raise StateOpsError(
@@ -219,6 +218,12 @@ def _plan(
             f"{backup_qid}: refused, so that one query's state does not replace another's; "
             f"restore a backup of {target_id}, or allow another query's backup "
             "(--allow-other-query; in the DAG form: allow_other_query)"
+        )
+    if filled and isinstance(target, S3Path):
+        raise StateOpsError(
+            f"{target}: not empty, and an S3 checkpoint cannot be replaced in one step (S3 has "
+            "no rename); restore into a new prefix (--to s3://BUCKET/NEW) and point the query "
+            "at it"
         )
     if filled and not replace:
         raise StateOpsError(
@@ -406,7 +411,7 @@ def execute_restore(
     folder is removed and the target is as it was; a kill: the target is the old checkpoint or
     the verified new one, and the next restore cleans up.
     """
-    target = Path(plan["target"])
+    target = location(plan["target"])
     owner = registry.owner_of(target) if registry is not None else None
     lock = checkpoint_lock(target, registry, "restore", run_id) if owner else nullcontext()
     with lock:
@@ -449,7 +454,9 @@ def execute_restore(
                     f"restored checkpoint fails verification: {first['path']}: {first['problem']}"
                 )
             faults.point("stage")
-            if plan["target_contents"] == "none":
+            if isinstance(target, S3Path):
+                publish(staging.path, target)  # onto an empty prefix: whole or unfinished
+            elif plan["target_contents"] == "none":
                 os.rename(staging.path, target)  # onto a missing or empty folder: one step
             else:
                 aside = target.with_name(f"{target.name}.replaced-{staging.stamp}")

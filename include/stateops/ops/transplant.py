@@ -31,7 +31,6 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-import shutil
 import struct
 import time
 import uuid
@@ -49,6 +48,7 @@ from stateops.core.registry import Query, schema_fields
 from stateops.core.report import format_bytes
 from stateops.core.staging import Staging, occupied, remove_stale_staging
 from stateops.core.steps import ROADS
+from stateops.core.storage import S3Path, copy_to_local, list_files, location, publish
 from stateops.ops.repartition import repartition_unsupported
 
 __all__ = [
@@ -405,10 +405,10 @@ def transplant_checkpoint(
     ``new`` that already holds exactly this transplant (killed after its rename, or run twice)
     complete: ``already_transplanted``, and its query id is kept."""
     started = time.monotonic()
-    new = Path(new).resolve()
+    new = location(new).resolve()
     cp = load_checkpoint(old)
     batch = cp.last_committed_batch if batch is None else batch
-    if new == cp.root.resolve() or cp.root.resolve() in new.parents:
+    if new == cp.root.resolve() or str(new).startswith(str(cp.root.resolve()) + "/"):
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
     fresh = fresh_sources(cp, query, batch)[0] if batch in cp.offsets else []
     done = None
@@ -455,16 +455,19 @@ def transplant_checkpoint(
         for rel in files:
             target = staging.path / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(cp.root / rel, target)
+            copy_to_local(cp.root / rel, target)
             faults.point("copy")
         query_id = str(uuid.uuid4())
         _write(staging.path, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
         for rel, data in _log_entries(cp, batch, fresh).items():
             _write(staging.path, rel, data)
         relocate_checkpoint(staging.path, location=new)
-        if new.exists():
-            new.rmdir()
-        os.replace(staging.path, new)
+        if isinstance(new, S3Path):
+            publish(staging.path, new)
+        else:
+            if new.exists():
+                new.rmdir()
+            os.replace(staging.path, new)
     faults.point("renamed")
     seconds = time.monotonic() - started
     log(f"transplant done: {new} (query id {query_id}), {len(files)} files, "
@@ -501,7 +504,9 @@ def _log_entries(cp: Checkpoint, batch: int, fresh: list[int]) -> dict[str, str]
     return entries
 
 
-def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fresh: list[int]) -> str | None:
+def _transplanted(
+    cp: Checkpoint, batch: int | None, new: Path | S3Path, fresh: list[int]
+) -> str | None:
     """The query id of ``new`` when it holds exactly what a transplant of ``cp`` at ``batch``
     with sources ``fresh`` read anew writes (any query id but the old one), else None."""
     if batch not in cp.commits or batch not in cp.offsets:
@@ -525,11 +530,7 @@ def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fresh: list[int]
         expected.update(written)
         metadata = (new / "metadata").read_bytes()
         query_id = json.loads(metadata)["id"]
-        present = {
-            os.path.relpath(os.path.join(folder, name), new)
-            for folder, _, names in os.walk(new)
-            for name in names
-        }
+        present = set(list_files(new))
         if (
             not isinstance(query_id, str)
             or query_id == cp.query_id
@@ -542,11 +543,17 @@ def _transplanted(cp: Checkpoint, batch: int | None, new: Path, fresh: list[int]
             if isinstance(want, bytes):
                 if path.read_bytes() != want:
                     return None
-            elif not filecmp.cmp(path, want, shallow=False):
+            elif not _same_content(path, want):
                 return None
     except (OSError, ValueError, KeyError, TypeError, StateOpsError):
         return None
     return query_id
+
+
+def _same_content(a: Path | S3Path, b: Path | S3Path) -> bool:
+    if isinstance(a, Path) and isinstance(b, Path):
+        return filecmp.cmp(a, b, shallow=False)
+    return a.read_bytes() == b.read_bytes()
 
 
 def _offsets_for(cp: Checkpoint, batch: int, fresh: list[int]) -> str:
