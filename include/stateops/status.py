@@ -20,6 +20,7 @@ from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Registry
 from stateops.core.report import checkpoint_report, format_bytes
+from stateops.core.storage import location
 from stateops.ops.backup import list_backups
 from stateops.spark.expectations import data_docs_path, last_validation
 
@@ -63,7 +64,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         "errors": [],
     }
     cp = None
-    if Path(query.checkpoint).exists():
+    if location(query.checkpoint).exists():
         try:
             cp = load_checkpoint(query.checkpoint)
             # Snapshot groups as the checkpoint model and the cleanup count them: by the

@@ -209,6 +209,12 @@ def as_domain_error(err: BaseException) -> StateOpsError | None:
     if isinstance(err, RuntimeError) and str(err).startswith("Symlink loop from "):
         looped = str(err).removeprefix("Symlink loop from ").strip("'\"")
         return _os_error(OSError(errno.ELOOP, os.strerror(errno.ELOOP), looped))
+    if type(err).__name__ == "Py4JJavaError" and "fs.s3a.S3A not found" in str(err):
+        return StateOpsError(
+            "Spark has no S3A connector for an s3:// or s3a:// checkpoint (class "
+            "org.apache.hadoop.fs.s3a.S3A not found): add the hadoop-aws jar that matches "
+            "Spark's Hadoop to the cluster (docs/checkpoints-on-s3.md)"
+        )
     botocore = sys.modules.get("botocore.exceptions")  # only if S3 was used: no import here
     if botocore is not None and isinstance(err, botocore.ClientError | botocore.BotoCoreError):
         return s3_error(err, "request")

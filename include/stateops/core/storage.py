@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import Any, BinaryIO
 from urllib.parse import unquote
 from xml.etree import ElementTree
@@ -45,6 +46,7 @@ __all__ = [
     "prefetch",
     "publish",
     "same_endpoint",
+    "spark_url",
     "unfinished",
     "request_count",
 ]
@@ -57,6 +59,13 @@ _WORKERS = 16
 
 def is_s3_url(path: object) -> bool:
     return isinstance(path, S3Path) or str(path).startswith(_SCHEMES)
+
+
+def spark_url(path: str | os.PathLike[str] | S3Path) -> str:
+    """How Spark names a checkpoint location: an S3 one through its S3A connector
+    (``s3a://``, the ``hadoop-aws`` jar: docs/checkpoints-on-s3.md)."""
+    text = str(path)
+    return "s3a://" + text[len("s3://") :] if text.startswith("s3://") else text
 
 
 def location(path: str | os.PathLike[str] | S3Path) -> Path | S3Path:
@@ -226,6 +235,12 @@ class S3Path:
         listed = self._client.call(f"list {self}", "list_objects_v2", Bucket=self.bucket,
                                    Prefix=self.key.rstrip("/") + "/", MaxKeys=1)  # fmt: skip
         return bool(listed["KeySizes"])
+
+    def stat(self) -> SimpleNamespace:
+        """``st_size`` and ``st_mtime`` (the object's last modification) of one object."""
+        head = self._client.call(f"read {self}", "head_object", Bucket=self.bucket, Key=self.key)
+        modified = head["LastModified"]
+        return SimpleNamespace(st_size=head["ContentLength"], st_mtime=modified.timestamp())
 
     def top_level(self) -> set[str]:
         """The names right under this prefix (files and folders), from one listing."""

@@ -24,6 +24,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
+from stateops.core.storage import delete_files, list_files, location
 from stateops.ops.bootstrap import killed_repartition
 from stateops.ops.repartition import proof_path, repartition_locked, undo_repartition
 from stateops.ops.rollback import refuse_pending_rollback
@@ -47,7 +48,7 @@ def checkpoint_state(checkpoint: str) -> tuple[int | None, list[int]]:
     Anything already in the folder goes through the checkpoint model first, so a damaged
     checkpoint is a one-line error here rather than a Spark stack trace.
     """
-    path = Path(checkpoint)
+    path = location(checkpoint)
     if not has_entries(path):
         return None, []
     cp = load_checkpoint(path)
@@ -60,7 +61,7 @@ def files_before(query: Query, before: datetime) -> list[Path]:
     Refused when the query already read, or planned to read, a file modified at or after it:
     that input is past the cutover, and it cannot be taken back.
     """
-    path = Path(query.checkpoint)
+    path = location(query.checkpoint)
     seen = set()
     if has_entries(path):
         cp = load_checkpoint(path)
@@ -251,9 +252,13 @@ def _discard_failed_start(query: Query, fresh: bool, error: str | None) -> str |
     """A first run that failed before any commit leaves a checkpoint without state, whose
     planned batch 0 pins the settings it failed with (Spark takes a restart's state store
     and shuffle settings from the offset log): removed, so the corrected entry starts afresh."""
-    if not error or not fresh or not Path(query.checkpoint).exists():
+    path = location(query.checkpoint)
+    if not error or not fresh or not path.exists():
         return error
-    shutil.rmtree(query.checkpoint)
+    if isinstance(path, Path):
+        shutil.rmtree(path)
+    else:
+        delete_files(path, sorted(list_files(path)))
     return f"{query_error_line(error)} (nothing was committed; the checkpoint it began is removed)"
 
 

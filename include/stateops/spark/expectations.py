@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from stateops.control.audit import audit_dir
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError
 from stateops.core.registry import Query
+from stateops.core.storage import S3Path, list_files
 from stateops.spark.export import read_state_variable, state_reads
 
 if TYPE_CHECKING:
@@ -62,14 +64,21 @@ def flatten_state(df: DataFrame) -> DataFrame:
     return df.select(*[c for f in df.schema.fields for c in leaves([f.name], f.dataType, f.name)])
 
 
-def last_validation(audit: Path, before: int | None = None) -> tuple[Path, dict] | None:
+def last_validation(
+    audit: Path | S3Path, before: int | None = None
+) -> tuple[Path | S3Path, dict] | None:
     """The latest validation result file under ``audit`` (of a batch before ``before``, if
     given) and its content; None if there is none."""
     found = []
-    for path in (audit / "validations").glob("batch-*.json"):
-        number = path.stem.removeprefix("batch-")
-        if number.isdigit() and (before is None or int(number) < before):
-            found.append((int(number), path))
+    folder = audit / "validations"
+    if isinstance(folder, S3Path):
+        names = list(list_files(folder))
+    else:
+        names = os.listdir(folder) if folder.is_dir() else []
+    for name in names:
+        number = name.removeprefix("batch-").removesuffix(".json")
+        if name.endswith(".json") and number.isdigit() and (before is None or int(number) < before):
+            found.append((int(number), folder / name))
     if not found:
         return None
     path = max(found)[1]

@@ -24,6 +24,7 @@ from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.formats import parse_offsets
 from stateops.core.staging import has_entries
+from stateops.core.storage import location, spark_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -75,8 +76,8 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
     reads = []
     # The batch's own partition count: state-metadata's is batch 0's for operators with v1
     # metadata, which Spark never rewrites (stale after a repartition).
-    partitions = parse_offsets(Path(checkpoint) / "offsets" / str(batch), batch).partitions
-    meta = spark.read.format("state-metadata").option("batchId", batch).load(checkpoint)
+    partitions = parse_offsets(location(checkpoint) / "offsets" / str(batch), batch).partitions
+    meta = spark.read.format("state-metadata").option("batchId", batch).load(spark_url(checkpoint))
     for row in meta.orderBy("operatorId", "stateStoreName").collect():
         base = {
             "operator_id": int(row["operatorId"]),
@@ -139,7 +140,7 @@ def read_state_variable(
     return (
         spark.read.format("statestore")
         .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
-        .load(checkpoint)
+        .load(spark_url(checkpoint))
     )
 
 
@@ -156,7 +157,7 @@ def read_ordered_state(
         spark.read.format("statestore")
         .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
         .option("flattenCollectionTypes", "false")
-        .load(checkpoint)
+        .load(spark_url(checkpoint))
     )
     exploded = lists.select("key", F.posexplode("list_value").alias(POSITION, "list_element"),
                             "partition_id")  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.checkpoint import load_checkpoint
+from stateops.core.storage import spark_url
 from stateops.spark.export import read_state_variable, state_checksum, state_reads
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def repartition_and_prove(
     metadata = {
         f"operator {row['operatorId']} {row['stateStoreName']}": int(row["numPartitions"])
         for row in spark.read.format("state-metadata").option("batchId", batch)
-        .load(checkpoint).collect()
+        .load(spark_url(checkpoint)).collect()
     }  # fmt: skip
     v2 = {op.operator_id for op in cp.operators if None not in op.metadata_files}
     failures = []

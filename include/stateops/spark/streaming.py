@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.core.errors import RegistryError
 from stateops.core.registry import Query, Registry, Source
+from stateops.core.storage import spark_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -203,7 +204,7 @@ def start_query(
     writer = (
         out.writeStream.queryName(query.name)
         .outputMode(query.output_mode)
-        .option("checkpointLocation", query.checkpoint)
+        .option("checkpointLocation", spark_url(query.checkpoint))
         .foreachBatch(lambda batch_df, batch_id: write_batch(batch_df, batch_id, query))
     )
     if available_now:
