@@ -10,7 +10,8 @@ is done here, once per kind of storage:
 - :func:`list_files`: every file with its size (local: parallel ``find``; S3: paged
   ``ListObjectsV2`` of each state folder at once, the sizes from the listing, no HEAD);
 - :func:`prefetch`: the small files a model reads (logs, metadata), fetched concurrently;
-- :func:`delete_files`: local ``unlink``; S3 ``DeleteObjects`` of up to 1,000 keys a request.
+- :func:`delete_files`: local ``unlink``; S3 ``DeleteObjects`` of up to 1,000 keys a request;
+- :func:`publish`: a checkpoint built in a local folder put into S3 whole (S3 has no rename).
 
 S3 connection settings are those of :func:`stateops.core.s3.s3_settings` (the environment, or
 the Airflow connection named by ``STATEOPS_CHECKPOINT_CONN_ID``); credentials are never
@@ -39,7 +40,6 @@ __all__ = [
     "S3Path",
     "copy_to_local",
     "delete_files",
-    "is_s3_url",
     "list_files",
     "location",
     "open_stream",
@@ -55,10 +55,6 @@ __all__ = [
 _SCHEMES = ("s3://", "s3a://")
 _DELETE_BATCH = 1000  # DeleteObjects takes at most 1,000 keys
 _WORKERS = 16
-
-
-def is_s3_url(path: object) -> bool:
-    return isinstance(path, S3Path) or str(path).startswith(_SCHEMES)
 
 
 def spark_url(path: str | os.PathLike[str] | S3Path) -> str:
@@ -207,9 +203,6 @@ class S3Path:
     def resolve(self) -> S3Path:
         return self
 
-    def relative_to(self, other: S3Path) -> PurePosixPath:
-        return PurePosixPath(self.key).relative_to(other.key)
-
     # -- reading ----------------------------------------------------------------------------
     def read_bytes(self) -> bytes:
         cached = self._cache.get(self.key)
@@ -272,9 +265,6 @@ class S3Path:
             raise FileNotFoundError(2, "no such object", str(self))
         self._client.call(f"delete {self}", "delete_object", Bucket=self.bucket, Key=self.key)
         self._cache.pop(self.key, None)
-
-    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
-        """S3 has no folders: nothing to make."""
 
     # -- many at once -----------------------------------------------------------------------
     def _list(self, prefix: str, delimiter: bool) -> tuple[dict[str, int], list[str]]:
