@@ -25,7 +25,7 @@ import pytest
 
 from stateops.control.audit import read_audit
 from stateops.control.lock import QueryLock
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import has_commit, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar
@@ -199,6 +199,7 @@ def story(request, spark, tmp_path_factory, s3_env) -> Story:
 def test_inspect_and_verify_answer_on_s3_as_on_the_local_copy(story: Story):
     local, remote = story.inspected
     assert remote["checkpoint"] == story.url
+    assert has_commit(story.url) and not has_commit(f"{story.url}-nothing-here")
     assert without_location(remote) == without_location(local)
     assert local["operators"], local  # a stateful query: the comparison covers its state
     local, remote = story.verified

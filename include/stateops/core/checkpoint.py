@@ -533,7 +533,7 @@ def has_commit(path: str | os.PathLike[str]) -> bool:
     then loads the model itself)."""
     root = location(path)
     if isinstance(root, S3Path):
-        return any(_BATCH_FILE.match(rel.partition("/")[2]) for rel in list_files(root / "commits"))
+        return any(_BATCH_FILE.match(rel) for rel in list_files(root / "commits"))
     try:
         return any(_BATCH_FILE.match(name) for name in os.listdir(root / "commits"))
     except (FileNotFoundError, NotADirectoryError):
