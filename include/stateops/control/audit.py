@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stateops.control import faults
-from stateops.core.storage import S3Path, list_files, location
+from stateops.core.storage import S3Path, file_names, location
 
 __all__ = ["append_audit", "audit_dir", "read_audit"]
 
@@ -70,7 +70,7 @@ def read_audit(checkpoint: str | os.PathLike[str]) -> list[dict[str, Any]]:
     directory = audit_dir(checkpoint)
     if isinstance(directory, S3Path):
         folder = directory / "records"
-        lines = [(folder / rel).read_text() for rel in sorted(list_files(folder))]
+        lines = [(folder / name).read_text() for name in sorted(file_names(folder))]
     else:
         path = directory / "audit.jsonl"
         lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []

@@ -44,7 +44,7 @@ from stateops.core.formats import (
     schema_file_refs,
 )
 from stateops.core.listing import walk
-from stateops.core.storage import S3Path, list_files, location, prefetch
+from stateops.core.storage import S3Path, file_names, location, prefetch
 
 __all__ = [
     "Checkpoint",
@@ -531,13 +531,7 @@ def has_commit(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` holds a committed batch, from a listing of its ``commits/`` log alone
     (for a scheduled operation that skips a query which has not committed yet; the operation
     then loads the model itself)."""
-    root = location(path)
-    if isinstance(root, S3Path):
-        return any(_BATCH_FILE.match(rel) for rel in list_files(root / "commits"))
-    try:
-        return any(_BATCH_FILE.match(name) for name in os.listdir(root / "commits"))
-    except (FileNotFoundError, NotADirectoryError):
-        return False
+    return any(_BATCH_FILE.match(name) for name in file_names(location(path) / "commits"))
 
 
 def require_checkpoint_dir(path: str | os.PathLike[str] | S3Path) -> Path | S3Path:

@@ -40,11 +40,13 @@ __all__ = [
     "S3Path",
     "copy_to_local",
     "delete_files",
+    "file_names",
     "list_files",
     "location",
     "open_stream",
     "prefetch",
     "publish",
+    "remove_all",
     "same_endpoint",
     "spark_url",
     "unfinished",
@@ -293,6 +295,26 @@ def list_files(root: Path | S3Path) -> dict[str, int]:
     return _list_s3(root)
 
 
+def file_names(folder: Path | S3Path) -> list[str]:
+    """The names of the files right in ``folder``; [] when it does not exist."""
+    if isinstance(folder, S3Path):
+        base = folder.key + "/"
+        return [key[len(base) :] for key in folder._list(base, delimiter=True)[0]]
+    try:
+        with os.scandir(folder) as entries:
+            return [e.name for e in entries if e.is_file(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def remove_all(root: Path | S3Path) -> None:
+    """Delete ``root`` and everything under it (for an S3 prefix: every object under it)."""
+    if isinstance(root, Path):
+        shutil.rmtree(root)
+    else:
+        delete_files(root, sorted(list_files(root)))
+
+
 def _list_s3(root: S3Path) -> dict[str, int]:
     """The root's folders one level at a time down to ``state/<op>/``; then each folder below
     (a partition: most of a checkpoint's objects) listed whole, several at once."""
@@ -339,7 +361,7 @@ def publish(staging: Path, target: S3Path, each: Callable[[str], None] = lambda 
     then the marker is removed; a prefix with the marker is an unfinished publish
     (:func:`unfinished`), which the next publish empties first. ``each(rel)`` after a file."""
     if unfinished(target):
-        delete_files(target, sorted(list_files(target)))  # a killed publish: ours to redo
+        remove_all(target)  # a killed publish: ours to redo
     (target / _PUBLISHING).write_bytes(b"")
     rels = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
     last = [rel for rel in rels if rel in ("metadata", ".metadata.crc")]

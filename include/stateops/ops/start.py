@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
-from stateops.core.storage import delete_files, list_files, location
+from stateops.core.storage import location, remove_all
 from stateops.ops.bootstrap import killed_repartition
 from stateops.ops.repartition import proof_path, repartition_locked, undo_repartition
 from stateops.ops.rollback import refuse_pending_rollback
@@ -255,10 +254,7 @@ def _discard_failed_start(query: Query, fresh: bool, error: str | None) -> str |
     path = location(query.checkpoint)
     if not error or not fresh or not path.exists():
         return error
-    if isinstance(path, Path):
-        shutil.rmtree(path)
-    else:
-        delete_files(path, sorted(list_files(path)))
+    remove_all(path)
     return f"{query_error_line(error)} (nothing was committed; the checkpoint it began is removed)"
 
 

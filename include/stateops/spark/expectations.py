@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from stateops.control.audit import audit_dir
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError
 from stateops.core.registry import Query
-from stateops.core.storage import S3Path, list_files
+from stateops.core.storage import S3Path, file_names
 from stateops.spark.export import read_state_variable, state_reads
 
 if TYPE_CHECKING:
@@ -71,11 +70,7 @@ def last_validation(
     given) and its content; None if there is none."""
     found = []
     folder = audit / "validations"
-    if isinstance(folder, S3Path):
-        names = list(list_files(folder))
-    else:
-        names = os.listdir(folder) if folder.is_dir() else []
-    for name in names:
+    for name in file_names(folder):
         number = name.removeprefix("batch-").removesuffix(".json")
         if name.endswith(".json") and number.isdigit() and (before is None or int(number) < before):
             found.append((int(number), folder / name))
