@@ -13,11 +13,8 @@ run completes with nothing lost.
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import json
 import shutil
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +34,7 @@ from stateops.ops.restore import restore_backup
 from stateops.ops.rollback import run_rollback
 from stateops.ops.transplant import transplant_checkpoint
 from tests.conftest import S3_SECRET, write_registry
+from tests.s3proxy import S3Proxy
 from tests.spark.harness import (
     ALL_CASES,
     Case,
@@ -299,49 +297,20 @@ def test_a_query_on_s3_reaches_spark_as_s3a_and_without_the_connector_fails_in_o
 # -- an endpoint that stops or throttles mid-cleanup ----------------------------------------
 
 
-class Throttling(http.server.ThreadingHTTPServer):
-    """A loopback proxy in front of the S3 server that answers every DeleteObjects request
-    with ``503 SlowDown``, as S3 does to a client over its request rate."""
+def throttling(upstream_port: int) -> S3Proxy:
+    """A proxy that answers every DeleteObjects request with ``503 SlowDown``, as S3 does to
+    a client over its request rate; ``throttled`` counts them."""
 
-    def __init__(self, upstream_port: int) -> None:
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_request(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.command == "POST" and "delete" in self.path:
-                    proxy.throttled += 1
-                    reply = (b"<Error><Code>SlowDown</Code><Message>Please reduce your "
+    def meddle(command: str, path: str, forward):
+        if command == "POST" and "delete" in path:
+            proxy.throttled += 1
+            return 503, [], (b"<Error><Code>SlowDown</Code><Message>Please reduce your "
                              b"request rate.</Message></Error>")  # fmt: skip
-                    self.send_response(503)
-                    self.send_header("Content-Length", str(len(reply)))
-                    self.end_headers()
-                    self.wfile.write(reply)
-                    return
-                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
-                conn.request(self.command, self.path, body, dict(self.headers))
-                answer = conn.getresponse()
-                data = answer.read()
-                self.send_response(answer.status)
-                for key, value in answer.getheaders():
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        return forward()
 
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_request
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.throttled = 0
-        super().__init__(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+    proxy = S3Proxy(upstream_port, meddle)
+    proxy.throttled = 0
+    return proxy
 
 
 @pytest.fixture
@@ -383,7 +352,7 @@ def test_a_throttling_endpoint_gives_one_line_and_a_second_run_completes(
     uploaded, s3_env, tmp_path, monkeypatch
 ):
     local, url = uploaded
-    proxy = Throttling(s3_env.port)
+    proxy = throttling(s3_env.port)
     try:
         monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", proxy.endpoint)
         with pytest.raises(StateOpsError) as err:

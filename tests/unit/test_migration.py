@@ -100,3 +100,13 @@ def test_stateops_migrate_names_the_source_that_moves(tmp_path):
         "error: source: query page_visits has no source 'clicks': it reads one source: leave the "
         "source name empty"
     ), proc.stderr
+
+
+def test_a_query_whose_checkpoint_is_in_s3_is_refused_before_anything_is_read(tmp_path):
+    path = write_registry(tmp_path, page_visits={"checkpoint": "s3a://checkpoints/page_visits"})
+    with pytest.raises(StateOpsError, match=(
+        r"^query page_visits: its checkpoint is in S3 \(s3a://checkpoints/page_visits"
+        r"\), and the migration runs on local checkpoints only for now; restore a backup into "
+        r"a local folder and migrate that \(docs/checkpoints-on-s3.md\)$"
+    )):  # fmt: skip
+        plan_migration(load_registry(path), "page_visits", {"path": "landing/elsewhere"})

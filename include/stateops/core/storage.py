@@ -21,6 +21,8 @@ is retried with backoff by botocore before it does.
 
 from __future__ import annotations
 
+import functools
+import html
 import io
 import os
 import re
@@ -31,8 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 from typing import Any, BinaryIO
-from urllib.parse import unquote
-from xml.etree import ElementTree
+from urllib.parse import unquote_plus
 
 from stateops.core.errors import StateOpsError
 
@@ -84,12 +85,22 @@ class _Client:
     in :func:`request_count`."""
 
     def __init__(self, settings: Any) -> None:
+        import botocore.handlers
+
         from stateops.core.s3 import s3_client
 
         self.endpoint = settings.endpoint_url or "AWS S3"
         self.s3 = s3_client(settings, retries=5)
         self.s3.meta.events.register("before-send.s3", _count)
-        self.s3.meta.events.register("before-parse.s3.ListObjectsV2", _keys_and_sizes)
+        # botocore's check for an error inside a 200 answer parses a whole listing page; ours
+        # calls it once the keys are out of the page (private name: if it goes, botocore's
+        # own stays registered and only the speed is lost).
+        check = getattr(botocore.handlers, "_handle_200_error", None)
+        if check is not None:
+            self.s3.meta.events.unregister("before-parse.s3.*", check)
+        self.s3.meta.events.register_first(
+            "before-parse.s3.*", functools.partial(_page_then_200_check, check)
+        )
 
     def call(self, what: str, method: str, **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -107,24 +118,41 @@ class _Client:
             raise s3_error(err, f"{what} at {self.endpoint}") from err
 
 
-_CONTENTS = re.compile(rb"<Contents>.*?</Contents>", re.S)
+_CONTENTS = re.compile(rb"<Contents>(.*?)</Contents>", re.S)
+_KEY = re.compile(rb"<Key>(.*?)</Key>", re.S)
+_SIZE = re.compile(rb"<Size>(\d+)</Size>")
 
 
-def _keys_and_sizes(response_dict: dict, customized_response_dict: dict, **_: Any) -> None:
-    """A listing page's keys and sizes, read in one pass (``KeySizes``), and the page without
-    them for botocore to parse: its parser costs about 100 us a key, most of the time of a
-    large checkpoint's listing. Error answers are left whole (botocore retries on them)."""
-    if response_dict.get("status_code") != 200:
-        return
-    body = response_dict["body"]
-    page = ElementTree.fromstring(body)
-    ns = page.tag[: page.tag.index("}") + 1] if page.tag.startswith("{") else ""
-    decode = unquote if page.findtext(f"{ns}EncodingType") == "url" else str
-    customized_response_dict["KeySizes"] = [
-        (decode(c.findtext(f"{ns}Key")), int(c.findtext(f"{ns}Size")))
-        for c in page.iter(f"{ns}Contents")
-    ]
-    response_dict["body"] = _CONTENTS.sub(b"", body)
+def _page_then_200_check(
+    check: Callable[..., None] | None,
+    response_dict: dict,
+    customized_response_dict: dict,
+    operation_model: Any,
+    **kwargs: Any,
+) -> None:
+    """Before botocore parses an answer: a listing page's keys and sizes are read here
+    (``KeySizes``) and taken out of the page, then botocore's check for an error inside a 200
+    answer runs on what is left. botocore's parser costs about 100 us a key, and its check
+    parses the whole page once more: most of a large checkpoint's listing time otherwise.
+    A cut-off page is left malformed for the check (it retries); errors are left whole."""
+    if operation_model.name == "ListObjectsV2" and response_dict.get("status_code") == 200:
+        body = response_dict["body"]
+        decode = _url_key if b"<EncodingType>url</EncodingType>" in body else _xml_key
+        customized_response_dict["KeySizes"] = [
+            (decode(_KEY.search(entry)[1]), int(_SIZE.search(entry)[1]))
+            for entry in _CONTENTS.findall(body)
+        ]
+        response_dict["body"] = _CONTENTS.sub(b"", body)
+    if check is not None:
+        check(operation_model=operation_model, response_dict=response_dict, **kwargs)
+
+
+def _url_key(raw: bytes) -> str:
+    return unquote_plus(raw.decode())
+
+
+def _xml_key(raw: bytes) -> str:
+    return html.unescape(raw.decode())
 
 
 _CLIENTS: dict[Any, _Client] = {}

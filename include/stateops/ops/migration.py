@@ -60,6 +60,7 @@ from stateops.core.registry import (
 )
 from stateops.core.staging import occupied
 from stateops.core.steps import MIGRATION_STEPS, fill
+from stateops.core.storage import S3Path, location
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.ops.carry import carry_differences, refuse_differences
@@ -236,6 +237,12 @@ def _form_checks(
     field. The query, the moved source's name, the new source, the cutover, the number of
     files in the new source, the new checkpoint's folder."""
     query = registry.query(name)
+    if isinstance(location(query.checkpoint), S3Path):
+        raise StateOpsError(
+            f"query {query.name}: its checkpoint is in S3 ({query.checkpoint}), and the "
+            "migration runs on local checkpoints only for now; restore a backup into a local "
+            "folder and migrate that (docs/checkpoints-on-s3.md)"
+        )
     with about("carry_over"):
         _refuse_immovable(query, carry_over)
     with about("source"):

@@ -1,0 +1,54 @@
+"""A loopback proxy in front of the test S3 server that can answer a request its own way:
+throttling, a page cut off, an error inside a 200 answer, as a real endpoint sometimes does."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+from collections.abc import Callable
+
+Answer = tuple[int, list[tuple[str, str]], bytes]  # status, headers, body
+Meddle = Callable[[str, str, Callable[[], Answer]], Answer]
+
+
+class S3Proxy(http.server.ThreadingHTTPServer):
+    """Forwards each request to ``127.0.0.1:upstream_port``, through ``meddle(command, path,
+    forward)``: it returns ``forward()`` (upstream's answer), changed or not, or an answer of
+    its own without forwarding. ``seen`` counts the requests it answered."""
+
+    def __init__(self, upstream_port: int, meddle: Meddle) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_request(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+                def forward() -> Answer:
+                    conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                    conn.request(self.command, self.path, body, dict(self.headers))
+                    answer = conn.getresponse()
+                    return answer.status, answer.getheaders(), answer.read()
+
+                status, headers, data = meddle(self.command, self.path, forward)
+                proxy.seen += 1
+                self.send_response(status)
+                for key, value in headers:
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_request
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.seen = 0
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
