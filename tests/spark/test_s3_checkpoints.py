@@ -7,8 +7,8 @@ restored into a new place; for the two pipelines a transplant of that into anoth
 result, brought back to local disk, holds the same files byte for byte (but the query id a
 transplant draws and the location operator metadata names) and continues with Spark to the
 same state and output as the local result. Damage on S3 is found and named as
-it is locally; an endpoint that stops or throttles mid-cleanup gives one line, and a second
-run completes with nothing lost.
+it is locally; an endpoint that stops or throttles mid-cleanup, or wrong credentials, give one
+line, and a second run completes with nothing lost.
 """
 
 from __future__ import annotations
@@ -343,6 +343,23 @@ def test_an_endpoint_stopped_mid_cleanup_gives_one_line_and_a_second_run_complet
     line = str(err.value)
     assert "\n" not in line and "the endpoint does not answer" in line and "run again" in line
     assert S3_SECRET not in line
+    run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
+    assert contents(from_s3) == _cleaned_locally(local)
+
+
+def test_wrong_credentials_give_one_line_and_a_second_run_completes(
+    uploaded, s3_env, tmp_path, monkeypatch
+):
+    local, url = uploaded
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(StateOpsError) as err:
+        run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    line = str(err.value)
+    assert "\n" not in line and "SignatureDoesNotMatch: check the secret key" in line, line
+    assert "not-the-secret" not in line
+    assert contents(download(s3_env, tmp_path.name, tmp_path / "untouched")) == contents(local)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
     run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
     from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
