@@ -15,7 +15,7 @@ Meddle = Callable[[str, str, Callable[[], Answer]], Answer]
 class S3Proxy(http.server.ThreadingHTTPServer):
     """Forwards each request to ``127.0.0.1:upstream_port``, through ``meddle(command, path,
     forward)``: it returns ``forward()`` (upstream's answer), changed or not, or an answer of
-    its own without forwarding. ``seen`` counts the requests it answered."""
+    its own without forwarding. ``requests``: (command, path, headers) of each it answered."""
 
     def __init__(self, upstream_port: int, meddle: Meddle) -> None:
         proxy = self
@@ -31,7 +31,7 @@ class S3Proxy(http.server.ThreadingHTTPServer):
                     return answer.status, answer.getheaders(), answer.read()
 
                 status, headers, data = meddle(self.command, self.path, forward)
-                proxy.seen += 1
+                proxy.requests.append((self.command, self.path, dict(self.headers)))
                 self.send_response(status)
                 for key, value in headers:
                     if key.lower() not in ("content-length", "transfer-encoding", "connection"):
@@ -45,7 +45,7 @@ class S3Proxy(http.server.ThreadingHTTPServer):
             def log_message(self, *args) -> None:
                 pass
 
-        self.seen = 0
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
         super().__init__(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 

@@ -27,13 +27,14 @@ from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar
 from stateops.core.report import checkpoint_report
+from stateops.core.s3 import S3Settings, s3_client
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import backup_checkpoint
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.restore import restore_backup
 from stateops.ops.rollback import run_rollback
 from stateops.ops.transplant import transplant_checkpoint
-from tests.conftest import S3_SECRET, write_registry
+from tests.conftest import S3_KEY, S3_SECRET, write_registry
 from tests.s3proxy import S3Proxy
 from tests.spark.harness import (
     ALL_CASES,
@@ -346,6 +347,26 @@ def test_an_endpoint_stopped_mid_cleanup_gives_one_line_and_a_second_run_complet
     run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
     from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
+
+
+def test_a_backup_to_another_endpoint_streams_the_objects_through(uploaded, s3_env, tmp_path):
+    local, url = uploaded
+    proxy = S3Proxy(s3_env.port, lambda command, path, forward: forward())  # another endpoint
+    try:
+        other = s3_client(S3Settings(proxy.endpoint, "us-east-1", S3_KEY, S3_SECRET))
+        manifest = backup_checkpoint(url, f"s3://backups/{tmp_path.name}", other, log=quiet)
+    finally:
+        proxy.shutdown()
+    puts = [headers for command, _, headers in proxy.requests if command == "PUT"]
+    assert puts and not any("x-amz-copy-source" in {h.lower() for h in p} for p in puts)
+    local_backup = backup_checkpoint(local, f"s3://backups/{tmp_path.name}-local",
+                                     s3_env.client(), log=quiet)  # fmt: skip
+    restored = {}
+    for name, url in (("streamed", f"{tmp_path.name}/{manifest['backup_id']}"),
+                      ("local", f"{tmp_path.name}-local/{local_backup['backup_id']}")):  # fmt: skip
+        restored[name] = tmp_path / f"restored-{name}"
+        restore_backup(f"s3://backups/{url}", restored[name], s3_env.client(), log=quiet)
+    assert comparable(restored["streamed"], False) == comparable(restored["local"], False)
 
 
 def test_wrong_credentials_give_one_line_and_a_second_run_completes(

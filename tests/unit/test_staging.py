@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -36,6 +37,24 @@ def test_the_folder_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
         assert staging.path.is_dir() and staging.path.name.startswith("ckpt.restoring-")
         # Its own folder, locked while it lives, is not stale to anyone.
         assert stale_staging(target, "restoring") == []
+
+
+def test_a_killed_run_into_s3_leaves_its_folder_where_the_next_run_finds_it(tmp_path, monkeypatch):
+    """An S3 target is built in a local folder, then published: named after the target's key
+    under the temp folder, a killed run's folder is removed by the next run as locally."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    target = "s3://checkpoints/queries/ckpt"
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, target],
+                            env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    place = tmp_path / "stateops-staging" / "checkpoints" / "queries"
+    [left] = [p for p in place.iterdir() if p.name.startswith("ckpt.restoring-")]
+    assert stale_staging(target, "restoring") == [left]
+
+    with Staging(target, "restoring") as staging:
+        assert staging.removed == [str(left)] and not left.exists()
+        assert staging.path.parent == place
+    assert not staging.path.exists(), "an S3 target's folder goes at the end, published or not"
 
 
 def test_the_folder_of_a_live_run_and_anything_not_so_named_are_left_alone(tmp_path):

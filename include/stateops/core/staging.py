@@ -87,13 +87,19 @@ def _in_use(folder: Path) -> bool:
     return False
 
 
-def stale_staging(target: str | os.PathLike[str] | S3Path, kind: str) -> list[Path]:
-    """The staging folders of ``target`` that killed runs of ``kind`` left behind (none for
-    an S3 target: its staging folder is a temporary one, its killed publish is redone)."""
+def _named_after(target: str | os.PathLike[str] | S3Path) -> Path:
+    """The path a target's staging folders are named after: the target's own; for an S3
+    target (built locally, then published: storage.publish) the same key under the temp
+    folder, so that a killed run's folder is found and removed as beside a local target."""
+    target = location(target)
     if isinstance(target, S3Path):
-        return []
-    target = Path(target).absolute()
-    return [f for f in _staging_folders(target, kind) if not _in_use(f)]
+        return Path(tempfile.gettempdir(), "stateops-staging", target.bucket, target.key)
+    return target.absolute()
+
+
+def stale_staging(target: str | os.PathLike[str] | S3Path, kind: str) -> list[Path]:
+    """The staging folders of ``target`` that killed runs of ``kind`` left behind."""
+    return [f for f in _staging_folders(_named_after(target), kind) if not _in_use(f)]
 
 
 @contextmanager
@@ -108,9 +114,7 @@ def _folder_lock(folder: Path) -> Iterator[None]:
 
 def remove_stale_staging(target: str | os.PathLike[str] | S3Path, kind: str) -> list[str]:
     """Remove the staging folders killed runs of ``kind`` left beside ``target``; their paths."""
-    if isinstance(target, S3Path):
-        return []
-    target = Path(target).absolute()
+    target = _named_after(target)
     if not target.parent.is_dir():
         return []
     with _folder_lock(target.parent):
@@ -132,23 +136,20 @@ class Staging:
     def __init__(self, target: str | os.PathLike[str] | S3Path, kind: str) -> None:
         target = location(target)
         self.target = target.absolute() if isinstance(target, Path) else target
+        self._named_after = _named_after(target)
         self.kind = kind
         self.stamp = new_stamp()
-        self.path = self.target.with_name(f"{self.target.name}.{kind}-{self.stamp}")
+        self.path = self._named_after.with_name(f"{self._named_after.name}.{kind}-{self.stamp}")
         self.removed: list[str] = []
         self._fd: int | None = None
 
     def __enter__(self) -> Staging:
-        if isinstance(self.target, S3Path):
-            # An S3 target is built in a local folder and published (storage.publish); the
-            # folder goes at the end, published or not.
-            self.path = Path(tempfile.mkdtemp(prefix=f"stateops-{self.kind}-"))
-            return self
-        self.target.parent.mkdir(parents=True, exist_ok=True)
+        here = self._named_after
+        here.parent.mkdir(parents=True, exist_ok=True)
         # Under the parent's flock, another run cannot create its folder between our look for
         # stale ones and their removal (it would be new, unlocked for an instant, and removed).
-        with _folder_lock(self.target.parent):
-            self.removed = _remove_stale(self.target, self.kind)
+        with _folder_lock(here.parent):
+            self.removed = _remove_stale(here, self.kind)
             self.path.mkdir()
             self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -160,7 +161,7 @@ class Staging:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None or isinstance(self.target, S3Path):
+        if exc_type is not None or isinstance(self.target, S3Path):  # S3: published or not
             shutil.rmtree(self.path, ignore_errors=True)
         if self._fd is not None:
             os.close(self._fd)

@@ -209,7 +209,15 @@ def _transfer(manager: Any, client: Any, source: Path | S3Path, loc: S3Location,
         return manager.upload(str(source), loc.bucket, key)
     if same_endpoint(source, client):
         return manager.copy({"Bucket": source.bucket, "Key": source.key}, loc.bucket, key)
-    return manager.upload(open_stream(source), loc.bucket, key)
+    from s3transfer.subscribers import BaseSubscriber
+
+    stream = open_stream(source)
+
+    class CloseWhenDone(BaseSubscriber):
+        def on_done(self, future: Any, **kwargs: Any) -> None:
+            stream.close()
+
+    return manager.upload(stream, loc.bucket, key, subscribers=[CloseWhenDone()])
 
 
 def split_backup_url(url: str) -> tuple[S3Location, str]:
