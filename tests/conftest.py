@@ -259,6 +259,25 @@ class S3Server:
 
         return s3_client(S3Settings(self.endpoint, "us-east-1", S3_KEY, secret))
 
+    def upload(self, local: Path, bucket: str, prefix: str) -> str:
+        """Every file under ``local`` to ``bucket/prefix`` through the S3 API (rclone does not
+        list at once files put into its folder beside it); their URL."""
+        client = self.client()
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local)}")
+        return f"s3://{bucket}/{prefix}"
+
+    def download(self, bucket: str, prefix: str, local: Path) -> Path:
+        """Every object under ``bucket/prefix`` into the folder ``local``; ``local``."""
+        client = self.client()
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+        for page in pages:
+            for obj in page.get("Contents", []):
+                target = local / obj["Key"][len(prefix) + 1 :]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, obj["Key"], str(target))
+        return local
+
     def env(self) -> dict[str, str]:
         """The environment the CLI reads S3 settings from."""
         return {

@@ -207,12 +207,7 @@ class CleanupOnS3(Cleanup):
 
     def prepare(self, trial: str) -> str:
         local = _copy(self.world, self.dir / "work")
-        url = f"s3://backups/faults-cleanup/{trial}"
-        client = self.world.s3.client()
-        for path in sorted(p for p in local.rglob("*") if p.is_file()):
-            key = f"faults-cleanup/{trial}/{path.relative_to(local)}"
-            client.upload_file(str(path), "backups", key)
-        return url
+        return self.world.s3.upload(local, "backups", f"faults-cleanup/{trial}")
 
     def command(self, url: str) -> tuple[list[str], dict[str, str]]:
         return ["cleanup", url, "--retain-batches", "2"], self.world.s3.env()
@@ -220,14 +215,7 @@ class CleanupOnS3(Cleanup):
     def _download(self, url: str) -> Path:
         local = self.dir / "downloaded"
         shutil.rmtree(local, ignore_errors=True)
-        client, prefix = self.world.s3.client(), url.removeprefix("s3://backups/") + "/"
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket="backups",
-                                                                     Prefix=prefix):  # fmt: skip
-            for obj in page.get("Contents", []):
-                target = local / obj["Key"][len(prefix) :]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                client.download_file("backups", obj["Key"], str(target))
-        return local
+        return self.world.s3.download("backups", url.removeprefix("s3://backups/"), local)
 
     def capture(self, url: str) -> dict[str, str]:
         return tree_digest(self._download(url))

@@ -69,24 +69,6 @@ def s3_env(s3):
         yield s3
 
 
-def upload(s3, local: Path, prefix: str) -> str:
-    client = s3.client()
-    for path in sorted(p for p in local.rglob("*") if p.is_file()):
-        client.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(local)}")
-    return f"s3://{BUCKET}/{prefix}"
-
-
-def download(s3, prefix: str, local: Path) -> Path:
-    client = s3.client()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
-                                                                 Prefix=prefix + "/"):  # fmt: skip
-        for obj in page.get("Contents", []):
-            target = local / obj["Key"][len(prefix) + 1 :]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(BUCKET, obj["Key"], str(target))
-    return local
-
-
 def contents(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
@@ -168,7 +150,7 @@ def story(request, spark, tmp_path_factory, s3_env) -> Story:
     case: Case = request.param
     root = built(spark, tmp_path_factory, case)
     local = copy_checkpoint(root / "ck-original", root / "ck-local")
-    url = upload(s3_env, local, case.name)
+    url = s3_env.upload(local, BUCKET, case.name)
 
     inspected = tuple(checkpoint_report(load_checkpoint(c), 2) for c in (local, url))
     verified = tuple(verify_checkpoint(c) for c in (local, url))
@@ -176,7 +158,7 @@ def story(request, spark, tmp_path_factory, s3_env) -> Story:
         chain(s3_env, case, local, root, "local", lambda what: root / f"ck-local-{what}"),
         chain(s3_env, case, url, root, "s3", lambda what: f"{url}-{what}"),
     )
-    from_s3 = download(s3_env, s3_result[len(f"s3://{BUCKET}/") :], root / "ck-from-s3")
+    from_s3 = s3_env.download(BUCKET, s3_result[len(f"s3://{BUCKET}/") :], root / "ck-from-s3")
     transplanted = case.name in TRANSPLANTED
     files = (comparable(local_result, transplanted), comparable(from_s3, transplanted))
 
@@ -233,7 +215,7 @@ def _damaged(s3, story: Story, tmp_path: Path, name: str, damage) -> tuple[dict,
     """Verify findings of the same damage done to a local copy and to an S3 copy."""
     local = copy_checkpoint(story.root / "ck-original", tmp_path / name)
     prefix = f"{story.case.name}-{name}"
-    url = upload(s3, local, prefix)
+    url = s3.upload(local, BUCKET, prefix)
     client = s3.client()
 
     def delete(rel: str) -> None:
@@ -319,7 +301,7 @@ def uploaded(spark, tmp_path_factory, s3_env, tmp_path) -> tuple[Path, str]:
     """A local copy of the first case's checkpoint and the same bytes in S3."""
     root = built(spark, tmp_path_factory, CASES[0])
     local = copy_checkpoint(root / "ck-original", tmp_path / "local")
-    return local, upload(s3_env, local, tmp_path.name)
+    return local, s3_env.upload(local, BUCKET, tmp_path.name)
 
 
 def _cleaned_locally(local: Path) -> dict[str, bytes]:
@@ -345,7 +327,7 @@ def test_an_endpoint_stopped_mid_cleanup_gives_one_line_and_a_second_run_complet
     assert "\n" not in line and "the endpoint does not answer" in line and "run again" in line
     assert S3_SECRET not in line
     run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
-    from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
+    from_s3 = s3_env.download(BUCKET, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
 
 
@@ -379,10 +361,12 @@ def test_wrong_credentials_give_one_line_and_a_second_run_completes(
     line = str(err.value)
     assert "\n" not in line and "SignatureDoesNotMatch: check the secret key" in line, line
     assert "not-the-secret" not in line
-    assert contents(download(s3_env, tmp_path.name, tmp_path / "untouched")) == contents(local)
+    assert contents(s3_env.download(BUCKET, tmp_path.name, tmp_path / "untouched")) == contents(
+        local
+    )
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
     run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
-    from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
+    from_s3 = s3_env.download(BUCKET, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
 
 
@@ -400,8 +384,10 @@ def test_a_throttling_endpoint_gives_one_line_and_a_second_run_completes(
     line = str(err.value)
     assert "\n" not in line and "SlowDown" in line and "throttling" in line, line
     assert proxy.throttled == 6  # the first try and 5 retries, backing off
-    assert contents(download(s3_env, tmp_path.name, tmp_path / "untouched")) == contents(local)
+    assert contents(s3_env.download(BUCKET, tmp_path.name, tmp_path / "untouched")) == contents(
+        local
+    )
     monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", s3_env.endpoint)
     run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
-    from_s3 = download(s3_env, tmp_path.name, tmp_path / "from-s3")
+    from_s3 = s3_env.download(BUCKET, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
