@@ -27,7 +27,10 @@ logged() {  # logged NAME COMMAND...: output to $DATA/NAME.log; on failure, its 
 }
 
 # The demo owns its data folder: it starts afresh, but never wipes a folder it did not create.
-if [ -d "$DATA" ] && [ ! -f "$DATA/.demo" ] && [ -n "$(ls -A "$DATA")" ]; then
+# Folders and empty lock guards (what a lifecycle lock leaves, e.g. of an S3 checkpoint's
+# operations under the default registry, or of an older version) are no data.
+if [ -d "$DATA" ] && [ ! -f "$DATA/.demo" ] &&
+  [ -n "$(find "$DATA" -mindepth 1 ! -type d ! \( -name '*.guard' -size 0 \) -print -quit)" ]; then
   echo "error: $DATA holds data the demo did not create; set STATEOPS_DATA_DIR to another folder" >&2
   exit 2
 fi

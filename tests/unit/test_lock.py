@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from stateops.control.lock import (
     QueryLock,
+    checkpoint_lock,
     force_release,
     hold_query,
     read_hold,
@@ -15,6 +19,8 @@ from stateops.control.lock import (
     release_hold,
 )
 from stateops.core.errors import LockHeldError
+from stateops.core.registry import load_registry
+from tests.conftest import ROOT, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -134,3 +140,87 @@ def test_expired_hold_is_no_hold_and_force_release_removes_it(tmp_path):
     force_release(path)
     hold_query(path, "q", "migration", "mig-2")
     assert force_release(path).run_id == "mig-2" and read_hold(path) is None
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir())
+
+
+def test_an_s3_checkpoints_lock_leaves_no_file_once_released(tmp_path, s3, monkeypatch):
+    """Issue 40: the lock of an S3 checkpoint lives in the registry's data folder, and every
+    operation on it left its ``.lock.guard`` there, which `make demo` then refused."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    marker = tmp_path / "ck"
+    marker.mkdir()
+    (marker / "metadata").write_text('{"id":"x"}')  # what makes a prefix a checkpoint
+    url = s3.upload(marker, "backups", "guards/ck")
+    registry = load_registry(write_registry(tmp_path / "data"))
+    data = registry.data_dir
+    before = _files(data)
+    with checkpoint_lock(url, registry, "cleanup", "cleanup-1") as lock:
+        assert lock.path.is_relative_to(registry.state_dir / "locks" / "s3" / "backups")
+        assert _files(data) != before
+    assert _files(data) == before
+    path = registry.state_dir / "locks" / "s3" / "backups" / "guards" / "ck.lock"
+    hold_query(path, str(url), "migration", "mig-1")
+    with QueryLock(path, str(url), "run", "mig-1"):
+        pass
+    assert release_hold(path, "mig-1") and _files(data) == before
+    QueryLock(path, str(url), "cleanup").acquire()  # a holder gone without releasing
+    force_release(path)
+    assert _files(data) == before == ["registry.yaml"]
+    (data / "registry.yaml").unlink()  # the registry's data folder as the demo's own
+    demo = subprocess.run(
+        [str(ROOT / "scripts" / "demo.sh")], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "STATEOPS_DATA_DIR": str(data), "STATEOPS_REGISTRY": "/nonexistent"},
+    )  # fmt: skip
+    assert "did not create" not in demo.stderr and (data / ".demo").exists(), demo.stderr
+    assert demo.returncode != 0 and "/nonexistent" in demo.stdout + demo.stderr, "stopped next"
+
+
+def test_the_demo_refuses_a_data_folder_with_files_it_did_not_create(tmp_path):
+    (tmp_path / "_stateops" / "locks").mkdir(parents=True)
+    (tmp_path / "_stateops" / "locks" / "q.lock.guard").touch()  # as an older version left
+    (tmp_path / "notes.txt").write_text("mine")
+    demo = subprocess.run(
+        [str(ROOT / "scripts" / "demo.sh")], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "STATEOPS_DATA_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert demo.returncode == 2 and "holds data the demo did not create" in demo.stderr
+    assert (tmp_path / "notes.txt").exists()
+
+
+def _take_turns(path: Path, inside: Path, rounds: int, clashes) -> None:
+    for _ in range(rounds):
+        try:
+            lock = QueryLock(path, "q", "race")
+            lock.acquire()
+        except LockHeldError:
+            continue
+        try:
+            fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            clashes.put(1)  # two holders at once
+        else:
+            os.close(fd)
+            os.unlink(inside)
+        lock.release()
+
+
+def test_a_guard_removed_while_another_waits_on_it_admits_one_holder_at_a_time(tmp_path):
+    """Each release removes the guard file: a taker that waited on the removed one must not
+    hold the lock beside a taker of the new one."""
+    path, inside = tmp_path / "q.lock", tmp_path / "inside"
+    clashes = multiprocessing.Queue()
+    procs = [
+        multiprocessing.Process(target=_take_turns, args=(path, inside, 1000, clashes))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert clashes.empty()
+    assert _files(tmp_path) == []

@@ -36,8 +36,12 @@ __all__ = [
     "LockInfo",
     "QueryLock",
     "checkpoint_lock",
+    "describe_lock",
     "force_release",
     "hold_query",
+    "holder_gone",
+    "holder_pid",
+    "lock_state",
     "new_run_id",
     "read_hold",
     "read_lock",
@@ -72,7 +76,31 @@ def read_lock(path: Path) -> LockInfo | None:
 def live_lock(path: Path) -> LockInfo | None:
     """The lock while its holder holds it (not expired, its process not known to be gone)."""
     held = read_lock(path)
-    return None if held is None or held.expired or _holder_gone(held) else held
+    return None if held is None or held.expired or holder_gone(held) else held
+
+
+def lock_state(held: LockInfo) -> str:
+    """``holder gone`` (its process on this host no longer exists), ``expired`` or ``held``."""
+    if holder_gone(held):
+        return "holder gone"
+    return "expired" if held.expired else "held"
+
+
+def describe_lock(query: str, held: LockInfo, state: str) -> str:
+    """One line on a lock (``state``: :func:`lock_state`, ``hold`` or ``released``), with what
+    to do where the holder is gone."""
+    who = f"{held.operation} (run id {held.run_id}, {held.owner})"
+    if state == "released":
+        return f"{query}: released the lock of {who}"
+    if state == "hold":
+        return f"{query}: held for the steps of {who} until {_until(held)}"
+    if state == "holder gone":
+        return (f"{query}: locked by {who}, whose process is gone (killed or crashed): "
+                f"stateops lock release {query}")  # fmt: skip
+    if state == "expired":
+        return (f"{query}: locked by {who}, expired at {_until(held)}: its holder stopped "
+                f"renewing it (gone or hung): stateops lock release {query}")  # fmt: skip
+    return f"{query}: locked by {who} until {_until(held)}"
 
 
 def _hold_path(path: Path) -> Path:
@@ -151,23 +179,46 @@ def release_hold(path: Path, run_id: str) -> bool:
 
 @contextmanager
 def _guarded(path: Path) -> Iterator[None]:
-    """Exclusive flock on ``<lock>.guard``: every read-modify-write of a lock happens under it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".guard"), "a") as guard:
+    """Exclusive flock on ``<lock>.guard``: every read-modify-write of a lock happens under it.
+
+    The guard goes once neither the lock nor a hold is left, so an operation leaves no file
+    behind in the state folder. A process that waited on a guard removed meanwhile holds an
+    flock on a file nobody else will open: it checks that the path still names the file it
+    locked, and otherwise starts again.
+    """
+    guard_path = path.with_name(path.name + ".guard")
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        guard = open(guard_path, "a")  # noqa: SIM115 (closed below, after the unlock)
         fcntl.flock(guard, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(guard, fcntl.LOCK_UN)
+            if os.stat(guard_path).st_ino == os.fstat(guard.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        guard.close()
+    try:
+        yield
+    finally:
+        if not path.exists() and not _hold_path(path).exists():
+            guard_path.unlink(missing_ok=True)
+        fcntl.flock(guard, fcntl.LOCK_UN)
+        guard.close()
 
 
-def _holder_gone(held: LockInfo) -> bool:
-    """The holder was a process on this host that no longer exists (killed, crashed)."""
+def holder_pid(held: LockInfo) -> tuple[str, int] | None:
+    """(host, pid) of the process holding ``held`` (a hold records none: None)."""
     host, _, pid = held.owner.rpartition("@")[2].rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+    return (host, int(pid)) if host and pid.isdigit() else None
+
+
+def holder_gone(held: LockInfo) -> bool:
+    """The holder was a process on this host that no longer exists (killed, crashed)."""
+    where = holder_pid(held)
+    if where is None or where[0] != socket.gethostname():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(where[1], 0)
     except ProcessLookupError:
         return True
     except PermissionError:
@@ -215,7 +266,7 @@ class QueryLock:
         with _guarded(self.path):
             _refuse_hold(self.path, self.query, self.run_id)
             held = read_lock(self.path)
-            if held and not held.expired and not _holder_gone(held) and held.token != self.token:
+            if held and not held.expired and not holder_gone(held) and held.token != self.token:
                 raise LockHeldError(
                     f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "
                     f"{held.owner}) until {_until(held)}; "
