@@ -7,14 +7,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from stateops import __version__
 from stateops.control.audit import audit_dir, read_audit
-from stateops.control.lock import force_release, read_hold, read_lock
+from stateops.control.lock import (
+    describe_lock,
+    force_release,
+    lock_state,
+    read_hold,
+    read_lock,
+)
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.core.errors import StateOpsError, domain_errors, one_line
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
@@ -503,22 +508,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
-    path = registry.lock_path(registry.query(args.query).name)
-    held = force_release(path) if args.action == "release" else read_lock(path) or read_hold(path)
-    state = None if held is None else "released" if args.action == "release" else (
-        "expired" if held.expired else "held")  # fmt: skip
+    name = registry.query(args.query).name
+    path = registry.lock_path(name)
+    if args.action == "release":
+        held, state = force_release(path), "released"
+    else:
+        held = read_lock(path)
+        state = None if held is None else lock_state(held)
+        if held is None and (held := read_hold(path)) is not None:
+            state = "hold"
     if args.json:
         print(json.dumps({"query": args.query, "state": state,
                           "lock": None if held is None else asdict(held)}))  # fmt: skip
         return 0
-    if held is None:
-        print(f"{args.query}: not locked")
-    else:
-        until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.expires_at))
-        print(
-            f"{args.query}: {state}: {held.operation} run {held.run_id} "
-            f"by {held.owner}, until {until}"
-        )
+    print(f"{args.query}: not locked" if held is None else describe_lock(name, held, state))
     return 0
 
 
@@ -527,11 +530,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if not audit_dir(path).is_dir():  # a checkpoint restored elsewhere keeps its log here
         require_checkpoint_dir(path)
     for record in read_audit(path):
+        before, after = record["batch_before"], record["batch_after"]
+        batch = f"batch {after}" if before == after else f"batch {before} -> {after}"
         print(
             json.dumps(record, sort_keys=True)
             if args.json
             else f"{record['time']}  {record['operation']:<10} {record['result']:<10} "
-            f"batch {record['batch_before']} -> {record['batch_after']}  run {record['run_id']}"
+            f"{batch}  run {record['run_id']}"
         )
     return 0
 

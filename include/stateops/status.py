@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stateops.control.audit import audit_dir, read_audit
-from stateops.control.lock import read_hold, read_lock
+from stateops.control.lock import lock_state, read_hold, read_lock
 from stateops.control.markers import read_rollback
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import StateOpsError
@@ -31,6 +31,7 @@ __all__ = [
     "format_status",
     "health",
     "query_status",
+    "unfinished_backfill",
 ]
 
 # The operations that change where a query's state came from (shown as its lineage).
@@ -59,8 +60,10 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         "last_run": None,
         "last_cleanup": None,
         "backups": [],
+        "backups_listed": s3_client is not None,
         "last_validation": None,
         "lineage": [],
+        "unfinished_backfill": None,
         "errors": [],
     }
     cp = None
@@ -81,7 +84,11 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     records = _history(query.checkpoint)
     cleanups = [r for r in records if r["operation"] == "cleanup"]
     status["last_cleanup"] = cleanups[-1] if cleanups else None
-    status["lineage"] = [r for r in records if r["operation"] in LINEAGE_OPERATIONS]
+    # A backfill records each step as it completes: its last record says how far it got.
+    last = {(r["operation"], r.get("run_id")): r for r in records}
+    status["lineage"] = [r for r in records if r["operation"] in LINEAGE_OPERATIONS
+                         and last[r["operation"], r.get("run_id")] is r]  # fmt: skip
+    status["unfinished_backfill"] = unfinished_backfill(name, records)
     status["last_validation"] = v = _last_validation(query)
     if v and len(status["operators"]) == 1:  # rows per state variable, read by the validation
         op = status["operators"][0]
@@ -119,15 +126,25 @@ def health(
         fail.append(f"the last validation (batch {v['batch_id']}) failed: {v['file']}")
     lock = registry.lock_path(query.name)
     held = read_lock(lock)
-    if held is not None and held.operation != "run":
-        if held.expired:
-            warn.append(f"{held.operation} run {held.run_id} left the lock expired: its "
-                        f"holder is gone (stateops lock release {query.name})")  # fmt: skip
-        else:
-            warn.append(f"{held.operation} run {held.run_id} holds the query")
+    state = None if held is None else lock_state(held)
+    if held is not None:
+        who = f"{held.operation} (run id {held.run_id})"
+        if state == "holder gone":
+            warn.append(f"{who} was killed or crashed holding the lock (process {held.owner} "
+                        f"is gone): stateops lock release {query.name}")  # fmt: skip
+        elif state == "expired":
+            warn.append(f"{who} left the lock expired: its holder is gone or hung "
+                        f"(stateops lock release {query.name})")  # fmt: skip
+        elif held.operation != "run":
+            warn.append(f"{who} holds the query")
     hold = read_hold(lock)
     if hold is not None:
-        warn.append(f"{hold.operation} run {hold.run_id} holds the query (other operations wait)")
+        warn.append(f"{hold.operation} (run id {hold.run_id}) holds the query (other "
+                    "operations wait)")  # fmt: skip
+    if cp is not None and cp.uncommitted_batches and state != "held":
+        warn.append(_planned_batch(query.name, cp.uncommitted_batches[0], cp.last_committed_batch))
+    if status["unfinished_backfill"]:
+        warn.append(status["unfinished_backfill"])
     if status["last_committed_batch"] is None:
         warn.append("no committed batch yet (stream_start runs it)")
     elif cp is not None:
@@ -136,6 +153,36 @@ def health(
         warn += _backup_age(registry, status["backups"], now)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"
     return {"verdict": verdict, "reasons": fail + warn}
+
+
+def _planned_batch(name: str, batch: int, last: int | None) -> str:
+    drop = f" (or drop it: stateops rollback {name} --to-batch {last})" if last is not None else ""
+    return (f"batch {batch} is planned but not committed (a run was interrupted): "
+            f"stateops run {name} finishes it{drop}")  # fmt: skip
+
+
+def unfinished_backfill(name: str, records: list[dict[str, Any]]) -> str | None:
+    """Why the last backfill of ``name`` is unfinished (killed or failed after its rollback),
+    with what it had done and how to go on; None when it finished, or a successful run of the
+    query came after its rollback (its reprocessing, or a run that did the same).
+    ``records``: the checkpoint's audit records, oldest first (a backfill writes one as each
+    of its steps completes: ``rolled back``, then ``succeeded``, or ``failed``)."""
+    backfills = [i for i, r in enumerate(records) if r["operation"] == "backfill"]
+    if not backfills or records[backfills[-1]]["result"] == "succeeded":
+        return None
+    last = records[backfills[-1]]
+    i = next((i for i in backfills if records[i]["run_id"] == last["run_id"]
+              and records[i]["result"] == "rolled back"), None)  # fmt: skip
+    if i is None or any(r["operation"] == "run" and r["result"] == "succeeded"
+                        for r in records[i + 1 :]):  # fmt: skip
+        return None
+    rolled = records[i]
+    error = f": {last['error']}" if last.get("error") else ""
+    registry = f" --registry {rolled['registry']}" if rolled.get("changes") else ""
+    return (f"backfill run {last['run_id']} did not finish ({last['result']}{error}): it rolled "
+            f"back to batch {rolled['batch_after']} (backup {rolled.get('backup_id')}) and "
+            f"did not reprocess; stateops run {name}{registry} reprocesses from there, as the "
+            "backfill would have")  # fmt: skip
 
 
 def _waiting_input(query: Any, cp: Checkpoint, now: datetime) -> list[str]:
@@ -261,6 +308,7 @@ def format_status(status: dict[str, Any]) -> str:
     lines.append(f"  last cleanup    {describe_cleanup(s['last_cleanup'])}")
     unlisted = any(e.startswith("backups: ") for e in s["errors"])
     lines.append("  backups         unknown (the error below)" if unlisted else
+                 "  backups         not listed (--no-backups)" if not s["backups_listed"] else
                  f"  backups         {len(s['backups'])}" + "".join(
         f"\n    {b['backup_id']}  batch {b['batch_id']}  {format_bytes(b['bytes'])}"
         for b in s["backups"]))  # fmt: skip

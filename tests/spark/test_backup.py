@@ -64,6 +64,8 @@ def test_backups_are_incremental_and_restore_verified(spark, s3, checkpoint, tmp
 
     again = backup_checkpoint(ckpt, to, client, log=lambda _: None)
     assert again["uploaded"] == {"objects": 0, "bytes": 0}
+    audit = run_cli("audit", str(ckpt), check=True).stdout.splitlines()[-1]  # issue 40
+    assert f" backup     succeeded  batch {first['batch_id']}  run {again['backup_id']}" in audit
     assert again["reused"] == {"files": len(again["files"]), "bytes": again["bytes"]}
 
     # One more batch: only the files it changed are uploaded.

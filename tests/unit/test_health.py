@@ -4,7 +4,11 @@ checkpoint with input waiting and an interrupted rollback: tests/spark/test_back
 
 from __future__ import annotations
 
+import getpass
 import json
+import multiprocessing
+import socket
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,7 +17,7 @@ from stateops.control.lock import QueryLock
 from stateops.control.markers import rollback_marker
 from stateops.core.registry import load_registry
 from stateops.status import _backup_age, query_status
-from tests.conftest import write_registry
+from tests.conftest import run_cli, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +29,7 @@ def test_a_query_that_never_ran_is_warn_and_an_interrupted_rollback_is_fail(tmp_
     }  # fmt: skip
     with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", "run-7"):
         held = query_status(registry, "page_visits")["health"]
-    assert "cleanup run run-7 holds the query" in held["reasons"]
+    assert "cleanup (run id run-7) holds the query" in held["reasons"]
     marker = rollback_marker(registry.query("page_visits").checkpoint)
     marker.parent.mkdir(parents=True)
     marker.write_text(json.dumps({"to_batch": 3, "run_id": "r-1"}))
@@ -42,3 +46,49 @@ def test_backups_missing_or_older_than_twice_their_schedule_warn(tmp_path):
     assert _backup_age(registry, [backup], now) == []
     old = {"created_at": (now - timedelta(days=3)).isoformat()}
     assert _backup_age(registry, [old], now) == ["the last backup is 3 days old (schedule @daily)"]
+
+
+def _hold(path, operation: str, ready) -> None:
+    QueryLock(path, "page_visits", operation, f"{operation}-1").acquire()
+    ready.set()
+    time.sleep(120)  # killed long before
+
+
+@pytest.mark.parametrize("operation", ["run", "backfill"])
+def test_a_lock_whose_holder_was_killed_is_a_warning_at_the_next_check(tmp_path, operation):
+    """Issue 40: a killed run (or backfill) left its lock, not expired, and `status` said OK
+    (a run's lock was never looked at; another's only once it expired)."""
+    path = write_registry(tmp_path)
+    registry = load_registry(path)
+    ready = multiprocessing.Event()
+    holder = multiprocessing.Process(
+        target=_hold, args=(registry.lock_path("page_visits"), operation, ready)
+    )
+    holder.start()
+    assert ready.wait(60)
+    live = query_status(registry, "page_visits")["health"]["reasons"]
+    running = [] if operation == "run" else [f"{operation} (run id {operation}-1) holds the query"]
+    assert live == [*running, "no committed batch yet (stream_start runs it)"]
+    holder.kill()  # SIGKILL: nothing of its own runs
+    holder.join(30)
+    owner = f"{getpass.getuser()}@{socket.gethostname()}:{holder.pid}"
+    assert query_status(registry, "page_visits")["health"] == {"verdict": "WARN", "reasons": [
+        f"{operation} (run id {operation}-1) was killed or crashed holding the lock (process "
+        f"{owner} is gone): stateops lock release page_visits",
+        "no committed batch yet (stream_start runs it)",
+    ]}  # fmt: skip
+    if operation == "backfill":
+        return
+    shown = run_cli("--registry", str(path), "lock", "show", "page_visits", check=True).stdout
+    assert shown == (
+        f"page_visits: locked by run (run id run-1, {owner}), whose process is gone (killed "
+        "or crashed): stateops lock release page_visits\n"
+    )
+    status = run_cli("--registry", str(path), "status", "page_visits", "--no-backups",
+                     check=True).stdout  # fmt: skip
+    assert "  WARN            run (run id run-1) was killed or crashed" in status, status
+    assert "  backups         not listed (--no-backups)\n" in status, status
+    run_cli("--registry", str(path), "lock", "release", "page_visits", check=True)
+    assert query_status(registry, "page_visits")["health"]["reasons"] == [
+        "no committed batch yet (stream_start runs it)"
+    ]

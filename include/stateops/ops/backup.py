@@ -189,8 +189,8 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
     except (BotoCoreError, ClientError) as err:
         raise s3_error(err, f"backup to {loc}") from None
     manifest["seconds"] = round(time.time() - started, 1)
-    append_audit(
-        cp.root, "backup", run_id=backup_id, result="succeeded", batch_after=n,
+    append_audit(  # a backup leaves the checkpoint at the batch it copied
+        cp.root, "backup", run_id=backup_id, result="succeeded", batch_before=n, batch_after=n,
         to=str(loc), uploaded_bytes=uploaded, reused_bytes=total - uploaded,
     )  # fmt: skip
     log(
