@@ -4,11 +4,23 @@ through ``stateops backfill`` against the DAG's: tests/dag/test_stream_start_run
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
 import pytest
 
+from stateops.control.audit import read_audit
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, rollback_for_backfill
+from stateops.ops.rollback import plan_rollback
+from stateops.ops.start import files_before
+from stateops.ops.transplant import transplant_refusals
+from stateops.status import query_status
 from tests.conftest import tree_digest, write_registry
 from tests.spark.harness import land, run_in_session
 
@@ -36,3 +48,78 @@ def test_a_rollback_is_refused_when_the_checkpoint_moved_on_since_its_plan(spark
     with pytest.raises(CheckpointError, match="changed since the plan was made .* plan again"):
         rollback_for_backfill(registry, plan, lambda: backups.append("taken") or "b-1")
     assert tree_digest(tmp_path) == before and backups == [], "refused before the backup"
+
+    # Issue 40: a dry run with overrides writes nothing (it wrote the reprocessing's registry).
+    everything = sorted(tmp_path.rglob("*"))
+    dry = plan_backfill(registry, "page_visits", "r2", to_batch=1, dry_run=True,
+                        overrides={"expectations": {"row_change_factor": 5.0}},
+                        log=lines.append)  # fmt: skip
+    assert dry["changes"] == ["expectations.row_change_factor: 10.0 -> 5.0"]
+    assert sorted(tmp_path.rglob("*")) == everything
+
+
+KILLED = """
+import os, signal, sys
+from stateops.core.registry import load_registry
+from stateops.ops.backfill import plan_backfill, run_backfill
+registry = load_registry(sys.argv[1])
+plan = plan_backfill(registry, "page_visits", "backfill-k", to_batch=1, dry_run=False)
+def reprocess(job, registry_file, args):  # SIGKILL while the reprocessing runs
+    os.kill(os.getpid(), signal.SIGKILL)
+run_backfill(registry, plan, lambda: "b-1", reprocess, "backfill-k")
+"""
+
+
+def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(spark, tmp_path):
+    """Issue 40: a backfill killed during its reprocessing left no record, `status` said OK,
+    and the batch a killed run had planned blocked other operations without saying how to
+    clear it. Each is a WARN now, and the command it names clears it."""
+    path = write_registry(tmp_path)
+    land(tmp_path / "landing", round_=0, files=4)
+    run_in_session(spark, path, "page_visits")
+    registry = load_registry(path)
+    query = registry.query("page_visits")
+    ckpt = Path(query.checkpoint)
+    assert load_checkpoint(ckpt).last_committed_batch == 3
+
+    killed = subprocess.run([sys.executable, "-c", KILLED, str(path)], capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    steps = [(r["result"], r["run_id"], r["batch_before"], r["batch_after"], r["backup_id"])
+             for r in read_audit(ckpt) if r["operation"] == "backfill"]  # fmt: skip
+    assert steps == [("rolled back", "backfill-k", 3, 1, "b-1")]
+    health = query_status(registry, "page_visits")["health"]
+    assert health["verdict"] == "WARN" and health["reasons"][0] == (
+        "backfill run backfill-k did not finish (rolled back): it rolled back to batch 1 "
+        "(backup b-1) and did not reprocess; stateops run page_visits reprocesses from there, "
+        "as the backfill would have"
+    )
+    assert len(health["reasons"]) == 2  # and the input of batches 2 and 3 is waiting again
+    assert health["reasons"][1].startswith("2 input files of source landed and not read")
+    run_in_session(spark, path, "page_visits")  # what the warning says
+    assert load_checkpoint(ckpt).last_committed_batch == 3
+    assert query_status(registry, "page_visits")["health"] == {"verdict": "OK", "reasons": []}
+
+    for name in ("3", ".3.crc"):  # as a run killed between its offsets and its commit
+        (ckpt / "commits" / name).unlink()
+    planned = (
+        "batch 3 is planned but not committed (a run was interrupted): stateops run page_visits "
+        "finishes it (or drop it: stateops rollback page_visits --to-batch 2)"
+    )
+    assert query_status(registry, "page_visits")["health"]["reasons"] == [planned]
+    with pytest.raises(StateOpsError) as refused:
+        files_before(query, datetime.now(UTC))
+    assert str(refused.value) == (
+        "page_visits: batch 3 is planned but not committed (a run was interrupted): finish it "
+        "with stateops run page_visits (or drop it: stateops rollback page_visits --to-batch "
+        "2), then cut over"
+    )
+    assert transplant_refusals(load_checkpoint(ckpt), query)[0] == (
+        f"batch 3 is planned but not committed (a run was interrupted): a run of its query "
+        f"finishes it, or stateops rollback {ckpt} --to-batch 2 drops it"
+    )
+    assert "offsets/3" in plan_rollback(ckpt, 2)["files"]["after-rollback-point"]  # dropped
+    run_in_session(spark, path, "page_visits")  # the run finishes it
+    cp = load_checkpoint(ckpt)
+    assert (cp.last_committed_batch, cp.uncommitted_batches) == (3, [])
+    assert query_status(registry, "page_visits")["health"] == {"verdict": "OK", "reasons": []}

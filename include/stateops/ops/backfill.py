@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stateops.control.audit import append_audit
 from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError, about
@@ -117,10 +118,12 @@ def plan_backfill(
     )
     path, changes = str(registry.path), []
     if overrides:
-        folder = registry.state_dir / "backfill" / safe_run_id(run_id)
-        path = str(registry_with_overrides(registry, query.name, overrides,
-                                           folder / "registry.yaml"))  # fmt: skip
-        changes = logic_changes(query, load_registry(path).query(query.name))
+        path = str(registry.state_dir / "backfill" / safe_run_id(run_id) / "registry.yaml")
+        with tempfile.TemporaryDirectory() as scratch:  # a dry run writes nothing
+            written = registry_with_overrides(
+                registry, query.name, overrides, path if not dry_run else Path(scratch) / "r.yaml"
+            )
+            changes = logic_changes(query, load_registry(written).query(query.name))
     then = (
         f"reprocess {query.name} after batch {to_batch} with available-now "
         f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "
@@ -130,6 +133,7 @@ def plan_backfill(
     log(text)
     return {
         "query": query.name,
+        "run_id": run_id,
         "checkpoint": query.checkpoint,
         "to_batch": to_batch,
         "last_committed_batch": plan["last_committed_batch"],
@@ -157,7 +161,20 @@ def rollback_for_backfill(
                         backup=BackupFirst(registry.backups.url_for(query.name), backup),
                         planned=plan.get("digest"), log=log)  # fmt: skip
     record_partitions(registry, query.name, done["run_id"])  # back to before a repartition
+    # The backfill's steps are recorded as each completes, so a backfill killed between them
+    # (its reprocessing is a long Spark job) leaves a record of how far it got, which
+    # `stateops status` reads (stateops.status.unfinished_backfill).
+    _record(plan, "rolled back", batch_after=plan["to_batch"], backup_id=done["backup_id"],
+            rollback_run_id=done["run_id"], registry=plan["registry"],
+            changes=plan.get("changes", []))  # fmt: skip
     return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
+
+
+def _record(plan: dict[str, Any], result: str, **details: Any) -> None:
+    """The backfill's audit record of a step (its run id: the plan's)."""
+    append_audit(plan["checkpoint"], "backfill", run_id=plan.get("run_id") or "unknown",
+                 result=result, batch_before=plan["last_committed_batch"],
+                 to_batch=plan["to_batch"], **details)  # fmt: skip
 
 
 def read_reprocessing(plan: dict[str, Any], run_id: str, log: Callable[[str], None] = print):
@@ -193,7 +210,12 @@ def report_backfill(
         log(f"  changed {line}")
     for change in plan.get("changes", []):
         log(f"  reprocessed with {change}")
+    _record(plan, "succeeded", batch_after=load_checkpoint(query.checkpoint).last_committed_batch,
+            backup_id=rollback["backup_id"], output={k: diff[k] for k in _COUNTS})  # fmt: skip
     return {**diff, "changes": plan.get("changes", [])}
+
+
+_COUNTS = ("rows_before", "rows_after", "unchanged", "added", "removed", "changed_keys")
 
 
 def run_backfill(
@@ -214,9 +236,13 @@ def run_backfill(
         run_job(job, plan["registry"], args)
 
     rolled = rollback_for_backfill(registry, plan, backup, log)
-    spark("reprocess")
-    summary = read_reprocessing(plan, run_id, log)
-    report = report_backfill(registry, plan, rolled, log)
+    try:
+        spark("reprocess")
+        summary = read_reprocessing(plan, run_id, log)
+        report = report_backfill(registry, plan, rolled, log)
+    except StateOpsError as err:  # rolled back, not reprocessed: said by `stateops status`
+        _record(plan, "failed", backup_id=rolled["backup_id"], error=str(err).splitlines()[0])
+        raise
     require_sound(plan["checkpoint"], log)
     spark("validate_state")
     return {"rollback": rolled, "summary": summary, "report": report}

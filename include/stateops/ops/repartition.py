@@ -83,8 +83,9 @@ def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dic
         )
     if pending is None and cp.uncommitted_batches:
         raise CheckpointError(
-            f"{cp.root}: batch {cp.uncommitted_batches[0]} is planned but not committed; run "
-            "the query until it commits (or roll back to its last committed batch), then "
+            f"{cp.root}: batch {cp.uncommitted_batches[0]} is planned but not committed (a run "
+            "was interrupted): run the query until it commits (stateops run QUERY), or drop it "
+            f"(stateops rollback {cp.root} --to-batch {cp.last_committed_batch}), then "
             "repartition"
         )
     if not cp.operators:

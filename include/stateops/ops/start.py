@@ -66,8 +66,10 @@ def files_before(query: Query, before: datetime) -> list[Path]:
         cp = load_checkpoint(path)
         if cp.uncommitted_batches:
             raise StateOpsError(
-                f"{query.name}: batch {cp.uncommitted_batches[0]} is planned but not committed; "
-                "run the query once to finish it, then cut over"
+                f"{query.name}: batch {cp.uncommitted_batches[0]} is planned but not committed "
+                f"(a run was interrupted): finish it with stateops run {query.name} (or drop it: "
+                f"stateops rollback {query.name} --to-batch {cp.last_committed_batch}), then "
+                "cut over"
             )
         seen = cp.seen_files()
     limit = before.timestamp()

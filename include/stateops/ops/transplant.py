@@ -203,7 +203,11 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
         return [f"batch {batch} is not a committed batch of {cp.root}"]
     reasons = []
     if cp.uncommitted_batches:
-        reasons.append(f"batch {cp.uncommitted_batches[0]} is planned but not committed")
+        reasons.append(
+            f"batch {cp.uncommitted_batches[0]} is planned but not committed (a run was "
+            f"interrupted): a run of its query finishes it, or stateops rollback {cp.root} "
+            f"--to-batch {cp.last_committed_batch} drops it"
+        )
     reasons += fresh_sources(cp, query, batch)[1]
     expected = query.spark_conf_for_query()
     for key, old in sorted(cp.offsets[batch].conf.items()):
