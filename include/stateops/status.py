@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stateops.control.audit import audit_dir, read_audit
-from stateops.control.lock import lock_state, read_hold, read_lock
+from stateops.control.lock import live_lock, lock_state, read_hold, read_lock
 from stateops.control.markers import read_rollback
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import StateOpsError
@@ -88,7 +88,10 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     last = {(r["operation"], r.get("run_id")): r for r in records}
     status["lineage"] = [r for r in records if r["operation"] in LINEAGE_OPERATIONS
                          and last[r["operation"], r.get("run_id")] is r]  # fmt: skip
-    status["unfinished_backfill"] = unfinished_backfill(name, records)
+    running = live_lock(registry.lock_path(name))  # a backfill's reprocessing holds it
+    status["unfinished_backfill"] = unfinished_backfill(
+        name, records, running.run_id if running else None
+    )
     status["last_validation"] = v = _last_validation(query)
     if v and len(status["operators"]) == 1:  # rows per state variable, read by the validation
         op = status["operators"][0]
@@ -161,16 +164,21 @@ def _planned_batch(name: str, batch: int, last: int | None) -> str:
             f"stateops run {name} finishes it{drop}")  # fmt: skip
 
 
-def unfinished_backfill(name: str, records: list[dict[str, Any]]) -> str | None:
+def unfinished_backfill(
+    name: str, records: list[dict[str, Any]], running: str | None = None
+) -> str | None:
     """Why the last backfill of ``name`` is unfinished (killed or failed after its rollback),
     with what it had done and how to go on; None when it finished, or a successful run of the
     query came after its rollback (its reprocessing, or a run that did the same).
     ``records``: the checkpoint's audit records, oldest first (a backfill writes one as each
-    of its steps completes: ``rolled back``, then ``succeeded``, or ``failed``)."""
+    of its steps completes: ``rolled back``, then ``succeeded``, or ``failed``); ``running``:
+    the run id of the live lock's holder (a backfill that holds it is not unfinished yet)."""
     backfills = [i for i, r in enumerate(records) if r["operation"] == "backfill"]
     if not backfills or records[backfills[-1]]["result"] == "succeeded":
         return None
     last = records[backfills[-1]]
+    if last["run_id"] == running:
+        return None
     i = next((i for i in backfills if records[i]["run_id"] == last["run_id"]
               and records[i]["result"] == "rolled back"), None)  # fmt: skip
     if i is None or any(r["operation"] == "run" and r["result"] == "succeeded"

@@ -16,7 +16,7 @@ import pytest
 from stateops.control.lock import QueryLock
 from stateops.control.markers import rollback_marker
 from stateops.core.registry import load_registry
-from stateops.status import _backup_age, query_status
+from stateops.status import _backup_age, query_status, unfinished_backfill
 from tests.conftest import run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -92,3 +92,28 @@ def test_a_lock_whose_holder_was_killed_is_a_warning_at_the_next_check(tmp_path,
     assert query_status(registry, "page_visits")["health"]["reasons"] == [
         "no committed batch yet (stream_start runs it)"
     ]
+
+
+def test_an_unfinished_backfill_is_said_until_it_or_a_run_after_it_finishes():
+    def record(operation: str, result: str, run_id: str = "bf-1", **more) -> dict:
+        return {"operation": operation, "result": result, "run_id": run_id, **more}
+
+    rolled = record("backfill", "rolled back", batch_after=4, backup_id="b-9",
+                    registry="/d/_stateops/backfill/bf-1/registry.yaml",
+                    changes=["watermark.delay: \"10 minutes\" -> \"1 hour\""])  # fmt: skip
+    failed = record(
+        "backfill", "failed", error="run_query.py exited with code 1 (its output is above)"
+    )
+    assert unfinished_backfill("q", [record("run", "succeeded", "r0"), rolled, failed]) == (
+        "backfill run bf-1 did not finish (failed: run_query.py exited with code 1 (its output "
+        "is above)): it rolled back to batch 4 (backup b-9) and did not reprocess; stateops run "
+        "q --registry /d/_stateops/backfill/bf-1/registry.yaml reprocesses from there, as the "
+        "backfill would have"
+    )
+    assert unfinished_backfill("q", [rolled], running="bf-1") is None  # reprocessing now
+    assert unfinished_backfill("q", [rolled, record("run", "succeeded", "bf-1")]) is None
+    assert unfinished_backfill("q", [rolled, record("run", "failed", "r2")]).startswith(
+        "backfill run bf-1 did not finish (rolled back): it rolled back to batch 4 (backup b-9)"
+    )
+    assert unfinished_backfill("q", [rolled, record("backfill", "succeeded")]) is None
+    assert unfinished_backfill("q", [record("run", "succeeded", "r0")]) is None
