@@ -85,9 +85,11 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     cleanups = [r for r in records if r["operation"] == "cleanup"]
     status["last_cleanup"] = cleanups[-1] if cleanups else None
     # A backfill records each step as it completes: its last record says how far it got.
-    last = {(r["operation"], r.get("run_id")): r for r in records}
-    status["lineage"] = [r for r in records if r["operation"] in LINEAGE_OPERATIONS
-                         and last[r["operation"], r.get("run_id")] is r]  # fmt: skip
+    steps = {r.get("run_id"): r for r in records if r["operation"] == "backfill"}
+    status["lineage"] = [
+        r for r in records if r["operation"] in LINEAGE_OPERATIONS
+        and (r["operation"] != "backfill" or steps[r.get("run_id")] is r)
+    ]  # fmt: skip
     running = live_lock(registry.lock_path(name))  # a backfill's reprocessing holds it
     status["unfinished_backfill"] = unfinished_backfill(
         name, records, running.run_id if running else None

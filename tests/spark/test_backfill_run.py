@@ -88,7 +88,10 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     steps = [(r["result"], r["run_id"], r["batch_before"], r["batch_after"], r["backup_id"])
              for r in read_audit(ckpt) if r["operation"] == "backfill"]  # fmt: skip
     assert steps == [("rolled back", "backfill-k", 3, 1, "b-1")]
-    health = query_status(registry, "page_visits")["health"]
+    status = query_status(registry, "page_visits")
+    lineage = [(r["operation"], r["result"]) for r in status["lineage"]]
+    assert lineage == [("rollback", "succeeded"), ("backfill", "rolled back")]
+    health = status["health"]
     assert health["verdict"] == "WARN" and health["reasons"][0] == (
         "backfill run backfill-k did not finish (rolled back): it rolled back to batch 1 "
         "(backup b-1) and did not reprocess; stateops run page_visits reprocesses from there, "
