@@ -223,7 +223,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.ops.cleanup import run_cleanup
 
-    path, registry, _ = checkpoint_of(args.checkpoint, args.registry)
+    path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
     retain = args.retain_batches or (registry and registry.cleanup.retain_batches)
     if retain is None:
         raise StateOpsError(
@@ -231,7 +231,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         )
     lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
     log = _log if args.json else print
-    plan = run_cleanup(path, retain, lock, dry_run=args.dry_run, log=log)
+    deltas = owner.state_store.min_deltas_for_snapshot if owner else 10  # as inspect's
+    plan = run_cleanup(path, retain, lock, min_deltas_for_snapshot=deltas,
+                       dry_run=args.dry_run, log=log)  # fmt: skip
     if args.json:
         print(json.dumps(plan, indent=1))
     return 0
