@@ -297,7 +297,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_repartition(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.core.steps import REPARTITION_STATE
-    from stateops.ops.repartition import run_repartition
+    from stateops.ops.repartition import RepartitionFailed, run_repartition
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
     log = _log if args.json else print
@@ -310,11 +310,15 @@ def cmd_repartition(args: argparse.Namespace) -> int:
             raise StateOpsError(f"{REPARTITION_STATE} exited with code {code} (see above)")
 
     lock = checkpoint_lock(path, registry, "repartition", new_run_id("repartition"))
-    result = run_repartition(
-        path, args.partitions, lock, submit=submit, registry=registry,
-        backup=backup, query=query.name if query else None,
-        dry_run=args.dry_run, log=log,
-    )  # fmt: skip
+    try:
+        result = run_repartition(
+            path, args.partitions, lock, submit=submit, registry=registry,
+            backup=backup, query=query.name if query else None,
+            dry_run=args.dry_run, log=log,
+        )  # fmt: skip
+    except RepartitionFailed as err:  # the input was good: the operation failed (README)
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result, indent=1))
     return 0
