@@ -167,6 +167,18 @@ def test_repartitioned_queries_go_on_like_queries_that_always_had_the_new_count(
     assert left == {"0", "1", "2"} and verify_checkpoint(checkpoint)["ok"], left
 
 
+def test_the_placement_check_fits_spark_s_own_state_of_dedup_and_group_state(spark, tmp_path):
+    """The proof's partitioning keys of the operators not repartitioned above (dedup within
+    the watermark, applyInPandasWithState), checked on the state Spark wrote at 3
+    partitions: every row where the check expects it, and rows out of place at 2."""
+    registry = registry_with(tmp_path / "p3", 3)
+    land(registry.parent / "landing", round_=0, files=1)
+    for name in ("first_views", "idle_sessions"):
+        run_in_session(spark, registry, name)
+        assert misplaced(spark, registry, name, 3) == {}, name
+        assert misplaced(spark, registry, name, 2), name
+
+
 def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark, s3, tmp_path):
     """``stateops repartition`` through spark-submit, and its refusals: a running query, an
     uncommitted last batch, the same count, 0 or a negative count, and the HDFS store (with
