@@ -175,7 +175,7 @@ def repartition_unsupported(cp: Checkpoint) -> str | None:
         if op.operator_name not in _EXTRA_KEY_FIELDS:
             return (
                 f"operator {op.operator_id} ({op.operator_name}): Spark 4.2's repartition "
-                f"takes only {', '.join(_EXTRA_KEY_FIELDS)}"
+                f"takes only {', '.join(_EXTRA_KEY_FIELDS)}; {_replay('')}"
             )
     for op in cp.operators:
         if op.provider != "rocksdb":
@@ -184,13 +184,20 @@ def repartition_unsupported(cp: Checkpoint) -> str | None:
             return (
                 f"operator {op.operator_id} ({op.operator_name}) keeps its state in "
                 f"{op.provider}: Spark repartitions RocksDB state only; no operation moves "
-                "state to another store, so replay the source instead: with every input file "
-                "still in its source folder, give the query in the registry a new "
-                "`checkpoint` folder, a new `sink.path`, the `shuffle_partitions` you want and "
-                "`state_store: {provider: rocksdb}` (repartitionable from then on), then "
-                "`stateops run QUERY` rebuilds its state from the first file"
+                "state to another store, so "
+                + _replay(" and `state_store: {provider: rocksdb}` (repartitionable from then on)")
             )
     return None
+
+
+def _replay(also: str) -> str:
+    """The one road to another partition count where Spark's repartition cannot go."""
+    return (
+        "replay the source instead: with every input file still in its source folder, give "
+        "the query in the registry a new `checkpoint` folder, a new `sink.path` and the "
+        f"`shuffle_partitions` you want{also}, then `stateops run QUERY` rebuilds its state "
+        "from the first file"
+    )
 
 
 def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
