@@ -9,8 +9,9 @@ Trigger it with the form; **dry run** (on by default) only prints the plan. The 
 
 1. `plan`: refuses, changing nothing: a count that is not from 1 to 10,000 or is the one the
    state has; a checkpoint without a committed batch, with a planned batch not committed, or
-   failing verification; state in the HDFS-backed store (Spark repartitions RocksDB state
-   only); checkpoint format v2.
+   failing verification; an operator Spark's repartition does not take; state in the
+   HDFS-backed store (Spark repartitions RocksDB state only: the refusal says how to replay
+   the source into a new RocksDB checkpoint instead); checkpoint format v2.
 2. `approve`: where the query's registry entry says `approval: required`, the run waits for
    a second person to approve the plan (the UI's required actions, or REST); rejected or
    unanswered (4 hours), the run fails and nothing changed.
@@ -21,7 +22,8 @@ Trigger it with the form; **dry run** (on by default) only prints the plan. The 
 3. `repartition`: Spark's own repartition (`spark_jobs/repartition_state.py`): a new batch
    N + 1 that reads no input and holds the state of batch N in the new number of
    partitions; then its proof, per operator and store: the same rows and order-independent
-   checksum as batch N, every row in the partition its key hashes to, the count in the
+   checksum as batch N, every row in the partition its partitioning key hashes to (the
+   grouping key: without a session window's start or a join value's index), the count in the
    offsets log (and the operator metadata, where Spark keeps it per batch).
 4. `finish`: the checkpoint verifies clean and the proof holds; the registry's
    `shuffle_partitions` follows (recorded beside the data, the file is not edited), the

@@ -228,7 +228,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.ops.cleanup import run_cleanup
 
-    path, registry, _ = checkpoint_of(args.checkpoint, args.registry)
+    path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
     retain = args.retain_batches or (registry and registry.cleanup.retain_batches)
     if retain is None:
         raise StateOpsError(
@@ -236,7 +236,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         )
     lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
     log = _log if args.json else print
-    plan = run_cleanup(path, retain, lock, dry_run=args.dry_run, log=log)
+    deltas = owner.state_store.min_deltas_for_snapshot if owner else 10  # as inspect's
+    plan = run_cleanup(path, retain, lock, min_deltas_for_snapshot=deltas,
+                       dry_run=args.dry_run, log=log)  # fmt: skip
     if args.json:
         print(json.dumps(plan, indent=1))
     return 0
@@ -300,7 +302,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_repartition(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.core.steps import REPARTITION_STATE
-    from stateops.ops.repartition import run_repartition
+    from stateops.ops.repartition import RepartitionFailed, run_repartition
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
     log = _log if args.json else print
@@ -313,11 +315,15 @@ def cmd_repartition(args: argparse.Namespace) -> int:
             raise StateOpsError(f"{REPARTITION_STATE} exited with code {code} (see above)")
 
     lock = checkpoint_lock(path, registry, "repartition", new_run_id("repartition"))
-    result = run_repartition(
-        path, args.partitions, lock, submit=submit, registry=registry,
-        backup=backup, query=query.name if query else None,
-        dry_run=args.dry_run, log=log,
-    )  # fmt: skip
+    try:
+        result = run_repartition(
+            path, args.partitions, lock, submit=submit, registry=registry,
+            backup=backup, query=query.name if query else None,
+            dry_run=args.dry_run, log=log,
+        )  # fmt: skip
+    except RepartitionFailed as err:  # the input was good: the operation failed (README)
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result, indent=1))
     return 0

@@ -302,7 +302,9 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     registry = load_registry()
     checkpoint = committed_checkpoint(registry, query)
     lock = checkpoint_lock(checkpoint, registry, "cleanup", run_id)
-    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock, log=say)
+    deltas = registry.query(query).state_store.min_deltas_for_snapshot  # as inspect's
+    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock,
+                       min_deltas_for_snapshot=deltas, log=say)  # fmt: skip
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 

@@ -2,16 +2,18 @@
 Spark's own engine, proven, and the query goes on as if it had always had that many.
 
 Library-level in the shared session (the job's ``main`` in process, as ``spark-submit`` runs
-it); the CLI through ``spark-submit`` with a backup to the test's S3, the refusals, and
-kills at each step of a run are below."""
+it); the CLI through ``spark-submit`` with a backup to the test's S3, the refusals, a failed
+run's exit code, and kills at each step of a run are below."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,16 +24,20 @@ from stateops.control.markers import read_repartition
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
+from stateops.core.report import checkpoint_report
 from stateops.core.steps import REPARTITION_STATE
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.cleanup import run_cleanup
-from stateops.ops.repartition import proof_path, run_repartition
+from stateops.ops.repartition import plan_repartition, proof_path, run_repartition
+from stateops.spark.export import store_checksums
+from stateops.spark.repartition import store_states
 from tests.conftest import VENV_BIN, run_cli, tree_digest
 from tests.spark.harness import (
     copy_checkpoint,
     job_in_session,
     kill_when,
     land,
+    last_committed,
     run_in_session,
     shape_registry,
     state_and_output,
@@ -81,6 +87,14 @@ def held_and_written(spark, registry: Path, name: str) -> tuple:
     return state, [rows for _, rows in sorted(output.items())]
 
 
+def misplaced(spark, registry: Path, name: str, partitions: int) -> dict[str, int]:
+    """Per store of ``name``'s last state, the rows outside the partition the repartition
+    proof's placement check expects for ``partitions`` (only stores with any)."""
+    checkpoint = load_registry(registry).query(name).checkpoint
+    stores = store_states(spark, checkpoint, last_committed(Path(checkpoint)), partitions)
+    return {store: s["misplaced"] for store, s in stores.items() if s["misplaced"]}
+
+
 def copy_query(src: Path, dest: Path, name: str) -> None:
     """``dest``'s ``name`` starts where ``src``'s is (checkpoint and output)."""
     old, new = load_registry(src).query(name), load_registry(dest).query(name)
@@ -88,10 +102,13 @@ def copy_query(src: Path, dest: Path, name: str) -> None:
     shutil.copytree(old.sink.path, new.sink.path)
 
 
-# Both reference processors, a built-in aggregation and a stream-stream join, on RocksDB
-# (Spark repartitions RocksDB state only: the HDFS store is refused, below).
+# Both reference processors, a built-in aggregation, a stream-stream join and a session
+# window, on RocksDB (Spark repartitions RocksDB state only: the HDFS store is refused, below).
+# The join's and the session window's state keys hold a field their partitioning does not (a
+# value's index, the session's start): the placement check must leave it out.
 @pytest.mark.parametrize(
-    "name", ["page_visits", "user_sessions", "page_counts_rocksdb", "views_near_events"]
+    "name",
+    ["page_visits", "user_sessions", "page_counts_rocksdb", "views_near_events", "session_counts"],
 )
 def test_repartitioned_queries_go_on_like_queries_that_always_had_the_new_count(
     spark, tmp_path, name
@@ -105,6 +122,10 @@ def test_repartitioned_queries_go_on_like_queries_that_always_had_the_new_count(
     for registry in (at2, at4, at3):
         run_in_session(spark, registry, name)
     copy_query(at4, from4, name)
+    # The proof's placement check holds on Spark's own state at each count, and it can fail:
+    # the same state checked against another count has rows out of place.
+    assert misplaced(spark, at4, name, 4) == {} and misplaced(spark, at3, name, 3) == {}
+    assert misplaced(spark, at4, name, 3), "the placement check found nothing to fail on"
 
     up = repartition(spark, at2, name, 4)
     down = repartition(spark, from4, name, 3)
@@ -129,17 +150,40 @@ def test_repartitioned_queries_go_on_like_queries_that_always_had_the_new_count(
 
     # The partition the state left behind goes with the cleanup once no retained batch reads
     # it.
-    checkpoint = Path(load_registry(from4).query(name).checkpoint)
+    # Its plan counts the snapshot groups as inspect does (one group across the partitions).
+    query = load_registry(from4).query(name)
+    checkpoint, deltas = Path(query.checkpoint), query.state_store.min_deltas_for_snapshot
+    inspected = {
+        op["operator_id"]: {g["group_id"] for g in op["snapshot_groups"]}
+        for op in checkpoint_report(load_checkpoint(checkpoint), deltas)["operators"]
+    }
     lock = checkpoint_lock(checkpoint, load_registry(from4), "cleanup", new_run_id("cleanup"))
-    run_cleanup(checkpoint, 1, lock, log=quiet)
+    plan = run_cleanup(checkpoint, 1, lock, min_deltas_for_snapshot=deltas, log=quiet)
+    planned: dict[int, set[int]] = {}
+    for group in plan["groups"]:
+        planned.setdefault(group["operator"], set()).add(group["group_id"])
+    assert planned == inspected
     left = {p.relative_to(checkpoint).parts[2] for p in checkpoint.glob("state/*/*/**/*.zip")}
     assert left == {"0", "1", "2"} and verify_checkpoint(checkpoint)["ok"], left
 
 
+def test_the_placement_check_fits_spark_s_own_state_of_dedup_and_group_state(spark, tmp_path):
+    """The proof's partitioning keys of the operators not repartitioned above (dedup within
+    the watermark, applyInPandasWithState), checked on the state Spark wrote at 3
+    partitions: every row where the check expects it, and rows out of place at 2."""
+    registry = registry_with(tmp_path / "p3", 3)
+    land(registry.parent / "landing", round_=0, files=1)
+    for name in ("first_views", "idle_sessions"):
+        run_in_session(spark, registry, name)
+        assert misplaced(spark, registry, name, 3) == {}, name
+        assert misplaced(spark, registry, name, 2), name
+
+
 def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark, s3, tmp_path):
     """``stateops repartition`` through spark-submit, and its refusals: a running query, an
-    uncommitted last batch, the same count, 0 or a negative count, and the HDFS store; each
-    in one line, exiting non-zero, the checkpoint byte-identical after."""
+    uncommitted last batch, the same count, 0 or a negative count, and the HDFS store (with
+    advice that works: followed, below); each in one line, exiting 2, the checkpoint
+    byte-identical after. A run whose Spark job dies is undone and exits 1."""
     registry = registry_with(tmp_path / "data", 2)
     land(registry.parent / "landing", round_=0, files=2)
     for name in ("page_counts", "page_visits"):
@@ -153,13 +197,21 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
         before = tree_digest(path)
         proc = run_cli(*cli, name, *args, env=s3.env())
         error = proc.stderr.strip().splitlines()
-        assert proc.returncode != 0 and len(error) == 1 and says in error[0], proc.stderr
+        assert proc.returncode == 2 and len(error) == 1 and says in error[0], proc.stderr
         assert tree_digest(path) == before and read_repartition(path) is None
 
     refused("page_visits", "--partitions", "2", says="already has 2 partitions")
     refused("page_visits", "--partitions", "0", says="from 1 to 10000")
     refused("page_visits", "--partitions", "-4", says="from 1 to 10000")
-    refused("page_counts", "--partitions", "4", says="Spark repartitions RocksDB state only")
+    # Spark 4.2 refuses it too (UNSUPPORTED_PROVIDER, after writing an offsets entry), and no
+    # operation moves state to another store: the advice is a replay, which is followed below.
+    refused(
+        "page_counts",
+        "--partitions",
+        "4",
+        says="Spark repartitions RocksDB state only; "
+        "no operation moves state to another store, so replay the source instead",
+    )
     with checkpoint_lock(checkpoint, reg, "run", "run-now"):  # as a running query holds it
         refused("page_visits", "--partitions", "4", says="run-now")
     last = load_checkpoint(checkpoint).last_committed_batch
@@ -171,7 +223,23 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
     assert proc.returncode != 0 and "planned but not committed" in proc.stderr, proc.stderr
     assert tree_digest(uncommitted) == before
 
-    before = tree_digest(checkpoint)
+    # A run whose Spark job dies in the middle of its write fails, is undone and exits 1 (the
+    # input was good; 2 is for refusals).
+    before, stderr = tree_digest(checkpoint), tmp_path / "failed.stderr"
+    with stderr.open("w") as err:
+        proc = subprocess.Popen([str(VENV_BIN / "stateops"), *cli, "page_visits", "--partitions",
+                                 "4", "--no-backup"], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    try:
+        kill_spark_job(proc, checkpoint / "offsets" / str(last + 1))
+        assert proc.wait(timeout=120) == 1, stderr.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the job's Python driver, orphaned
+    error = stderr.read_text().strip().splitlines()[-1]
+    assert error.startswith("error: the repartition of ") and "it was undone" in error, error
+    assert tree_digest(checkpoint) == before and read_repartition(checkpoint) is None
+
     dry = run_cli(*cli, "page_visits", "--partitions", "4", "--dry-run", check=True)
     assert "DRY RUN: nothing changed" in dry.stdout and "2 -> 4" in dry.stdout, dry.stdout
     assert tree_digest(checkpoint) == before
@@ -196,6 +264,45 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
     cp = load_checkpoint(restored)
     assert cp.last_committed_batch == last + 1 and cp.partitions(last + 1) == 4
     assert verify_checkpoint(restored)["ok"]
+
+    # The HDFS refusal's advice, followed: a new checkpoint and sink, 4 partitions on RocksDB,
+    # the same input files: the replay holds the same state and wrote the same rows, and can
+    # be repartitioned from then on.
+    raw = yaml.safe_load(registry.read_text())
+    raw["queries"]["page_counts"].update(
+        checkpoint="checkpoints/page_counts_replayed", shuffle_partitions=4,
+        sink={"format": "parquet", "path": "output/page_counts_replayed"},
+        state_store={**raw["queries"]["page_counts"].get("state_store", {}), "provider": "rocksdb"},
+    )  # fmt: skip
+    replayed = registry.with_name("replayed.yaml")
+    replayed.write_text(yaml.safe_dump(raw, sort_keys=False))
+    run_in_session(spark, replayed, "page_counts")
+    old, new = reg.query("page_counts"), load_registry(replayed).query("page_counts")
+    batch = last_committed(Path(new.checkpoint))
+    assert load_checkpoint(new.checkpoint).partitions(batch) == 4
+    assert store_checksums(spark, new.checkpoint, batch) == store_checksums(
+        spark, old.checkpoint, last_committed(Path(old.checkpoint))
+    )
+    assert (
+        held_and_written(spark, replayed, "page_counts")[1]
+        == held_and_written(spark, registry, "page_counts")[1]
+    )
+    assert plan_repartition(new.checkpoint, 3)["partitions_before"] == 4
+
+
+def kill_spark_job(cli: subprocess.Popen, appears: Path, timeout: float = 240) -> None:
+    """SIGKILL the Spark job ``stateops`` (``cli``) runs (its spark-submit, which is the JVM
+    once its launcher execs it) as soon as ``appears`` exists, leaving the CLI to handle it."""
+    deadline = time.monotonic() + timeout
+    while not appears.exists() and cli.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert appears.exists(), f"{appears} never appeared"
+    tasks = Path(f"/proc/{cli.pid}/task")
+    children = [int(pid) for task in tasks.iterdir() for pid in
+                (task / "children").read_text().split()]  # fmt: skip
+    assert children, "the CLI runs no Spark job"
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
 
 
 def clone(registry: Path, dest: Path) -> Path:

@@ -6,13 +6,20 @@ from typing import Any
 
 from stateops.core.checkpoint import Checkpoint, OperatorState
 
-__all__ = ["checkpoint_report", "format_bytes", "format_report"]
+__all__ = ["checkpoint_report", "format_bytes", "format_report", "group_id"]
+
+
+def group_id(snapshot_version: int, min_deltas_for_snapshot: int) -> int:
+    """The snapshot group a store's snapshot belongs to: one group of a checkpoint holds every
+    partition's (and store's) snapshot of about the same version, since partitions may
+    snapshot at different versions. What `inspect`, `status` and the cleanup plan count."""
+    return snapshot_version // min_deltas_for_snapshot
 
 
 def checkpoint_report(cp: Checkpoint, min_deltas_for_snapshot: int = 10) -> dict[str, Any]:
-    """Everything `inspect` shows. Group id = snapshot version // ``min_deltas_for_snapshot``
-    (0 for the versions before any snapshot); a group with several snapshot versions means the
-    partitions snapshotted at different versions."""
+    """Everything `inspect` shows. Snapshot groups by :func:`group_id` (0 for the versions
+    before any snapshot); a group with several snapshot versions means the partitions
+    snapshotted at different versions."""
     last = cp.last_committed_batch
     return {
         "checkpoint": str(cp.root),
@@ -74,9 +81,9 @@ def _operator(
         )
         for g in view.snapshot_groups(cp.sizes):
             agg = groups.setdefault(
-                g.snapshot_version // min_deltas,
+                group_id(g.snapshot_version, min_deltas),
                 {
-                    "group_id": g.snapshot_version // min_deltas,
+                    "group_id": group_id(g.snapshot_version, min_deltas),
                     "snapshot_versions": [],
                     "min_version": min(g.versions),
                     "max_version": max(g.versions),

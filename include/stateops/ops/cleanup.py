@@ -14,7 +14,7 @@ from typing import Any
 from stateops.control.lock import QueryLock
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
-from stateops.core.report import format_bytes
+from stateops.core.report import format_bytes, group_id
 from stateops.ops.deletion import (
     audit_plan,
     deletion_plan,
@@ -32,8 +32,12 @@ __all__ = [
 ]
 
 
-def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dict[str, Any]:
-    """What cleanup deletes so that restarts after the last ``retain_batches`` batches work."""
+def plan_cleanup(
+    checkpoint: str | os.PathLike[str], retain_batches: int, min_deltas_for_snapshot: int = 10
+) -> dict[str, Any]:
+    """What cleanup deletes so that restarts after the last ``retain_batches`` batches work.
+    ``groups`` lists each store's snapshot groups, with the checkpoint-wide group id that
+    `inspect` shows (by the query's ``min_deltas_for_snapshot``: Spark's default, 10)."""
     if retain_batches < 1:
         raise StateOpsError(f"--retain-batches must be at least 1, got {retain_batches}")
     cp = load_checkpoint(checkpoint)
@@ -69,6 +73,7 @@ def plan_cleanup(checkpoint: str | os.PathLike[str], retain_batches: int) -> dic
                 groups.append({
                     "operator": op.operator_id, "partition": store.partition,
                     "store": store.store_name, "base": g.snapshot_version,
+                    "group_id": group_id(g.snapshot_version, min_deltas_for_snapshot),
                     "versions": [g.versions[0], g.versions[-1]], "files": len(g.files),
                     "bytes": g.bytes, "action": action,
                 })  # fmt: skip
@@ -101,6 +106,7 @@ def run_cleanup(
     retain_batches: int,
     lock: QueryLock,
     *,
+    min_deltas_for_snapshot: int = 10,
     dry_run: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -110,14 +116,14 @@ def run_cleanup(
     it deletes can be deleted, so a refusal leaves nothing behind (not even a lock file); the
     deletions follow a second plan made under the lock, since a run may commit in between.
     """
-    plan = plan_cleanup(checkpoint, retain_batches)
+    plan = plan_cleanup(checkpoint, retain_batches, min_deltas_for_snapshot)
     if dry_run:
         log(format_plan(plan, dry_run=True))
         return plan
     refuse_unwritable_plan(plan, lock)
     with lock:
         started = time.time()
-        plan = plan_cleanup(checkpoint, retain_batches)
+        plan = plan_cleanup(checkpoint, retain_batches, min_deltas_for_snapshot)
         refuse_unwritable_plan(plan, lock)
         log(format_plan(plan, dry_run=False))
         execute_plan(plan, log)

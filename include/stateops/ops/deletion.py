@@ -258,8 +258,12 @@ def format_plan(plan: dict[str, Any], dry_run: bool, then: str | None = None) ->
                 if action == "keep"
                 else "no retained batch needs them"
             )
+            # Counted as `inspect` counts them: a group spans the partitions (each has its own
+            # snapshot and deltas, listed one by one in the plan's data).
+            partitions = len({g["partition"] for g in gs})
             lines.append(
-                f"  operator {op} store {store}: {action} {len(gs)} snapshot groups "
+                f"  operator {op} store {store}: {action} {len({g['group_id'] for g in gs})} "
+                f"snapshot groups across {partitions} partitions "
                 f"(versions {versions}, {sum(g['files'] for g in gs)} files, "
                 f"{format_bytes(sum(g['bytes'] for g in gs))}): {why}"
             )

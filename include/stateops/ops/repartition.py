@@ -43,8 +43,10 @@ from stateops.core.verify import error_summary, verify_checkpoint
 __all__ = [
     "MAX_PARTITIONS",
     "OPERATION",
+    "RepartitionFailed",
     "finish_repartition",
     "format_repartition_plan",
+    "partitioning_fields",
     "plan_repartition",
     "prepare_repartition",
     "proof_path",
@@ -58,6 +60,39 @@ __all__ = [
 OPERATION = "repartition"
 # Each partition is a state store opened by every batch: past this it is a typo, not a plan.
 MAX_PARTITIONS = 10_000
+
+# The operators Spark 4.2's repartition takes (its StatePartitionKeyExtractorFactory; any other
+# fails with UNSUPPORTED_STATEFUL_OPERATOR), each with the number of trailing fields of its
+# state key (as the statestore reader returns ``key``) that are not part of the key Spark
+# partitions the operator's input by: a session window's state key ends in the session's
+# start (one row per session of a grouping key), a join's keyWithIndexToValue store in the
+# value's index (one row per value of a join key). The reader gives transformWithState's
+# variables, map entries and timers, and flatMapGroupsWithState's state, keyed by the grouping
+# key alone. Each seen on Spark's own state (tests/spark/test_repartition.py).
+_EXTRA_KEY_FIELDS: dict[str, dict[str, int]] = {
+    "stateStoreSave": {},
+    "sessionWindowStateStoreSaveExec": {"default": 1},
+    "dedupe": {},
+    "dedupeWithinWatermark": {},
+    "symmetricHashJoin": {"left-keyWithIndexToValue": 1, "right-keyWithIndexToValue": 1},
+    "flatMapGroupsWithState": {},
+    "applyInPandasWithState": {},
+    "transformWithStateExec": {},
+    "transformWithStateInPandasExec": {},
+    "transformWithStateInPySparkExec": {},
+}
+
+
+class RepartitionFailed(StateOpsError):
+    """Spark's repartition or its proof failed after the plan held; the run was undone (the
+    CLI exits 1, as for a failed Spark job: the input was good)."""
+
+
+def partitioning_fields(operator_name: str, store: str, key_fields: list[str]) -> list[str]:
+    """The fields of the state key of ``store`` (a store name or a transformWithState
+    variable) of an ``operator_name`` operator that Spark hash-partitions its input by."""
+    extra = _EXTRA_KEY_FIELDS[operator_name].get(store, 0)
+    return key_fields[: len(key_fields) - extra]
 
 
 def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path:
@@ -138,13 +173,32 @@ def repartition_unsupported(cp: Checkpoint) -> str | None:
             "(Spark 4.2's repartition loads the state without its checkpoint ids)"
         )
     for op in cp.operators:
+        if op.operator_name not in _EXTRA_KEY_FIELDS:
+            return (
+                f"operator {op.operator_id} ({op.operator_name}): Spark 4.2's repartition "
+                f"takes only {', '.join(_EXTRA_KEY_FIELDS)}; {_replay('')}"
+            )
+    for op in cp.operators:
         if op.provider != "rocksdb":
+            # Spark refuses it (STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_PROVIDER), and
+            # no carry-over changes a checkpoint's provider: a replay is the only road left.
             return (
                 f"operator {op.operator_id} ({op.operator_name}) keeps its state in "
-                f"{op.provider}: Spark repartitions RocksDB state only; migrate the query to a "
-                "RocksDB checkpoint first"
+                f"{op.provider}: Spark repartitions RocksDB state only; no operation moves "
+                "state to another store, so "
+                + _replay(" and `state_store: {provider: rocksdb}` (repartitionable from then on)")
             )
     return None
+
+
+def _replay(also: str) -> str:
+    """The one road to another partition count where Spark's repartition cannot go."""
+    return (
+        "replay the source instead: with every input file still in its source folder, give "
+        "the query in the registry a new `checkpoint` folder, a new `sink.path` and the "
+        f"`shuffle_partitions` you want{also}, then `stateops run QUERY` rebuilds its state "
+        "from the first file"
+    )
 
 
 def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
@@ -383,7 +437,7 @@ def repartition_locked(
         undo_repartition(checkpoint, log=log)
         append_audit(checkpoint, OPERATION, run_id=plan["run_id"], result="failed",
                      batch_before=plan["last_committed_batch"], error=one_line(err))  # fmt: skip
-        raise StateOpsError(
+        raise RepartitionFailed(
             f"the repartition of {checkpoint} failed ({one_line(err)}); it was undone: "
             f"batch {plan['last_committed_batch']} with {plan['partitions_before']} "
             "partitions is the last committed batch, as before"

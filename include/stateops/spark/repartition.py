@@ -4,8 +4,9 @@
 The proof compares the state after batch N (before) with the state after the repartition's
 batch N + 1, per operator and store or state variable: the same rows with the same
 order-independent checksum; every row in the partition Spark's key hash gives it for the new
-count (``pmod(hash(key), n)``, the hash partitioning every stateful operator's input uses);
-the batch's partition count in the offsets log and, for operators with v2 metadata
+count (``pmod(hash(key), n)``, the hash partitioning every stateful operator's input uses, over
+the operator's partitioning key: :func:`stateops.ops.repartition.partitioning_fields`); the
+batch's partition count in the offsets log and, for operators with v2 metadata
 (transformWithState), in their metadata. Spark writes v1 operator metadata once, at batch 0,
 and never again: its count is reported, not required.
 """
@@ -18,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.storage import spark_url
+from stateops.ops.repartition import partitioning_fields
 from stateops.spark.export import read_state_variable, state_checksum, state_reads
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["repartition_and_prove"]
+__all__ = ["repartition_and_prove", "store_states"]
 
 
 def repartition_and_prove(
@@ -33,11 +35,11 @@ def repartition_and_prove(
     Spark's engine, then prove it; the proof is written to ``proof`` and returned."""
     _ = spark.streams.active  # the StateStoreCoordinator: Spark's repartition needs it
     last = load_checkpoint(checkpoint).last_committed_batch
-    before = _stores(spark, checkpoint, last)
+    before = store_states(spark, checkpoint, last)
     spark._streamingCheckpointManager.repartition(checkpoint, partitions)
     cp = load_checkpoint(checkpoint)
     batch = cp.last_committed_batch
-    after = _stores(spark, checkpoint, batch, partitions)
+    after = store_states(spark, checkpoint, batch, partitions)
     metadata = {
         f"operator {row['operatorId']} {row['stateStoreName']}": int(row["numPartitions"])
         for row in spark.read.format("state-metadata").option("batchId", batch)
@@ -78,7 +80,7 @@ def repartition_and_prove(
     return result
 
 
-def _stores(
+def store_states(
     spark: SparkSession, checkpoint: str, batch: int, partitions: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """Per operator and store or variable: (rows, checksum), and with ``partitions`` the rows
@@ -97,7 +99,6 @@ def _misplaced(df: DataFrame, read: dict[str, Any], partitions: int) -> int:
     from pyspark.sql import functions as F
 
     fields = [f.name for f in df.schema["key"].dataType.fields]
-    if read["variable"].endswith("keyWithIndexToValue") and fields[-1] == "index":
-        fields = fields[:-1]  # a join's value index is not part of the partitioning key
+    fields = partitioning_fields(read["operator_name"], read["variable"], fields)
     key = ", ".join(f"key.`{f}`" for f in fields)
     return df.where(F.expr(f"pmod(hash({key}), {partitions})") != F.col("partition_id")).count()
