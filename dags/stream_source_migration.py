@@ -133,11 +133,13 @@ def spark_task(step: str):
             "Empty: the query's only source.",
         ),
         "new_source_format": Param(
-            "parquet",
+            "auto",
             type="string",
-            enum=list(SOURCE_FORMATS),
+            enum=["auto", *SOURCE_FORMATS],
             title="New source: format",
-            description="The file format of the new source's input.",
+            description="The file format of the new source's input. auto: the format of the "
+            "files in its folder (Parquet, JSON lines or CSV, by their first bytes). The "
+            "preflight refuses files of another format than this one.",
         ),
         "new_source_path": Param(
             "",

@@ -752,7 +752,10 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
         required=True,
         help="the new source's folder (relative to the registry's data_dir)",
     )
-    p.add_argument("--new-source-format", default="parquet", help="default: parquet")
+    p.add_argument(
+        "--new-source-format", metavar="json|parquet|csv",
+        help="default: the format of the files in the new source's folder (by their first bytes)",
+    )  # fmt: skip
     p.add_argument("--new-source-schema", help="DDL (default: the query's current schema)")
     p.add_argument("--new-source-option", type=_option, action="append", default=[],
                    metavar="KEY=VALUE", help="a reader option (repeat for more)")  # fmt: skip
