@@ -434,11 +434,15 @@ def _option(text: str) -> tuple[str, str]:
 
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
+    errors = _code_errors(registry)
+    for error in errors.values():  # one line each, after the listing (exit 2)
+        print(f"error: {error}", file=sys.stderr)
     if args.json:
         print(json.dumps({"registry": str(registry.path), "data_dir": str(registry.data_dir),
-                          "queries": [_query_json(registry, q) for q in registry.queries.values()]},
+                          "queries": [_query_json(registry, q) | {"error": errors.get(q.name)}
+                                      for q in registry.queries.values()]},
                          indent=1))  # fmt: skip
-        return 0
+        return 2 if errors else 0
     print(f"registry {registry.path} (data under {registry.data_dir})")
     for q in registry.queries.values():
         print(
@@ -450,7 +454,26 @@ def cmd_queries(args: argparse.Namespace) -> int:
         current = json.loads(switch.read_text())["current"] if switch.exists() else None
         if current and current["checkpoint"] == q.checkpoint:
             print(f"  {'':<16} source and checkpoint switched by a migration: {switch}")
-    return 0
+    return 2 if errors else 0
+
+
+def _code_errors(registry: Registry) -> dict[str, str]:
+    """Each query whose own code does not load as ``run`` loads it (its module, its function or
+    class, its options), with the one line that says why."""
+    from stateops.spark.streaming import check_code
+
+    errors = {}
+    for query in registry.queries.values():
+        try:
+            check_code(registry, query)
+        except StateOpsError as err:
+            errors[query.name] = one_line(err)
+        except Exception as err:  # the user's module itself fails (a SyntaxError, ...)
+            code = query.transform.function if query.transform else query.processor.class_
+            errors[query.name] = one_line(StateOpsError(
+                f"query {query.name}: {code} fails to load: {type(err).__name__}: {err}"
+            ))  # fmt: skip
+    return errors
 
 
 def _query_json(registry: Registry, q: Query) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import os
 import subprocess
 
 import pytest
+import yaml
 
 from stateops import __version__
 from stateops.cli import _commands, build_parser
@@ -79,3 +80,48 @@ def test_the_readme_table_lists_every_command_as_the_parser_has_it():
         shown = {w.strip("[]") for w in row.words if w.lstrip("[").startswith("--")}
         assert shown <= options, (row.command, shown - options)
         assert {0, 2} <= row.exit_codes and (not row.spark or 1 in row.exit_codes), row.command
+
+
+def test_queries_imports_each_querys_code_and_binds_its_options_as_run_does(tmp_path):
+    """``stateops queries`` validates the registry (issue 40): a missing module, a missing
+    function and options that do not fit are refused as ``run`` refuses them, one line each,
+    exit 2; the listing is still printed."""
+    counts = "stateops.pipelines.page_counts:build"
+    path = write_registry(tmp_path, page_counts={
+        "transform": {"function": "no_such_module:build"}}, idle_sessions={
+        "transform": {"function": "stateops.pipelines.idle_sessions:no_such_function"}},
+        page_visits={"processor": {
+            "class": "stateops.pipelines.page_visits:PageVisitsProcessor",
+            "options": {"max_page": 10}}},
+    )  # fmt: skip
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["page_counts_too"] = {  # a transform's options, bound to its signature
+        **raw["queries"]["page_counts"], "checkpoint": "checkpoints/page_counts_too",
+        "transform": {"function": counts, "options": {"window": "1 hour", "windows": "1"}},
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    expected = [
+        ("error: query page_visits: processor.options do not fit "
+         "stateops.pipelines.page_visits:PageVisitsProcessor: ", "max_page"),
+        ("error: query page_counts: transform.function 'no_such_module:build' cannot be "
+         "imported (No module named 'no_such_module'); is its folder in the registry's "
+         "code_paths?", ""),
+        ("error: query idle_sessions: transform.function "
+         "'stateops.pipelines.idle_sessions:no_such_function' cannot be imported (", ""),
+        ("error: query page_counts_too: transform.options do not fit "
+         f"{counts}(spark, inputs, **options): ", "windows"),
+    ]  # fmt: skip
+    for json_flag in ([], ["--json"]):
+        proc = run_cli("--registry", str(path), "queries", *json_flag)
+        assert proc.returncode == 2, proc
+        lines = proc.stderr.splitlines()
+        assert len(lines) == len(expected), lines
+        for line, (start, word) in zip(lines, expected, strict=True):
+            assert line.startswith(start) and word in line, (line, start)
+    listed = json.loads(proc.stdout)["queries"]
+    assert {q["name"]: q["error"] is None for q in listed} == {
+        "user_sessions": True, "page_visits": False, "page_counts": False,
+        "idle_sessions": False, "page_counts_too": False,
+    }  # fmt: skip
+    fine = run_cli("--registry", str(write_registry(tmp_path / "fine")), "queries")
+    assert (fine.returncode, fine.stderr) == (0, ""), fine
