@@ -26,7 +26,7 @@ from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
 from stateops.ops.transplant import ROADS
-from stateops.spark.jobs import job_path, preflight_job
+from stateops.spark.jobs import job_path, preflight_job, spark_submit_command, spark_submit_env
 from stateops.status import format_status, query_status
 
 __all__ = ["main"]
@@ -50,16 +50,10 @@ def _spark_submit(job: str, master: str, *args: str, to_stderr: bool = False) ->
     """Run ``spark_jobs/<job>`` through the venv's spark-submit, once the job's checks that
     need no Spark passed here (a refusal costs no JVM start); its exit code. ``to_stderr``:
     the job's output too goes to stderr (stdout is the command's JSON)."""
-    application = job_path(job)
-    preflight_job(application, args)
-    cmd = [
-        str(Path(sys.executable).with_name("spark-submit")),
-        "--master", master,
-        "--conf", "spark.ui.enabled=false",
-        str(application),
-        *args,
-    ]  # fmt: skip
-    return subprocess.run(cmd, stdout=sys.stderr if to_stderr else None).returncode
+    preflight_job(job_path(job), args)
+    cmd = spark_submit_command(job, master, args)
+    out = sys.stderr if to_stderr else None
+    return subprocess.run(cmd, stdout=out, env=spark_submit_env()).returncode
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
