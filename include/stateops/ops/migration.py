@@ -569,7 +569,8 @@ def settle_migration(
 ) -> dict[str, Any]:
     """After the drain: the old checkpoint's final batch, the road the state takes (see
     :func:`stateops.ops.transplant.choose_road`), and the registry the new query runs with (new
-    source and checkpoint; its output continues the old numbering after that batch).
+    source and checkpoint; its output continues the old numbering after that batch, from the
+    ``batch_id=`` folder ``output_from``).
     """
     query = registry.query(plan["query"])
     if query.checkpoint != plan["old"]["checkpoint"]:
@@ -582,11 +583,17 @@ def settle_migration(
     if road == "initial_state":
         refuse_differences(query.name, carry_differences(cp, runs_as, last),
                            plan["carry_over"].get("accepted", False), _ACCEPT)  # fmt: skip
-    # A transplanted checkpoint goes on from batch last + 1, a bootstrapped one from batch 0.
-    offset = query.sink.batch_offset if road == "transplant" else query.sink.folder_batch(last) + 1
+    # A transplanted checkpoint goes on from batch last + 1 (its first batch is last + 2 after
+    # Spark's repartition batch, which writes no output), a bootstrapped one from batch 0.
+    if road == "transplant":
+        offset = query.sink.batch_offset
+        first = last + 1 + (repartition_from(cp, runs_as, last) is not None)
+    else:
+        offset, first = query.sink.folder_batch(last) + 1, 0
     changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
     derived_registry(registry, query.name, changes, plan["new"]["registry"])
-    return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road}
+    return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road,
+            "output_from": offset + first}  # fmt: skip
 
 
 def backup_for_migration(
@@ -600,7 +607,7 @@ def backup_for_migration(
     settled = settle_migration(registry, plan, log)
     log(
         f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
-        f"checkpoint's output continues at batch_id={settled['sink_batch_offset']}"
+        f"checkpoint's output continues at batch_id={settled['output_from']}"
     )
     manifest = backup_query(registry, plan["query"], client,
                             batch=settled["last_committed_batch"], log=log)  # fmt: skip
