@@ -215,9 +215,10 @@ def cmd_backups(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
-    from stateops.ops.cleanup import run_cleanup
+    from stateops.core.s3 import s3_client, s3_settings
+    from stateops.ops.cleanup import latest_backup, run_cleanup
 
-    path, registry, _ = checkpoint_of(args.checkpoint, args.registry)
+    path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
     retain = args.retain_batches or (registry and registry.cleanup.retain_batches)
     if retain is None:
         raise StateOpsError(
@@ -225,7 +226,13 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         )
     lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
     log = _log if args.json else print
-    plan = run_cleanup(path, retain, lock, dry_run=args.dry_run, log=log)
+
+    def backups() -> dict[str, Any]:  # one try: the cleanup does not wait for S3
+        return latest_backup(registry.backups.url_for(owner.name),
+                             lambda: s3_client(s3_settings(), retries=0))  # fmt: skip
+
+    plan = run_cleanup(path, retain, lock, dry_run=args.dry_run, log=log,
+                       backups=backups if owner else None)  # fmt: skip
     if args.json:
         print(json.dumps(plan, indent=1))
     return 0

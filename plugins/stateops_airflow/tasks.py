@@ -297,12 +297,18 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
     plan first, then the deletions under the query's lock (a running query holds it)."""
     from stateops.control.lock import checkpoint_lock
-    from stateops.ops.cleanup import run_cleanup
+    from stateops.ops.cleanup import latest_backup, run_cleanup
 
     registry = load_registry()
     checkpoint = committed_checkpoint(registry, query)
     lock = checkpoint_lock(checkpoint, registry, "cleanup", run_id)
-    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock, log=say)
+
+    def backups() -> dict[str, Any]:
+        return latest_backup(registry.backups.url_for(query),
+                             lambda: airflow_s3_client(registry.backups.conn_id))  # fmt: skip
+
+    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock, log=say,
+                       backups=backups)  # fmt: skip
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 
