@@ -10,8 +10,10 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    `initial_state` is refused for it, and `auto` takes the transplant); for a query with
    several sources (a join), **source that moves** names the one that moves, in a folder of its
    own (the others go on where they were; a cutover time is for one-source queries); the new
-   source is valid, its folder exists and has input, its schema has every column the query
-   reads with the same type (for Parquet, the files' own schema too); the old checkpoint has a
+   source is valid, its folder exists and has input, every input file there is of its format
+   as far as the file's first bytes tell (format `auto`: the format of those files), its
+   schema has every column the query reads with the same type (for Parquet, the files' own
+   schema too); the old checkpoint has a
    committed batch and verifies clean; the new checkpoint is new or empty (default:
    `<checkpoint>.v2` beside the old one); no other lifecycle operation holds the query.
 2. `approve_stop`: where the query's registry entry asks for it (`approval`; unset, a
@@ -133,11 +135,13 @@ def spark_task(step: str):
             "Empty: the query's only source.",
         ),
         "new_source_format": Param(
-            "parquet",
+            "auto",
             type="string",
-            enum=list(SOURCE_FORMATS),
+            enum=["auto", *SOURCE_FORMATS],
             title="New source: format",
-            description="The file format of the new source's input.",
+            description="The file format of the new source's input. auto: the format of the "
+            "files in its folder (Parquet, JSON lines or CSV, by their first bytes). The "
+            "preflight refuses files of another format than this one.",
         ),
         "new_source_path": Param(
             "",

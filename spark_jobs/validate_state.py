@@ -70,4 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from stateops.spark.jobs import run_main
+
+    sys.exit(run_main(main))

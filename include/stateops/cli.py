@@ -31,7 +31,7 @@ from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
 from stateops.ops.transplant import ROADS
-from stateops.spark.jobs import job_path, preflight_job
+from stateops.spark.jobs import job_path, preflight_job, spark_submit_command, spark_submit_env
 from stateops.status import format_status, query_status
 
 __all__ = ["main"]
@@ -55,16 +55,10 @@ def _spark_submit(job: str, master: str, *args: str, to_stderr: bool = False) ->
     """Run ``spark_jobs/<job>`` through the venv's spark-submit, once the job's checks that
     need no Spark passed here (a refusal costs no JVM start); its exit code. ``to_stderr``:
     the job's output too goes to stderr (stdout is the command's JSON)."""
-    application = job_path(job)
-    preflight_job(application, args)
-    cmd = [
-        str(Path(sys.executable).with_name("spark-submit")),
-        "--master", master,
-        "--conf", "spark.ui.enabled=false",
-        str(application),
-        *args,
-    ]  # fmt: skip
-    return subprocess.run(cmd, stdout=sys.stderr if to_stderr else None).returncode
+    preflight_job(job_path(job), args)
+    cmd = spark_submit_command(job, master, args)
+    out = sys.stderr if to_stderr else None
+    return subprocess.run(cmd, stdout=out, env=spark_submit_env()).returncode
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -226,7 +220,8 @@ def cmd_backups(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
-    from stateops.ops.cleanup import run_cleanup
+    from stateops.core.s3 import s3_client, s3_settings
+    from stateops.ops.cleanup import latest_backup, run_cleanup
 
     path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
     retain = args.retain_batches or (registry and registry.cleanup.retain_batches)
@@ -236,9 +231,14 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         )
     lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
     log = _log if args.json else print
+
+    def backups() -> dict[str, Any]:  # one try: the cleanup does not wait for S3
+        return latest_backup(registry.backups.url_for(owner.name),
+                             lambda: s3_client(s3_settings(), retries=0))  # fmt: skip
+
     deltas = owner.state_store.min_deltas_for_snapshot if owner else 10  # as inspect's
-    plan = run_cleanup(path, retain, lock, min_deltas_for_snapshot=deltas,
-                       dry_run=args.dry_run, log=log)  # fmt: skip
+    plan = run_cleanup(path, retain, lock, min_deltas_for_snapshot=deltas, dry_run=args.dry_run,
+                       log=log, backups=backups if owner else None)  # fmt: skip
     if args.json:
         print(json.dumps(plan, indent=1))
     return 0
@@ -445,11 +445,15 @@ def _option(text: str) -> tuple[str, str]:
 
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
+    errors = _code_errors(registry)
+    for error in errors.values():  # one line each, after the listing (exit 2)
+        print(f"error: {error}", file=sys.stderr)
     if args.json:
         print(json.dumps({"registry": str(registry.path), "data_dir": str(registry.data_dir),
-                          "queries": [_query_json(registry, q) for q in registry.queries.values()]},
+                          "queries": [_query_json(registry, q) | {"error": errors.get(q.name)}
+                                      for q in registry.queries.values()]},
                          indent=1))  # fmt: skip
-        return 0
+        return 2 if errors else 0
     print(f"registry {registry.path} (data under {registry.data_dir})")
     for q in registry.queries.values():
         print(
@@ -461,7 +465,26 @@ def cmd_queries(args: argparse.Namespace) -> int:
         current = json.loads(switch.read_text())["current"] if switch.exists() else None
         if current and current["checkpoint"] == q.checkpoint:
             print(f"  {'':<16} source and checkpoint switched by a migration: {switch}")
-    return 0
+    return 2 if errors else 0
+
+
+def _code_errors(registry: Registry) -> dict[str, str]:
+    """Each query whose own code does not load as ``run`` loads it (its module, its function or
+    class, its options), with the one line that says why."""
+    from stateops.spark.streaming import check_code
+
+    errors = {}
+    for query in registry.queries.values():
+        try:
+            check_code(registry, query)
+        except StateOpsError as err:
+            errors[query.name] = one_line(err)
+        except Exception as err:  # the user's module itself fails (a SyntaxError, ...)
+            code = query.transform.function if query.transform else query.processor.class_
+            errors[query.name] = one_line(StateOpsError(
+                f"query {query.name}: {code} fails to load: {type(err).__name__}: {err}"
+            ))  # fmt: skip
+    return errors
 
 
 def _query_json(registry: Registry, q: Query) -> dict[str, Any]:
@@ -763,7 +786,10 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
         required=True,
         help="the new source's folder (relative to the registry's data_dir)",
     )
-    p.add_argument("--new-source-format", default="parquet", help="default: parquet")
+    p.add_argument(
+        "--new-source-format", metavar="json|parquet|csv",
+        help="default: the format of the files in the new source's folder (by their first bytes)",
+    )  # fmt: skip
     p.add_argument("--new-source-schema", help="DDL (default: the query's current schema)")
     p.add_argument("--new-source-option", type=_option, action="append", default=[],
                    metavar="KEY=VALUE", help="a reader option (repeat for more)")  # fmt: skip

@@ -297,14 +297,19 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
     plan first, then the deletions under the query's lock (a running query holds it)."""
     from stateops.control.lock import checkpoint_lock
-    from stateops.ops.cleanup import run_cleanup
+    from stateops.ops.cleanup import latest_backup, run_cleanup
 
     registry = load_registry()
     checkpoint = committed_checkpoint(registry, query)
     lock = checkpoint_lock(checkpoint, registry, "cleanup", run_id)
+
+    def backups() -> dict[str, Any]:
+        return latest_backup(registry.backups.url_for(query),
+                             lambda: airflow_s3_client(registry.backups.conn_id))  # fmt: skip
+
     deltas = registry.query(query).state_store.min_deltas_for_snapshot  # as inspect's
     plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock,
-                       min_deltas_for_snapshot=deltas, log=say)  # fmt: skip
+                       min_deltas_for_snapshot=deltas, log=say, backups=backups)  # fmt: skip
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 

@@ -183,7 +183,10 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert params["dry_run"] is True
     # Processors with initial_state.from_export and the one-source transforms (by transplant).
     assert set(params.get_param("query").schema["enum"]) == QUERIES
-    assert params.get_param("new_source_format").schema["enum"] == ["json", "parquet", "csv"]
+    assert params.get_param("new_source_format").schema["enum"] == [
+        "auto", "json", "parquet", "csv"
+    ]  # fmt: skip
+    assert params["new_source_format"] == "auto"
     for name, bad in [("new_source_path", ""), ("new_source_format", "kafka"),
                       ("new_source_options", "maxFilesPerTrigger=1"),
                       ("cutover", "yesterday"), ("carry_over", "copy")]:  # fmt: skip

@@ -440,6 +440,8 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
                     "  irreversible", "  backup", "  undo"
                 ], (argv, plan)  # fmt: skip
             walked.append(row.command)
+            if row.command == ("cleanup",):  # the backup taken above, by its id (issue 40)
+                assert f"stateops restore {values['URL']} --to {ckpt} --replace" in err, err
             if row.command == ("backup",):
                 taken = json.loads(out)
                 values["URL"] = f"s3://backups/walk/page_visits/{taken['backup_id']}"

@@ -28,6 +28,9 @@ def data(spark, tmp_path_factory) -> Path:
     (root / "landing_v2").mkdir()
     (root / "landing_v3_empty").mkdir()
     _parquet(root / "landing_v2")
+    (root / "landing_json").mkdir()  # the events of round 0 again, landed as JSON lines
+    for n, path in enumerate(sorted((root / "landing" / "page_visits").glob("*.json"))):
+        (root / "landing_json" / f"part-{n}.json").write_bytes(path.read_bytes())
     return root
 
 
@@ -60,6 +63,9 @@ BAD = [
      r"it as TIMESTAMP"),
     ("page_visits", _source(path="landing/page_visits", format="json"), "",
      r"^new_source_path: the new source is page_visits's current source: nothing to migrate"),
+    ("page_visits", _source(path="landing_json"), "",  # issue 40: the dry run passed it
+     r"^new_source_format: .*/landing_json/part-0.json is a json file, but the new source's "
+     r"format is parquet: give the format of its files \(--new-source-format json\)"),
     ("page_visits", _source(), "landing",
      r"^new_checkpoint: new checkpoint .*/landing is not empty"),
     ("page_visits", _source(), "checkpoints/page_visits/offsets",
@@ -208,3 +214,14 @@ def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
         refused = spark_submit_run_query(path, "user_sessions", "--cutover", cutover)
         assert refused.returncode == 2 and message in refused.stdout + refused.stderr
         assert tree_digest(Path(query.checkpoint)) == before
+
+
+def test_a_new_source_without_a_format_takes_the_format_of_its_files(data):
+    """The dry run names the format it found; the old checkpoint is read as for any plan."""
+    registry = load_registry(data / "registry.yaml")
+    before = tree_digest(data)
+    for folder, found in (("landing_json", "json"), ("landing_v2", "parquet")):
+        plan = plan_migration(registry, "page_visits", {"path": folder}, "", "manual__auto")
+        assert plan["new"]["source"]["format"] == found
+        assert f"-> {found} {data / folder} (" in format_migration_plan(plan, dry_run=True)
+    assert tree_digest(data) == before

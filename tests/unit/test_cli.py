@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
 
 from stateops import __version__
 from stateops.cli import _commands, build_parser
 from stateops.control.lock import QueryLock
 from stateops.core.registry import load_registry
-from tests.conftest import VENV_BIN, cli_table, run_cli, write_registry
+from stateops.spark.jobs import spark_submit_command, spark_submit_env
+from tests.conftest import ROOT, VENV_BIN, cli_table, run_cli, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -79,3 +82,104 @@ def test_the_readme_table_lists_every_command_as_the_parser_has_it():
         shown = {w.strip("[]") for w in row.words if w.lstrip("[").startswith("--")}
         assert shown <= options, (row.command, shown - options)
         assert {0, 2} <= row.exit_codes and (not row.spark or 1 in row.exit_codes), row.command
+
+
+def test_queries_imports_each_querys_code_and_binds_its_options_as_run_does(tmp_path):
+    """``stateops queries`` validates the registry (issue 40): a missing module, a missing
+    function and options that do not fit are refused as ``run`` refuses them, one line each,
+    exit 2; the listing is still printed."""
+    counts = "stateops.pipelines.page_counts:build"
+    path = write_registry(tmp_path, page_counts={
+        "transform": {"function": "no_such_module:build"}}, idle_sessions={
+        "transform": {"function": "stateops.pipelines.idle_sessions:no_such_function"}},
+        page_visits={"processor": {
+            "class": "stateops.pipelines.page_visits:PageVisitsProcessor",
+            "options": {"max_page": 10}}},
+    )  # fmt: skip
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["page_counts_too"] = {  # a transform's options, bound to its signature
+        **raw["queries"]["page_counts"], "checkpoint": "checkpoints/page_counts_too",
+        "transform": {"function": counts, "options": {"window": "1 hour", "windows": "1"}},
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    expected = [
+        ("error: query page_visits: processor.options do not fit "
+         "stateops.pipelines.page_visits:PageVisitsProcessor: ", "max_page"),
+        ("error: query page_counts: transform.function 'no_such_module:build' cannot be "
+         "imported (No module named 'no_such_module'); is its folder in the registry's "
+         "code_paths?", ""),
+        ("error: query idle_sessions: transform.function "
+         "'stateops.pipelines.idle_sessions:no_such_function' cannot be imported (", ""),
+        ("error: query page_counts_too: transform.options do not fit "
+         f"{counts}(spark, inputs, **options): ", "windows"),
+    ]  # fmt: skip
+    for json_flag in ([], ["--json"]):
+        proc = run_cli("--registry", str(path), "queries", *json_flag)
+        assert proc.returncode == 2, proc
+        lines = proc.stderr.splitlines()
+        assert len(lines) == len(expected), lines
+        for line, (start, word) in zip(lines, expected, strict=True):
+            assert line.startswith(start) and word in line, (line, start)
+    listed = json.loads(proc.stdout)["queries"]
+    assert {q["name"]: q["error"] is None for q in listed} == {
+        "user_sessions": True, "page_visits": False, "page_counts": False,
+        "idle_sessions": False, "page_counts_too": False,
+    }  # fmt: skip
+    fine = run_cli("--registry", str(write_registry(tmp_path / "fine")), "queries")
+    assert (fine.returncode, fine.stderr) == (0, ""), fine
+
+
+def test_a_spark_command_finds_the_venvs_spark_without_env_sh(tmp_path):
+    """``.venv/bin/stateops run`` in a shell that did not source scripts/env.sh (issue 40): pip's
+    spark-submit looked for its home with the system python3 and failed with
+    ``/bin/spark-class: No such file or directory``. A stand-in for ``java`` records how
+    spark-class starts Spark's launcher, and ends there: no JVM starts."""
+    import importlib.util
+
+    path = write_registry(tmp_path)
+    record = tmp_path / "java.args"
+    standin = tmp_path / "bin"
+    standin.mkdir()
+    # Its empty line starts the command spark-class would run, and its exit code ends that.
+    (standin / "java").write_text(
+        f'#!/bin/sh\n{{ printf "%s\\n" "$@"; echo "PYSPARK_PYTHON=$PYSPARK_PYTHON"; }} > {record}'
+        "\necho\nexit 3\n"
+    )
+    (standin / "java").chmod(0o755)
+    clean = {"PATH": f"{standin}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+             "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
+    proc = subprocess.run([str(VENV_BIN / "stateops"), "--registry", str(path), "run",
+                           "page_visits"], capture_output=True, text=True, env=clean,
+                          timeout=120)  # fmt: skip
+    assert "spark-class: No such file" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and record.exists(), proc  # the stand-in's exit code
+    args = record.read_text().splitlines()
+    pyspark = Path(importlib.util.find_spec("pyspark").submodule_search_locations[0])
+    jars = args[args.index("-cp") + 1]
+    assert jars.endswith("/jars/*") and Path(jars[:-7]).resolve() == pyspark.resolve(), args
+    assert args[args.index("-cp") + 2 :][:2] == [
+        "org.apache.spark.launcher.Main", "org.apache.spark.deploy.SparkSubmit"
+    ], args  # fmt: skip
+    assert str(ROOT / "spark_jobs" / "run_query.py") in args, args
+    python = Path(args[-1].removeprefix("PYSPARK_PYTHON="))
+    assert (python.name, python.parent.resolve()) == ("python", VENV_BIN.resolve()), args
+
+
+def test_the_spark_submit_environment_keeps_what_the_caller_set():
+    """The Spark of this interpreter only where the environment names none."""
+    import importlib.util
+    import sys
+
+    pyspark = importlib.util.find_spec("pyspark").submodule_search_locations[0]
+    assert spark_submit_env({"PATH": "/bin"}) == {
+        "PATH": "/bin", "SPARK_HOME": pyspark, "PYSPARK_PYTHON": sys.executable,
+        "SPARK_CONF_DIR": str(ROOT / "conf"),
+    }  # fmt: skip
+    theirs = {"SPARK_HOME": "/opt/spark", "PYSPARK_PYTHON": "/usr/bin/python3",
+              "SPARK_CONF_DIR": "/etc/spark"}  # fmt: skip
+    assert spark_submit_env(theirs) == theirs
+    assert spark_submit_command("run_query.py", "local[2]", ["--query", "q"]) == [
+        str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]",
+        "--conf", "spark.ui.enabled=false", str(ROOT / "spark_jobs" / "run_query.py"),
+        "--query", "q",
+    ]  # fmt: skip

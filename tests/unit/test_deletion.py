@@ -69,3 +69,64 @@ def test_the_plan_reads_as_what_goes_and_what_stays():
         "  backup:       none",
         "  undo:         none",
     ]
+
+
+def test_a_cleanup_plan_names_the_querys_latest_backup_and_the_restore_that_undoes_it():
+    """Issue 40: a registered query's cleanup said 'backup: none' and an undo with
+    BUCKET/PREFIX placeholders although its backups.url held a fresh backup."""
+    from stateops.core.errors import StateOpsError
+    from stateops.ops.cleanup import latest_backup
+
+    url = "s3://stateops-backups/page_visits"
+    plan = {
+        "operation": "cleanup", "checkpoint": "/data/ck", "last_committed_batch": 12,
+        "retain_batches": 2, "retained": [11, 12], "groups": [],
+        "delete": {"files": 2, "bytes": 2048},
+        "keep": {"files": 10, "bytes": 10240, "needed_by_restarts": 6},
+        "by_category": {"old-log": {"files": 2, "bytes": 2048}},
+        "files": {"old-log": ["offsets/1", "commits/1"]},
+    }  # fmt: skip
+    latest = {"backup_id": "b-000012-20261126T090000Z", "batch_id": 12,
+              "created_at": "2026-11-26T09:00:00+00:00"}  # fmt: skip
+    tails = {
+        None: [
+            "  backup:       none (take one first to keep older restarts: stateops backup "
+            "/data/ck)",
+            "  undo:         none; deleted files come back only from an earlier backup "
+            "(stateops restore s3://BUCKET/PREFIX/BACKUP_ID --to /data/ck --replace)",
+        ],
+        "latest": [
+            "  backup:       none taken by the cleanup; the latest is "
+            f"b-000012-20261126T090000Z (batch 12, 2026-11-26T09:00:00+00:00) under {url}",
+            "  undo:         none; deleted files come back only from an earlier backup "
+            f"(stateops restore {url}/b-000012-20261126T090000Z --to /data/ck --replace)",
+        ],
+        "none yet": [
+            f"  backup:       none yet under {url} (take one first to keep older restarts: "
+            "stateops backup /data/ck)",
+            f"  undo:         none: there is no backup under {url} to bring deleted files "
+            "back from",
+        ],
+        "unlisted": [
+            f"  backup:       none taken by the cleanup; the backups under {url} could not "
+            "be listed (S3 list: the endpoint does not answer)",
+            "  undo:         none; deleted files come back only from an earlier backup "
+            f"(stateops backups list {url}, then stateops restore {url}/BACKUP_ID --to "
+            "/data/ck --replace)",
+        ],
+    }  # fmt: skip
+    backups = {
+        None: None,
+        "latest": {"url": url, "latest": latest, "error": None},
+        "none yet": {"url": url, "latest": None, "error": None},
+        "unlisted": {"url": url, "latest": None, "error": "S3 list: the endpoint does not answer"},
+    }
+    for case, tail in tails.items():
+        text = format_plan({**plan, "backups": backups[case]}, dry_run=True)
+        assert text.splitlines()[-2:] == tail, (case, text)
+        assert "BUCKET/PREFIX" not in text or case is None
+
+    def down():
+        raise StateOpsError("S3 list: the endpoint does not answer")
+
+    assert latest_backup(url, down) == backups["unlisted"], "said in the plan, not raised"

@@ -7,8 +7,8 @@ import yaml
 
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.migration import default_checkpoint, plan_migration
-from tests.conftest import run_cli, write_registry
+from stateops.ops.migration import check_migration_form, default_checkpoint, plan_migration
+from tests.conftest import run_cli, tree_digest, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +110,102 @@ def test_a_query_whose_checkpoint_is_in_s3_is_refused_before_anything_is_read(tm
         r"a local folder and migrate that \(docs/checkpoints-on-s3.md\)$"
     )):  # fmt: skip
         plan_migration(load_registry(path), "page_visits", {"path": "landing/elsewhere"})
+
+
+def _parquet_bytes() -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    time = pa.array([0], pa.timestamp("us", "UTC"))
+    pq.write_table(pa.table({"user_id": ["u1"], "page": ["/"], "event_time": time}), out)
+    return out.getvalue()
+
+
+JSON_LINE = b'{"user_id": "u1", "page": "/", "event_time": "2026-01-01T00:00:00Z"}\n'
+CSV_LINES = b"user_id,page,event_time\nu1,/,2026-01-01T00:00:00Z\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "given", "says"),
+    [
+        ({"part-0.json": JSON_LINE}, "parquet", r"^new_source_format: .*/v2/part-0.json is a json "
+         r"file, but the new source's format is parquet: give the format of its files "
+         r"\(--new-source-format json\), or land only parquet files there$"),
+        ({"part-0": JSON_LINE, "day=1/part-1.parquet": b"PAR1"}, "parquet",
+         r"^new_source_format: .*/v2/part-0 is a json file"),  # not by its name, by its bytes
+        ({"a.parquet": "parquet", "b.parquet": "parquet"}, "csv",
+         r"^new_source_format: .*/v2/a.parquet is a parquet file, but the new source's format "
+         r"is csv: give the format of its files \(--new-source-format parquet\)"),
+        ({"a.csv": CSV_LINES}, "json", r"^new_source_format: .*/v2/a.csv is a csv file"),
+        ({"a.json.gz": "gzip"}, "csv", r"^new_source_format: .*/v2/a.json.gz is a json file"),
+        ({"a.json": JSON_LINE, "b.parquet": "parquet"}, None,
+         r"^new_source_format: .*/v2 holds json files \(a.json\) and parquet files "
+         r"\(b.parquet\): land one format in the new source's folder$"),
+        ({"a.orc": b"ORC\x00\x01\x02"}, "auto", r"^new_source_format: the files in .*/v2 "
+         r"\(a.orc, ...\) are not parquet, JSON or CSV by their first bytes: give the new "
+         r"source's format \(--new-source-format\)$"),
+    ],
+)  # fmt: skip
+def test_files_of_another_format_than_the_new_sources_are_refused_before_anything_stops(
+    tmp_path, files, given, says
+):
+    """Spark would fail at the new source's first batch, after the drain (issue 40): the
+    preflight reads each file's first bytes instead, and no checkpoint is read."""
+    import gzip
+
+    path = write_registry(tmp_path / "data")
+    folder = tmp_path / "data" / "landing" / "v2"
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        data = {"parquet": _parquet_bytes(), "gzip": gzip.compress(JSON_LINE)}.get(content)
+        (folder / name).write_bytes(data or content)
+    (folder / "_SUCCESS").write_bytes(b"")  # hidden from Spark's file source, and from this
+    (folder / ".part-0.json.crc").write_bytes(b"\x00crc")
+    conf = {"query": "page_visits", "new_source_path": "landing/v2", "new_source_format": given}
+    with pytest.raises(StateOpsError, match=says):
+        check_migration_form(load_registry(path), conf)
+    with pytest.raises(StateOpsError, match=says):
+        plan_migration(load_registry(path), "page_visits",
+                       {"path": "landing/v2", "format": given})  # fmt: skip
+    assert not (tmp_path / "data" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "found"),
+    [("a.json", JSON_LINE, "json"), ("a", CSV_LINES, "csv"), ("x.bin", "parquet", "parquet")],
+)
+def test_without_a_format_the_new_source_takes_its_files_format(tmp_path, name, content, found):
+    path = write_registry(tmp_path / "data")
+    folder = tmp_path / "data" / "landing" / "v2"
+    folder.mkdir(parents=True)
+    (folder / name).write_bytes(_parquet_bytes() if content == "parquet" else content)
+    registry = load_registry(path)
+    for given in (None, "auto", found):
+        check_migration_form(registry, {"query": "page_visits", "new_source_path": "landing/v2",
+                                        "new_source_format": given})  # fmt: skip
+    other = "csv" if found != "csv" else "json"
+    with pytest.raises(StateOpsError, match=f"is a {found} file, but the new source's format "
+                                            f"is {other}: "):  # fmt: skip
+        check_migration_form(registry, {"query": "page_visits", "new_source_path": "landing/v2",
+                                        "new_source_format": other})  # fmt: skip
+
+
+def test_stateops_migrate_dry_run_to_json_files_as_parquet_is_refused_in_one_line(tmp_path):
+    """The dry run of issue 40: the new folder holds JSON files, the format says parquet."""
+    path = write_registry(tmp_path / "data")
+    folder = tmp_path / "data" / "landing" / "v2"
+    folder.mkdir(parents=True)
+    (folder / "part-0.json").write_bytes(JSON_LINE)
+    before = tree_digest(tmp_path)
+    proc = run_cli("--registry", str(path), "migrate", "page_visits", "--new-source-path",
+                   "landing/v2", "--new-source-format", "parquet", "--dry-run")  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.splitlines() == [
+        f"error: new_source_format: {folder}/part-0.json is a json file, but the new source's "
+        "format is parquet: give the format of its files (--new-source-format json), or land "
+        "only parquet files there"
+    ], proc.stderr
+    assert tree_digest(tmp_path) == before

@@ -58,30 +58,58 @@ def start_s3_server(
     raise StateOpsError(f"rclone serve s3 did not listen on 127.0.0.1:{port} within 20 s")
 
 
-def main() -> int:
-    """``python -m stateops.dev.s3server DIR``: serve until stopped (Ctrl-C or SIGTERM).
-
-    Port and credentials from the environment that ``scripts/env.sh`` sets: the port of
-    ``STATEOPS_S3_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``; the bucket
-    of the registry's ``backups.url``.
-    """
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stateops.dev.s3server DIR [--port N] [--bucket NAME]``: serve until stopped
+    (Ctrl-C or SIGTERM). Credentials from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
+    (``scripts/env.sh`` sets demo ones)."""
+    import argparse
     import signal
     from urllib.parse import urlparse
 
-    from stateops.core.registry import load_registry
+    from stateops.core.errors import one_line
 
-    root = Path(sys.argv[1])
-    port = urlparse(os.environ["STATEOPS_S3_ENDPOINT_URL"]).port or 9000
-    bucket = load_registry().backups.url[5:].split("/", 1)[0]
-    key, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
-    proc = start_s3_server(root, [bucket], key, secret, port)
+    parser = argparse.ArgumentParser(
+        prog="python -m stateops.dev.s3server", description="The embedded S3 endpoint."
+    )
+    parser.add_argument("root", metavar="DIR", help="the folder served (a bucket per folder)")
+    parser.add_argument(
+        "--port", type=int,
+        help="on 127.0.0.1 (default: the port of STATEOPS_S3_ENDPOINT_URL, else 9000)",
+    )  # fmt: skip
+    parser.add_argument("--bucket", help="created if missing (default: the registry's "
+                        "backups.url bucket)")  # fmt: skip
+    args = parser.parse_args(argv)
+    try:
+        endpoint = os.environ.get("STATEOPS_S3_ENDPOINT_URL", "")
+        port = args.port or urlparse(endpoint).port or 9000
+        key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if not key or not secret:
+            raise StateOpsError(
+                "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the keys the endpoint takes; "
+                "source scripts/env.sh for the demo ones)"
+            )
+        bucket = args.bucket or _registry_bucket()
+        proc = start_s3_server(Path(args.root), [bucket], key, secret, port)
+    except StateOpsError as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-    print(f"S3 endpoint http://127.0.0.1:{port} (bucket {bucket}) serving {root}", flush=True)
+    url = f"http://127.0.0.1:{port}"
+    print(f"S3 endpoint {url} (bucket {bucket}) serving {args.root}", flush=True)
+    if urlparse(endpoint).port != port:  # the CLI and the jobs read it from there
+        print(f"for the CLI: export STATEOPS_S3_ENDPOINT_URL={url}", flush=True)
     try:
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
         return proc.wait()
+
+
+def _registry_bucket() -> str:
+    """The bucket of the registry's ``backups.url`` (``s3://BUCKET/...``)."""
+    from stateops.core.registry import load_registry
+
+    return load_registry().backups.url[5:].split("/", 1)[0]
 
 
 if __name__ == "__main__":

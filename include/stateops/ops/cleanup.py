@@ -13,7 +13,7 @@ from typing import Any
 
 from stateops.control.lock import QueryLock
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.errors import CheckpointError, StateOpsError, one_line
 from stateops.core.report import format_bytes, group_id
 from stateops.ops.deletion import (
     audit_plan,
@@ -27,6 +27,7 @@ from stateops.ops.deletion import (
 from stateops.ops.rollback import refuse_pending_rollback
 
 __all__ = [
+    "latest_backup",
     "plan_cleanup",
     "run_cleanup",
 ]
@@ -109,21 +110,27 @@ def run_cleanup(
     min_deltas_for_snapshot: int = 10,
     dry_run: bool = False,
     log: Callable[[str], None] = print,
+    backups: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Plan, print the plan, and (unless a dry run) delete under the query's lock.
+    ``backups()``: where the query's backups are and the latest (:func:`latest_backup`), for
+    the plan's backup and undo lines, asked once the checkpoint is planned (None: not a
+    registered query's checkpoint).
 
     The first plan, before the lock, checks that the path is a checkpoint and that every file
     it deletes can be deleted, so a refusal leaves nothing behind (not even a lock file); the
     deletions follow a second plan made under the lock, since a run may commit in between.
     """
     plan = plan_cleanup(checkpoint, retain_batches, min_deltas_for_snapshot)
+    named = {"backups": backups() if backups else None}  # after the refusals: they are quick
+    plan |= named
     if dry_run:
         log(format_plan(plan, dry_run=True))
         return plan
     refuse_unwritable_plan(plan, lock)
     with lock:
         started = time.time()
-        plan = plan_cleanup(checkpoint, retain_batches, min_deltas_for_snapshot)
+        plan = plan_cleanup(checkpoint, retain_batches, min_deltas_for_snapshot) | named
         refuse_unwritable_plan(plan, lock)
         log(format_plan(plan, dry_run=False))
         execute_plan(plan, log)
@@ -135,3 +142,16 @@ def run_cleanup(
         f"{format_bytes(plan['keep']['bytes'])}; {seconds} s"
     )
     return plan
+
+
+def latest_backup(url: str, client: Callable[[], Any]) -> dict[str, Any]:
+    """The backups under ``url`` as a cleanup plan names them: where they are and the latest
+    (``client()`` makes the S3 client). Cleanup needs no S3: a listing that does not answer
+    is said in the plan (``error``), and the cleanup goes on."""
+    from stateops.ops.backup import list_backups
+
+    try:
+        backups = list_backups(url, client())
+    except Exception as err:  # a missing connection, the endpoint down, wrong keys, ...
+        return {"url": url, "latest": None, "error": one_line(err)}
+    return {"url": url, "latest": backups[-1] if backups else None, "error": None}

@@ -307,11 +307,7 @@ def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
     if plan["operation"] == "cleanup":
         return plan_tail(
             irreversible=f"deleting {deleted}: only files no restart after the retained "
-            "batches reads",
-            backup="none (take one first to keep older restarts: stateops backup "
-            f"{checkpoint})",
-            undo="none; deleted files come back only from an earlier backup (stateops "
-            f"restore s3://BUCKET/PREFIX/BACKUP_ID --to {checkpoint} --replace)",
+            "batches reads", **_cleanup_backup(checkpoint, plan.get("backups")),
         )  # fmt: skip
     if not backup_to:
         return plan_tail(irreversible=f"deleting {deleted} (no backup)", backup="none",
@@ -325,6 +321,38 @@ def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
         + (f", and the sink's batch folders back from {sink['path']}/_rolled_back/RUN_ID"
            if sink else ""),
     )  # fmt: skip
+
+
+def _cleanup_backup(checkpoint: str, backups: dict[str, Any] | None) -> dict[str, str]:
+    """A cleanup takes no backup: its plan names the latest one of the query (``backups``:
+    :func:`stateops.ops.cleanup.latest_backup`), from which deleted files come back."""
+    restore = f"--to {checkpoint} --replace"
+    if backups is None:  # not a registered query's checkpoint: no backup location known
+        return {
+            "backup": f"none (take one first to keep older restarts: stateops backup {checkpoint})",
+            "undo": "none; deleted files come back only from an earlier backup (stateops "
+            f"restore s3://BUCKET/PREFIX/BACKUP_ID {restore})",
+        }  # fmt: skip
+    url, latest = backups["url"], backups["latest"]
+    if latest is not None:
+        return {
+            "backup": f"none taken by the cleanup; the latest is {latest['backup_id']} (batch "
+            f"{latest['batch_id']}, {latest['created_at']}) under {url}",
+            "undo": "none; deleted files come back only from an earlier backup (stateops "
+            f"restore {url}/{latest['backup_id']} {restore})",
+        }  # fmt: skip
+    if backups.get("error"):
+        return {
+            "backup": f"none taken by the cleanup; the backups under {url} could not be "
+            f"listed ({backups['error']})",
+            "undo": "none; deleted files come back only from an earlier backup (stateops "
+            f"backups list {url}, then stateops restore {url}/BACKUP_ID {restore})",
+        }  # fmt: skip
+    return {
+        "backup": f"none yet under {url} (take one first to keep older restarts: stateops "
+        f"backup {checkpoint})",
+        "undo": f"none: there is no backup under {url} to bring deleted files back from",
+    }
 
 
 def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:

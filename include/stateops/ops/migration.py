@@ -214,7 +214,7 @@ def check_migration_form(registry: Registry, conf: dict[str, Any]) -> None:
     """The migration form's rules that need no Spark and no look at the old checkpoint, before
     a run is created (the preflight checks them again, then the rest)."""
     source = {
-        "format": conf.get("new_source_format", "parquet"),
+        "format": conf.get("new_source_format"),
         "path": conf.get("new_source_path", ""),
         "schema": conf.get("new_source_schema") or "",
         "options": conf.get("new_source_options") or {},
@@ -304,9 +304,12 @@ def _check_new_source(query: Query, source_name: str, source: Source) -> int:
             f"new source folder {folder} has no input yet: land its first files (the carry-over "
             "is proven on the new source's first batch), then trigger again"
         )
+    inputs = _input_files(folder, source.options)
+    with about("new_source_format"):
+        _check_format(source, inputs)
     with about("new_source_schema"):
         _check_schema(query, current, source)
-    _check_files(source)
+    _check_files(source, inputs)
     try:
         Query.model_validate(query.with_input(source_name, source).model_dump(by_alias=True))
     except ValidationError as err:
@@ -363,11 +366,16 @@ def _planned_query(query: Query, plan: dict[str, Any]) -> Query:
 
 
 def _new_source(registry: Registry, current: Source, spec: dict[str, Any]) -> Source:
+    """The new source as the form (or the CLI) gives it; without a format (or ``auto``), the
+    format of the files in its folder."""
     spec = {k: v for k, v in spec.items() if v not in (None, "")}
     spec.setdefault("schema", current.schema_)
     path = str(spec.get("path", ""))
     if path and "://" not in path:
         spec["path"] = str((registry.data_dir / path).resolve())
+    if spec.get("format", "auto") == "auto":
+        folder = Path(spec["path"]) if path else None
+        spec["format"] = _files_format(folder, spec.get("options") or {}) if folder else "parquet"
     try:
         return Source.model_validate(spec)
     except ValidationError as err:
@@ -392,13 +400,92 @@ def _check_schema(query: Query, current: Source, source: Source) -> None:
             )
 
 
-def _check_files(source: Source) -> None:
+# How a file's first bytes tell its format: Parquet starts (and ends) with PAR1; a JSON lines
+# record starts with '{' (a JSON document with '[' too); other text is read as CSV.
+_PARQUET_MAGIC = b"PAR1"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _file_format(path: Path) -> str | None:
+    """``parquet``, ``json`` or ``csv`` by the first bytes of ``path`` (of a gzip file, by its
+    content: Spark's text readers decompress it), or None where they do not tell (an empty
+    file, another binary format or compression)."""
+    with path.open("rb") as f:
+        head = f.read(4096)
+        if head.startswith(_PARQUET_MAGIC):  # and a whole file, not one still being written
+            f.seek(max(f.seek(0, os.SEEK_END) - 4, 4))
+            return "parquet" if f.read(4) == _PARQUET_MAGIC else None
+    if head.startswith(_GZIP_MAGIC):
+        import gzip
+        import zlib
+
+        try:
+            with gzip.open(path, "rb") as f:
+                head = f.read(4096)
+        except (OSError, EOFError, zlib.error):
+            return None
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text or b"\x00" in text:
+        return None
+    return "json" if text[:1] in (b"{", b"[") else "csv"
+
+
+def _input_files(folder: Path, options: dict[str, Any]) -> list[tuple[Path, str | None]]:
+    """The files Spark's file source would read in ``folder`` (names starting with ``.`` or
+    ``_`` left out, ``pathGlobFilter`` applied), each with the format its first bytes tell."""
+    import fnmatch
+
+    if not folder.is_dir():
+        return []
+    glob = str(options.get("pathGlobFilter") or "*")
+    return [
+        (p, _file_format(p)) for p in sorted(folder.rglob("*"))
+        if p.is_file() and fnmatch.fnmatch(p.name, glob)
+        and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)
+    ]  # fmt: skip
+
+
+def _files_format(folder: Path, options: dict[str, Any]) -> str:
+    """The format of the input files in ``folder``, for a new source given without one;
+    ``parquet`` while there are none (the folder's checks then say what to do)."""
+    files = _input_files(folder, options)
+    kinds = {kind: path for path, kind in reversed(files) if kind is not None}
+    with about("new_source_format"):
+        if len(kinds) > 1:
+            found = " and ".join(
+                f"{kind} files ({path.name})" for kind, path in sorted(kinds.items())
+            )
+            raise StateOpsError(
+                f"{folder} holds {found}: land one format in the new source's folder"
+            )
+        if not kinds and any(path.stat().st_size for path, _ in files):
+            raise StateOpsError(
+                f"the files in {folder} ({files[0][0].name}, ...) are not parquet, JSON or CSV "
+                "by their first bytes: give the new source's format (--new-source-format)"
+            )
+    return next(iter(kinds), "parquet")
+
+
+def _check_format(source: Source, files: list[tuple[Path, str | None]]) -> None:
+    """Every input file in the new source's folder (``files``: :func:`_input_files`) is in its
+    format, as far as its first bytes tell: Spark would otherwise fail at the first batch,
+    after the old query was stopped and drained."""
+    for path, kind in files:
+        if kind is not None and kind != source.format:
+            raise StateOpsError(
+                f"{path} is a {kind} file, but the new source's format is {source.format}: "
+                f"give the format of its files (--new-source-format {kind}), or land only "
+                f"{source.format} files there"
+            )
+
+
+def _check_files(source: Source, files: list[tuple[Path, str | None]]) -> None:
     """Parquet files carry their schema: the first one must have the declared columns."""
     if source.format != "parquet":
         return
     import pyarrow.parquet as pq
 
-    first = next(iter(sorted(Path(source.path).rglob("*.parquet"))), None)
+    first = next((path for path, kind in files if kind == "parquet"), None)
     if first is None:
         return
     found = {f.name: _ARROW_TYPES.get(str(f.type), str(f.type)) for f in pq.read_schema(first)}
@@ -482,7 +569,8 @@ def settle_migration(
 ) -> dict[str, Any]:
     """After the drain: the old checkpoint's final batch, the road the state takes (see
     :func:`stateops.ops.transplant.choose_road`), and the registry the new query runs with (new
-    source and checkpoint; its output continues the old numbering after that batch).
+    source and checkpoint; its output continues the old numbering after that batch, from the
+    ``batch_id=`` folder ``output_from``).
     """
     query = registry.query(plan["query"])
     if query.checkpoint != plan["old"]["checkpoint"]:
@@ -495,11 +583,17 @@ def settle_migration(
     if road == "initial_state":
         refuse_differences(query.name, carry_differences(cp, runs_as, last),
                            plan["carry_over"].get("accepted", False), _ACCEPT)  # fmt: skip
-    # A transplanted checkpoint goes on from batch last + 1, a bootstrapped one from batch 0.
-    offset = query.sink.batch_offset if road == "transplant" else query.sink.folder_batch(last) + 1
+    # A transplanted checkpoint goes on from batch last + 1 (its first batch is last + 2 after
+    # Spark's repartition batch, which writes no output), a bootstrapped one from batch 0.
+    if road == "transplant":
+        offset = query.sink.batch_offset
+        first = last + 1 + (repartition_from(cp, runs_as, last) is not None)
+    else:
+        offset, first = query.sink.folder_batch(last) + 1, 0
     changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
     derived_registry(registry, query.name, changes, plan["new"]["registry"])
-    return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road}
+    return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road,
+            "output_from": offset + first}  # fmt: skip
 
 
 def backup_for_migration(
@@ -513,7 +607,7 @@ def backup_for_migration(
     settled = settle_migration(registry, plan, log)
     log(
         f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
-        f"checkpoint's output continues at batch_id={settled['sink_batch_offset']}"
+        f"checkpoint's output continues at batch_id={settled['output_from']}"
     )
     manifest = backup_query(registry, plan["query"], client,
                             batch=settled["last_committed_batch"], log=log)  # fmt: skip

@@ -1,4 +1,5 @@
-"""The Spark jobs' refusals that need no Spark, run before ``spark-submit`` starts a JVM.
+"""The Spark jobs' refusals that need no Spark, run before ``spark-submit`` starts a JVM, and
+the ``spark-submit`` command that runs a job.
 
 Each job in ``spark_jobs/`` defines ``parse_args(argv)`` and ``preflight(args)``: its
 ``main()`` runs them first (a job may be submitted by hand), and the CLI and the Airflow
@@ -9,17 +10,26 @@ start-up, and the checks cannot drift apart from the job's own.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROJECT_ROOT
 
-__all__ = ["PY_FILES", "job_path", "load_job", "preflight_job"]
+__all__ = [
+    "PY_FILES",
+    "job_path",
+    "load_job",
+    "preflight_job",
+    "run_main",
+    "spark_submit_command",
+    "spark_submit_env",
+]
 
 # The library as the Spark executors get it (``--py-files``; ``make`` builds it).
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
@@ -63,3 +73,57 @@ def preflight_job(path: str | os.PathLike[str], argv: Sequence[str]) -> None:
             f"{Path(path).name}: arguments it does not take: {' '.join(map(str, argv))}"
         ) from None
     job.preflight(args)
+
+
+def spark_submit_command(job: str, master: str, args: Sequence[str]) -> list[str]:
+    """``spark-submit`` of ``spark_jobs/<job>`` with ``args``: this interpreter's own (the
+    venv's), run in :func:`spark_submit_env`."""
+    return [
+        str(Path(sys.executable).with_name("spark-submit")),
+        "--master", master,
+        "--conf", "spark.ui.enabled=false",
+        str(job_path(job)),
+        *map(str, args),
+    ]  # fmt: skip
+
+
+def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) with the Spark of this interpreter where it names
+    none: ``SPARK_HOME`` the installed ``pyspark`` package, ``PYSPARK_PYTHON`` this
+    interpreter, ``SPARK_CONF_DIR`` the project's ``conf/`` (as ``scripts/env.sh`` sets them).
+
+    Without them, pip's ``spark-submit`` looks for its home with the first ``python3`` on the
+    PATH: outside the venv that one has no pyspark, and the job fails with ``/bin/spark-class:
+    No such file or directory``; the job's Python would not be the venv's either.
+    """
+    env = dict(os.environ if environ is None else environ)
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise StateOpsError(
+            f"pyspark is not installed for {sys.executable}: run the project's "
+            ".venv/bin/stateops (`make test` or `make demo` creates it)"
+        )
+    env.setdefault("SPARK_HOME", spec.submodule_search_locations[0])
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    if (PROJECT_ROOT / "conf").is_dir():
+        env.setdefault("SPARK_CONF_DIR", str(PROJECT_ROOT / "conf"))
+    return env
+
+
+def run_main(main: Callable[[], int]) -> int:
+    """A job's ``main()`` as ``spark-submit`` runs it, then Spark's state stores unloaded while
+    Spark still runs: their maintenance thread (every ``stateStore.maintenanceInterval``) would
+    otherwise run on into the JVM's shutdown and print ``IllegalStateException: SparkEnv not
+    active, cannot do maintenance on StateStores`` after a job that ended well."""
+    try:
+        return main()
+    finally:
+        from py4j.protocol import Py4JError
+        from pyspark import SparkContext
+
+        context = SparkContext._active_spark_context
+        # Where the JVM is gone already, there is nothing to stop, and the job's own outcome
+        # (its exit code or its exception) must not be hidden by this.
+        with contextlib.suppress(Py4JError):
+            if context is not None:
+                context._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
