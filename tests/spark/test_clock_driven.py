@@ -70,9 +70,12 @@ def clock_registry(root: Path, landing: Path | None = None, **transform) -> Path
     return path
 
 
-def set_drain_limit(registry: Path, limit: str) -> None:
+def set_drain_limit(registry: Path, limit: str | None) -> None:
+    """The query's ``trigger.drain_limit`` (None: the default)."""
     raw = yaml.safe_load(registry.read_text())
-    raw["queries"][NAME]["trigger"]["drain_limit"] = limit
+    trigger = raw["queries"][NAME]["trigger"]
+    trigger.pop("drain_limit", None)
+    trigger.update({"drain_limit": limit} if limit else {})
     registry.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
@@ -139,7 +142,7 @@ def state_and_output(spark, registry: Path) -> tuple:
     return stores, state, output
 
 
-def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path):
+def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, capsys):
     control = clock_registry(tmp_path / "control")
     touched = clock_registry(tmp_path / "touched", landing=control.parent / "landing")
     land(control.parent / "landing", round_=0, files=FILES)
@@ -156,9 +159,11 @@ def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path):
     assert "ProcessingTimeTimeout" in bounded["clock_driven"], bounded
     assert bounded["drained"] is False and bounded["uncommitted_batches"] == [], bounded
     assert bounded["last_committed_batch"] is not None, bounded
+    said = f"{NAME}: input not drained within trigger.drain_limit 1 second (group state with a"
+    assert said in capsys.readouterr().err
 
     # Again with the default limit: it goes on from there until its input is drained.
-    set_drain_limit(touched, "30 minutes")
+    set_drain_limit(touched, None)
     with watchdog(spark):
         ran = run_in_session(spark, touched, NAME)
     assert ran["drained"] is True and ran["uncommitted_batches"] == [], ran

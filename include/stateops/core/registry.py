@@ -170,10 +170,11 @@ class Sink(_Model):
 class Trigger(_Model):
     processing_time: str = Field("10 seconds", pattern=r"^\d+ (second|minute|hour)s?$")
     """The interval of continuous runs."""
-    drain_limit: str = Field("30 minutes", pattern=r"^\d+ (second|minute|hour)s?$")
+    drain_limit: str = Field("20 minutes", pattern=r"^\d+ (second|minute|hour)s?$")
     """The longest an available-now run of a clock-driven query (a processing-time timeout,
     transformWithState in ProcessingTime mode: Spark never ends those) waits for its input to
-    drain; it then stops after a committed batch and says so (``drained: false``)."""
+    drain; it then stops after a committed batch and says so (``drained: false``). Below
+    stream_start's 30-minute interval, so such a query cannot hold back its next run."""
 
     @property
     def drain_limit_seconds(self) -> float:
