@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 __all__ = [
-    "DRAIN_TRIGGER",
-    "await_drained",
     "checkpoint_state",
     "files_before",
     "read_summary",
