@@ -121,8 +121,11 @@ def await_run(
 _DRAIN_MS = 1000
 DRAIN_TRIGGER = f"{_DRAIN_MS} milliseconds"
 # Send a stop in a gap only this long or more before the next trigger is due (triggers fall on
-# multiples of the interval since the epoch).
-_STOP_MARGIN_MS = 250
+# multiples of the interval since the epoch); a stop takes a few milliseconds to arrive.
+_STOP_MARGIN_MS = 100
+# How long to wait for such a gap: batches that read nothing vary in length, and one shorter
+# than the interval leaves one.
+_GAP_WAIT_INTERVALS = 10
 
 
 def await_drained(streaming: StreamingQuery, query: Query, limit_seconds: float) -> bool:
@@ -148,22 +151,32 @@ def _read_nothing(progress: dict[str, Any]) -> bool:
 
 
 def _stop_between_batches(streaming: StreamingQuery, query: Query) -> None:
-    """Stop in a gap between triggers; where batches run back to back (each slower than the
-    trigger), after a few intervals, at a moment the query's foreachBatch function does not
-    run. A stop inside it is Spark 4.2's worst case: the stream thread dies of a
-    StackOverflowError (its check of the interrupted Python call's text). A stop inside a
-    batch leaves that batch planned; :func:`_run_stream` finishes it."""
+    """Stop in a gap between triggers. Where none comes (batches back to back, each slower
+    than the interval), as soon as a batch has committed (its progress event is new: the next
+    trigger is listing its sources) and never while the query's foreachBatch function runs. A
+    stop inside a trigger (seen: writing the offsets, or in the Python foreachBatch call) can
+    kill Spark 4.2's stream thread with a StackOverflowError, from its check of whether the
+    error is an interruption; the query is stopped all the same, and a batch the stop left
+    planned is finished by :func:`_run_stream`."""
     from stateops.spark.streaming import writing
 
-    give_up = time.monotonic() + 3 * _DRAIN_MS / 1000
+    give_up = time.monotonic() + _GAP_WAIT_INTERVALS * _DRAIN_MS / 1000
+    seen = _event(streaming)
     while streaming.isActive:
         to_next = _DRAIN_MS - time.time() * 1000 % _DRAIN_MS
         if to_next > _STOP_MARGIN_MS and not streaming.status["isTriggerActive"]:
             break
-        if time.monotonic() > give_up and not writing(query):
+        event = _event(streaming)
+        if time.monotonic() > give_up and event != seen and not writing(query):
             break
+        seen = event
         time.sleep(0.01)
     streaming.stop()
+
+
+def _event(streaming: StreamingQuery) -> tuple[Any, Any]:
+    last = streaming.lastProgress
+    return (last["batchId"], last["timestamp"]) if last else (None, None)
 
 
 def _cutover_run(query: Query, cutover: datetime, first: int) -> tuple[Query, list[Path], int]:
