@@ -20,15 +20,18 @@ from stateops.control.lock import new_run_id
 from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, run_backfill
 from stateops.ops.backup import backup_query
+from stateops.ops.start import _finish_planned, checkpoint_state
 from stateops.spark.streaming import (
     apply_query_conf,
     clock_driven,
     query_frame,
     start_query,
     use_code_paths,
+    write_batch,
 )
 from tests.spark.harness import (
     VIEWS,
+    InjectedFailure,
     job_in_session,
     job_runner,
     land,
@@ -182,6 +185,38 @@ def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, c
     summary = done["summary"]
     assert summary["drained"] is True and summary["batches_run"] >= 3, summary
     assert state_and_output(spark, touched) == expected
+
+
+def test_a_batch_a_stop_left_planned_is_finished_and_nothing_after_it(spark, tmp_path):
+    """The drain's safety net, where its stop fell inside a batch. Such a batch made the way
+    Spark leaves one: its foreachBatch fails once, after its output, before its commit."""
+    reg = load_registry(clock_registry(tmp_path))
+    land(tmp_path / "landing", round_=0, files=2)
+    query = reg.query(NAME)
+    use_code_paths(reg, spark)
+    apply_query_conf(spark, query)
+    frame = query_frame(spark, query)
+
+    def fails_once(df, batch_id):
+        write_batch(df, batch_id, query)
+        if batch_id == 1:
+            raise InjectedFailure("batch 1 fails once, after its output")
+
+    failing = (
+        frame.writeStream.outputMode("update").option("checkpointLocation", query.checkpoint)
+        .foreachBatch(fails_once).trigger(availableNow=True).start()
+    )  # fmt: skip
+    with pytest.raises(Exception, match="batch 1 fails once"):
+        failing.awaitTermination(WATCHDOG_SECONDS)
+    failing.stop()
+    quiesce(spark)
+    assert checkpoint_state(query.checkpoint) == (0, [1])
+
+    with watchdog(spark):
+        error, progress = _finish_planned(spark, query, frame, poll_seconds=0.2)
+    quiesce(spark)
+    assert error is None and [p["batchId"] for p in progress] == [1], (error, progress)
+    assert checkpoint_state(query.checkpoint) == (1, [])  # and no batch 2 planned
 
 
 def test_spark_knows_clock_driven_queries_before_they_start(spark, tmp_path):

@@ -486,22 +486,31 @@ def _run_stream(
     streaming = _start(spark, query, frame, processing_time=DRAIN_TRIGGER)
     drained, error, progress = _watch(streaming, lambda: await_drained(streaming, query, limit))
     ran = _Ran(False, error, progress, clock, drained)
-    _, planned = checkpoint_state(query.checkpoint)
-    if planned and not error:
-        # The stop fell inside a batch: Spark runs a planned batch first on a restart, and on
-        # a day-long trigger nothing after it.
-        print(f"{query.name}: the stop fell inside batch {planned[-1]}: finishing it",
-              file=sys.stderr)  # fmt: skip
-        streaming = _start(spark, query, frame, processing_time="24 hours")
-        _, ran.error, more = _watch(
-            streaming, lambda: await_run(streaming, None, poll_seconds, planned[-1])
-        )
+    if not error:
+        ran.error, more = _finish_planned(spark, query, frame, poll_seconds)
         ran.progress += more
     if drained is False:
         print(f"{query.name}: input not drained within trigger.drain_limit "
               f"{query.trigger.drain_limit} ({clock}): stopped after a committed batch; the "
               "next run goes on from there", file=sys.stderr)  # fmt: skip
     return ran
+
+
+def _finish_planned(
+    spark: SparkSession, query: Query, frame: DataFrame, poll_seconds: float
+) -> tuple[Any, list]:
+    """(error, progress) of finishing the batch a stop left planned (none: (None, [])): Spark
+    runs a planned batch first on a restart, and on a day-long trigger nothing after it."""
+    _, planned = checkpoint_state(query.checkpoint)
+    if not planned:
+        return None, []
+    print(f"{query.name}: the stop fell inside batch {planned[-1]}: finishing it",
+          file=sys.stderr)  # fmt: skip
+    streaming = _start(spark, query, frame, processing_time="24 hours")
+    _, error, progress = _watch(
+        streaming, lambda: await_run(streaming, None, poll_seconds, planned[-1])
+    )
+    return error, progress
 
 
 @contextmanager
