@@ -485,11 +485,11 @@ def _run_stream(
     limit = query.trigger.drain_limit_seconds
     streaming = _start(spark, query, frame, processing_time=DRAIN_TRIGGER)
     drained, error, progress = _watch(streaming, lambda: await_drained(streaming, query, limit))
-    ran = _Ran(False, error, progress, clock, drained)
+    ran = _Ran(False, error, progress, clock, None if error else drained)  # failed: neither
     if not error:
         ran.error, more = _finish_planned(spark, query, frame, poll_seconds)
         ran.progress += more
-    if drained is False:
+    if ran.drained is False:
         print(f"{query.name}: input not drained within trigger.drain_limit "
               f"{query.trigger.drain_limit} ({clock}): stopped after a committed batch; the "
               "next run goes on from there", file=sys.stderr)  # fmt: skip
