@@ -12,8 +12,10 @@ import pytest
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.start import (
+    _discard_failed_start,
     _proof_error,
     _proof_summary,
+    _read_nothing,
     files_before,
     read_summary,
     write_summary,
@@ -91,3 +93,35 @@ def test_the_run_summary_keeps_the_proofs_last_batch_and_a_failure_says_what_and
         "move the checkpoint aside and carry the state over again"
     )
     assert "NOT PROVEN: state of page_visits after batches 3-4" in capsys.readouterr().err
+
+
+def _sources(*moves: tuple[object, object]) -> dict:
+    return {"sources": [{"startOffset": a, "endOffset": b} for a, b in moves]}
+
+
+def test_a_clock_driven_run_is_drained_once_a_trigger_planned_no_new_input():
+    """Progress events as Spark 4.2 reports them for a file source (tests/spark/
+    test_clock_driven.py runs the drain itself)."""
+    first, after = {"logOffset": 0}, {"logOffset": 1}
+    assert not _read_nothing(_sources((None, first)))  # batch 0 of a new query
+    assert not _read_nothing(_sources((first, after)))  # a data batch (an empty file too)
+    assert not _read_nothing(_sources((first, first), (first, after)))  # one source moved on
+    assert _read_nothing(_sources((after, after), (first, first)))  # read nothing / idle
+    assert _read_nothing(_sources((None, None)))  # nothing landed yet
+
+
+def test_a_failed_first_start_leaves_no_checkpoint_folder_and_a_committed_one_stays(tmp_path):
+    query = _query(tmp_path)
+    checkpoint = tmp_path / "data" / "checkpoints" / "page_visits"
+    assert query.checkpoint == str(checkpoint)
+    assert not _discard_failed_start(query, fresh=True)  # nothing there: nothing to do
+    checkpoint.mkdir(parents=True)  # what a start Spark refused left (Spark 4.2)
+    assert _discard_failed_start(query, fresh=True) and not checkpoint.exists()
+    (checkpoint / "offsets").mkdir(parents=True)  # a batch 0 that failed
+    (checkpoint / "metadata").write_text("{}")
+    (checkpoint / "offsets" / "0").write_text("v1")
+    assert not _discard_failed_start(query, fresh=False)  # it was there before this start
+    assert _discard_failed_start(query, fresh=True) and not checkpoint.exists()
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1")
+    assert not _discard_failed_start(query, fresh=True) and checkpoint.exists()

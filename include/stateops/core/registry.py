@@ -73,14 +73,18 @@ class Source(_Model):
 _UNITS_MS = {"second": 1_000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
 
 
+def _duration_ms(text: str) -> int:
+    number, unit = text.split()
+    return int(number) * _UNITS_MS[unit.rstrip("s")]
+
+
 class Watermark(_Model):
     column: str
     delay: str = Field(pattern=r"^\d+ (second|minute|hour|day)s?$")
 
     @property
     def delay_ms(self) -> int:
-        number, unit = self.delay.split()
-        return int(number) * _UNITS_MS[unit.rstrip("s")]
+        return _duration_ms(self.delay)
 
 
 class Processor(_Model):
@@ -165,6 +169,16 @@ class Sink(_Model):
 
 class Trigger(_Model):
     processing_time: str = Field("10 seconds", pattern=r"^\d+ (second|minute|hour)s?$")
+    """The interval of continuous runs."""
+    drain_limit: str = Field("20 minutes", pattern=r"^\d+ (second|minute|hour)s?$")
+    """The longest an available-now run of a clock-driven query (a processing-time timeout,
+    transformWithState in ProcessingTime mode: Spark never ends those) waits for its input to
+    drain; it then stops after a committed batch and says so (``drained: false``). Below
+    stream_start's 30-minute interval, so such a query cannot hold back its next run."""
+
+    @property
+    def drain_limit_seconds(self) -> float:
+        return _duration_ms(self.drain_limit) / 1000
 
 
 class StateStore(_Model):

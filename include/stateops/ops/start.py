@@ -10,7 +10,9 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +22,7 @@ from stateops.control.audit import append_audit
 from stateops.control.lock import QueryLock, new_run_id
 from stateops.control.markers import clear_carry_over, withdraw_stop
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import StateOpsError, query_error_line
+from stateops.core.errors import StateOpsError, one_line, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
 from stateops.core.storage import location, remove_all
@@ -29,7 +31,8 @@ from stateops.ops.repartition import proof_path, repartition_locked, undo_repart
 from stateops.ops.rollback import refuse_pending_rollback
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 __all__ = [
     "checkpoint_state",
@@ -114,6 +117,70 @@ def await_run(
     return False
 
 
+# A clock-driven query's available-now run goes on this processing-time trigger: short, so a
+# backlog is not paced by it, and not zero, so that batches that read nothing can leave a gap to
+# stop in.
+_DRAIN_MS = 1000
+DRAIN_TRIGGER = f"{_DRAIN_MS} milliseconds"
+# Send a stop in a gap only this long or more before the next trigger is due (triggers fall on
+# multiples of the interval since the epoch); a stop takes a few milliseconds to arrive.
+_STOP_MARGIN_MS = 100
+# How long to wait for such a gap: batches that read nothing vary in length, and one shorter
+# than the interval leaves one.
+_GAP_WAIT_INTERVALS = 10
+
+
+def await_drained(streaming: StreamingQuery, query: Query, limit_seconds: float) -> bool:
+    """Wait for a clock-driven query's input to drain, then stop it between batches
+    (:func:`_stop_between_batches`): True once a trigger found no new input (a batch that read
+    nothing has committed, or there was nothing to run), False when ``limit_seconds`` passed
+    first."""
+    deadline = time.monotonic() + limit_seconds
+    while streaming.isActive:
+        last = streaming.lastProgress
+        drained = last is not None and _read_nothing(json.loads(last.json))
+        if drained or time.monotonic() >= deadline:
+            _stop_between_batches(streaming, query)
+            return drained
+        time.sleep(0.1)
+    return False
+
+
+def _read_nothing(progress: dict[str, Any]) -> bool:
+    """A trigger that planned no new input: every source ends where it started (a data
+    batch's sources move on, even for an empty file)."""
+    return all(s["startOffset"] == s["endOffset"] for s in progress["sources"])
+
+
+def _stop_between_batches(streaming: StreamingQuery, query: Query) -> None:
+    """Stop in a gap between triggers. Where none comes (batches back to back, each slower
+    than the interval), as soon as a batch has committed (its progress event is new: the next
+    trigger is listing its sources) and never while the query's foreachBatch function runs. A
+    stop inside a trigger (seen: writing the offsets, or in the Python foreachBatch call) can
+    kill Spark 4.2's stream thread with a StackOverflowError, from its check of whether the
+    error is an interruption; the query is stopped all the same, and a batch the stop left
+    planned is finished by :func:`_run_stream`."""
+    from stateops.spark.streaming import writing
+
+    give_up = time.monotonic() + _GAP_WAIT_INTERVALS * _DRAIN_MS / 1000
+    seen = _event(streaming)
+    while streaming.isActive:
+        to_next = _DRAIN_MS - time.time() * 1000 % _DRAIN_MS
+        if to_next > _STOP_MARGIN_MS and not streaming.status["isTriggerActive"]:
+            break
+        event = _event(streaming)
+        if time.monotonic() > give_up and event != seen and not writing(query):
+            break
+        seen = event
+        time.sleep(0.01)
+    streaming.stop()
+
+
+def _event(streaming: StreamingQuery) -> tuple[Any, Any]:
+    last = streaming.lastProgress
+    return (last["batchId"], last["timestamp"]) if last else (None, None)
+
+
 def _cutover_run(query: Query, cutover: datetime, first: int) -> tuple[Query, list[Path], int]:
     """The query as a cutover run runs it: one batch of exactly the input files not read yet
     and modified before ``cutover`` (Spark refuses ``modifiedBefore`` on streams); those files,
@@ -138,15 +205,15 @@ def _run(
     until_batch: int | None,
     initial_state: Any,
     origin: dict[str, Any] | None,
-) -> tuple[bool, Any, list]:
-    """(stopped by a stop request, error, progress) of the query's run from batch ``first``."""
+) -> _Ran:
+    """The query's run from batch ``first``."""
     if origin:  # from a state export: batch 0 is the image of the exported batch
         return _run_image_batch(
             spark, query, stop, poll_seconds, initial_state, origin["watermark"]
         )
     if until_batch is None or until_batch >= first:
         return _run_stream(spark, query, stop, poll_seconds, until_batch, initial_state)
-    return False, None, []  # a cutover with nothing before it: starting would read past it
+    return _Ran()  # a cutover with nothing before it: starting would read past it
 
 
 def _proof_error(proof: dict[str, Any]) -> str | None:
@@ -208,9 +275,15 @@ def run_registered_query(
             repartitioned = _repartition_carried(spark, query, carried["partitions"], run_id)
             before, first = repartitioned["batch"], repartitioned["batch"] + 1
         origin = carried.get("origin") if carried and before is None else None
-        stopped_by_marker, error, progress = _run(
-            spark, query, stop, poll_seconds, first, until_batch, initial_state, origin
-        )
+        try:
+            ran = _run(spark, query, stop, poll_seconds, first, until_batch, initial_state, origin)
+        except Exception as err:
+            if not _discard_failed_start(query, fresh):
+                raise
+            if isinstance(err, StateOpsError):  # Spark refused it: say that nothing is left
+                raise StateOpsError(f"{one_line(err)}{_DISCARDED}") from err
+            raise
+        error = ran.error
         after, uncommitted = checkpoint_state(query.checkpoint)
         committed = [] if after is None else list(range(first, after + 1))
         if cutover is not None and not error:
@@ -218,16 +291,19 @@ def run_registered_query(
         bootstrap, proof, error = _settle(
             spark, registry, query, carried, initial_state, after != before, error
         )
-        error = _discard_failed_start(query, fresh and after is None, error)
+        if error and _discard_failed_start(query, fresh):
+            error = f"{query_error_line(error)}{_DISCARDED}"
         summary = {
             "query": query.name,
             "operation": operation,
             "run_id": run_id,
             "mode": mode,
+            "clock_driven": ran.clock_driven,
+            "drained": ran.drained,
             "master": spark.sparkContext.master,
             "status": "failed" if error else "succeeded",
             "error": query_error_line(error) if error else None,
-            "stopped_by_marker": stopped_by_marker,
+            "stopped_by_marker": ran.stopped,
             "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
             "duration_seconds": round(time.time() - started, 1),
             "checkpoint": query.checkpoint,
@@ -243,21 +319,25 @@ def run_registered_query(
             "repartitioned": repartitioned,
             "proof": _proof_summary(proof),
             "prepared": prepared,
-            **progress_summary(progress),
+            **progress_summary(ran.progress),
         }
         _audit(summary)
     return summary
 
 
-def _discard_failed_start(query: Query, fresh: bool, error: str | None) -> str | None:
-    """A first run that failed before any commit leaves a checkpoint without state, whose
-    planned batch 0 pins the settings it failed with (Spark takes a restart's state store
-    and shuffle settings from the offset log): removed, so the corrected entry starts afresh."""
+_DISCARDED = " (nothing was committed; the checkpoint it began is removed)"
+
+
+def _discard_failed_start(query: Query, fresh: bool) -> bool:
+    """Whether it removed what a failed first run (``fresh``: the checkpoint was missing or
+    empty before it) left without a commit: nothing, a folder Spark refused to start in, or a
+    planned batch 0 that pins the settings it failed with (Spark takes a restart's state store
+    and shuffle settings from the offset log), so the corrected entry starts afresh."""
     path = location(query.checkpoint)
-    if not error or not fresh or not path.exists():
-        return error
+    if not fresh or has_entries(path / "commits") or not path.exists():
+        return False
     remove_all(path)
-    return f"{query_error_line(error)} (nothing was committed; the checkpoint it began is removed)"
+    return True
 
 
 def _carried(
@@ -357,6 +437,26 @@ def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -
     )
 
 
+@dataclass
+class _Ran:
+    """What a run of the stream did."""
+
+    stopped: bool = False
+    """Stopped by a stop request (continuous mode)."""
+    error: Any = None
+    progress: list = field(default_factory=list)
+    clock_driven: str | None = None
+    """What makes the clock drive its batches (:func:`stateops.spark.streaming.clock_driven`)."""
+    drained: bool | None = None
+    """An available-now run of a clock-driven query: its input drained (False: stopped at its
+    ``trigger.drain_limit``)."""
+
+    def then(self, more: _Ran) -> _Ran:
+        """This run followed by ``more``."""
+        return _Ran(more.stopped, more.error, self.progress + more.progress,
+                    self.clock_driven or more.clock_driven, more.drained)  # fmt: skip
+
+
 def _run_stream(
     spark: SparkSession,
     query: Query,
@@ -364,32 +464,100 @@ def _run_stream(
     poll_seconds: float,
     until_batch: int | None,
     initial_state: Any,
-) -> tuple[bool, Any, list]:
-    """Start the query and wait for its end: (stopped by us, its exception, its progress)."""
-    from pyspark.errors import AnalysisException, StreamingQueryException
+) -> _Ran:
+    """Start the query and wait for its end.
 
-    from stateops.spark.streaming import start_query
+    Available-now, unless the clock drives its batches: Spark then runs a batch that reads
+    nothing on every trigger and an available-now run never ends. Such a run goes on a short
+    processing-time trigger until a trigger finds no new input (the batch that read nothing
+    fired the timeouts due) or its ``trigger.drain_limit`` passes (:func:`await_drained`).
+    """
+    from stateops.spark.streaming import clock_driven, query_frame
+
+    available_now = stop is None and until_batch is None
+    with _spark_refusal(query):
+        frame = query_frame(spark, query, initial_state)
+    clock = clock_driven(frame)
+    if not (available_now and clock):
+        streaming = _start(spark, query, frame, available_now=available_now)
+        stopped, error, progress = _watch(
+            streaming, lambda: await_run(streaming, stop, poll_seconds, until_batch)
+        )
+        return _Ran(stopped, error, progress, clock)
+    limit = query.trigger.drain_limit_seconds
+    streaming = _start(spark, query, frame, processing_time=DRAIN_TRIGGER)
+    drained, error, progress = _watch(streaming, lambda: await_drained(streaming, query, limit))
+    ran = _Ran(False, error, progress, clock, None if error else drained)  # failed: neither
+    if not error:
+        ran.error, more = _finish_planned(spark, query, frame, poll_seconds)
+        ran.progress += more
+    if ran.drained is False:
+        print(f"{query.name}: input not drained within trigger.drain_limit "
+              f"{query.trigger.drain_limit} ({clock}): stopped after a committed batch; the "
+              "next run goes on from there", file=sys.stderr)  # fmt: skip
+    return ran
+
+
+def _finish_planned(
+    spark: SparkSession, query: Query, frame: DataFrame, poll_seconds: float
+) -> tuple[Any, list]:
+    """(error, progress) of finishing the batch a stop left planned (none: (None, [])): Spark
+    runs a planned batch first on a restart, and on a day-long trigger nothing after it."""
+    _, planned = checkpoint_state(query.checkpoint)
+    if not planned:
+        return None, []
+    print(f"{query.name}: the stop fell inside batch {planned[-1]}: finishing it",
+          file=sys.stderr)  # fmt: skip
+    streaming = _start(spark, query, frame, processing_time="24 hours")
+    _, error, progress = _watch(
+        streaming, lambda: await_run(streaming, None, poll_seconds, planned[-1])
+    )
+    return error, progress
+
+
+@contextmanager
+def _spark_refusal(query: Query) -> Iterator[None]:
+    """Spark's refusal to build or start the query, as one line."""
+    from pyspark.errors import AnalysisException
 
     try:
-        streaming = start_query(
-            spark, query, available_now=stop is None and until_batch is None,
-            initial_state=initial_state,
-        )  # fmt: skip
+        yield
     except AnalysisException as err:
         raise StateOpsError(
             f"query {query.name}: Spark cannot start it: {str(err).splitlines()[0]}"
         ) from err
-    stopped = False
+
+
+def _start(
+    spark: SparkSession,
+    query: Query,
+    frame: DataFrame,
+    *,
+    available_now: bool = False,
+    processing_time: str | None = None,
+) -> StreamingQuery:
+    from stateops.spark.streaming import start_query
+
+    with _spark_refusal(query):
+        return start_query(spark, query, available_now=available_now, frame=frame,
+                           processing_time=processing_time)  # fmt: skip
+
+
+def _watch(streaming: StreamingQuery, wait: Callable[[], Any]) -> tuple[Any, Any, list]:
+    """(what ``wait()`` returned, the query's exception, its progress), the query stopped."""
+    from pyspark.errors import StreamingQueryException
+
+    waited = None
     try:
-        stopped = await_run(streaming, stop, poll_seconds, until_batch)
+        waited = wait()
     except StreamingQueryException:
-        pass  # the caller records streaming.exception()
+        pass  # recorded from streaming.exception()
     finally:
         error = streaming.exception()
         progress = streaming.recentProgress
         if streaming.isActive:
             streaming.stop()
-    return stopped, error, progress
+    return waited, error, progress
 
 
 def _run_image_batch(
@@ -399,7 +567,7 @@ def _run_image_batch(
     poll_seconds: float,
     initial_state: Any,
     watermark: dict[str, int],
-) -> tuple[bool, Any, list]:
+) -> _Ran:
     """Plan the image batch 0 (:mod:`stateops.ops.carry`), run it, then the query.
 
     Where the exported batch handed on a later watermark than it ran with, batch 0 runs
@@ -412,15 +580,15 @@ def _run_image_batch(
     if watermark["next_batch_watermark_ms"] <= watermark["batch_watermark_ms"]:
         return _run_stream(spark, query, stop, poll_seconds, None, initial_state)
     alone = query.model_copy(update={"trigger": Trigger(processing_time="24 hours")})
-    _, error, progress = _run_stream(spark, alone, None, poll_seconds, 0, initial_state)
-    if error:
-        return False, error, progress
+    ran = _run_stream(spark, alone, None, poll_seconds, 0, initial_state)
+    if ran.error:
+        return ran
     if not finish_image_batch(query.checkpoint, watermark):
         last, _ = checkpoint_state(query.checkpoint)
         if last is None:
-            return False, "the image batch 0 did not commit", progress
-    stopped, error, more = _run_stream(spark, query, stop, poll_seconds, None, None)
-    return stopped, error, progress + more
+            ran.error = "the image batch 0 did not commit"
+            return ran
+    return ran.then(_run_stream(spark, query, stop, poll_seconds, None, None))
 
 
 def _prove(

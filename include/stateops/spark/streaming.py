@@ -26,6 +26,7 @@ __all__ = [
     "apply_query_conf",
     "build_session",
     "check_code",
+    "clock_driven",
     "load_processor",
     "load_transform",
     "query_frame",
@@ -35,6 +36,7 @@ __all__ = [
     "start_query",
     "use_code_paths",
     "write_batch",
+    "writing",
 ]
 
 # Keep every progress event of a run: the run summary counts batches and input rows from them.
@@ -186,11 +188,56 @@ def query_frame(
     )
 
 
+# Queries whose foreachBatch function runs now, in this driver (Spark calls it from its stream
+# thread through py4j): a stop should not land there (stateops.ops.start.await_drained).
+_WRITING: set[str] = set()
+
+
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
     """Idempotent per batch id: a re-run of a batch replaces its folder instead of adding to it."""
-    df.write.mode("overwrite").format(query.sink.format).save(
-        f"{query.sink.path}/batch_id={query.sink.folder_batch(batch_id)}"
-    )
+    _WRITING.add(query.name)
+    try:
+        df.write.mode("overwrite").format(query.sink.format).save(
+            f"{query.sink.path}/batch_id={query.sink.folder_batch(batch_id)}"
+        )
+    finally:
+        _WRITING.discard(query.name)
+
+
+def writing(query: Query) -> bool:
+    """Whether the query's foreachBatch function runs now in this driver."""
+    return query.name in _WRITING
+
+
+# Logical plan nodes whose batches the clock drives, and what makes them so (Spark 4.2, seen in
+# analyzed plans): group state with a processing-time timeout, from applyInPandasWithState
+# (FlatMapGroupsInPandasWithState) or Scala's mapGroupsWithState (FlatMapGroupsWithState), and
+# transformWithState in ProcessingTime time mode (TransformWithStateInPySpark for the pandas and
+# Row processors, TransformWithState for Scala's). Spark runs a no-data batch after every batch
+# for these, so an available-now trigger never ends (shared/FACTS.md).
+_CLOCK_NODES = {
+    "FlatMapGroupsInPandasWithState": ("timeout", "ProcessingTimeTimeout"),
+    "FlatMapGroupsWithState": ("timeout", "ProcessingTimeTimeout"),
+    "TransformWithStateInPySpark": ("timeMode", "ProcessingTime"),
+    "TransformWithState": ("timeMode", "ProcessingTime"),
+}
+_CLOCK_WHAT = {
+    "timeout": "group state with a processing-time timeout",
+    "timeMode": "transformWithState in ProcessingTime time mode",
+}
+
+
+def clock_driven(frame: DataFrame) -> str | None:
+    """What in ``frame``'s plan makes the clock drive its batches (None: nothing does)."""
+    stack = [frame._jdf.queryExecution().analyzed()]
+    while stack:
+        node = stack.pop()
+        field, clock = _CLOCK_NODES.get(node.nodeName(), (None, None))
+        if field and getattr(node, field)().toString() == clock:
+            return f"{_CLOCK_WHAT[field]} ({node.nodeName()} {clock})"
+        children = node.children()
+        stack += [children.apply(i) for i in range(children.size())]
+    return None
 
 
 def start_query(
@@ -199,8 +246,13 @@ def start_query(
     *,
     available_now: bool,
     initial_state: DataFrame | None = None,
+    frame: DataFrame | None = None,
+    processing_time: str | None = None,
 ) -> StreamingQuery:
-    out = query_frame(spark, query, initial_state)
+    """Start ``query`` (its :func:`query_frame`, or ``frame`` when already built) with an
+    available-now trigger, or on a processing-time trigger (the query's own, or
+    ``processing_time``)."""
+    out = frame if frame is not None else query_frame(spark, query, initial_state)
     writer = (
         out.writeStream.queryName(query.name)
         .outputMode(query.output_mode)
@@ -210,7 +262,7 @@ def start_query(
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=query.trigger.processing_time)
+        writer = writer.trigger(processingTime=processing_time or query.trigger.processing_time)
     return writer.start()
 
 

@@ -1,0 +1,254 @@
+"""Queries whose batches the clock drives (applyInPandasWithState with a processing-time
+timeout: Spark runs a batch that reads nothing on every trigger, so an available-now run never
+ends). `stateops run`'s default mode, which is stream_start's run (run_query.py), and the
+backfill's reprocessing end, and leave the state (but its wall-clock timeout column) and the
+output equal to a continuous run that Spark stopped at the same input; a run that does not
+drain within its bound stops after a committed batch and says so. And a first run that Spark
+refuses leaves no checkpoint folder behind. Library-level, in the shared Spark session."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.control.lock import new_run_id
+from stateops.core.registry import load_registry
+from stateops.ops.backfill import plan_backfill, run_backfill
+from stateops.ops.backup import backup_query
+from stateops.ops.start import _finish_planned, checkpoint_state
+from stateops.spark.streaming import (
+    apply_query_conf,
+    clock_driven,
+    query_frame,
+    start_query,
+    use_code_paths,
+    write_batch,
+)
+from tests.spark.harness import (
+    VIEWS,
+    InjectedFailure,
+    job_in_session,
+    job_runner,
+    land,
+    last_committed,
+    quiesce,
+    read_sink,
+    run_in_session,
+    shape_registry,
+)
+
+pytestmark = pytest.mark.spark
+
+NAME = "quiet_users"
+FILES = 5  # one a batch (maxFilesPerTrigger: 1)
+# A run that has not ended by then never will: its queries are stopped so the test fails
+# instead of hanging (a clock-driven available-now run ran on for good before).
+WATCHDOG_SECONDS = 300
+
+
+def clock_registry(root: Path, landing: Path | None = None, **transform) -> Path:
+    """The shapes' registry (tests/spark/harness.py) and the clock-driven query: views per
+    user with a processing-time timeout of an hour, so that nothing times out in a test and
+    its output is the same whenever it runs."""
+    path = shape_registry(root)
+    raw = yaml.safe_load(path.read_text())
+    source = dict(VIEWS)
+    if landing:
+        source["path"] = str(landing / "page_visits")
+    raw["queries"][NAME] = {
+        **raw["queries"]["first_views"],  # test-sized settings of a RocksDB transform
+        "source": source,
+        "transform": {"function": "clock:quiet_users", "output_mode": "update", **transform},
+        "key_columns": ["user_id"],
+        "trigger": {"processing_time": "1 second"},
+        "sink": {"format": "parquet", "path": f"output/{NAME}"},
+        "checkpoint": f"checkpoints/{NAME}",
+    }
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def set_drain_limit(registry: Path, limit: str | None) -> None:
+    """The query's ``trigger.drain_limit`` (None: the default)."""
+    raw = yaml.safe_load(registry.read_text())
+    trigger = raw["queries"][NAME]["trigger"]
+    trigger.pop("drain_limit", None)
+    trigger.update({"drain_limit": limit} if limit else {})
+    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+@contextlib.contextmanager
+def watchdog(spark, seconds: float = WATCHDOG_SECONDS):
+    """Stop every streaming query of the session once ``seconds`` passed; fail if it had to."""
+    fired = threading.Event()
+
+    def stop_all() -> None:
+        fired.set()
+        for streaming in spark.streams.active:
+            streaming.stop()
+
+    timer = threading.Timer(seconds, stop_all)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+    assert not fired.is_set(), f"the run did not end within {seconds} s: its queries were stopped"
+
+
+def run_continuously(spark, registry: Path) -> None:
+    """The control: Spark's own run on the query's processing-time trigger, stopped once it has
+    read every file and committed a batch that read nothing after them."""
+    reg = load_registry(registry)
+    query = reg.query(NAME)
+    use_code_paths(reg, spark)
+    # As job_in_session does for the runs it compares with: the shape matrix's source-log
+    # compaction setting stays out of this query (it runs with Spark's default).
+    spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
+    apply_query_conf(spark, query)
+    streaming = start_query(spark, query, available_now=False)
+    commit = Path(query.checkpoint) / "commits" / str(FILES)
+    deadline = time.monotonic() + WATCHDOG_SECONDS
+    try:
+        while not commit.exists() and streaming.isActive and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert streaming.exception() is None, streaming.exception()
+        assert commit.exists(), "the continuous control did not read its input in time"
+    finally:
+        streaming.stop()
+        quiesce(spark)
+
+
+def state_and_output(spark, registry: Path) -> tuple:
+    """(the stores Spark lists, the state but its wall-clock timeout, the output batches that
+    wrote rows) of the query after its last committed batch. The state is read with Spark's
+    own readers, not the library's: every store the checkpoint has, each column but
+    ``value.timeoutTimestamp`` (processing time plus the timeout: when the run happened)."""
+    query = load_registry(registry).query(NAME)
+    checkpoint = query.checkpoint
+    batch = last_committed(Path(checkpoint))
+    meta = spark.read.format("state-metadata").load(checkpoint).collect()
+    stores = sorted((r["operatorId"], r["operatorName"], r["stateStoreName"]) for r in meta)
+    df = spark.read.format("statestore").option("batchId", batch).load(checkpoint)
+    value = df.schema["value"].dataType.fieldNames()
+    assert value == ["groupState", "timeoutTimestamp"], value  # nothing else is left out
+    state = sorted(repr(r) for r in df.select("key", "value.groupState", "partition_id").collect())
+    quiesce(spark)
+    # A batch that read nothing writes an empty folder; how many ran depends on the clock.
+    output = {b: rows for b, rows in read_sink(Path(query.sink.path)).items() if rows}
+    assert state and output, (state, output)
+    return stores, state, output
+
+
+def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, capsys):
+    control = clock_registry(tmp_path / "control")
+    touched = clock_registry(tmp_path / "touched", landing=control.parent / "landing")
+    land(control.parent / "landing", round_=0, files=FILES)
+    run_continuously(spark, control)
+    expected = state_and_output(spark, control)
+    assert expected[0] == [(0, "applyInPandasWithState", "default")], expected[0]
+
+    # `stateops run` as stream_start runs it (run_query.py in its default mode), first with a
+    # drain limit it cannot meet: it stops after a committed batch and says so.
+    set_drain_limit(touched, "1 second")
+    with watchdog(spark):
+        bounded = run_in_session(spark, touched, NAME)
+    assert bounded["mode"] == "available-now" and bounded["status"] == "succeeded", bounded
+    assert "ProcessingTimeTimeout" in bounded["clock_driven"], bounded
+    assert bounded["drained"] is False and bounded["uncommitted_batches"] == [], bounded
+    assert bounded["last_committed_batch"] is not None, bounded
+    said = f"{NAME}: input not drained within trigger.drain_limit 1 second (group state with a"
+    assert said in capsys.readouterr().err
+
+    # Again with the default limit: it goes on from there until its input is drained.
+    set_drain_limit(touched, None)
+    with watchdog(spark):
+        ran = run_in_session(spark, touched, NAME)
+    assert ran["drained"] is True and ran["uncommitted_batches"] == [], ran
+    assert ran["last_committed_batch"] >= FILES - 1, ran
+    assert state_and_output(spark, touched) == expected
+
+    # The backfill: rolled back to batch 2 (backup first), so that the last two files are read
+    # again (batches that read nothing after them have nothing to read again), reprocessed by
+    # run_query.py (available-now) and validated.
+    registry, quiet = load_registry(touched), lambda _: None
+    run_id = new_run_id("backfill")
+    plan = plan_backfill(registry, NAME, run_id, to_batch=FILES - 3, log=quiet)
+    backup = lambda: backup_query(registry, NAME, s3.client(), log=quiet)["backup_id"]  # noqa: E731
+    with watchdog(spark):
+        done = run_backfill(registry, plan, backup, job_runner(spark), run_id, log=quiet)
+    summary = done["summary"]
+    assert summary["drained"] is True and summary["batches_run"] >= 3, summary
+    assert state_and_output(spark, touched) == expected
+
+
+def test_a_batch_a_stop_left_planned_is_finished_and_nothing_after_it(spark, tmp_path):
+    """The drain's safety net, where its stop fell inside a batch. Such a batch made the way
+    Spark leaves one: its foreachBatch fails once, after its output, before its commit."""
+    reg = load_registry(clock_registry(tmp_path))
+    land(tmp_path / "landing", round_=0, files=2)
+    query = reg.query(NAME)
+    use_code_paths(reg, spark)
+    apply_query_conf(spark, query)
+    frame = query_frame(spark, query)
+
+    def fails_once(df, batch_id):
+        write_batch(df, batch_id, query)
+        if batch_id == 1:
+            raise InjectedFailure("batch 1 fails once, after its output")
+
+    failing = (
+        frame.writeStream.outputMode("update").option("checkpointLocation", query.checkpoint)
+        .foreachBatch(fails_once).trigger(availableNow=True).start()
+    )  # fmt: skip
+    with pytest.raises(Exception, match="batch 1 fails once"):
+        failing.awaitTermination(WATCHDOG_SECONDS)
+    failing.stop()
+    quiesce(spark)
+    assert checkpoint_state(query.checkpoint) == (0, [1])
+
+    with watchdog(spark):
+        error, progress = _finish_planned(spark, query, frame, poll_seconds=0.2)
+    quiesce(spark)
+    assert error is None and [p["batchId"] for p in progress] == [1], (error, progress)
+    assert checkpoint_state(query.checkpoint) == (1, [])  # and no batch 2 planned
+
+
+def test_spark_knows_clock_driven_queries_before_they_start(spark, tmp_path):
+    """From the query's plan: a processing-time timeout or transformWithState in
+    ProcessingTime mode is clock-driven; event-time ones and no timeout are not."""
+    path = clock_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["ticking_visits"] = {
+        **raw["queries"]["page_visits"],
+        "processor": {**raw["queries"]["page_visits"]["processor"], "time_mode": "ProcessingTime"},
+    }
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    land(tmp_path / "landing", round_=0, files=1)
+    registry = load_registry(path)
+    use_code_paths(registry)
+    found = {n: clock_driven(query_frame(spark, registry.query(n))) for n in registry.queries}
+    assert found == {
+        **dict.fromkeys(registry.queries),
+        NAME: "group state with a processing-time timeout "
+        "(FlatMapGroupsInPandasWithState ProcessingTimeTimeout)",
+        "ticking_visits": "transformWithState in ProcessingTime time mode "
+        "(TransformWithStateInPySpark ProcessingTime)",
+    }, found
+
+
+def test_a_first_run_spark_refuses_leaves_no_checkpoint_folder(spark, tmp_path, capsys):
+    """Group state in complete mode: Spark refuses it as the query starts."""
+    registry = clock_registry(tmp_path, output_mode="complete")
+    land(tmp_path / "landing", round_=0, files=1)
+    code, _ = job_in_session(spark, "run_query.py", "--registry", str(registry), "--query", NAME)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"query {NAME}: Spark cannot start it: " in err, err
+    assert "the checkpoint it began is removed" in err, err
+    assert not Path(load_registry(registry).query(NAME).checkpoint).exists()
