@@ -19,12 +19,14 @@ from typing import BinaryIO
 from stateops.core.errors import CheckpointError
 
 __all__ = [
+    "EXTRA_KEY_FIELDS",
     "OffsetEntry",
     "crc_sidecar",
     "hadoop_crc",
     "parse_commit",
     "parse_offsets",
     "parse_versioned_json",
+    "partitioning_fields",
     "read_query_id",
     "read_rocksdb_zip_metadata",
     "read_text",
@@ -252,3 +254,32 @@ def schema_file_refs(root: Path, metadata_rel: str, op_id: int) -> set[str]:
             "restore the checkpoint from a backup"
         ) from err
     return refs
+
+
+# The operators Spark 4.2's repartition takes (its StatePartitionKeyExtractorFactory; any other
+# fails with UNSUPPORTED_STATEFUL_OPERATOR), each with the number of trailing fields of its
+# state key (as the statestore reader returns ``key``) that are not part of the key Spark
+# partitions the operator's input by: a session window's state key ends in the session's
+# start (one row per session of a grouping key), a join's keyWithIndexToValue store in the
+# value's index (one row per value of a join key). The reader gives transformWithState's
+# variables, map entries and timers, and flatMapGroupsWithState's state, keyed by the grouping
+# key alone. Each seen on Spark's own state (tests/spark/test_repartition.py).
+EXTRA_KEY_FIELDS: dict[str, dict[str, int]] = {
+    "stateStoreSave": {},
+    "sessionWindowStateStoreSaveExec": {"default": 1},
+    "dedupe": {},
+    "dedupeWithinWatermark": {},
+    "symmetricHashJoin": {"left-keyWithIndexToValue": 1, "right-keyWithIndexToValue": 1},
+    "flatMapGroupsWithState": {},
+    "applyInPandasWithState": {},
+    "transformWithStateExec": {},
+    "transformWithStateInPandasExec": {},
+    "transformWithStateInPySparkExec": {},
+}
+
+
+def partitioning_fields(operator_name: str, store: str, key_fields: list[str]) -> list[str]:
+    """The fields of the state key of ``store`` (a store name or a transformWithState
+    variable) of an ``operator_name`` operator that Spark hash-partitions its input by."""
+    extra = EXTRA_KEY_FIELDS[operator_name].get(store, 0)
+    return key_fields[: len(key_fields) - extra]

@@ -36,6 +36,7 @@ from stateops.control.lock import QueryLock
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, one_line
+from stateops.core.formats import EXTRA_KEY_FIELDS
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Registry, write_partitions
 from stateops.core.verify import error_summary, verify_checkpoint
@@ -46,7 +47,6 @@ __all__ = [
     "RepartitionFailed",
     "finish_repartition",
     "format_repartition_plan",
-    "partitioning_fields",
     "plan_repartition",
     "prepare_repartition",
     "proof_path",
@@ -61,38 +61,10 @@ OPERATION = "repartition"
 # Each partition is a state store opened by every batch: past this it is a typo, not a plan.
 MAX_PARTITIONS = 10_000
 
-# The operators Spark 4.2's repartition takes (its StatePartitionKeyExtractorFactory; any other
-# fails with UNSUPPORTED_STATEFUL_OPERATOR), each with the number of trailing fields of its
-# state key (as the statestore reader returns ``key``) that are not part of the key Spark
-# partitions the operator's input by: a session window's state key ends in the session's
-# start (one row per session of a grouping key), a join's keyWithIndexToValue store in the
-# value's index (one row per value of a join key). The reader gives transformWithState's
-# variables, map entries and timers, and flatMapGroupsWithState's state, keyed by the grouping
-# key alone. Each seen on Spark's own state (tests/spark/test_repartition.py).
-_EXTRA_KEY_FIELDS: dict[str, dict[str, int]] = {
-    "stateStoreSave": {},
-    "sessionWindowStateStoreSaveExec": {"default": 1},
-    "dedupe": {},
-    "dedupeWithinWatermark": {},
-    "symmetricHashJoin": {"left-keyWithIndexToValue": 1, "right-keyWithIndexToValue": 1},
-    "flatMapGroupsWithState": {},
-    "applyInPandasWithState": {},
-    "transformWithStateExec": {},
-    "transformWithStateInPandasExec": {},
-    "transformWithStateInPySparkExec": {},
-}
-
 
 class RepartitionFailed(StateOpsError):
     """Spark's repartition or its proof failed after the plan held; the run was undone (the
     CLI exits 1, as for a failed Spark job: the input was good)."""
-
-
-def partitioning_fields(operator_name: str, store: str, key_fields: list[str]) -> list[str]:
-    """The fields of the state key of ``store`` (a store name or a transformWithState
-    variable) of an ``operator_name`` operator that Spark hash-partitions its input by."""
-    extra = _EXTRA_KEY_FIELDS[operator_name].get(store, 0)
-    return key_fields[: len(key_fields) - extra]
 
 
 def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path:
@@ -173,10 +145,10 @@ def repartition_unsupported(cp: Checkpoint) -> str | None:
             "(Spark 4.2's repartition loads the state without its checkpoint ids)"
         )
     for op in cp.operators:
-        if op.operator_name not in _EXTRA_KEY_FIELDS:
+        if op.operator_name not in EXTRA_KEY_FIELDS:
             return (
                 f"operator {op.operator_id} ({op.operator_name}): Spark 4.2's repartition "
-                f"takes only {', '.join(_EXTRA_KEY_FIELDS)}; {_replay('')}"
+                f"takes only {', '.join(EXTRA_KEY_FIELDS)}; {_replay('')}"
             )
     for op in cp.operators:
         if op.provider != "rocksdb":

@@ -5,7 +5,7 @@ The proof compares the state after batch N (before) with the state after the rep
 batch N + 1, per operator and store or state variable: the same rows with the same
 order-independent checksum; every row in the partition Spark's key hash gives it for the new
 count (``pmod(hash(key), n)``, the hash partitioning every stateful operator's input uses, over
-the operator's partitioning key: :func:`stateops.ops.repartition.partitioning_fields`); the
+the operator's partitioning key: :func:`stateops.core.formats.partitioning_fields`); the
 batch's partition count in the offsets log and, for operators with v2 metadata
 (transformWithState), in their metadata. Spark writes v1 operator metadata once, at batch 0,
 and never again: its count is reported, not required.
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.checkpoint import load_checkpoint
+from stateops.core.formats import partitioning_fields
 from stateops.core.storage import spark_url
-from stateops.ops.repartition import partitioning_fields
 from stateops.spark.export import read_state_variable, state_checksum, state_reads
 
 if TYPE_CHECKING:
