@@ -517,8 +517,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.out:
         landing = {name: Path(args.out) / name for name in DATASETS}
     else:
-        queries = load_registry(args.registry).queries
+        registry = load_registry(args.registry)
+        queries = registry.queries
         landing = {name: Path(queries[name].source.path) for name in DATASETS if name in queries}
+        if not landing:  # a user's own registry: writing nothing, silently, would look done
+            raise StateOpsError(
+                f"{registry.path}: no query is named {' or '.join(DATASETS)} (the sample "
+                "datasets); give --out FOLDER to write them to FOLDER/<dataset>"
+            )
     if args.initial_pages:
         path = generate_initial_pages(args.initial_pages, users=args.users, seed=args.seed)
         print(f"page_visits initial state: {path}")

@@ -183,3 +183,19 @@ def test_the_spark_submit_environment_keeps_what_the_caller_set():
         "--conf", "spark.ui.enabled=false", str(ROOT / "spark_jobs" / "run_query.py"),
         "--query", "q",
     ]  # fmt: skip
+
+
+def test_generate_for_a_registry_without_the_sample_queries_says_where_to_write(tmp_path):
+    """A user's own registry names none of the sample datasets: ``generate`` wrote nothing and
+    exited 0 (seen in the issue 40 trial); it now refuses in one line naming --out."""
+    path = tmp_path / "registry.yaml"
+    path.write_text(yaml.safe_dump({"data_dir": "data", "queries": {}}), encoding="utf-8")
+    proc = run_cli("--registry", str(path), "generate")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "give --out FOLDER" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()
+    written = run_cli("--registry", str(path), "generate", "--files", "1", "--out",
+                      str(tmp_path / "landing"), check=True)  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "landing").iterdir()) == sorted(
+        line.split(":")[0] for line in written.stdout.splitlines()
+    )
