@@ -27,7 +27,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.ops.backup import list_backups
 from tests.conftest import S3_KEY, S3_SECRET, tree_digest, write_registry
-from tests.spark.harness import land, read_sink, read_state, run_in_session
+from tests.spark.harness import land, read_sink, read_state, run_in_session, spark_state_reads
 
 READS = {
     "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
@@ -121,13 +121,10 @@ def _rows(sink: Path) -> Counter:
 def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
     """State rows per variable, whatever partition holds them (the initialState road may run
     on another number of partitions); for a transform (transplant road only), every store's
-    rows."""
-    from stateops.spark.export import state_reads
-
+    rows, as Spark's state-metadata names them (harness.spark_state_reads)."""
     batch = load_checkpoint(checkpoint).last_committed_batch
     reads = READS.get(name) or [
-        {"operatorId": str(r["operator_id"]), **r["options"]}
-        for r in state_reads(spark, checkpoint, batch)
+        options for _, options in spark_state_reads(spark, checkpoint, batch).values()
     ]
     return [sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
             for rows in read_state(spark, checkpoint, reads)]  # fmt: skip
