@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,6 +229,22 @@ def spark():
     _ = session.streams.active
     yield session
     session.stop()
+
+
+@pytest.fixture
+def no_jvm(tmp_path_factory, monkeypatch) -> Callable[[], list[str]]:
+    """JVM starts recorded instead of made, for this test: ``$JAVA_HOME/bin/java`` (what
+    spark-class runs, for spark-submit and for pyspark's launcher alike) and the first ``java``
+    on PATH are a stand-in that writes down its arguments and fails. Returns what it recorded:
+    "no JVM started" is that list being empty, however busy the machine."""
+    home = tmp_path_factory.mktemp("no-jvm")
+    calls, java = home / "calls", home / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text(f'#!/bin/sh\necho "java $*" >> "{calls}"\nexit 1\n')
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(home))
+    monkeypatch.setenv("PATH", f"{java.parent}{os.pathsep}{os.environ['PATH']}")
+    return lambda: calls.read_text().splitlines() if calls.exists() else []
 
 
 S3_KEY, S3_SECRET = "stateops-test", "test-secret-not-for-logs"
