@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,10 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="stateops-airflow-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # Airflow puts plugins/ on sys.path when it runs; code loaded in-process needs it too.
 sys.path.insert(0, str(ROOT / "plugins"))
+
+# One seed per session for every random choice of the tests (fault trials, the migration's fault
+# steps), set before xdist starts its workers so they all draw from it; printed at the end.
+os.environ.setdefault("STATEOPS_FAULT_SEED", str(random.SystemRandom().randrange(10**6)))
 
 # py4j logs its connection shutdown at interpreter exit, after pytest closed the streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -428,3 +433,12 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     terminalreporter.section("time guard")
     for line, over in _GUARD.lines(workers):
         terminalreporter.write_line(line, red=over, bold=over)
+    if any("::test_a_failure_after_each_step" in t for tests in _GUARD.tests.values()
+           for t in tests):  # fmt: skip
+        from tests.spark.migrations import FAULTS, STEPS
+
+        seed = os.environ["STATEOPS_FAULT_SEED"]
+        terminalreporter.write_line(
+            f"migration fault steps run ({len(FAULTS)} of {len(STEPS)}, "
+            f"STATEOPS_FAULT_SEED={seed}): {', '.join(step for step, _ in FAULTS)}"
+        )
