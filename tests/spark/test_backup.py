@@ -389,12 +389,154 @@ def _json_documents(text: str) -> list:
         return [json.loads(line) for line in text.splitlines()]
 
 
+def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, values) -> None:
+    """What a walked command's output says about the walk's checkpoint ``cp`` (page_visits:
+    batches 0 and 1, RocksDB, 2 partitions, backed up once by the walk): more than "exit 0
+    and JSON", for every row."""
+    doc = _json_documents(out)[0] if out.lstrip().startswith(("{", "[")) else None
+    last, ckpt, qid = cp.last_committed_batch, str(cp.root), cp.query_id
+    location = "s3://backups/walk/page_visits"
+    backup_id = values.get("URL", "").rsplit("/", 1)[-1]
+    what = (command, argv, out[-2000:], err[-2000:])
+    match command:
+        case ("inspect",):
+            [op] = doc["operators"]
+            assert (
+                doc["checkpoint"],
+                doc["query_id"],
+                doc["last_committed_batch"],
+                op["provider"],
+                op["num_partitions"],
+            ) == (ckpt, qid, last, "rocksdb", 2), what
+        case ("verify",):
+            assert (doc["checkpoint"], doc["ok"], doc["errors"], doc["last_committed_batch"]) == (
+                ckpt,
+                True,
+                0,
+                last,
+            ), what
+        case ("audit",):
+            run = [json.loads(line) for line in out.splitlines()][-1]
+            assert (run["operation"], run["result"], run["batch_after"]) == (
+                "run",
+                "succeeded",
+                last,
+            ), what
+        case ("backup",):
+            assert (doc["query_id"], doc["batch_id"], doc["provider"]) == (qid, last, "rocksdb")
+            assert f"to {location}" in err, what
+        case ("restore",):
+            assert (doc["url"], doc["target"], doc["target_contents"], doc["replace"]) == (
+                values["URL"],
+                values["FOLDER"],
+                "none",
+                False,
+            ), what
+            assert doc["backup"]["batch_id"] == last and not os.listdir(values["FOLDER"]), what
+        case ("backups", "list"):
+            assert [(b["backup_id"], b["batch_id"], b["query_id"]) for b in doc] == [
+                (backup_id, last, qid)
+            ], what
+        case ("backups", "verify"):
+            assert (doc["backup_id"], doc["ok"], doc["problems"]) == (backup_id, True, []), what
+            assert doc["objects"] > 0, what
+        case ("backups", "prune"):
+            assert f"keeps 1 backups: {backup_id}" in out, what
+            assert "would delete 0 backups" in out, what
+        case ("cleanup",):
+            assert (doc["checkpoint"], doc["retain_batches"], doc["retained"]) == (
+                ckpt,
+                10,
+                list(range(last + 1)),
+            ), what  # the registry's retain_batches
+            assert doc["delete"]["files"] == 0, what  # fewer batches than it retains
+        case ("rollback",):
+            assert (
+                doc["checkpoint"],
+                doc["last_committed_batch"],
+                doc["to_batch"],
+                doc["backup_to"],
+            ) == (ckpt, last, 0, location), what
+            assert {f"commits/{last}", f"offsets/{last}"} <= set(
+                doc["files"]["after-rollback-point"]
+            ), what
+            assert doc["sink"]["folders"] == [f"batch_id={last}"], what
+        case ("repartition",):
+            assert (
+                doc["checkpoint"],
+                doc["partitions_before"],
+                doc["partitions"],
+                doc["batch"],
+                doc["backup_to"],
+            ) == (ckpt, 2, 3, last + 1, location), what
+        case ("backfill",):
+            assert (
+                doc["query"],
+                doc["checkpoint"],
+                doc["to_batch"],
+                doc["last_committed_batch"],
+                doc["backup_to"],
+            ) == ("page_visits", ckpt, 0, last, location), what
+        case ("bootstrap",):
+            new = str(cp.root.with_name("page_visits_new"))
+            assert out.startswith(
+                f"DRY RUN: nothing changed: bootstrap of page_visits_new into {new}\n"
+            ), what
+            assert f"transplant the state files of {ckpt}," in out, what
+        case ("transplant",):
+            assert (doc["old"], doc["new"], doc["batch"], doc["old_query_id"], doc["dry_run"]) == (
+                ckpt,
+                argv[2],
+                last,
+                qid,
+                True,
+            ), what
+            assert not os.path.exists(argv[2]), what
+        case ("migrate",):
+            assert (
+                doc["query"],
+                doc["old"]["checkpoint"],
+                doc["old"]["last_committed_batch"],
+                doc["new"]["source"]["path"],
+                doc["new"]["checkpoint"],
+                doc["carry_over"]["road"],
+                doc["backup_to"],
+            ) == ("page_visits", ckpt, last, argv[3], f"{ckpt}.v2", "transplant", location), what
+        case ("queries",):
+            registered = yaml.safe_load(Path(doc["registry"]).read_text())["queries"]
+            assert [q["name"] for q in doc["queries"]] == list(registered), what
+        case ("status",):
+            [status] = doc
+            assert (
+                status["query"],
+                status["checkpoint"],
+                status["last_committed_batch"],
+                status["health"]["verdict"],
+            ) == ("page_visits", ckpt, last, "OK"), what
+            assert [b["backup_id"] for b in status["backups"]] == [backup_id], what
+        case ("stop",):
+            marker = out.removeprefix("stop requested: ").split(" (")[0]
+            assert out.startswith("stop requested: ") and os.path.isfile(marker), what
+        case ("lock", "show"):
+            assert doc == {"query": "page_visits", "state": None, "lock": None}, what
+        case ("lock", "release"):
+            assert out == "page_visits: not locked\n", what
+        case ("generate",):
+            landing = cp.root.parent.parent / "landing"
+            for dataset in ("user_sessions", "page_visits"):
+                assert f"{dataset}: 4 files in {landing / dataset}\n" in out, what
+                assert len(list((landing / dataset).glob("events-r000-*.json"))) == 4, what
+        case _:
+            raise AssertionError(f"{command}: a row the walk does not check; say what it must say")
+
+
 def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, capsys, monkeypatch):
     """Every row of README "Every CLI command" run as its synopsis says, by a query's name
     (a dry run where the row has one; the two Spark runs without one, export and run, have
-    their own tests): exit 0 and JSON where the row says so, and a dry run's plan first says
-    DRY RUN and last what cannot be undone, the backup and the undo; then by a name no
-    registry knows: exit 2, one line that names it. The checkpoint is byte-identical after."""
+    their own tests): exit 0, JSON where the row says so, what it says about this checkpoint
+    (:func:`_says`), and a dry run's plan first says DRY RUN and last what cannot be undone,
+    the backup and the undo; then by a name no registry knows: exit 2, one line that names
+    it. The checkpoint is byte-identical after."""
     registry, ckpt = checkpoint
     raw = yaml.safe_load(registry.read_text())
     fresh = dict(raw["queries"]["page_visits"], checkpoint="checkpoints/page_visits_new",
@@ -415,6 +557,7 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
         return code, out, err
 
     walked = []
+    walked_ckpt = load_checkpoint(ckpt)
     for row in cli_table():
         argv = _walk_argv(row, "page_visits_new" if row.words[0] == "bootstrap" else
                           "page_visits", values)  # fmt: skip
@@ -431,6 +574,7 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
             assert code == 0, (argv, err)
             if row.json != "-":  # one document, or JSON lines (audit)
                 assert _json_documents(out), (argv, out)
+            _says(row.command, argv, out, err, walked_ckpt, values)
             if row.dry_run:  # a plan that reads as one, on stderr where stdout is JSON
                 plan = (err if row.json != "-" else out).splitlines()
                 assert plan[0].startswith("DRY RUN: nothing changed: "), (argv, plan)
