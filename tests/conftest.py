@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,10 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="stateops-airflow-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # Airflow puts plugins/ on sys.path when it runs; code loaded in-process needs it too.
 sys.path.insert(0, str(ROOT / "plugins"))
+
+# One seed per session for every random choice of the tests (fault trials, the migration's fault
+# steps), set before xdist starts its workers so they all draw from it; printed at the end.
+os.environ.setdefault("STATEOPS_FAULT_SEED", str(random.SystemRandom().randrange(10**6)))
 
 # py4j logs its connection shutdown at interpreter exit, after pytest closed the streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -230,6 +236,22 @@ def spark():
     session.stop()
 
 
+@pytest.fixture
+def no_jvm(tmp_path_factory, monkeypatch) -> Callable[[], list[str]]:
+    """JVM starts recorded instead of made, for this test: ``$JAVA_HOME/bin/java`` (what
+    spark-class runs, for spark-submit and for pyspark's launcher alike) and the first ``java``
+    on PATH are a stand-in that writes down its arguments and fails. Returns what it recorded:
+    "no JVM started" is that list being empty, however busy the machine."""
+    home = tmp_path_factory.mktemp("no-jvm")
+    calls, java = home / "calls", home / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text(f'#!/bin/sh\necho "java $*" >> "{calls}"\nexit 1\n')
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(home))
+    monkeypatch.setenv("PATH", f"{java.parent}{os.pathsep}{os.environ['PATH']}")
+    return lambda: calls.read_text().splitlines() if calls.exists() else []
+
+
 S3_KEY, S3_SECRET = "stateops-test", "test-secret-not-for-logs"
 
 
@@ -411,3 +433,12 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     terminalreporter.section("time guard")
     for line, over in _GUARD.lines(workers):
         terminalreporter.write_line(line, red=over, bold=over)
+    if any("::test_a_failure_after_each_step" in t for tests in _GUARD.tests.values()
+           for t in tests):  # fmt: skip
+        from tests.spark.migrations import FAULTS, STEPS
+
+        seed = os.environ["STATEOPS_FAULT_SEED"]
+        terminalreporter.write_line(
+            f"migration fault steps run ({len(FAULTS)} of {len(STEPS)}, "
+            f"STATEOPS_FAULT_SEED={seed}): {', '.join(step for step, _ in FAULTS)}"
+        )

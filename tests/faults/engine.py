@@ -4,9 +4,12 @@ a process of its own), SIGKILL it, run it again the same way, and judge what the
 A trial kills the run either at a chosen point (``STATEOPS_KILL_AT=NAME:K``, see
 :mod:`stateops.control.faults`: the K-th deletion, upload, download, the restore's stage and swap,
 ...) or after a random delay. The points come from a control run of the same command, which is also
-what each resumed run must equal. Randomness is seeded per operation from one seed per session
-(``STATEOPS_FAULT_SEED``, printed), so a failing trial can be replayed. Spark is not used here: the
-operation says how to judge a result, and how to restart it in Spark.
+what each resumed run must equal. An aimed trial whose run did not die at its point fails (it
+proved nothing); a random delay that outlasted the run is counted and reported ("finished
+first"); an operation none of whose trials was killed fails. Randomness is seeded per
+operation from one seed per session (``STATEOPS_FAULT_SEED``, printed), so a failing trial can
+be replayed. Spark is not used here: the operation says how to judge a result, and how to
+restart it in Spark.
 """
 
 from __future__ import annotations
@@ -125,9 +128,20 @@ class OperationReport:
     def restarted(self) -> list[Trial]:
         return [t for t in self.trials if t.restart is not None]
 
+    @property
+    def killed(self) -> int:
+        return sum(t.killed for t in self.trials)
+
+    @property
+    def finished_first(self) -> int:
+        """Random trials whose delay outlasted the run: a clean run and its rerun, no kill."""
+        return sum(t.mode == "random" and not t.killed for t in self.trials)
+
     def failures(self) -> list[str]:
         out = [f"{t.name} ({t.mode} {t.aim}, died at {t.hit}): {p}"
                for t in self.trials for p in t.problems]  # fmt: skip
+        if self.trials and not self.killed:
+            out.append(f"none of the {len(self.trials)} trials was killed: nothing was proven")
         out += [
             f"{t.name} ({t.mode} {t.aim}): Spark restart differs from the control: {t.restart}"
             for t in self.restarted
@@ -242,14 +256,27 @@ def _window(run: _Run) -> tuple[float, float, float]:
 
 
 def _hit(run: _Run, mode: str, aim: str) -> str:
+    """Where ``run`` died: the point it was killed at (its trace's last point: the library
+    traces a point before it kills there), "before any point", or "finished first" (a
+    random delay longer than the run) / "not reached" (an aim the run never got to)."""
     if run.returncode != -signal.SIGKILL:
         return "finished first" if mode == "random" else "not reached"
-    if mode == "point":
-        return aim
     if not run.trace:
         return "before any point"
     name, k, _ = run.trace[-1]
-    return f"after {name}:{k}"
+    return f"{name}:{k}" if mode == "point" else f"after {name}:{k}"
+
+
+def _kill_problems(run: _Run, mode: str, aim: str, hit: str) -> list[str]:
+    """An aimed trial proves something only if its run died at the point aimed at: a run
+    that finished, failed first, or died elsewhere leaves a result that was never killed
+    there, and its sound rerun would pass for a proof."""
+    if mode != "point" or hit == aim:
+        return []
+    return [
+        f"aimed at {aim}, but the run died at {hit} (exit {run.returncode}): the control run "
+        "passed that point, this one did not; the trial proves nothing"
+    ]
 
 
 def run_operation(
@@ -281,6 +308,7 @@ def run_operation(
         killed = _run(argv, env, trace, kill_at=kill_at, delay=delay, from_first=from_first)
         trial.hit = _hit(killed, mode, aim)
         trial.killed = killed.returncode == -signal.SIGKILL
+        trial.problems += _kill_problems(killed, mode, aim, trial.hit)
         if killed.returncode not in (0, -signal.SIGKILL):
             trial.problems.append(
                 f"the run before the kill failed (exit {killed.returncode}): "
@@ -325,13 +353,13 @@ def format_report(reports: list[OperationReport]) -> str:
         f"{s.restarts} per operation",
         f"replay: {s.replay()}",
         "",
-        f"{'operation':<11} {'trials':>6} {'killed':>6} {'resumes sound':>13} "
-        f"{'restarts equal':>14} {'seconds':>8}",
+        f"{'operation':<11} {'trials':>6} {'killed':>6} {'finished first':>14} "
+        f"{'resumes sound':>13} {'restarts equal':>14} {'seconds':>8}",
     ]
     for r in reports:
         equal = sum(t.restart == "equal" for t in r.restarted)
         lines.append(
-            f"{r.operation:<11} {len(r.trials):>6} {sum(t.killed for t in r.trials):>6} "
+            f"{r.operation:<11} {len(r.trials):>6} {r.killed:>6} {r.finished_first:>14} "
             f"{f'{r.sound}/{len(r.trials)}':>13} {f'{equal}/{len(r.restarted)}':>14} "
             f"{r.seconds:>8.0f}"
         )
@@ -345,7 +373,8 @@ def format_report(reports: list[OperationReport]) -> str:
             f"{r.window[1]:.2f} s: {_points(r.points)}",
             f"  killed at chosen points ({sum(t.mode == 'point' for t in r.trials)}): "
             + (", ".join(chosen) or "-"),
-            f"  killed at random moments ({sum(randoms.values())}): "
+            f"  at random moments ({sum(randoms.values())}, {r.finished_first} finished "
+            "before the kill): "
             + (", ".join(f"{hit} x{n}" for hit, n in sorted(randoms.items(), key=lambda kv:
                                                               _order(kv[0]))) or "-"),
         ]  # fmt: skip

@@ -322,16 +322,76 @@ ALL_CASES = [
 
 
 def state_and_output(spark, registry: Path, name: str) -> tuple:
-    """(last committed batch, checksum of every store of every operator, output per batch) of
-    registered query ``name``."""
-    from stateops.spark.export import store_checksums
-
+    """(last committed batch, ``operator N NAME`` -> (kind, (rows, checksum)) for every store or
+    state variable of every operator, output per batch) of registered query ``name``: what
+    Spark's ``state-metadata`` names, each read here by Spark's ``statestore`` reader, not by
+    the library's (whose coverage :func:`spark_state_reads` checks)."""
     query = load_registry(registry).query(name)
     batch = last_committed(Path(query.checkpoint))
-    state = store_checksums(spark, query.checkpoint, batch)
+    reads = spark_state_reads(spark, query.checkpoint, batch)
+    state = {
+        f"operator {op} {variable}": (kind, _checksum(
+            spark.read.format("statestore").options(**options).load(str(query.checkpoint))))
+        for (op, variable), (kind, options) in sorted(reads.items())
+    }  # fmt: skip
     assert state, f"{name}: no state to compare"
     quiesce(spark)
     return batch, state, read_sink(Path(query.sink.path))
+
+
+def spark_state_reads(
+    spark, checkpoint: str | Path, batch: int
+) -> dict[tuple[int, str], tuple[str, dict[str, str]]]:
+    """(operator, store or state variable) -> (kind, the ``statestore`` reader's options that
+    read it after ``batch``), from Spark's own ``state-metadata``; asserted equal to what the
+    library's reader reads (``stateops.spark.export.state_reads``). Without the second half, a
+    store that reader missed would be missed on both sides of every comparison, and the
+    comparison pass."""
+    from stateops.spark.export import state_reads
+
+    _ = spark.streams.active  # the StateStoreCoordinator, or RocksDB stores do not load
+    meta = spark.read.format("state-metadata").option("batchId", batch).load(str(checkpoint))
+    reads = {}
+    for row in meta.collect():
+        op = int(row["operatorId"])
+        at = {"batchId": str(batch), "operatorId": str(op)}
+        variables = json.loads(row["operatorProperties"] or "{}").get("stateVariables")
+        if variables is None:  # a built-in operator's store (a join has four), by its name
+            reads[(op, row["stateStoreName"])] = (
+                "store",
+                {**at, "storeName": row["stateStoreName"]},
+            )
+            continue
+        for var in variables:  # transformWithState: its variables, its timers once
+            name, kind = var["stateName"], var["stateVariableType"]
+            if not name.startswith("$"):
+                reads[(op, name)] = (kind.removesuffix("State").lower(),
+                                     {**at, "stateVarName": name})  # fmt: skip
+            elif kind == "TimerState":  # Spark's own families ($...): not by stateVarName
+                reads[(op, "timers")] = ("timers", {**at, "readRegisteredTimers": "true"})
+            else:
+                raise AssertionError(
+                    f"{checkpoint}: operator {op} has internal state {name} ({kind}) this "
+                    "harness does not read: teach spark_state_reads how Spark reads it"
+                )
+    library = {
+        (r["operator_id"], r["variable"]) for r in state_reads(spark, str(checkpoint), batch)
+    }
+    assert library == set(reads), (
+        f"{checkpoint} batch {batch}: the library's state reader reads {sorted(library)}, "
+        f"Spark's state-metadata names {sorted(reads)}"
+    )
+    return reads
+
+
+def _checksum(df) -> tuple[int, str]:
+    """(rows, order-independent checksum) of a state read, wherever its partitions are."""
+    from pyspark.sql import functions as F
+
+    columns = [c for c in df.columns if c != "partition_id"]
+    hashes = F.sum(F.xxhash64(*columns).cast("decimal(38,0)"))
+    row = df.agg(F.count(F.lit(1)).alias("rows"), hashes.alias("sum")).first()
+    return int(row["rows"]), str(row["sum"] or 0)
 
 
 def last_committed(checkpoint: Path) -> int:

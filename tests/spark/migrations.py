@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import stat
 from collections import Counter
@@ -27,7 +28,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.ops.backup import list_backups
 from tests.conftest import S3_KEY, S3_SECRET, tree_digest, write_registry
-from tests.spark.harness import land, read_sink, read_state, run_in_session
+from tests.spark.harness import land, read_sink, read_state, run_in_session, spark_state_reads
 
 READS = {
     "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
@@ -121,13 +122,10 @@ def _rows(sink: Path) -> Counter:
 def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
     """State rows per variable, whatever partition holds them (the initialState road may run
     on another number of partitions); for a transform (transplant road only), every store's
-    rows."""
-    from stateops.spark.export import state_reads
-
+    rows, as Spark's state-metadata names them (harness.spark_state_reads)."""
     batch = load_checkpoint(checkpoint).last_committed_batch
     reads = READS.get(name) or [
-        {"operatorId": str(r["operator_id"]), **r["options"]}
-        for r in state_reads(spark, checkpoint, batch)
+        options for _, options in spark_state_reads(spark, checkpoint, batch).values()
     ]
     return [sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
             for rows in read_state(spark, checkpoint, reads)]  # fmt: skip
@@ -172,16 +170,31 @@ def assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=No
     return query.sink.folder_batch(first)
 
 
-# Every step after preflight, with the road it is on; CI injects a failure after the first
-# Spark step, the bootstrap (initialState road) and the switch (transplant road, after its first
-# batch and proof; each failed run costs the steps before it). STATEOPS_ALL_FAULTS=1: every step.
+# Every step after preflight, with the road it is on. A failed run costs the steps before it, so
+# a session injects a failure after three steps always (the first Spark step, the bootstrap on
+# the initialState road, the switch on the transplant road after its first batch and proof) and
+# after ROTATING of the other nine, chosen by the session's fault seed (STATEOPS_FAULT_SEED, set
+# once per session and printed at its end with the steps it chose): successive runs cover them
+# all, and a seed replays its choice. STATEOPS_ALL_FAULTS=1: every step.
 STEPS = [("stop_query", "auto"), ("drain", "auto"), ("backup", "auto"),
          ("carry_over", "auto"), ("transplant", "auto"), ("first_batch", "auto"),
          ("export", "initial_state"), ("validate_export", "initial_state"),
          ("bootstrap", "initial_state"), ("prove", "auto"), ("validate_new_state", "auto"),
          ("switch", "auto")]  # fmt: skip
-CI_FAULTS = {"drain", "bootstrap", "switch"}
-FAULTS = [s for s in STEPS if os.environ.get("STATEOPS_ALL_FAULTS") or s[0] in CI_FAULTS]
+ALWAYS = ("drain", "bootstrap", "switch")
+ROTATING = 2
+
+
+def fault_steps(seed: int, every: bool = False) -> list[tuple[str, str]]:
+    """The steps a session fails after: ALWAYS and ROTATING others chosen by ``seed``."""
+    others = [s for s in STEPS if s[0] not in ALWAYS]
+    chosen = set(others if every else random.Random(f"{seed}:migration").sample(others, ROTATING))
+    return [s for s in STEPS if s[0] in ALWAYS or s in chosen]
+
+
+FAULTS = fault_steps(
+    int(os.environ["STATEOPS_FAULT_SEED"]), bool(os.environ.get("STATEOPS_ALL_FAULTS"))
+)
 
 
 def assert_rolled_back(m: Migration, step: str, drained: dict | None) -> dict | None:

@@ -391,12 +391,115 @@ def _json_documents(text: str) -> list:
         return [json.loads(line) for line in text.splitlines()]
 
 
+def _pick(doc: dict, *keys: str) -> tuple:
+    return tuple(doc[k] for k in keys)
+
+
+def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, values) -> None:
+    """What a walked command's output says about the walk's checkpoint ``cp`` (page_visits on
+    RocksDB, 2 partitions, backed up once by the walk to its own location): more than "exit 0
+    and JSON", for every row."""
+    doc = _json_documents(out)[0] if out.lstrip().startswith(("{", "[")) else None
+    last, ckpt, qid = cp.last_committed_batch, str(cp.root), cp.query_id
+    location = "s3://backups/walk/page_visits"
+    backup_id = values.get("URL", "").rsplit("/", 1)[-1]
+    what = (command, argv, out[-2000:], err[-2000:])
+    got: tuple = ()
+    want: tuple = ()
+    match command:
+        case ("inspect",):
+            [op] = doc["operators"]
+            got = _pick(doc, "checkpoint", "query_id", "last_committed_batch") + _pick(
+                op, "provider", "num_partitions")  # fmt: skip
+            want = ckpt, qid, last, "rocksdb", 2
+        case ("verify",):
+            got = doc["checkpoint"], doc["ok"], doc["errors"], doc["last_committed_batch"]
+            want = ckpt, True, 0, last
+        case ("audit",):  # among its records (backups too), the run that committed the last batch
+            records = [json.loads(line) for line in out.splitlines()]
+            runs = [_pick(r, "operation", "result", "batch_after") for r in records]
+            got = (("run", "succeeded", last) in runs,)
+            want = (True,)
+        case ("backup",):
+            got = doc["query_id"], doc["batch_id"], doc["provider"], f"to {location}" in err
+            want = qid, last, "rocksdb", True
+        case ("restore",):
+            got = _pick(doc, "url", "target", "target_contents", "replace") + (
+                doc["backup"]["batch_id"], os.listdir(values["FOLDER"]))  # fmt: skip
+            want = values["URL"], values["FOLDER"], "none", False, last, []
+        case ("backups", "list"):
+            got = ([(b["backup_id"], b["batch_id"], b["query_id"]) for b in doc],)
+            want = ([(backup_id, last, qid)],)
+        case ("backups", "verify"):
+            got = doc["backup_id"], doc["ok"], doc["problems"], doc["objects"] > 0
+            want = backup_id, True, [], True
+        case ("backups", "prune"):
+            got = f"keeps 1 backups: {backup_id}" in out, "would delete 0 backups" in out
+            want = True, True
+        case ("cleanup",):  # the registry's retain_batches; no more batches than that
+            kept = sorted(cp.commits)[-10:]  # retained: [first, last]
+            got = doc["checkpoint"], doc["retain_batches"], doc["retained"], doc["delete"]["files"]
+            want = ckpt, 10, [kept[0], kept[-1]], 0
+        case ("rollback",):
+            files = set(doc["files"]["after-rollback-point"])
+            later = {f"commits/{last}", f"offsets/{last}"} <= files
+            got = _pick(doc, "checkpoint", "last_committed_batch", "to_batch", "backup_to") + (
+                later, sorted(doc["sink"]["folders"]))  # fmt: skip
+            want = ckpt, last, 0, location, True, [f"batch_id={b}" for b in range(1, last + 1)]
+        case ("repartition",):
+            got = _pick(doc, "checkpoint", "partitions_before", "partitions", "batch", "backup_to")
+            want = ckpt, 2, 3, last + 1, location
+        case ("backfill",):
+            got = _pick(doc, "query", "checkpoint", "to_batch", "last_committed_batch", "backup_to")
+            want = "page_visits", ckpt, 0, last, location
+        case ("bootstrap",):
+            new = cp.root.with_name("page_visits_new")
+            got = out.splitlines()[:2]
+            want = [f"DRY RUN: nothing changed: bootstrap of page_visits_new into {new}",
+                    f"  transplant the state files of {ckpt}, then start page_visits_new on json "
+                    f"{cp.root.parent.parent / 'landing' / 'page_visits'}"]  # fmt: skip
+        case ("transplant",):
+            got = _pick(doc, "old", "new", "batch", "old_query_id", "dry_run") + (
+                os.path.exists(argv[2]),)  # fmt: skip
+            want = ckpt, argv[2], last, qid, True, False
+        case ("migrate",):
+            got = _pick(doc, "query", "backup_to") + _pick(
+                doc["old"], "checkpoint", "last_committed_batch") + (
+                doc["new"]["source"]["path"], doc["new"]["checkpoint"],
+                doc["carry_over"]["road"])  # fmt: skip
+            want = "page_visits", location, ckpt, last, argv[3], f"{ckpt}.v2", "transplant"
+        case ("queries",):
+            got = ([q["name"] for q in doc["queries"]],)
+            want = (list(yaml.safe_load(Path(doc["registry"]).read_text())["queries"]),)
+        case ("status",):
+            [status] = doc
+            got = _pick(status, "query", "checkpoint", "last_committed_batch") + (
+                [b["backup_id"] for b in status["backups"]],)  # fmt: skip
+            want = "page_visits", ckpt, last, [backup_id]
+        case ("stop",):
+            marker = out.removeprefix("stop requested: ").split(" (")[0]
+            got = out.startswith("stop requested: "), os.path.isfile(marker)
+            want = True, True
+        case ("lock", "show"):
+            got, want = (doc,), ({"query": "page_visits", "state": None, "lock": None},)
+        case ("lock", "release"):
+            got, want = (out,), ("page_visits: not locked\n",)
+        case ("generate",):
+            landing = cp.root.parent.parent / "landing"
+            got = tuple(out.splitlines())
+            want = tuple(f"{d}: 4 files in {landing / d}" for d in ("user_sessions", "page_visits"))
+        case _:
+            raise AssertionError(f"{command}: a row the walk does not check; say what it must say")
+    assert got == want, what
+
+
 def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, capsys, monkeypatch):
     """Every row of README "Every CLI command" run as its synopsis says, by a query's name
     (a dry run where the row has one; the two Spark runs without one, export and run, have
-    their own tests): exit 0 and JSON where the row says so, and a dry run's plan first says
-    DRY RUN and last what cannot be undone, the backup and the undo; then by a name no
-    registry knows: exit 2, one line that names it. The checkpoint is byte-identical after."""
+    their own tests): exit 0, JSON where the row says so, what it says about this checkpoint
+    (:func:`_says`), and a dry run's plan first says DRY RUN and last what cannot be undone,
+    the backup and the undo; then by a name no registry knows: exit 2, one line that names
+    it. The checkpoint is byte-identical after."""
     registry, ckpt = checkpoint
     raw = yaml.safe_load(registry.read_text())
     fresh = dict(raw["queries"]["page_visits"], checkpoint="checkpoints/page_visits_new",
@@ -417,6 +520,7 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
         return code, out, err
 
     walked = []
+    walked_ckpt = load_checkpoint(ckpt)
     for row in cli_table():
         argv = _walk_argv(row, "page_visits_new" if row.words[0] == "bootstrap" else
                           "page_visits", values)  # fmt: skip
@@ -433,6 +537,7 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
             assert code == 0, (argv, err)
             if row.json != "-":  # one document, or JSON lines (audit)
                 assert _json_documents(out), (argv, out)
+            _says(row.command, argv, out, err, walked_ckpt, values)
             if row.dry_run:  # a plan that reads as one, on stderr where stdout is JSON
                 plan = (err if row.json != "-" else out).splitlines()
                 assert plan[0].startswith("DRY RUN: nothing changed: "), (argv, plan)

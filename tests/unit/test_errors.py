@@ -106,9 +106,20 @@ def test_an_endpoint_that_is_not_a_url_is_refused_naming_the_setting(endpoint):
         s3_client(S3Settings(endpoint, "us-east-1", "key", "secret"))
 
 
-@pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:9000", "https://s3.example.com"])
-def test_a_real_endpoint_or_none_makes_a_client(endpoint):
-    assert s3_client(S3Settings(endpoint, "us-east-1", "key", "secret")) is not None
+@pytest.mark.parametrize(
+    ("endpoint", "url"),
+    [(None, "https://s3.eu-west-1.amazonaws.com"),
+     ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
+     ("https://s3.example.com", "https://s3.example.com")],
+)  # fmt: skip
+def test_a_real_endpoint_or_none_makes_a_client_for_it(endpoint, url):
+    """None: AWS itself, in the settings' region; else the endpoint as given. Path-style (a
+    local endpoint has no bucket subdomains), with the settings' region and keys."""
+    client = s3_client(S3Settings(endpoint, "eu-west-1", "key", "secret"))
+    assert (client.meta.endpoint_url, client.meta.region_name) == (url, "eu-west-1")
+    assert client.meta.config.s3 == {"addressing_style": "path"}
+    credentials = client._request_signer._credentials
+    assert (credentials.access_key, credentials.secret_key) == ("key", "secret")
 
 
 def test_a_query_that_failed_in_python_code_names_the_python_exception():

@@ -178,7 +178,10 @@ def _checksum_findings(cp: Checkpoint) -> list[Finding]:
         pairs.append((data_rel, rel))
 
     def check(pair: tuple[str, str]) -> str | None:  # reads overlap: S3 answers slowly
-        return verify_crc((cp.root / pair[0]).read_bytes(), (cp.root / pair[1]).read_bytes())
+        try:
+            return verify_crc((cp.root / pair[0]).read_bytes(), (cp.root / pair[1]).read_bytes())
+        except OSError as err:  # a finding, as an unreadable metadata file is one
+            return f"unreadable ({err})"
 
     with ThreadPoolExecutor(8) as pool:
         for (data_rel, _), problem in zip(pairs, pool.map(check, pairs), strict=True):
