@@ -21,7 +21,7 @@ from stateops.control.lock import (
     read_lock,
 )
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
-from stateops.core.errors import StateOpsError, domain_errors, one_line
+from stateops.core.errors import OperationFailed, StateOpsError, domain_errors, one_line
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
@@ -302,7 +302,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_repartition(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
     from stateops.core.steps import REPARTITION_STATE
-    from stateops.ops.repartition import RepartitionFailed, run_repartition
+    from stateops.ops.repartition import run_repartition
 
     path, registry, query = checkpoint_of(args.checkpoint, args.registry)
     log = _log if args.json else print
@@ -315,15 +315,11 @@ def cmd_repartition(args: argparse.Namespace) -> int:
             raise StateOpsError(f"{REPARTITION_STATE} exited with code {code} (see above)")
 
     lock = checkpoint_lock(path, registry, "repartition", new_run_id("repartition"))
-    try:
-        result = run_repartition(
-            path, args.partitions, lock, submit=submit, registry=registry,
-            backup=backup, query=query.name if query else None,
-            dry_run=args.dry_run, log=log,
-        )  # fmt: skip
-    except RepartitionFailed as err:  # the input was good: the operation failed (README)
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 1
+    result = run_repartition(
+        path, args.partitions, lock, submit=submit, registry=registry,
+        backup=backup, query=query.name if query else None,
+        dry_run=args.dry_run, log=log,
+    )  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=1))
     return 0
@@ -914,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 141  # as a shell reports a writer that SIGPIPE ended
         print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(err, OperationFailed) else 2
 
 
 def _reader_gone() -> bool:

@@ -191,7 +191,8 @@ def unfinished_backfill(
     registry = f" --registry {rolled['registry']}" if rolled.get("changes") else ""
     return (f"backfill run {last['run_id']} did not finish ({last['result']}{error}): it rolled "
             f"back to batch {rolled['batch_after']} (backup {rolled.get('backup_id')}) and "
-            f"did not reprocess; stateops run {name}{registry} reprocesses from there, as the "
+            f"did not reprocess; unless its stream_backfill run is still going, stateops run "
+            f"{name}{registry} reprocesses from there, as the "
             "backfill would have")  # fmt: skip
 
 

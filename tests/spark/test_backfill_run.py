@@ -14,9 +14,9 @@ import pytest
 
 from stateops.control.audit import read_audit
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.backfill import plan_backfill, rollback_for_backfill
+from stateops.ops.backfill import plan_backfill, rollback_for_backfill, run_backfill
 from stateops.ops.rollback import plan_rollback
 from stateops.ops.start import files_before
 from stateops.ops.transplant import transplant_refusals
@@ -94,8 +94,8 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     health = status["health"]
     assert health["verdict"] == "WARN" and health["reasons"][0] == (
         "backfill run backfill-k did not finish (rolled back): it rolled back to batch 1 "
-        "(backup b-1) and did not reprocess; stateops run page_visits reprocesses from there, "
-        "as the backfill would have"
+        "(backup b-1) and did not reprocess; unless its stream_backfill run is still going, "
+        "stateops run page_visits reprocesses from there, as the backfill would have"
     )
     assert len(health["reasons"]) == 2  # and the input of batches 2 and 3 is waiting again
     assert health["reasons"][1].startswith("2 input files of source landed and not read")
@@ -126,3 +126,23 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     cp = load_checkpoint(ckpt)
     assert (cp.last_committed_batch, cp.uncommitted_batches) == (3, [])
     assert query_status(registry, "page_visits")["health"] == {"verdict": "OK", "reasons": []}
+
+    # A reprocessing that fails is a failed operation (the CLI exits 1, not 2 as for a refusal),
+    # recorded with the batch the rollback left, and said by status until a run reprocesses.
+    def fails(job: str, registry_file: str, args: list[str]) -> None:
+        raise StateOpsError("run_query.py exited with code 1 (its output is above)")
+
+    plan = plan_backfill(registry, "page_visits", "backfill-f", to_batch=2, log=lambda _: None)
+    with pytest.raises(OperationFailed) as failed:
+        run_backfill(registry, plan, lambda: "b-2", fails, "backfill-f", log=lambda _: None)
+    assert str(failed.value) == (
+        "the backfill of page_visits failed after its rollback (run_query.py exited with code 1 "
+        "(its output is above)): batch 2 is the last committed batch (backup b-2); fix the "
+        "cause, then stateops run page_visits reprocesses from there"
+    )
+    record = read_audit(ckpt)[-1]
+    assert (record["operation"], record["result"], record["batch_before"],
+            record["batch_after"]) == ("backfill", "failed", 3, 2)  # fmt: skip
+    assert query_status(registry, "page_visits")["health"]["reasons"][0].startswith(
+        "backfill run backfill-f did not finish (failed: run_query.py exited with code 1"
+    )

@@ -199,3 +199,20 @@ def test_generate_for_a_registry_without_the_sample_queries_says_where_to_write(
     assert sorted(p.name for p in (tmp_path / "landing").iterdir()) == sorted(
         line.split(":")[0] for line in written.stdout.splitlines()
     )
+
+
+def test_a_failed_operation_exits_1_and_a_refusal_2(monkeypatch, capsys):
+    """The README's exit codes: 1 when the operation failed after its plan held (a Spark job,
+    a proof: :class:`OperationFailed`), 2 for a refusal; one line on stderr either way."""
+    from stateops import cli
+    from stateops.core.errors import OperationFailed, StateOpsError
+
+    for error, code in ((OperationFailed("the backfill of q failed"), 1),
+                        (StateOpsError("to_batch: 9 is not a committed batch"), 2)):  # fmt: skip
+
+        def command(args, error=error):
+            raise error
+
+        monkeypatch.setattr(cli, "cmd_queries", command)
+        assert cli.main(["queries"]) == code
+        assert capsys.readouterr().err == f"error: {error}\n"

@@ -106,9 +106,10 @@ def test_an_unfinished_backfill_is_said_until_it_or_a_run_after_it_finishes():
     )
     assert unfinished_backfill("q", [record("run", "succeeded", "r0"), rolled, failed]) == (
         "backfill run bf-1 did not finish (failed: run_query.py exited with code 1 (its output "
-        "is above)): it rolled back to batch 4 (backup b-9) and did not reprocess; stateops run "
-        "q --registry /d/_stateops/backfill/bf-1/registry.yaml reprocesses from there, as the "
-        "backfill would have"
+        "is above)): it rolled back to batch 4 (backup b-9) and did not reprocess; unless its "
+        "stream_backfill run is still going, stateops run q --registry "
+        "/d/_stateops/backfill/bf-1/registry.yaml reprocesses from there, as the backfill "
+        "would have"
     )
     assert unfinished_backfill("q", [rolled], running="bf-1") is None  # reprocessing now
     assert unfinished_backfill("q", [rolled, record("run", "succeeded", "bf-1")]) is None

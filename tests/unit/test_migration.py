@@ -209,3 +209,28 @@ def test_stateops_migrate_dry_run_to_json_files_as_parquet_is_refused_in_one_lin
         "only parquet files there"
     ], proc.stderr
     assert tree_digest(tmp_path) == before
+
+
+def test_the_new_sources_glob_filter_is_read_as_spark_reads_it(tmp_path):
+    """Hadoop's ``{a,b}`` alternatives and an option name in any case: a filter read as
+    Python's fnmatch reads it matched nothing, and JSON files passed as parquet (review)."""
+    path = write_registry(tmp_path / "data")
+    folder = tmp_path / "data" / "landing" / "v2"
+    folder.mkdir(parents=True)
+    (folder / "part-0.json").write_bytes(JSON_LINE)
+    registry = load_registry(path)
+    conf = {"query": "page_visits", "new_source_path": "landing/v2"}
+    for name in ("pathGlobFilter", "PATHGLOBFILTER"):
+        options = {name: "*.{jsonl,json}"}
+        with pytest.raises(StateOpsError, match="is a json file, but the new source's format "):
+            check_migration_form(registry, {**conf, "new_source_format": "parquet",
+                                            "new_source_options": options})  # fmt: skip
+        for given in (None, "json"):  # without a format it takes its files' (json) format
+            check_migration_form(registry, {**conf, "new_source_format": given,
+                                            "new_source_options": options})  # fmt: skip
+    with pytest.raises(StateOpsError, match=r"^new_source_options: pathGlobFilter '\*.parquet' "
+                                            r"matches none of the 1 files in .*v2 \(e.g. "
+                                            r"part-0.json\): fix the filter, or land files it "
+                                            r"matches$"):  # fmt: skip
+        check_migration_form(registry, {**conf, "new_source_options":
+                                        {"pathGlobFilter": "*.parquet"}})  # fmt: skip

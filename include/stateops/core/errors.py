@@ -17,22 +17,29 @@ from contextlib import contextmanager
 from typing import Any
 
 __all__ = [
-    "query_error_line",
     "CheckpointError",
     "LockHeldError",
     "NotACheckpointError",
+    "OperationFailed",
     "PathError",
     "RegistryError",
     "StateOpsError",
     "as_domain_error",
     "domain_errors",
     "one_line",
+    "query_error_line",
     "s3_error",
 ]
 
 
 class StateOpsError(Exception):
     """Base of every error a user can meet; the CLI prints its message on one line."""
+
+
+class OperationFailed(StateOpsError):
+    """The input was good and the operation failed after its plan held (a Spark job, a proof);
+    the message says what was undone and how to go on. The CLI exits 1, as for a failed Spark
+    job (2 is for refusals: bad input, nothing changed)."""
 
 
 class CheckpointError(StateOpsError):

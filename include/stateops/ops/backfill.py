@@ -23,7 +23,14 @@ from typing import Any
 from stateops.control.audit import append_audit
 from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import CheckpointError, RegistryError, StateOpsError, about
+from stateops.core.errors import (
+    CheckpointError,
+    OperationFailed,
+    RegistryError,
+    StateOpsError,
+    about,
+    one_line,
+)
 from stateops.core.plans import BackupFirst
 from stateops.core.registry import Query, Registry, derived_registry, load_registry
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
@@ -241,8 +248,15 @@ def run_backfill(
         summary = read_reprocessing(plan, run_id, log)
         report = report_backfill(registry, plan, rolled, log)
     except StateOpsError as err:  # rolled back, not reprocessed: said by `stateops status`
-        _record(plan, "failed", backup_id=rolled["backup_id"], error=str(err).splitlines()[0])
-        raise
+        _record(plan, "failed", batch_after=plan["to_batch"], backup_id=rolled["backup_id"],
+                error=one_line(err))  # fmt: skip
+        raise OperationFailed(
+            f"the backfill of {plan['query']} failed after its rollback ({one_line(err)}): "
+            f"batch {plan['to_batch']} is the last committed batch (backup "
+            f"{rolled['backup_id']}); fix the cause, then stateops run {plan['query']}"
+            + (f" --registry {plan['registry']}" if plan.get("changes") else "")
+            + " reprocesses from there"
+        ) from err
     require_sound(plan["checkpoint"], log)
     spark("validate_state")
     return {"rollback": rolled, "summary": summary, "report": report}

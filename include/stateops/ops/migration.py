@@ -42,6 +42,7 @@ from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
     LockHeldError,
+    OperationFailed,
     RegistryError,
     StateOpsError,
     about,
@@ -432,17 +433,36 @@ def _file_format(path: Path) -> str | None:
 
 def _input_files(folder: Path, options: dict[str, Any]) -> list[tuple[Path, str | None]]:
     """The files Spark's file source would read in ``folder`` (names starting with ``.`` or
-    ``_`` left out, ``pathGlobFilter`` applied), each with the format its first bytes tell."""
+    ``_`` left out, ``pathGlobFilter`` applied), each with the format its first bytes tell;
+    refused when the filter leaves none of its files."""
     import fnmatch
 
     if not folder.is_dir():
         return []
-    glob = str(options.get("pathGlobFilter") or "*")
-    return [
-        (p, _file_format(p)) for p in sorted(folder.rglob("*"))
-        if p.is_file() and fnmatch.fnmatch(p.name, glob)
+    glob = next((str(v) for k, v in options.items() if k.lower() == "pathglobfilter"), "*")
+    patterns = _glob_alternatives(glob)
+    files = [
+        p for p in sorted(folder.rglob("*"))
+        if p.is_file()
         and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)
     ]  # fmt: skip
+    kept = [p for p in files if any(fnmatch.fnmatch(p.name, g) for g in patterns)]
+    if files and not kept:
+        with about("new_source_options"):
+            raise StateOpsError(
+                f"pathGlobFilter {glob!r} matches none of the {len(files)} files in {folder} "
+                f"(e.g. {files[0].name}): fix the filter, or land files it matches"
+            )
+    return [(p, _file_format(p)) for p in kept]
+
+
+def _glob_alternatives(glob: str) -> list[str]:
+    """Hadoop's glob alternatives (``*.{json,jsonl}``) as patterns ``fnmatch`` takes."""
+    found = re.search(r"\{([^{}]*)\}", glob)
+    if found is None:
+        return [glob]
+    head, tail = glob[: found.start()], glob[found.end() :]
+    return [g for alt in found.group(1).split(",") for g in _glob_alternatives(head + alt + tail)]
 
 
 def _files_format(folder: Path, options: dict[str, Any]) -> str:
@@ -767,7 +787,7 @@ def run_migration(
     except Exception as err:
         log(f"{plan['query']}: {step} failed: {one_line(err)}")
         roll_back_migration(registry, plan, log)
-        raise StateOpsError(
+        raise OperationFailed(
             f"the migration of {plan['query']} failed at {step} ({one_line(err)}); it was "
             f"rolled back and the query runs on {plan['old']['checkpoint']}: fix the cause "
             "and migrate again"

@@ -35,7 +35,7 @@ from stateops.control.audit import append_audit, audit_dir
 from stateops.control.lock import QueryLock
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
-from stateops.core.errors import CheckpointError, StateOpsError, one_line
+from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError, one_line
 from stateops.core.formats import EXTRA_KEY_FIELDS
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Registry, write_partitions
@@ -44,7 +44,6 @@ from stateops.core.verify import error_summary, verify_checkpoint
 __all__ = [
     "MAX_PARTITIONS",
     "OPERATION",
-    "RepartitionFailed",
     "finish_repartition",
     "format_repartition_plan",
     "plan_repartition",
@@ -60,11 +59,6 @@ __all__ = [
 OPERATION = "repartition"
 # Each partition is a state store opened by every batch: past this it is a typo, not a plan.
 MAX_PARTITIONS = 10_000
-
-
-class RepartitionFailed(StateOpsError):
-    """Spark's repartition or its proof failed after the plan held; the run was undone (the
-    CLI exits 1, as for a failed Spark job: the input was good)."""
 
 
 def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path:
@@ -409,7 +403,7 @@ def repartition_locked(
         undo_repartition(checkpoint, log=log)
         append_audit(checkpoint, OPERATION, run_id=plan["run_id"], result="failed",
                      batch_before=plan["last_committed_batch"], error=one_line(err))  # fmt: skip
-        raise RepartitionFailed(
+        raise OperationFailed(
             f"the repartition of {checkpoint} failed ({one_line(err)}); it was undone: "
             f"batch {plan['last_committed_batch']} with {plan['partitions_before']} "
             "partitions is the last committed batch, as before"

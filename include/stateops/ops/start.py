@@ -491,6 +491,7 @@ def _run_stream(
     if not error:
         ran.error, more = _finish_planned(spark, query, frame, poll_seconds)
         ran.progress += more
+        ran.drained = None if ran.error else ran.drained  # failed: neither
     if ran.drained is False:
         print(f"{query.name}: input not drained within trigger.drain_limit "
               f"{query.trigger.drain_limit} ({clock}): stopped after a committed batch; the "
