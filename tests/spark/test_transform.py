@@ -228,7 +228,7 @@ def test_a_backfill_with_a_longer_window_reprocesses_with_it_and_says_what_chang
     lines: list[str] = []
     overrides = {"transform": {"options": {"window": "20 minutes"}}}
     plan = plan_backfill(loaded, "windows", "backfill-1", to_batch=0, overrides=overrides,
-                         log=lines.append)  # fmt: skip
+                         dry_run=False, log=lines.append)  # fmt: skip
     change = 'transform.options.window: "10 minutes" -> "20 minutes"'
     assert plan["changes"] == [change] and change in lines[-1], lines
     rolled = rollback_for_backfill(loaded, plan, lambda: "b-test", log=lines.append)
