@@ -56,6 +56,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from stateops.spark.jobs import run_main
-
-    sys.exit(run_main(main))
+    sys.exit(main())

@@ -157,8 +157,6 @@ def assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=No
     first = old.last_committed_batch + 1 + gap if road == "transplant" else 0
     assert query.sink.folder_batch(first) == old.last_committed_batch + 1 + gap
     assert f"output continues at batch_id={query.sink.folder_batch(first)}" in run_log
-    # Spark's state store maintenance used to outlive a job's Spark into the JVM's shutdown.
-    assert "SparkEnv not active" not in run_log
 
     run_in_session(spark, m.path, name)  # the rest of the new source, after the switch
     query = m.query(name)

@@ -10,11 +10,10 @@ start-up, and the checks cannot drift apart from the job's own.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -26,7 +25,6 @@ __all__ = [
     "job_path",
     "load_job",
     "preflight_job",
-    "run_main",
     "spark_submit_command",
     "spark_submit_env",
 ]
@@ -108,22 +106,3 @@ def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
     if (PROJECT_ROOT / "conf").is_dir():
         env.setdefault("SPARK_CONF_DIR", str(PROJECT_ROOT / "conf"))
     return env
-
-
-def run_main(main: Callable[[], int]) -> int:
-    """A job's ``main()`` as ``spark-submit`` runs it, then Spark's state stores unloaded while
-    Spark still runs: their maintenance thread (every ``stateStore.maintenanceInterval``) would
-    otherwise run on into the JVM's shutdown and print ``IllegalStateException: SparkEnv not
-    active, cannot do maintenance on StateStores`` after a job that ended well."""
-    try:
-        return main()
-    finally:
-        from py4j.protocol import Py4JError
-        from pyspark import SparkContext
-
-        context = SparkContext._active_spark_context
-        # Where the JVM is gone already, there is nothing to stop, and the job's own outcome
-        # (its exit code or its exception) must not be hidden by this.
-        with contextlib.suppress(Py4JError):
-            if context is not None:
-                context._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
