@@ -248,7 +248,7 @@ def _form_checks(
         _refuse_immovable(query, carry_over)
     with about("source"):
         source_name = query.input_name(source_name)
-    source = _new_source(registry, query.inputs[source_name], new_source)
+    source, inputs = _new_source(registry, query.inputs[source_name], new_source)
     if cutover != "drain":
         with about("cutover"):
             cutover = parse_past_time(cutover, "cutover").isoformat()
@@ -258,7 +258,7 @@ def _form_checks(
                     f"{len(query.inputs)}: choose cutover drain"
                 )
     with about("new_source_path"):
-        files = _check_new_source(query, source_name, source)
+        files = _check_new_source(query, source_name, source, inputs)
     with about("new_checkpoint"):
         new = _new_checkpoint(registry, query, new_checkpoint)
     return query, source_name, source, cutover, files, new
@@ -279,9 +279,11 @@ def _refuse_immovable(query: Query, carry_over: str) -> None:
         )
 
 
-def _check_new_source(query: Query, source_name: str, source: Source) -> int:
-    """Refuse a new source for ``source_name`` the query cannot run on; the number of its
-    input files."""
+def _check_new_source(
+    query: Query, source_name: str, source: Source, inputs: list[tuple[Path, str | None]]
+) -> int:
+    """Refuse a new source for ``source_name`` the query cannot run on (``inputs``: its input
+    files, :func:`_input_files`); the number of its input files."""
     folder = Path(source.path)
     if not folder.is_dir():
         raise StateOpsError(
@@ -305,7 +307,6 @@ def _check_new_source(query: Query, source_name: str, source: Source) -> int:
             f"new source folder {folder} has no input yet: land its first files (the carry-over "
             "is proven on the new source's first batch), then trigger again"
         )
-    inputs = _input_files(folder, source.options)
     with about("new_source_format"):
         _check_format(source, inputs)
     with about("new_source_schema"):
@@ -366,19 +367,23 @@ def _planned_query(query: Query, plan: dict[str, Any]) -> Query:
     return _runs_as(query, plan["source_name"], plan["new"]["source"], plan["new"]["checkpoint"])
 
 
-def _new_source(registry: Registry, current: Source, spec: dict[str, Any]) -> Source:
-    """The new source as the form (or the CLI) gives it; without a format (or ``auto``), the
-    format of the files in its folder."""
+def _new_source(
+    registry: Registry, current: Source, spec: dict[str, Any]
+) -> tuple[Source, list[tuple[Path, str | None]]]:
+    """The new source as the form (or the CLI) gives it, and its input files
+    (:func:`_input_files`, read once); without a format (or ``auto``), the format of those
+    files."""
     spec = {k: v for k, v in spec.items() if v not in (None, "")}
     spec.setdefault("schema", current.schema_)
     path = str(spec.get("path", ""))
+    inputs = []
     if path and "://" not in path:
         spec["path"] = str((registry.data_dir / path).resolve())
+        inputs = _input_files(Path(spec["path"]), spec.get("options") or {})
     if spec.get("format", "auto") == "auto":
-        folder = Path(spec["path"]) if path else None
-        spec["format"] = _files_format(folder, spec.get("options") or {}) if folder else "parquet"
+        spec["format"] = _files_format(Path(spec["path"]), inputs) if path else "parquet"
     try:
-        return Source.model_validate(spec)
+        return Source.model_validate(spec), inputs
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])  # format, path, schema, options...
@@ -465,10 +470,10 @@ def _glob_alternatives(glob: str) -> list[str]:
     return [g for alt in found.group(1).split(",") for g in _glob_alternatives(head + alt + tail)]
 
 
-def _files_format(folder: Path, options: dict[str, Any]) -> str:
-    """The format of the input files in ``folder``, for a new source given without one;
-    ``parquet`` while there are none (the folder's checks then say what to do)."""
-    files = _input_files(folder, options)
+def _files_format(folder: Path, files: list[tuple[Path, str | None]]) -> str:
+    """The format of the input files in ``folder`` (``files``: :func:`_input_files`), for a
+    new source given without one; ``parquet`` while there are none (the folder's checks then
+    say what to do)."""
     kinds = {kind: path for path, kind in reversed(files) if kind is not None}
     with about("new_source_format"):
         if len(kinds) > 1:
