@@ -442,7 +442,7 @@ def _option(text: str) -> tuple[str, str]:
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     errors = _code_errors(registry)
-    for error in errors.values():  # one line each, after the listing (exit 2)
+    for error in errors.values():  # one line each on stderr (exit 2), then the listing
         print(f"error: {error}", file=sys.stderr)
     if args.json:
         print(json.dumps({"registry": str(registry.path), "data_dir": str(registry.data_dir),
@@ -475,11 +475,6 @@ def _code_errors(registry: Registry) -> dict[str, str]:
             check_code(registry, query)
         except StateOpsError as err:
             errors[query.name] = one_line(err)
-        except Exception as err:  # the user's module itself fails (a SyntaxError, ...)
-            code = query.transform.function if query.transform else query.processor.class_
-            errors[query.name] = one_line(StateOpsError(
-                f"query {query.name}: {code} fails to load: {type(err).__name__}: {err}"
-            ))  # fmt: skip
     return errors
 
 

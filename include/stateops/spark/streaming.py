@@ -105,6 +105,10 @@ def _imported(query: Query, field: str, ref: str) -> Any:
             f"query {query.name}: {field} {ref!r} cannot be imported ({err}); is its folder "
             "in the registry's code_paths?"
         ) from err
+    except Exception as err:  # the user's module itself fails as it loads (a SyntaxError, ...)
+        raise RegistryError(
+            f"query {query.name}: {ref} fails to load: {type(err).__name__}: {err}"
+        ) from err
 
 
 def load_processor(query: Query) -> Any:
