@@ -30,8 +30,8 @@ from stateops.spark.streaming import (
     write_batch,
 )
 from tests.spark.harness import (
-    VIEWS,
     InjectedFailure,
+    _registered_conf,
     job_in_session,
     job_runner,
     land,
@@ -55,14 +55,10 @@ def clock_registry(root: Path, landing: Path | None = None, **transform) -> Path
     """The shapes' registry (tests/spark/harness.py) and the clock-driven query: views per
     user with a processing-time timeout of an hour, so that nothing times out in a test and
     its output is the same whenever it runs."""
-    path = shape_registry(root)
+    path = shape_registry(root, landing)
     raw = yaml.safe_load(path.read_text())
-    source = dict(VIEWS)
-    if landing:
-        source["path"] = str(landing / "page_visits")
     raw["queries"][NAME] = {
-        **raw["queries"]["first_views"],  # test-sized settings of a RocksDB transform
-        "source": source,
+        **raw["queries"]["first_views"],  # its source, test-sized settings of RocksDB
         "transform": {"function": "clock:quiet_users", "output_mode": "update", **transform},
         "key_columns": ["user_id"],
         "trigger": {"processing_time": "1 second"},
@@ -78,7 +74,8 @@ def set_drain_limit(registry: Path, limit: str | None) -> None:
     raw = yaml.safe_load(registry.read_text())
     trigger = raw["queries"][NAME]["trigger"]
     trigger.pop("drain_limit", None)
-    trigger.update({"drain_limit": limit} if limit else {})
+    if limit:
+        trigger["drain_limit"] = limit
     registry.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
@@ -107,9 +104,7 @@ def run_continuously(spark, registry: Path) -> None:
     reg = load_registry(registry)
     query = reg.query(NAME)
     use_code_paths(reg, spark)
-    # As job_in_session does for the runs it compares with: the shape matrix's source-log
-    # compaction setting stays out of this query (it runs with Spark's default).
-    spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
+    _registered_conf(spark)  # as job_in_session does for the runs it compares with
     apply_query_conf(spark, query)
     streaming = start_query(spark, query, available_now=False)
     commit = Path(query.checkpoint) / "commits" / str(FILES)
@@ -124,7 +119,7 @@ def run_continuously(spark, registry: Path) -> None:
         quiesce(spark)
 
 
-def state_and_output(spark, registry: Path) -> tuple:
+def clock_state_and_output(spark, registry: Path) -> tuple:
     """(the stores Spark lists, the state but its wall-clock timeout, the output batches that
     wrote rows) of the query after its last committed batch. The state is read with Spark's
     own readers, not the library's: every store the checkpoint has, each column but
@@ -150,7 +145,7 @@ def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, c
     touched = clock_registry(tmp_path / "touched", landing=control.parent / "landing")
     land(control.parent / "landing", round_=0, files=FILES)
     run_continuously(spark, control)
-    expected = state_and_output(spark, control)
+    expected = clock_state_and_output(spark, control)
     assert expected[0] == [(0, "applyInPandasWithState", "default")], expected[0]
 
     # `stateops run` as stream_start runs it (run_query.py in its default mode), first with a
@@ -171,7 +166,7 @@ def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, c
         ran = run_in_session(spark, touched, NAME)
     assert ran["drained"] is True and ran["uncommitted_batches"] == [], ran
     assert ran["last_committed_batch"] >= FILES - 1, ran
-    assert state_and_output(spark, touched) == expected
+    assert clock_state_and_output(spark, touched) == expected
 
     # The backfill: rolled back to batch 2 (backup first), so that the last two files are read
     # again (batches that read nothing after them have nothing to read again), reprocessed by
@@ -184,7 +179,7 @@ def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, c
         done = run_backfill(registry, plan, backup, job_runner(spark), run_id, log=quiet)
     summary = done["summary"]
     assert summary["drained"] is True and summary["batches_run"] >= 3, summary
-    assert state_and_output(spark, touched) == expected
+    assert clock_state_and_output(spark, touched) == expected
 
 
 def test_a_batch_a_stop_left_planned_is_finished_and_nothing_after_it(spark, tmp_path):
@@ -213,7 +208,8 @@ def test_a_batch_a_stop_left_planned_is_finished_and_nothing_after_it(spark, tmp
     assert checkpoint_state(query.checkpoint) == (0, [1])
 
     with watchdog(spark):
-        error, progress = _finish_planned(spark, query, frame, poll_seconds=0.2)
+        finished = _finish_planned(spark, query, poll_seconds=0.2)
+    error, progress = finished.error, finished.progress
     quiesce(spark)
     assert error is None and [p["batchId"] for p in progress] == [1], (error, progress)
     assert checkpoint_state(query.checkpoint) == (1, [])  # and no batch 2 planned

@@ -189,11 +189,16 @@ def _cutover_run(query: Query, cutover: datetime, first: int) -> tuple[Query, li
     print(f"{query.name}: {len(pending)} input files modified before "
           f"{cutover.isoformat()} not read yet", file=sys.stderr)  # fmt: skip
     options = {**query.source.options, "maxFilesPerTrigger": max(len(pending), 1)}
-    query = query.model_copy(update={
-        "source": query.source.model_copy(update={"options": options}),
-        "trigger": Trigger(processing_time="24 hours"),
-    })  # fmt: skip
-    return query, pending, first if pending else first - 1
+    query = query.model_copy(
+        update={"source": query.source.model_copy(update={"options": options})}
+    )
+    return _one_batch(query), pending, first if pending else first - 1
+
+
+def _one_batch(query: Query) -> Query:
+    """``query`` on a day-long trigger: a run that stops once the batch it waits for has
+    committed starts nothing after it."""
+    return query.model_copy(update={"trigger": Trigger(processing_time="24 hours")})
 
 
 def _run(
@@ -489,8 +494,8 @@ def _run_stream(
     drained, error, progress = _watch(streaming, lambda: await_drained(streaming, query, limit))
     ran = _Ran(False, error, progress, clock, None if error else drained)  # failed: neither
     if not error:
-        ran.error, more = _finish_planned(spark, query, frame, poll_seconds)
-        ran.progress += more
+        finished = _finish_planned(spark, query, poll_seconds, initial_state)
+        ran.error, ran.progress = finished.error, ran.progress + finished.progress
         ran.drained = None if ran.error else ran.drained  # failed: neither
     if ran.drained is False:
         print(f"{query.name}: input not drained within trigger.drain_limit "
@@ -500,20 +505,16 @@ def _run_stream(
 
 
 def _finish_planned(
-    spark: SparkSession, query: Query, frame: DataFrame, poll_seconds: float
-) -> tuple[Any, list]:
-    """(error, progress) of finishing the batch a stop left planned (none: (None, [])): Spark
-    runs a planned batch first on a restart, and on a day-long trigger nothing after it."""
+    spark: SparkSession, query: Query, poll_seconds: float, initial_state: Any = None
+) -> _Ran:
+    """Finish the batch a stop left planned (none: an empty run): Spark runs a planned batch
+    first on a restart, and on a day-long trigger nothing after it."""
     _, planned = checkpoint_state(query.checkpoint)
     if not planned:
-        return None, []
+        return _Ran()
     print(f"{query.name}: the stop fell inside batch {planned[-1]}: finishing it",
           file=sys.stderr)  # fmt: skip
-    streaming = _start(spark, query, frame, processing_time="24 hours")
-    _, error, progress = _watch(
-        streaming, lambda: await_run(streaming, None, poll_seconds, planned[-1])
-    )
-    return error, progress
+    return _run_stream(spark, _one_batch(query), None, poll_seconds, planned[-1], initial_state)
 
 
 @contextmanager
@@ -580,8 +581,7 @@ def _run_image_batch(
     write_image_batch(spark, query.checkpoint, watermark)
     if watermark["next_batch_watermark_ms"] <= watermark["batch_watermark_ms"]:
         return _run_stream(spark, query, stop, poll_seconds, None, initial_state)
-    alone = query.model_copy(update={"trigger": Trigger(processing_time="24 hours")})
-    ran = _run_stream(spark, alone, None, poll_seconds, 0, initial_state)
+    ran = _run_stream(spark, _one_batch(query), None, poll_seconds, 0, initial_state)
     if ran.error:
         return ran
     if not finish_image_batch(query.checkpoint, watermark):
