@@ -48,7 +48,7 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        seed = os.environ.get("STATEOPS_FAULT_SEED") or str(random.SystemRandom().randrange(10**6))
+        seed = os.environ["STATEOPS_FAULT_SEED"]  # made once per session: tests/conftest.py
         return cls(
             trials=int(os.environ.get("STATEOPS_FAULT_TRIALS", "3")),
             restarts=int(os.environ.get("STATEOPS_FAULT_RESTARTS", "1")),
@@ -255,7 +255,7 @@ def _window(run: _Run) -> tuple[float, float, float]:
     )
 
 
-def _hit(run: _Run, mode: str, aim: str) -> str:
+def _hit(run: _Run, mode: str) -> str:
     """Where ``run`` died: the point it was killed at (its trace's last point: the library
     traces a point before it kills there), "before any point", or "finished first" (a
     random delay longer than the run) / "not reached" (an aim the run never got to)."""
@@ -306,7 +306,7 @@ def run_operation(
         argv, env = op.command(ctx)
         kill_at = aim if mode == "point" else None
         killed = _run(argv, env, trace, kill_at=kill_at, delay=delay, from_first=from_first)
-        trial.hit = _hit(killed, mode, aim)
+        trial.hit = _hit(killed, mode)
         trial.killed = killed.returncode == -signal.SIGKILL
         trial.problems += _kill_problems(killed, mode, aim, trial.hit)
         if killed.returncode not in (0, -signal.SIGKILL):

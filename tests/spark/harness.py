@@ -325,12 +325,15 @@ def state_and_output(spark, registry: Path, name: str) -> tuple:
     """(last committed batch, ``operator N NAME`` -> (kind, (rows, checksum)) for every store or
     state variable of every operator, output per batch) of registered query ``name``: what
     Spark's ``state-metadata`` names, each read here by Spark's ``statestore`` reader, not by
-    the library's (whose coverage :func:`spark_state_reads` checks)."""
+    the library's (whose coverage :func:`spark_state_reads` checks); the library's checksum
+    arithmetic (:func:`stateops.spark.export.state_checksum`) sums what they read."""
+    from stateops.spark.export import state_checksum
+
     query = load_registry(registry).query(name)
     batch = last_committed(Path(query.checkpoint))
     reads = spark_state_reads(spark, query.checkpoint, batch)
     state = {
-        f"operator {op} {variable}": (kind, _checksum(
+        f"operator {op} {variable}": (kind, state_checksum(
             spark.read.format("statestore").options(**options).load(str(query.checkpoint))))
         for (op, variable), (kind, options) in sorted(reads.items())
     }  # fmt: skip
@@ -382,16 +385,6 @@ def spark_state_reads(
         f"Spark's state-metadata names {sorted(reads)}"
     )
     return reads
-
-
-def _checksum(df) -> tuple[int, str]:
-    """(rows, order-independent checksum) of a state read, wherever its partitions are."""
-    from pyspark.sql import functions as F
-
-    columns = [c for c in df.columns if c != "partition_id"]
-    hashes = F.sum(F.xxhash64(*columns).cast("decimal(38,0)"))
-    row = df.agg(F.count(F.lit(1)).alias("rows"), hashes.alias("sum")).first()
-    return int(row["rows"]), str(row["sum"] or 0)
 
 
 def last_committed(checkpoint: Path) -> int:
