@@ -195,7 +195,9 @@ def test_refusals_change_nothing(template, tmp_path, command):
 
 
 @pytest.mark.parametrize("command", ["cleanup", "rollback"])
-def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, spark, command):
+def test_killed_at_any_point_a_second_run_finishes_the_job(
+    template, restarted, tmp_path, spark, command
+):
     work = tmp_path / "ck"
     argv = (["cleanup", str(work), "--retain-batches", "2"] if command == "cleanup" else
             ["rollback", str(work), "--to-batch", "3", "--no-backup", "--sink",
@@ -227,12 +229,11 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(template, tmp_path, s
     # The finished checkpoint restarts on new input (a rolled-back one reprocesses the batches
     # after its target first) to the state and output of the untouched template restarted on
     # the same input.
-    land(template / "landing", round_=1, files=1)
     registry = _registry(template, work, tmp_path / "run")
     before = load_checkpoint(work).last_committed_batch
     run_in_session(spark, registry, "page_visits")
     assert load_checkpoint(work).last_committed_batch > before
-    assert state_and_output(spark, registry, "page_visits") == _control(spark, template)
+    assert state_and_output(spark, registry, "page_visits") == restarted
 
 
 def _registry(template: Path, work: Path, root: Path) -> Path:
@@ -246,15 +247,12 @@ def _registry(template: Path, work: Path, root: Path) -> Path:
     })  # fmt: skip
 
 
-_CONTROLS: dict[Path, tuple] = {}
-
-
-def _control(spark, template: Path) -> tuple:
-    """harness.state_and_output of the template's checkpoint restarted untouched on what its
-    landing folder holds now; once per template (the new input lands the same each time)."""
-    if template not in _CONTROLS:
-        work, _ = _fresh(template, template / "control" / "ck")
-        registry = _registry(template, work, template / "control")
-        run_in_session(spark, registry, "page_visits")
-        _CONTROLS[template] = state_and_output(spark, registry, "page_visits")
-    return _CONTROLS[template]
+@pytest.fixture(scope="module")
+def restarted(template, spark) -> tuple:
+    """harness.state_and_output of the template's checkpoint restarted untouched on one more
+    landed file, the control of each finished checkpoint's restart; once per template."""
+    land(template / "landing", round_=1, files=1)
+    work, _ = _fresh(template, template / "control" / "ck")
+    registry = _registry(template, work, template / "control")
+    run_in_session(spark, registry, "page_visits")
+    return state_and_output(spark, registry, "page_visits")
