@@ -275,6 +275,31 @@ class InjectedFailure(RuntimeError):
     pass
 
 
+def fail_once(spark, query: Query, batch: int, timeout: float = 240) -> None:
+    """Run ``query`` available-now until its batch ``batch`` fails after writing its output
+    (and its state): the batch is planned, not committed, as a crash would leave it."""
+
+    def fails_once(df, batch_id):
+        write_batch(df, batch_id, query)
+        if batch_id == batch:
+            raise InjectedFailure(f"batch {batch_id} fails once, after its state and output")
+
+    failing = (
+        query_frame(spark, query).writeStream.outputMode(query.output_mode)
+        .option("checkpointLocation", query.checkpoint).foreachBatch(fails_once)
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    try:
+        failing.awaitTermination(timeout)
+    except Exception as err:  # noqa: BLE001 - the query's failure, checked below
+        assert f"batch {batch} fails once" in str(err), err
+    else:
+        raise AssertionError(f"batch {batch} was never run: too little input")
+    finally:
+        failing.stop()
+        quiesce(spark)
+
+
 def v2_case() -> Case:
     name = "page_visits"
 
@@ -283,26 +308,7 @@ def v2_case() -> Case:
         _registered_conf(spark)
         apply_query_conf(spark, query)
         if not checkpoint.exists():  # the first run: batch FAILS_ONCE fails once
-
-            def fails_once(df, batch_id):
-                write_batch(df, batch_id, query)
-                if batch_id == FAILS_ONCE:
-                    raise InjectedFailure(f"batch {batch_id} fails once, after its state")
-
-            failing = (
-                query_frame(spark, query).writeStream.outputMode(query.output_mode)
-                .option("checkpointLocation", query.checkpoint).foreachBatch(fails_once)
-                .trigger(availableNow=True).start()
-            )  # fmt: skip
-            try:
-                failing.awaitTermination(240)
-            except Exception as err:  # noqa: BLE001 - the query's failure, checked below
-                assert "fails once, after its state" in str(err), err
-            else:
-                raise AssertionError(f"batch {FAILS_ONCE} was never run: too little input")
-            finally:
-                failing.stop()
-                quiesce(spark)
+            fail_once(spark, query, FAILS_ONCE)
         return start_query(spark, query, available_now=True)
 
     return Case("page_visits-v2", "rocksdb", name, PAGE_VISITS_READS, start)

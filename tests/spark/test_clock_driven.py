@@ -27,11 +27,10 @@ from stateops.spark.streaming import (
     query_frame,
     start_query,
     use_code_paths,
-    write_batch,
 )
 from tests.spark.harness import (
-    InjectedFailure,
     _registered_conf,
+    fail_once,
     job_in_session,
     job_runner,
     land,
@@ -190,21 +189,7 @@ def test_a_batch_a_stop_left_planned_is_finished_and_nothing_after_it(spark, tmp
     query = reg.query(NAME)
     use_code_paths(reg, spark)
     apply_query_conf(spark, query)
-    frame = query_frame(spark, query)
-
-    def fails_once(df, batch_id):
-        write_batch(df, batch_id, query)
-        if batch_id == 1:
-            raise InjectedFailure("batch 1 fails once, after its output")
-
-    failing = (
-        frame.writeStream.outputMode("update").option("checkpointLocation", query.checkpoint)
-        .foreachBatch(fails_once).trigger(availableNow=True).start()
-    )  # fmt: skip
-    with pytest.raises(Exception, match="batch 1 fails once"):
-        failing.awaitTermination(WATCHDOG_SECONDS)
-    failing.stop()
-    quiesce(spark)
+    fail_once(spark, query, 1, WATCHDOG_SECONDS)
     assert checkpoint_state(query.checkpoint) == (0, [1])
 
     with watchdog(spark):
