@@ -24,7 +24,7 @@ from stateops.control.lock import new_run_id
 from stateops.core.errors import StateOpsError, domain_errors, one_line
 from stateops.core.registry import Registry, load_registry
 from stateops.ops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap, transplant_bootstrap
-from stateops.ops.rollback import refuse_pending_rollback
+from stateops.ops.pending import refuse_pending_rollback
 from stateops.ops.start import run_registered_query, write_summary
 from stateops.ops.transplant import ROADS
 

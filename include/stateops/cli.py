@@ -327,7 +327,7 @@ def cmd_repartition(args: argparse.Namespace) -> int:
 
 def cmd_transplant(args: argparse.Namespace) -> int:
     from stateops.control.lock import checkpoint_lock, new_run_id
-    from stateops.ops.bootstrap import mark_transplant
+    from stateops.ops.pending import mark_transplant
     from stateops.ops.transplant import transplant_checkpoint
 
     path, registry, owner = checkpoint_of(args.old, args.registry)
@@ -457,9 +457,7 @@ def cmd_queries(args: argparse.Namespace) -> int:
             f"  {'':<16} checkpoint {q.checkpoint} ({q.state_store.provider}, "
             f"{q.shuffle_partitions} partitions)"
         )
-        switch = registry.switch_path(q.name)
-        current = json.loads(switch.read_text())["current"] if switch.exists() else None
-        if current and current["checkpoint"] == q.checkpoint:
+        if switch := registry.switched(q.name):
             print(f"  {'':<16} source and checkpoint switched by a migration: {switch}")
     return 2 if errors else 0
 

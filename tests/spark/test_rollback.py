@@ -15,7 +15,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import copy_restart_set, relocate_checkpoint
 from stateops.core.registry import load_registry
-from stateops.ops.rollback import refuse_pending_rollback
+from stateops.ops.pending import refuse_pending_rollback
 from tests.conftest import (
     ROOT,
     run_cli,

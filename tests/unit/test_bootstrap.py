@@ -11,7 +11,8 @@ import pytest
 from stateops.control.markers import read_carry_over, write_carry_over
 from stateops.core.errors import RegistryError, StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.bootstrap import pending_carry_over, plan_bootstrap
+from stateops.ops.bootstrap import plan_bootstrap
+from stateops.ops.pending import pending_carry_over
 from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,8 @@ import pytest
 
 from stateops.control.markers import write_rollback
 from stateops.core.errors import StateOpsError
-from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback, refuse_pending_rollback
+from stateops.ops.pending import refuse_pending_rollback
+from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
 
 pytestmark = pytest.mark.unit
 

@@ -23,6 +23,7 @@ __all__ = [
     "Query",
     "Registry",
     "checkpoint_of",
+    "data_path",
     "derived_registry",
     "load_registry",
     "placement",
@@ -460,6 +461,19 @@ class Registry(_Model):
         """Where a migration records the query's current source and checkpoint."""
         return _switch_path(self.data_dir, name)
 
+    def switched(self, name: str) -> Path | None:
+        """The switch record that query ``name`` runs on now (a migration moved its source
+        and checkpoint, and the registry file still declares what was there before), or None."""
+        path = self.switch_path(name)
+        if not path.exists():
+            return None
+        current = json.loads(path.read_text(encoding="utf-8"))["current"]
+        return path if current["checkpoint"] == self.queries[name].checkpoint else None
+
+    def data_path(self, path: str) -> str:
+        """``path`` as the user wrote it, under this registry's ``data_dir`` (:func:`data_path`)."""
+        return data_path(self.data_dir, path)
+
 
 def _normal(checkpoint: str | os.PathLike[str]) -> str:
     """One spelling per checkpoint: an absolute path, or ``s3://BUCKET/KEY`` (``s3a://`` is
@@ -727,9 +741,15 @@ def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
     return " ".join(f"{where}: not valid YAML: {what}; fix {line} of the registry".split())
 
 
+def data_path(data_dir: Path, path: str) -> str:
+    """The one rule for a path the user wrote: a URL (``s3a://b/x``) as it is, else relative to
+    the registry's ``data_dir`` (an absolute path stays itself), resolved."""
+    return path if "://" in path else str((data_dir / path).resolve())
+
+
 def _resolve_paths(query: Query, data_dir: Path) -> Query:
     def absolute(p: str) -> str:
-        return str((data_dir / p).resolve()) if "://" not in p else p
+        return data_path(data_dir, p)
 
     def located(source: Source | None) -> Source | None:
         return source and source.model_copy(update={"path": absolute(source.path)})

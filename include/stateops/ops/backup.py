@@ -29,15 +29,18 @@ from stateops.control import faults
 from stateops.control.audit import append_audit
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, s3_error
+from stateops.core.plans import BackupFirst
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
 from stateops.core.staging import new_stamp
 from stateops.core.storage import S3Path, open_stream, same_endpoint
 
 if TYPE_CHECKING:
+    from stateops.control.target import Target
     from stateops.core.registry import Registry
 
 __all__ = [
+    "backup_first",
     "backup_query",
     "backup_checkpoint",
     "file_sha256",
@@ -128,6 +131,30 @@ def backup_query(
     ``backups.url`` (what a backfill, a migration and the scheduled backup take)."""
     url = registry.backups.url_for(name)
     return backup_checkpoint(registry.query(name).checkpoint, url, client, batch=batch, log=log)
+
+
+def backup_first(
+    target: Target,
+    client: Any,
+    operation: str,
+    *,
+    to: str | None = None,
+    give: str = "--backup-to s3://BUCKET/PREFIX (or --no-backup)",
+    log: Callable[[str], None] = print,
+) -> BackupFirst:
+    """The one "back up first" step of every operation that changes a checkpoint: the backup of
+    ``target``'s checkpoint to ``to``, else its query's place under the registry's
+    ``backups.url`` (no location: refused here, in one line that says what to ``give``, before
+    any lock). ``client``: an S3 client, or a function that makes one when the backup is taken
+    (an Airflow task reads its connection only then)."""
+    location = target.backup_location(to, give)
+
+    def take() -> str:
+        log(f"backup of {target.checkpoint} to {location} before the {operation}")
+        s3 = client() if callable(client) else client
+        return backup_checkpoint(target.checkpoint, location, s3, log=log)["backup_id"]
+
+    return BackupFirst(location, take)
 
 
 def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, log) -> dict:

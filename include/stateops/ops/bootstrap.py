@@ -18,9 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control.markers import (
-    clear_carry_over,
-    read_carry_over,
-    read_repartition,
     write_carry_over,
 )
 from stateops.core.checkpoint import load_checkpoint
@@ -29,7 +26,8 @@ from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Query, Registry
 from stateops.core.staging import has_entries
 from stateops.core.steps import INITIAL_STATE_FORMATS
-from stateops.ops.carry import carry_differences, finish_image_batch, refuse_differences
+from stateops.ops.carry import carry_differences, refuse_differences
+from stateops.ops.pending import mark_transplant
 from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 from stateops.spark.export import MANIFEST
 
@@ -42,9 +40,6 @@ __all__ = [
     "check_processor_fit",
     "format_bootstrap_plan",
     "initial_state_differences",
-    "killed_repartition",
-    "mark_transplant",
-    "pending_carry_over",
     "plan_bootstrap",
     "prepare_bootstrap",
     "read_initial_state",
@@ -410,51 +405,3 @@ def transplant_bootstrap(
                                        registry.query(name), log=log)  # fmt: skip
         mark_transplant(registry, name, result)
     return result
-
-
-def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -> None:
-    """A transplanted checkpoint awaits its first batch, whose state is then proven against
-    the old checkpoint's (``transplant``: what ``transplant_checkpoint`` returned). That is
-    batch N + 1; where the partition count changes, the start first has Spark repartition the
-    state (batch N + 1, ``partitions``) and the first batch is N + 2."""
-    repartition = transplant.get("repartition")
-    write_carry_over(registry, name, {
-        "road": "transplant", "checkpoint": transplant["new"],
-        "from_checkpoint": transplant["old"], "batch": transplant["batch"],
-        "first": transplant["first"],
-        "partitions": repartition and repartition[1],
-    })  # fmt: skip
-
-
-def killed_repartition(registry: Registry, query: Query) -> dict[str, Any] | None:
-    """The marker of the repartition a killed start of a transplanted checkpoint left (see
-    :func:`mark_transplant`), which the next start undoes and does again; else None."""
-    carried, marker = read_carry_over(registry, query.name), read_repartition(query.checkpoint)
-    if (
-        carried and marker and carried.get("partitions")
-        and carried.get("checkpoint") == query.checkpoint
-        and marker["batch"] == carried["batch"] + 1
-    ):  # fmt: skip
-        return marker
-    return None
-
-
-def pending_carry_over(
-    registry: Registry, query: Query, last_committed: int | None
-) -> dict[str, Any] | None:
-    """The carried-over state awaiting its first batch on this start, or None: a bootstrap's
-    initial state until batch 0 commits, a transplant until its first batch commits (N + 1,
-    or N + 2 after a repartition)."""
-    record = read_carry_over(registry, query.name)
-    if record is None:
-        return None
-    batch = record.get("batch")
-    awaiting = [batch] if batch is None else range(batch, record.get("first", batch + 1))
-    if last_committed not in awaiting or record.get("checkpoint") != query.checkpoint:
-        same = record.get("checkpoint") == query.checkpoint
-        if last_committed == 0 and same and record.get("origin"):
-            # Stopped between the image batch's commit and its watermark: finish it first.
-            finish_image_batch(query.checkpoint, record["origin"]["watermark"])
-        clear_carry_over(registry, query.name)  # settled (or the query moved elsewhere)
-        return None
-    return record

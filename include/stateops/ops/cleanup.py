@@ -24,7 +24,7 @@ from stateops.ops.deletion import (
     refuse_unwritable_plan,
     restart_set,
 )
-from stateops.ops.rollback import refuse_pending_rollback
+from stateops.ops.pending import refuse_pending_rollback
 
 __all__ = [
     "latest_backup",

@@ -647,7 +647,7 @@ def transplant_for_migration(
 ) -> dict[str, Any]:
     """The transplant road: the new checkpoint from the old one's state at the drained batch;
     the new query's first batch is then proven against that state."""
-    from stateops.ops.bootstrap import mark_transplant
+    from stateops.ops.pending import mark_transplant
 
     prepare_migration(registry, plan)
     new_registry = load_registry(plan["new"]["registry"])

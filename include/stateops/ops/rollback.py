@@ -23,8 +23,6 @@ from stateops.control.lock import QueryLock
 from stateops.control.markers import (
     clear_repartition,
     clear_rollback,
-    read_repartition,
-    read_rollback,
     write_rollback,
 )
 from stateops.core.checkpoint import load_checkpoint
@@ -41,42 +39,14 @@ from stateops.ops.deletion import (
     refuse_unwritable_plan,
     restart_set,
 )
+from stateops.ops.pending import refuse_pending_rollback
 
 __all__ = [
     "execute_sink_plan",
     "plan_rollback",
     "plan_sink_rollback",
-    "refuse_pending_rollback",
     "run_rollback",
 ]
-
-
-def refuse_pending_rollback(
-    checkpoint: str | os.PathLike[str], to_batch: int | None = None, *, redone: bool = False
-):
-    """Raise while an interrupted rollback (to another batch than ``to_batch``) or repartition
-    (unless ``to_batch`` goes back to before it: the rollback finishes it; or ``redone``: the
-    start undoes and does it again, :func:`stateops.ops.bootstrap.killed_repartition`) is
-    pending."""
-    repartition = None if redone else read_repartition(checkpoint)
-    if repartition is not None and (to_batch is None or to_batch >= repartition["batch"]):
-        before = repartition["batch"] - 1
-        raise StateOpsError(
-            f"{checkpoint}: a repartition to {repartition['partitions']} partitions (run "
-            f"{repartition['run_id']}) was interrupted; run it again (stateops repartition "
-            f"{checkpoint} --partitions {repartition['partitions']}) or undo it (stateops "
-            f"rollback {checkpoint} --to-batch {before})"
-        )
-    pending = read_rollback(checkpoint)
-    if pending is None:
-        return None
-    if to_batch is None or pending["to_batch"] != to_batch:
-        raise StateOpsError(
-            f"{checkpoint}: a rollback to batch {pending['to_batch']} (run {pending['run_id']}) "
-            f"was interrupted; finish it first: stateops rollback {checkpoint} "
-            f"--to-batch {pending['to_batch']}"
-        )
-    return pending
 
 
 def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:

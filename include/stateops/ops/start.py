@@ -26,9 +26,8 @@ from stateops.core.errors import StateOpsError, one_line, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
 from stateops.core.storage import location, remove_all
-from stateops.ops.bootstrap import killed_repartition
+from stateops.ops.pending import killed_repartition, pending_carry_over, refuse_pending_rollback
 from stateops.ops.repartition import proof_path, repartition_locked, undo_repartition
-from stateops.ops.rollback import refuse_pending_rollback
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -350,7 +349,7 @@ def _carried(
 ) -> tuple[dict[str, Any] | None, Any]:
     """The carried-over state awaiting this start's first batch, and its initial state (a
     DataFrame, on the initialState road) or None."""
-    from stateops.ops.bootstrap import pending_carry_over, read_initial_state
+    from stateops.ops.bootstrap import read_initial_state
 
     carried = pending_carry_over(registry, query, before)
     if carried and "initial_state" in carried:
@@ -363,7 +362,7 @@ def _carried(
 def refuse_unrunnable(registry: Registry, query: Query, *, undo: bool = False) -> None:
     """Refuse a checkpoint no start may run on: a rollback or repartition half done. Except a
     repartition that a killed start of a transplanted checkpoint left
-    (:func:`stateops.ops.bootstrap.killed_repartition`): the next start repartitions again,
+    (:func:`stateops.ops.pending.killed_repartition`): the next start repartitions again,
     having undone it first (``undo``, under the lock)."""
     killed = killed_repartition(registry, query) is not None
     if killed and undo:
@@ -375,7 +374,7 @@ def _repartition_carried(
     spark: SparkSession, query: Query, partitions: int, run_id: str
 ) -> dict[str, Any]:
     """Spark's repartition of a transplanted checkpoint to the query's count, before its first
-    batch (:func:`stateops.ops.bootstrap.mark_transplant`): batch N + 1, proven, undone if it
+    batch (:func:`stateops.ops.pending.mark_transplant`): batch N + 1, proven, undone if it
     fails (:func:`stateops.ops.repartition.repartition_locked`; the start holds the lock)."""
     from stateops.spark.repartition import repartition_and_prove
 

@@ -247,7 +247,7 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
 def repartition_from(cp: Checkpoint, query: Query, batch: int) -> int | None:
     """The old state's partition count where ``query`` runs with another (None: the same).
     The transplant keeps the old count; Spark's repartition then gives the query its own
-    before its first batch (:func:`stateops.ops.bootstrap.mark_transplant`)."""
+    before its first batch (:func:`stateops.ops.pending.mark_transplant`)."""
     old = cp.partitions(batch) or max((op.num_partitions for op in cp.operators), default=None)
     return old if old not in (None, query.shuffle_partitions) else None
 

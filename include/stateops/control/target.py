@@ -1,0 +1,108 @@
+"""What an operation acts on, resolved once from what the user typed.
+
+Every lifecycle operation takes a :class:`Target`: the checkpoint, the registry (None where a
+path's registry cannot be read) and the registered query that owns the checkpoint (None for a
+checkpoint nobody registered). It hands out what the operations used to assemble at each call
+site: the query's lifecycle lock and its backup location. The CLI builds one with
+:func:`resolve_target` from a query's name or a checkpoint location, the Airflow tasks and the
+library with :func:`query_target` from a registered query's name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from stateops.control.audit import audit_dir
+from stateops.control.lock import QueryLock
+from stateops.core.checkpoint import require_checkpoint_dir
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
+from stateops.core.storage import S3Path
+
+__all__ = ["Target", "query_target", "resolve_target"]
+
+# Spark's default spark.sql.streaming.stateStore.minDeltasForSnapshot.
+SPARK_MIN_DELTAS = 10
+
+
+@dataclass(frozen=True)
+class Target:
+    """A checkpoint, the registry it was resolved in, and the query that owns it (if any)."""
+
+    checkpoint: str
+    registry: Registry | None
+    query: Query | None
+
+    @property
+    def name(self) -> str | None:
+        """The owning query's name, or None for an unregistered checkpoint."""
+        return self.query.name if self.query is not None else None
+
+    @property
+    def min_deltas_for_snapshot(self) -> int:
+        """The owning query's ``minDeltasForSnapshot``, else Spark's default."""
+        return self.query.state_store.min_deltas_for_snapshot if self.query else SPARK_MIN_DELTAS
+
+    def require_registry(self) -> Registry:
+        """The registry, or a one-line refusal for a checkpoint whose registry cannot be read."""
+        if self.registry is None:
+            raise StateOpsError(
+                f"{self.checkpoint}: no readable registry; pass --registry or set STATEOPS_REGISTRY"
+            )
+        return self.registry
+
+    def require_query(self, what: str) -> Query:
+        """The owning query, or a one-line refusal that says what to give instead (``what``)."""
+        if self.query is None:
+            raise StateOpsError(f"{self.checkpoint}: not a registered query's checkpoint; {what}")
+        return self.query
+
+    def lock(self, operation: str, run_id: str) -> QueryLock:
+        """The lifecycle lock of the query that owns the checkpoint (a running query holds it);
+        an unregistered checkpoint gets a lock beside its audit log, once the path is known to
+        be a checkpoint (a mistyped path must not get a ``.audit`` folder beside it)."""
+        if self.query is not None and self.registry is not None:
+            lock_file = self.registry.lock_path(self.query.name)
+            return QueryLock(lock_file, self.query.name, operation, run_id)
+        root = require_checkpoint_dir(self.checkpoint)
+        if isinstance(root, S3Path):
+            # S3 has no lock primitive: the deployment's own state folder holds it, as for a
+            # registered query (docs/checkpoints-on-s3.md).
+            if self.registry is None:
+                raise StateOpsError(
+                    f"{root}: an S3 checkpoint's lock lives in the registry's state folder, and "
+                    "no registry is readable; pass --registry or set STATEOPS_REGISTRY"
+                )
+            path = self.registry.state_dir / "locks" / "s3" / root.bucket / f"{root.key}.lock"
+            return QueryLock(path, str(root), operation, run_id)
+        return QueryLock(audit_dir(root) / "lifecycle.lock", str(root), operation, run_id)
+
+    def backup_location(
+        self, given: str | None = None, give: str = "--to s3://BUCKET/PREFIX"
+    ) -> str:
+        """``given``, else the registry's ``backups.url``/QUERY for a registered query's
+        checkpoint; else a one-line refusal that says what to ``give``."""
+        if given:
+            return given
+        if self.query is None or self.registry is None:
+            raise StateOpsError(
+                f"{self.checkpoint}: not a registered query's checkpoint, so there is no backup "
+                f"location; give {give}"
+            )
+        return self.registry.backups.url_for(self.query.name)
+
+
+def resolve_target(typed: str, registry_file: str | os.PathLike[str] | None = None) -> Target:
+    """What the user typed, a checkpoint location or a registered query's name
+    (:func:`stateops.core.registry.checkpoint_of`: the one rule for telling them apart)."""
+    return Target(*checkpoint_of(typed, registry_file))
+
+
+def query_target(registry: Registry | str | os.PathLike[str] | None, name: str) -> Target:
+    """Registered query ``name`` of ``registry`` (a loaded registry, its file, or None: the
+    default one); an unknown name is refused in one line."""
+    if not isinstance(registry, Registry):
+        registry = load_registry(registry)
+    query = registry.query(name)
+    return Target(query.checkpoint, registry, query)
