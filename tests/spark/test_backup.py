@@ -556,3 +556,38 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
             assert "no_such_query" in err, (row.words, err)
     assert len(walked) == len(cli_table()) - 2
     assert tree_digest(ckpt) == before
+
+
+def test_the_cli_backup_of_a_query_applies_the_registry_retention_as_the_dag_does(
+    s3, checkpoint, tmp_path, capsys, monkeypatch
+):
+    """`stateops backup QUERY` backs up to the query's place under `backups.url`, then keeps
+    what the registry's retention says, the same step as the scheduled DAG (issue 41)."""
+    registry, _ = checkpoint
+    raw = yaml.safe_load(registry.read_text())
+    raw["backups"] = {"url": "s3://backups/cli-retention", "keep_last": 1, "max_age": None}
+    kept_one = tmp_path / "registry.yaml"
+    kept_one.write_text(yaml.safe_dump(raw, sort_keys=False))
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+
+    def backup() -> tuple[dict, str]:
+        assert cli.main(["--registry", str(kept_one), "backup", "page_visits"]) == 0
+        out, err = capsys.readouterr()
+        return json.loads(out), err
+
+    first, _ = backup()
+    second, said = backup()
+    location = "s3://backups/cli-retention/page_visits"
+    listed = list_backups(location, s3.client())
+    assert [b["backup_id"] for b in listed] == [second["backup_id"]], "the older one is pruned"
+    assert second["retention"]["kept"] == [second["backup_id"]]
+    assert second["retention"]["deleted_backups"] == [first["backup_id"]]
+    assert "retention: kept 1 backups, deleted 1 and " in said, said
+    # Elsewhere (--to): no retention, the registry's is for the query's own place.
+    elsewhere = "s3://backups/cli-retention-elsewhere"
+    args = ["--registry", str(kept_one), "backup", "page_visits", "--to", elsewhere]
+    for _ in range(2):
+        assert cli.main(args) == 0
+        assert "retention" not in json.loads(capsys.readouterr().out)
+    assert len(list_backups(elsewhere, s3.client())) == 2
