@@ -34,7 +34,7 @@ _FACE = {
     "spark.expectations": ["validate_state"],
     "ops.cleanup": ["plan_cleanup", "run_cleanup"],
     "ops.rollback": ["plan_rollback", "run_rollback"],
-    "ops.backup": ["backup_checkpoint", "backup_query", "list_backups", "prune_backups"],
+    "ops.backup": ["backup_checkpoint", "list_backups", "prune_backups", "run_backup"],
     "ops.restore": ["execute_restore", "plan_restore", "restore_backup"],
     "ops.start": ["run_registered_query"],
     "ops.bootstrap": ["plan_bootstrap"],

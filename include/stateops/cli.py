@@ -138,12 +138,11 @@ def _log(line: str) -> None:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from stateops.ops.backup import backup_checkpoint
+    from stateops.control.target import resolve_target
+    from stateops.ops.backup import run_backup
 
-    path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
-    to = _backup_location(args.to, path, registry, owner, "--to s3://BUCKET/PREFIX")
-    manifest = backup_checkpoint(path, to, _s3(args), batch=args.batch, log=_log)
-    print(json.dumps({k: v for k, v in manifest.items() if k != "files"}))
+    target = resolve_target(args.checkpoint, args.registry)
+    print(json.dumps(run_backup(target, _s3(args), batch=args.batch, to=args.to, log=_log)))
     return 0
 
 
@@ -171,12 +170,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_backups(args: argparse.Namespace) -> int:
+    from stateops.control.target import query_target
     from stateops.ops.backup import list_backups, prune_backups, verify_backup
 
     url = args.url
     if args.action != "verify" and not url.startswith("s3://"):  # a registered query's backups
-        registry = load_registry(args.registry)
-        url = registry.backups.url_for(registry.query(url).name)
+        url = query_target(args.registry, url).backup_location()
     if args.action == "list":
         rows = list_backups(url, _s3(args))
         if args.json:

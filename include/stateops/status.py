@@ -100,8 +100,11 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         op["state_rows"] = sum(x["rows"] for x in v["variables"].values())
         op["rows_as_of_batch"] = v["batch_id"]
     if s3_client is not None:
+        from stateops.control.target import query_target
+
         try:
-            status["backups"] = list_backups(registry.backups.url_for(name), s3_client)
+            where = query_target(registry, name).backup_location()
+            status["backups"] = list_backups(where, s3_client)
         except StateOpsError as err:
             status["errors"].append(f"backups: {err}")
     status["health"] = health(registry, query, status, cp, listed=s3_client is not None)

@@ -227,23 +227,15 @@ def committed_checkpoint(registry: Registry, query: str) -> str:
 
 @one_line_errors
 def backup_query(query: str) -> dict[str, Any]:
-    """Back up the query's checkpoint to ``<backups.url>/<query>``, then apply retention."""
-    from stateops.ops.backup import backup_query as backup
-    from stateops.ops.backup import prune_backups
+    """The scheduled backup of one query: to ``<backups.url>/<query>``, then retention
+    (``stateops.ops.backup.run_backup``, as ``stateops backup QUERY``)."""
+    from stateops.control.target import query_target
+    from stateops.ops.backup import run_backup
 
-    registry = load_registry()
-    settings = registry.backups
+    target = query_target(None, query)
+    registry = target.require_registry()
     committed_checkpoint(registry, query)
-    client = airflow_s3_client(settings.conn_id)
-    manifest = backup(registry, query, client, log=say)
-    retention = prune_backups(settings.url_for(query), client, keep_last=settings.keep_last,
-                              max_age=settings.max_age)  # fmt: skip
-    say(
-        f"retention: kept {len(retention['kept'])} backups, deleted "
-        f"{len(retention['deleted_backups'])} and {retention['deleted_objects']} unreferenced "
-        f"objects ({retention['freed_bytes']} bytes)"
-    )
-    return {k: v for k, v in manifest.items() if k != "files"} | {"retention": retention}
+    return run_backup(target, airflow_s3_client(registry.backups.conn_id), log=say)
 
 
 def each_query_then_outcome(

@@ -37,11 +37,9 @@ from stateops.core.storage import S3Path, open_stream, same_endpoint
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
-    from stateops.core.registry import Registry
 
 __all__ = [
     "backup_first",
-    "backup_query",
     "backup_checkpoint",
     "file_sha256",
     "find_manifest",
@@ -49,6 +47,7 @@ __all__ = [
     "prune_backups",
     "read_manifest",
     "read_manifests",
+    "run_backup",
     "safe_relative_path",
     "split_backup_url",
     "transfer_manager",
@@ -119,18 +118,37 @@ def backup_checkpoint(
     raise AssertionError("unreachable")
 
 
-def backup_query(
-    registry: Registry,
-    name: str,
+def run_backup(
+    target: Target,
     client: Any,
     *,
     batch: int | None = None,
+    to: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Back up registered query ``name``'s checkpoint to its place under the registry's
-    ``backups.url`` (what a backfill, a migration and the scheduled backup take)."""
-    url = registry.backups.url_for(name)
-    return backup_checkpoint(registry.query(name).checkpoint, url, client, batch=batch, log=log)
+    """Back up ``target``'s checkpoint (committed ``batch``, default the last) to ``to``, else
+    its query's place under the registry's ``backups.url``; then, for a registered query backed
+    up to that place, apply the registry's retention (``backups.keep_last``, ``backups.max_age``)
+    there, one after the other (see :func:`prune_backups`). A backup elsewhere (``to``) keeps
+    every backup there: the registry's retention is for the query's own place. What both
+    ``stateops backup`` and the scheduled DAG do. No lock: a backup runs while the query does.
+    Returns the manifest without its file list, with ``retention`` (what the prune did) when
+    it applied."""
+    location = target.backup_location(to)
+    manifest = backup_checkpoint(target.checkpoint, location, client, batch=batch, log=log)
+    summary = {k: v for k, v in manifest.items() if k != "files"}
+    if target.query is None or location != target.backup_location():
+        return summary
+    settings = target.require_registry().backups
+    retention = prune_backups(
+        location, client, keep_last=settings.keep_last, max_age=settings.max_age
+    )
+    log(
+        f"retention: kept {len(retention['kept'])} backups, deleted "
+        f"{len(retention['deleted_backups'])} and {retention['deleted_objects']} unreferenced "
+        f"objects ({retention['freed_bytes']} bytes)"
+    )
+    return summary | {"retention": retention}
 
 
 def backup_first(
