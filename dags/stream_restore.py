@@ -37,10 +37,10 @@ from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
     not_a_dry_run,
-    plan_restore,
     query_param,
     registered_queries,
-    restore_query,
+    restore_plan,
+    restore_run,
     say,
     verify_state,
 )
@@ -90,7 +90,7 @@ def stream_restore() -> None:
     @task
     def plan() -> dict:
         params = get_current_context()["params"]
-        return plan_restore(
+        return restore_plan(
             params["query"], params["backup_id"], params["target"],
             replace=params["replace"], allow_other_query=params["allow_other_query"],
             dry_run=params["dry_run"],
@@ -98,7 +98,7 @@ def stream_restore() -> None:
 
     @task
     def restore(plan: dict) -> dict:
-        return restore_query(plan, get_current_context()["run_id"])
+        return restore_run(plan, get_current_context()["run_id"])
 
     @task(task_id="verify_state")
     def verify(plan: dict) -> dict | None:

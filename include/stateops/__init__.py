@@ -35,7 +35,7 @@ _FACE = {
     "ops.cleanup": ["plan_cleanup", "run_cleanup"],
     "ops.rollback": ["plan_rollback", "run_rollback"],
     "ops.backup": ["backup_checkpoint", "list_backups", "prune_backups", "run_backup"],
-    "ops.restore": ["execute_restore", "plan_restore", "restore_backup"],
+    "ops.restore": ["plan_restore", "restore_backup", "run_restore"],
     "ops.start": ["run_registered_query"],
     "ops.bootstrap": ["plan_bootstrap"],
     "ops.backfill": ["plan_backfill", "run_backfill"],

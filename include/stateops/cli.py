@@ -148,7 +148,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
-    from stateops.ops.restore import execute_restore, format_restore_plan, plan_restore
+    from stateops.ops.restore import format_restore_plan, plan_restore, run_restore
 
     # With a URL the registry only says whose checkpoint the target is (whose lock to take):
     # none to read, no lock; one that cannot be read is an error, not a silent "no lock".
@@ -165,7 +165,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         print(json.dumps(plan))
         return 0
     run_id = new_run_id("restore")
-    print(json.dumps(execute_restore(plan, client, registry=registry, run_id=run_id, log=_log)))
+    print(json.dumps(run_restore(plan, client, registry=registry, run_id=run_id, log=_log)))
     return 0
 
 

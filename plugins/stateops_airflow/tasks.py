@@ -38,9 +38,9 @@ __all__ = [
     "scheduled_outcome",
     "not_a_dry_run",
     "plan_backfill",
-    "plan_restore",
+    "restore_plan",
     "query_param",
-    "restore_query",
+    "restore_run",
     "TIME_PATTERN",
     "read_run_summary",
     "report_backfill",
@@ -306,7 +306,7 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
 
 
 @one_line_errors
-def plan_restore(
+def restore_plan(
     query: str,
     backup_id: str,
     target: str | None,
@@ -316,28 +316,32 @@ def plan_restore(
     dry_run: bool = True,
 ) -> dict[str, Any]:
     """``stateops.ops.restore.plan_restore`` for the form (``latest`` resolves), printed."""
-    from stateops.ops.restore import format_restore_plan
-    from stateops.ops.restore import plan_restore as plan
+    from stateops.ops.restore import format_restore_plan, plan_restore
 
     registry = load_registry()
-    result = plan(
-        query, airflow_s3_client(registry.backups.conn_id), backup=backup_id, to=target or None,
-        registry=registry, replace=replace, allow_other_query=allow_other_query,
-    )  # fmt: skip
+    result = plan_restore(
+        query,
+        airflow_s3_client(registry.backups.conn_id),
+        backup=backup_id,
+        to=target or None,
+        registry=registry,
+        replace=replace,
+        allow_other_query=allow_other_query,
+    )
     # Airflow's log view shows ANSI colours: another query's state is marked in red.
     say(format_restore_plan(result, dry_run=dry_run, color=True))
     return result
 
 
 @one_line_errors
-def restore_query(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """``stateops.ops.restore.execute_restore``: under the lock of the query whose checkpoint the
+def restore_run(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """``stateops.ops.restore.run_restore``: under the lock of the query whose checkpoint the
     target is, deciding again on what the target holds now."""
-    from stateops.ops.restore import execute_restore
+    from stateops.ops.restore import run_restore
 
     registry = load_registry()
     client = airflow_s3_client(registry.backups.conn_id)
-    return execute_restore(plan, client, registry=registry, run_id=run_id, log=say)
+    return run_restore(plan, client, registry=registry, run_id=run_id, log=say)
 
 
 @one_line_errors

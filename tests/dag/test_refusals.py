@@ -163,11 +163,11 @@ def test_a_restore_over_a_locked_query_is_retried_and_a_bad_target_fails_for_goo
     plan = {"target": loaded.query("page_visits").checkpoint}
     with QueryLock(loaded.lock_path("page_visits"), "page_visits", "run", run_id="run-1"):
         with pytest.raises(AirflowException) as held:
-            tasks.restore_query(plan, "manual__1")
+            tasks.restore_run(plan, "manual__1")
     assert not isinstance(held.value, AirflowFailException), "a held lock is retried"
     _one_line(held.value, "query 'page_visits' is locked by run (run run-1")
 
     (tmp_path / "link").symlink_to(tmp_path)
     with pytest.raises(AirflowFailException) as failed:
-        tasks.plan_restore("page_visits", "latest", str(tmp_path / "link"))
+        tasks.restore_plan("page_visits", "latest", str(tmp_path / "link"))
     _one_line(failed.value, "a symbolic link; restore into the folder itself")

@@ -20,7 +20,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import backup_checkpoint
-from stateops.ops.restore import execute_restore, plan_restore
+from stateops.ops.restore import plan_restore, run_restore
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import aggregation_case, land, pipeline_case
 
@@ -225,5 +225,5 @@ def test_execute_decides_again_on_what_the_target_holds_now(s3, registered, writ
     shutil.copytree(written["other"]["checkpoint"], target)
     before = tree_digest(target)
     with pytest.raises(StateOpsError, match=r"holds query .*, but backup"):
-        execute_restore(plan, s3.client(), registry=load_registry(registry), **QUIET)
+        run_restore(plan, s3.client(), registry=load_registry(registry), **QUIET)
     assert tree_digest(target) == before

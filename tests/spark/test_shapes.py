@@ -18,7 +18,7 @@ from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, run_backfill
 from stateops.ops.backup import backup_query
 from stateops.ops.cleanup import run_cleanup
-from stateops.ops.restore import execute_restore, plan_restore
+from stateops.ops.restore import plan_restore, run_restore
 from tests.spark.harness import (
     SHAPES,
     copy_checkpoint,
@@ -74,7 +74,7 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     # The first backup restored over the checkpoint.
     restore = plan_restore(name, client, backup=backup["backup_id"], registry=registry,
                            replace=True)  # fmt: skip
-    execute_restore(restore, client, registry=registry, log=quiet)
+    run_restore(restore, client, registry=registry, log=quiet)
     assert state_and_output(spark, touched, name) == untouched
 
     # Both go on with new input: the same state and output again.

@@ -21,7 +21,8 @@ from typing import Any
 
 from stateops.control import faults
 from stateops.control.audit import append_audit, read_audit
-from stateops.control.lock import LockInfo, checkpoint_lock, live_lock, read_hold
+from stateops.control.lock import LockInfo, live_lock, read_hold
+from stateops.control.target import Target, query_target, resolve_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
 from stateops.core.files import relocate_checkpoint, schema_url
@@ -41,7 +42,7 @@ from stateops.ops.backup import (
     transfer_manager,
 )
 
-__all__ = ["execute_restore", "format_restore_plan", "plan_restore", "restore_backup"]
+__all__ = ["format_restore_plan", "plan_restore", "restore_backup", "run_restore"]
 
 STAGING = "restoring"
 RED, RESET = "\x1b[31m", "\x1b[0m"
@@ -49,9 +50,10 @@ RED, RESET = "\x1b[31m", "\x1b[0m"
 
 def _backup_location(
     source: str, backup: str | None, registry: Registry | None
-) -> tuple[S3Location, str, str | None]:
+) -> tuple[S3Location, str, Target | None]:
     """(where the backups are, the backup id or ``latest``, the query named) from
-    ``s3://BUCKET/PREFIX/BACKUP_ID|latest`` or a registered query's name (+ ``backup``)."""
+    ``s3://BUCKET/PREFIX/BACKUP_ID|latest`` or a registered query's name (+ ``backup``): its
+    backups are at its target's backup location."""
     if source.startswith("s3://"):
         if backup is not None:
             raise StateOpsError(
@@ -63,8 +65,8 @@ def _backup_location(
             f"{source}: not an S3 URL, and there is no registry to look a query up in; use "
             "s3://BUCKET/PREFIX/BACKUP_ID, or a registered query's name with --registry"
         )
-    query = registry.query(source)
-    return parse_s3_url(registry.backups.url_for(query.name)), backup or "latest", query.name
+    named = query_target(registry, source)
+    return parse_s3_url(named.backup_location()), backup or "latest", named
 
 
 def _query_id(target: Path | S3Path) -> str | None:
@@ -128,46 +130,55 @@ def _holder(info: LockInfo) -> str:
 
 
 def _target(
-    source: str, to: str | os.PathLike[str] | None, query: str | None, registry: Registry | None
-) -> Path:
-    """Where the restore goes: ``to``, or the query's own checkpoint; never through a link."""
+    source: str, to: str | os.PathLike[str] | None, named: Target | None, registry: Registry | None
+) -> tuple[Path | S3Path, Target]:
+    """The restore's target, the checkpoint restored into: ``to``, or the named query's own
+    checkpoint (never through a link); as a path, and as a :class:`Target` with the registered
+    query that owns it (whose lock the restore takes), resolved here once."""
     if to is None:
-        if query is None or registry is None:
+        if named is None:
             raise StateOpsError(f"{source}: say where to restore it: --to PATH")
-        to = registry.query(query).checkpoint
+        to = named.checkpoint
     if isinstance(location(to), S3Path):
-        return location(to)
-    target = Path(to).absolute()
-    if target.is_symlink():
-        raise StateOpsError(
-            f"{target}: a symbolic link; restore into the folder itself "
-            f"({os.path.realpath(target)})"
-        )
-    if target.exists() and not target.is_dir():
-        raise StateOpsError(f"{target}: not a folder; restore into a new or empty folder")
-    return target
+        path: Path | S3Path = location(to)
+    else:
+        path = Path(to).absolute()
+        if path.is_symlink():
+            raise StateOpsError(
+                f"{path}: a symbolic link; restore into the folder itself "
+                f"({os.path.realpath(path)})"
+            )
+        if path.exists() and not path.is_dir():
+            raise StateOpsError(f"{path}: not a folder; restore into a new or empty folder")
+    if registry is None:
+        return path, Target(str(path), None, None)
+    return path, resolve_target(str(path), registry.path)
 
 
-def _lock_state(registry: Registry, name: str) -> dict[str, Any]:
-    """Who holds the query's lock or hold now (the plan shows it; the restore decides again)."""
-    path = registry.lock_path(name)
+def _lock_state(target: Target) -> dict[str, Any] | None:
+    """Who holds the lock or hold of the query that owns ``target`` now (the plan shows it; the
+    restore decides again); None for a checkpoint no query owns."""
+    if target.query is None or target.registry is None:
+        return None
+    path = target.registry.lock_path(target.query.name)
     held = read_hold(path) or live_lock(path)
-    return {"query": name, "held_by": _holder(held) if held else None}
+    return {"query": target.query.name, "held_by": _holder(held) if held else None}
 
 
 def _plan(
-    source: str,
+    into: tuple[Path | S3Path, Target],
+    loc: S3Location,
+    wanted: str,
     client: Any,
     *,
-    backup: str | None,
-    to: str | os.PathLike[str] | None,
-    registry: Registry | None,
+    query: str | None,
     replace: bool,
     allow_other_query: bool,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The plan and the backup's manifest (kept out of the plan: thousands of file entries)."""
-    loc, wanted, query = _backup_location(source, backup, registry)
-    target = _target(source, to, query, registry)
+    """The plan of restoring backup ``wanted`` (an id or ``latest``) under ``loc`` into
+    ``into`` (:func:`_target`), and the backup's manifest (kept out of the plan: thousands of
+    file entries). ``query``: the query named as the source, if one was."""
+    target, owner = into
     filled = has_entries(target)
     target_id = _query_id(target) if filled else None
     target_batch = _last_batch(target) if target_id is not None else None
@@ -183,7 +194,6 @@ def _plan(
         and target_batch == manifest["batch_id"]
         and _holds_backup(target, manifest)
     )
-    owner = registry.owner_of(target) if registry is not None else None
     plan = {
         "operation": "restore",
         "query": query,
@@ -202,8 +212,8 @@ def _plan(
         "target_contents": "checkpoint" if target_id else "unknown" if filled else "none",
         "target_query_id": target_id,
         "target_batch": target_batch,
-        "owner": owner.name if owner is not None else None,
-        "lock": _lock_state(registry, owner.name) if owner is not None else None,
+        "owner": owner.name,
+        "lock": _lock_state(owner),
         "other_query": other,
         "allow_other_query": allow_other_query,
         "replace": replace,
@@ -251,10 +261,17 @@ def plan_restore(
     id is not the backup's) without ``allow_other_query``, and a non-empty target without
     ``replace``, unless the target already holds exactly this backup (``already_restored``).
     """
+    loc, wanted, named = _backup_location(source, backup, registry)
+    into = _target(source, to, named, registry)
     plan, _ = _plan(
-        source, client, backup=backup, to=to, registry=registry, replace=replace,
+        into,
+        loc,
+        wanted,
+        client,
+        query=named.name if named is not None else None,
+        replace=replace,
         allow_other_query=allow_other_query,
-    )  # fmt: skip
+    )
     return plan
 
 
@@ -394,7 +411,44 @@ def _record_completed(target: Path, plan: dict[str, Any], run_id: str | None) ->
     )  # fmt: skip
 
 
-def execute_restore(
+def _stage_and_swap(
+    target: Path | S3Path,
+    plan: dict[str, Any],
+    manifest: dict[str, Any],
+    client: Any,
+    result: dict[str, Any],
+    *,
+    workers: int,
+    log: Callable[[str], None],
+) -> None:
+    """The restore's changes, under its lock: a staging folder beside ``target`` (removing
+    those of killed restores), the backup downloaded into it and verified, then swapped in;
+    what was removed and moved aside goes into ``result``."""
+    loc = parse_s3_url(plan["location"])
+    with Staging(target, STAGING) as staging:
+        for folder in staging.removed:
+            log(f"removed {folder}: the staging folder of a killed restore")
+        result["removed_staging"] = staging.removed
+        _download(client, loc, manifest, staging.path, workers)
+        relocate_checkpoint(staging.path, location=target)
+        verified = verify_checkpoint(staging.path)
+        if not verified["ok"]:
+            first = next(f for f in verified["findings"] if f["severity"] == "error")
+            raise StateOpsError(
+                f"restored checkpoint fails verification: {first['path']}: {first['problem']}"
+            )
+        faults.point("stage")
+        if isinstance(target, S3Path):
+            publish(staging.path, target)  # onto an empty prefix: whole or unfinished
+        elif plan["target_contents"] == "none":
+            os.rename(staging.path, target)  # onto a missing or empty folder: one step
+        else:
+            aside = target.with_name(f"{target.name}.replaced-{staging.stamp}")
+            _swap_in(staging.path, target, aside)
+            result["moved_aside"] = str(aside)
+
+
+def run_restore(
     plan: dict[str, Any],
     client: Any,
     *,
@@ -403,24 +457,30 @@ def execute_restore(
     workers: int = 8,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Carry out ``plan`` (from :func:`plan_restore`): under the lock of the query whose
-    checkpoint the target is, decide again on what the target holds now, remove staging
+    """Carry out ``plan`` (from :func:`plan_restore`; its dry run is the plan itself): the
+    restore's target (``plan["target"]``) resolved once in ``registry``, under the lock of the
+    query whose checkpoint it is (it takes the lock itself; a checkpoint no query owns: no
+    lock, nothing else runs on it), decide again on what the target holds now, remove staging
     folders of killed restores, then download into a new staging folder beside the target,
     check every file's sha256, point the metadata at the target and verify the files; only
     then swap it in (the old target moved aside, never deleted). Any failure: the staging
     folder is removed and the target is as it was; a kill: the target is the old checkpoint or
     the verified new one, and the next restore cleans up.
     """
-    target = location(plan["target"])
-    owner = registry.owner_of(target) if registry is not None else None
-    lock = checkpoint_lock(target, registry, "restore", run_id) if owner else nullcontext()
+    into = _target(plan["target"], plan["target"], None, registry)
+    target, owner = into
+    lock = owner.lock("restore", run_id) if owner.query is not None else nullcontext()
     with lock:
         # The DAG plans in another task: the target may have changed since.
         plan, manifest = _plan(
-            plan["url"], client, backup=None, to=target, registry=registry,
-            replace=plan["replace"], allow_other_query=plan["allow_other_query"],
-        )  # fmt: skip
-        b, loc = plan["backup"], parse_s3_url(plan["location"])
+            into,
+            *split_backup_url(plan["url"]),
+            client,
+            query=None,
+            replace=plan["replace"],
+            allow_other_query=plan["allow_other_query"],
+        )
+        b = plan["backup"]
         result = {
             "backup_id": b["backup_id"],
             "query_id": b["query_id"],
@@ -441,27 +501,7 @@ def execute_restore(
             )
             return result
         log(f"restore {b['backup_id']}: batch {b['batch_id']}, {b['files']} files to {target}")
-        with Staging(target, STAGING) as staging:
-            for folder in staging.removed:
-                log(f"removed {folder}: the staging folder of a killed restore")
-            result["removed_staging"] = staging.removed
-            _download(client, loc, manifest, staging.path, workers)
-            relocate_checkpoint(staging.path, location=target)
-            verified = verify_checkpoint(staging.path)
-            if not verified["ok"]:
-                first = next(f for f in verified["findings"] if f["severity"] == "error")
-                raise StateOpsError(
-                    f"restored checkpoint fails verification: {first['path']}: {first['problem']}"
-                )
-            faults.point("stage")
-            if isinstance(target, S3Path):
-                publish(staging.path, target)  # onto an empty prefix: whole or unfinished
-            elif plan["target_contents"] == "none":
-                os.rename(staging.path, target)  # onto a missing or empty folder: one step
-            else:
-                aside = target.with_name(f"{target.name}.replaced-{staging.stamp}")
-                _swap_in(staging.path, target, aside)
-                result["moved_aside"] = str(aside)
+        _stage_and_swap(target, plan, manifest, client, result, workers=workers, log=log)
         append_audit(
             target, "restore", run_id=b["backup_id"], result="succeeded",
             batch_before=plan["target_batch"], batch_after=b["batch_id"], backup=plan["url"],
@@ -483,7 +523,7 @@ def restore_backup(
     workers: int = 8,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Restore backup ``url`` into ``to``: :func:`plan_restore` and :func:`execute_restore`
+    """Restore backup ``url`` into ``to``: :func:`plan_restore` and :func:`run_restore`
     without a registry (so without a query's lock)."""
     plan = plan_restore(url, client, to=to, replace=replace, allow_other_query=allow_other_query)
-    return execute_restore(plan, client, workers=workers, log=log)
+    return run_restore(plan, client, workers=workers, log=log)
