@@ -9,7 +9,8 @@ It runs while the queries run (files of a committed batch never change; a file t
 maintenance deletes during the copy makes the backup start over on the newest batch).
 
 After each backup, retention keeps the last `backups.keep_last` backups and those younger than
-`backups.max_age`, then deletes the objects no kept manifest names.
+`backups.max_age`, then deletes the objects no kept manifest names: the one step
+`stateops.ops.backup.run_backup`, which `stateops backup QUERY` runs too.
 
 The last task, `outcome`, says per query what was backed up, or that it was skipped because it
 has no committed batch yet; a run that backed up no query at all fails, saying so, rather than
