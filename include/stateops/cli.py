@@ -109,15 +109,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    registry = load_registry(args.registry)
-    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over,
-                          args.accept_differences)  # fmt: skip
+    from stateops.control.target import query_target
+
+    target = query_target(args.registry, args.query)
+    plan = plan_bootstrap(
+        target, args.initial_state, args.format, args.carry_over, args.accept_differences
+    )
     print(format_bootstrap_plan(plan, args.dry_run))
     if args.dry_run:
         return 0
     return _spark_submit(
         BOOTSTRAP_STATE, args.master,
-        "--registry", str(registry.path),
+        "--registry", str(target.require_registry().path),
         "--query", args.query,
         "--initial-state", plan["initial_state"],
         "--format", plan["format"],
