@@ -118,15 +118,15 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     print(format_bootstrap_plan(plan, args.dry_run))
     if args.dry_run:
         return 0
-    return _spark_submit(
-        BOOTSTRAP_STATE, args.master,
-        "--registry", str(target.require_registry().path),
-        "--query", args.query,
-        "--initial-state", plan["initial_state"],
-        "--format", plan["format"],
-        "--carry-over", args.carry_over,
-        *(["--accept-differences"] if args.accept_differences else []),
-    )  # fmt: skip
+    options = {
+        "--registry": str(target.require_registry().path),
+        "--query": args.query,
+        "--initial-state": plan["initial_state"],
+        "--format": plan["format"],
+        "--carry-over": args.carry_over,
+    }
+    flags = ["--accept-differences"] if args.accept_differences else []
+    return _spark_submit(BOOTSTRAP_STATE, args.master, *sum(options.items(), ()), *flags)
 
 
 def _s3(args: argparse.Namespace):
