@@ -41,10 +41,10 @@ from airflow.sdk import Param, dag, get_current_context, task
 from stateops.core.steps import BOOTSTRAP_STATE, INITIAL_STATE_FORMATS, VALIDATE_STATE
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
+    bootstrap_plan,
     carry_over_param,
     dry_run_param,
     not_a_dry_run,
-    one_line_errors,
     query_param,
     read_run_summary,
     registered_queries,
@@ -103,17 +103,8 @@ QUERIES = registered_queries(where=lambda q: q.bootstrappable)
 )
 def stream_bootstrap() -> None:
     @task
-    @one_line_errors
     def plan() -> dict:
-        from stateops.core.registry import load_registry
-        from stateops.ops.bootstrap import format_bootstrap_plan, plan_bootstrap
-
-        params = get_current_context()["params"]
-        fmt = None if params["format"] == "auto" else params["format"]
-        result = plan_bootstrap(load_registry(), params["query"], params["initial_state"], fmt,
-                                params["carry_over"], params["accept_differences"])  # fmt: skip
-        say(format_bootstrap_plan(result, params["dry_run"]))
-        return result
+        return bootstrap_plan(dict(get_current_context()["params"]))
 
     bootstrap = spark_job_operator(
         "bootstrap",

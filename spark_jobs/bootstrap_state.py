@@ -21,11 +21,10 @@ import sys
 from typing import Any
 
 from stateops.control.lock import new_run_id
+from stateops.control.target import Target
 from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.core.registry import Registry, load_registry
-from stateops.ops.bootstrap import FORMATS, plan_bootstrap, prepare_bootstrap, transplant_bootstrap
-from stateops.ops.pending import refuse_pending_rollback
-from stateops.ops.start import run_registered_query, write_summary
+from stateops.ops.bootstrap import FORMATS, preflight_bootstrap, run_bootstrap
+from stateops.ops.start import write_summary
 from stateops.ops.transplant import ROADS
 
 
@@ -49,42 +48,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def preflight(args: argparse.Namespace) -> tuple[Registry, dict[str, Any]]:
-    """The registry and the bootstrap's plan: every refusal that needs no Spark (run before
-    spark-submit too): the query, a used checkpoint, the initial state's path, format and
-    manifest, the road."""
-    registry = load_registry(args.registry)
-    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over,
-                          args.accept_differences == "yes")  # fmt: skip
-    refuse_pending_rollback(plan["checkpoint"])
-    return registry, plan
+def preflight(args: argparse.Namespace) -> tuple[Target, dict[str, Any]]:
+    """The query and the bootstrap's plan (:func:`stateops.ops.bootstrap.preflight_bootstrap`)."""
+    return preflight_bootstrap(
+        args.registry,
+        args.query,
+        args.initial_state,
+        args.format,
+        args.carry_over,
+        args.accept_differences == "yes",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         with domain_errors():
-            registry, plan = preflight(args)
+            target, plan = preflight(args)
             if args.dry_run:
                 print(json.dumps({"dry_run": True, **plan}))
                 return 0
-            if plan["road_note"]:
-                print(plan["road_note"], file=sys.stderr)
             run_id = args.run_id or new_run_id("bootstrap")
-            prepare = None
-            if plan["road"] == "transplant":
-                transplant_bootstrap(
-                    registry, plan, run_id, log=lambda line: print(line, file=sys.stderr)
-                )
-            else:
-                prepare = lambda spark: prepare_bootstrap(spark, registry, plan)  # noqa: E731
-            summary = run_registered_query(
-                registry, args.query, run_id=run_id, operation="bootstrap", prepare=prepare
-            )
+            log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+            summary = run_bootstrap(target, plan, run_id=run_id, log=log)
     except StateOpsError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
-    write_summary(registry, summary)
+    write_summary(target.require_registry(), summary)
     print(json.dumps(summary))
     return 0 if summary["status"] == "succeeded" else 1
 

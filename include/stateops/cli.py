@@ -26,7 +26,6 @@ from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.steps import BOOTSTRAP_STATE, EXPORT_STATE, RUN_QUERY, VALIDATE_STATE
-from stateops.core.storage import location
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
@@ -110,21 +109,24 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    registry = load_registry(args.registry)
-    plan = plan_bootstrap(registry, args.query, args.initial_state, args.format, args.carry_over,
-                          args.accept_differences)  # fmt: skip
+    from stateops.control.target import query_target
+
+    target = query_target(args.registry, args.query)
+    plan = plan_bootstrap(
+        target, args.initial_state, args.format, args.carry_over, args.accept_differences
+    )
     print(format_bootstrap_plan(plan, args.dry_run))
     if args.dry_run:
         return 0
-    return _spark_submit(
-        BOOTSTRAP_STATE, args.master,
-        "--registry", str(registry.path),
-        "--query", args.query,
-        "--initial-state", plan["initial_state"],
-        "--format", plan["format"],
-        "--carry-over", args.carry_over,
-        *(["--accept-differences"] if args.accept_differences else []),
-    )  # fmt: skip
+    options = {
+        "--registry": str(target.require_registry().path),
+        "--query": args.query,
+        "--initial-state": plan["initial_state"],
+        "--format": plan["format"],
+        "--carry-over": args.carry_over,
+    }
+    flags = ["--accept-differences"] if args.accept_differences else []
+    return _spark_submit(BOOTSTRAP_STATE, args.master, *sum(options.items(), ()), *flags)
 
 
 def _s3(args: argparse.Namespace):
@@ -325,36 +327,22 @@ def cmd_repartition(args: argparse.Namespace) -> int:
 
 
 def cmd_transplant(args: argparse.Namespace) -> int:
-    from stateops.control.lock import checkpoint_lock, new_run_id
-    from stateops.ops.pending import mark_transplant
-    from stateops.ops.transplant import transplant_checkpoint
+    from stateops.control.lock import new_run_id
+    from stateops.control.target import resolve_target
+    from stateops.ops.transplant import run_transplant
 
-    path, registry, owner = checkpoint_of(args.old, args.registry)
-    registry = registry or load_registry(args.registry)
-    query = registry.query(args.query) if args.query else owner
-    if query is None:
-        raise StateOpsError(
-            f"{path}: not a registered query's checkpoint; name the query whose processor will "
-            "run on the transplanted state (--query NAME)"
-        )
-    changes = {"format": args.source_format}
-    if args.source_path:
-        changes["path"] = str((registry.data_dir / args.source_path).resolve())
-    moved = query.input_name(args.source)
-    source = query.inputs[moved].model_copy(update={k: v for k, v in changes.items() if v})
-    new = str(location(args.new).resolve())
-    runs_as = query.with_input(moved, source).model_copy(update={"checkpoint": new})
-    if args.dry_run:
-        result = transplant_checkpoint(path, new, runs_as, args.batch, dry_run=True, log=_log)
-    else:
-        with checkpoint_lock(path, registry, "transplant", new_run_id("transplant")):
-            result = transplant_checkpoint(path, new, runs_as, args.batch, log=_log)
-        mark_transplant(registry, query.name, result)
-        _log(
-            f"next: run {query.name} on {new} ({runs_as.inputs_text}); its first "
-            f"batch, {result['first']}, is proven against the state of {path}"
-            + (" (the start first has Spark repartition it)" if result["repartition"] else "")
-        )
+    result = run_transplant(
+        resolve_target(args.old, args.registry),
+        args.new,
+        query=args.query,
+        source=args.source,
+        source_format=args.source_format,
+        source_path=args.source_path,
+        batch=args.batch,
+        run_id=new_run_id("transplant"),
+        dry_run=args.dry_run,
+        log=_log,
+    )
     print(json.dumps(result))
     return 0
 

@@ -523,3 +523,21 @@ def undo_repartition(query: str, run_id: str) -> None:
         )
     say("the repartition failed (see the failed step's log); it was undone: the checkpoint "
         "is as it was")  # fmt: skip
+
+
+@one_line_errors
+def bootstrap_plan(params: dict[str, Any]) -> dict[str, Any]:
+    """:func:`stateops.ops.bootstrap.plan_bootstrap` for the form's fields, printed."""
+    from stateops.control.target import query_target
+    from stateops.ops.bootstrap import format_bootstrap_plan, plan_bootstrap
+
+    fmt = None if params["format"] == "auto" else params["format"]
+    plan = plan_bootstrap(
+        query_target(None, params["query"]),
+        params["initial_state"],
+        fmt,
+        params["carry_over"],
+        params["accept_differences"],
+    )
+    say(format_bootstrap_plan(plan, params["dry_run"]))
+    return plan

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROVIDER_CLASSES, load_registry
@@ -410,11 +411,11 @@ def test_the_windowed_count_bootstraps_from_its_checkpoint_by_transplant_on_a_pa
         match=r"^query page_counts is a transform: Spark's "
         r"built-in operators take no initial state, so .*landing_v2 \(parquet\)",
     ):
-        plan_bootstrap(load_registry(moved), "page_counts", str(tmp_path / "old" / "landing_v2"),
-                       None)  # fmt: skip
+        plan_bootstrap(
+            query_target(moved, "page_counts"), str(tmp_path / "old" / "landing_v2"), None
+        )
     with pytest.raises(StateOpsError, match="^carry_over initial_state is for processors"):
-        plan_bootstrap(load_registry(moved), "page_counts", query.checkpoint, None,
-                       "initial_state")  # fmt: skip
+        plan_bootstrap(query_target(moved, "page_counts"), query.checkpoint, None, "initial_state")
     # Another partition count: Spark repartitions RocksDB state only, so no transplant.
     (why,) = transplant_refusals(load_checkpoint(query.checkpoint),
                                  new.model_copy(update={"shuffle_partitions": 3}))  # fmt: skip

@@ -96,3 +96,22 @@ def test_the_cli_refuses_in_one_line_and_writes_nothing(page_visits, tmp_path):
     with pytest.raises(StateOpsError, match="not empty"):  # and a used folder is never a target
         transplant_checkpoint(old, page_visits / "landing", load_registry(changed).query(
             "page_visits"))  # fmt: skip
+
+
+def test_a_new_source_at_a_url_is_kept_as_it_is(page_visits, tmp_path):
+    """``--source-path s3a://b/x`` names the new source as it is (it was taken as a folder
+    under data_dir: ``<data_dir>/s3a:/b/x``); the dry run's plan names it."""
+    old = load_registry(page_visits / "registry.yaml").query("page_visits").checkpoint
+    proc = run_cli(
+        "--registry",
+        str(page_visits / "registry.yaml"),
+        "transplant",
+        old,
+        str(tmp_path / "new"),
+        "--source-path",
+        "s3a://b/x",
+        "--dry-run",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert " on json s3a://b/x (" in proc.stderr, proc.stderr
+    assert not (tmp_path / "new").exists()

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from stateops.control.markers import read_carry_over, write_carry_over
+from stateops.control.target import query_target
 from stateops.core.errors import RegistryError, StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.bootstrap import plan_bootstrap
@@ -26,26 +27,28 @@ def registry(tmp_path):
 def test_a_query_whose_processor_takes_no_initial_state_is_refused(tmp_path):
     registry = load_registry(write_registry(tmp_path / "data", page_visits={"initial_state": None}))
     with pytest.raises(RegistryError, match="query page_visits: no initial_state in the registry"):
-        plan_bootstrap(registry, "page_visits", str(tmp_path), None)
+        plan_bootstrap(query_target(registry, "page_visits"), str(tmp_path), None)
 
 
 def test_a_missing_source_or_an_unknown_format_is_named(registry, tmp_path):
     with pytest.raises(StateOpsError, match="gone: no such initial state"):
-        plan_bootstrap(registry, "user_sessions", str(tmp_path / "gone"), None)
+        plan_bootstrap(query_target(registry, "user_sessions"), str(tmp_path / "gone"), None)
     with pytest.raises(StateOpsError, match=r"unknown initial state format 'xml' \("):
-        plan_bootstrap(registry, "user_sessions", str(tmp_path), "xml")
+        plan_bootstrap(query_target(registry, "user_sessions"), str(tmp_path), "xml")
 
 
 def test_an_export_without_its_manifest_or_its_variable_is_refused(registry, tmp_path):
     export = tmp_path / "export"
     export.mkdir()
     with pytest.raises(StateOpsError, match="no manifest.json, so not a state export"):
-        plan_bootstrap(registry, "user_sessions", str(export), "export")
+        plan_bootstrap(query_target(registry, "user_sessions"), str(export), "export")
     entry = {"variable": "other", "kind": "list", "path": "op0/other"}
     (export / "manifest.json").write_text(json.dumps({"entries": [entry]}))
     with pytest.raises(StateOpsError, match="the export has no state variable 'events' "
                        r"\(it has other\); export the query whose state this is"):  # fmt: skip
-        plan_bootstrap(registry, "user_sessions", str(export), None)  # found by its manifest
+        plan_bootstrap(
+            query_target(registry, "user_sessions"), str(export), None
+        )  # found by its manifest
 
 
 def test_a_carry_over_waits_for_its_own_batch_on_its_own_checkpoint(registry):

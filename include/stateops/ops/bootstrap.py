@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import operator
 import uuid
-from functools import reduce
+from collections.abc import Callable
+from functools import partial, reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateops.control.markers import (
-    write_carry_over,
-)
+from stateops.control.markers import write_carry_over
+from stateops.control.target import Target, query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
 from stateops.core.plans import plan_head, plan_tail
@@ -27,7 +27,7 @@ from stateops.core.registry import Query, Registry
 from stateops.core.staging import has_entries
 from stateops.core.steps import INITIAL_STATE_FORMATS
 from stateops.ops.carry import carry_differences, refuse_differences
-from stateops.ops.pending import mark_transplant
+from stateops.ops.pending import mark_transplant, refuse_pending_rollback
 from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
 from stateops.spark.export import MANIFEST
 
@@ -41,24 +41,27 @@ __all__ = [
     "format_bootstrap_plan",
     "initial_state_differences",
     "plan_bootstrap",
+    "preflight_bootstrap",
     "prepare_bootstrap",
     "read_initial_state",
-    "transplant_bootstrap",
+    "run_bootstrap",
     "validate_initial_state",
 ]
 
 FORMATS = INITIAL_STATE_FORMATS
+# What a bootstrap acts on: a registered query (its entry says how it takes an initial state).
+WHICH_QUERY = "bootstrap a registered query (--query NAME)"
 
 
 def plan_bootstrap(
-    registry: Registry,
-    name: str,
-    source: str,
+    target: Target,
+    initial_state: str,
     fmt: str | None,
     carry_over: str = "auto",
     accept_differences: bool = False,
 ) -> dict[str, Any]:
-    """What a bootstrap would do, checked without Spark; refuses a used checkpoint.
+    """What a bootstrap of ``target``'s query from ``initial_state`` would do, checked without
+    Spark; refuses a used checkpoint.
 
     From another checkpoint, the state takes a road (``carry_over``, see
     :func:`stateops.ops.transplant.choose_road`): a transplant of its state files where the query
@@ -67,28 +70,61 @@ def plan_bootstrap(
     refused unless ``accept_differences``. A transform (Spark's built-in operators take no
     initial state) bootstraps from a checkpoint of the same query shape, by transplant only.
     """
-    query = registry.query(name)
-    transform = query.transform is not None
-    if not transform and query.initial_state is None:
+    registry, query = target.require_registry(), target.require_query(WHICH_QUERY)
+    if query.transform is None and query.initial_state is None:
         raise RegistryError(
-            f"query {name}: no initial_state in the registry, so its processor takes none"
+            f"query {query.name}: no initial_state in the registry, so its processor takes none"
         )
     path = Path(query.checkpoint)
-    planned = False
-    if has_entries(path):
-        cp = load_checkpoint(path)
-        if cp.last_committed_batch is not None:
-            raise CheckpointError(
-                f"{path} has committed batch {cp.last_committed_batch}: Spark would ignore the "
-                "initial state; bootstrap into a new checkpoint (set the query's checkpoint)"
-            )
-        planned = bool(cp.offsets)
-    src = Path(source)
+    planned = _batch_0_planned(path)
+    src = Path(initial_state)
     fmt = _initial_format(src, fmt)
+    road, note = _road(query, src, fmt, carry_over)
+    differences = _differences(query, src, fmt, road)
+    refuse_differences(
+        query.name,
+        differences,
+        accept_differences,
+        "run it again with --accept-differences (the DAG: accept_differences on)",
+    )
+    export = f"{query.name}-{uuid.uuid4().hex[:8]}"
+    return {
+        "query": query.name,
+        "checkpoint": str(path),
+        "initial_state": str(src.resolve()),
+        "format": fmt,
+        "schema": query.initial_state and query.initial_state.schema_,
+        "batch_0_already_planned": planned,
+        "source": query.inputs_text,
+        "road": road,
+        "road_note": note,
+        "differences": differences,
+        "export": str(registry.state_dir / "bootstrap" / "exports" / export),
+    }
+
+
+def _batch_0_planned(path: Path) -> bool:
+    """Whether batch 0 of the new checkpoint ``path`` is planned (a start that failed before it
+    committed); refuses a checkpoint with a committed batch."""
+    if not has_entries(path):
+        return False
+    cp = load_checkpoint(path)
+    if cp.last_committed_batch is not None:
+        raise CheckpointError(
+            f"{path} has committed batch {cp.last_committed_batch}: Spark would ignore the "
+            "initial state; bootstrap into a new checkpoint (set the query's checkpoint)"
+        )
+    return bool(cp.offsets)
+
+
+def _road(query: Query, src: Path, fmt: str, carry_over: str) -> tuple[str | None, str | None]:
+    """The road from a checkpoint (None from an export or data files) and why ``auto`` fell
+    back to the initialState road (else None); refuses what cannot seed the query."""
+    transform = query.transform is not None
     if transform and fmt != "checkpoint":
         raise StateOpsError(
-            f"query {name} is a transform: Spark's built-in operators take no initial state, "
-            f"so {src} ({fmt}) cannot seed it; bootstrap it from a checkpoint of the same "
+            f"query {query.name} is a transform: Spark's built-in operators take no initial "
+            f"state, so {src} ({fmt}) cannot seed it; bootstrap it from a checkpoint of the same "
             "query shape (its state files are transplanted)"
         )
     road, said = None, []
@@ -99,40 +135,24 @@ def plan_bootstrap(
                 f"{src}: no committed batch yet: there is no state to carry over; run that "
                 "query first, or bootstrap from another state"
             )
-        road = choose_road(carry_over, transplant_refusals(cp, query), log=said.append,
-                           transform=transform)  # fmt: skip
-    if fmt == "export" or road == "initial_state":
-        if not query.initial_state.from_export:
-            raise RegistryError(
-                f"query {name}: initial_state.from_export is not set in the registry"
-            )
-    differences = []
+        reasons = transplant_refusals(cp, query)
+        road = choose_road(carry_over, reasons, log=said.append, transform=transform)
+    if (fmt == "export" or road == "initial_state") and not query.initial_state.from_export:
+        raise RegistryError(
+            f"query {query.name}: initial_state.from_export is not set in the registry"
+        )
+    return road, said[0] if said else None
+
+
+def _differences(query: Query, src: Path, fmt: str, road: str | None) -> list[str]:
+    """What the initialState road would change in what the query computes (empty: nothing,
+    or the transplant road)."""
     if fmt == "export":
         _check_export(src, query)
-        differences = initial_state_differences(src, query)
-    elif road == "initial_state":
-        differences = carry_differences(load_checkpoint(src), query)
-    refuse_differences(
-        name,
-        differences,
-        accept_differences,
-        "run it again with --accept-differences (the DAG: accept_differences on)",
-    )
-    return {
-        "query": name,
-        "checkpoint": str(path),
-        "initial_state": str(src.resolve()),
-        "format": fmt,
-        "schema": query.initial_state and query.initial_state.schema_,
-        "batch_0_already_planned": planned,
-        "source": query.inputs_text,
-        "road": road,
-        "road_note": said[0] if said else None,
-        "differences": differences,
-        "export": str(
-            registry.state_dir / "bootstrap" / "exports" / f"{name}-{uuid.uuid4().hex[:8]}"
-        ),
-    }
+        return initial_state_differences(src, query)
+    if road == "initial_state":
+        return carry_differences(load_checkpoint(src), query)
+    return []
 
 
 def format_bootstrap_plan(plan: dict[str, Any], dry_run: bool) -> str:
@@ -392,16 +412,45 @@ def prepare_bootstrap(
     return record | {"processor_fit_keys": fit_keys}
 
 
-def transplant_bootstrap(
-    registry: Registry, plan: dict[str, Any], run_id: str, log: Any = print
-) -> dict[str, Any]:
-    """The transplant road of a bootstrap from a checkpoint, under the query's lock; the next
-    run proves the first batch."""
-    from stateops.control.lock import QueryLock
+def preflight_bootstrap(
+    registry_file: str | None,
+    name: str,
+    initial_state: str,
+    fmt: str | None,
+    carry_over: str = "auto",
+    accept_differences: bool = False,
+) -> tuple[Target, dict[str, Any]]:
+    """Registered query ``name`` and its bootstrap's plan: every refusal that needs no Spark
+    (``bootstrap_state.py`` runs it, and the CLI and the Airflow operator before
+    spark-submit): the query, a used checkpoint, the initial state's path, format and
+    manifest, the road, a pending rollback."""
+    target = query_target(registry_file, name)
+    plan = plan_bootstrap(target, initial_state, fmt, carry_over, accept_differences)
+    refuse_pending_rollback(plan["checkpoint"])
+    return target, plan
 
-    name = plan["query"]
-    with QueryLock(registry.lock_path(name), name, "bootstrap", run_id):
-        result = transplant_checkpoint(plan["initial_state"], plan["checkpoint"],
-                                       registry.query(name), log=log)  # fmt: skip
-        mark_transplant(registry, name, result)
-    return result
+
+def run_bootstrap(
+    target: Target, plan: dict[str, Any], *, run_id: str, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Carry :func:`plan_bootstrap`'s state into ``target``'s new checkpoint and start the
+    query (:func:`stateops.ops.start.run_registered_query`); returns its run summary. The
+    transplant road copies the state files under the query's lock (the start proves the first
+    batch); the initialState road validates the state and marks the bootstrap pending
+    (:func:`prepare_bootstrap`, under the start's lock, before the query starts)."""
+    from stateops.ops.start import run_registered_query
+
+    registry, query = target.require_registry(), target.require_query(WHICH_QUERY)
+    if plan["road_note"]:
+        log(plan["road_note"])
+    prepare = None
+    if plan["road"] == "transplant":
+        with target.lock("bootstrap", run_id):
+            old, new = plan["initial_state"], plan["checkpoint"]
+            result = transplant_checkpoint(old, new, query, log=log)
+            mark_transplant(registry, query.name, result)
+    else:
+        prepare = partial(prepare_bootstrap, registry=registry, plan=plan)
+    return run_registered_query(
+        registry, query.name, run_id=run_id, operation="bootstrap", prepare=prepare
+    )

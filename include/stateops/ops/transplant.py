@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stateops.control import faults
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
@@ -51,6 +51,9 @@ from stateops.core.steps import ROADS
 from stateops.core.storage import S3Path, copy_to_local, list_files, location, publish
 from stateops.ops.repartition import repartition_unsupported
 
+if TYPE_CHECKING:
+    from stateops.control.target import Target
+
 __all__ = [
     "ROADS",
     "TransplantRefused",
@@ -58,6 +61,7 @@ __all__ = [
     "operator_properties",
     "read_state_schema",
     "repartition_from",
+    "run_transplant",
     "state_differences",
     "transplant_checkpoint",
     "transplant_refusals",
@@ -391,6 +395,52 @@ def choose_road(
     return "initial_state"
 
 
+def run_transplant(
+    target: Target,
+    new: str | os.PathLike[str],
+    *,
+    query: str | None = None,
+    source: str | None = None,
+    source_format: str | None = None,
+    source_path: str | None = None,
+    batch: int | None = None,
+    run_id: str,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Transplant ``target``'s checkpoint into ``new`` for registered query ``query`` (default:
+    the one that owns it) with its input ``source`` (default: its only one) moved to
+    ``source_format``/``source_path`` (default: as registered), under the lock of the
+    checkpoint's owner; the transplanted checkpoint then awaits its first batch's proof
+    (:func:`stateops.ops.pending.mark_transplant`). A dry run checks and prints the plan."""
+    from stateops.ops.pending import mark_transplant  # pending -> carry -> this module
+
+    registry = target.require_registry()
+    owner = (
+        registry.query(query)
+        if query
+        else target.require_query(
+            "name the query whose processor will run on the transplanted state (--query NAME)"
+        )
+    )
+    moved = owner.input_name(source)
+    changes = {"format": source_format, "path": source_path and registry.data_path(source_path)}
+    moved_source = owner.inputs[moved].model_copy(update={k: v for k, v in changes.items() if v})
+    new = str(location(new).resolve())
+    runs_as = owner.with_input(moved, moved_source).model_copy(update={"checkpoint": new})
+    if dry_run:
+        return transplant_checkpoint(target.checkpoint, new, runs_as, batch, dry_run=True, log=log)
+    with target.lock("transplant", run_id):
+        result = transplant_checkpoint(target.checkpoint, new, runs_as, batch, log=log)
+        mark_transplant(registry, owner.name, result)
+    log(
+        f"next: run {owner.name} on {new} ({runs_as.inputs_text}); its first "
+        f"batch, {result['first']}, is proven against the state of {target.checkpoint}"
+        + (" (the start first has Spark repartition it)" if result["repartition"] else "")
+    )
+    return result
+
+
 def transplant_checkpoint(
     old: str | os.PathLike[str],
     new: str | os.PathLike[str],
@@ -409,6 +459,55 @@ def transplant_checkpoint(
     ``new`` that already holds exactly this transplant (killed after its rename, or run twice)
     complete: ``already_transplanted``, and its query id is kept."""
     started = time.monotonic()
+    cp, new, batch, fresh, done = _check_transplant(old, new, query, batch)
+    files = _state_files(cp, batch, fresh)
+    size = sum(cp.sizes[rel] for rel in files)
+    before = repartition_from(cp, query, batch)
+    result = {
+        "old": str(cp.root),
+        "new": str(new),
+        "batch": batch,
+        "old_query_id": cp.query_id,
+        "files": len(files),
+        "bytes": size,
+        "repartition": before and [before, query.shuffle_partitions],
+        "first": batch + (2 if before else 1),
+    }
+    if done is not None:
+        removed = [] if dry_run else remove_stale_staging(new, STAGING)
+        log(
+            f"{'DRY RUN: ' if dry_run else ''}already transplanted: {new} holds the state of "
+            f"{cp.root} at batch {batch} (query id {done}); nothing to do"
+        )
+        return result | {
+            "query_id": done,
+            "already_transplanted": True,
+            "removed_staging": removed,
+            "dry_run": dry_run,
+        }
+    log(_transplant_plan(cp, new, query, result, fresh, dry_run))
+    if dry_run:
+        return result | {"dry_run": True}
+    query_id, removed = _build_transplant(cp, new, files, _log_entries(cp, batch, fresh), log)
+    seconds = time.monotonic() - started
+    log(
+        f"transplant done: {new} (query id {query_id}), {len(files)} files, "
+        f"{format_bytes(size)} copied, {seconds:.1f} s"
+    )
+    return result | {
+        "query_id": query_id,
+        "already_transplanted": False,
+        "removed_staging": removed,
+        "seconds": round(seconds, 2),
+    }
+
+
+def _check_transplant(
+    old: str | os.PathLike[str], new: str | os.PathLike[str], query: Query, batch: int | None
+) -> tuple[Checkpoint, Path | S3Path, int, list[int], str | None]:
+    """The old checkpoint, ``new`` resolved, the batch, the sources read anew, and the query
+    id of a ``new`` that already holds this transplant (else None); refuses a ``new`` inside
+    the old checkpoint or not empty, and a transplant that does not apply (every reason)."""
     new = location(new).resolve()
     cp = load_checkpoint(old)
     batch = cp.last_committed_batch if batch is None else batch
@@ -423,47 +522,61 @@ def transplant_checkpoint(
     reasons = transplant_refusals(cp, query, batch)
     if reasons:
         raise TransplantRefused(f"transplant of {cp.root} refused: {'; '.join(reasons)}")
-    files = _state_files(cp, batch, fresh)
-    size = sum(cp.sizes[rel] for rel in files)
-    before = repartition_from(cp, query, batch)
-    result = {"old": str(cp.root), "new": str(new), "batch": batch,
-              "old_query_id": cp.query_id, "files": len(files), "bytes": size,
-              "repartition": before and [before, query.shuffle_partitions],
-              "first": batch + (2 if before else 1)}  # fmt: skip
-    if done is not None:
-        removed = [] if dry_run else remove_stale_staging(new, STAGING)
-        log(
-            f"{'DRY RUN: ' if dry_run else ''}already transplanted: {new} holds the state of "
-            f"{cp.root} at batch {batch} (query id {done}); nothing to do"
-        )
-        return result | {"query_id": done, "already_transplanted": True,
-                         "removed_staging": removed, "dry_run": dry_run}  # fmt: skip
+    return cp, new, batch, fresh, done
+
+
+def _transplant_plan(
+    cp: Checkpoint,
+    new: Path | S3Path,
+    query: Query,
+    result: dict[str, Any],
+    fresh: list[int],
+    dry_run: bool,
+) -> str:
+    """The transplant's plan for a person (the CLI, the task log)."""
+    batch, before = result["batch"], result["repartition"] and result["repartition"][0]
     then = f"the new query starts at batch {result['first']}"
     if before:
         then = (
             f"then Spark's repartition writes batch {batch + 1}, the state in "
             f"{query.shuffle_partitions} partitions (it has {before}), and {then}"
         )
-    log("\n".join([
-        plan_head(dry_run, f"transplant of {cp.root} at batch {batch} -> {new}"),
-        f"  {len(files)} files ({format_bytes(size)}); {then} on {query.inputs_text} "
-        f"({_anew(cp, batch, fresh)})",
-        *plan_tail(irreversible=f"nothing: {cp.root} is only read",
-                   backup="none: nothing that exists changes", undo=f"remove {new}"),
-    ]))  # fmt: skip
-    if dry_run:
-        return result | {"dry_run": True}
+    tail = plan_tail(
+        irreversible=f"nothing: {cp.root} is only read",
+        backup="none: nothing that exists changes",
+        undo=f"remove {new}",
+    )
+    return "\n".join(
+        [
+            plan_head(dry_run, f"transplant of {cp.root} at batch {batch} -> {new}"),
+            f"  {result['files']} files ({format_bytes(result['bytes'])}); {then} on "
+            f"{query.inputs_text} ({_anew(cp, batch, fresh)})",
+            *tail,
+        ]
+    )
+
+
+def _build_transplant(
+    cp: Checkpoint,
+    new: Path | S3Path,
+    files: list[str],
+    entries: dict[str, str],
+    log: Callable[[str], None],
+) -> tuple[str, list]:
+    """Copy ``files`` and write the new query id and the log ``entries`` in a staging folder
+    beside ``new``, then rename it into place; returns the new query id and the staging
+    folders of killed runs it removed."""
     with Staging(new, STAGING) as staging:
         for folder in staging.removed:
             log(f"removed {folder}: the staging folder of a killed transplant")
         for rel in files:
-            target = staging.path / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            copy_to_local(cp.root / rel, target)
+            copied = staging.path / rel
+            copied.parent.mkdir(parents=True, exist_ok=True)
+            copy_to_local(cp.root / rel, copied)
             faults.point("copy")
         query_id = str(uuid.uuid4())
         _write(staging.path, "metadata", json.dumps({"id": query_id}, separators=(",", ":")))
-        for rel, data in _log_entries(cp, batch, fresh).items():
+        for rel, data in entries.items():
             _write(staging.path, rel, data)
         relocate_checkpoint(staging.path, location=new)
         if isinstance(new, S3Path):
@@ -473,11 +586,7 @@ def transplant_checkpoint(
                 new.rmdir()
             os.replace(staging.path, new)
     faults.point("renamed")
-    seconds = time.monotonic() - started
-    log(f"transplant done: {new} (query id {query_id}), {len(files)} files, "
-        f"{format_bytes(size)} copied, {seconds:.1f} s")  # fmt: skip
-    return result | {"query_id": query_id, "already_transplanted": False,
-                     "removed_staging": staging.removed, "seconds": round(seconds, 2)}  # fmt: skip
+    return query_id, staging.removed
 
 
 def _anew(cp: Checkpoint, batch: int, fresh: list[int]) -> str:
