@@ -11,20 +11,10 @@ Exit codes: 0 done, 1 the query failed, 2 bad input (registry, lock, checkpoint)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from datetime import datetime
 
-from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.core.registry import Registry, load_registry
-from stateops.core.times import parse_past_time
-from stateops.ops.start import (
-    checkpoint_state,
-    refuse_unrunnable,
-    run_registered_query,
-    write_summary,
-)
-from stateops.spark.streaming import check_code
+from stateops.ops.jobs import RUN_QUERY_JOB
+from stateops.spark.jobs import job_main
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,34 +38,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def preflight(args: argparse.Namespace) -> tuple[Registry, datetime | None]:
-    """The registry and the cutover; every refusal that needs no Spark (run before
-    spark-submit too): the registry and query, the query's own code, a cutover that is not a
-    real past time, a pending rollback, a damaged checkpoint."""
-    registry = load_registry(args.registry)
-    query = registry.query(args.query)
-    check_code(registry, query)
-    cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
-    refuse_unrunnable(registry, query)
-    checkpoint_state(query.checkpoint)
-    return registry, cutover
+# The CLI and the Airflow operator run it before spark-submit too (preflight_job).
+preflight = RUN_QUERY_JOB.preflight
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        with domain_errors():
-            registry, cutover = preflight(args)
-            summary = run_registered_query(
-                registry, args.query, mode=args.mode, run_id=args.run_id,
-                poll_seconds=args.poll_seconds, cutover=cutover,
-            )  # fmt: skip
-    except StateOpsError as err:
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2
-    write_summary(registry, summary, args.summary)
-    print(json.dumps(summary))
-    return 0 if summary["status"] == "succeeded" else 1
+    return job_main(RUN_QUERY_JOB, parse_args, argv)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,10 @@ Exit codes: 0 every expectation holds, 1 some failed (summary and Data Docs path
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from stateops.control.audit import audit_dir
-from stateops.core.access import refuse_unwritable
-from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.core.registry import Query, load_registry
-from stateops.core.verify import format_findings, verify_checkpoint
+from stateops.ops.jobs import VALIDATE_JOB
+from stateops.spark.jobs import job_main
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,43 +25,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def preflight(args: argparse.Namespace) -> Query:
-    """The query to validate; refuses without Spark (run before spark-submit too) a registry or
-    query that is not there, a checkpoint that fails file-level verification, and a batch that
-    is not committed."""
-    query = load_registry(args.registry).query(args.query)
-    files = verify_checkpoint(query.checkpoint)
-    if not files["ok"]:
-        print(format_findings(files), end="", file=sys.stderr)
-        raise StateOpsError(f"{query.checkpoint}: fails file-level verification; see above")
-    committed = files["last_committed_batch"]
-    if committed is None:
-        raise StateOpsError(f"{query.checkpoint}: no committed batch yet: no state to validate")
-    if args.batch is not None:
-        load_checkpoint(query.checkpoint).restart_files(args.batch)  # committed, files there
-    # Great Expectations keeps its context and Data Docs in the audit folder.
-    refuse_unwritable(f"validation of {query.name}", write=[audit_dir(query.checkpoint) / "gx"])
-    return query
+# The CLI and the Airflow operator run it before spark-submit too (preflight_job).
+preflight = VALIDATE_JOB.preflight
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        with domain_errors():
-            query = preflight(args)
-            from stateops.spark.expectations import format_validation, validate_state
-            from stateops.spark.streaming import spark_session
-
-            spark = spark_session(f"stateops-validate-{query.name}")
-            result = validate_state(spark, query, args.batch)
-    except StateOpsError as err:
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2
-    print(
-        json.dumps(result) if args.json else format_validation(result),
-        end="\n" if args.json else "",
-    )
-    return 0 if result["ok"] else 1
+    return job_main(VALIDATE_JOB, parse_args, argv)
 
 
 if __name__ == "__main__":

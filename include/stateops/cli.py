@@ -25,7 +25,7 @@ from stateops.core.errors import OperationFailed, StateOpsError, domain_errors, 
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
-from stateops.core.steps import BOOTSTRAP_STATE, EXPORT_STATE, RUN_QUERY, VALIDATE_STATE
+from stateops.core.steps import BOOTSTRAP, Step, fill
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
@@ -50,7 +50,22 @@ def _checkpoint_and_deltas(
     return path, min_deltas
 
 
-def _spark_submit(job: str, master: str, *args: str, to_stderr: bool = False) -> int:
+def _spark_submit(
+    step: Step,
+    fields: dict[str, Any],
+    master: str,
+    registry_file: str | None,
+    *,
+    to_stderr: bool = False,
+) -> int:
+    """Run ``step`` (a job of :mod:`stateops.core.steps`, its fields filled in with
+    ``fields``) with the registry ``registry_file`` (None: the default one); its exit code."""
+    job, _, args = fill(step, fields)
+    registry = str(registry_path(registry_file))
+    return _submit_job(job, master, "--registry", registry, *args, to_stderr=to_stderr)
+
+
+def _submit_job(job: str, master: str, *args: str, to_stderr: bool = False) -> int:
     """Run ``spark_jobs/<job>`` through the venv's spark-submit, once the job's checks that
     need no Spark passed here (a refusal costs no JVM start); its exit code. ``to_stderr``:
     the job's output too goes to stderr (stdout is the command's JSON)."""
@@ -81,31 +96,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
-    result = verify_checkpoint(path)
+    from stateops.control.target import resolve_target
+    from stateops.core.steps import VALIDATE
+
+    target = resolve_target(args.checkpoint, args.registry)
+    result = verify_checkpoint(target.checkpoint)
     print(json.dumps(result, indent=2) + "\n" if args.json else format_findings(result), end="")
     if not result["ok"] or not args.data:
         return 0 if result["ok"] else 1
-    registry = load_registry(args.registry)
-    query = registry.query(args.checkpoint).name
-    json_flag = ["--json"] if args.json else []
-    return _spark_submit(
-        VALIDATE_STATE,
-        args.master,
-        "--registry",
-        str(registry.path),
-        "--query",
-        query,
-        *json_flag,
-    )
+    # The job's preflight refuses a name that is not a registered query's, before a JVM.
+    fields = {"query": args.checkpoint, "json": args.json}
+    return _spark_submit(VALIDATE, fields, args.master, args.registry)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
-    batch = ["--batch", str(args.batch)] if args.batch is not None else []
-    return _spark_submit(
-        EXPORT_STATE, args.master, "--checkpoint", str(path), "--out", args.out, *batch
-    )
+    from stateops.control.target import resolve_target
+    from stateops.core.steps import EXPORT
+
+    target = resolve_target(args.checkpoint, args.registry)
+    fields = {"checkpoint": target.checkpoint, "out": args.out, "batch": args.batch}
+    return _spark_submit(EXPORT, fields, args.master, args.registry)
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -118,15 +128,14 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     print(format_bootstrap_plan(plan, args.dry_run))
     if args.dry_run:
         return 0
-    options = {
-        "--registry": str(target.require_registry().path),
-        "--query": args.query,
-        "--initial-state": plan["initial_state"],
-        "--format": plan["format"],
-        "--carry-over": args.carry_over,
+    fields = {
+        "query": args.query,
+        "initial_state": plan["initial_state"],
+        "format": plan["format"],
+        "carry_over": args.carry_over,
+        "accept": args.accept_differences,
     }
-    flags = ["--accept-differences"] if args.accept_differences else []
-    return _spark_submit(BOOTSTRAP_STATE, args.master, *sum(options.items(), ()), *flags)
+    return _spark_submit(BOOTSTRAP, fields, args.master, str(target.require_registry().path))
 
 
 def _s3(args: argparse.Namespace):
@@ -310,7 +319,7 @@ def cmd_repartition(args: argparse.Namespace) -> int:
     backup = _backup_first(args, path, registry, query, "repartition")
 
     def submit(plan: dict) -> None:
-        code = _spark_submit(REPARTITION_STATE, args.master, "--checkpoint", path,
+        code = _submit_job(REPARTITION_STATE, args.master, "--checkpoint", path,
                              "--run-id", plan["run_id"], to_stderr=args.json)  # fmt: skip
         if code != 0:
             raise StateOpsError(f"{REPARTITION_STATE} exited with code {code} (see above)")
@@ -352,7 +361,7 @@ def _job_runner(master: str):
     through ``spark-submit``, raising when it fails."""
 
     def run_job(job: str, registry_file: str, job_args: list[str]) -> None:
-        code = _spark_submit(job, master, "--registry", registry_file, *job_args)
+        code = _submit_job(job, master, "--registry", registry_file, *job_args)
         if code != 0:
             raise StateOpsError(f"{job} exited with code {code} (its output is above)")
 
@@ -553,12 +562,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    registry = load_registry(args.registry)
-    query = registry.query(args.query).name  # an unknown query fails before a JVM starts
-    return _spark_submit(
-        RUN_QUERY, args.master,
-        "--registry", str(registry.path), "--query", query, "--mode", args.mode,
-    )  # fmt: skip
+    from stateops.core.steps import RUN
+
+    # The job's preflight refuses an unknown query (and the rest) before a JVM starts.
+    fields = {"query": args.query, "mode": args.mode, "run_id": None}
+    return _spark_submit(RUN, fields, args.master, args.registry)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

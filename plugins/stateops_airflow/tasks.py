@@ -17,7 +17,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, one_line
 from stateops.core.registry import Query, Registry, load_registry, registry_path
-from stateops.core.steps import RUN_QUERY
 from stateops.core.times import TIME_PATTERN  # a form's time field: real dates only
 from stateops.spark.jobs import PY_FILES, job_path, preflight_job
 
@@ -184,9 +183,11 @@ def spark_job_operator(
 def run_query_operator(
     query: str, mode: str = "available-now", **kwargs: Any
 ) -> SparkSubmitOperator:
-    """``run_query.py`` for one query."""
-    args = ["--query", query, "--mode", mode, "--run-id", "{{ run_id }}"]
-    return spark_job_operator(kwargs.pop("task_id", f"run_{query}"), RUN_QUERY, args, **kwargs)
+    """``run_query.py`` for one query (:data:`stateops.core.steps.RUN`), as the Airflow run."""
+    from stateops.core.steps import RUN, fill
+
+    job, _, args = fill(RUN, {"query": query, "mode": mode, "run_id": "{{ run_id }}"})
+    return spark_job_operator(kwargs.pop("task_id", f"run_{query}"), job, args, **kwargs)
 
 
 @one_line_errors

@@ -185,6 +185,23 @@ def test_the_spark_submit_environment_keeps_what_the_caller_set():
     ]  # fmt: skip
 
 
+def test_a_job_template_leaves_out_the_optional_flags_not_given():
+    """Every job's arguments come from core/steps.py: a flag and its field alone is optional
+    (None or False: left out; True: the flag alone)."""
+    from stateops.core.steps import EXPORT, RUN, VALIDATE, fill
+
+    assert fill(EXPORT, {"checkpoint": "/c", "out": "/o", "batch": None}) == (
+        "export_state.py",
+        "old",
+        ["--checkpoint", "/c", "--out", "/o"],
+    )
+    assert fill(EXPORT, {"checkpoint": "/c", "out": "/o", "batch": 3})[2][-2:] == ["--batch", "3"]
+    assert fill(VALIDATE, {"query": "q", "json": True})[2] == ["--query", "q", "--json"]
+    assert fill(VALIDATE, {"query": "q", "json": False})[2] == ["--query", "q"]
+    run = fill(RUN, {"query": "q", "mode": "continuous", "run_id": "{{ run_id }}"})[2]
+    assert run == ["--query", "q", "--mode", "continuous", "--run-id", "{{ run_id }}"]
+
+
 def test_generate_for_a_registry_without_the_sample_queries_says_where_to_write(tmp_path):
     """A user's own registry names none of the sample datasets: ``generate`` wrote nothing and
     exited 0 (seen in the issue 40 trial); it now refuses in one line naming --out."""

@@ -47,9 +47,9 @@ def tree(tmp_path: Path) -> tuple[Path, dict[str, int]]:
 def test_find_and_scandir_list_the_same_files_and_sizes(tree, monkeypatch):
     root, expected = tree
     assert listing._FIND is not None, "GNU find is part of the machine this runs on"
-    assert listing.list_files(root) == expected
+    assert listing.local_files(root) == expected
     monkeypatch.setattr(listing, "_FIND", None)
-    assert listing.list_files(root) == expected
+    assert listing.local_files(root) == expected
 
 
 def test_a_failing_find_falls_back_to_scandir(tree, monkeypatch):
@@ -61,5 +61,5 @@ def test_a_failing_find_falls_back_to_scandir(tree, monkeypatch):
         return None  # what _find returns when find exits non-zero
 
     monkeypatch.setattr(listing, "_find", failing)
-    assert listing.list_files(root) == expected
+    assert listing.local_files(root) == expected
     assert calls, "the state partitions are listed by find first"

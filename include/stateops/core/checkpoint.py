@@ -43,8 +43,7 @@ from stateops.core.formats import (
     read_text,
     schema_file_refs,
 )
-from stateops.core.listing import walk
-from stateops.core.storage import S3Path, file_names, location, prefetch
+from stateops.core.storage import S3Path, file_names, location, prefetch, walk
 
 __all__ = [
     "Checkpoint",

@@ -1,4 +1,4 @@
-"""Every file of a checkpoint with its size, fast: the one directory walk the model is built on.
+"""Every file of a local checkpoint with its size, fast: the directory walk the model is built on.
 
 Most of a large checkpoint is ``state/<op>/<partition>/``: those folders are listed by GNU
 ``find`` (a stat per file in C, not in Python), by several processes at once; the few files
@@ -12,43 +12,18 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from stateops.core.storage import S3Path
 
 __all__ = [
-    "list_files",
-    "walk",
+    "local_files",
 ]
 
 
 _FIND = shutil.which("find")
 
 
-def walk(root: Path | S3Path) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Sizes by relative path, and the relative paths by relative directory ("" is the root),
-    of a local folder or an S3 prefix (:func:`stateops.core.storage.list_files`).
-
-    The model keeps these very path objects (their hashes are computed once, and a plan on a
-    large checkpoint looks each up several times).
-    """
-    from stateops.core.storage import list_files as list_any
-
-    sizes = list_any(root)
-    dirs: dict[str, list[str]] = {}
-    for rel in sizes:
-        parent = rel[: max(rel.rfind("/"), 0)]
-        paths = dirs.get(parent)
-        if paths is None:
-            dirs[parent] = [rel]
-        else:
-            paths.append(rel)
-    return sizes, dirs
-
-
-def list_files(root: Path) -> dict[str, int]:
-    """Every regular file's size by relative path.
+def local_files(root: Path) -> dict[str, int]:
+    """Every regular file's size by relative path, in a local folder
+    (:func:`stateops.core.storage.list_files` is the one for both kinds of storage).
 
     Most of a large checkpoint is ``state/<op>/<partition>/``: those folders are listed by GNU
     ``find`` (a stat per file in C, not in Python), by several processes at once; the few

@@ -8,23 +8,34 @@ so a DAG and the CLI run the same jobs with the same arguments.
 
 A step is ``(job file, registry, arguments)``: the registry is ``old`` (the user's) or
 ``new`` (the one the operation derives: a migration's new source and checkpoint, a backfill's
-overrides), and the arguments' fields in braces are the run's values, which a DAG fills with
-templates and the one-process runner with values (:func:`fill`).
+overrides), which whoever runs the step passes as ``--registry``, and the arguments' fields in
+braces are the run's values, which a DAG fills with templates and the one-process runner and
+the CLI with values (:func:`fill`). A flag followed by a field alone (``"--batch", "{batch}"``)
+is optional: a field that is None or False leaves both out, True the flag alone.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
 __all__ = [
     "BACKFILL_STEPS",
+    "BOOTSTRAP",
     "BOOTSTRAP_STATE",
+    "EXPORT",
     "EXPORT_STATE",
     "INITIAL_STATE_FORMATS",
     "MIGRATION_STEPS",
     "OVERRIDABLE",
+    "REPARTITION",
     "REPARTITION_STATE",
     "ROADS",
+    "RUN",
     "RUN_QUERY",
     "SOURCE_FORMATS",
+    "VALIDATE",
     "VALIDATE_STATE",
     "fill",
 ]
@@ -37,6 +48,26 @@ EXPORT_STATE = "export_state.py"
 BOOTSTRAP_STATE = "bootstrap_state.py"
 VALIDATE_STATE = "validate_state.py"
 REPARTITION_STATE = "repartition_state.py"
+
+# Each job on its own, as the CLI (and stream_start) runs it.
+RUN: Step = (RUN_QUERY, "old", ["--query", "{query}", "--mode", "{mode}", "--run-id", "{run_id}"])
+EXPORT: Step = (
+    EXPORT_STATE,
+    "old",
+    ["--checkpoint", "{checkpoint}", "--out", "{out}", "--batch", "{batch}"],
+)
+VALIDATE: Step = (VALIDATE_STATE, "old", ["--query", "{query}", "--json", "{json}"])
+BOOTSTRAP: Step = (
+    BOOTSTRAP_STATE,
+    "old",
+    ["--query", "{query}", "--initial-state", "{initial_state}", "--format", "{format}"]
+    + ["--carry-over", "{carry_over}", "--accept-differences", "{accept}"],
+)
+REPARTITION: Step = (
+    REPARTITION_STATE,
+    "old",
+    ["--checkpoint", "{checkpoint}", "--run-id", "{run_id}"],
+)
 
 # Available-now runs of the query (its own run id: the summary it writes names it).
 _RUN = ["--query", "{query}", "--mode", "available-now", "--run-id", "{run_id}"]
@@ -68,7 +99,18 @@ ROADS = ("auto", "transplant", "initial_state")
 OVERRIDABLE = ("processor", "transform", "watermark", "expectations", "spark_conf")
 
 
-def fill(step: Step, fields: dict[str, str]) -> Step:
-    """``step`` with the fields of its arguments filled in."""
-    job, registry, args = step
-    return job, registry, [arg.format_map(fields) for arg in args]
+_FIELD = re.compile(r"\{\w+\}")
+
+
+def fill(step: Step, fields: Mapping[str, Any]) -> Step:
+    """``step`` with the fields of its arguments filled in; an optional flag (a flag followed
+    by a field alone) is left out where its field is None or False, alone where it is True."""
+    job, registry, template = step
+    args: list[str] = []
+    for arg in template:
+        value = fields[arg[1:-1]] if _FIELD.fullmatch(arg) else arg.format_map(fields)
+        if value is None or value is False:
+            args.pop()  # its flag
+        elif value is not True:
+            args.append(str(value))
+    return job, registry, args

@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 from urllib.parse import unquote_plus
 
 from stateops.core.errors import StateOpsError
+from stateops.core.listing import local_files
 
 __all__ = [
     "S3Path",
@@ -52,6 +53,7 @@ __all__ = [
     "spark_url",
     "unfinished",
     "request_count",
+    "walk",
 ]
 
 
@@ -316,11 +318,26 @@ class S3Path:
 
 def list_files(root: Path | S3Path) -> dict[str, int]:
     """Every file's size by path relative to ``root``."""
-    if isinstance(root, Path):
-        from stateops.core.listing import list_files as list_local
+    return local_files(root) if isinstance(root, Path) else _list_s3(root)
 
-        return list_local(root)
-    return _list_s3(root)
+
+def walk(root: Path | S3Path) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """Sizes by relative path (:func:`list_files`), and the relative paths by relative
+    directory ("" is the root).
+
+    The model keeps these very path objects (their hashes are computed once, and a plan on a
+    large checkpoint looks each up several times).
+    """
+    sizes = list_files(root)
+    dirs: dict[str, list[str]] = {}
+    for rel in sizes:
+        parent = rel[: max(rel.rfind("/"), 0)]
+        paths = dirs.get(parent)
+        if paths is None:
+            dirs[parent] = [rel]
+        else:
+            paths.append(rel)
+    return sizes, dirs
 
 
 def file_names(folder: Path | S3Path) -> list[str]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.control.audit import audit_dir
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError
+from stateops.core.formats import OffsetEntry
 from stateops.core.registry import Query
 from stateops.core.storage import S3Path, file_names
 from stateops.spark.export import read_state_variable, state_reads
@@ -116,7 +117,6 @@ def _column(query: Query, df: DataFrame, field: str, column: str) -> str:
 def validate_state(spark: SparkSession, query: Query, batch: int | None = None) -> dict[str, Any]:
     """Validate the state after committed ``batch`` (default: the last); plain-data results."""
     import great_expectations as gx
-    import great_expectations.expectations as gxe
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
@@ -125,8 +125,7 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     if batch is None:
         raise CheckpointError(f"{query.checkpoint}: no committed batch yet: no state to validate")
     cp.restart_files(batch)
-    watermark_ms = cp.offsets[batch].watermark_ms
-    batch_timestamp_ms = cp.offsets[batch].timestamp_ms
+    offsets = cp.offsets[batch]
     audit = audit_dir(query.checkpoint)
     previous_rows = _previous_rows(audit, batch)
     ctx = gx.get_context(mode="file", project_root_dir=str(audit))
@@ -135,58 +134,17 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     source = ctx.data_sources.add_or_update_spark(name="state")
     variables = []
     for read in state_reads(spark, query.checkpoint, batch):
-        variable = read["variable"]
+        name = f"{query.name}.op{read['operator_id']}.{read['variable']}"
         raw = read_state_variable(spark, query.checkpoint, batch, read)
-        df = flatten_state(raw)
-        name = f"{query.name}.op{read['operator_id']}.{variable}"
-        checks: list[tuple[DataFrame, Any]] = []
-        keys = [k for k in query.key_columns if k in df.columns]
-        checks += [(df, gxe.ExpectColumnValuesToNotBeNull(column=k)) for k in keys]
-        # Consistent with state-metadata: rows only in the operator's partitions.
-        checks.append(
-            (df, gxe.ExpectColumnValuesToBeBetween(
-                column="partition_id", min_value=0, max_value=read["num_partitions"] - 1))
-        )  # fmt: skip
-        previous = previous_rows.get(variable)
-        if previous:
-            factor = query.expectations.row_change_factor
-            low, high = math.floor(previous / factor), math.ceil(previous * factor)
-            checks.append((df, gxe.ExpectTableRowCountToBeBetween(min_value=low, max_value=high)))
-        if read.get("ttl"):
-            # Spark evicts an entry whose TTL ran out by the batch's processing time.
-            ttl_column = next(c for c in df.columns if c.endswith("_ttlExpirationMs"))
-            checks.append(
-                (df, gxe.ExpectColumnValuesToBeBetween(
-                    column=ttl_column, min_value=batch_timestamp_ms, strict_min=True))
-            )  # fmt: skip
-        if read["kind"] == "store":  # a built-in operator's store: one row per whole key
-            keys = flatten_state(raw.select("key")).columns
-        if read["kind"] in ("value", "store") and keys:
-            unique = (
-                gxe.ExpectColumnValuesToBeUnique(column=keys[0])
-                if len(keys) == 1
-                else gxe.ExpectCompoundColumnsToBeUnique(column_list=keys)
-            )
-            checks.append((df, unique))
-        for path in query.expectations.non_negative:
-            var, _, column = path.partition(".")
-            if var == variable:
-                _column(query, df, f"expectations.non_negative: {path}", column)
-                checks.append((df, gxe.ExpectColumnValuesToBeBetween(column=column, min_value=0)))
-        expiry = query.expectations.expiry
-        if expiry and expiry.variable == variable:
-            expired = _expired_keys(df, query, watermark_ms)
-            checks.append(
-                (expired, gxe.ExpectColumnValuesToBeInSet(column="expired", value_set=[False]))
-            )
-        variables.append(_run_checks(ctx, source, name, variable, checks))
+        checks = _variable_checks(query, read, raw, previous_rows.get(read["variable"]), offsets)
+        variables.append(_run_checks(ctx, source, name, read["variable"], checks))
     ctx.build_data_docs()
     docs = data_docs_path(query)
     result = {
         "query": query.name,
         "checkpoint": query.checkpoint,
         "batch_id": batch,
-        "watermark_ms": watermark_ms,
+        "watermark_ms": offsets.watermark_ms,
         "ok": all(v["ok"] for v in variables),
         "variables": variables,
         "data_docs": str(docs),
@@ -196,6 +154,58 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     result["results_file"] = str(out)
     return result
+
+
+def _variable_checks(
+    query: Query, read: dict[str, Any], raw: DataFrame, previous: int | None, offsets: OffsetEntry
+) -> list[tuple[DataFrame, Any]]:
+    """The expectations on one state variable (``read``: :func:`state_reads`), each with the
+    DataFrame it is checked on; ``previous``: its rows at the last validation, ``offsets``:
+    the batch's (its watermark and processing time)."""
+    import great_expectations.expectations as gxe
+
+    variable = read["variable"]
+    df = flatten_state(raw)
+    checks: list[tuple[DataFrame, Any]] = []
+    keys = [k for k in query.key_columns if k in df.columns]
+    checks += [(df, gxe.ExpectColumnValuesToNotBeNull(column=k)) for k in keys]
+    # Consistent with state-metadata: rows only in the operator's partitions.
+    partitions = gxe.ExpectColumnValuesToBeBetween(
+        column="partition_id", min_value=0, max_value=read["num_partitions"] - 1
+    )
+    checks.append((df, partitions))
+    if previous:
+        factor = query.expectations.row_change_factor
+        low, high = math.floor(previous / factor), math.ceil(previous * factor)
+        checks.append((df, gxe.ExpectTableRowCountToBeBetween(min_value=low, max_value=high)))
+    if read.get("ttl"):
+        # Spark evicts an entry whose TTL ran out by the batch's processing time.
+        ttl_column = next(c for c in df.columns if c.endswith("_ttlExpirationMs"))
+        ttl = gxe.ExpectColumnValuesToBeBetween(
+            column=ttl_column, min_value=offsets.timestamp_ms, strict_min=True
+        )
+        checks.append((df, ttl))
+    if read["kind"] == "store":  # a built-in operator's store: one row per whole key
+        keys = flatten_state(raw.select("key")).columns
+    if read["kind"] in ("value", "store") and keys:
+        unique = (
+            gxe.ExpectColumnValuesToBeUnique(column=keys[0])
+            if len(keys) == 1
+            else gxe.ExpectCompoundColumnsToBeUnique(column_list=keys)
+        )
+        checks.append((df, unique))
+    for path in query.expectations.non_negative:
+        var, _, column = path.partition(".")
+        if var == variable:
+            _column(query, df, f"expectations.non_negative: {path}", column)
+            checks.append((df, gxe.ExpectColumnValuesToBeBetween(column=column, min_value=0)))
+    expiry = query.expectations.expiry
+    if expiry and expiry.variable == variable:
+        expired = _expired_keys(df, query, offsets.watermark_ms)
+        checks.append(
+            (expired, gxe.ExpectColumnValuesToBeInSet(column="expired", value_set=[False]))
+        )
+    return checks
 
 
 def _run_checks(ctx: Any, source: Any, name: str, variable: str, checks: list) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""The Spark jobs' refusals that need no Spark, run before ``spark-submit`` starts a JVM, and
-the ``spark-submit`` command that runs a job.
+"""The Spark jobs' one main, their refusals that need no Spark, run before ``spark-submit``
+starts a JVM, and the ``spark-submit`` command that runs a job.
 
-Each job in ``spark_jobs/`` defines ``parse_args(argv)`` and ``preflight(args)``: its
-``main()`` runs them first (a job may be submitted by hand), and the CLI and the Airflow
-operator run the very same two on the arguments they are about to submit, so a bad path,
-registry, batch or output folder is refused in a second instead of after 10-15 s of JVM
+Each job in ``spark_jobs/`` defines ``parse_args(argv)``, ``preflight(args)`` (its
+:class:`Job`'s, from :mod:`stateops.ops.jobs`) and ``main(argv)`` (:func:`job_main`): its
+``main()`` runs the preflight first (a job may be submitted by hand), and the CLI and the
+Airflow operator run the very same two on the arguments they are about to submit, so a bad
+path, registry, batch or output folder is refused in a second instead of after 10-15 s of JVM
 start-up, and the checks cannot drift apart from the job's own.
 """
 
@@ -13,15 +14,20 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from argparse import Namespace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import StateOpsError, domain_errors, one_line
 from stateops.core.registry import PROJECT_ROOT
 
 __all__ = [
     "PY_FILES",
+    "Job",
+    "job_main",
     "job_path",
     "load_job",
     "preflight_job",
@@ -31,6 +37,33 @@ __all__ = [
 
 # The library as the Spark executors get it (``--py-files``; ``make`` builds it).
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a Spark job does with its parsed arguments: ``preflight(args)``, every refusal that
+    needs no Spark (what it returns is ``run``'s second argument); ``run(args, prepared)``,
+    the work; ``report(args, result)`` prints the result and gives the exit code."""
+
+    preflight: Callable[[Namespace], Any]
+    run: Callable[[Namespace, Any], Any]
+    report: Callable[[Namespace, Any], int]
+
+
+def job_main(
+    job: Job, parse_args: Callable[[list[str]], Namespace], argv: Sequence[str] | None
+) -> int:
+    """A Spark job's ``main``: ``argv`` (default: the command line's) parsed, then the job's
+    preflight and run; bad input from either is one line ``error: ...`` on stderr and exit
+    code 2, else the report's exit code."""
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        with domain_errors():
+            result = job.run(args, job.preflight(args))
+    except StateOpsError as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 2
+    return job.report(args, result)
 
 
 def job_path(job: str) -> Path:

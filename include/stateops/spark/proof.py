@@ -29,7 +29,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import audit_dir
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.registry import Query
 from stateops.spark.export import (
@@ -207,75 +207,25 @@ def prove_carry_over(
     old_frames, watermark, source = _old_state(spark, origin)
     old_frames = {name: df.cache() for name, df in old_frames.items()}  # read several times
     keys, columns = query.key_columns, [F.col(k) for k in query.key_columns]
-    delay = query.watermark.delay_ms if query.watermark else None
-    steps: list[dict[str, Any]] = []
-    own_late = own_evict = 0  # the watermarks the new input alone gives (no carry)
-    for batch in range(first, last + 1):
-        cp.restart_files(batch)  # committed, and its state files are all there
-        files = [f["path"] for f in cp.input_files(batch)]
-        df = _batch_input(spark, query, files)
-        latest = None
-        if delay is not None and files:
-            # Spark's watermark: the latest event time in ms, truncated, minus the delay.
-            latest = df.select(F.max(F.unix_millis(F.col(query.watermark.column)))).first()[0]
-        steps.append({"batch": batch, "files": files, "input": df, "latest": latest,
-                      "image": image and batch == first and not files})  # fmt: skip
-        if not until_caught_up:
-            break
-        if not steps[-1]["image"]:
-            caught_up = delay is None or (own_late, own_evict) == _carried(watermark, steps, delay)
-            own_late, own_evict = (
-                own_evict,
-                own_evict if latest is None else max(own_evict, latest - delay),
-            )
-            if caught_up:
-                break
-    # The reference's watermarks: the image batch runs at batch N's, the others as batch N + 1...
-    moved = [s for s in steps if not s["image"]]
-    chain = iter(watermark_steps(watermark, [s["latest"] for s in moved], delay))
-    for step in steps:
-        late, evict = (None, watermark["batch_watermark_ms"]) if step["image"] else next(chain)
-        step["late"], step["evict"] = late, evict
-        df = step["input"]
-        if late is not None and query.watermark:
-            column = F.col(query.watermark.column)  # Spark drops rows at or before it as late
-            df = df.filter(column.isNull() | (column > F.timestamp_millis(F.lit(late))))
-        step["kept"] = df
-    # The keys some batch can change: its input's, and those of old timers due by the end.
-    touched = None
-    for step in steps:
-        batch_keys = step["input"].select(*keys)
-        touched = batch_keys if touched is None else touched.unionByName(batch_keys)
-    if "timers" in old_frames and query.processor.time_mode == "EventTime":
-        due = max(s["evict"] for s in steps)
-        timers = old_frames["timers"].filter(F.col("expiration_timestamp_ms") <= due)
-        touched = touched.unionByName(timers.select(*(F.col("key")[k].alias(k) for k in keys)))
-    touched = touched.distinct().cache()
+    steps = _new_batches(
+        spark,
+        query,
+        cp,
+        range(first, last + 1),
+        watermark,
+        image=image,
+        until_caught_up=until_caught_up,
+    )
+    _reference_watermarks(query, steps, watermark)
+    touched = _touched_keys(query, steps, old_frames)
     total_keys = touched.count()
     modulus = max(1, math.ceil(total_keys / max_keys))
     sampled = _sample(touched, columns, modulus)
     not_sampled = touched.subtract(sampled) if modulus > 1 else None
-    state = {name: _by_keys(df, sampled, keys, "left_semi").collect()
-             for name, df in old_frames.items()}  # fmt: skip
-    watermarks, input_rows, simulated = [], 0, {}
-    for step in steps:
-        batch, offsets = step["batch"], cp.offsets[step["batch"]]
-        rows = _sample(step["kept"], columns, modulus).toPandas()
-        input_rows += len(rows)
-        given = rows if len(rows) else None
-        try:
-            simulated[batch] = simulate_query(query, given, None, offsets.timestamp_ms,
-                                              step["evict"], state)  # fmt: skip
-        except StateOpsError as err:
-            raise StateOpsError(
-                f"query {query.name}: the proof cannot simulate batch {batch}: {err}"
-            ) from err
-        state = {name: simulated[batch].rows(name)
-                 for name in [*simulated[batch].variables, "timers"]}  # fmt: skip
-        if query.watermark:
-            ok = offsets.watermark_ms == step["evict"]
-            watermarks.append({"batch": batch, "ok": ok, "expected": step["evict"],
-                               "actual": offsets.watermark_ms})  # fmt: skip
+    state = {
+        name: _by_keys(df, sampled, keys, "left_semi").collect() for name, df in old_frames.items()
+    }
+    simulated, watermarks, input_rows = _simulate_batches(query, cp, steps, state, columns, modulus)
     untouched = {name: _by_keys(df, touched, keys, "left_anti") for name, df in old_frames.items()}
     variables = _compare_batches(spark, query, simulated, not_sampled, untouched)
     touched.unpersist()
@@ -301,6 +251,134 @@ def prove_carry_over(
         "variables": variables,
     }
     return _write_proof(query, result)
+
+
+def _new_batches(
+    spark: SparkSession,
+    query: Query,
+    cp: Checkpoint,
+    batches: range,
+    watermark: dict[str, int],
+    *,
+    image: bool,
+    until_caught_up: bool,
+) -> list[dict[str, Any]]:
+    """The new checkpoint's batches to prove, each with its input files, its input and its
+    latest event time: up to the one where the new input's own watermark has caught up with
+    the carried one (``until_caught_up``), else the first only."""
+    from pyspark.sql import functions as F
+
+    delay = query.watermark.delay_ms if query.watermark else None
+    steps: list[dict[str, Any]] = []
+    own_late = own_evict = 0  # the watermarks the new input alone gives (no carry)
+    for batch in batches:
+        cp.restart_files(batch)  # committed, and its state files are all there
+        files = [f["path"] for f in cp.input_files(batch)]
+        df = _batch_input(spark, query, files)
+        latest = None
+        if delay is not None and files:
+            # Spark's watermark: the latest event time in ms, truncated, minus the delay.
+            latest = df.select(F.max(F.unix_millis(F.col(query.watermark.column)))).first()[0]
+        steps.append(
+            {
+                "batch": batch,
+                "files": files,
+                "input": df,
+                "latest": latest,
+                "image": image and batch == batches[0] and not files,
+            }
+        )
+        if not until_caught_up:
+            break
+        if not steps[-1]["image"]:
+            caught_up = delay is None or (own_late, own_evict) == _carried(watermark, steps, delay)
+            own_late, own_evict = (
+                own_evict,
+                own_evict if latest is None else max(own_evict, latest - delay),
+            )
+            if caught_up:
+                break
+    return steps
+
+
+def _reference_watermarks(
+    query: Query, steps: list[dict[str, Any]], watermark: dict[str, int]
+) -> None:
+    """Each step's ``late`` and ``evict`` watermarks in the reference, and its input ``kept``
+    (without the rows Spark drops as late): the image batch runs at batch N's watermarks, the
+    others as batch N + 1..."""
+    from pyspark.sql import functions as F
+
+    delay = query.watermark.delay_ms if query.watermark else None
+    moved = [s for s in steps if not s["image"]]
+    chain = iter(watermark_steps(watermark, [s["latest"] for s in moved], delay))
+    for step in steps:
+        late, evict = (None, watermark["batch_watermark_ms"]) if step["image"] else next(chain)
+        step["late"], step["evict"] = late, evict
+        df = step["input"]
+        if late is not None and query.watermark:
+            column = F.col(query.watermark.column)  # Spark drops rows at or before it as late
+            df = df.filter(column.isNull() | (column > F.timestamp_millis(F.lit(late))))
+        step["kept"] = df
+
+
+def _touched_keys(
+    query: Query, steps: list[dict[str, Any]], old_frames: dict[str, DataFrame]
+) -> DataFrame:
+    """The keys some batch can change (cached): its input's, and those of old timers due by
+    the end."""
+    from pyspark.sql import functions as F
+
+    keys = query.key_columns
+    touched = None
+    for step in steps:
+        batch_keys = step["input"].select(*keys)
+        touched = batch_keys if touched is None else touched.unionByName(batch_keys)
+    if "timers" in old_frames and query.processor.time_mode == "EventTime":
+        due = max(s["evict"] for s in steps)
+        timers = old_frames["timers"].filter(F.col("expiration_timestamp_ms") <= due)
+        touched = touched.unionByName(timers.select(*(F.col("key")[k].alias(k) for k in keys)))
+    return touched.distinct().cache()
+
+
+def _simulate_batches(
+    query: Query,
+    cp: Checkpoint,
+    steps: list[dict[str, Any]],
+    state: dict[str, Any],
+    columns: list[Column],
+    modulus: int,
+) -> tuple[dict[int, Any], list[dict[str, Any]], int]:
+    """The reference: the sampled old ``state`` carried through each step's kept input
+    (sampled) by the processor; with each batch's watermark check and the input rows used."""
+    watermarks, input_rows, simulated = [], 0, {}
+    for step in steps:
+        batch, offsets = step["batch"], cp.offsets[step["batch"]]
+        rows = _sample(step["kept"], columns, modulus).toPandas()
+        input_rows += len(rows)
+        given = rows if len(rows) else None
+        try:
+            simulated[batch] = simulate_query(
+                query, given, None, offsets.timestamp_ms, step["evict"], state
+            )
+        except StateOpsError as err:
+            raise StateOpsError(
+                f"query {query.name}: the proof cannot simulate batch {batch}: {err}"
+            ) from err
+        state = {
+            name: simulated[batch].rows(name) for name in [*simulated[batch].variables, "timers"]
+        }
+        if query.watermark:
+            ok = offsets.watermark_ms == step["evict"]
+            watermarks.append(
+                {
+                    "batch": batch,
+                    "ok": ok,
+                    "expected": step["evict"],
+                    "actual": offsets.watermark_ms,
+                }
+            )
+    return simulated, watermarks, input_rows
 
 
 def prove_carried_state(

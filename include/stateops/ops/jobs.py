@@ -1,0 +1,190 @@
+"""What the Spark jobs of ``spark_jobs/`` do with their parsed arguments, one
+:class:`~stateops.spark.jobs.Job` each: the job file holds its arguments and hands them to
+:func:`stateops.spark.jobs.job_main`.
+
+A job's ``preflight`` is every refusal that needs no Spark: the job runs it first (it may be
+submitted by hand), and the CLI and the Airflow operator run it on the arguments they are
+about to submit (:func:`stateops.spark.jobs.preflight_job`), so a refusal costs no JVM.
+PySpark is imported only once a job runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from datetime import datetime
+from typing import Any
+
+from stateops.control.audit import audit_dir
+from stateops.control.markers import read_repartition
+from stateops.core.access import refuse_unwritable
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
+from stateops.core.times import parse_past_time
+from stateops.core.verify import format_findings, verify_checkpoint
+from stateops.ops.repartition import proof_path
+from stateops.ops.start import (
+    checkpoint_state,
+    refuse_unrunnable,
+    run_registered_query,
+    write_summary,
+)
+from stateops.spark.jobs import Job
+from stateops.spark.streaming import check_code
+
+__all__ = [
+    "EXPORT_JOB",
+    "REPARTITION_JOB",
+    "RUN_QUERY_JOB",
+    "VALIDATE_JOB",
+]
+
+
+# -- run_query.py ---------------------------------------------------------------------------
+def _run_query_preflight(args: Namespace) -> tuple[Registry, datetime | None]:
+    """The registry and the cutover; every refusal that needs no Spark (run before
+    spark-submit too): the registry and query, the query's own code, a cutover that is not a
+    real past time, a pending rollback, a damaged checkpoint."""
+    registry = load_registry(args.registry)
+    query = registry.query(args.query)
+    check_code(registry, query)
+    cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
+    refuse_unrunnable(registry, query)
+    checkpoint_state(query.checkpoint)
+    return registry, cutover
+
+
+def _run_query(args: Namespace, prepared: tuple[Registry, datetime | None]) -> tuple:
+    registry, cutover = prepared
+    summary = run_registered_query(
+        registry,
+        args.query,
+        mode=args.mode,
+        run_id=args.run_id,
+        poll_seconds=args.poll_seconds,
+        cutover=cutover,
+    )
+    return registry, summary
+
+
+def _run_query_report(args: Namespace, ran: tuple[Registry, dict[str, Any]]) -> int:
+    registry, summary = ran
+    write_summary(registry, summary, args.summary)
+    print(json.dumps(summary))
+    return 0 if summary["status"] == "succeeded" else 1
+
+
+RUN_QUERY_JOB = Job(_run_query_preflight, _run_query, _run_query_report)
+
+
+# -- export_state.py ------------------------------------------------------------------------
+def _export_preflight(args: Namespace) -> tuple[str, int]:
+    """(checkpoint, batch) to export; refuses without Spark (run before spark-submit too)."""
+    from stateops.spark.export import check_export
+
+    checkpoint, _, _ = checkpoint_of(args.checkpoint, args.registry)
+    _, batch = check_export(checkpoint, args.out, args.batch)
+    return checkpoint, batch
+
+
+def _export(args: Namespace, prepared: tuple[str, int]) -> dict[str, Any]:
+    from stateops.spark.export import export_state
+    from stateops.spark.streaming import spark_session
+
+    checkpoint, batch = prepared
+    spark = spark_session("stateops-export")
+    return export_state(spark, checkpoint, args.out, batch)
+
+
+def _export_report(args: Namespace, manifest: dict[str, Any]) -> int:
+    summary = {k: manifest[k] for k in ("query_id", "batch_id")}
+    summary["entries"] = [
+        {k: e[k] for k in ("operator_id", "variable", "rows", "checksum")}
+        for e in manifest["entries"]
+    ]
+    print(json.dumps(summary))
+    return 0
+
+
+EXPORT_JOB = Job(_export_preflight, _export, _export_report)
+
+
+# -- validate_state.py ----------------------------------------------------------------------
+def _validate_preflight(args: Namespace) -> Query:
+    """The query to validate; refuses without Spark (run before spark-submit too) a registry or
+    query that is not there, a checkpoint that fails file-level verification, and a batch that
+    is not committed."""
+    query = load_registry(args.registry).query(args.query)
+    files = verify_checkpoint(query.checkpoint)
+    if not files["ok"]:
+        print(format_findings(files), end="", file=sys.stderr)
+        raise StateOpsError(f"{query.checkpoint}: fails file-level verification; see above")
+    committed = files["last_committed_batch"]
+    if committed is None:
+        raise StateOpsError(f"{query.checkpoint}: no committed batch yet: no state to validate")
+    if args.batch is not None:
+        load_checkpoint(query.checkpoint).restart_files(args.batch)  # committed, files there
+    # Great Expectations keeps its context and Data Docs in the audit folder.
+    refuse_unwritable(f"validation of {query.name}", write=[audit_dir(query.checkpoint) / "gx"])
+    return query
+
+
+def _validate(args: Namespace, query: Query) -> dict[str, Any]:
+    from stateops.spark.expectations import validate_state
+    from stateops.spark.streaming import spark_session
+
+    spark = spark_session(f"stateops-validate-{query.name}")
+    return validate_state(spark, query, args.batch)
+
+
+def _validate_report(args: Namespace, result: dict[str, Any]) -> int:
+    from stateops.spark.expectations import format_validation
+
+    print(
+        json.dumps(result) if args.json else format_validation(result),
+        end="\n" if args.json else "",
+    )
+    return 0 if result["ok"] else 1
+
+
+VALIDATE_JOB = Job(_validate_preflight, _validate, _validate_report)
+
+
+# -- repartition_state.py -------------------------------------------------------------------
+def _repartition_preflight(args: Namespace) -> tuple[str, dict]:
+    """(checkpoint, marker) of the prepared run; refuses without Spark."""
+    checkpoint, _, _ = checkpoint_of(args.checkpoint, args.registry)
+    marker = read_repartition(checkpoint)
+    if marker is None or marker["run_id"] != args.run_id:
+        raise StateOpsError(
+            f"{checkpoint}: no repartition {args.run_id} is prepared here; run "
+            "`stateops repartition` (it prepares, runs this job and finishes)"
+        )
+    cp = load_checkpoint(checkpoint)
+    if cp.last_committed_batch != marker["batch"] - 1 or cp.uncommitted_batches:
+        raise StateOpsError(
+            f"{checkpoint}: last committed batch {cp.last_committed_batch}, planned "
+            f"{cp.uncommitted_batches}: not the checkpoint repartition {args.run_id} prepared "
+            f"(batch {marker['batch'] - 1}); run `stateops repartition` again"
+        )
+    return checkpoint, marker
+
+
+def _repartition(args: Namespace, prepared: tuple[str, dict]) -> dict[str, Any]:
+    from stateops.spark.repartition import repartition_and_prove
+    from stateops.spark.streaming import spark_session
+
+    checkpoint, marker = prepared
+    spark = spark_session("stateops-repartition")
+    proof = proof_path(checkpoint, args.run_id)
+    return repartition_and_prove(spark, checkpoint, marker["partitions"], proof)
+
+
+def _repartition_report(args: Namespace, proof: dict[str, Any]) -> int:
+    print(json.dumps({k: proof[k] for k in ("ok", "batch", "partitions", "summary")}))
+    return 0 if proof["ok"] else 1
+
+
+REPARTITION_JOB = Job(_repartition_preflight, _repartition, _repartition_report)
