@@ -16,16 +16,12 @@ else it is exported and taken as the initial state (``--carry-over``). Exit code
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any
 
-from stateops.control.lock import new_run_id
-from stateops.control.target import Target
-from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.ops.bootstrap import FORMATS, preflight_bootstrap, run_bootstrap
-from stateops.ops.start import write_summary
+from stateops.ops.bootstrap import FORMATS
+from stateops.ops.jobs import BOOTSTRAP_JOB
 from stateops.ops.transplant import ROADS
+from stateops.spark.jobs import job_main
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,35 +44,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def preflight(args: argparse.Namespace) -> tuple[Target, dict[str, Any]]:
-    """The query and the bootstrap's plan (:func:`stateops.ops.bootstrap.preflight_bootstrap`)."""
-    return preflight_bootstrap(
-        args.registry,
-        args.query,
-        args.initial_state,
-        args.format,
-        args.carry_over,
-        args.accept_differences == "yes",
-    )
+# The CLI and the Airflow operator run it before spark-submit too (preflight_job).
+preflight = BOOTSTRAP_JOB.preflight
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        with domain_errors():
-            target, plan = preflight(args)
-            if args.dry_run:
-                print(json.dumps({"dry_run": True, **plan}))
-                return 0
-            run_id = args.run_id or new_run_id("bootstrap")
-            log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-            summary = run_bootstrap(target, plan, run_id=run_id, log=log)
-    except StateOpsError as err:
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2
-    write_summary(target.require_registry(), summary)
-    print(json.dumps(summary))
-    return 0 if summary["status"] == "succeeded" else 1
+    return job_main(BOOTSTRAP_JOB, parse_args, argv)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,16 @@ from datetime import datetime
 from typing import Any
 
 from stateops.control.audit import audit_dir
+from stateops.control.lock import new_run_id
 from stateops.control.markers import read_repartition
+from stateops.control.target import Target
 from stateops.core.access import refuse_unwritable
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
 from stateops.core.times import parse_past_time
 from stateops.core.verify import format_findings, verify_checkpoint
+from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
 from stateops.ops.repartition import proof_path
 from stateops.ops.start import (
     checkpoint_state,
@@ -35,6 +38,7 @@ from stateops.spark.jobs import Job
 from stateops.spark.streaming import check_code
 
 __all__ = [
+    "BOOTSTRAP_JOB",
     "EXPORT_JOB",
     "REPARTITION_JOB",
     "RUN_QUERY_JOB",
@@ -188,3 +192,32 @@ def _repartition_report(args: Namespace, proof: dict[str, Any]) -> int:
 
 
 REPARTITION_JOB = Job(_repartition_preflight, _repartition, _repartition_report)
+
+
+# -- bootstrap_state.py ---------------------------------------------------------------------
+def _bootstrap_preflight(args: Namespace) -> tuple[Target, dict[str, Any]]:
+    """The query and the bootstrap's plan (:func:`stateops.ops.bootstrap.preflight_bootstrap`)."""
+    accept = args.accept_differences == "yes"
+    return preflight_bootstrap(
+        args.registry, args.query, args.initial_state, args.format, args.carry_over, accept
+    )
+
+
+def _bootstrap(args: Namespace, prepared: tuple[Target, dict[str, Any]]) -> tuple:
+    target, plan = prepared
+    if args.dry_run:
+        return target, {"dry_run": True, **plan}
+    run_id = args.run_id or new_run_id("bootstrap")
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    return target, run_bootstrap(target, plan, run_id=run_id, log=log)
+
+
+def _bootstrap_report(args: Namespace, ran: tuple[Target, dict[str, Any]]) -> int:
+    target, result = ran
+    if not args.dry_run:
+        write_summary(target.require_registry(), result)
+    print(json.dumps(result))
+    return 0 if args.dry_run or result["status"] == "succeeded" else 1
+
+
+BOOTSTRAP_JOB = Job(_bootstrap_preflight, _bootstrap, _bootstrap_report)
