@@ -85,15 +85,16 @@ from stateops_airflow.tasks import (
     carry_over_param,
     dry_run_param,
     inject_fault,
+    migration_migrated,
+    migration_plan,
+    migration_roll_back,
     migration_step,
+    migration_stop,
     not_a_dry_run,
-    plan_migration,
     query_param,
     registered_queries,
-    roll_back_migration,
     say,
     spark_job_operator,
-    stop_for_migration,
 )
 
 QUERIES = registered_queries(where=lambda q: q.movable)
@@ -202,11 +203,11 @@ def stream_source_migration() -> None:
     @task
     def preflight() -> dict:
         context = get_current_context()
-        return plan_migration(dict(context["params"]), context["run_id"])
+        return migration_plan(dict(context["params"]), context["run_id"])
 
     @task
     def stop_query(plan: dict) -> None:
-        stop_for_migration(plan)
+        migration_stop(plan)
 
     @task
     def backup(plan: dict) -> dict:
@@ -234,20 +235,13 @@ def stream_source_migration() -> None:
         """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
         context = get_current_context()
         plan = context["ti"].xcom_pull(task_ids="preflight")
-        roll_back_migration(plan, approved(context, "approve_stop"))
+        migration_roll_back(plan, approved(context, "approve_stop"))
 
     @task
     def migrated(plan: dict) -> str:
         """The last step: what the run did and how to undo it. It does not run when a step
         failed, so the run fails (whether roll_back undid something or had nothing to undo)."""
-        line = (
-            f"{plan['query']} migrated: it runs on {plan['new']['checkpoint']} "
-            f"({plan['new']['source']['format']} {plan['new']['source']['path']}); the old "
-            f"checkpoint {plan['old']['checkpoint']} stays, read-only; to undo, stop the "
-            f"query, remove {plan['switch_file']} and make the old checkpoint writable"
-        )
-        say(line)
-        return line
+        return migration_migrated(plan)
 
     drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
         spark_task(step) for step in ("drain", "first_batch", "export", "validate_export",

@@ -406,9 +406,11 @@ def _overrides(text: str) -> dict:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
+    from stateops.control.target import resolve_target
+    from stateops.ops.backup import backup_first
     from stateops.ops.migration import format_migration_plan, plan_migration, run_migration
 
-    registry = load_registry(args.registry)
+    target = resolve_target(args.query, args.registry)
     source = {
         "format": args.new_source_format,
         "path": args.new_source_path,
@@ -416,15 +418,23 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         "options": dict(args.new_source_option),
     }
     plan = plan_migration(
-        registry, args.query, source, args.new_checkpoint or "", new_run_id("migration"),
-        args.cutover, args.carry_over, args.accept_differences, args.source or "",
-    )  # fmt: skip
+        target,
+        source,
+        args.new_checkpoint or "",
+        new_run_id("migration"),
+        args.cutover,
+        args.carry_over,
+        args.accept_differences,
+        args.source or "",
+    )
     _log(format_migration_plan(plan, args.dry_run))
     if args.dry_run:
         print(json.dumps(plan))
         return 0
-    client = _s3(args)  # bad S3 settings: refused before the query is held
-    print(json.dumps(run_migration(registry, plan, client, _job_runner(args.master), log=_log)))
+    # Bad S3 settings: refused before the query is held.
+    backup = backup_first(target, _s3(args), "migration", log=_log)
+    run_job = _job_runner(args.master)
+    print(json.dumps(run_migration(target, plan, backup=backup, run_job=run_job, log=_log)))
     return 0
 
 

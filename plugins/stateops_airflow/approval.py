@@ -121,13 +121,15 @@ def ask_migration_stop(context: Any) -> ApprovalRequest:
 def ask_migration_switch(context: Any) -> ApprovalRequest:
     """Before the migrated query is switched to its new source and checkpoint; the hold is
     renewed first, since the query stays held while the request waits."""
+    from stateops.control.target import query_target
     from stateops.ops.migration import format_migration_plan, prepare_migration
 
-    registry, plan = load_registry(), _result(context, "preflight")
+    plan = _result(context, "preflight")
+    target = query_target(None, plan["query"])
     settled, proof = _result(context, "backup"), _result(context, "prove")["proof"]
-    prepare_migration(registry, plan)
+    prepare_migration(target, plan)
     return ApprovalRequest(
-        registry.query(plan["query"]),
+        target.require_query("a registered query"),
         step=f"switch it to {plan['new']['checkpoint']}, its carried state proven",
         plan=format_migration_plan(plan, dry_run=False)
         + f"\n  proven: {proof['variables']} ({proof['proof_file']})",

@@ -31,9 +31,10 @@ def _backfill(registry: Registry, conf: dict[str, Any]) -> None:
 
 
 def _migration(registry: Registry, conf: dict[str, Any]) -> None:
+    from stateops.control.target import query_target
     from stateops.ops.migration import check_migration_form
 
-    check_migration_form(registry, conf)
+    check_migration_form(query_target(registry, conf["query"]), conf)
 
 
 FORM_CHECKS: dict[str, Callable[[Registry, dict[str, Any]], None]] = {

@@ -382,65 +382,75 @@ def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str,
 
 
 @one_line_errors
-def plan_migration(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """:func:`stateops.ops.migration.plan_migration` for the form's fields, printed. The query
-    is held from ``stop_query`` on, once the plan is approved: not while a request waits."""
-    from stateops.ops.migration import format_migration_plan
-    from stateops.ops.migration import plan_migration as plan_it
+def migration_plan(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The preflight: :func:`stateops.ops.migration.plan_migration` for the form's fields,
+    printed. The query is held from ``stop_query`` on, once the plan is approved: not while a
+    request waits."""
+    from stateops.control.target import query_target
+    from stateops.ops.migration import format_migration_plan, plan_migration
 
-    registry = load_registry()
     source = {
         "format": params["new_source_format"],
         "path": params["new_source_path"],
         "schema": params["new_source_schema"] or "",
         "options": params["new_source_options"],
     }
-    plan = plan_it(
-        registry, params["query"], source, params["new_checkpoint"] or "", run_id,
-        params["cutover"], params["carry_over"], params["accept_differences"],
+    plan = plan_migration(
+        query_target(None, params["query"]),
+        source,
+        params["new_checkpoint"] or "",
+        run_id,
+        params["cutover"],
+        params["carry_over"],
+        params["accept_differences"],
         params["source"] or "",
-    )  # fmt: skip
+    )
     say(format_migration_plan(plan, params["dry_run"]))
     return plan
 
 
 @one_line_errors
-def stop_for_migration(plan: dict[str, Any]) -> None:
-    """Hold the query for the migration (other lifecycle operations wait until it ends), then
-    stop it gracefully if it runs."""
+def migration_stop(plan: dict[str, Any]) -> None:
+    """The stop_query step: hold the query for the migration (other lifecycle operations wait
+    until it ends), then stop it gracefully if it runs."""
+    from stateops.control.target import query_target
     from stateops.ops.migration import prepare_migration, stop_running_query
 
-    registry = load_registry()
-    prepare_migration(registry, plan)
+    target = query_target(None, plan["query"])
+    prepare_migration(target, plan)
     say(f"{plan['query']}: held by this run; other lifecycle operations wait")
-    stop_running_query(registry, plan["query"], log=say)
+    stop_running_query(target, plan["run_id"], log=say)
 
 
 @one_line_errors
-def migration_step(step: str, *args: Any) -> dict[str, Any]:
+def migration_step(step: str, plan: dict[str, Any], *args: Any) -> dict[str, Any]:
     """Migration step ``step`` (``backup``, ``transplant``, ``prove``, ``switch``) of
-    :mod:`stateops.ops.migration` on the registry; the backup through its Airflow connection."""
+    :mod:`stateops.ops.migration` for ``plan``; the backup through its Airflow connection."""
+    from stateops.control.target import query_target
     from stateops.ops import migration
+    from stateops.ops.backup import backup_first
 
-    registry = load_registry()
+    target = query_target(None, plan["query"])
     if step == "backup":
-        return migration.backup_for_migration(
-            registry, *args, airflow_s3_client(registry.backups.conn_id), log=say
-        )
+        client = airflow_s3_client(target.require_registry().backups.conn_id)
+        backup = backup_first(target, client, migration.OPERATION, log=say)
+        return migration.backup_for_migration(target, plan, backup, log=say)
     run = {
         "transplant": migration.transplant_for_migration,
         "prove": migration.prove_migration,
         "switch": migration.switch_migration,
     }[step]
-    return run(registry, *args, log=say)
+    return run(target, plan, *args, log=say)
 
 
-def roll_back_migration(plan: dict[str, Any] | None, approved: bool) -> None:
-    """After a failed step: undo the migration run. It succeeds when it undid something and is
-    skipped, saying why, when there was nothing to undo (a refused preflight, a failed dry run,
-    a stop not approved: the query is held only from ``stop_query`` on); the run fails either
-    way, since its last step (``migrated``) did not run."""
-    from stateops.ops.migration import roll_back_migration as roll_back
+def migration_roll_back(plan: dict[str, Any] | None, approved: bool) -> None:
+    """The roll_back step, after a failed step: undo the migration run. It succeeds when it
+    undid something and is skipped, saying why, when there was nothing to undo (a refused
+    preflight, a failed dry run, a stop not approved: the query is held only from
+    ``stop_query`` on); the run fails either way, since its last step (``migrated``) did not
+    run."""
+    from stateops.control.target import query_target
+    from stateops.ops.migration import roll_back_migration
 
     if not plan:
         raise AirflowSkipException(
@@ -452,9 +462,20 @@ def roll_back_migration(plan: dict[str, Any] | None, approved: bool) -> None:
             "the migration was not approved (approve_stop says why) before anything changed: "
             "nothing to roll back"
         )
-    roll_back(load_registry(), plan, log=say)
-    say("the migration failed (see the failed step's log); it was rolled back and the query "
-        "runs on its old source")  # fmt: skip
+    roll_back_migration(query_target(None, plan["query"]), plan, log=say)
+    say(
+        "the migration failed (see the failed step's log); it was rolled back and the query "
+        "runs on its old source"
+    )
+
+
+def migration_migrated(plan: dict[str, Any]) -> str:
+    """The migrated step: what the run did and how to undo it, said."""
+    from stateops.ops.migration import format_migrated
+
+    line = format_migrated(plan)
+    say(line)
+    return line
 
 
 def _repartition_lock(query: str, run_id: str) -> tuple[Registry, str, Any]:

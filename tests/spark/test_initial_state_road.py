@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import copy_restart_set
@@ -266,9 +267,10 @@ def test_a_processor_whose_state_changed_is_refused_unless_accepted(road):
     with pytest.raises(StateOpsError, match=r"would change what it computes: state 'events' is "
                        r"ListState \(ttl False\) in the old checkpoint, ListState \(ttl True\).*"
                        "trigger again with accept_differences on"):  # fmt: skip
-        plan_migration(registry, NAME, new_source, "v2", carry_over="initial_state")
-    plan = plan_migration(registry, NAME, new_source, "v2", carry_over="initial_state",
-                          accept_differences=True)  # fmt: skip
+        plan_migration(query_target(registry, NAME), new_source, "v2",
+                       carry_over="initial_state")  # fmt: skip
+    plan = plan_migration(query_target(registry, NAME), new_source, "v2",
+                          carry_over="initial_state", accept_differences=True)  # fmt: skip
     assert plan["carry_over"]["accepted"] and plan["carry_over"]["differences"]
     assert tree_digest(road.cp.root) == before
 

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from stateops.control.lock import QueryLock, read_hold
+from stateops.control.lock import read_hold
+from stateops.control.target import query_target
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.migration import format_migration_plan, plan_migration, prepare_migration
@@ -77,40 +78,40 @@ BAD = [
 def test_bad_input_is_refused_in_preflight_and_changes_nothing(
     data, query, source, checkpoint, message
 ):
-    registry = load_registry(data / "registry.yaml")
     before = tree_digest(data)
     with pytest.raises(StateOpsError, match=message) as err:
-        plan_migration(registry, query, source, checkpoint, "manual__bad")
+        plan_migration(query_target(data / "registry.yaml", query), source, checkpoint,
+                       "manual__bad")  # fmt: skip
     assert "\n" not in str(err.value)
     assert tree_digest(data) == before
 
 
 def test_parquet_files_whose_columns_do_not_match_the_schema_are_refused(data, tmp_path):
-    registry = load_registry(data / "registry.yaml")
+    target = query_target(data / "registry.yaml", "page_visits")
     folder = tmp_path / "v2"
     folder.mkdir()
     _parquet(folder, event_time=pa.string())
     with pytest.raises(StateOpsError, match=r"part-0.parquet: column 'event_time' is STRING, "
                                             r"not TIMESTAMP"):  # fmt: skip
-        plan_migration(registry, "page_visits", _source(path=str(folder)), "", "manual__bad")
+        plan_migration(target, _source(path=str(folder)), "", "manual__bad")
     _parquet(folder, event_time=pa.timestamp("us", "UTC"))
-    plan = plan_migration(registry, "page_visits", _source(path=str(folder)), "", "manual__ok")
+    plan = plan_migration(target, _source(path=str(folder)), "", "manual__ok")
     assert plan["new"]["checkpoint"] == str(data / "checkpoints" / "page_visits.v2")
     assert plan["old"]["last_committed_batch"] == 0 and plan["new_source_files"] == 1
 
 
 def test_a_query_held_by_another_operation_is_refused_and_a_held_query_admits_only_the_run(data):
-    registry = load_registry(data / "registry.yaml")
-    lock = registry.lock_path("page_visits")
-    with QueryLock(lock, "page_visits", "cleanup", run_id="cleanup-1"):
+    target = query_target(data / "registry.yaml", "page_visits")
+    lock = load_registry(data / "registry.yaml").lock_path("page_visits")
+    with target.lock("cleanup", "cleanup-1"):
         with pytest.raises(StateOpsError, match=r"locked by cleanup \(run cleanup-1, "):
-            plan_migration(registry, "page_visits", _source(), "", "manual__1")
-    plan = plan_migration(registry, "page_visits", _source(), "", "manual__1")
-    prepare_migration(registry, plan)
+            plan_migration(target, _source(), "", "manual__1")
+    plan = plan_migration(target, _source(), "", "manual__1")
+    prepare_migration(target, plan)
     try:
         assert read_hold(lock).run_id == "manual__1"
         with pytest.raises(StateOpsError, match=r"held by migration \(run manual__1\)"):
-            plan_migration(registry, "page_visits", _source(), "", "manual__2")
+            plan_migration(target, _source(), "", "manual__2")
         proc = spark_submit_run_query(data / "registry.yaml", "page_visits")
         assert proc.returncode == 2
         assert "held by migration (run manual__1)" in proc.stdout + proc.stderr
@@ -132,11 +133,10 @@ def test_a_changed_partition_count_plans_the_transplant_then_sparks_repartition(
     """The old state files have 2 partitions, the query now wants 3: the transplant applies,
     and Spark's repartition gives the new checkpoint 3 partitions before its first batch (run:
     tests/spark/test_migration_run.py)."""
-    registry = load_registry(_changed(tmp_path, data, shuffle_partitions=3))
+    target = query_target(_changed(tmp_path, data, shuffle_partitions=3), "page_visits")
     before = tree_digest(data)
     for road in ("auto", "transplant"):
-        plan = plan_migration(registry, "page_visits", _source(), "", "manual__tp",
-                              carry_over=road)  # fmt: skip
+        plan = plan_migration(target, _source(), "", "manual__tp", carry_over=road)
         assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
         assert plan["carry_over"]["repartition"] == [2, 3]
         assert plan["carry_over"]["transplant_refusals"] == []
@@ -144,7 +144,7 @@ def test_a_changed_partition_count_plans_the_transplant_then_sparks_repartition(
     assert (
         "carry-over: transplant, then Spark's repartition of the state, 2 -> 3 partitions" in text
     )
-    same = plan_migration(load_registry(_changed(tmp_path / "same", data)), "page_visits",
+    same = plan_migration(query_target(_changed(tmp_path / "same", data), "page_visits"),
                           _source(), "", "manual__same")  # fmt: skip
     assert same["carry_over"]["repartition"] is None, "no repartition without a change"
     assert tree_digest(data) == before
@@ -156,12 +156,12 @@ def test_where_the_transplant_does_not_apply_auto_falls_back_and_transplant_is_r
     """Another state encoding (Spark cannot repartition it into one): auto takes the
     initialState road and says why; carry_over transplant is refused at preflight, saying
     why; nothing changes."""
-    registry = load_registry(_changed(
+    target = query_target(_changed(
         tmp_path, data, shuffle_partitions=3,
         spark_conf={"spark.sql.streaming.stateStore.encodingFormat": "avro"},
-    ))  # fmt: skip
+    ), "page_visits")  # fmt: skip
     before = tree_digest(data)
-    plan = plan_migration(registry, "page_visits", _source(), "", "manual__auto")
+    plan = plan_migration(target, _source(), "", "manual__auto")
     assert (
         plan["carry_over"]["road"] == "initial_state" and plan["carry_over"]["repartition"] is None
     )
@@ -171,16 +171,15 @@ def test_where_the_transplant_does_not_apply_auto_falls_back_and_transplant_is_r
         plan, dry_run=True
     )
     with pytest.raises(StateOpsError, match=f"the transplant does not apply: {why}"):
-        plan_migration(registry, "page_visits", _source(), "", "manual__tp",
-                       carry_over="transplant")  # fmt: skip
+        plan_migration(target, _source(), "", "manual__tp", carry_over="transplant")
     assert tree_digest(data) == before
 
 
 def test_a_query_without_carry_over_support_is_refused(tmp_path):
     path = write_registry(tmp_path, page_visits={"initial_state": None})
-    registry = load_registry(path)
+    target = query_target(path, "page_visits")
     with pytest.raises(StateOpsError, match=r"no initial_state.from_export in the registry"):
-        plan_migration(registry, "page_visits", _source(), "", "manual__x")
+        plan_migration(target, _source(), "", "manual__x")
 
 
 def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
@@ -218,10 +217,10 @@ def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
 
 def test_a_new_source_without_a_format_takes_the_format_of_its_files(data):
     """The dry run names the format it found; the old checkpoint is read as for any plan."""
-    registry = load_registry(data / "registry.yaml")
+    target = query_target(data / "registry.yaml", "page_visits")
     before = tree_digest(data)
     for folder, found in (("landing_json", "json"), ("landing_v2", "parquet")):
-        plan = plan_migration(registry, "page_visits", {"path": folder}, "", "manual__auto")
+        plan = plan_migration(target, {"path": folder}, "", "manual__auto")
         assert plan["new"]["source"]["format"] == found
         assert f"-> {found} {data / folder} (" in format_migration_plan(plan, dry_run=True)
     assert tree_digest(data) == before

@@ -17,9 +17,11 @@ import pytest
 import yaml
 
 from stateops.control.lock import read_hold
+from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
+from stateops.ops.backup import backup_first
 from stateops.ops.migration import plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import (
@@ -72,15 +74,16 @@ def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     run_job = job_runner(spark)
     drained = None
     for i, (step, road) in enumerate(FAULTS):
-        registry = load_registry(m.path)
+        target = query_target(m.path, m.name)
         conf = m.conf(carry_over=road)
         source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
                   "options": conf["new_source_options"]}  # fmt: skip
-        plan = plan_migration(registry, m.name, source, "", f"m-fail-{i}", carry_over=road)
+        plan = plan_migration(target, source, "", f"m-fail-{i}", carry_over=road)
         monkeypatch.setenv("STATEOPS_FAIL_AFTER", step)
         log: list[str] = []
         with pytest.raises(StateOpsError) as failed:
-            run_migration(registry, plan, s3.client(), run_job, log=log.append)
+            run_migration(target, plan, backup=_backup(target, s3.client(), log),
+                          run_job=run_job, log=log.append)  # fmt: skip
         assert f"failed at {step} (injected failure after {step}" in str(failed.value)
         assert "it was rolled back" in str(failed.value)
         assert "page_visits: migration rolled back; the query runs on" in "\n".join(log)
@@ -122,16 +125,22 @@ def test_a_transforms_state_moves_to_the_new_source_by_transplant(spark, s3, tmp
     assert_migrated(spark, m, whole, "\n".join(log), "transplant")
 
 
+def _backup(target, client, log: list[str]):
+    """The migration's backup (stateops.ops.backup.backup_first), said into ``log``."""
+    return backup_first(target, client, "migration", log=log.append)
+
+
 def _migrated_in_session(spark, m: Migration, run_id: str) -> list[str]:
     """``m``'s migration planned and run in one process (its Spark steps in the shared
     session), by the transplant road that ``auto`` must choose: its log lines."""
-    registry, conf = load_registry(m.path), m.conf()
+    target, conf = query_target(m.path, m.name), m.conf()
     source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
               "options": conf["new_source_options"]}  # fmt: skip
-    plan = plan_migration(registry, m.name, source, "", run_id)
+    plan = plan_migration(target, source, "", run_id)
     assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
     log: list[str] = []
-    run_migration(registry, plan, m.s3.client(), job_runner(spark), log=log.append)
+    run_migration(target, plan, backup=_backup(target, m.s3.client(), log),
+                  run_job=job_runner(spark), log=log.append)  # fmt: skip
     return log
 
 
@@ -178,15 +187,16 @@ def test_a_join_moves_one_of_its_two_sources_by_transplant(spark, s3, tmp_path):
     as_parquet(sorted((root / "round1" / "user_sessions").iterdir()),
                root / "landing_v2" / "user_sessions", events.schema_)  # fmt: skip
 
-    registry = load_registry(touched)
+    target = query_target(touched, name)
     new_source = {"format": "parquet", "path": "landing_v2/user_sessions",
                   "options": {"maxFilesPerTrigger": 1}}  # fmt: skip
     with pytest.raises(StateOpsError, match="name the one that moves"):
-        plan_migration(registry, name, new_source, "", "m-join")
-    plan = plan_migration(registry, name, new_source, "", "m-join", source_name="events")
+        plan_migration(target, new_source, "", "m-join")
+    plan = plan_migration(target, new_source, "", "m-join", moved_source="events")
     assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
     log: list[str] = []
-    run_migration(registry, plan, s3.client(), job_runner(spark), log=log.append)
+    run_migration(target, plan, backup=_backup(target, s3.client(), log),
+                  run_job=job_runner(spark), log=log.append)  # fmt: skip
     said = "\n".join(log)
     assert "1 source read anew, 1 kept" in said and "carry-over proven" in said, said
 

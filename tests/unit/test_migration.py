@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from stateops.control.target import query_target
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.migration import check_migration_form, default_checkpoint, plan_migration
@@ -55,8 +56,8 @@ def test_a_transform_moves_its_state_by_transplant_one_named_source_at_a_time(
     }  # fmt: skip
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(StateOpsError, match=says):
-        plan_migration(load_registry(path), "page_counts", {"path": "landing/elsewhere"},
-                       carry_over=carry_over, source_name=moving)  # fmt: skip
+        plan_migration(query_target(path, "page_counts"), {"path": "landing/elsewhere"},
+                       carry_over=carry_over, moved_source=moving)  # fmt: skip
     assert not (tmp_path / "data" / "checkpoints").exists()
 
 
@@ -86,9 +87,9 @@ def test_moving_one_source_of_a_join_keeps_the_others_apart(tmp_path, new_path, 
     path.write_text(yaml.safe_dump(raw))
     (tmp_path / "data" / new_path).mkdir(parents=True)
     with pytest.raises(StateOpsError, match=says):
-        plan_migration(load_registry(path), "page_counts", {"path": new_path, "format": "json"},
+        plan_migration(query_target(path, "page_counts"), {"path": new_path, "format": "json"},
                        cutover=cutover,
-                       source_name="events")  # fmt: skip
+                       moved_source="events")  # fmt: skip
     assert not (tmp_path / "data" / "checkpoints").exists()
 
 
@@ -109,7 +110,7 @@ def test_a_query_whose_checkpoint_is_in_s3_is_refused_before_anything_is_read(tm
         r"\), and the migration runs on local checkpoints only for now; restore a backup into "
         r"a local folder and migrate that \(docs/checkpoints-on-s3.md\)$"
     )):  # fmt: skip
-        plan_migration(load_registry(path), "page_visits", {"path": "landing/elsewhere"})
+        plan_migration(query_target(path, "page_visits"), {"path": "landing/elsewhere"})
 
 
 def _parquet_bytes() -> bytes:
@@ -166,9 +167,9 @@ def test_files_of_another_format_than_the_new_sources_are_refused_before_anythin
     (folder / ".part-0.json.crc").write_bytes(b"\x00crc")
     conf = {"query": "page_visits", "new_source_path": "landing/v2", "new_source_format": given}
     with pytest.raises(StateOpsError, match=says):
-        check_migration_form(load_registry(path), conf)
+        check_migration_form(query_target(path, "page_visits"), conf)
     with pytest.raises(StateOpsError, match=says):
-        plan_migration(load_registry(path), "page_visits",
+        plan_migration(query_target(path, "page_visits"),
                        {"path": "landing/v2", "format": given})  # fmt: skip
     assert not (tmp_path / "data" / "checkpoints").exists()
 
@@ -182,15 +183,15 @@ def test_without_a_format_the_new_source_takes_its_files_format(tmp_path, name, 
     folder = tmp_path / "data" / "landing" / "v2"
     folder.mkdir(parents=True)
     (folder / name).write_bytes(_parquet_bytes() if content == "parquet" else content)
-    registry = load_registry(path)
+    target = query_target(path, "page_visits")
     for given in (None, "auto", found):
-        check_migration_form(registry, {"query": "page_visits", "new_source_path": "landing/v2",
-                                        "new_source_format": given})  # fmt: skip
+        check_migration_form(target, {"query": "page_visits", "new_source_path": "landing/v2",
+                                      "new_source_format": given})  # fmt: skip
     other = "csv" if found != "csv" else "json"
     with pytest.raises(StateOpsError, match=f"is a {found} file, but the new source's format "
                                             f"is {other}: "):  # fmt: skip
-        check_migration_form(registry, {"query": "page_visits", "new_source_path": "landing/v2",
-                                        "new_source_format": other})  # fmt: skip
+        check_migration_form(target, {"query": "page_visits", "new_source_path": "landing/v2",
+                                      "new_source_format": other})  # fmt: skip
 
 
 def test_stateops_migrate_dry_run_to_json_files_as_parquet_is_refused_in_one_line(tmp_path):
@@ -218,19 +219,45 @@ def test_the_new_sources_glob_filter_is_read_as_spark_reads_it(tmp_path):
     folder = tmp_path / "data" / "landing" / "v2"
     folder.mkdir(parents=True)
     (folder / "part-0.json").write_bytes(JSON_LINE)
-    registry = load_registry(path)
+    target = query_target(path, "page_visits")
     conf = {"query": "page_visits", "new_source_path": "landing/v2"}
     for name in ("pathGlobFilter", "PATHGLOBFILTER"):
         options = {name: "*.{jsonl,json}"}
         with pytest.raises(StateOpsError, match="is a json file, but the new source's format "):
-            check_migration_form(registry, {**conf, "new_source_format": "parquet",
-                                            "new_source_options": options})  # fmt: skip
+            check_migration_form(target, {**conf, "new_source_format": "parquet",
+                                          "new_source_options": options})  # fmt: skip
         for given in (None, "json"):  # without a format it takes its files' (json) format
-            check_migration_form(registry, {**conf, "new_source_format": given,
-                                            "new_source_options": options})  # fmt: skip
+            check_migration_form(target, {**conf, "new_source_format": given,
+                                          "new_source_options": options})  # fmt: skip
     with pytest.raises(StateOpsError, match=r"^new_source_options: pathGlobFilter '\*.parquet' "
                                             r"matches none of the 1 files in .*v2 \(e.g. "
                                             r"part-0.json\): fix the filter, or land files it "
                                             r"matches$"):  # fmt: skip
-        check_migration_form(registry, {**conf, "new_source_options":
-                                        {"pathGlobFilter": "*.parquet"}})  # fmt: skip
+        check_migration_form(target, {**conf, "new_source_options":
+                                      {"pathGlobFilter": "*.parquet"}})  # fmt: skip
+
+
+@pytest.mark.parametrize("url", ["s3a://checkpoints/page_visits.v2", "s3://checkpoints/pv"])
+def test_a_new_checkpoint_given_as_a_url_is_refused_as_given_not_made_a_local_folder(tmp_path, url):
+    """A path the user wrote is read by the registry's one rule (a URL as it is, else relative
+    to data_dir): the URL stays a URL, and the migration, which writes local checkpoints only
+    for now (docs/checkpoints-on-s3.md), refuses it in one line instead of planning
+    ``<data_dir>/s3a:/...``."""
+    import re
+
+    path = write_registry(tmp_path / "data")
+    folder = tmp_path / "data" / "landing" / "v2"
+    folder.mkdir(parents=True)
+    (folder / "part-0.json").write_bytes(JSON_LINE)
+    target = query_target(path, "page_visits")
+    says = (
+        rf"^new_checkpoint: new checkpoint {re.escape(url)} is not a local folder, and the "
+        r"migration writes local checkpoints only for now: name a local folder \(or leave the "
+        r"field empty for the default beside the old checkpoint; docs/checkpoints-on-s3.md\)$"
+    )
+    conf = {"query": "page_visits", "new_source_path": "landing/v2", "new_checkpoint": url}
+    with pytest.raises(StateOpsError, match=says):
+        check_migration_form(target, conf)
+    with pytest.raises(StateOpsError, match=says):
+        plan_migration(target, {"path": "landing/v2"}, url)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["landing", "registry.yaml"]

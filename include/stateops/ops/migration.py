@@ -38,6 +38,7 @@ from stateops.control.lock import (
     safe_run_id,
 )
 from stateops.control.markers import clear_carry_over, request_stop, withdraw_stop
+from stateops.control.target import Target, query_target
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
@@ -48,7 +49,7 @@ from stateops.core.errors import (
     about,
     one_line,
 )
-from stateops.core.plans import plan_head, plan_tail
+from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import (
     Query,
     Registry,
@@ -79,6 +80,7 @@ __all__ = [
     "backup_for_migration",
     "check_carry_over",
     "check_migration_form",
+    "format_migrated",
     "format_migration_plan",
     "plan_migration",
     "prepare_migration",
@@ -90,9 +92,12 @@ __all__ = [
     "switch_migration",
     "switch_query",
     "transplant_for_migration",
+    "undo_recipe",
 ]
 
 OPERATION = "migration"
+# What a migration refuses a target without a registered query with (the CLI takes a path too).
+_REGISTERED = "the migration moves a registered query: give its name"
 # How an operator accepts an initialState road that changes results (the DAG's form field).
 _ACCEPT = "trigger again with accept_differences on"
 
@@ -133,20 +138,21 @@ def default_checkpoint(query: Query) -> Path:
 
 
 def plan_migration(
-    registry: Registry,
-    name: str,
-    new_source: dict[str, Any],
+    target: Target,
+    source_spec: dict[str, Any],
     new_checkpoint: str = "",
     run_id: str = "",
     cutover: str = "drain",
     carry_over: str = "auto",
     accept_differences: bool = False,
-    source_name: str = "",
+    moved_source: str = "",
 ) -> dict[str, Any]:
-    """Preflight: everything a migration needs, checked without changing anything.
+    """Preflight: everything a migration of ``target`` (a registered query) needs, checked
+    without changing anything.
 
-    ``source_name``: which of the query's sources moves (empty: its only one); the others
-    stay where they are and go on from where they were.
+    ``source_spec``: the new source as the form gives it; ``new_checkpoint``: a local folder
+    (:meth:`Registry.data_path`; empty: :func:`default_checkpoint`). ``moved_source``: which
+    of the query's sources moves (empty: its only one); the others stay where they are.
     ``cutover``: ``drain`` (the old source is read to its end) or a time: the old source
     reads only the input files modified before it (see ``start.files_before``; one-source
     queries).
@@ -163,8 +169,9 @@ def plan_migration(
     fails verification, a non-empty new checkpoint, another operation holding the query.
     """
     query, source_name, source, cutover, files, new = _form_checks(
-        registry, name, new_source, new_checkpoint, cutover, carry_over, source_name
+        target, source_spec, new_checkpoint, cutover, carry_over, moved_source
     )
+    registry, name = target.require_registry(), query.name
     cp = _sound_checkpoint(query)
     old = Path(query.checkpoint)
     runs_as = _runs_as(query, source_name, source, new)
@@ -176,7 +183,7 @@ def plan_migration(
     differences = carry_differences(cp, runs_as) if road == "initial_state" else []
     repartition = repartition_from(cp, runs_as, last) if road == "transplant" else None
     refuse_differences(name, differences, accept_differences, _ACCEPT)
-    lock = refuse_unholdable(registry.lock_path(name), name, run_id)
+    lock = refuse_unholdable(_lock_file(target, run_id), name, run_id)
     work = _work_dir(registry, run_id or "plan")
     return {
         "query": name,
@@ -195,7 +202,7 @@ def plan_migration(
             "registry": str(work / "registry.yaml"),
         },
         "export": str(work / "export"),
-        "backup_to": registry.backups.url_for(name),
+        "backup_to": target.backup_location(),
         "switch_file": str(registry.switch_path(name)),
         "cutover": cutover,
         "carry_over": {
@@ -211,33 +218,39 @@ def plan_migration(
     }
 
 
-def check_migration_form(registry: Registry, conf: dict[str, Any]) -> None:
+def check_migration_form(target: Target, conf: dict[str, Any]) -> None:
     """The migration form's rules that need no Spark and no look at the old checkpoint, before
-    a run is created (the preflight checks them again, then the rest)."""
+    a run is created (the preflight checks them again, then the rest); ``target``: the form's
+    query."""
     source = {
         "format": conf.get("new_source_format"),
         "path": conf.get("new_source_path", ""),
         "schema": conf.get("new_source_schema") or "",
         "options": conf.get("new_source_options") or {},
     }
-    _form_checks(registry, conf["query"], source, conf.get("new_checkpoint") or "",
-                 conf.get("cutover", "drain"), conf.get("carry_over", "auto"),
-                 conf.get("source") or "")  # fmt: skip
+    _form_checks(
+        target,
+        source,
+        conf.get("new_checkpoint") or "",
+        conf.get("cutover", "drain"),
+        conf.get("carry_over", "auto"),
+        conf.get("source") or "",
+    )
 
 
 def _form_checks(
-    registry: Registry,
-    name: str,
-    new_source: dict[str, Any],
+    target: Target,
+    source_spec: dict[str, Any],
     new_checkpoint: str,
     cutover: str,
     carry_over: str,
-    source_name: str,
+    moved_source: str,
 ) -> tuple[Query, str, Source, str, int, Path]:
     """What the form (or the CLI's options) says, checked field by field: a refusal names the
     field. The query, the moved source's name, the new source, the cutover, the number of
     files in the new source, the new checkpoint's folder."""
-    query = registry.query(name)
+    query = target.require_query(_REGISTERED)
+    registry = target.require_registry()
     if isinstance(location(query.checkpoint), S3Path):
         raise StateOpsError(
             f"query {query.name}: its checkpoint is in S3 ({query.checkpoint}), and the "
@@ -247,8 +260,8 @@ def _form_checks(
     with about("carry_over"):
         _refuse_immovable(query, carry_over)
     with about("source"):
-        source_name = query.input_name(source_name)
-    source, inputs = _new_source(registry, query.inputs[source_name], new_source)
+        source_name = query.input_name(moved_source)
+    source, inputs = _new_source(registry, query.inputs[source_name], source_spec)
     if cutover != "drain":
         with about("cutover"):
             cutover = parse_past_time(cutover, "cutover").isoformat()
@@ -322,9 +335,17 @@ def _check_new_source(
 
 
 def _new_checkpoint(registry: Registry, query: Query, new_checkpoint: str) -> Path:
-    """The new checkpoint's folder (default: beside the old one): new or empty, apart from it."""
-    new = Path(registry.data_dir / new_checkpoint if new_checkpoint else default_checkpoint(query))
-    new = new.resolve()
+    """The new checkpoint's folder (default: beside the old one): new or empty, apart from it;
+    local (a URL is refused: the new query runs and the old checkpoint is kept read-only on
+    local disk only, docs/checkpoints-on-s3.md)."""
+    given = registry.data_path(new_checkpoint) if new_checkpoint else None
+    if given is not None and "://" in given:
+        raise StateOpsError(
+            f"new checkpoint {given} is not a local folder, and the migration writes local "
+            "checkpoints only for now: name a local folder (or leave the field empty for the "
+            "default beside the old checkpoint; docs/checkpoints-on-s3.md)"
+        )
+    new = Path(given) if given is not None else default_checkpoint(query).resolve()
     old = Path(query.checkpoint)
     if new == old or old in new.parents or new in old.parents:
         raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
@@ -377,8 +398,9 @@ def _new_source(
     spec.setdefault("schema", current.schema_)
     path = str(spec.get("path", ""))
     inputs = []
+    if path:
+        spec["path"] = registry.data_path(path)
     if path and "://" not in path:
-        spec["path"] = str((registry.data_dir / path).resolve())
         inputs = _input_files(Path(spec["path"]), spec.get("options") or {})
     if spec.get("format", "auto") == "auto":
         spec["format"] = _files_format(Path(spec["path"]), inputs) if path else "parquet"
@@ -531,8 +553,7 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
         irreversible="nothing: the old checkpoint stays (read-only) and a failed step rolls "
         "the whole run back",
         backup=f"to {plan['backup_to']}, after the drain and before the carry-over",
-        undo=f"after the switch: stop {plan['query']}, remove {plan['switch_file']}, run "
-        f"chmod -R u+w {old['checkpoint']}, and move the new checkpoint's output aside",
+        undo=f"after the switch: {undo_recipe(plan)}",
     )  # fmt: skip
     return "\n".join([
         plan_head(dry_run, f"migration of {plan['query']}: {which}{old['source']['format']} "
@@ -546,6 +567,25 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
         "  then: drain the old source, back up, carry the state over, prove, switch",
         *tail,
     ])  # fmt: skip
+
+
+def undo_recipe(plan: dict[str, Any]) -> str:
+    """How a person undoes ``plan``'s migration after its switch (the plan's ``undo`` line and
+    the DAG's last step say it)."""
+    return (
+        f"stop {plan['query']}, remove {plan['switch_file']}, run chmod -R u+w "
+        f"{plan['old']['checkpoint']}, and move the new checkpoint's output aside"
+    )
+
+
+def format_migrated(plan: dict[str, Any]) -> str:
+    """What a migration that switched did, and how to undo it (the DAG's last step)."""
+    new = plan["new"]
+    return (
+        f"{plan['query']} migrated: it runs on {new['checkpoint']} ({new['source']['format']} "
+        f"{new['source']['path']}); the old checkpoint {plan['old']['checkpoint']} stays, "
+        f"read-only; to undo, {undo_recipe(plan)}"
+    )
 
 
 def _road(carry_over: dict[str, Any]) -> str:
@@ -581,22 +621,29 @@ def job_fields(plan: dict[str, Any], settled: dict[str, Any] | None = None) -> d
     }
 
 
-def prepare_migration(registry: Registry, plan: dict[str, Any]) -> dict[str, Any]:
+def _lock_file(target: Target, run_id: str) -> Path:
+    """The query's lifecycle lock (:meth:`stateops.control.target.Target.lock`): a running
+    query holds it, and the migration's hold lives beside it."""
+    return target.lock(OPERATION, run_id).path
+
+
+def prepare_migration(target: Target, plan: dict[str, Any]) -> dict[str, Any]:
     """Hold the query for the run: until the switch or the roll back, only its steps run.
     Every later step calls it again: the hold is renewed, and a hold lost (expired and taken
     by another run) fails the step instead of going on unprotected."""
-    hold_query(registry.lock_path(plan["query"]), plan["query"], OPERATION, plan["run_id"])
+    hold_query(_lock_file(target, plan["run_id"]), plan["query"], OPERATION, plan["run_id"])
     return plan
 
 
 def settle_migration(
-    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+    target: Target, plan: dict[str, Any], log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """After the drain: the old checkpoint's final batch, the road the state takes (see
     :func:`stateops.ops.transplant.choose_road`), and the registry the new query runs with (new
     source and checkpoint; its output continues the old numbering after that batch, from the
     ``batch_id=`` folder ``output_from``).
     """
+    registry = target.require_registry()
     query = registry.query(plan["query"])
     if query.checkpoint != plan["old"]["checkpoint"]:
         raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
@@ -622,25 +669,26 @@ def settle_migration(
 
 
 def backup_for_migration(
-    registry: Registry, plan: dict[str, Any], client: Any, log: Callable[[str], None] = print
+    target: Target,
+    plan: dict[str, Any],
+    backup: BackupFirst,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The backup step: the drained old checkpoint settled (:func:`settle_migration`), then
-    backed up to the registry's ``backups.url``; the settlement plus the ``backup_id``."""
-    from stateops.ops.backup import backup_query
-
-    prepare_migration(registry, plan)
-    settled = settle_migration(registry, plan, log)
+    backed up (``backup``: :func:`stateops.ops.backup.backup_first`, to the registry's
+    ``backups.url``, the plan's ``backup_to``); the settlement plus the ``backup_id``."""
+    prepare_migration(target, plan)
+    settled = settle_migration(target, plan, log)
     log(
         f"{plan['query']}: drained to batch {settled['last_committed_batch']}; the new "
         f"checkpoint's output continues at batch_id={settled['output_from']}"
     )
-    manifest = backup_query(registry, plan["query"], client,
-                            batch=settled["last_committed_batch"], log=log)  # fmt: skip
-    return settled | {"backup_id": manifest["backup_id"]}
+    # Held since the drain, the checkpoint's last committed batch is the settled one.
+    return settled | {"backup_id": backup()}
 
 
 def transplant_for_migration(
-    registry: Registry,
+    target: Target,
     plan: dict[str, Any],
     settled: dict[str, Any],
     log: Callable[[str], None] = print,
@@ -649,7 +697,7 @@ def transplant_for_migration(
     the new query's first batch is then proven against that state."""
     from stateops.ops.pending import mark_transplant
 
-    prepare_migration(registry, plan)
+    prepare_migration(target, plan)
     new_registry = load_registry(plan["new"]["registry"])
     query = new_registry.query(plan["query"])
     result = transplant_checkpoint(plan["old"]["checkpoint"], query.checkpoint, query,
@@ -659,17 +707,19 @@ def transplant_for_migration(
 
 
 def stop_running_query(
-    registry: Registry,
-    name: str,
+    target: Target,
+    run_id: str,
     log: Callable[[str], None] = print,
     timeout_seconds: float = 600,
 ) -> str | None:
-    """Stop a running query gracefully (its stop marker) and wait until its run ends.
+    """Stop ``target``'s running query gracefully (its stop marker) and wait until its run
+    ends; ``run_id``: the migration's.
 
     Returns the stopped run's id (None when nothing ran). A run on an ``available-now``
     trigger ignores the marker and ends by itself; it is waited for just the same.
     """
-    path = registry.lock_path(name)
+    registry, name = target.require_registry(), target.require_query(_REGISTERED).name
+    path = _lock_file(target, run_id)
     held = live_lock(path)
     if held is None:
         log(f"{name}: not running")
@@ -717,10 +767,10 @@ def check_carry_over(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def prove_migration(
-    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+    target: Target, plan: dict[str, Any], log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """The prove step: :func:`check_carry_over` on the new checkpoint's first batch."""
-    prepare_migration(registry, plan)
+    prepare_migration(target, plan)
     result = check_carry_over(plan, plan["run_id"])
     proof = result["proof"]
     log(f"{plan['query']}: carry-over proven ({proof['variables']}; {proof['proof_file']})")
@@ -728,15 +778,15 @@ def prove_migration(
 
 
 def switch_migration(
-    registry: Registry,
+    target: Target,
     plan: dict[str, Any],
     settled: dict[str, Any],
     carry_over: dict[str, Any],
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The switch step: :func:`switch_query`, said."""
-    prepare_migration(registry, plan)
-    lineage = switch_query(registry, plan, settled, carry_over)
+    prepare_migration(target, plan)
+    lineage = switch_query(target, plan, settled, carry_over)
     log(
         f"{plan['query']}: switched to {plan['new']['source']['path']} and "
         f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
@@ -747,19 +797,23 @@ def switch_migration(
 
 
 def run_migration(
-    registry: Registry,
+    target: Target,
     plan: dict[str, Any],
-    client: Any,
+    *,
+    backup: BackupFirst,
     run_job: Callable[[str, str, list[str]], None],
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Every step of ``stream_source_migration`` after its preflight, in one process (the CLI's
-    ``stateops migrate``), with the same step functions and Spark jobs; a failure rolls the run
-    back (:func:`roll_back_migration`) and raises, naming the step.
+    """Every step of ``stream_source_migration`` after its preflight (``plan``, which carries
+    the run id), in one process (the CLI's ``stateops migrate``), with the same step functions
+    and Spark jobs; a failure rolls the run back (:func:`roll_back_migration`) and raises,
+    naming the step. The run holds the query itself (:func:`prepare_migration`).
 
+    ``backup``: :func:`stateops.ops.backup.backup_first`, taken after the drain.
     ``run_job(job, registry_file, args)`` runs one Spark job (``spark-submit`` for the CLI) and
     raises when it fails. Returns the lineage the switch recorded.
     """
+    registry = target.require_registry()
     step, fields = "stop_query", job_fields(plan)
 
     def run(name: str, action: Callable[[], Any]) -> Any:
@@ -773,25 +827,25 @@ def run_migration(
         job, which, args = fill(MIGRATION_STEPS[name], fields)
         run_job(job, str(registry.path) if which == "old" else plan["new"]["registry"], args)
 
-    prepare_migration(registry, plan)  # refused: nothing changed yet, nothing to roll back
+    prepare_migration(target, plan)  # refused: nothing changed yet, nothing to roll back
     try:
-        run("stop_query", lambda: stop_running_query(registry, plan["query"], log))
+        run("stop_query", lambda: stop_running_query(target, plan["run_id"], log))
         run("drain", lambda: spark("drain"))
-        settled = run("backup", lambda: backup_for_migration(registry, plan, client, log))
+        settled = run("backup", lambda: backup_for_migration(target, plan, backup, log))
         fields = job_fields(plan, settled)
         run("carry_over", lambda: log(f"carry-over road: {settled['road']}"))
         if settled["road"] == "transplant":
-            run("transplant", lambda: transplant_for_migration(registry, plan, settled, log))
+            run("transplant", lambda: transplant_for_migration(target, plan, settled, log))
             run("first_batch", lambda: spark("first_batch"))
         else:
             for name in INITIAL_STATE_ROAD:
                 run(name, lambda name=name: spark(name))
-        carried = run("prove", lambda: prove_migration(registry, plan, log))
+        carried = run("prove", lambda: prove_migration(target, plan, log))
         run("validate_new_state", lambda: spark("validate_new_state"))
-        lineage = run("switch", lambda: switch_migration(registry, plan, settled, carried, log))
+        lineage = run("switch", lambda: switch_migration(target, plan, settled, carried, log))
     except Exception as err:
         log(f"{plan['query']}: {step} failed: {one_line(err)}")
-        roll_back_migration(registry, plan, log)
+        roll_back_migration(target, plan, log)
         raise OperationFailed(
             f"the migration of {plan['query']} failed at {step} ({one_line(err)}); it was "
             f"rolled back and the query runs on {plan['old']['checkpoint']}: fix the cause "
@@ -801,7 +855,7 @@ def run_migration(
 
 
 def switch_query(
-    registry: Registry,
+    target: Target,
     plan: dict[str, Any],
     settled: dict[str, Any],
     carry_over: dict[str, Any],
@@ -809,7 +863,7 @@ def switch_query(
     """Point the query at the new source and checkpoint, record the lineage, keep the old
     checkpoint read-only, and release the hold. ``settled`` is :func:`settle_migration`'s
     result plus the ``backup_id``."""
-    name, old, new = plan["query"], plan["old"], plan["new"]
+    registry, name, old, new = target.require_registry(), plan["query"], plan["old"], plan["new"]
     backup_id = settled["backup_id"]
     last = load_checkpoint(old["checkpoint"]).last_committed_batch
     if last != settled["last_committed_batch"]:
@@ -839,9 +893,9 @@ def switch_query(
         "bootstrap": carry_over["bootstrap"],
         "proof": (carry_over["proof"] or {}).get("proof_file"),
     }
-    target = audit_dir(new["checkpoint"]) / "lineage.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
+    lineage_file = audit_dir(new["checkpoint"]) / "lineage.json"
+    lineage_file.parent.mkdir(parents=True, exist_ok=True)
+    lineage_file.write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
     common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
     append_audit(new["checkpoint"], OPERATION, result="derived", derived_from=old["checkpoint"],
                  backup_id=backup_id, **common)  # fmt: skip
@@ -851,19 +905,21 @@ def switch_query(
     _set_read_only(Path(old["checkpoint"]), True)
     append_audit(old["checkpoint"], OPERATION, result="retired (read-only)",
                  migrated_to=new["checkpoint"], backup_id=backup_id, **common)  # fmt: skip
-    release_hold(registry.lock_path(name), plan["run_id"])
+    release_hold(_lock_file(target, plan["run_id"]), plan["run_id"])
     return lineage
 
 
 def roll_back_migration(
-    registry: Registry, plan: dict[str, Any], log: Callable[[str], None] = print
+    target: Target, plan: dict[str, Any], log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Undo what a failed migration run did; the old query can start again afterwards."""
     name, old, new = plan["query"], plan["old"], Path(plan["new"]["checkpoint"])
     done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
-    registry = load_registry(registry.path)  # as it is now: a switch may have been written
-    prepare_migration(registry, plan)  # held again (a switch releases it) while undoing
-    stop_running_query(registry, name, log)  # e.g. started on the new checkpoint meanwhile
+    # As it is now: a switch may have been written.
+    target = query_target(target.require_registry().path, name)
+    registry = target.require_registry()
+    prepare_migration(target, plan)  # held again (a switch releases it) while undoing
+    stop_running_query(target, plan["run_id"], log)  # e.g. started on the new checkpoint
     if registry.query(name).checkpoint == str(new):
         undo = {"operation": "migration rolled back", "run_id": plan["run_id"], "time": _now()}
         write_switch(registry, name, old["source"], old["checkpoint"], undo,
@@ -886,7 +942,7 @@ def roll_back_migration(
         log(f"moved the new checkpoint's output {sink['folders']} aside to "
             f"{query.sink.path}/_rolled_back/")  # fmt: skip
     clear_carry_over(registry, name, str(new))  # it belonged to the moved checkpoint
-    if release_hold(registry.lock_path(name), plan["run_id"]):
+    if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
         log(f"{name}: hold of run {plan['run_id']} released")
     if old["checkpoint"]:
         append_audit(old["checkpoint"], OPERATION, run_id=plan["run_id"], result="rolled back")
