@@ -42,15 +42,14 @@ from stateops_airflow.approval import ApprovalGate, ask_backfill
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
+    backfill_plan,
+    backfill_report,
+    backfill_rollback,
     dry_run_param,
     not_a_dry_run,
-    one_line_errors,
-    plan_backfill,
     query_param,
     registered_queries,
-    report_backfill,
-    rollback_for_backfill,
-    say,
+    run_summary,
     spark_job_operator,
     verify_state,
 )
@@ -106,24 +105,21 @@ def stream_backfill() -> None:
     @task
     def plan() -> dict:
         context = get_current_context()
-        return plan_backfill(dict(context["params"]), context["run_id"])
+        return backfill_plan(dict(context["params"]), context["run_id"])
 
     @task
     def rollback(plan: dict) -> dict:
-        return rollback_for_backfill(plan)
+        return backfill_rollback(plan)
 
     reprocess = spark_task("reprocess")
 
     @task
-    @one_line_errors
     def record(plan: dict) -> dict:
-        from stateops.ops.backfill import read_reprocessing
-
-        return read_reprocessing(plan, get_current_context()["run_id"], log=say)
+        return run_summary(plan["query"], get_current_context()["run_id"], plan["registry"])
 
     @task
     def report(plan: dict, rollback: dict) -> dict:
-        return report_backfill(plan, rollback)
+        return backfill_report(plan, rollback)
 
     @task(task_id="verify_state")
     def verify() -> dict:

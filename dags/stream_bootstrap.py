@@ -46,8 +46,8 @@ from stateops_airflow.tasks import (
     dry_run_param,
     not_a_dry_run,
     query_param,
-    read_run_summary,
     registered_queries,
+    run_summary,
     say,
     spark_job_operator,
     verify_state,
@@ -122,16 +122,7 @@ def stream_bootstrap() -> None:
     @task
     def record() -> dict:
         context = get_current_context()
-        summary = read_run_summary(context["params"]["query"], context["run_id"])
-        carried = (
-            f"{summary['prepared']['rows']} initial rows" if summary["prepared"]
-            else "state files transplanted"
-        )  # fmt: skip
-        say(
-            f"{summary['query']}: bootstrap {summary['bootstrap']}, {carried}, last committed "
-            f"batch {summary['last_committed_batch']}"
-        )
-        return summary
+        return run_summary(context["params"]["query"], context["run_id"])
 
     @task(task_id="verify_state")
     def verify() -> dict:

@@ -18,10 +18,9 @@ from airflow.sdk import dag, get_current_context, task
 
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
-    read_run_summary,
     registered_queries,
     run_query_operator,
-    say,
+    run_summary,
 )
 
 
@@ -38,19 +37,7 @@ def stream_start() -> None:
 
         @task(task_id=f"record_{query}")
         def record(query: str = query) -> dict:
-            context = get_current_context()
-            summary = read_run_summary(query, context["run_id"])
-            batches = (
-                f"{summary['batches_run']} batches "
-                f"({summary['first_batch_id']}..{summary['last_batch_id']})"
-                if summary["batches_run"]
-                else "no new input"
-            )
-            say(
-                f"{query}: {summary['status']}, {batches}, {summary['input_rows']} input rows, "
-                f"last committed batch {summary['last_committed_batch']}"
-            )
-            return summary
+            return run_summary(query, get_current_context()["run_id"])
 
         run_query_operator(query) >> record()
 

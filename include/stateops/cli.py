@@ -370,25 +370,30 @@ def _job_runner(master: str):
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
+    from stateops.control.target import query_target
     from stateops.ops.backfill import plan_backfill, run_backfill
-    from stateops.ops.backup import backup_query
+    from stateops.ops.backup import backup_first
 
-    registry, run_id = load_registry(args.registry), new_run_id("backfill")
+    target, run_id = query_target(args.registry, args.query), new_run_id("backfill")
     log = _log if args.json else print
     plan = plan_backfill(
-        registry, args.query, run_id, to_batch=args.to_batch, input_before=args.input_before,
-        overrides=args.overrides, dry_run=args.dry_run, log=log,
-    )  # fmt: skip
+        target,
+        run_id,
+        to_batch=args.to_batch,
+        input_before=args.input_before,
+        overrides=args.overrides,
+        dry_run=args.dry_run,
+        log=log,
+    )
     if args.dry_run:
         if args.json:
             print(json.dumps(plan, indent=1))
         return 0
     client = _s3(args)  # bad S3 settings: refused before the lock
-
-    def backup() -> str:
-        return backup_query(registry, plan["query"], client, log=_log)["backup_id"]
-
-    done = run_backfill(registry, plan, backup, _job_runner(args.master), run_id, log=log)
+    backup = backup_first(target, client, "backfill", log=_log)
+    done = run_backfill(
+        target, plan, run_id=run_id, backup=backup, run_job=_job_runner(args.master), log=log
+    )
     if args.json:
         print(json.dumps(done, indent=1))
     return 0
@@ -581,9 +586,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from stateops.control.markers import request_stop
+    from stateops.control.target import query_target
 
-    registry = load_registry(args.registry)
-    marker = request_stop(registry, registry.query(args.query).name)
+    target = query_target(args.registry, args.query)
+    marker = request_stop(target.require_registry(), target.name)
     print(f"stop requested: {marker} (the running query stops after its current batch)")
     return 0
 

@@ -36,14 +36,14 @@ __all__ = [
     "say",
     "scheduled_outcome",
     "not_a_dry_run",
-    "plan_backfill",
+    "backfill_plan",
     "restore_plan",
     "query_param",
     "restore_run",
     "TIME_PATTERN",
-    "read_run_summary",
-    "report_backfill",
-    "rollback_for_backfill",
+    "run_summary",
+    "backfill_report",
+    "backfill_rollback",
     "registered_queries",
     "run_query_operator",
     "spark_job_operator",
@@ -193,17 +193,24 @@ def run_query_operator(
 @one_line_errors
 def verify_state(query: str) -> dict[str, Any]:
     """File-level integrity of the query's checkpoint; fails the task on errors."""
+    from stateops.control.target import query_target
     from stateops.core.verify import require_sound
 
-    return require_sound(load_registry().query(query).checkpoint)
+    return require_sound(query_target(None, query).checkpoint)
 
 
 @one_line_errors
-def read_run_summary(query: str, run_id: str) -> dict[str, Any]:
-    """The summary ``run_query.py`` wrote for this run; fails if it is from another run."""
-    from stateops.ops.start import read_summary
+def run_summary(query: str, run_id: str, registry: str | None = None) -> dict[str, Any]:
+    """The ``record`` step: the summary the Spark job of this run wrote (fails if it is from
+    another run), said in one line. ``registry``: the file the job ran with (a backfill's
+    plan may give one with overrides), else the default one."""
+    from stateops.control.target import query_target
+    from stateops.ops.start import read_summary, summary_line
 
-    return read_summary(load_registry(), query, run_id)
+    target = query_target(registry, query)
+    summary = read_summary(target.require_registry(), query, run_id)
+    say(summary_line(summary))
+    return summary
 
 
 def airflow_s3_client(conn_id: str) -> Any:
@@ -346,39 +353,43 @@ def restore_run(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 @one_line_errors
-def plan_backfill(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+def backfill_plan(params: dict[str, Any], run_id: str) -> dict[str, Any]:
     """:func:`stateops.ops.backfill.plan_backfill` for the form's fields."""
-    from stateops.ops.backfill import plan_backfill as plan
+    from stateops.control.target import query_target
+    from stateops.ops import backfill
 
-    return plan(
-        load_registry(), params["query"], run_id, to_batch=params.get("to_batch"),
-        input_before=params.get("input_before"), overrides=params.get("overrides"),
-        dry_run=params["dry_run"], log=say,
-    )  # fmt: skip
+    return backfill.plan_backfill(
+        query_target(None, params["query"]),
+        run_id,
+        to_batch=params.get("to_batch"),
+        input_before=params.get("input_before"),
+        overrides=params.get("overrides"),
+        dry_run=params["dry_run"],
+        log=say,
+    )
 
 
 @one_line_errors
-def rollback_for_backfill(plan: dict[str, Any]) -> dict[str, Any]:
+def backfill_rollback(plan: dict[str, Any]) -> dict[str, Any]:
     """:func:`stateops.ops.backfill.rollback_for_backfill`, backing up through the registry's
     Airflow connection."""
-    from stateops.ops.backfill import rollback_for_backfill as rollback
-    from stateops.ops.backup import backup_query
+    from stateops.control.target import query_target
+    from stateops.ops import backfill
+    from stateops.ops.backup import backup_first
 
-    registry = load_registry()
-
-    def backup() -> str:
-        client = airflow_s3_client(registry.backups.conn_id)
-        return backup_query(registry, plan["query"], client, log=say)["backup_id"]
-
-    return rollback(registry, plan, backup, log=say)
+    target = query_target(None, plan["query"])
+    conn_id = target.require_registry().backups.conn_id
+    backup = backup_first(target, lambda: airflow_s3_client(conn_id), "backfill", log=say)
+    return backfill.rollback_for_backfill(target, plan, backup=backup, log=say)
 
 
 @one_line_errors
-def report_backfill(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str, Any]:
+def backfill_report(plan: dict[str, Any], rollback: dict[str, Any]) -> dict[str, Any]:
     """:func:`stateops.ops.backfill.report_backfill`."""
-    from stateops.ops.backfill import report_backfill as report
+    from stateops.control.target import query_target
+    from stateops.ops import backfill
 
-    return report(load_registry(), plan, rollback, log=say)
+    return backfill.report_backfill(query_target(None, plan["query"]), plan, rollback, log=say)
 
 
 @one_line_errors

@@ -68,11 +68,11 @@ def test_the_backfill_plan_task_parses_the_time_for_real(registry, value):
     """A run triggered with conf that bypassed the form still stops at its first task."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from stateops_airflow.tasks import plan_backfill
+    from stateops_airflow.tasks import backfill_plan
 
     params = {"query": "page_visits", "to_batch": None, "input_before": value, "dry_run": True}
     with pytest.raises(AirflowFailException) as failed:
-        plan_backfill(params, "manual__1")
+        backfill_plan(params, "manual__1")
     _one_line(failed.value, f"input_before {value!r} is not a real time")
 
 
@@ -104,13 +104,13 @@ def test_a_task_helper_fails_in_one_line_through_the_boundary(tmp_path, monkeypa
 def test_a_malformed_registry_fails_a_task_in_one_line_with_file_and_line(tmp_path, monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from stateops_airflow.tasks import read_run_summary
+    from stateops_airflow.tasks import run_summary
 
     bad = tmp_path / "registry.yaml"
     bad.write_text("queries:\n  page_visits:\n    source: [json, x\n    sink: y\n")
     monkeypatch.setenv("STATEOPS_REGISTRY", str(bad))
     with pytest.raises(AirflowFailException) as failed:
-        read_run_summary("page_visits", "manual__1")
+        run_summary("page_visits", "manual__1")
     _one_line(failed.value, f"{bad}:4:", "not valid YAML", "fix line 4")
 
 

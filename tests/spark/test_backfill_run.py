@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from stateops.control.audit import read_audit
+from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError
+from stateops.core.plans import BackupFirst
 from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, rollback_for_backfill, run_backfill
 from stateops.ops.rollback import plan_rollback
@@ -32,26 +34,28 @@ def test_a_rollback_is_refused_when_the_checkpoint_moved_on_since_its_plan(spark
     land(tmp_path / "landing", round_=0, files=3)
     run_in_session(spark, path, "page_visits")
     registry = load_registry(path)
+    target = query_target(registry, "page_visits")
     lines: list[str] = []
-    plan = plan_backfill(registry, "page_visits", "r1", to_batch=1, log=lines.append)
+    plan = plan_backfill(target, "r1", to_batch=1, dry_run=True, log=lines.append)
     assert plan["to_batch"] == 1 and plan["last_committed_batch"] == 2
     assert any("would delete" in line for line in lines), lines
     with pytest.raises(
         StateOpsError, match="^to_batch, input_before: give one of them, the last batch to keep"
     ):
-        plan_backfill(registry, "page_visits", "r1", log=lines.append)
+        plan_backfill(target, "r1", dry_run=True, log=lines.append)
 
     land(tmp_path / "landing", round_=1, files=1)  # the query runs once more after the plan
     run_in_session(spark, path, "page_visits")
     before = tree_digest(tmp_path)
     backups: list[str] = []
     with pytest.raises(CheckpointError, match="changed since the plan was made .* plan again"):
-        rollback_for_backfill(registry, plan, lambda: backups.append("taken") or "b-1")
+        taken = BackupFirst(plan["backup_to"], lambda: backups.append("taken") or "b-1")
+        rollback_for_backfill(target, plan, backup=taken)
     assert tree_digest(tmp_path) == before and backups == [], "refused before the backup"
 
     # Issue 40: a dry run with overrides writes nothing (it wrote the reprocessing's registry).
     everything = sorted(tmp_path.rglob("*"))
-    dry = plan_backfill(registry, "page_visits", "r2", to_batch=1, dry_run=True,
+    dry = plan_backfill(target, "r2", to_batch=1, dry_run=True,
                         overrides={"expectations": {"row_change_factor": 5.0}},
                         log=lines.append)  # fmt: skip
     assert dry["changes"] == ["expectations.row_change_factor: 10.0 -> 5.0"]
@@ -60,13 +64,15 @@ def test_a_rollback_is_refused_when_the_checkpoint_moved_on_since_its_plan(spark
 
 KILLED = """
 import os, signal, sys
-from stateops.core.registry import load_registry
+from stateops.control.target import query_target
+from stateops.core.plans import BackupFirst
 from stateops.ops.backfill import plan_backfill, run_backfill
-registry = load_registry(sys.argv[1])
-plan = plan_backfill(registry, "page_visits", "backfill-k", to_batch=1, dry_run=False)
+target = query_target(sys.argv[1], "page_visits")
+plan = plan_backfill(target, "backfill-k", to_batch=1, dry_run=False)
 def reprocess(job, registry_file, args):  # SIGKILL while the reprocessing runs
     os.kill(os.getpid(), signal.SIGKILL)
-run_backfill(registry, plan, lambda: "b-1", reprocess, "backfill-k")
+run_backfill(target, plan, run_id="backfill-k", backup=BackupFirst(plan["backup_to"],
+             lambda: "b-1"), run_job=reprocess)
 """
 
 
@@ -132,9 +138,17 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     def fails(job: str, registry_file: str, args: list[str]) -> None:
         raise StateOpsError("run_query.py exited with code 1 (its output is above)")
 
-    plan = plan_backfill(registry, "page_visits", "backfill-f", to_batch=2, log=lambda _: None)
+    target = query_target(registry, "page_visits")
+    plan = plan_backfill(target, "backfill-f", to_batch=2, dry_run=False, log=lambda _: None)
     with pytest.raises(OperationFailed) as failed:
-        run_backfill(registry, plan, lambda: "b-2", fails, "backfill-f", log=lambda _: None)
+        run_backfill(
+            target,
+            plan,
+            run_id="backfill-f",
+            backup=BackupFirst(plan["backup_to"], lambda: "b-2"),
+            run_job=fails,
+            log=lambda _: None,
+        )
     assert str(failed.value) == (
         "the backfill of page_visits failed after its rollback (run_query.py exited with code 1 "
         "(its output is above)): batch 2 is the last committed batch (backup b-2); fix the "

@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from stateops.control.lock import new_run_id
+from stateops.control.target import query_target
 from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, run_backfill
-from stateops.ops.backup import backup_query
+from stateops.ops.backup import backup_first
 from stateops.ops.start import _finish_planned, checkpoint_state
 from stateops.spark.streaming import (
     apply_query_conf,
@@ -172,10 +173,13 @@ def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, c
     # run_query.py (available-now) and validated.
     registry, quiet = load_registry(touched), lambda _: None
     run_id = new_run_id("backfill")
-    plan = plan_backfill(registry, NAME, run_id, to_batch=FILES - 3, log=quiet)
-    backup = lambda: backup_query(registry, NAME, s3.client(), log=quiet)["backup_id"]  # noqa: E731
+    target = query_target(registry, NAME)
+    plan = plan_backfill(target, run_id, to_batch=FILES - 3, dry_run=False, log=quiet)
+    backup = backup_first(target, s3.client(), "backfill", log=quiet)
     with watchdog(spark):
-        done = run_backfill(registry, plan, backup, job_runner(spark), run_id, log=quiet)
+        done = run_backfill(
+            target, plan, run_id=run_id, backup=backup, run_job=job_runner(spark), log=quiet
+        )
     summary = done["summary"]
     assert summary["drained"] is True and summary["batches_run"] >= 3, summary
     assert clock_state_and_output(spark, touched) == expected

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from stateops.control.lock import checkpoint_lock, new_run_id
+from stateops.control.target import query_target
 from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, run_backfill
-from stateops.ops.backup import backup_query
+from stateops.ops.backup import backup_checkpoint, backup_first
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.restore import plan_restore, run_restore
 from tests.spark.harness import (
@@ -62,12 +63,15 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
 
     # Backed up; rolled back 3 batches and reprocessed through the backfill's own steps
     # (its backup first, the validation with Great Expectations last).
-    backup = backup_query(registry, name, client, log=quiet)
+    target = query_target(registry, name)
+    backup = backup_checkpoint(checkpoint, target.backup_location(), client, log=quiet)
     assert backup["batch_id"] == last
     run_id = new_run_id("backfill")
-    plan = plan_backfill(registry, name, run_id, to_batch=last - 3, log=quiet)
-    before_backfill = lambda: backup_query(registry, name, client, log=quiet)["backup_id"]  # noqa: E731
-    done = run_backfill(registry, plan, before_backfill, job_runner(spark), run_id, log=quiet)
+    plan = plan_backfill(target, run_id, to_batch=last - 3, dry_run=False, log=quiet)
+    before_backfill = backup_first(target, client, "backfill", log=quiet)
+    done = run_backfill(
+        target, plan, run_id=run_id, backup=before_backfill, run_job=job_runner(spark), log=quiet
+    )
     assert done["summary"]["batches_run"] == 3, done["summary"]
     assert state_and_output(spark, touched, name) == untouched
 

@@ -222,20 +222,25 @@ def test_a_windowed_count_runs_on_the_hdfs_store_and_counts_every_view(spark, re
 
 
 def test_a_backfill_with_a_longer_window_reprocesses_with_it_and_says_what_changed(spark, registry):
+    from stateops.control.target import query_target
+    from stateops.core.plans import BackupFirst
     from stateops.ops.backfill import plan_backfill, report_backfill, rollback_for_backfill
 
     run_in_session(spark, registry, "windows")
     loaded = load_registry(registry)
+    target = query_target(loaded, "windows")
     lines: list[str] = []
     overrides = {"transform": {"options": {"window": "20 minutes"}}}
-    plan = plan_backfill(loaded, "windows", "backfill-1", to_batch=0, overrides=overrides,
+    plan = plan_backfill(target, "backfill-1", to_batch=0, overrides=overrides,
                          dry_run=False, log=lines.append)  # fmt: skip
     change = 'transform.options.window: "10 minutes" -> "20 minutes"'
     assert plan["changes"] == [change] and change in lines[-1], lines
-    rolled = rollback_for_backfill(loaded, plan, lambda: "b-test", log=lines.append)
+    rolled = rollback_for_backfill(
+        target, plan, backup=BackupFirst(plan["backup_to"], lambda: "b-test"), log=lines.append
+    )
     summary = run_in_session(spark, Path(plan["registry"]), "windows", "--run-id", "backfill-1")
     assert summary["last_committed_batch_before"] == 0 and summary["batches_run"] >= 1
-    report = report_backfill(loaded, plan, rolled, log=lines.append)
+    report = report_backfill(target, plan, rolled, log=lines.append)
     assert report["changes"] == [change] and f"  reprocessed with {change}" in lines
     assert report["changed_keys"] + report["added"] > 0, report
     reprocessed = [r for b, rows in read_sink(Path(loaded.query("windows").sink.path)).items()

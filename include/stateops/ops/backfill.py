@@ -4,8 +4,9 @@ One plan (:func:`plan_backfill`: the rollback point, from a batch or an input ti
 rollback deletes and moves aside, the registry the reprocessing runs with), then its steps:
 :func:`rollback_for_backfill` (backup, then the rollback under the query's lock, refused if the
 checkpoint changed since the plan), the reprocessing (:data:`stateops.core.steps.BACKFILL_STEPS`),
-:func:`read_reprocessing`, :func:`report_backfill` (what changed in the output), and the
-integrity checks. The ``stream_backfill`` DAG runs each step as a task; :func:`run_backfill`
+its run summary (:func:`stateops.ops.start.summary_line`), :func:`report_backfill` (what changed
+in the output), and the integrity checks. Each takes the :class:`~stateops.control.target.Target`
+(a registered query). The ``stream_backfill`` DAG runs each step as a task; :func:`run_backfill`
 runs them in one process (``stateops backfill``).
 """
 
@@ -18,10 +19,10 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
+from stateops.control.lock import new_run_id, safe_run_id
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
@@ -31,7 +32,6 @@ from stateops.core.errors import (
     about,
     one_line,
 )
-from stateops.core.plans import BackupFirst
 from stateops.core.registry import Query, Registry, derived_registry, load_registry
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
@@ -39,7 +39,11 @@ from stateops.core.verify import require_sound
 from stateops.ops.deletion import format_plan, plan_digest
 from stateops.ops.repartition import record_partitions
 from stateops.ops.rollback import plan_rollback, plan_sink_rollback, run_rollback
-from stateops.ops.start import read_summary
+from stateops.ops.start import read_summary, summary_line
+
+if TYPE_CHECKING:
+    from stateops.control.target import Target
+    from stateops.core.plans import BackupFirst
 
 __all__ = [
     "OVERRIDABLE",
@@ -51,7 +55,6 @@ __all__ = [
     "parse_past_time",
     "parse_time",
     "plan_backfill",
-    "read_reprocessing",
     "registry_with_overrides",
     "report_backfill",
     "rollback_for_backfill",
@@ -86,6 +89,9 @@ def backfill_point(
     return to_batch
 
 
+_REGISTERED = "a backfill reprocesses a registered query: give its name"
+
+
 def check_backfill_form(registry: Registry, conf: dict[str, Any]) -> None:
     """The backfill form's rules that need no Spark, before a run is created: the rollback
     point and the overrides (known keys, a valid registry entry once merged)."""
@@ -98,30 +104,30 @@ def check_backfill_form(registry: Registry, conf: dict[str, Any]) -> None:
 
 
 def plan_backfill(
-    registry: Registry,
-    name: str,
+    target: Target,
     run_id: str,
     *,
     to_batch: int | None = None,
     input_before: str | None = None,
     overrides: dict[str, Any] | None = None,
-    dry_run: bool = True,
+    dry_run: bool,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The backfill's plan, printed: the rollback point (``to_batch``, or the last batch whose
     input is older than ``input_before``: one of the two), what the rollback deletes and moves
     aside, and the registry the reprocessing runs with (with ``overrides``: the query's entry
     with them merged in, validated and written under the state folder). Its ``digest`` is what
-    :func:`rollback_for_backfill` holds the rollback to."""
-    query = registry.query(name)
+    :func:`rollback_for_backfill` holds the rollback to. ``dry_run`` has no default: a plan
+    made to run must say so, or its overrides' registry is not written."""
+    query, registry = target.require_query(_REGISTERED), target.require_registry()
     given = to_batch
-    to_batch = backfill_point(registry, name, to_batch, input_before)
+    to_batch = backfill_point(registry, query.name, to_batch, input_before)
     if given is None:
         log(f"the last batch whose input is older than {input_before.strip()}: {to_batch}")
     plan = plan_rollback(query.checkpoint, to_batch)
     plan.update(
         sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
-        backup_to=registry.backups.url_for(query.name),
+        backup_to=target.backup_location(),
     )
     path, changes = str(registry.path), []
     if overrides:
@@ -154,19 +160,26 @@ def plan_backfill(
 
 
 def rollback_for_backfill(
-    registry: Registry,
+    target: Target,
     plan: dict[str, Any],
-    backup: Callable[[], str],
+    *,
+    backup: BackupFirst,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """``backup()`` (it returns the backup's id), then the planned rollback under the query's
-    lock; refused, changing nothing, if the checkpoint changed since :func:`plan_backfill`."""
-    query = registry.query(plan["query"])
-    lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
-    done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
-                        sink_batch_offset=query.sink.batch_offset,
-                        backup=BackupFirst(registry.backups.url_for(query.name), backup),
-                        planned=plan.get("digest"), log=log)  # fmt: skip
+    """``backup`` (:func:`stateops.ops.backup.backup_first`), then the planned rollback under
+    the query's lock; refused, changing nothing, if the checkpoint changed since
+    :func:`plan_backfill`."""
+    query, registry = target.require_query(_REGISTERED), target.require_registry()
+    done = run_rollback(
+        query.checkpoint,
+        plan["to_batch"],
+        target.lock("backfill", new_run_id("rollback")),
+        sink=query.sink.path,
+        sink_batch_offset=query.sink.batch_offset,
+        backup=backup,
+        planned=plan.get("digest"),
+        log=log,
+    )
     record_partitions(registry, query.name, done["run_id"])  # back to before a repartition
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
@@ -184,25 +197,15 @@ def _record(plan: dict[str, Any], result: str, **details: Any) -> None:
                  to_batch=plan["to_batch"], **details)  # fmt: skip
 
 
-def read_reprocessing(plan: dict[str, Any], run_id: str, log: Callable[[str], None] = print):
-    """The reprocessing's run summary (refused if it is from another run), said."""
-    summary = read_summary(load_registry(plan["registry"]), plan["query"], run_id)
-    log(
-        f"{summary['query']}: {summary['status']}, {summary['batches_run']} batches, "
-        f"{summary['input_rows']} input rows, last committed batch "
-        f"{summary['last_committed_batch']}"
-    )
-    return summary
-
-
 def report_backfill(
-    registry: Registry,
+    target: Target,
     plan: dict[str, Any],
     rollback: dict[str, Any],
+    *,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """What the reprocessing changed in the output of the batches after the rollback point."""
-    query = registry.query(plan["query"])
+    query = target.require_query(_REGISTERED)
     old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
     after = query.sink.folder_batch(plan["to_batch"])
     diff = diff_output(query.sink.path, old, after, query.key_columns)
@@ -226,11 +229,12 @@ _COUNTS = ("rows_before", "rows_after", "unchanged", "added", "removed", "change
 
 
 def run_backfill(
-    registry: Registry,
+    target: Target,
     plan: dict[str, Any],
-    backup: Callable[[], str],
-    run_job: Callable[[str, str, list[str]], None],
+    *,
     run_id: str,
+    backup: BackupFirst,
+    run_job: Callable[[str, str, list[str]], None],
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The ``stream_backfill`` DAG's steps after its plan, in one process (``stateops
@@ -242,11 +246,12 @@ def run_backfill(
         job, _, args = fill(BACKFILL_STEPS[step], fields)
         run_job(job, plan["registry"], args)
 
-    rolled = rollback_for_backfill(registry, plan, backup, log)
+    rolled = rollback_for_backfill(target, plan, backup=backup, log=log)
     try:
         spark("reprocess")
-        summary = read_reprocessing(plan, run_id, log)
-        report = report_backfill(registry, plan, rolled, log)
+        summary = read_summary(load_registry(plan["registry"]), plan["query"], run_id)
+        log(summary_line(summary))
+        report = report_backfill(target, plan, rolled, log=log)
     except StateOpsError as err:  # rolled back, not reprocessed: said by `stateops status`
         _record(plan, "failed", batch_after=plan["to_batch"], backup_id=rolled["backup_id"],
                 error=one_line(err))  # fmt: skip

@@ -39,6 +39,7 @@ __all__ = [
     "read_summary",
     "refuse_unrunnable",
     "run_registered_query",
+    "summary_line",
     "write_summary",
 ]
 
@@ -200,23 +201,15 @@ def _one_batch(query: Query) -> Query:
     return query.model_copy(update={"trigger": Trigger(processing_time="24 hours")})
 
 
-def _run(
-    spark: SparkSession,
-    query: Query,
-    stop: Callable[[], bool] | None,
-    poll_seconds: float,
-    first: int,
-    until_batch: int | None,
-    initial_state: Any,
-    origin: dict[str, Any] | None,
-) -> _Ran:
-    """The query's run from batch ``first``."""
-    if origin:  # from a state export: batch 0 is the image of the exported batch
-        return _run_image_batch(
-            spark, query, stop, poll_seconds, initial_state, origin["watermark"]
-        )
-    if until_batch is None or until_batch >= first:
-        return _run_stream(spark, query, stop, poll_seconds, until_batch, initial_state)
+def _run(start: _Start, poll_seconds: float) -> _Ran:
+    """The query's run from batch ``start.first``."""
+    spark, query, stop, carried = start.spark, start.query, start.stop, start.carried
+    if carried and start.before is None and carried.get("origin"):
+        # from a state export: batch 0 is the image of the exported batch
+        watermark = carried["origin"]["watermark"]
+        return _run_image_batch(spark, query, stop, poll_seconds, start.initial_state, watermark)
+    if start.until_batch is None or start.until_batch >= start.first:
+        return _run_stream(spark, query, stop, poll_seconds, start.until_batch, start.initial_state)
     return _Ran()  # a cutover with nothing before it: starting would read past it
 
 
@@ -253,80 +246,191 @@ def run_registered_query(
     it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
     their number, the trigger a long one, and the query stops once that batch commits.
     """
-    from stateops.spark.streaming import build_session, progress_summary, use_code_paths
-
     query = registry.query(name)
     run_id = run_id or new_run_id(operation)
-    stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
     with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
-        refuse_unrunnable(registry, query, undo=True)
-        fresh = not occupied(query.checkpoint)
-        before, _ = checkpoint_state(query.checkpoint)
-        first = 0 if before is None else before + 1
-        started = time.time()
-        until_batch = None
-        if cutover is not None:
-            query, pending, until_batch = _cutover_run(query, cutover, first)
-            stop = None
-        if stop is not None and stop():
-            print(f"removed a stale stop request of {query.name}", file=sys.stderr)
-        spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
-        use_code_paths(registry, spark)
-        prepared = prepare(spark) if prepare else None
-        carried, initial_state = _carried(spark, registry, query, before)
-        repartitioned = None
-        if carried and carried.get("partitions") and before == carried["batch"]:
-            repartitioned = _repartition_carried(spark, query, carried["partitions"], run_id)
-            before, first = repartitioned["batch"], repartitioned["batch"] + 1
-        origin = carried.get("origin") if carried and before is None else None
-        try:
-            ran = _run(spark, query, stop, poll_seconds, first, until_batch, initial_state, origin)
-        except Exception as err:
-            if not _discard_failed_start(query, fresh):
-                raise
-            if isinstance(err, StateOpsError):  # Spark refused it: say that nothing is left
-                raise StateOpsError(f"{one_line(err)}{_DISCARDED}") from err
-            raise
-        error = ran.error
-        after, uncommitted = checkpoint_state(query.checkpoint)
-        committed = [] if after is None else list(range(first, after + 1))
-        if cutover is not None and not error:
-            error = _cutover_mismatch(query, pending, committed)
-        bootstrap, proof, error = _settle(
-            spark, registry, query, carried, initial_state, after != before, error
-        )
-        if error and _discard_failed_start(query, fresh):
-            error = f"{query_error_line(error)}{_DISCARDED}"
-        summary = {
-            "query": query.name,
-            "operation": operation,
-            "run_id": run_id,
-            "mode": mode,
-            "clock_driven": ran.clock_driven,
-            "drained": ran.drained,
-            "master": spark.sparkContext.master,
-            "status": "failed" if error else "succeeded",
-            "error": query_error_line(error) if error else None,
-            "stopped_by_marker": ran.stopped,
-            "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-            "duration_seconds": round(time.time() - started, 1),
-            "checkpoint": query.checkpoint,
-            "last_committed_batch_before": before,
-            "last_committed_batch": after,
-            "uncommitted_batches": uncommitted,
-            "batches_run": len(committed),
-            "first_batch_id": committed[0] if committed else None,
-            "last_batch_id": committed[-1] if committed else None,
-            "lock_lost": lock.lost,
-            "bootstrap": bootstrap,
-            "carry_over": carried.get("road", "initial_state") if carried else None,
-            "repartitioned": repartitioned,
-            "proof": _proof_summary(proof),
-            "prepared": prepared,
-            **progress_summary(ran.progress),
-        }
+        start = _begin(registry, query, mode, run_id, operation, prepare, cutover)
+        ran = _run_started(start, poll_seconds)
+        end = _end(registry, start, ran)
+        summary = _summary(start, ran, end, run_id=run_id, mode=mode, lock_lost=lock.lost)
         _audit(summary)
     return summary
+
+
+@dataclass
+class _Start:
+    """What a start knows once it is ready to run, under the lock."""
+
+    query: Query
+    operation: str
+    spark: SparkSession
+    stop: Callable[[], bool] | None
+    fresh: bool
+    """The checkpoint was missing or empty (:func:`_discard_failed_start`)."""
+    started: float
+    before: int | None
+    first: int
+    until_batch: int | None
+    pending: list[Path] | None
+    """A cutover run's input files (None: not a cutover)."""
+    prepared: dict[str, Any] | None
+    carried: dict[str, Any] | None
+    initial_state: Any
+    repartitioned: dict[str, Any] | None
+
+
+def _begin(
+    registry: Registry,
+    query: Query,
+    mode: str,
+    run_id: str,
+    operation: str,
+    prepare: Callable[[SparkSession], dict[str, Any]] | None,
+    cutover: datetime | None,
+) -> _Start:
+    """Before the run, under the lock: the refusals, the checkpoint's last batch, a cutover's
+    one batch, a stale stop request removed, the Spark session, ``prepare``, and the state
+    carried over (repartitioned first where a transplant needs it)."""
+    from stateops.spark.streaming import build_session, use_code_paths
+
+    stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
+    refuse_unrunnable(registry, query, undo=True)
+    fresh = not occupied(query.checkpoint)
+    before, _ = checkpoint_state(query.checkpoint)
+    first = 0 if before is None else before + 1
+    started = time.time()
+    until_batch, pending = None, None
+    if cutover is not None:
+        query, pending, until_batch = _cutover_run(query, cutover, first)
+        stop = None
+    if stop is not None and stop():
+        print(f"removed a stale stop request of {query.name}", file=sys.stderr)
+    spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
+    use_code_paths(registry, spark)
+    prepared = prepare(spark) if prepare else None
+    carried, initial_state = _carried(spark, registry, query, before)
+    repartitioned = None
+    if carried and carried.get("partitions") and before == carried["batch"]:
+        repartitioned = _repartition_carried(spark, query, carried["partitions"], run_id)
+        before, first = repartitioned["batch"], repartitioned["batch"] + 1
+    return _Start(
+        query=query,
+        operation=operation,
+        spark=spark,
+        stop=stop,
+        fresh=fresh,
+        started=started,
+        before=before,
+        first=first,
+        until_batch=until_batch,
+        pending=pending,
+        prepared=prepared,
+        carried=carried,
+        initial_state=initial_state,
+        repartitioned=repartitioned,
+    )
+
+
+def _run_started(start: _Start, poll_seconds: float) -> _Ran:
+    """The run; where a first run fails to start, what it began is removed and said."""
+    try:
+        return _run(start, poll_seconds)
+    except Exception as err:
+        if not _discard_failed_start(start.query, start.fresh):
+            raise
+        if isinstance(err, StateOpsError):  # Spark refused it: say that nothing is left
+            raise StateOpsError(f"{one_line(err)}{_DISCARDED}") from err
+        raise
+
+
+def _end(registry: Registry, start: _Start, ran: _Ran) -> dict[str, Any]:
+    """After the run: the batches it committed, a cutover's check, the carried-over state
+    settled and proven, and the run's error (a failed first run's checkpoint removed)."""
+    query = start.query
+    after, uncommitted = checkpoint_state(query.checkpoint)
+    committed = [] if after is None else list(range(start.first, after + 1))
+    error = ran.error
+    if start.pending is not None and not error:
+        error = _cutover_mismatch(query, start.pending, committed)
+    bootstrap, proof, error = _settle(
+        start.spark,
+        registry,
+        query,
+        start.carried,
+        start.initial_state,
+        after != start.before,
+        error,
+    )
+    if error and _discard_failed_start(query, start.fresh):
+        error = f"{query_error_line(error)}{_DISCARDED}"
+    return {
+        "after": after,
+        "uncommitted": uncommitted,
+        "committed": committed,
+        "error": error,
+        "bootstrap": bootstrap,
+        "proof": proof,
+    }
+
+
+def _summary(
+    start: _Start, ran: _Ran, end: dict[str, Any], *, run_id: str, mode: str, lock_lost: bool
+) -> dict[str, Any]:
+    """The run summary (:func:`write_summary`, :func:`summary_line`)."""
+    from stateops.spark.streaming import progress_summary
+
+    error, committed, carried = end["error"], end["committed"], start.carried
+    return {
+        "query": start.query.name,
+        "operation": start.operation,
+        "run_id": run_id,
+        "mode": mode,
+        "clock_driven": ran.clock_driven,
+        "drained": ran.drained,
+        "master": start.spark.sparkContext.master,
+        "status": "failed" if error else "succeeded",
+        "error": query_error_line(error) if error else None,
+        "stopped_by_marker": ran.stopped,
+        "started_at": datetime.fromtimestamp(start.started, UTC).isoformat(timespec="seconds"),
+        "duration_seconds": round(time.time() - start.started, 1),
+        "checkpoint": start.query.checkpoint,
+        "last_committed_batch_before": start.before,
+        "last_committed_batch": end["after"],
+        "uncommitted_batches": end["uncommitted"],
+        "batches_run": len(committed),
+        "first_batch_id": committed[0] if committed else None,
+        "last_batch_id": committed[-1] if committed else None,
+        "lock_lost": lock_lost,
+        "bootstrap": end["bootstrap"],
+        "carry_over": carried.get("road", "initial_state") if carried else None,
+        "repartitioned": start.repartitioned,
+        "proof": _proof_summary(end["proof"]),
+        "prepared": start.prepared,
+        **progress_summary(ran.progress),
+    }
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """A run summary in one line, as the ``record`` tasks of the DAGs and ``stateops backfill``
+    say it: a bootstrap's carried-over state, else the batches run and the rows they read."""
+    last = f"last committed batch {summary['last_committed_batch']}"
+    if summary["operation"] == "bootstrap":
+        carried = (
+            f"{summary['prepared']['rows']} initial rows"
+            if summary["prepared"]
+            else "state files transplanted"
+        )
+        return f"{summary['query']}: bootstrap {summary['bootstrap']}, {carried}, {last}"
+    batches = "no new input"
+    if summary["batches_run"]:
+        batches = (
+            f"{summary['batches_run']} batches "
+            f"({summary['first_batch_id']}..{summary['last_batch_id']})"
+        )
+    return (
+        f"{summary['query']}: {summary['status']}, {batches}, {summary['input_rows']} input "
+        f"rows, {last}"
+    )
 
 
 _DISCARDED = " (nothing was committed; the checkpoint it began is removed)"
