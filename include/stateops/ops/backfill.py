@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import checkpoint_lock, new_run_id, safe_run_id
+from stateops.control.lock import new_run_id, safe_run_id
+from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
@@ -37,7 +38,6 @@ from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.deletion import format_plan, plan_digest
-from stateops.ops.repartition import record_partitions
 from stateops.ops.rollback import plan_rollback, plan_sink_rollback, run_rollback
 from stateops.ops.start import read_summary
 
@@ -118,7 +118,7 @@ def plan_backfill(
     to_batch = backfill_point(registry, name, to_batch, input_before)
     if given is None:
         log(f"the last batch whose input is older than {input_before.strip()}: {to_batch}")
-    plan = plan_rollback(query.checkpoint, to_batch)
+    plan = plan_rollback(query_target(registry, name), to_batch)
     plan.update(
         sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
         backup_to=registry.backups.url_for(query.name),
@@ -162,12 +162,16 @@ def rollback_for_backfill(
     """``backup()`` (it returns the backup's id), then the planned rollback under the query's
     lock; refused, changing nothing, if the checkpoint changed since :func:`plan_backfill`."""
     query = registry.query(plan["query"])
-    lock = checkpoint_lock(query.checkpoint, registry, "backfill", new_run_id("rollback"))
-    done = run_rollback(query.checkpoint, plan["to_batch"], lock, sink=query.sink.path,
-                        sink_batch_offset=query.sink.batch_offset,
-                        backup=BackupFirst(registry.backups.url_for(query.name), backup),
-                        planned=plan.get("digest"), log=log)  # fmt: skip
-    record_partitions(registry, query.name, done["run_id"])  # back to before a repartition
+    done = run_rollback(
+        query_target(registry, query.name),
+        plan["to_batch"],
+        run_id=new_run_id("rollback"),
+        backup=BackupFirst(registry.backups.url_for(query.name), backup),
+        log=log,
+        sink=query.sink.path,
+        sink_batch_offset=query.sink.batch_offset,
+        planned=plan.get("digest"),
+    )
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
     # `stateops status` reads (stateops.status.unfinished_backfill).
