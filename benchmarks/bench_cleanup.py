@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
 from bench_checkpoint_model import build_tree, timed  # noqa: E402
 
+from stateops.control.target import Target  # noqa: E402
 from stateops.core.listing import list_files  # noqa: E402
 from stateops.ops.cleanup import plan_cleanup  # noqa: E402
 
@@ -41,7 +42,7 @@ def main() -> None:
         find = ["find", str(root), "-type", "f", "-printf", "%s %p\\n"]
         find_s, _ = timed(lambda: subprocess.run(find, check=True, stdout=subprocess.DEVNULL))
         list_s, _ = timed(lambda: list_files(root))
-        plan_s, plan = timed(lambda: plan_cleanup(root, args.retain))
+        plan_s, plan = timed(lambda: plan_cleanup(Target(str(root), None, None), args.retain))
         files = plan["delete"]["files"] + plan["keep"]["files"]
         print(
             f"files: {files}; the plan deletes {plan['delete']['files']}, "

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
 from bench_checkpoint_model import build_tree, timed  # noqa: E402
 
+from stateops.control.target import Target  # noqa: E402
 from stateops.core import storage  # noqa: E402
 from stateops.dev.s3server import free_port, start_s3_server  # noqa: E402
 from stateops.ops.cleanup import plan_cleanup  # noqa: E402
@@ -75,10 +76,10 @@ def main() -> None:
         for fast in (False, True):
             runs = [rclone_lsf(rclone, endpoint, fast) for _ in range(args.runs)]
             baselines[fast] = (min(r[0] for r in runs), runs[0][1], runs[0][2])
-        plans = []
+        plans, target = [], Target("s3://bench/ckpt", None, None)
         for _ in range(args.runs):
             before = storage.request_count()
-            seconds, plan = timed(lambda: plan_cleanup("s3://bench/ckpt", args.retain))
+            seconds, plan = timed(lambda: plan_cleanup(target, args.retain))
             plans.append((seconds, storage.request_count() - before, plan))
         plan_s = min(p[0] for p in plans)
         requests, plan = plans[0][1], plans[0][2]

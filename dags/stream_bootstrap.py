@@ -48,7 +48,6 @@ from stateops_airflow.tasks import (
     query_param,
     registered_queries,
     run_summary,
-    say,
     spark_job_operator,
     verify_state,
 )

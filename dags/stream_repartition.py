@@ -47,14 +47,14 @@ from stateops_airflow.approval import ApprovalGate, approved, ask_repartition
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     dry_run_param,
-    finish_repartition,
     not_a_dry_run,
-    plan_repartition,
-    prepare_repartition,
     query_param,
     registered_queries,
+    repartition_finish,
+    repartition_plan,
+    repartition_prepare,
+    repartition_undo,
     spark_job_operator,
-    undo_repartition,
     verify_state,
 )
 
@@ -85,18 +85,18 @@ def stream_repartition() -> None:
     @task
     def plan() -> dict:
         params = get_current_context()["params"]
-        return plan_repartition(params["query"], params["partitions"], params["dry_run"])
+        return repartition_plan(params["query"], params["partitions"], params["dry_run"])
 
     @task
     def prepare() -> dict:
         context = get_current_context()
         params = context["params"]
-        return prepare_repartition(params["query"], params["partitions"], context["run_id"])
+        return repartition_prepare(params["query"], params["partitions"], context["run_id"])
 
     @task
     def finish() -> dict:
         context = get_current_context()
-        return finish_repartition(context["params"]["query"], context["run_id"])
+        return repartition_finish(context["params"]["query"], context["run_id"])
 
     @task(task_id="verify_state")
     def verify() -> dict:
@@ -112,7 +112,7 @@ def stream_repartition() -> None:
                 "the repartition was not approved (approve says why) before anything changed: "
                 "nothing to undo"
             )
-        undo_repartition(context["params"]["query"], context["run_id"])
+        repartition_undo(context["params"]["query"], context["run_id"])
 
     repartition = spark_job_operator(
         "repartition", REPARTITION_STATE,

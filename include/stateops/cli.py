@@ -22,8 +22,8 @@ from stateops.control.lock import (
 )
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.core.errors import OperationFailed, StateOpsError, domain_errors, one_line
-from stateops.core.plans import BackupFirst, plan_head, plan_tail
-from stateops.core.registry import Query, Registry, checkpoint_of, load_registry, registry_path
+from stateops.core.plans import plan_head, plan_tail
+from stateops.core.registry import Query, Registry, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.steps import BOOTSTRAP, Step, fill
 from stateops.core.verify import format_findings, verify_checkpoint
@@ -34,20 +34,6 @@ from stateops.spark.jobs import job_path, preflight_job, spark_submit_command, s
 from stateops.status import format_status, query_status
 
 __all__ = ["main"]
-
-
-def _checkpoint_and_deltas(
-    target: str, registry: str | None, min_deltas: int | None
-) -> tuple[str, int]:
-    """A checkpoint path or a registered query's name, and the query's minDeltasForSnapshot.
-
-    For a path, the registered query whose checkpoint it is gives K; without one (or without a
-    readable registry) it is Spark's default, 10. ``min_deltas`` given by the user wins.
-    """
-    path, _, owner = checkpoint_of(target, registry)
-    if min_deltas is None:
-        min_deltas = owner.state_store.min_deltas_for_snapshot if owner else 10
-    return path, min_deltas
 
 
 def _spark_submit(
@@ -76,10 +62,11 @@ def _submit_job(job: str, master: str, *args: str, to_stderr: bool = False) -> i
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    path, min_deltas = _checkpoint_and_deltas(
-        args.checkpoint, args.registry, args.min_deltas_for_snapshot
-    )
-    cp = load_checkpoint(path)
+    from stateops.control.target import resolve_target
+
+    target = resolve_target(args.checkpoint, args.registry)
+    min_deltas = args.min_deltas_for_snapshot or target.min_deltas_for_snapshot
+    cp = load_checkpoint(target.checkpoint)
     if args.files_for_batch is not None:
         files = cp.restart_files(args.files_for_batch)
         if args.json:
@@ -229,107 +216,75 @@ def cmd_backups(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from stateops.control.lock import checkpoint_lock, new_run_id
+    from stateops.control.lock import new_run_id
+    from stateops.control.target import resolve_target
     from stateops.core.s3 import s3_client, s3_settings
-    from stateops.ops.cleanup import latest_backup, run_cleanup
+    from stateops.ops.cleanup import run_cleanup
 
-    path, registry, owner = checkpoint_of(args.checkpoint, args.registry)
-    retain = args.retain_batches or (registry and registry.cleanup.retain_batches)
-    if retain is None:
-        raise StateOpsError(
-            f"{path}: no readable registry sets cleanup.retain_batches; give --retain-batches K"
-        )
-    lock = checkpoint_lock(path, registry, "cleanup", new_run_id("cleanup"))
-    log = _log if args.json else print
-
-    def backups() -> dict[str, Any]:  # one try: the cleanup does not wait for S3
-        return latest_backup(registry.backups.url_for(owner.name),
-                             lambda: s3_client(s3_settings(), retries=0))  # fmt: skip
-
-    deltas = owner.state_store.min_deltas_for_snapshot if owner else 10  # as inspect's
-    plan = run_cleanup(path, retain, lock, min_deltas_for_snapshot=deltas, dry_run=args.dry_run,
-                       log=log, backups=backups if owner else None)  # fmt: skip
+    plan = run_cleanup(
+        resolve_target(args.checkpoint, args.registry),
+        args.retain_batches,
+        run_id=new_run_id("cleanup"),
+        dry_run=args.dry_run,
+        log=_log if args.json else print,
+        client=lambda: s3_client(s3_settings(), retries=0),  # one try: it does not wait for S3
+    )
     if args.json:
         print(json.dumps(plan, indent=1))
     return 0
 
 
-def _backup_location(given: str | None, path: str, registry: Any, query: Any, give: str) -> str:
-    """``given``, else the registry's ``backups.url``/QUERY for a registered query's
-    checkpoint; else a one-line refusal that says what to ``give``."""
-    location = given or (registry.backups.url_for(query.name) if query else None)
-    if not location:
-        raise StateOpsError(
-            f"{path}: not a registered query's checkpoint, so there is no backup location; "
-            f"give {give}"
-        )
-    return location
-
-
-def _backup_first(
-    args: argparse.Namespace, path: str, registry: Any, query: Any, operation: str
-) -> BackupFirst | None:
-    """The backup of ``path`` before ``operation`` (to ``--backup-to``, else the registry's
-    location for ``query``), or None with ``--no-backup``; no location and bad S3 settings are
-    refused here, before the lock."""
-    if args.no_backup:
-        return None
-    backup_to = _backup_location(args.backup_to, path, registry, query,
-                                 "--backup-to s3://BUCKET/PREFIX (or --no-backup)")  # fmt: skip
-    client = _s3(args)
-
-    def backup() -> str:
-        from stateops.ops.backup import backup_checkpoint
-
-        _log(f"backup of {path} to {backup_to} before the {operation}")
-        return backup_checkpoint(path, backup_to, client, log=_log)["backup_id"]
-
-    return BackupFirst(backup_to, backup)
-
-
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from stateops.control.lock import checkpoint_lock, new_run_id
-    from stateops.ops.repartition import record_partitions
+    from stateops.control.lock import new_run_id
+    from stateops.control.target import resolve_target
+    from stateops.ops.backup import backup_first
     from stateops.ops.rollback import run_rollback
 
-    path, registry, query = checkpoint_of(args.checkpoint, args.registry)
-    backup = _backup_first(args, path, registry, query, "rollback")
-    sink = args.sink or (query.sink.path if query else None)
-    lock = checkpoint_lock(path, registry, "rollback", new_run_id("rollback"))
-    log = _log if args.json else print
+    target = resolve_target(args.checkpoint, args.registry)
+    backup = None
+    if not args.no_backup:
+        backup = backup_first(target, _s3(args), "rollback", to=args.backup_to, log=_log)
     plan = run_rollback(
-        path, args.to_batch, lock, sink=sink, backup=backup,
-        sink_batch_offset=query.sink.batch_offset if query and not args.sink else 0,
-        dry_run=args.dry_run, log=log,
-    )  # fmt: skip
-    if query is not None and not args.dry_run:
-        record_partitions(registry, query.name, plan["run_id"])  # back to before a repartition
+        target,
+        args.to_batch,
+        run_id=new_run_id("rollback"),
+        backup=backup,
+        dry_run=args.dry_run,
+        log=_log if args.json else print,
+        sink=args.sink,
+    )
     if args.json:
         print(json.dumps(plan, indent=1))
     return 0
 
 
 def cmd_repartition(args: argparse.Namespace) -> int:
-    from stateops.control.lock import checkpoint_lock, new_run_id
-    from stateops.core.steps import REPARTITION_STATE
+    from stateops.control.lock import new_run_id
+    from stateops.control.target import resolve_target
+    from stateops.core.steps import REPARTITION, REPARTITION_STATE
+    from stateops.ops.backup import backup_first
     from stateops.ops.repartition import run_repartition
 
-    path, registry, query = checkpoint_of(args.checkpoint, args.registry)
-    log = _log if args.json else print
-    backup = _backup_first(args, path, registry, query, "repartition")
+    target = resolve_target(args.checkpoint, args.registry)
+    backup = None
+    if not args.no_backup:
+        backup = backup_first(target, _s3(args), "repartition", to=args.backup_to, log=_log)
 
     def submit(plan: dict) -> None:
-        code = _submit_job(REPARTITION_STATE, args.master, "--checkpoint", path,
-                             "--run-id", plan["run_id"], to_stderr=args.json)  # fmt: skip
+        fields = {"checkpoint": target.checkpoint, "run_id": plan["run_id"]}
+        code = _spark_submit(REPARTITION, fields, args.master, args.registry, to_stderr=args.json)
         if code != 0:
             raise StateOpsError(f"{REPARTITION_STATE} exited with code {code} (see above)")
 
-    lock = checkpoint_lock(path, registry, "repartition", new_run_id("repartition"))
     result = run_repartition(
-        path, args.partitions, lock, submit=submit, registry=registry,
-        backup=backup, query=query.name if query else None,
-        dry_run=args.dry_run, log=log,
-    )  # fmt: skip
+        target,
+        args.partitions,
+        run_id=new_run_id("repartition"),
+        backup=backup,
+        dry_run=args.dry_run,
+        log=_log if args.json else print,
+        submit=submit,
+    )
     if args.json:
         print(json.dumps(result, indent=1))
     return 0
@@ -561,7 +516,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    path, _ = _checkpoint_and_deltas(args.checkpoint, args.registry, None)
+    from stateops.control.target import resolve_target
+
+    path = resolve_target(args.checkpoint, args.registry).checkpoint
     if not audit_dir(path).is_dir():  # a checkpoint restored elsewhere keeps its log here
         require_checkpoint_dir(path)
     for record in read_audit(path):

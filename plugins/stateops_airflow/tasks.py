@@ -24,12 +24,13 @@ __all__ = [
     "LIFECYCLE_DAG",
     "StateOpsSparkSubmitOperator",
     "one_line_errors",
-    "finish_repartition",
-    "plan_repartition",
-    "prepare_repartition",
-    "undo_repartition",
+    "repartition_finish",
+    "repartition_plan",
+    "repartition_prepare",
+    "repartition_undo",
     "airflow_s3_client",
     "backup_query",
+    "cleanup_query",
     "dry_run_param",
     "each_query_then_outcome",
     "inject_fault",
@@ -296,20 +297,14 @@ def scheduled_outcome(operation: str, done: dict[str, str | None]) -> list[str]:
 def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     """Clean the query's checkpoint, retaining the registry's ``cleanup.retain_batches``: the
     plan first, then the deletions under the query's lock (a running query holds it)."""
-    from stateops.control.lock import checkpoint_lock
-    from stateops.ops.cleanup import latest_backup, run_cleanup
+    from stateops.control.target import query_target
+    from stateops.ops.cleanup import run_cleanup
 
-    registry = load_registry()
-    checkpoint = committed_checkpoint(registry, query)
-    lock = checkpoint_lock(checkpoint, registry, "cleanup", run_id)
-
-    def backups() -> dict[str, Any]:
-        return latest_backup(registry.backups.url_for(query),
-                             lambda: airflow_s3_client(registry.backups.conn_id))  # fmt: skip
-
-    deltas = registry.query(query).state_store.min_deltas_for_snapshot  # as inspect's
-    plan = run_cleanup(checkpoint, registry.cleanup.retain_batches, lock,
-                       min_deltas_for_snapshot=deltas, log=say, backups=backups)  # fmt: skip
+    target = query_target(None, query)
+    registry = target.require_registry()
+    committed_checkpoint(registry, query)
+    client = functools.partial(airflow_s3_client, registry.backups.conn_id)
+    plan = run_cleanup(target, run_id=run_id, log=say, client=client)
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 
@@ -489,73 +484,61 @@ def migration_migrated(plan: dict[str, Any]) -> str:
     return line
 
 
-def _repartition_lock(query: str, run_id: str) -> tuple[Registry, str, Any]:
-    from stateops.control.lock import checkpoint_lock
+@one_line_errors
+def repartition_plan(query: str, partitions: int, dry_run: bool) -> dict[str, Any]:
+    """:func:`stateops.ops.repartition.plan_repartition` for the form, printed, with where
+    ``repartition_prepare`` backs up."""
+    from stateops.control.target import query_target
+    from stateops.ops.repartition import format_repartition_plan, plan_repartition
 
-    registry = load_registry()
-    checkpoint = registry.query(query).checkpoint
-    return registry, checkpoint, checkpoint_lock(checkpoint, registry, "repartition", run_id)
+    target = query_target(None, query)
+    plan = plan_repartition(target, partitions) | {"backup_to": target.backup_location()}
+    say(format_repartition_plan(plan, dry_run=dry_run))
+    return plan
 
 
 @one_line_errors
-def plan_repartition(query: str, partitions: int, dry_run: bool) -> dict[str, Any]:
-    """:func:`stateops.ops.repartition.plan_repartition` for the form, printed."""
-    from stateops.ops.repartition import format_repartition_plan
-    from stateops.ops.repartition import plan_repartition as plan
-
-    registry = load_registry()
-    result = plan(registry.query(query).checkpoint, partitions)
-    result["backup_to"] = registry.backups.url_for(query)
-    say(format_repartition_plan(result, dry_run=dry_run))
-    return result
-
-
-@one_line_errors
-def prepare_repartition(query: str, partitions: int, run_id: str) -> dict[str, Any]:
+def repartition_prepare(query: str, partitions: int, run_id: str) -> dict[str, Any]:
     """Under the query's lock: plan again, back up through the registry's Airflow
     connection, and mark the run (:func:`stateops.ops.repartition.prepare_repartition`)."""
-    from stateops.core.plans import BackupFirst
-    from stateops.ops.backup import backup_query
-    from stateops.ops.repartition import prepare_repartition as prepare
+    from stateops.control.target import query_target
+    from stateops.ops.backup import backup_first
+    from stateops.ops.repartition import prepare_repartition
 
-    registry, checkpoint, lock = _repartition_lock(query, run_id)
-
-    def backup() -> str:
-        client = airflow_s3_client(registry.backups.conn_id)
-        return backup_query(registry, query, client, log=say)["backup_id"]
-
-    with lock:
-        return prepare(checkpoint, partitions, run_id, log=say,
-                       backup=BackupFirst(registry.backups.url_for(query), backup))  # fmt: skip
+    target = query_target(None, query)
+    client = functools.partial(airflow_s3_client, target.require_registry().backups.conn_id)
+    backup = backup_first(target, client, "repartition", log=say)
+    return prepare_repartition(target, partitions, run_id=run_id, backup=backup, log=say)
 
 
 @one_line_errors
-def finish_repartition(query: str, run_id: str) -> dict[str, Any]:
+def repartition_finish(query: str, run_id: str) -> dict[str, Any]:
     """Under the query's lock: check Spark's work and its proof, record the count."""
-    from stateops.ops.repartition import finish_repartition as finish
+    from stateops.control.target import query_target
+    from stateops.ops.repartition import finish_repartition
 
-    registry, checkpoint, lock = _repartition_lock(query, run_id)
-    with lock:
-        done = finish(checkpoint, registry=registry, query=query, log=say)
+    done = finish_repartition(query_target(None, query), run_id=run_id, log=say)
     return {k: v for k, v in done.items() if k != "proof"} | {"proof": done["proof"]["summary"]}
 
 
-def undo_repartition(query: str, run_id: str) -> None:
+def repartition_undo(query: str, run_id: str) -> None:
     """After a failed step: give back the checkpoint as it was. It succeeds when it undid
     something and is skipped, saying why, when there was nothing to undo; the run fails
     either way, since its last step (``verify_state``) did not run."""
-    from stateops.ops.repartition import undo_repartition as undo
+    from stateops.control.target import query_target
+    from stateops.ops.repartition import undo_repartition
 
-    _, checkpoint, lock = _repartition_lock(query, run_id)
-    with lock:
-        undone = one_line_errors(undo)(checkpoint, run_id=run_id, log=say)
+    target = query_target(None, query)
+    undone = one_line_errors(undo_repartition)(target, run_id=run_id, log=say)
     if not undone:
         raise AirflowSkipException(
             "the repartition failed before it changed the checkpoint: nothing to undo (the "
             "failed step's log says what to fix)"
         )
-    say("the repartition failed (see the failed step's log); it was undone: the checkpoint "
-        "is as it was")  # fmt: skip
+    say(
+        "the repartition failed (see the failed step's log); it was undone: the checkpoint "
+        "is as it was"
+    )
 
 
 @one_line_errors

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stateops.control.audit import read_audit
-from stateops.control.target import query_target
+from stateops.control.target import Target, query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError
 from stateops.core.plans import BackupFirst
@@ -127,7 +127,8 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
         f"batch 3 is planned but not committed (a run was interrupted): a run of its query "
         f"finishes it, or stateops rollback {ckpt} --to-batch 2 drops it"
     )
-    assert "offsets/3" in plan_rollback(ckpt, 2)["files"]["after-rollback-point"]  # dropped
+    dropped = plan_rollback(Target(str(ckpt), None, None), 2)["files"]["after-rollback-point"]
+    assert "offsets/3" in dropped  # dropped
     run_in_session(spark, path, "page_visits")  # the run finishes it
     cp = load_checkpoint(ckpt)
     assert (cp.last_committed_batch, cp.uncommitted_batches) == (3, [])

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stateops.control.lock import QueryLock
+from stateops.control.lock import new_run_id
+from stateops.control.target import Target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.cleanup import run_cleanup
@@ -37,8 +38,9 @@ RETAIN = 2
 quiet = lambda _: None  # noqa: E731
 
 
-def lock_for(path: Path) -> QueryLock:
-    return QueryLock(path.with_name(path.name + ".lock"), path.name, "test")
+def at(path: Path) -> Target:
+    """An unregistered checkpoint: its lock beside its audit log."""
+    return Target(str(path), None, None)
 
 
 @dataclass
@@ -68,14 +70,14 @@ def cleaned(request, spark, tmp_path_factory) -> Cleaned:
     copy_checkpoint(original, control)
     shutil.copytree(root / "out-original", root / "out-control")
 
-    plan = run_cleanup(original, RETAIN, lock_for(original), log=quiet)
+    plan = run_cleanup(at(original), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     assert verify_checkpoint(original)["ok"]
 
     # A restart after each retained batch: a copy of the cleaned checkpoint rolled back to it.
     first, last = plan["retained"]
     for batch in range(first, last + 1):
         copy = copy_checkpoint(original, root / f"ck-at-{batch}")
-        run_rollback(copy, batch, lock_for(copy), log=quiet)
+        run_rollback(at(copy), batch, run_id=new_run_id("rollback"), log=quiet)
         assert last_committed(copy) == batch
 
     land(root / "landing", round_=1, files=3)
@@ -138,8 +140,8 @@ def test_a_restart_after_each_retained_batch_reprocesses_identically(cleaned: Cl
 
 def test_a_second_cleanup_finds_nothing_to_do(cleaned: Cleaned, tmp_path):
     copy = copy_checkpoint(cleaned.root / "ck-original", tmp_path / "ck")
-    run_cleanup(copy, RETAIN, lock_for(copy), log=quiet)
-    again = run_cleanup(copy, RETAIN, lock_for(copy), dry_run=True, log=quiet)
+    run_cleanup(at(copy), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
+    again = run_cleanup(at(copy), RETAIN, run_id=new_run_id("cleanup"), dry_run=True, log=quiet)
     assert again["delete"]["files"] == 0, again["by_category"]
     assert load_checkpoint(copy).last_committed_batch == last_committed(
         cleaned.root / "ck-original"

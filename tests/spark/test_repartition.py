@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.control.lock import checkpoint_lock, new_run_id
+from stateops.control.lock import new_run_id
 from stateops.control.markers import read_repartition
+from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
@@ -73,11 +74,13 @@ def in_session(spark):
 
 
 def repartition(spark, registry: Path, name: str, partitions: int) -> dict:
-    reg = load_registry(registry)
-    checkpoint = reg.query(name).checkpoint
-    lock = checkpoint_lock(checkpoint, reg, "repartition", new_run_id("repartition"))
-    return run_repartition(checkpoint, partitions, lock, submit=in_session(spark),
-                           registry=reg, query=name, log=quiet)  # fmt: skip
+    return run_repartition(
+        query_target(registry, name),
+        partitions,
+        run_id=new_run_id("repartition"),
+        log=quiet,
+        submit=in_session(spark),
+    )
 
 
 def held_and_written(spark, registry: Path, name: str) -> tuple:
@@ -164,8 +167,7 @@ def test_repartitioned_queries_go_on_like_queries_that_always_had_the_new_count(
         op["operator_id"]: {g["group_id"] for g in op["snapshot_groups"]}
         for op in checkpoint_report(load_checkpoint(checkpoint), deltas)["operators"]
     }
-    lock = checkpoint_lock(checkpoint, load_registry(from4), "cleanup", new_run_id("cleanup"))
-    plan = run_cleanup(checkpoint, 1, lock, min_deltas_for_snapshot=deltas, log=quiet)
+    plan = run_cleanup(query_target(from4, name), 1, run_id=new_run_id("cleanup"), log=quiet)
     planned: dict[int, set[int]] = {}
     for group in plan["groups"]:
         planned.setdefault(group["operator"], set()).add(group["group_id"])
@@ -219,7 +221,7 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
         says="Spark repartitions RocksDB state only; "
         "no operation moves state to another store, so replay the source instead",
     )
-    with checkpoint_lock(checkpoint, reg, "run", "run-now"):  # as a running query holds it
+    with query_target(reg, "page_visits").lock("run", "run-now"):  # as a running query holds it
         refused("page_visits", "--partitions", "4", says="run-now")
     last = load_checkpoint(checkpoint).last_committed_batch
     uncommitted = tmp_path / "uncommitted"  # as a run killed between offsets and commit
@@ -291,7 +293,7 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
         spark, old.checkpoint, last_committed(Path(old.checkpoint))
     )
     assert written(replayed, "page_counts") == written(registry, "page_counts")
-    assert plan_repartition(new.checkpoint, 3)["partitions_before"] == 4
+    assert plan_repartition(query_target(replayed, "page_counts"), 3)["partitions_before"] == 4
 
 
 def kill_spark_job(cli: subprocess.Popen, appears: Path, timeout: float = 240) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.control.lock import QueryLock
+from stateops.control.target import Target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import copy_restart_set, relocate_checkpoint
@@ -181,7 +181,7 @@ def test_refusals_change_nothing(template, tmp_path, command):
         assert proc.stderr.count("\n") == 1 and _state(work) == before
 
     good = ["--to-batch", "6"] if command == "rollback" else ["--retain-batches", "2"]
-    lock = QueryLock(work.with_name("ck.audit") / "lifecycle.lock", str(work), "backfill")
+    lock = Target(str(work), None, None).lock("backfill", "backfill-1")  # another holds it
     with lock:
         before = _state(work)
         proc = run_cli(command, str(work), *good, *extra)

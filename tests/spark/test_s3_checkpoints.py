@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 
 from stateops.control.audit import read_audit
-from stateops.control.lock import QueryLock
+from stateops.control.lock import new_run_id
+from stateops.control.target import Target
 from stateops.core.checkpoint import has_commit, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar
+from stateops.core.registry import load_registry
 from stateops.core.report import checkpoint_report
 from stateops.core.s3 import S3Settings, s3_client
 from stateops.core.verify import verify_checkpoint
@@ -90,17 +92,19 @@ def comparable(root: Path, transplanted: bool) -> dict[str, bytes]:
     return files
 
 
-def lock_for(root: Path, name: str) -> QueryLock:
-    return QueryLock(root / f"{name}.lock", name, "test")
+def at(checkpoint: str | Path, root: Path) -> Target:
+    """``checkpoint`` unregistered: its lock beside its audit log, or for an S3 URL in the
+    state folder of a registry under ``root``."""
+    return Target(str(checkpoint), load_registry(write_registry(root / "registry")), None)
 
 
 def chain(s3, case: Case, checkpoint: str | Path, root: Path, name: str, place) -> tuple:
     """The operations both copies go through: cleanup; a rollback of one batch; a backup,
     restored into a new place (``place(what)``: a folder or an S3 URL); for a pipeline, a
     transplant of that into another. The plans and where the result is."""
-    cleaned = run_cleanup(checkpoint, RETAIN, lock_for(root, name), log=quiet)
+    cleaned = run_cleanup(at(checkpoint, root), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     to_batch = cleaned["last_committed_batch"] - 1
-    rolled = run_rollback(checkpoint, to_batch, lock_for(root, name), log=quiet)
+    rolled = run_rollback(at(checkpoint, root), to_batch, run_id=new_run_id("rollback"), log=quiet)
     backups = f"s3://backups/{case.name}-{name}"
     manifest = backup_checkpoint(checkpoint, backups, s3.client(), log=quiet)
     restored = place("restored")
@@ -305,7 +309,7 @@ def uploaded(spark, tmp_path_factory, s3_env, tmp_path) -> tuple[Path, str]:
 
 
 def _cleaned_locally(local: Path) -> dict[str, bytes]:
-    run_cleanup(local, RETAIN, lock_for(local.parent, "local"), log=quiet)
+    run_cleanup(at(local, local.parent), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     return contents(local)
 
 
@@ -320,13 +324,14 @@ def test_an_endpoint_stopped_mid_cleanup_gives_one_line_and_a_second_run_complet
 
     try:
         with pytest.raises(StateOpsError) as err:
-            run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=stop_when_planned)
+            run_id = new_run_id("cleanup")
+            run_cleanup(at(url, tmp_path), RETAIN, run_id=run_id, log=stop_when_planned)
     finally:
         s3_env.start()
     line = str(err.value)
     assert "\n" not in line and "the endpoint does not answer" in line and "run again" in line
     assert S3_SECRET not in line
-    run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    run_cleanup(at(url, tmp_path), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     from_s3 = s3_env.download(BUCKET, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
 
@@ -357,7 +362,7 @@ def test_wrong_credentials_give_one_line_and_a_second_run_completes(
     local, url = uploaded
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     with pytest.raises(StateOpsError) as err:
-        run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+        run_cleanup(at(url, tmp_path), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     line = str(err.value)
     assert "\n" not in line and "SignatureDoesNotMatch: check the secret key" in line, line
     assert "not-the-secret" not in line
@@ -365,7 +370,7 @@ def test_wrong_credentials_give_one_line_and_a_second_run_completes(
         local
     )
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    run_cleanup(at(url, tmp_path), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     from_s3 = s3_env.download(BUCKET, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
 
@@ -378,7 +383,7 @@ def test_a_throttling_endpoint_gives_one_line_and_a_second_run_completes(
     try:
         monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", proxy.endpoint)
         with pytest.raises(StateOpsError) as err:
-            run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+            run_cleanup(at(url, tmp_path), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     finally:
         proxy.shutdown()
     line = str(err.value)
@@ -388,6 +393,6 @@ def test_a_throttling_endpoint_gives_one_line_and_a_second_run_completes(
         local
     )
     monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", s3_env.endpoint)
-    run_cleanup(url, RETAIN, lock_for(tmp_path, "s3"), log=quiet)
+    run_cleanup(at(url, tmp_path), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     from_s3 = s3_env.download(BUCKET, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)

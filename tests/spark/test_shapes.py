@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stateops.control.lock import checkpoint_lock, new_run_id
+from stateops.control.lock import new_run_id
 from stateops.control.target import query_target
 from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, run_backfill
@@ -56,8 +56,7 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     # Cleaned as the scheduled cleanup does, keeping what restarts after each of the last 4
     # batches need.
     client, quiet = s3.client(), lambda _: None
-    lock = checkpoint_lock(checkpoint, registry, "cleanup", new_run_id("cleanup"))
-    cleaned = run_cleanup(checkpoint, 4, lock, log=quiet)
+    cleaned = run_cleanup(query_target(registry, name), 4, run_id=new_run_id("cleanup"), log=quiet)
     assert cleaned["delete"]["files"] > 0, "cleanup had nothing to delete: the proof is void"
     assert state_and_output(spark, touched, name) == untouched
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from stateops.control.lock import QueryLock
+from stateops.control.target import Target, query_target
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.ops.cleanup import plan_cleanup, run_cleanup
 from stateops.ops.deletion import format_plan
+from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -18,16 +19,18 @@ def test_retaining_no_batch_is_refused_before_the_path_is_read(tmp_path, retain)
     with pytest.raises(
         StateOpsError, match=rf"^--retain-batches must be at least 1, got {retain}$"
     ):
-        plan_cleanup(tmp_path / "nowhere", retain)
+        plan_cleanup(Target(str(tmp_path / "nowhere"), None, None), retain)
 
 
 def test_a_folder_that_is_no_checkpoint_is_refused_and_takes_no_lock(tmp_path):
     folder = tmp_path / "not-a-checkpoint"
     folder.mkdir()
     (folder / "notes.txt").write_text("x")
-    lock = QueryLock(tmp_path / "locks" / "q.lock", "q", "cleanup")
+    registry = write_registry(tmp_path / "data", page_visits={"checkpoint": str(folder)})
+    target = query_target(registry, "page_visits")
+    lock = target.lock("cleanup", "cleanup-1")
     with pytest.raises(CheckpointError):
-        run_cleanup(folder, 2, lock)
+        run_cleanup(target, 2, run_id="cleanup-1")
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
     assert not lock.path.exists()
 

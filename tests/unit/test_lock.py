@@ -11,7 +11,6 @@ import pytest
 
 from stateops.control.lock import (
     QueryLock,
-    checkpoint_lock,
     force_release,
     hold_query,
     read_hold,
@@ -19,8 +18,7 @@ from stateops.control.lock import (
     release_hold,
 )
 from stateops.core.errors import LockHeldError
-from stateops.core.registry import load_registry
-from tests.conftest import ROOT, write_registry
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -144,39 +142,6 @@ def test_expired_hold_is_no_hold_and_force_release_removes_it(tmp_path):
 
 def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir())
-
-
-def test_an_s3_checkpoints_lock_leaves_no_file_once_released(tmp_path, s3, monkeypatch):
-    """Issue 40: the lock of an S3 checkpoint lives in the registry's data folder, and every
-    operation on it left its ``.lock.guard`` there, which `make demo` then refused."""
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    marker = tmp_path / "ck"
-    marker.mkdir()
-    (marker / "metadata").write_text('{"id":"x"}')  # what makes a prefix a checkpoint
-    url = s3.upload(marker, "backups", "guards/ck")
-    registry = load_registry(write_registry(tmp_path / "data"))
-    data = registry.data_dir
-    before = _files(data)
-    with checkpoint_lock(url, registry, "cleanup", "cleanup-1") as lock:
-        assert lock.path.is_relative_to(registry.state_dir / "locks" / "s3" / "backups")
-        assert _files(data) != before
-    assert _files(data) == before
-    path = registry.state_dir / "locks" / "s3" / "backups" / "guards" / "ck.lock"
-    hold_query(path, str(url), "migration", "mig-1")
-    with QueryLock(path, str(url), "run", "mig-1"):
-        pass
-    assert release_hold(path, "mig-1") and _files(data) == before
-    QueryLock(path, str(url), "cleanup").acquire()  # a holder gone without releasing
-    force_release(path)
-    assert _files(data) == before == ["registry.yaml"]
-    (data / "registry.yaml").unlink()  # the registry's data folder as the demo's own
-    demo = subprocess.run(
-        [str(ROOT / "scripts" / "demo.sh")], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "STATEOPS_DATA_DIR": str(data), "STATEOPS_REGISTRY": "/nonexistent"},
-    )  # fmt: skip
-    assert "did not create" not in demo.stderr and (data / ".demo").exists(), demo.stderr
-    assert demo.returncode != 0 and "/nonexistent" in demo.stdout + demo.stderr, "stopped next"
 
 
 def test_the_demo_refuses_a_data_folder_with_files_it_did_not_create(tmp_path):

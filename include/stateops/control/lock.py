@@ -26,16 +26,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stateops.control.audit import audit_dir
-from stateops.core.checkpoint import require_checkpoint_dir
-from stateops.core.errors import LockHeldError, StateOpsError
-from stateops.core.registry import Registry
-from stateops.core.storage import S3Path
+from stateops.core.errors import LockHeldError
 
 __all__ = [
     "LockInfo",
     "QueryLock",
-    "checkpoint_lock",
     "describe_lock",
     "force_release",
     "hold_query",
@@ -328,26 +323,3 @@ def new_run_id(operation: str) -> str:
     """The one recipe for a run id outside Airflow (whose runs bring their own): the
     operation, the time and a random part (``cleanup-20261124T162000-3f9a1c``)."""
     return f"{operation}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
-def checkpoint_lock(
-    checkpoint: str | os.PathLike[str], registry: Registry | None, operation: str, run_id: str
-) -> QueryLock:
-    """The lifecycle lock of the query that owns ``checkpoint`` (a running query holds it);
-    an unregistered checkpoint gets a lock beside its audit log, once the path is known to be
-    a checkpoint (a mistyped path must not get a ``.audit`` folder beside it)."""
-    owner = registry.owner_of(checkpoint) if registry is not None else None
-    if owner is not None:
-        return QueryLock(registry.lock_path(owner.name), owner.name, operation, run_id)
-    root = require_checkpoint_dir(checkpoint)
-    if isinstance(root, S3Path):
-        # S3 has no lock primitive: the deployment's own state folder holds it, as for a
-        # registered query (docs/checkpoints-on-s3.md).
-        if registry is None:
-            raise StateOpsError(
-                f"{root}: an S3 checkpoint's lock lives in the registry's state folder, and no "
-                "registry is readable; pass --registry or set STATEOPS_REGISTRY"
-            )
-        path = registry.state_dir / "locks" / "s3" / root.bucket / f"{root.key}.lock"
-        return QueryLock(path, str(root), operation, run_id)
-    return QueryLock(audit_dir(root) / "lifecycle.lock", str(root), operation, run_id)

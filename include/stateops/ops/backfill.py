@@ -37,7 +37,6 @@ from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.deletion import format_plan, plan_digest
-from stateops.ops.repartition import record_partitions
 from stateops.ops.rollback import plan_rollback, plan_sink_rollback, run_rollback
 from stateops.ops.start import read_summary, summary_line
 
@@ -124,7 +123,7 @@ def plan_backfill(
     to_batch = backfill_point(registry, query.name, to_batch, input_before)
     if given is None:
         log(f"the last batch whose input is older than {input_before.strip()}: {to_batch}")
-    plan = plan_rollback(query.checkpoint, to_batch)
+    plan = plan_rollback(target, to_batch)
     plan.update(
         sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
         backup_to=target.backup_location(),
@@ -169,18 +168,18 @@ def rollback_for_backfill(
     """``backup`` (:func:`stateops.ops.backup.backup_first`), then the planned rollback under
     the query's lock; refused, changing nothing, if the checkpoint changed since
     :func:`plan_backfill`."""
-    query, registry = target.require_query(_REGISTERED), target.require_registry()
+    query = target.require_query(_REGISTERED)
     done = run_rollback(
-        query.checkpoint,
+        target,
         plan["to_batch"],
-        target.lock("backfill", new_run_id("rollback")),
+        run_id=new_run_id("rollback"),
+        operation="backfill",
+        backup=backup,
+        log=log,
         sink=query.sink.path,
         sink_batch_offset=query.sink.batch_offset,
-        backup=backup,
         planned=plan.get("digest"),
-        log=log,
     )
-    record_partitions(registry, query.name, done["run_id"])  # back to before a repartition
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
     # `stateops status` reads (stateops.status.unfinished_backfill).

@@ -6,12 +6,10 @@ run plans again from what is left and finishes the job.
 from __future__ import annotations
 
 import bisect
-import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stateops.control.lock import QueryLock
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, one_line
 from stateops.core.report import format_bytes, group_id
@@ -26,6 +24,9 @@ from stateops.ops.deletion import (
 )
 from stateops.ops.pending import refuse_pending_rollback
 
+if TYPE_CHECKING:
+    from stateops.control.target import Target
+
 __all__ = [
     "latest_backup",
     "plan_cleanup",
@@ -33,15 +34,28 @@ __all__ = [
 ]
 
 
-def plan_cleanup(
-    checkpoint: str | os.PathLike[str], retain_batches: int, min_deltas_for_snapshot: int = 10
-) -> dict[str, Any]:
-    """What cleanup deletes so that restarts after the last ``retain_batches`` batches work.
-    ``groups`` lists each store's snapshot groups, with the checkpoint-wide group id that
-    `inspect` shows (by the query's ``min_deltas_for_snapshot``: Spark's default, 10)."""
+def _retain_batches(target: Target, given: int | None = None) -> int:
+    """``given``, else the registry's ``cleanup.retain_batches``; else a one-line refusal."""
+    if given is not None:
+        return given
+    if target.registry is None:
+        raise StateOpsError(
+            f"{target.checkpoint}: no readable registry sets cleanup.retain_batches; give "
+            "--retain-batches K"
+        )
+    return target.registry.cleanup.retain_batches
+
+
+def plan_cleanup(target: Target, retain_batches: int | None = None) -> dict[str, Any]:
+    """What cleanup deletes so that restarts after the last ``retain_batches`` batches work
+    (default: the registry's ``cleanup.retain_batches``). ``groups`` lists each store's
+    snapshot groups, with the checkpoint-wide group id that `inspect` shows (by the query's
+    ``min_deltas_for_snapshot``: Spark's default, 10, for an unregistered checkpoint)."""
+    retain_batches = _retain_batches(target, retain_batches)
     if retain_batches < 1:
         raise StateOpsError(f"--retain-batches must be at least 1, got {retain_batches}")
-    cp = load_checkpoint(checkpoint)
+    min_deltas_for_snapshot = target.min_deltas_for_snapshot
+    cp = load_checkpoint(target.checkpoint)
     refuse_pending_rollback(cp.root)
     refuse_gaps(cp)
     committed = sorted(cp.commits)
@@ -103,26 +117,29 @@ def plan_cleanup(
 
 
 def run_cleanup(
-    checkpoint: str | os.PathLike[str],
-    retain_batches: int,
-    lock: QueryLock,
+    target: Target,
+    retain_batches: int | None = None,
     *,
-    min_deltas_for_snapshot: int = 10,
+    run_id: str,
     dry_run: bool = False,
     log: Callable[[str], None] = print,
-    backups: Callable[[], dict[str, Any]] | None = None,
+    client: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Plan, print the plan, and (unless a dry run) delete under the query's lock.
-    ``backups()``: where the query's backups are and the latest (:func:`latest_backup`), for
-    the plan's backup and undo lines, asked once the checkpoint is planned (None: not a
-    registered query's checkpoint).
+    ``client()`` makes the S3 client that lists the query's backups once the checkpoint is
+    planned, for the plan's backup and undo lines (:func:`latest_backup`; None, or not a
+    registered query's checkpoint: no backups named).
 
     The first plan, before the lock, checks that the path is a checkpoint and that every file
     it deletes can be deleted, so a refusal leaves nothing behind (not even a lock file); the
     deletions follow a second plan made under the lock, since a run may commit in between.
     """
-    plan = plan_cleanup(checkpoint, retain_batches, min_deltas_for_snapshot)
-    named = {"backups": backups() if backups else None}  # after the refusals: they are quick
+    retain_batches = _retain_batches(target, retain_batches)
+    lock = target.lock("cleanup", run_id)
+    plan = plan_cleanup(target, retain_batches)
+    named = {"backups": None}  # after the refusals: they are quick
+    if target.query is not None and client is not None:
+        named["backups"] = latest_backup(target.backup_location(), client)
     plan |= named
     if dry_run:
         log(format_plan(plan, dry_run=True))
@@ -130,7 +147,7 @@ def run_cleanup(
     refuse_unwritable_plan(plan, lock)
     with lock:
         started = time.time()
-        plan = plan_cleanup(checkpoint, retain_batches, min_deltas_for_snapshot) | named
+        plan = plan_cleanup(target, retain_batches) | named
         refuse_unwritable_plan(plan, lock)
         log(format_plan(plan, dry_run=False))
         execute_plan(plan, log)

@@ -18,7 +18,9 @@ operator Spark supports, tests/spark/test_repartition.py). Around it, this modul
    (checked file by file); a rollback to batch N finishes an interrupted run too.
 
 :func:`run_repartition` is all of it in one process (the CLI); the DAG runs the steps as
-tasks with the job as a ``spark-submit`` between them.
+tasks with the job as a ``spark-submit`` between them. Each of them takes the query's lock;
+:func:`repartition_locked` and :func:`undo_repartition_locked` are for a caller that holds it
+(a start that repartitions a transplanted checkpoint).
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stateops.control import faults
 from stateops.control.audit import append_audit, audit_dir
-from stateops.control.lock import QueryLock
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError, one_line
@@ -40,6 +41,9 @@ from stateops.core.formats import EXTRA_KEY_FIELDS
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Registry, write_partitions
 from stateops.core.verify import error_summary, verify_checkpoint
+
+if TYPE_CHECKING:
+    from stateops.control.target import Target
 
 __all__ = [
     "MAX_PARTITIONS",
@@ -54,6 +58,7 @@ __all__ = [
     "repartition_unsupported",
     "run_repartition",
     "undo_repartition",
+    "undo_repartition_locked",
 ]
 
 OPERATION = "repartition"
@@ -66,10 +71,14 @@ def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path:
     return audit_dir(checkpoint) / f"repartition-{run_id}.proof.json"
 
 
-def plan_repartition(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]:
-    """What a repartition of ``checkpoint`` to ``partitions`` would do, or a one-line refusal
-    that changes nothing. A repartition a killed run left behind is part of the plan: it is
-    undone first."""
+def plan_repartition(target: Target, partitions: int) -> dict[str, Any]:
+    """What a repartition of ``target``'s checkpoint to ``partitions`` would do, or a one-line
+    refusal that changes nothing. A repartition a killed run left behind is part of the plan:
+    it is undone first."""
+    return _plan(target.checkpoint, partitions)
+
+
+def _plan(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]:
     if partitions < 1 or partitions > MAX_PARTITIONS:
         raise StateOpsError(
             f"--partitions {partitions}: give a number of state partitions from 1 to "
@@ -192,19 +201,30 @@ def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
 
 
 def prepare_repartition(
-    checkpoint: str | os.PathLike[str],
+    target: Target,
     partitions: int,
-    run_id: str,
     *,
+    run_id: str,
     backup: BackupFirst | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Plan again, undo an interrupted run, back up, and write the marker that lists every
-    file; call it under the query's lock. The plan, with ``run_id`` and ``backup_id``."""
-    plan = plan_repartition(checkpoint, partitions) | {"backup_to": backup and backup.to}
+    """Under the query's lock: plan again, undo an interrupted run, back up, and write the
+    marker that lists every file. The plan, with ``run_id`` and ``backup_id``."""
+    with target.lock(OPERATION, run_id):
+        return _prepare(target.checkpoint, partitions, run_id, backup, log)
+
+
+def _prepare(
+    checkpoint: str | os.PathLike[str],
+    partitions: int,
+    run_id: str,
+    backup: BackupFirst | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    plan = _plan(checkpoint, partitions) | {"backup_to": backup and backup.to}
     log(format_repartition_plan(plan, dry_run=False))
     if plan["resumes"]:
-        undo_repartition(checkpoint, log=log)
+        undo_repartition_locked(checkpoint, log=log)
     backup_id = backup() if backup else None
     cp = load_checkpoint(checkpoint)
     write_repartition(cp.root, {
@@ -217,16 +237,23 @@ def prepare_repartition(
 
 
 def finish_repartition(
-    checkpoint: str | os.PathLike[str],
-    *,
-    registry: Registry | None = None,
-    query: str | None = None,
-    log: Callable[[str], None] = print,
+    target: Target, *, run_id: str, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """After the Spark job: batch N + 1 is committed with the new count, the job's proof holds
-    and the checkpoint verifies clean; then the registry's count (``shuffle_partitions``, for
-    a registered ``query``), the audit record and the marker's removal. Raises, leaving the
-    marker, when any of it does not hold. Call it under the query's lock."""
+    """Under the query's lock, after the Spark job: batch N + 1 is committed with the new
+    count, the job's proof holds and the checkpoint verifies clean; then the registry's count
+    (``shuffle_partitions``, for a registered query), the audit record and the marker's
+    removal. Raises, leaving the marker, when any of it does not hold."""
+    registry = target.registry if target.query is not None else None
+    with target.lock(OPERATION, run_id):
+        return _finish(target.checkpoint, registry, target.name, log)
+
+
+def _finish(
+    checkpoint: str | os.PathLike[str],
+    registry: Registry | None,
+    query: str | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     pending = read_repartition(checkpoint)
     if pending is None:
         raise StateOpsError(f"{checkpoint}: no repartition under way to finish")
@@ -293,6 +320,15 @@ def _read_proof(root: Path, run_id: str) -> dict[str, Any]:
 
 
 def undo_repartition(
+    target: Target, *, run_id: str, log: Callable[[str], None] = print
+) -> dict[str, Any] | None:
+    """Under the query's lock, after a failed step: undo repartition ``run_id``
+    (:func:`undo_repartition_locked`); its marker, or None when there was nothing to undo."""
+    with target.lock(OPERATION, run_id):
+        return undo_repartition_locked(target.checkpoint, run_id=run_id, log=log)
+
+
+def undo_repartition_locked(
     checkpoint: str | os.PathLike[str],
     *,
     run_id: str | None = None,
@@ -301,7 +337,7 @@ def undo_repartition(
     """Give back the checkpoint as the repartition found it: delete every file its marker
     does not list (Spark's repartition only adds files), then check that exactly the listed
     files are there with their sizes; the marker goes last. Only run ``run_id``'s, if given.
-    Call it under the query's lock."""
+    The caller holds the query's lock."""
     pending = read_repartition(checkpoint)
     if pending is None or run_id not in (None, pending["run_id"]):
         return None
@@ -354,30 +390,36 @@ def _remove_empty_dirs(root: Path, added: list[str]) -> None:
 
 
 def run_repartition(
-    checkpoint: str | os.PathLike[str],
+    target: Target,
     partitions: int,
-    lock: QueryLock,
     *,
-    submit: Callable[[dict[str, Any]], None],
+    run_id: str,
     backup: BackupFirst | None = None,
-    registry: Registry | None = None,
-    query: str | None = None,
     dry_run: bool = False,
     log: Callable[[str], None] = print,
+    submit: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
     """Plan, prepare, ``submit(plan)`` (runs the Spark job and raises if it fails), finish;
-    on any failure undo, and fail saying so. The lock is held throughout."""
-    if registry is not None and query is not None and not dry_run:
-        record_partitions(registry, query, lock.run_id)  # a run killed before it did
-    plan = plan_repartition(checkpoint, partitions) | {"backup_to": backup and backup.to}
+    on any failure undo, and fail saying so. The query's lock is held throughout."""
+    lock = target.lock(OPERATION, run_id)
+    registry = target.registry if target.query is not None else None
+    if registry is not None and not dry_run:
+        record_partitions(registry, target.query.name, run_id)  # a run killed before it did
+    plan = plan_repartition(target, partitions) | {"backup_to": backup and backup.to}
     if dry_run:
         log(format_repartition_plan(plan, dry_run=True))
         return plan
     with lock:
         return repartition_locked(
-            checkpoint, partitions, lock.run_id, submit=submit, backup=backup,
-            registry=registry, query=query, log=log,
-        )  # fmt: skip
+            target.checkpoint,
+            partitions,
+            run_id,
+            submit=submit,
+            backup=backup,
+            registry=registry,
+            query=target.name,
+            log=log,
+        )
 
 
 def repartition_locked(
@@ -395,12 +437,12 @@ def repartition_locked(
     holds the query's lock (:func:`run_repartition`, or a start that repartitions a
     transplanted checkpoint before its first batch)."""
     started = time.time()
-    plan = prepare_repartition(checkpoint, partitions, run_id, backup=backup, log=log)
+    plan = _prepare(checkpoint, partitions, run_id, backup, log)
     try:
         submit(plan)
-        done = finish_repartition(checkpoint, registry=registry, query=query, log=log)
+        done = _finish(checkpoint, registry, query, log)
     except BaseException as err:
-        undo_repartition(checkpoint, log=log)
+        undo_repartition_locked(checkpoint, log=log)
         append_audit(checkpoint, OPERATION, run_id=plan["run_id"], result="failed",
                      batch_before=plan["last_committed_batch"], error=one_line(err))  # fmt: skip
         raise OperationFailed(

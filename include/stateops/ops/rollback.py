@@ -16,10 +16,9 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stateops.control import faults
-from stateops.control.lock import QueryLock
 from stateops.control.markers import (
     clear_repartition,
     clear_rollback,
@@ -40,6 +39,10 @@ from stateops.ops.deletion import (
     restart_set,
 )
 from stateops.ops.pending import refuse_pending_rollback
+from stateops.ops.repartition import record_partitions
+
+if TYPE_CHECKING:
+    from stateops.control.target import Target
 
 __all__ = [
     "execute_sink_plan",
@@ -49,14 +52,15 @@ __all__ = [
 ]
 
 
-def plan_rollback(checkpoint: str | os.PathLike[str], to_batch: int) -> dict[str, Any]:
-    """What a rollback to committed batch ``to_batch`` deletes (it becomes the last one)."""
+def plan_rollback(target: Target, to_batch: int) -> dict[str, Any]:
+    """What a rollback of ``target``'s checkpoint to committed batch ``to_batch`` deletes (it
+    becomes the last one)."""
     if to_batch < 0:
         raise StateOpsError(
             f"batch {to_batch}: batch ids start at 0; pick a committed batch listed by "
             "`stateops inspect`"
         )
-    cp = load_checkpoint(checkpoint)
+    cp = load_checkpoint(target.checkpoint)
     pending = refuse_pending_rollback(cp.root, to_batch)
     refuse_gaps(cp)
     last = cp.last_committed_batch
@@ -174,27 +178,33 @@ def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
 
 
 def run_rollback(
-    checkpoint: str | os.PathLike[str],
+    target: Target,
     to_batch: int,
-    lock: QueryLock,
     *,
-    sink: str | os.PathLike[str] | None = None,
-    sink_batch_offset: int = 0,
+    run_id: str,
     backup: BackupFirst | None = None,
     dry_run: bool = False,
-    planned: str | None = None,
     log: Callable[[str], None] = print,
+    sink: str | os.PathLike[str] | None = None,
+    sink_batch_offset: int = 0,
+    planned: str | None = None,
+    operation: str = "rollback",
 ) -> dict[str, Any]:
-    """Make ``to_batch`` the last committed batch: backup (``backup()`` returns its id; the
-    plan shows where it goes), marker, checkpoint deletions, sink, audit, marker removed. A
-    rerun after a kill resumes.
-    The plan it returns names the ``run_id`` (the sink's ``_rolled_back/<run_id>/``) and the
-    ``backup_id``. ``planned``: the :func:`plan_digest` of the plan the operator saw (a
-    backfill's); the rollback refuses, changing nothing, if the plan made under the lock
-    differs from it."""
+    """Make ``to_batch`` the last committed batch, under the query's lock: backup (``backup()``
+    returns its id; the plan shows where it goes), marker, checkpoint deletions, sink, audit,
+    marker removed; then a registered query's ``shuffle_partitions`` follows the checkpoint
+    (back to before a repartition). A rerun after a kill resumes.
+    ``sink``: the folder made consistent (default: the registered query's sink, with its
+    ``batch_offset``). The plan it returns names the ``run_id`` (the sink's
+    ``_rolled_back/<run_id>/``) and the ``backup_id``. ``planned``: the :func:`plan_digest` of
+    the plan the operator saw (a backfill's); the rollback refuses, changing nothing, if the
+    plan made under the lock differs from it."""
+    if sink is None and target.query is not None:
+        sink, sink_batch_offset = target.query.sink.path, target.query.sink.batch_offset
+    lock = target.lock(operation, run_id)
 
     def plan_all() -> dict[str, Any]:
-        plan = plan_rollback(checkpoint, to_batch)
+        plan = plan_rollback(target, to_batch)
         plan["sink"] = plan_sink_rollback(sink, to_batch, sink_batch_offset) if sink else None
         plan["backup_to"] = backup.to if backup else None
         return plan
@@ -219,15 +229,17 @@ def run_rollback(
             log(f"resuming the interrupted rollback {run_id}")
         else:
             run_id, backup_id = lock.run_id, backup() if backup else None
-            write_rollback(checkpoint, {"to_batch": to_batch, "run_id": run_id,
-                                        "backup_id": backup_id})  # fmt: skip
+            marker = {"to_batch": to_batch, "run_id": run_id, "backup_id": backup_id}
+            write_rollback(target.checkpoint, marker)
         execute_plan(plan, log)
         if plan["sink"]:
             execute_sink_plan(plan["sink"], run_id)
         seconds = round(time.time() - started, 1)
         audit_plan(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
-        clear_repartition(checkpoint)  # a rollback to before an interrupted one finishes it
-        clear_rollback(checkpoint)
+        clear_repartition(target.checkpoint)  # a rollback to before an interrupted one finishes it
+        clear_rollback(target.checkpoint)
+        if target.query is not None and target.registry is not None:
+            record_partitions(target.registry, target.query.name, run_id)
     plan.update(run_id=run_id, backup_id=backup_id)
     log(
         f"rollback {run_id} of {plan['checkpoint']}: batch {to_batch} is the last committed "

@@ -27,7 +27,7 @@ from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
 from stateops.core.storage import location, remove_all
 from stateops.ops.pending import killed_repartition, pending_carry_over, refuse_pending_rollback
-from stateops.ops.repartition import proof_path, repartition_locked, undo_repartition
+from stateops.ops.repartition import proof_path, repartition_locked, undo_repartition_locked
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -470,7 +470,7 @@ def refuse_unrunnable(registry: Registry, query: Query, *, undo: bool = False) -
     having undone it first (``undo``, under the lock)."""
     killed = killed_repartition(registry, query) is not None
     if killed and undo:
-        undo_repartition(query.checkpoint, log=_stderr)
+        undo_repartition_locked(query.checkpoint, log=_stderr)
     refuse_pending_rollback(query.checkpoint, redone=killed)
 
 
