@@ -16,7 +16,7 @@ from stateops.control.markers import read_repartition
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.verify import verify_checkpoint
-from stateops.ops.bootstrap import read_initial_state
+from stateops.spark.initial_state import read_initial_state
 from stateops.spark.proof import prove_first_batch
 from tests.conftest import (
     ROOT,

@@ -15,11 +15,8 @@ from stateops.core.errors import StateOpsError
 from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.registry import load_registry
 from stateops.ops.bootstrap import initial_state_differences
-from stateops.ops.carry import (
-    finish_image_batch,
-    refuse_differences,
-    write_checkpoint_file,
-)
+from stateops.ops.carry import finish_image_batch, write_checkpoint_file
+from stateops.ops.transplant import refuse_differences
 from stateops.pipelines.carried import CarriedList
 from stateops.pipelines.user_sessions import UserSessionsProcessor
 from stateops.spark.proof import watermark_steps

@@ -67,3 +67,80 @@ def test_each_layer_imports_only_the_layers_below_it():
             wrong += [f"{path.relative_to(PACKAGE)} imports stateops.{name}"
                       for name in sorted(imported[path] - allowed)]  # fmt: skip
     assert wrong == []
+
+
+_DEFS = """
+import ast, json, sys
+out = {}
+for path in sys.argv[1:]:
+    tree = ast.parse(open(path).read())
+    out[path] = {
+        "long": [[n.name, n.lineno, n.end_lineno - n.lineno + 1] for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.end_lineno - n.lineno + 1 > 80],
+        "imports": sorted({m for node in ast.walk(tree) for m in (
+            [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if m.startswith("stateops")}),
+    }
+print(json.dumps(out))
+"""
+
+
+def _read(paths: list[Path]) -> dict[Path, dict]:
+    """Each file's functions over 80 lines and the stateops modules it imports (anywhere in it,
+    inside functions too)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEFS, *map(str, paths)], capture_output=True, text=True, check=True
+    )
+    return {Path(p): found for p, found in json.loads(proc.stdout).items()}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(("stateops", *parts[: -1 if parts[-1] == "__init__" else None]))
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that import each other, through any number of others (Tarjan's strongly
+    connected components of more than one module)."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while (top := stack.pop()) != node:
+                component.append(top)
+            if component:
+                found.append(sorted([node, *component]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_two_modules_import_each_other_and_no_function_is_over_80_lines():
+    files = _read(sorted(PACKAGE.rglob("*.py")))
+    modules = {_module(p) for p in files}
+    graph = {_module(p): set(f["imports"]) & modules - {_module(p)} for p, f in files.items()}
+    assert _circles(graph) == []
+    long = [f"{p.relative_to(PACKAGE)}:{line} {name} ({n} lines)"
+            for p, f in files.items() for name, line, n in f["long"]]  # fmt: skip
+    assert long == []
+
+
+def test_no_dag_file_imports_the_operations():
+    dags = sorted((PACKAGE.parents[1] / "dags").glob("*.py"))
+    wrong = [f"{p.name} imports {m}" for p, f in _read(dags).items() for m in f["imports"]
+             if m.startswith("stateops.ops")]  # fmt: skip
+    assert wrong == []

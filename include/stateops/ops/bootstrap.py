@@ -11,10 +11,9 @@ commits, so that batch's state is proven against the old checkpoint's.
 from __future__ import annotations
 
 import json
-import operator
 import uuid
 from collections.abc import Callable
-from functools import partial, reduce
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,26 +25,34 @@ from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Query, Registry
 from stateops.core.staging import has_entries
 from stateops.core.steps import INITIAL_STATE_FORMATS
-from stateops.ops.carry import carry_differences, refuse_differences
 from stateops.ops.pending import mark_transplant, refuse_pending_rollback
-from stateops.ops.transplant import choose_road, transplant_checkpoint, transplant_refusals
+from stateops.ops.transplant import (
+    carry_differences,
+    choose_road,
+    refuse_differences,
+    transplant_checkpoint,
+    transplant_refusals,
+)
 from stateops.spark.export import MANIFEST
+from stateops.spark.initial_state import (
+    check_initial_types,
+    read_raw_initial_state,
+    typed_initial_state,
+    validate_initial_state,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "FORMATS",
-    "check_initial_types",
     "check_processor_fit",
     "format_bootstrap_plan",
     "initial_state_differences",
     "plan_bootstrap",
     "preflight_bootstrap",
     "prepare_bootstrap",
-    "read_initial_state",
     "run_bootstrap",
-    "validate_initial_state",
 ]
 
 FORMATS = INITIAL_STATE_FORMATS
@@ -254,103 +261,6 @@ def initial_state_differences(export: str | Path, query: Query) -> list[str]:
     return reasons + carry_differences(old, query, int(manifest["batch_id"]))
 
 
-def _read_raw(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
-    """The initial state with ``initial_state.schema``'s column names, types as found."""
-    from pyspark.errors import AnalysisException
-    from pyspark.sql import functions as F
-
-    spec = query.initial_state
-    assert spec is not None
-    schema = _initial_schema(query)
-    try:
-        if fmt == "export":
-            manifest = json.loads((Path(source) / MANIFEST).read_text(encoding="utf-8"))
-            variable = spec.from_export["variable"]
-            entry = next((e for e in manifest["entries"] if e["variable"] == variable), None)
-            if entry is None:
-                raise StateOpsError(f"{source}: the export has no state variable {variable!r}")
-            df = spark.read.parquet(str(Path(source) / entry["path"]))
-            return df.select(*[F.expr(spec.from_export[f.name]).alias(f.name) for f in schema])
-        reader = spark.read.format(fmt)
-        if fmt == "csv":  # every column as text: the type check below names bad values
-            reader = reader.option("header", "true")
-        df = reader.load(source)
-        if spec.position and spec.position not in df.columns:
-            df = df.withColumn(spec.position, F.lit(None))  # no recorded order: null
-        return df.select(*[F.col(f.name) for f in schema])
-    except AnalysisException as err:
-        raise StateOpsError(
-            f"{source}: does not fit initial_state.schema ({spec.schema_}): "
-            f"{str(err).splitlines()[0]}"
-        ) from err
-
-
-def _initial_schema(query: Query) -> Any:
-    from pyspark.sql.types import StructType
-
-    assert query.initial_state is not None
-    return StructType.fromDDL(query.initial_state.schema_)
-
-
-def _typed(raw: DataFrame, query: Query) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    schema = _initial_schema(query)
-    return raw.select(*[F.col(f.name).try_cast(f.dataType).alias(f.name) for f in schema])
-
-
-def read_initial_state(spark: SparkSession, query: Query, source: str, fmt: str) -> DataFrame:
-    """The initial state as a DataFrame of ``initial_state.schema`` (columns cast to it)."""
-    return _typed(_read_raw(spark, query, source, fmt), query)
-
-
-def check_initial_types(raw: DataFrame, query: Query) -> None:
-    """Refuse values that do not convert to ``initial_state.schema`` (they would become null)."""
-    from pyspark.sql import functions as F
-
-    schema = _initial_schema(query)
-    lost = {
-        f.name: F.col(f.name).isNotNull() & F.col(f.name).try_cast(f.dataType).isNull()
-        for f in schema
-    }
-    row = raw.select(
-        *[F.sum(cond.cast("long")).alias(name) for name, cond in lost.items()],
-        *[F.first(F.when(cond, F.col(name)), ignorenulls=True).alias(f"e_{name}")
-          for name, cond in lost.items()],
-    ).first()  # fmt: skip
-    problems = [
-        f"column {f.name}: {row[f.name]} values are not {f.dataType.simpleString().upper()} "
-        f"(e.g. {row[f'e_{f.name}']!r})"
-        for f in schema
-        if row[f.name]
-    ]
-    if problems:
-        raise StateOpsError(f"initial state refused: {'; '.join(problems)}; fix them and retry")
-
-
-def validate_initial_state(df: DataFrame, query: Query) -> int:
-    """Row count of a sound initial state; refuses null keys and (if configured) repeated keys."""
-    from pyspark.sql import functions as F
-
-    keys = query.key_columns
-    problems = []
-    null_rows = df.filter(reduce(operator.or_, [F.col(k).isNull() for k in keys])).count()
-    if null_rows:
-        problems.append(f"{null_rows} rows have a null key ({', '.join(keys)})")
-    if query.initial_state is not None and query.initial_state.unique_keys:
-        dups = df.groupBy(*keys).count().filter("count > 1")
-        n = dups.count()
-        if n:
-            shown = ", ".join(
-                f"{'/'.join(str(r[k]) for k in keys)} ({r['count']} rows)"
-                for r in dups.orderBy(F.desc("count")).limit(5).collect()
-            )
-            problems.append(f"{n} keys appear more than once: {shown}")
-    if problems:
-        raise StateOpsError(f"initial state refused: {'; '.join(problems)}; fix it and retry")
-    return df.count()
-
-
 def check_processor_fit(
     spark: SparkSession, query: Query, df: DataFrame, sample_keys: int = 1000
 ) -> int:
@@ -393,9 +303,9 @@ def prepare_bootstrap(
         export_state(spark, plan["initial_state"], plan["export"])
         plan = plan | {"initial_state": plan["export"], "format": "export"}
     query = registry.query(plan["query"])
-    raw = _read_raw(spark, query, plan["initial_state"], plan["format"])
+    raw = read_raw_initial_state(spark, query, plan["initial_state"], plan["format"])
     check_initial_types(raw, query)
-    df = _typed(raw, query)
+    df = typed_initial_state(raw, query)
     rows = validate_initial_state(df, query)
     fit_keys = check_processor_fit(spark, query, df)
     record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}

@@ -30,8 +30,9 @@ one with the watermark N handed on dropped a row that N + 1 keeps; this one (N's
 the offsets, the handed-on one in the commit) gave the same state and output. Only this one
 is kept, so only it is tested; the test also shows the proof failing without it.
 
-What the road cannot give is listed by :func:`carry_differences` (a processor whose state
-changed, state with a TTL): the migration then refuses unless the operator accepts it.
+What the road cannot give is listed by :func:`stateops.ops.transplant.carry_differences` (a
+processor whose state changed, state with a TTL): the migration then refuses unless the
+operator accepts it.
 Pure Python; the Spark session is passed in where Spark's own values are needed.
 """
 
@@ -39,26 +40,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stateops.core.checkpoint import Checkpoint, load_checkpoint
-from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import CheckpointError
 from stateops.core.formats import crc_sidecar, hadoop_crc
-from stateops.core.registry import Query
 from stateops.core.staging import has_entries
-from stateops.ops.transplant import operator_properties, state_differences
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
-    "carry_differences",
     "finish_image_batch",
-    "refuse_differences",
     "write_checkpoint_file",
     "write_image_batch",
 ]
@@ -116,39 +112,3 @@ def finish_image_batch(checkpoint: str | os.PathLike[str], watermark: dict[str, 
     commit = {**cp.commits[0], "nextBatchWatermarkMs": wanted}
     write_checkpoint_file(cp.root, "commits/0", f"{header}\n{json.dumps(commit)}")
     return True
-
-
-def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
-    """Why carrying ``cp``'s state to ``query`` by the initialState road would not give what
-    the old query computes (empty: it gives the same): a processor whose state variables,
-    schemas, time or output mode differ from the old checkpoint's (``handleInitialState``
-    converts the state, and the query computes something else from then on), state with a
-    TTL (its expiry starts again at the new checkpoint's first batch)."""
-    batch = cp.last_committed_batch if batch is None else batch
-    ops = cp.operators
-    if len(ops) != 1 or not re.fullmatch(r"transformWithState\w*Exec", ops[0].operator_name):
-        names = [op.operator_name for op in ops]
-        return [f"stateful operators {names}: the carry-over takes one transformWithState"]
-    reasons = state_differences(cp, query, batch)
-    try:
-        props, _ = operator_properties(cp, batch)
-    except (StateOpsError, ValueError, KeyError, TypeError) as err:
-        return [*reasons, f"the old operator metadata is unreadable: {str(err).splitlines()[0]}"]
-    ttl = sorted(v["stateName"] for v in props.get("stateVariables", [])
-                 if v.get("ttlEnabled") and not v["stateName"].startswith("$"))  # fmt: skip
-    if ttl:
-        reasons.append(
-            f"state {', '.join(map(repr, ttl))} has a TTL: the initialState road starts each "
-            "entry's TTL again at the new checkpoint's first batch"
-        )
-    return reasons
-
-
-def refuse_differences(name: str, differences: list[str], accepted: bool, how: str) -> None:
-    """Refuse an initialState road that would change what query ``name`` computes
-    (``differences``), unless the operator accepted it; ``how`` says how to accept it."""
-    if differences and not accepted:
-        raise StateOpsError(
-            f"carrying {name}'s state by the initialState road would change what it computes: "
-            f"{'; '.join(differences)}; to go on anyway, {how}"
-        )

@@ -65,11 +65,12 @@ from stateops.core.steps import MIGRATION_STEPS, fill
 from stateops.core.storage import S3Path, location
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
-from stateops.ops.carry import carry_differences, refuse_differences
 from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
 from stateops.ops.start import read_summary
 from stateops.ops.transplant import (
+    carry_differences,
     choose_road,
+    refuse_differences,
     repartition_from,
     transplant_checkpoint,
     transplant_refusals,
@@ -159,7 +160,7 @@ def plan_migration(
     ``carry_over``: ``auto``, ``transplant`` or ``initial_state``; the plan says which road
     the state would take now (the backup step decides, on the drained checkpoint), and where
     the initialState road would change what the query computes
-    (:func:`stateops.ops.carry.carry_differences`): it is then refused unless
+    (:func:`stateops.ops.transplant.carry_differences`): it is then refused unless
     ``accept_differences``.
 
     Raises a one-line StateOpsError naming what is wrong: an unknown query or one without

@@ -453,7 +453,7 @@ def _carried(
 ) -> tuple[dict[str, Any] | None, Any]:
     """The carried-over state awaiting this start's first batch, and its initial state (a
     DataFrame, on the initialState road) or None."""
-    from stateops.ops.bootstrap import read_initial_state
+    from stateops.spark.initial_state import read_initial_state
 
     carried = pending_carry_over(registry, query, before)
     if carried and "initial_state" in carried:

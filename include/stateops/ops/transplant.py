@@ -31,6 +31,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import re
 import struct
 import time
 import uuid
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from stateops.control.target import Target
 
 __all__ = [
+    "carry_differences",
+    "refuse_differences",
     "ROADS",
     "TransplantRefused",
     "choose_road",
@@ -365,6 +368,42 @@ def _state_differences(
 
 def _show(fields: list[tuple[str, str]]) -> str:
     return "(" + ", ".join(f"{n} {t}" for n, t in fields) + ")"
+
+
+def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
+    """Why carrying ``cp``'s state to ``query`` by the initialState road would not give what
+    the old query computes (empty: it gives the same): a processor whose state variables,
+    schemas, time or output mode differ from the old checkpoint's (``handleInitialState``
+    converts the state, and the query computes something else from then on), state with a
+    TTL (its expiry starts again at the new checkpoint's first batch)."""
+    batch = cp.last_committed_batch if batch is None else batch
+    ops = cp.operators
+    if len(ops) != 1 or not re.fullmatch(r"transformWithState\w*Exec", ops[0].operator_name):
+        names = [op.operator_name for op in ops]
+        return [f"stateful operators {names}: the carry-over takes one transformWithState"]
+    reasons = state_differences(cp, query, batch)
+    try:
+        props, _ = operator_properties(cp, batch)
+    except (StateOpsError, ValueError, KeyError, TypeError) as err:
+        return [*reasons, f"the old operator metadata is unreadable: {str(err).splitlines()[0]}"]
+    ttl = sorted(v["stateName"] for v in props.get("stateVariables", [])
+                 if v.get("ttlEnabled") and not v["stateName"].startswith("$"))  # fmt: skip
+    if ttl:
+        reasons.append(
+            f"state {', '.join(map(repr, ttl))} has a TTL: the initialState road starts each "
+            "entry's TTL again at the new checkpoint's first batch"
+        )
+    return reasons
+
+
+def refuse_differences(name: str, differences: list[str], accepted: bool, how: str) -> None:
+    """Refuse an initialState road that would change what query ``name`` computes
+    (``differences``), unless the operator accepted it; ``how`` says how to accept it."""
+    if differences and not accepted:
+        raise StateOpsError(
+            f"carrying {name}'s state by the initialState road would change what it computes: "
+            f"{'; '.join(differences)}; to go on anyway, {how}"
+        )
 
 
 def choose_road(
