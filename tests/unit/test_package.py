@@ -3,6 +3,7 @@ that each layer imports only the layers below it."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -144,3 +145,13 @@ def test_no_dag_file_imports_the_operations():
     wrong = [f"{p.name} imports {m}" for p, f in _read(dags).items() for m in f["imports"]
              if m.startswith("stateops.ops")]  # fmt: skip
     assert wrong == []
+
+
+def test_the_airflow_glue_offers_each_of_its_public_names():
+    tasks = PACKAGE.parents[1] / "plugins" / "stateops_airflow" / "tasks.py"
+    tree = ast.parse(tasks.read_text())
+    public = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
+              and not n.name.startswith("_")}  # fmt: skip
+    offered = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                   and getattr(n.targets[0], "id", None) == "__all__")  # fmt: skip
+    assert sorted(public - set(offered)) == []
