@@ -36,7 +36,7 @@ _FACE = {
     "ops.rollback": ["plan_rollback", "run_rollback"],
     "ops.backup": ["backup_checkpoint", "list_backups", "prune_backups", "run_backup"],
     "ops.restore": ["plan_restore", "restore_backup", "run_restore"],
-    "ops.start": ["run_registered_query"],
+    "ops.start": ["run_start"],
     "ops.bootstrap": ["plan_bootstrap"],
     "ops.backfill": ["plan_backfill", "run_backfill"],
     "ops.migration": ["plan_migration", "run_migration"],

@@ -31,7 +31,7 @@ from stateops.core.files import copy_restart_set
 from stateops.core.registry import load_registry
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.migration import plan_migration
-from stateops.ops.start import run_registered_query
+from stateops.ops.start import run_start
 from stateops.spark.export import export_state, state_checksum
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import job_in_session, land, quiesce, read_sink
@@ -79,7 +79,7 @@ def road(spark, tmp_path_factory) -> SimpleNamespace:
     # A session idle for so long that its timer is due just after that watermark.
     last_file = max(landing.iterdir(), key=lambda f: f.stat().st_mtime)
     _append(last_file, ("u00099", "idle", watermark + 5_000 - timeout))
-    run_registered_query(old, NAME)
+    run_start(query_target(old, NAME))
     quiesce(spark)
     # An open session whose last event is recent and that stays open through the new
     # source: it takes a late event (within the watermark) in the cutover batch, after its
@@ -100,7 +100,7 @@ def road(spark, tmp_path_factory) -> SimpleNamespace:
     _append(landing / "events-cutover.json", (late_user, "late-old", watermark + 5_000),
             ("u00098", "moves", watermark + delay + 15_000),
             mtime=last_file.stat().st_mtime + 5)  # fmt: skip
-    cut = run_registered_query(old, NAME, cutover=datetime.now(UTC))
+    cut = run_start(query_target(old, NAME), cutover=datetime.now(UTC))
     quiesce(spark)
     assert cut["status"] == "succeeded" and cut["batches_run"] == 1, cut
     cp = load_checkpoint(old.query(NAME).checkpoint)
@@ -131,7 +131,7 @@ def road(spark, tmp_path_factory) -> SimpleNamespace:
     sink = {"format": "parquet", "path": str(root / "ref" / "output")}
     ref = _registry(root / "ref", checkpoint=str(ref_ckpt), sink=sink,
                     source={**old.query(NAME).source.model_dump(by_alias=True)})  # fmt: skip
-    ran_ref = run_registered_query(ref, NAME)
+    ran_ref = run_start(query_target(ref, NAME))
     quiesce(spark)
     assert ran_ref["status"] == "succeeded" and ran_ref["batches_run"] >= 2, ran_ref
 

@@ -344,11 +344,11 @@ def run_bootstrap(
     target: Target, plan: dict[str, Any], *, run_id: str, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Carry :func:`plan_bootstrap`'s state into ``target``'s new checkpoint and start the
-    query (:func:`stateops.ops.start.run_registered_query`); returns its run summary. The
+    query (:func:`stateops.ops.start.run_start`); returns its run summary. The
     transplant road copies the state files under the query's lock (the start proves the first
     batch); the initialState road validates the state and marks the bootstrap pending
     (:func:`prepare_bootstrap`, under the start's lock, before the query starts)."""
-    from stateops.ops.start import run_registered_query
+    from stateops.ops.start import run_start
 
     registry, query = target.require_registry(), target.require_query(WHICH_QUERY)
     if plan["road_note"]:
@@ -361,6 +361,4 @@ def run_bootstrap(
             mark_transplant(registry, query.name, result)
     else:
         prepare = partial(prepare_bootstrap, registry=registry, plan=plan)
-    return run_registered_query(
-        registry, query.name, run_id=run_id, operation="bootstrap", prepare=prepare
-    )
+    return run_start(target, run_id=run_id, operation="bootstrap", prepare=prepare)

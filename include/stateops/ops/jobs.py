@@ -19,7 +19,7 @@ from typing import Any
 from stateops.control.audit import audit_dir
 from stateops.control.lock import new_run_id
 from stateops.control.markers import read_repartition
-from stateops.control.target import Target
+from stateops.control.target import Target, query_target
 from stateops.core.access import refuse_unwritable
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
@@ -31,7 +31,7 @@ from stateops.ops.repartition import proof_path
 from stateops.ops.start import (
     checkpoint_state,
     refuse_unrunnable,
-    run_registered_query,
+    run_start,
     write_summary,
 )
 from stateops.spark.jobs import Job
@@ -47,30 +47,29 @@ __all__ = [
 
 
 # -- run_query.py ---------------------------------------------------------------------------
-def _run_query_preflight(args: Namespace) -> tuple[Registry, datetime | None]:
-    """The registry and the cutover; every refusal that needs no Spark (run before
+def _run_query_preflight(args: Namespace) -> tuple[Target, datetime | None]:
+    """The query and the cutover; every refusal that needs no Spark (run before
     spark-submit too): the registry and query, the query's own code, a cutover that is not a
     real past time, a pending rollback, a damaged checkpoint."""
-    registry = load_registry(args.registry)
-    query = registry.query(args.query)
+    target = query_target(args.registry, args.query)
+    registry, query = target.require_registry(), target.require_query("")
     check_code(registry, query)
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
     refuse_unrunnable(registry, query)
     checkpoint_state(query.checkpoint)
-    return registry, cutover
+    return target, cutover
 
 
-def _run_query(args: Namespace, prepared: tuple[Registry, datetime | None]) -> tuple:
-    registry, cutover = prepared
-    summary = run_registered_query(
-        registry,
-        args.query,
+def _run_query(args: Namespace, prepared: tuple[Target, datetime | None]) -> tuple:
+    target, cutover = prepared
+    summary = run_start(
+        target,
         mode=args.mode,
         run_id=args.run_id,
         poll_seconds=args.poll_seconds,
         cutover=cutover,
     )
-    return registry, summary
+    return target.require_registry(), summary
 
 
 def _run_query_report(args: Namespace, ran: tuple[Registry, dict[str, Any]]) -> int:

@@ -1,7 +1,7 @@
 """Run a registered query under its lifecycle lock and summarise the run (Spark-side).
 
 The one run path of the project: ``run_query.py`` and ``bootstrap_state.py`` both call
-:func:`run_registered_query`. PySpark is imported lazily.
+:func:`run_start`. PySpark is imported lazily.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import QueryLock, new_run_id
+from stateops.control.lock import new_run_id
 from stateops.control.markers import clear_carry_over, withdraw_stop
+from stateops.control.target import Target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, one_line, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
@@ -38,7 +39,7 @@ __all__ = [
     "files_before",
     "read_summary",
     "refuse_unrunnable",
-    "run_registered_query",
+    "run_start",
     "summary_line",
     "write_summary",
 ]
@@ -226,9 +227,8 @@ def _proof_error(proof: dict[str, Any]) -> str | None:
     )
 
 
-def run_registered_query(
-    registry: Registry,
-    name: str,
+def run_start(
+    target: Target,
     *,
     mode: str = "available-now",
     run_id: str | None = None,
@@ -237,7 +237,7 @@ def run_registered_query(
     prepare: Callable[[SparkSession], dict[str, Any]] | None = None,
     cutover: datetime | None = None,
 ) -> dict[str, Any]:
-    """Run a registered query under its lock; returns the run summary (also audited).
+    """Run ``target``, a registered query, under its lock; returns the run summary (also audited).
 
     ``prepare`` runs under the lock before the query starts (bootstrap validates its initial
     state there). While a bootstrap is pending, the initial state is passed on this start;
@@ -246,9 +246,10 @@ def run_registered_query(
     it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
     their number, the trigger a long one, and the query stops once that batch commits.
     """
-    query = registry.query(name)
+    registry = target.require_registry()
+    query = target.require_query("run a registered query: give its name")
     run_id = run_id or new_run_id(operation)
-    with QueryLock(registry.lock_path(query.name), query.name, operation, run_id) as lock:
+    with target.lock(operation, run_id) as lock:
         start = _begin(registry, query, mode, run_id, operation, prepare, cutover)
         ran = _run_started(start, poll_seconds)
         end = _end(registry, start, ran)
