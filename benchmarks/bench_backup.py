@@ -76,17 +76,32 @@ def main() -> None:
 
         listing = tmp / "files.txt"
         listing.write_text("\n".join(files) + "\n")
-        env = {**os.environ, "RCLONE_CONFIG_BENCH_TYPE": "s3", "RCLONE_CONFIG_BENCH_PROVIDER":
-               "Other", "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": KEY,
-               "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": SECRET,
-               "RCLONE_CONFIG_BENCH_ENDPOINT": endpoint}  # fmt: skip
+        env = {
+            **os.environ,
+            "RCLONE_CONFIG_BENCH_TYPE": "s3",
+            "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+            "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": KEY,
+            "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": SECRET,
+            "RCLONE_CONFIG_BENCH_ENDPOINT": endpoint,
+        }
         rclone = shutil.which("rclone") or str(Path(sys.executable).parent / "rclone")
         start = time.perf_counter()
         subprocess.run(
-            [rclone, "copy", "--files-from", str(listing), "--no-traverse", "--transfers", "8",
-             str(ckpt), "bench:bench/rclone-copy"],
-            env=env, check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                rclone,
+                "copy",
+                "--files-from",
+                str(listing),
+                "--no-traverse",
+                "--transfers",
+                "8",
+                str(ckpt),
+                "bench:bench/rclone-copy",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         baseline = time.perf_counter() - start
 
         add_batch(ckpt, 11, args.partitions, 64 << 10)
@@ -97,12 +112,16 @@ def main() -> None:
         mb = size / (1 << 20)
         print(f"restart set after batch 10: {len(files)} files, {mb:.0f} MB")
         print(f"rclone copy (baseline)   {baseline:7.1f} s  {mb / baseline:7.1f} MB/s")
-        print(f"stateops backup (full)   {ours:7.1f} s  {mb / ours:7.1f} MB/s  "
-              f"{baseline / ours:.2f}x rclone (incl. sha256 of every file)")  # fmt: skip
+        print(
+            f"stateops backup (full)   {ours:7.1f} s  {mb / ours:7.1f} MB/s  "
+            f"{baseline / ours:.2f}x rclone (incl. sha256 of every file)"
+        )
         up = incremental["uploaded"]
-        print(f"stateops backup (+1 batch) {inc_seconds:5.1f} s  {up['objects']} objects, "
-              f"{up['bytes'] / (1 << 20):.1f} MB uploaded, "
-              f"{incremental['reused']['bytes'] / (1 << 20):.0f} MB reused")  # fmt: skip
+        print(
+            f"stateops backup (+1 batch) {inc_seconds:5.1f} s  {up['objects']} objects, "
+            f"{up['bytes'] / (1 << 20):.1f} MB uploaded, "
+            f"{incremental['reused']['bytes'] / (1 << 20):.0f} MB reused"
+        )
     finally:
         if server is not None:
             server.terminate()

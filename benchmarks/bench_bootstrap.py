@@ -31,10 +31,20 @@ def job(name: str, *args: str) -> tuple[float, str]:
     """(seconds, the job's last line of output: its JSON summary where it prints one)."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [str(BIN / "spark-submit"), "--master", "local[2]", "--driver-memory", "4g",
-         "--conf", "spark.ui.enabled=false", str(ROOT / "spark_jobs" / name), *args],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(BIN / "spark-submit"),
+            "--master",
+            "local[2]",
+            "--driver-memory",
+            "4g",
+            "--conf",
+            "spark.ui.enabled=false",
+            str(ROOT / "spark_jobs" / name),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         sys.exit(f"{name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return time.perf_counter() - start, (proc.stdout.strip().splitlines() or [""])[-1]
@@ -57,8 +67,11 @@ def write_events(folder: Path, keys: int, per_key: int, files: int, seed: int = 
     handles = [open(folder / f"part-{i:03d}.json", "w") for i in range(files)]
     for k in range(keys):
         for e in range(per_key):
-            row = {"user_id": f"u{k:08d}", "page": f"p{rng.randrange(50)}",
-                   "event_time": f"2026-01-01T00:{e % 60:02d}:00Z"}  # fmt: skip
+            row = {
+                "user_id": f"u{k:08d}",
+                "page": f"p{rng.randrange(50)}",
+                "event_time": f"2026-01-01T00:{e % 60:02d}:00Z",
+            }
             handles[(k + e) % files].write(json.dumps(row) + "\n")
     for h in handles:
         h.close()
@@ -93,9 +106,14 @@ def run(root: Path, keys: int, per_key: int) -> None:
     )
     boot_reg = registry(root, "bootstrapped", str(root / "landing" / "new"))
     boot, summary = job(
-        "bootstrap_state.py", "--registry", str(boot_reg), "--query", "page_visits",
-        "--initial-state", str(root / "export"),
-    )  # fmt: skip
+        "bootstrap_state.py",
+        "--registry",
+        str(boot_reg),
+        "--query",
+        "page_visits",
+        "--initial-state",
+        str(root / "export"),
+    )
     n = keys
     print(f"{n} keys, {events} events (page_visits, local[2], RocksDB, 8 partitions)")
     rows = [

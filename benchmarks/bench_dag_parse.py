@@ -50,8 +50,13 @@ print(json.dumps({"seconds": seconds, "dags": len(bag.dags), "errors": len(bag.i
 
 
 def parse(folder: Path, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PARSE, str(folder)], env=env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE, str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"parsing {folder} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])

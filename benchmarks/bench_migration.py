@@ -46,21 +46,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 COUNTER = {
-    "processor": {"class": "stateops.pipelines.visit_counter:VisitCounter",
-                  "time_mode": "None", "output_mode": "Update"},
-    "initial_state": {"schema": "user_id STRING, visits BIGINT", "unique_keys": True,
-                      "from_export": {"variable": "count", "user_id": "key.user_id",
-                                      "visits": "value.visits"}},
+    "processor": {
+        "class": "stateops.pipelines.visit_counter:VisitCounter",
+        "time_mode": "None",
+        "output_mode": "Update",
+    },
+    "initial_state": {
+        "schema": "user_id STRING, visits BIGINT",
+        "unique_keys": True,
+        "from_export": {"variable": "count", "user_id": "key.user_id", "visits": "value.visits"},
+    },
     "expectations": {"non_negative": ["count.value_visits"]},
     "output_schema": "user_id STRING, visits LONG",
-}  # fmt: skip
+}
 PIPELINE = {"counter": COUNTER, "page_visits": {}}
 
 
 def registry(
-    root: Path, pipeline: str, name: str, checkpoint: str, landing: Path, fmt: str = "json",
+    root: Path,
+    pipeline: str,
+    name: str,
+    checkpoint: str,
+    landing: Path,
+    fmt: str = "json",
     partitions: int = 8,
-) -> Path:  # fmt: skip
+) -> Path:
     raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
     spec = raw["queries"]["page_visits"] | PIPELINE[pipeline]
     spec.update(checkpoint=checkpoint, shuffle_partitions=partitions)
@@ -75,8 +85,10 @@ def new_events(keys: int, per_key: int, share: int) -> list[dict]:
     """The last event of 1 in ``share`` keys (the one the old source does not hold)."""
     e = per_key - 1
     at = datetime(2026, 1, 1, 1, e % 60, tzinfo=UTC)
-    return [{"user_id": f"u{k:08d}", "page": f"p{k % 50}", "event_time": at}
-            for k in range(0, keys, share)]  # fmt: skip
+    return [
+        {"user_id": f"u{k:08d}", "page": f"p{k % 50}", "event_time": at}
+        for k in range(0, keys, share)
+    ]
 
 
 def timed(*cmd: str) -> tuple[float, str]:
@@ -92,11 +104,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--events-per-key", type=int, default=10)
-    parser.add_argument("--new-share", type=int, default=100, metavar="M",
-                        help="the new source holds new events of 1 in M keys")  # fmt: skip
+    parser.add_argument(
+        "--new-share",
+        type=int,
+        default=100,
+        metavar="M",
+        help="the new source holds new events of 1 in M keys",
+    )
     parser.add_argument("--pipeline", choices=sorted(PIPELINE), default="counter")
-    parser.add_argument("--new-partitions", type=int, default=8, metavar="N",
-                        help="the new query's state partitions (the old query has 8)")  # fmt: skip
+    parser.add_argument(
+        "--new-partitions",
+        type=int,
+        default=8,
+        metavar="N",
+        help="the new query's state partitions (the old query has 8)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
@@ -114,9 +136,16 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) 
     old_events = write_events(landing / "old", keys, per_key - 1, files=4)
     rows = new_events(keys, per_key, share)
     (landing / "new").mkdir()
-    table = pa.Table.from_pylist(rows, schema=pa.schema([
-        ("user_id", pa.string()), ("page", pa.string()),
-        ("event_time", pa.timestamp("us", "UTC"))]))  # fmt: skip
+    table = pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                ("user_id", pa.string()),
+                ("page", pa.string()),
+                ("event_time", pa.timestamp("us", "UTC")),
+            ]
+        ),
+    )
     pq.write_table(table, landing / "new" / "part-0.parquet")
     shutil.copytree(landing / "old", landing / "all")  # the replay reads every event
     with open(landing / "all" / "part-new.json", "w") as out:
@@ -125,20 +154,30 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) 
 
     old = registry(root, pipeline, "old.yaml", "old", landing / "old")
     built, _ = job("run_query.py", "--registry", str(old), "--query", "page_visits")
-    print(f"{keys} keys, {old_events} events in the old source, {len(rows)} in the new one "
-          f"({pipeline}, local[2], RocksDB, 8 partitions; the new query {n}); the old query "
-          f"was built in {built:.1f} s", flush=True)  # fmt: skip
+    print(
+        f"{keys} keys, {old_events} events in the old source, {len(rows)} in the new one "
+        f"({pipeline}, local[2], RocksDB, 8 partitions; the new query {n}); the old query "
+        f"was built in {built:.1f} s",
+        flush=True,
+    )
 
     all_reg = registry(root, pipeline, "all.yaml", "replayed", landing / "all", partitions=n)
     replay, _ = job("run_query.py", "--registry", str(all_reg), "--query", "page_visits")
     print(f"replay: {replay:.1f} s", flush=True)
 
-    export, _ = job("export_state.py", "--checkpoint", str(root / "old"),
-                    "--out", str(root / "export"))  # fmt: skip
-    boot_reg = registry(root, pipeline, "boot.yaml", "bootstrapped", landing / "new", "parquet",
-                        n)  # fmt: skip
-    boot, boot_summary = job("bootstrap_state.py", "--registry", str(boot_reg), "--query",
-                             "page_visits", "--initial-state", str(root / "export"))  # fmt: skip
+    export, _ = job(
+        "export_state.py", "--checkpoint", str(root / "old"), "--out", str(root / "export")
+    )
+    boot_reg = registry(root, pipeline, "boot.yaml", "bootstrapped", landing / "new", "parquet", n)
+    boot, boot_summary = job(
+        "bootstrap_state.py",
+        "--registry",
+        str(boot_reg),
+        "--query",
+        "page_visits",
+        "--initial-state",
+        str(root / "export"),
+    )
     print(f"initialState road: export {export:.1f} s, bootstrap {boot:.1f} s", flush=True)
 
     tp_reg = registry(root, pipeline, "tp.yaml", "transplanted", landing / "new", "parquet", n)
@@ -154,8 +193,10 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) 
     )
     first, tp_summary = job("run_query.py", "--registry", str(tp_reg), "--query", "page_visits")
 
-    proofs = {name: json.loads(s)["proof"] for name, s in
-              (("initialState", boot_summary), ("transplant", tp_summary))}  # fmt: skip
+    proofs = {
+        name: json.loads(s)["proof"]
+        for name, s in (("initialState", boot_summary), ("transplant", tp_summary))
+    }
     repartitioned = json.loads(tp_summary)["repartitioned"]
     if (repartitioned is None) != (n == 8):
         sys.exit(f"the transplanted query's repartition: {repartitioned}, expected one to {n}")
@@ -172,9 +213,11 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) 
     for name, proof in proofs.items():
         print(f"  {name} proof: {proof['seconds']} s, {proof['sample']}, proven: {proof['ok']}")
     if repartitioned:
-        print(f"  Spark's repartition {repartitioned['partitions'][0]} -> "
-              f"{repartitioned['partitions'][1]} (batch {repartitioned['batch']}): "
-              f"{repartitioned['seconds']} s, proven: {repartitioned['proof']}")  # fmt: skip
+        print(
+            f"  Spark's repartition {repartitioned['partitions'][0]} -> "
+            f"{repartitioned['partitions'][1]} (batch {repartitioned['batch']}): "
+            f"{repartitioned['seconds']} s, proven: {repartitioned['proof']}"
+        )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,11 @@ def run(root: Path, keys: int, per_key: int, before: int, after: int) -> None:
     events = write_events(landing, keys, per_key, files=4)
     old = with_partitions(registry(root, "counter", "old.yaml", "old", landing), before)
     built, _ = job("run_query.py", "--registry", str(old), "--query", "page_visits")
-    print(f"{keys} keys, {events} events (visit counter, local[2], RocksDB); the query with "
-          f"{before} partitions was built in {built:.1f} s", flush=True)  # fmt: skip
+    print(
+        f"{keys} keys, {events} events (visit counter, local[2], RocksDB); the query with "
+        f"{before} partitions was built in {built:.1f} s",
+        flush=True,
+    )
 
     new = with_partitions(registry(root, "counter", "new.yaml", "replayed", landing), after)
     replay, _ = job("run_query.py", "--registry", str(new), "--query", "page_visits")

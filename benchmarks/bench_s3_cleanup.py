@@ -44,13 +44,24 @@ def rclone_lsf(rclone: str, endpoint: str, fast: bool) -> tuple[float, int, int]
         "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": KEY,
         "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": SECRET,
     }
-    cmd = [rclone, "lsf", "-R", "--files-only", "--format", "sp", "--config", os.devnull,
-           *(["--fast-list"] if fast else []), "bench:bench/ckpt"]  # fmt: skip
+    cmd = [
+        rclone,
+        "lsf",
+        "-R",
+        "--files-only",
+        "--format",
+        "sp",
+        "--config",
+        os.devnull,
+        *(["--fast-list"] if fast else []),
+        "bench:bench/ckpt",
+    ]
     seconds, out = timed(lambda: subprocess.run(cmd, env=env, check=True, capture_output=True))
     lines = out.stdout.count(b"\n")
     # The same once more, counting its requests (the dump slows it: not timed).
-    dumped = subprocess.run([*cmd, "-vv", "--dump", "headers"], env=env, check=True,
-                            capture_output=True)  # fmt: skip
+    dumped = subprocess.run(
+        [*cmd, "-vv", "--dump", "headers"], env=env, check=True, capture_output=True
+    )
     return seconds, lines, dumped.stderr.count(b"HTTP REQUEST")
 
 
@@ -68,8 +79,9 @@ def main() -> None:
         t, batches = timed(lambda: build_tree(served / "bench" / "ckpt", args.files))
         print(f"built {served}/bench/ckpt: {batches} batches in {t:.1f} s")
         server = start_s3_server(served, ["bench"], KEY, SECRET, port)
-        os.environ.update(STATEOPS_S3_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=KEY,
-                          AWS_SECRET_ACCESS_KEY=SECRET)  # fmt: skip
+        os.environ.update(
+            STATEOPS_S3_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET
+        )
         rclone = shutil.which("rclone") or str(Path(sys.executable).parent / "rclone")
 
         baselines = {}
@@ -87,16 +99,23 @@ def main() -> None:
         base_s, listed, base_requests = baselines[False]
         fast_s, _, fast_requests = baselines[True]
         files = plan["delete"]["files"] + plan["keep"]["files"]
-        print(f"objects: {files} (rclone listed {listed}); the plan deletes "
-              f"{plan['delete']['files']}, keeps {plan['keep']['files']}")  # fmt: skip
+        print(
+            f"objects: {files} (rclone listed {listed}); the plan deletes "
+            f"{plan['delete']['files']}, keeps {plan['keep']['files']}"
+        )
         print(f"best of {args.runs}:")
-        print(f"  rclone lsf -R              {base_s:7.2f} s  {base_requests:6} requests "
-              "(baseline)")  # fmt: skip
-        print(f"  rclone lsf -R --fast-list  {fast_s:7.2f} s  {fast_requests:6} requests  "
-              f"{fast_s / base_s:5.2f}x")  # fmt: skip
-        print(f"  plan_cleanup on s3://      {plan_s:7.2f} s  {requests:6} requests  "
-              f"{plan_s / base_s:5.2f}x rclone lsf -R (goal <= 1.5), "
-              f"{plan_s / fast_s:5.2f}x --fast-list")  # fmt: skip
+        print(
+            f"  rclone lsf -R              {base_s:7.2f} s  {base_requests:6} requests (baseline)"
+        )
+        print(
+            f"  rclone lsf -R --fast-list  {fast_s:7.2f} s  {fast_requests:6} requests  "
+            f"{fast_s / base_s:5.2f}x"
+        )
+        print(
+            f"  plan_cleanup on s3://      {plan_s:7.2f} s  {requests:6} requests  "
+            f"{plan_s / base_s:5.2f}x rclone lsf -R (goal <= 1.5), "
+            f"{plan_s / fast_s:5.2f}x --fast-list"
+        )
     finally:
         if server is not None:
             server.terminate()

@@ -118,8 +118,11 @@ def main() -> None:
                     runs.append(session.run(root, registry))
                 else:
                     runs.append(one_run(root, registry, settings[label]))
-                print(f"run {i + 1}/{args.runs} {label}: "
-                      f"{runs[-1][0]:.1f} s wall, {runs[-1][1]:.1f} s CPU", flush=True)  # fmt: skip
+                print(
+                    f"run {i + 1}/{args.runs} {label}: "
+                    f"{runs[-1][0]:.1f} s wall, {runs[-1][1]:.1f} s CPU",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base_wall = statistics.median(w for w, _ in results["JVM defaults (baseline)"])
@@ -128,8 +131,10 @@ def main() -> None:
     for label, runs in results.items():
         wall = statistics.median(w for w, _ in runs)
         cpu = statistics.median(c for _, c in runs)
-        print(f"{label:<44}{wall:7.1f} s wall {wall / base_wall:5.2f}x"
-              f"{cpu:9.1f} s CPU {cpu / base_cpu:5.2f}x")  # fmt: skip
+        print(
+            f"{label:<44}{wall:7.1f} s wall {wall / base_wall:5.2f}x"
+            f"{cpu:9.1f} s CPU {cpu / base_cpu:5.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -130,8 +130,12 @@ def stream_backfill() -> None:
     planned = plan()
     rolled = rollback(planned)
     reported = report(planned, rolled)
-    approve = ApprovalGate(task_id="approve", operation="backfill", ask=ask_backfill,
-                           on_reject="nothing changed; the query goes on as it was")  # fmt: skip
+    approve = ApprovalGate(
+        task_id="approve",
+        operation="backfill",
+        ask=ask_backfill,
+        on_reject="nothing changed; the query goes on as it was",
+    )
     planned >> not_a_dry_run() >> approve >> rolled >> reprocess >> record(planned) >> reported
     reported >> verify() >> validate
 

@@ -109,14 +109,19 @@ def stream_bootstrap() -> None:
         "bootstrap",
         BOOTSTRAP_STATE,
         [
-            "--query", "{{ params.query }}",
-            "--initial-state", "{{ ti.xcom_pull(task_ids='plan')['initial_state'] }}",
-            "--format", "{{ ti.xcom_pull(task_ids='plan')['format'] }}",
-            "--carry-over", "{{ params.carry_over }}",
+            "--query",
+            "{{ params.query }}",
+            "--initial-state",
+            "{{ ti.xcom_pull(task_ids='plan')['initial_state'] }}",
+            "--format",
+            "{{ ti.xcom_pull(task_ids='plan')['format'] }}",
+            "--carry-over",
+            "{{ params.carry_over }}",
             "--accept-differences={{ 'yes' if params.accept_differences else 'no' }}",
-            "--run-id", "{{ run_id }}",
+            "--run-id",
+            "{{ run_id }}",
         ],
-    )  # fmt: skip
+    )
 
     @task
     def record() -> dict:

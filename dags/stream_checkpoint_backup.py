@@ -47,9 +47,11 @@ REGISTRY = load_registry()  # read once at parse time: the schedule and the task
 )
 def stream_checkpoint_backup() -> None:
     each_query_then_outcome(
-        "backup", registered_queries(registry=REGISTRY), backup_query,
+        "backup",
+        registered_queries(registry=REGISTRY),
+        backup_query,
         lambda r: f"backup {r['backup_id']} of batch {r['batch_id']}",
-    )  # fmt: skip
+    )
 
 
 stream_checkpoint_backup()

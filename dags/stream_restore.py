@@ -91,10 +91,13 @@ def stream_restore() -> None:
     def plan() -> dict:
         params = get_current_context()["params"]
         return restore_plan(
-            params["query"], params["backup_id"], params["target"],
-            replace=params["replace"], allow_other_query=params["allow_other_query"],
+            params["query"],
+            params["backup_id"],
+            params["target"],
+            replace=params["replace"],
+            allow_other_query=params["allow_other_query"],
             dry_run=params["dry_run"],
-        )  # fmt: skip
+        )
 
     @task
     def restore(plan: dict) -> dict:
@@ -109,8 +112,12 @@ def stream_restore() -> None:
 
     planned = plan()
     restored = restore(planned)
-    approve = ApprovalGate(task_id="approve", operation="restore", ask=ask_restore,
-                           on_reject="nothing changed; the target is as it was")  # fmt: skip
+    approve = ApprovalGate(
+        task_id="approve",
+        operation="restore",
+        ask=ask_restore,
+        on_reject="nothing changed; the target is as it was",
+    )
     planned >> not_a_dry_run() >> approve >> restored >> verify(planned)
 
 

@@ -244,9 +244,16 @@ def stream_source_migration() -> None:
         return migration_migrated(plan)
 
     drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
-        spark_task(step) for step in ("drain", "first_batch", "export", "validate_export",
-                                      "bootstrap", "validate_new_state")
-    )  # fmt: skip
+        spark_task(step)
+        for step in (
+            "drain",
+            "first_batch",
+            "export",
+            "validate_export",
+            "bootstrap",
+            "validate_new_state",
+        )
+    )
     planned = preflight()
     stopped = stop_query(planned)
     backed_up = backup(planned)
@@ -255,20 +262,37 @@ def stream_source_migration() -> None:
     proven = prove(planned)
     switched = switch(planned, backed_up, proven)
     approve_stop = ApprovalGate(
-        task_id="approve_stop", operation="migration", ask=ask_migration_stop,
+        task_id="approve_stop",
+        operation="migration",
+        ask=ask_migration_stop,
         on_reject="nothing changed; the query goes on as it was",
-    )  # fmt: skip
+    )
     approve_switch = ApprovalGate(
-        task_id="approve_switch", operation="migration", ask=ask_migration_switch,
+        task_id="approve_switch",
+        operation="migration",
+        ask=ask_migration_switch,
         on_reject="roll_back moves the new checkpoint aside; the query goes on from its old "
         "source and checkpoint",
-    )  # fmt: skip
+    )
     planned >> not_a_dry_run() >> approve_stop >> stopped >> drain >> backed_up >> road
     road >> transplanted >> first_batch >> proven
     road >> export >> validate_export >> bootstrap >> proven
     proven >> validate_new_state >> approve_switch >> switched >> migrated(planned)
-    [stopped, drain, backed_up, road, transplanted, first_batch, export, validate_export,
-     bootstrap, proven, validate_new_state, approve_switch, switched] >> roll_back()  # fmt: skip
+    [
+        stopped,
+        drain,
+        backed_up,
+        road,
+        transplanted,
+        first_batch,
+        export,
+        validate_export,
+        bootstrap,
+        proven,
+        validate_new_state,
+        approve_switch,
+        switched,
+    ] >> roll_back()
 
 
 stream_source_migration()

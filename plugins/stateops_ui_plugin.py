@@ -95,8 +95,10 @@ def _chart(groups: list[dict[str, Any]]) -> str:
         f"{_e(format_bytes(g['bytes']))}</text>"
         for i, g in enumerate(groups)
     )
-    return (f'<svg class="chart" width="380" height="{len(groups) * 20 + 4}" '
-            f'role="img" aria-label="bytes per snapshot group">{bars}</svg>')  # fmt: skip
+    return (
+        f'<svg class="chart" width="380" height="{len(groups) * 20 + 4}" '
+        f'role="img" aria-label="bytes per snapshot group">{bars}</svg>'
+    )
 
 
 def _query_card(s: dict[str, Any]) -> str:
@@ -104,40 +106,62 @@ def _query_card(s: dict[str, Any]) -> str:
     facts = [
         ["source", s["inputs"]],
         ["checkpoint", s["checkpoint"]],
-        ["last committed batch",
-         "none yet" if last is None else f"{last} at {s['committed_at']}"],
-    ]  # fmt: skip
+        ["last committed batch", "none yet" if last is None else f"{last} at {s['committed_at']}"],
+    ]
     if s["last_run"]:
         r = s["last_run"]
         facts.append(["last run", f"{r['operation']} {r['status']} at {r['started_at']}"])
     facts.append(["last cleanup", describe_cleanup(s["last_cleanup"])])
     operators = "".join(
         f"<h4>operator {op['operator_id']}: {_e(op['operator_name'])}</h4>"
-        + _rows(["partitions", "state rows", "as of batch", "bytes"],
-                [[op["partitions"], op["state_rows"], op["rows_as_of_batch"],
-                  format_bytes(op["bytes"])]])
-        + "<p>bytes per snapshot group</p>" + _chart(op["snapshot_groups"])
+        + _rows(
+            ["partitions", "state rows", "as of batch", "bytes"],
+            [
+                [
+                    op["partitions"],
+                    op["state_rows"],
+                    op["rows_as_of_batch"],
+                    format_bytes(op["bytes"]),
+                ]
+            ],
+        )
+        + "<p>bytes per snapshot group</p>"
+        + _chart(op["snapshot_groups"])
         for op in s["operators"]
-    )  # fmt: skip
+    )
     v = s["last_validation"]
     if v:
-        docs = (f' <a href="docs/{_e(s["query"])}/index.html" target="_blank">Data Docs</a>'
-                if v["data_docs"] else "")  # fmt: skip
+        docs = (
+            f' <a href="docs/{_e(s["query"])}/index.html" target="_blank">Data Docs</a>'
+            if v["data_docs"]
+            else ""
+        )
         rows = ", ".join(f"{k}: {x['rows']} rows" for k, x in v["variables"].items())
-        validation = (f'<p class="{"ok" if v["ok"] else "error"}">batch {v["batch_id"]}: '
-                      f'{"passed" if v["ok"] else "FAILED"} ({_e(rows)}){docs}</p>')  # fmt: skip
+        validation = (
+            f'<p class="{"ok" if v["ok"] else "error"}">batch {v["batch_id"]}: '
+            f"{'passed' if v['ok'] else 'FAILED'} ({_e(rows)}){docs}</p>"
+        )
     else:
         validation = "<p>none</p>"
     h = s["health"]
-    verdict = (f'<p class="verdict {h["verdict"].lower()}"><b>{h["verdict"]}</b></p>'
-               + "".join(f"<p>{_e(r)}</p>" for r in h["reasons"]))  # fmt: skip
+    verdict = f'<p class="verdict {h["verdict"].lower()}"><b>{h["verdict"]}</b></p>' + "".join(
+        f"<p>{_e(r)}</p>" for r in h["reasons"]
+    )
     # Links into Airflow (the view is at <base>/stateops/): its runs and its trigger forms.
-    links = "<p>" + " · ".join(
-        f'<a href="../dags/{dag}{page}" target="_top">{label}</a>' for label, dag, page in (
-            ("runs", "stream_start", "/runs"), ("backfill", "stream_backfill", ""),
-            ("migrate", "stream_source_migration", ""), ("restore", "stream_restore", ""),
-            ("repartition", "stream_repartition", ""))
-    ) + "</p>"  # fmt: skip
+    links = (
+        "<p>"
+        + " · ".join(
+            f'<a href="../dags/{dag}{page}" target="_top">{label}</a>'
+            for label, dag, page in (
+                ("runs", "stream_start", "/runs"),
+                ("backfill", "stream_backfill", ""),
+                ("migrate", "stream_source_migration", ""),
+                ("restore", "stream_restore", ""),
+                ("repartition", "stream_repartition", ""),
+            )
+        )
+        + "</p>"
+    )
     errors = "".join(f'<p class="error">{_e(e)}</p>' for e in s["errors"])
     return (
         f'<section id="query-{_e(s["query"])}"><h2>{_e(s["query"])}</h2>{verdict}{errors}'
@@ -145,16 +169,30 @@ def _query_card(s: dict[str, Any]) -> str:
         + _rows([], facts)
         + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
         + "<h3>Backups</h3>"
-        + _rows(["backup", "batch", "size", "files", "created"],
-                [[b["backup_id"], b["batch_id"], format_bytes(b["bytes"]), b["files"],
-                  b["created_at"]] for b in reversed(s["backups"])])
+        + _rows(
+            ["backup", "batch", "size", "files", "created"],
+            [
+                [
+                    b["backup_id"],
+                    b["batch_id"],
+                    format_bytes(b["bytes"]),
+                    b["files"],
+                    b["created_at"],
+                ]
+                for b in reversed(s["backups"])
+            ],
+        )
         + f"<h3>Last validation</h3>{validation}"
         + "<h3>Lineage</h3>"
-        + _rows(["time", "operation", "result", "run", "checkpoint"],
-                [[r["time"], r["operation"], r["result"], r["run_id"],
-                  Path(r["checkpoint"]).name] for r in s["lineage"]])
+        + _rows(
+            ["time", "operation", "result", "run", "checkpoint"],
+            [
+                [r["time"], r["operation"], r["result"], r["run_id"], Path(r["checkpoint"]).name]
+                for r in s["lineage"]
+            ],
+        )
         + "</section>"
-    )  # fmt: skip
+    )
 
 
 # The view sits in an iframe of Airflow's UI: it takes Airflow's light or dark theme (the

@@ -31,14 +31,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
     parser.add_argument("--registry")
     parser.add_argument(
-        "--carry-over", choices=ROADS, default="auto",
+        "--carry-over",
+        choices=ROADS,
+        default="auto",
         help="from a checkpoint: transplant its state files, or export it",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--accept-differences", nargs="?", const="yes", default="no", choices=["yes", "no"],
+        "--accept-differences",
+        nargs="?",
+        const="yes",
+        default="no",
+        choices=["yes", "no"],
         help="carry the state over even where the initialState road changes what the query "
         "computes (=no: refuse, the default; a DAG passes its form's choice)",
-    )  # fmt: skip
+    )
     parser.add_argument("--run-id")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     return parser.parse_args(argv)

@@ -19,8 +19,9 @@ from stateops.spark.jobs import job_main
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="repartition_state.py",
-                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="repartition_state.py", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--checkpoint", required=True, help="a checkpoint folder or a query name")
     parser.add_argument("--registry", help="where query names are looked up")
     parser.add_argument("--run-id", required=True, help="the prepared repartition's run id")

@@ -91,14 +91,16 @@ def cli_table() -> list[CliRow]:
         if len(cells) != 5 or not cells[0].startswith("`stateops "):
             continue
         synopsis, by_name, json_, dry_run, codes = (c.replace("\x00", "|") for c in cells)
-        rows.append(CliRow(
-            words=tuple(synopsis.split("`")[1].split()[1:]),
-            spark=synopsis.endswith("(Spark)"),
-            by_name=by_name == "yes",
-            json=json_,
-            dry_run=dry_run == "yes",
-            exit_codes=frozenset(int(c.split()[0]) for c in codes.split(", ")),
-        ))  # fmt: skip
+        rows.append(
+            CliRow(
+                words=tuple(synopsis.split("`")[1].split()[1:]),
+                spark=synopsis.endswith("(Spark)"),
+                by_name=by_name == "yes",
+                json=json_,
+                dry_run=dry_run == "yes",
+                exit_codes=frozenset(int(c.split()[0]) for c in codes.split(", ")),
+            )
+        )
     return rows
 
 
@@ -132,12 +134,14 @@ def job_command(
     """``spark-submit [submit...] spark_jobs/<job> [args...]``."""
     return [
         str(VENV_BIN / "spark-submit"),
-        "--master", master,
-        "--conf", "spark.ui.enabled=false",
+        "--master",
+        master,
+        "--conf",
+        "spark.ui.enabled=false",
         *submit,
         str(ROOT / "spark_jobs" / job),
         *args,
-    ]  # fmt: skip
+    ]
 
 
 def spark_job(job: str, *args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -156,9 +160,15 @@ def spark_submit_run_query(
     registry: Path, query: str, *extra: str, timeout: int = 300, **kwargs
 ) -> subprocess.CompletedProcess:
     return spark_job(
-        "run_query.py", "--registry", str(registry), "--query", query, *extra,
-        timeout=timeout, **kwargs,
-    )  # fmt: skip
+        "run_query.py",
+        "--registry",
+        str(registry),
+        "--query",
+        query,
+        *extra,
+        timeout=timeout,
+        **kwargs,
+    )
 
 
 # Most of a test JVM's start is loading Spark's classes. A class data archive (AppCDS) dumped
@@ -198,8 +208,13 @@ def spark_class_archive() -> Path | None:
         registry = write_registry(Path(tmp))
         land(Path(tmp) / "landing", round_=0, files=2)
         env = {**os.environ, **_archive_env(f"-XX:ArchiveClassesAtExit={dumping}")}
-        proc = subprocess.run(run_query_command(registry, "page_visits"), env=env,
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        proc = subprocess.run(
+            run_query_command(registry, "page_visits"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     if proc.returncode != 0 or not dumping.exists():
         sys.stderr.write(f"note: no class archive for the test JVMs ({proc.stderr[-300:]!r})\n")
         return None
@@ -433,8 +448,9 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     terminalreporter.section("time guard")
     for line, over in _GUARD.lines(workers):
         terminalreporter.write_line(line, red=over, bold=over)
-    if any("::test_a_failure_after_each_step" in t for tests in _GUARD.tests.values()
-           for t in tests):  # fmt: skip
+    if any(
+        "::test_a_failure_after_each_step" in t for tests in _GUARD.tests.values() for t in tests
+    ):
         from tests.spark.migrations import FAULTS, STEPS
 
         seed = os.environ["STATEOPS_FAULT_SEED"]

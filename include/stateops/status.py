@@ -40,8 +40,11 @@ LINEAGE_OPERATIONS = ("bootstrap", "migration", "rollback", "restore", "backfill
 # stream_start's schedule (30 minutes).
 STALE_INPUT = timedelta(hours=1)
 # A backup older than twice its schedule says the scheduled backups stopped.
-_SCHEDULES = {"@hourly": timedelta(hours=1), "@daily": timedelta(days=1),
-              "@weekly": timedelta(weeks=1)}  # fmt: skip
+_SCHEDULES = {
+    "@hourly": timedelta(hours=1),
+    "@daily": timedelta(days=1),
+    "@weekly": timedelta(weeks=1),
+}
 
 
 def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[str, Any]:
@@ -78,18 +81,28 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     summary = registry.run_summary_path(name)
     if summary.exists():
         run = json.loads(summary.read_text())
-        status["last_run"] = {k: run.get(k) for k in
-                              ("status", "operation", "started_at", "last_committed_batch",
-                               "checkpoint", "error")}  # fmt: skip
+        status["last_run"] = {
+            k: run.get(k)
+            for k in (
+                "status",
+                "operation",
+                "started_at",
+                "last_committed_batch",
+                "checkpoint",
+                "error",
+            )
+        }
     records = _history(query.checkpoint)
     cleanups = [r for r in records if r["operation"] == "cleanup"]
     status["last_cleanup"] = cleanups[-1] if cleanups else None
     # A backfill records each step as it completes: its last record says how far it got.
     steps = {r.get("run_id"): r for r in records if r["operation"] == "backfill"}
     status["lineage"] = [
-        r for r in records if r["operation"] in LINEAGE_OPERATIONS
+        r
+        for r in records
+        if r["operation"] in LINEAGE_OPERATIONS
         and (r["operation"] != "backfill" or steps[r.get("run_id")] is r)
-    ]  # fmt: skip
+    ]
     running = live_lock(registry.lock_path(name))  # a backfill's reprocessing holds it
     status["unfinished_backfill"] = unfinished_backfill(
         name, records, running.run_id if running else None
@@ -112,9 +125,14 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
 
 
 def health(
-    registry: Registry, query: Any, status: dict[str, Any], cp: Checkpoint | None, *,
-    listed: bool, now: datetime | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    registry: Registry,
+    query: Any,
+    status: dict[str, Any],
+    cp: Checkpoint | None,
+    *,
+    listed: bool,
+    now: datetime | None = None,
+) -> dict[str, Any]:
     """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, or its
     last run or validation failed), WARN (it needs a look: input waiting, no recent backup, an
     operation holding it, no commit yet), else OK; with one reason per finding. ``cp``: the
@@ -124,8 +142,10 @@ def health(
     warn: list[str] = [e for e in status["errors"] if not e.startswith("checkpoint: ")]
     root = query.checkpoint
     if read_rollback(root) is not None:
-        fail.append(f"a rollback was interrupted, the query refuses to start: finish it "
-                    f"(stateops rollback {query.name} --to-batch N, N as it says)")  # fmt: skip
+        fail.append(
+            f"a rollback was interrupted, the query refuses to start: finish it "
+            f"(stateops rollback {query.name} --to-batch N, N as it says)"
+        )
     run = status["last_run"]
     if run and run["status"] == "failed":
         fail.append(f"the last run failed: {run.get('error') or 'see its log'}")
@@ -138,17 +158,22 @@ def health(
     if held is not None:
         who = f"{held.operation} (run id {held.run_id})"
         if state == "holder gone":
-            warn.append(f"{who} was killed or crashed holding the lock (process {held.owner} "
-                        f"is gone): stateops lock release {query.name}")  # fmt: skip
+            warn.append(
+                f"{who} was killed or crashed holding the lock (process {held.owner} "
+                f"is gone): stateops lock release {query.name}"
+            )
         elif state == "expired":
-            warn.append(f"{who} left the lock expired: its holder is gone or hung "
-                        f"(stateops lock release {query.name})")  # fmt: skip
+            warn.append(
+                f"{who} left the lock expired: its holder is gone or hung "
+                f"(stateops lock release {query.name})"
+            )
         elif held.operation != "run":
             warn.append(f"{who} holds the query")
     hold = read_hold(lock)
     if hold is not None:
-        warn.append(f"{hold.operation} (run id {hold.run_id}) holds the query (other "
-                    "operations wait)")  # fmt: skip
+        warn.append(
+            f"{hold.operation} (run id {hold.run_id}) holds the query (other operations wait)"
+        )
     if cp is not None and cp.uncommitted_batches and state != "held":
         warn.append(_planned_batch(query.name, cp.uncommitted_batches[0], cp.last_committed_batch))
     if status["unfinished_backfill"]:
@@ -165,8 +190,10 @@ def health(
 
 def _planned_batch(name: str, batch: int, last: int | None) -> str:
     drop = f" (or drop it: stateops rollback {name} --to-batch {last})" if last is not None else ""
-    return (f"batch {batch} is planned but not committed (a run was interrupted): "
-            f"stateops run {name} finishes it{drop}")  # fmt: skip
+    return (
+        f"batch {batch} is planned but not committed (a run was interrupted): "
+        f"stateops run {name} finishes it{drop}"
+    )
 
 
 def unfinished_backfill(
@@ -184,19 +211,28 @@ def unfinished_backfill(
     last = records[backfills[-1]]
     if last["run_id"] == running:
         return None
-    i = next((i for i in backfills if records[i]["run_id"] == last["run_id"]
-              and records[i]["result"] == "rolled back"), None)  # fmt: skip
-    if i is None or any(r["operation"] == "run" and r["result"] == "succeeded"
-                        for r in records[i + 1 :]):  # fmt: skip
+    i = next(
+        (
+            i
+            for i in backfills
+            if records[i]["run_id"] == last["run_id"] and records[i]["result"] == "rolled back"
+        ),
+        None,
+    )
+    if i is None or any(
+        r["operation"] == "run" and r["result"] == "succeeded" for r in records[i + 1 :]
+    ):
         return None
     rolled = records[i]
     error = f": {last['error']}" if last.get("error") else ""
     registry = f" --registry {rolled['registry']}" if rolled.get("changes") else ""
-    return (f"backfill run {last['run_id']} did not finish ({last['result']}{error}): it rolled "
-            f"back to batch {rolled['batch_after']} (backup {rolled.get('backup_id')}) and "
-            f"did not reprocess; unless its stream_backfill run is still going, stateops run "
-            f"{name}{registry} reprocesses from there, as the "
-            "backfill would have")  # fmt: skip
+    return (
+        f"backfill run {last['run_id']} did not finish ({last['result']}{error}): it rolled "
+        f"back to batch {rolled['batch_after']} (backup {rolled.get('backup_id')}) and "
+        f"did not reprocess; unless its stream_backfill run is still going, stateops run "
+        f"{name}{registry} reprocesses from there, as the "
+        "backfill would have"
+    )
 
 
 def _waiting_input(query: Any, cp: Checkpoint, now: datetime) -> list[str]:
@@ -207,14 +243,19 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime) -> list[str]:
         if "://" in source.path or not folder.is_dir():
             continue
         seen = cp.seen_files(i)
-        waiting = [f.stat().st_mtime for f in folder.iterdir() if f.is_file()
-                   and not f.name.startswith((".", "_")) and str(f) not in seen]  # fmt: skip
+        waiting = [
+            f.stat().st_mtime
+            for f in folder.iterdir()
+            if f.is_file() and not f.name.startswith((".", "_")) and str(f) not in seen
+        ]
         oldest = min(waiting, default=None)
         if oldest is not None and now - datetime.fromtimestamp(oldest, UTC) > STALE_INPUT:
             age = _age(now - datetime.fromtimestamp(oldest, UTC))
             files = f"{len(waiting)} input file" + "s" * (len(waiting) != 1)
-            reasons.append(f"{files} of {name} landed and not read, the oldest {age} ago "
-                           f"(allowed: {_age(STALE_INPUT)})")  # fmt: skip
+            reasons.append(
+                f"{files} of {name} landed and not read, the oldest {age} ago "
+                f"(allowed: {_age(STALE_INPUT)})"
+            )
     return reasons
 
 
@@ -224,8 +265,7 @@ def _backup_age(registry: Registry, backups: list[dict[str, Any]], now: datetime
         return ["no backup yet (stream_checkpoint_backup takes them)"]
     last = max(datetime.fromisoformat(b["created_at"]) for b in backups)
     if every is not None and now - last > 2 * every:
-        return [f"the last backup is {_age(now - last)} old (schedule "
-                f"{registry.backups.schedule})"]  # fmt: skip
+        return [f"the last backup is {_age(now - last)} old (schedule {registry.backups.schedule})"]
     return []
 
 
@@ -296,8 +336,10 @@ def _last_validation(query: Any) -> dict[str, Any] | None:
 def describe_cleanup(c: dict[str, Any] | None) -> str:
     if not c:
         return "never"
-    return (f"{c['time']}: {c['result']}, {c.get('deleted_files') or 0} files, "
-            f"{format_bytes(c.get('deleted_bytes') or 0)} deleted")  # fmt: skip
+    return (
+        f"{c['time']}: {c['result']}, {c.get('deleted_files') or 0} files, "
+        f"{format_bytes(c.get('deleted_bytes') or 0)} deleted"
+    )
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -311,29 +353,48 @@ def format_status(status: dict[str, Any]) -> str:
     committed = "none yet" if last is None else f"batch {last} at {s['committed_at']}"
     lines.append(f"  last committed  {committed}")
     for op in s["operators"]:
-        rows = (f"{op['state_rows']} rows (batch {op['rows_as_of_batch']})"
-                if op["state_rows"] is not None else "rows unknown")  # fmt: skip
-        groups = ", ".join(f"{g['group_id']}: {format_bytes(g['bytes'])}"
-                           for g in op["snapshot_groups"])  # fmt: skip
+        rows = (
+            f"{op['state_rows']} rows (batch {op['rows_as_of_batch']})"
+            if op["state_rows"] is not None
+            else "rows unknown"
+        )
+        groups = ", ".join(
+            f"{g['group_id']}: {format_bytes(g['bytes'])}" for g in op["snapshot_groups"]
+        )
         size = format_bytes(op["bytes"])
-        lines.append(f"  operator {op['operator_id']}      {op['operator_name']}, "
-                     f"{op['partitions']} partitions, {size}, {rows}")  # fmt: skip
+        lines.append(
+            f"  operator {op['operator_id']}      {op['operator_name']}, "
+            f"{op['partitions']} partitions, {size}, {rows}"
+        )
         lines.append(f"    snapshot groups {groups or 'none'}")
     lines.append(f"  last cleanup    {describe_cleanup(s['last_cleanup'])}")
     unlisted = any(e.startswith("backups: ") for e in s["errors"])
-    lines.append("  backups         unknown (the error below)" if unlisted else
-                 "  backups         not listed (--no-backups)" if not s["backups_listed"] else
-                 f"  backups         {len(s['backups'])}" + "".join(
-        f"\n    {b['backup_id']}  batch {b['batch_id']}  {format_bytes(b['bytes'])}"
-        for b in s["backups"]))  # fmt: skip
+    lines.append(
+        "  backups         unknown (the error below)"
+        if unlisted
+        else "  backups         not listed (--no-backups)"
+        if not s["backups_listed"]
+        else f"  backups         {len(s['backups'])}"
+        + "".join(
+            f"\n    {b['backup_id']}  batch {b['batch_id']}  {format_bytes(b['bytes'])}"
+            for b in s["backups"]
+        )
+    )
     v = s["last_validation"]
-    lines.append("  last validation " + (
-        f"batch {v['batch_id']}: {'passed' if v['ok'] else 'FAILED'} "
-        + ", ".join(f"{k} {x['rows']} rows" for k, x in v["variables"].items())
-        + (f"; Data Docs {v['data_docs']}" if v["data_docs"] else "")
-        if v else "none"))  # fmt: skip
+    lines.append(
+        "  last validation "
+        + (
+            f"batch {v['batch_id']}: {'passed' if v['ok'] else 'FAILED'} "
+            + ", ".join(f"{k} {x['rows']} rows" for k, x in v["variables"].items())
+            + (f"; Data Docs {v['data_docs']}" if v["data_docs"] else "")
+            if v
+            else "none"
+        )
+    )
     lines.append("  lineage" + ("         none" if not s["lineage"] else ""))
-    lines += [f"    {r['time']}  {r['operation']:<10} {r['result']}  ({r['run_id']})"
-              for r in s["lineage"]]  # fmt: skip
+    lines += [
+        f"    {r['time']}  {r['operation']:<10} {r['result']}  ({r['run_id']})"
+        for r in s["lineage"]
+    ]
     lines += [f"  error: {e}" for e in s["errors"]]
     return "\n".join(lines)

@@ -38,9 +38,12 @@ def test_every_dag_imports_with_tags_and_retries(dagbag):
 # The registry's queries: two processors, two transforms (built-in operators' state).
 QUERIES = {"user_sessions", "page_visits", "page_counts", "idle_sessions"}
 MANUAL = [
-    "stream_bootstrap", "stream_restore", "stream_backfill", "stream_source_migration",
+    "stream_bootstrap",
+    "stream_restore",
+    "stream_backfill",
+    "stream_source_migration",
     "stream_repartition",
-]  # fmt: skip
+]
 
 
 def test_every_manual_form_has_titles_defaults_and_a_dry_run_and_takes_empty_optional_fields(
@@ -157,15 +160,27 @@ def test_stream_backfill_form_and_order(dagbag):
     params = dag.params
     assert params["dry_run"] is True and params["to_batch"] is None
     assert set(params.get_param("query").schema["enum"]) == QUERIES
-    order = ["plan", "not_a_dry_run", "approve", "rollback", "reprocess", "record", "report",
-             "verify_state", "validate_state"]  # fmt: skip
+    order = [
+        "plan",
+        "not_a_dry_run",
+        "approve",
+        "rollback",
+        "reprocess",
+        "record",
+        "report",
+        "verify_state",
+        "validate_state",
+    ]
     for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert len(dag.tasks) == len(order)
     _asks_approval(dag, "approve", "backfill")
     # The form refuses what the plan could not use.
-    for name, bad in [("to_batch", -1), ("input_before", "yesterday"),
-                      ("overrides", {"checkpoint": "elsewhere"})]:  # fmt: skip
+    for name, bad in [
+        ("to_batch", -1),
+        ("input_before", "yesterday"),
+        ("overrides", {"checkpoint": "elsewhere"}),
+    ]:
         with pytest.raises(ParamValidationError):
             params.get_param(name).resolve(bad)
     assert params.get_param("input_before").resolve("2026-11-21T03:00:00Z")
@@ -184,19 +199,33 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     # Processors with initial_state.from_export and the one-source transforms (by transplant).
     assert set(params.get_param("query").schema["enum"]) == QUERIES
     assert params.get_param("new_source_format").schema["enum"] == [
-        "auto", "json", "parquet", "csv"
-    ]  # fmt: skip
+        "auto",
+        "json",
+        "parquet",
+        "csv",
+    ]
     assert params["new_source_format"] == "auto"
-    for name, bad in [("new_source_path", ""), ("new_source_format", "kafka"),
-                      ("new_source_options", "maxFilesPerTrigger=1"),
-                      ("cutover", "yesterday"), ("carry_over", "copy")]:  # fmt: skip
+    for name, bad in [
+        ("new_source_path", ""),
+        ("new_source_format", "kafka"),
+        ("new_source_options", "maxFilesPerTrigger=1"),
+        ("cutover", "yesterday"),
+        ("carry_over", "copy"),
+    ]:
         with pytest.raises(ParamValidationError):
             params.get_param(name).resolve(bad)
     assert params["cutover"] == "drain" and params["carry_over"] == "auto"
     assert params.get_param("cutover").resolve("2026-11-21T03:00:00Z")
     assert params.get_param("carry_over").schema["enum"] == ["auto", "transplant", "initial_state"]
-    start = ["preflight", "not_a_dry_run", "approve_stop", "stop_query", "drain", "backup",
-             "carry_over"]  # fmt: skip
+    start = [
+        "preflight",
+        "not_a_dry_run",
+        "approve_stop",
+        "stop_query",
+        "drain",
+        "backup",
+        "carry_over",
+    ]
     roads = [["transplant", "first_batch"], ["export", "validate_export", "bootstrap"]]
     end = ["prove", "validate_new_state", "approve_switch", "switch", "migrated"]
     for road in roads:
@@ -243,8 +272,7 @@ def test_stream_repartition_form_and_order(dagbag):
     for bad in (0, -3, 10_001, "eight"):
         with pytest.raises(ParamValidationError):
             params.get_param("partitions").resolve(bad)
-    order = ["plan", "not_a_dry_run", "approve", "prepare", "repartition", "finish",
-             "verify_state"]  # fmt: skip
+    order = ["plan", "not_a_dry_run", "approve", "prepare", "repartition", "finish", "verify_state"]
     for upstream, downstream in itertools.pairwise(order):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     roll_back = dag.get_task("roll_back")

@@ -49,8 +49,10 @@ def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_a
     assert "the preflight failed before anything changed: nothing to roll back" in log
     states = _task_states(m.root)
     assert (states["preflight"], states["roll_back"], states["migrated"]) == (
-        "failed", "skipped", "upstream_failed"
-    ), states  # fmt: skip
+        "failed",
+        "skipped",
+        "upstream_failed",
+    ), states
     assert tree_digest(m.root / "checkpoints") == before and read_hold(lock) is None
 
     run, log = m.trigger(m.conf(), STATEOPS_FAIL_AFTER="drain")
@@ -59,8 +61,10 @@ def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_a
     assert "migration rolled back; the query runs on" in log, log[-5000:]
     states = _task_states(m.root)  # roll_back did its work; the run failed: migrated did not run
     assert (states["drain"], states["roll_back"], states["migrated"]) == (
-        "failed", "success", "upstream_failed"
-    ), states  # fmt: skip
+        "failed",
+        "success",
+        "upstream_failed",
+    ), states
     drained = assert_rolled_back(m, "drain", None)
     # The old query is still runnable: nothing new to read, so no batch and no change.
     run_in_session(spark, m.path, "page_visits")

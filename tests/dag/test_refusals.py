@@ -85,16 +85,18 @@ def test_the_backfill_plan_task_parses_the_time_for_real(registry, value):
         ("a-file/ckpt", "not a folder"),
     ],
 )
-def test_a_task_helper_fails_in_one_line_through_the_boundary(tmp_path, monkeypatch, checkpoint,
-                                                              says):  # fmt: skip
+def test_a_task_helper_fails_in_one_line_through_the_boundary(
+    tmp_path, monkeypatch, checkpoint, says
+):
     from airflow.sdk.exceptions import AirflowFailException
 
     from stateops_airflow.tasks import verify_state
 
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     (tmp_path / "a-file").write_text("not a checkpoint\n")
-    registry = write_registry(tmp_path / "data",
-                              page_visits={"checkpoint": str(tmp_path / checkpoint)})  # fmt: skip
+    registry = write_registry(
+        tmp_path / "data", page_visits={"checkpoint": str(tmp_path / checkpoint)}
+    )
     monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
     with pytest.raises(AirflowFailException) as failed:
         verify_state("page_visits")
@@ -117,17 +119,29 @@ def test_a_malformed_registry_fails_a_task_in_one_line_with_file_and_line(tmp_pa
 @pytest.mark.parametrize(
     ("job", "args", "says"),
     [
-        ("export_state.py", ["--checkpoint", "{tmp}/missing", "--out", "{tmp}/out"],
-         "no such directory"),
-        ("export_state.py", ["--checkpoint", "{tmp}/loop", "--out", "{tmp}/out"],
-         "symbolic link loop"),
+        (
+            "export_state.py",
+            ["--checkpoint", "{tmp}/missing", "--out", "{tmp}/out"],
+            "no such directory",
+        ),
+        (
+            "export_state.py",
+            ["--checkpoint", "{tmp}/loop", "--out", "{tmp}/out"],
+            "symbolic link loop",
+        ),
         ("validate_state.py", ["--query", "no_such_query"], "no_such_query"),
-        ("bootstrap_state.py", ["--query", "page_visits", "--initial-state", "{tmp}/missing"],
-         "no such initial state"),
-        ("run_query.py", ["--query", "page_visits", "--cutover", "2026-02-30T03:00:00Z"],
-         "cutover '2026-02-30T03:00:00Z' is not a real time"),
+        (
+            "bootstrap_state.py",
+            ["--query", "page_visits", "--initial-state", "{tmp}/missing"],
+            "no such initial state",
+        ),
+        (
+            "run_query.py",
+            ["--query", "page_visits", "--cutover", "2026-02-30T03:00:00Z"],
+            "cutover '2026-02-30T03:00:00Z' is not a real time",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_spark_operator_refuses_before_spark_submit(
     tmp_path, registry, job, args, says, no_jvm
 ):
@@ -136,8 +150,9 @@ def test_the_spark_operator_refuses_before_spark_submit(
     from stateops_airflow.tasks import spark_job_operator
 
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    operator = spark_job_operator("job", job, [a.format(tmp=tmp_path) for a in args],
-                                  registry=str(registry))  # fmt: skip
+    operator = spark_job_operator(
+        "job", job, [a.format(tmp=tmp_path) for a in args], registry=str(registry)
+    )
     # Were spark-submit reached, the stand-in java would record it, and the hook raise a plain
     # AirflowException (retried), not this one.
     with pytest.raises(AirflowFailException) as failed:

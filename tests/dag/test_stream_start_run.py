@@ -45,8 +45,12 @@ def _migrated_db() -> Path:
         env = {**os.environ, "AIRFLOW_HOME": str(home)}
         migrate = subprocess.run(
             ["bash", "-c", "source scripts/env.sh && exec airflow db migrate"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert migrate.returncode == 0, f"airflow db migrate failed:\n{migrate.stderr[-3000:]}"
         _MIGRATED.append(home / "airflow.db")
     return _MIGRATED[0]
@@ -139,8 +143,12 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spar
     registry = load_registry(path)
     land(tmp_path / "landing", round_=0, files=1)
     run_in_session(spark, path, "page_visits")  # user_sessions never ran: skipped
-    conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
-            "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
+    conn = {
+        "conn_type": "aws",
+        "login": S3_KEY,
+        "password": S3_SECRET,
+        "extra": {"endpoint_url": s3.endpoint},
+    }
     env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
     run = _airflow(tmp_path, "dags", "test", "stream_checkpoint_backup", env=env)
     log = run.stdout + run.stderr
@@ -163,15 +171,27 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spar
     # `stateops restore --backup latest` into the same folder gives the same bytes.
     by_dag = target.with_name("restored-by-dag")
     target.rename(by_dag)
-    cli = run_cli("--registry", str(path), "restore", "page_visits", "--backup", "latest",
-                  "--to", str(target), "--conn-id", "aws_default", env=env)  # fmt: skip
+    cli = run_cli(
+        "--registry",
+        str(path),
+        "restore",
+        "page_visits",
+        "--backup",
+        "latest",
+        "--to",
+        str(target),
+        "--conn-id",
+        "aws_default",
+        env=env,
+    )
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["backup_id"] == backups[0]["backup_id"]
     assert tree_digest(target) == tree_digest(by_dag)
     # ... and stream_repartition moves its state from 2 to 3 partitions, backing up first.
     conf = {"query": "page_visits", "partitions": 3, "dry_run": False}
-    run = _airflow(tmp_path, "dags", "test", "stream_repartition", "--conf", json.dumps(conf),
-                   env=env)  # fmt: skip
+    run = _airflow(
+        tmp_path, "dags", "test", "stream_repartition", "--conf", json.dumps(conf), env=env
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     cp = load_checkpoint(registry.query("page_visits").checkpoint)
     assert cp.last_committed_batch == last + 1 and cp.partitions(last + 1) == 3
@@ -219,8 +239,12 @@ def test_airflow_dags_test_stream_backfill_with_changed_logic(spark, tmp_path, s
     before = load_checkpoint(query.checkpoint)
     assert before.last_committed_batch == 4  # one landing file per batch
     sink = Path(query.sink.path)
-    conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
-            "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
+    conn = {
+        "conn_type": "aws",
+        "login": S3_KEY,
+        "password": S3_SECRET,
+        "extra": {"endpoint_url": s3.endpoint},
+    }
     env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
     overrides = {"processor": {"options": {"max_pages": 2}}}
 
@@ -278,8 +302,9 @@ def test_airflow_dags_test_stream_backfill_with_changed_logic(spark, tmp_path, s
     cutoff = load_checkpoint(cli_query.checkpoint).input_files(2)[0]["timestamp"] / 1000
     cli_when = datetime.fromtimestamp(cutoff, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     args = ["--input-before", cli_when, "--overrides", json.dumps(overrides)]
-    cli = run_cli("--registry", str(cli_path), "backfill", "page_visits", *args, env=s3.env(),
-                  timeout=600)  # fmt: skip
+    cli = run_cli(
+        "--registry", str(cli_path), "backfill", "page_visits", *args, env=s3.env(), timeout=600
+    )
     cli_log = cli.stdout + cli.stderr
     assert cli.returncode == 0, cli_log[-5000:]
     assert f"the last batch whose input is older than {cli_when}: 1" in cli_log

@@ -63,8 +63,14 @@ class Stack:
 
     def stop(self) -> subprocess.CompletedProcess:
         """`make airflow-stop`: the script's stop, from another shell."""
-        return subprocess.run(["scripts/airflow.sh", "stop"], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return subprocess.run(
+            ["scripts/airflow.sh", "stop"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
 
 def _request(url: str, method: str = "GET", body: dict | None = None, token: str = "") -> dict:
@@ -94,18 +100,23 @@ def _until(what: str, check, timeout: float, log) -> object:
 
 def _alive(sessions: set[int]) -> list[str]:
     """Processes of these sessions still alive (zombies waiting for a reaper are not)."""
-    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True,
-                         text=True).stdout  # fmt: skip
-    return [line.strip() for line in out.splitlines()
-            if int(line.split()[1]) in sessions and line.split()[2][0] != "Z"]  # fmt: skip
+    out = subprocess.run(
+        ["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True
+    ).stdout
+    return [
+        line.strip()
+        for line in out.splitlines()
+        if int(line.split()[1]) in sessions and line.split()[2][0] != "Z"
+    ]
 
 
 @pytest.fixture(scope="module")
 def stack(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("make-airflow")
     whole = uninterrupted(spark, tmp, "user_sessions")
-    ports = {name: free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI",
-                                               "S3")}  # fmt: skip
+    ports = {
+        name: free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI", "S3")
+    }
     s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
     # Approval as a migration asks by default: a second person answers (the tests below).
     migration = Migration(spark, tmp, "user_sessions", s3, approval="required")
@@ -120,19 +131,38 @@ def stack(spark, tmp_path_factory):
         "AWS_SECRET_ACCESS_KEY": S3_SECRET,
         **{f"STATEOPS_{name}_PORT": str(port) for name, port in ports.items()},
     }
-    for name in ("STATEOPS_S3_ENDPOINT_URL", "AIRFLOW_CONN_SPARK_DEFAULT",
-                 "AIRFLOW_CONN_AWS_DEFAULT"):  # fmt: skip
+    for name in (
+        "STATEOPS_S3_ENDPOINT_URL",
+        "AIRFLOW_CONN_SPARK_DEFAULT",
+        "AIRFLOW_CONN_AWS_DEFAULT",
+    ):
         env.pop(name, None)  # the script's own, as for a newcomer
     log = tmp / "make-airflow.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(["scripts/airflow.sh"], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    stack = Stack(f"http://127.0.0.1:{ports['AIRFLOW']}", env, proc, log,
-                  tmp / "_stateops" / "airflow", migration, whole)  # fmt: skip
+        proc = subprocess.Popen(
+            ["scripts/airflow.sh"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    stack = Stack(
+        f"http://127.0.0.1:{ports['AIRFLOW']}",
+        env,
+        proc,
+        log,
+        tmp / "_stateops" / "airflow",
+        migration,
+        whole,
+    )
     try:
-        _until("make airflow did not say it is ready",
-               lambda: proc.poll() is None and "stops everything" in stack.output(), 300,
-               stack.output)  # fmt: skip
+        _until(
+            "make airflow did not say it is ready",
+            lambda: proc.poll() is None and "stops everything" in stack.output(),
+            300,
+            stack.output,
+        )
         stack.pids = {p.stem: int(p.read_text()) for p in stack.run_dir.glob("*.pid")}
         yield stack
     finally:
@@ -154,10 +184,15 @@ def _browser(stack: Stack, name: str):
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync"],
-        )  # fmt: skip
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(30_000)
         try:
@@ -176,17 +211,23 @@ def test_the_stack_is_up_with_every_lifecycle_dag(stack):
     out = stack.output()
     assert f"Airflow UI    {stack.base}   (login: admin / {PASSWORD})" in out, out
     # The banner's CLI line is all another shell needs to reach this stack's S3 endpoint.
-    [cli] = [line.split("CLI", 1)[1].strip() for line in out.splitlines()
-             if line.startswith("  CLI ")]  # fmt: skip
-    clean = {k: v for k, v in stack.env.items()  # the shell that ran make airflow, less ours
-             if not k.startswith(("STATEOPS_", "AIRFLOW_CONN_"))}  # fmt: skip
+    [cli] = [
+        line.split("CLI", 1)[1].strip() for line in out.splitlines() if line.startswith("  CLI ")
+    ]
+    clean = {
+        k: v
+        for k, v in stack.env.items()  # the shell that ran make airflow, less ours
+        if not k.startswith(("STATEOPS_", "AIRFLOW_CONN_"))
+    }
     command = f"{cli}; stateops backups list user_sessions --json"
-    listed = subprocess.run(["bash", "-c", command], cwd=ROOT, env=clean, capture_output=True,
-                            text=True, timeout=60)  # fmt: skip
+    listed = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60
+    )
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
     token = stack.token()
-    dags = {d["dag_id"]: d for d in _request(f"{stack.base}/api/v2/dags?limit=100",
-                                             token=token)["dags"]}  # fmt: skip
+    dags = {
+        d["dag_id"]: d for d in _request(f"{stack.base}/api/v2/dags?limit=100", token=token)["dags"]
+    }
     lifecycle = sorted(p.stem for p in (ROOT / "dags").glob("stream_*.py"))
     assert sorted(d for d in dags if d.startswith("stream_")) == lifecycle
     assert sorted(d for d in lifecycle if not dags[d]["is_paused"]) == sorted(UNPAUSE.split())
@@ -210,9 +251,12 @@ def test_browser_fills_the_migration_form_and_sees_the_dry_run_succeed(stack):
         run_id = page.url.rsplit("/runs/", 1)[1]
         run_url = f"{stack.base}/api/v2/dags/{DAG}/dagRuns/{run_id}"
         token = stack.token()
-        state = _until("the dry run did not finish",
-                       lambda: (s := _request(run_url, token=token)["state"])
-                       in ("success", "failed") and s, 300, stack.output)  # fmt: skip
+        state = _until(
+            "the dry run did not finish",
+            lambda: (s := _request(run_url, token=token)["state"]) in ("success", "failed") and s,
+            300,
+            stack.output,
+        )
         run = _request(run_url, token=token)
         assert run["conf"]["query"] == "user_sessions" and run["conf"]["dry_run"] is True
         assert state == "success", run
@@ -227,8 +271,10 @@ def test_browser_fills_the_migration_form_and_sees_the_dry_run_succeed(stack):
     [plan] = [e for e in events if e.startswith("DRY RUN: nothing changed: migration of ")]
     assert events.index(plan) < events.index("::group::Post Execute"), events
     assert [line.split(":")[0] for line in plan.splitlines()[-3:]] == [
-        "  irreversible", "  backup", "  undo"
-    ], plan  # fmt: skip
+        "  irreversible",
+        "  backup",
+        "  undo",
+    ], plan
     [gate] = log.parent.parent.glob("task_id=not_a_dry_run/attempt=1.log")  # says why it skips
     assert "dry run: the plan above is all this run does" in gate.read_text()
     checkpoint = load_checkpoint(stack.migration.query().checkpoint)
@@ -237,22 +283,46 @@ def test_browser_fills_the_migration_form_and_sees_the_dry_run_succeed(stack):
 
 # Each kind of bad value the manual forms take: (DAG, conf, the start of the one line back).
 BAD_FORMS = [
-    ("stream_backfill", {"query": "user_sessions"},
-     "to_batch, input_before: give one of them, the last batch to keep or a time"),
-    ("stream_backfill", {"query": "user_sessions", "to_batch": 1, "input_before": "2026-01-01"},
-     "to_batch, input_before: give one of them"),
-    ("stream_backfill", {"query": "user_sessions", "input_before": "yesterday 3am"},
-     "input_before 'yesterday 3am' is not a time; write it like 2026-11-21T03:00:00Z"),
-    ("stream_backfill", {"query": "user_sessions", "to_batch": 999},
-     "to_batch: 999 is not a committed batch of user_sessions (committed and kept: "),
-    ("stream_backfill", {"query": "user_sessions", "to_batch": 1, "overrides": {"sink": {}}},
-     "overrides: sink cannot be changed by a backfill"),
-    ("stream_source_migration", {"query": "user_sessions", "new_source_path": "no/such/folder"},
-     "new_source_path: new source path "),
-    ("stream_source_migration", {"query": "user_sessions", "cutover": "yesterday 3am",
-                                 "new_source_path": "landing_v2/user_sessions"},
-     "cutover 'yesterday 3am' is not a time"),
-]  # fmt: skip
+    (
+        "stream_backfill",
+        {"query": "user_sessions"},
+        "to_batch, input_before: give one of them, the last batch to keep or a time",
+    ),
+    (
+        "stream_backfill",
+        {"query": "user_sessions", "to_batch": 1, "input_before": "2026-01-01"},
+        "to_batch, input_before: give one of them",
+    ),
+    (
+        "stream_backfill",
+        {"query": "user_sessions", "input_before": "yesterday 3am"},
+        "input_before 'yesterday 3am' is not a time; write it like 2026-11-21T03:00:00Z",
+    ),
+    (
+        "stream_backfill",
+        {"query": "user_sessions", "to_batch": 999},
+        "to_batch: 999 is not a committed batch of user_sessions (committed and kept: ",
+    ),
+    (
+        "stream_backfill",
+        {"query": "user_sessions", "to_batch": 1, "overrides": {"sink": {}}},
+        "overrides: sink cannot be changed by a backfill",
+    ),
+    (
+        "stream_source_migration",
+        {"query": "user_sessions", "new_source_path": "no/such/folder"},
+        "new_source_path: new source path ",
+    ),
+    (
+        "stream_source_migration",
+        {
+            "query": "user_sessions",
+            "cutover": "yesterday 3am",
+            "new_source_path": "landing_v2/user_sessions",
+        },
+        "cutover 'yesterday 3am' is not a time",
+    ),
+]
 
 
 def test_bad_form_values_are_refused_before_a_run_with_the_field_named(stack):
@@ -262,18 +332,26 @@ def test_bad_form_values_are_refused_before_a_run_with_the_field_named(stack):
     migration show the same line."""
     token, checkpoint = stack.token(), Path(stack.migration.query().checkpoint)
     before = tree_digest(checkpoint)
-    runs = {dag: _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", token=token)
-            ["total_entries"] for dag in ("stream_backfill", DAG)}  # fmt: skip
+    runs = {
+        dag: _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", token=token)["total_entries"]
+        for dag in ("stream_backfill", DAG)
+    }
     for dag, conf, start in BAD_FORMS:
         with pytest.raises(urllib.error.HTTPError) as refused:
-            _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", "POST",
-                     {"logical_date": None, "conf": conf}, token=token)  # fmt: skip
+            _request(
+                f"{stack.base}/api/v2/dags/{dag}/dagRuns",
+                "POST",
+                {"logical_date": None, "conf": conf},
+                token=token,
+            )
         detail = json.loads(refused.value.read())["detail"]
         assert refused.value.code == 400 and detail.startswith(start), (conf, detail)
         assert "\n" not in detail and "Failed validating" not in detail, detail
     for dag, count in runs.items():
-        assert _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", token=token)[
-            "total_entries"] == count, f"{dag}: a refused trigger created a run"  # fmt: skip
+        assert (
+            _request(f"{stack.base}/api/v2/dags/{dag}/dagRuns", token=token)["total_entries"]
+            == count
+        ), f"{dag}: a refused trigger created a run"
     with _browser(stack, "2-bad-forms") as page:
         for dag, field, value, start in [
             ("stream_backfill", "input_before", "yesterday 3am", BAD_FORMS[2][2]),
@@ -296,9 +374,14 @@ def test_bad_form_values_are_refused_before_a_run_with_the_field_named(stack):
 
 def _awaiting(stack: Stack, run_url: str, task: str, token: str) -> dict:
     """The approval request of ``task``, once the run waits for it."""
-    _until(f"{task} did not wait for an answer",
-           lambda: _request(f"{run_url}/taskInstances/{task}", token=token)["state"]
-           == "awaiting_input", 600, stack.output)  # fmt: skip
+    _until(
+        f"{task} did not wait for an answer",
+        lambda: (
+            _request(f"{run_url}/taskInstances/{task}", token=token)["state"] == "awaiting_input"
+        ),
+        600,
+        stack.output,
+    )
     # Airflow 3.3 fails a step answered before the scheduler has heard from the executor that
     # the parked process ended ("finished with state success, but the task instance's state
     # attribute is queued": Marking task as FAILED); on a loaded machine that took 5 s. A person
@@ -306,15 +389,22 @@ def _awaiting(stack: Stack, run_url: str, task: str, token: str) -> dict:
     run_id = run_url.rsplit("/", 1)[1]
     scheduler = stack.migration.root / "_stateops" / "airflow" / "airflow.log"
     heard = f"TaskInstance Finished: dag_id={DAG}, task_id={task}, run_id={run_id},"
-    _until(f"the scheduler did not hear that {task} was parked",
-           lambda: heard in scheduler.read_text(), 120, stack.output)  # fmt: skip
+    _until(
+        f"the scheduler did not hear that {task} was parked",
+        lambda: heard in scheduler.read_text(),
+        120,
+        stack.output,
+    )
     return _request(f"{run_url}/taskInstances/{task}/-1/hitlDetails", token=token)
 
 
 def _finished(stack: Stack, run_url: str, token: str) -> tuple[str, dict[str, str]]:
-    state = _until("the run did not finish",
-                   lambda: (s := _request(run_url, token=token)["state"])
-                   in ("success", "failed") and s, 900, stack.output)  # fmt: skip
+    state = _until(
+        "the run did not finish",
+        lambda: (s := _request(run_url, token=token)["state"]) in ("success", "failed") and s,
+        900,
+        stack.output,
+    )
     tasks = _request(f"{run_url}/taskInstances", token=token)["task_instances"]
     return state, {t["task_id"]: t["state"] for t in tasks}
 
@@ -327,8 +417,9 @@ def test_a_migration_rejected_over_rest_changes_nothing(stack):
     checkpoint = Path(m.query().checkpoint)
     before = tree_digest(checkpoint)
     dag_url = f"{stack.base}/api/v2/dags/{DAG}"
-    run = _request(f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()},
-                   token=token)  # fmt: skip
+    run = _request(
+        f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()}, token=token
+    )
     run_url = f"{dag_url}/dagRuns/{run['dag_run_id']}"
     asked = _awaiting(stack, run_url, "approve_stop", token)
     assert asked["options"] == ["Approve", "Reject"], asked
@@ -337,18 +428,28 @@ def test_a_migration_rejected_over_rest_changes_nothing(stack):
     assert "`PLAN: migration of user_sessions: json " in body, body
     backup = f"taken after the drain, to s3://backups/{m.root.name}/user_sessions"
     assert f"**Backup:** `{backup}`" in body and "- `undo: " in body, body
-    _request(f"{run_url}/taskInstances/approve_stop/-1/hitlDetails", "PATCH",
-             {"chosen_options": ["Reject"], "params_input": {}}, token=token)  # fmt: skip
+    _request(
+        f"{run_url}/taskInstances/approve_stop/-1/hitlDetails",
+        "PATCH",
+        {"chosen_options": ["Reject"], "params_input": {}},
+        token=token,
+    )
     state, states = _finished(stack, run_url, token)
     assert state == "failed", states
     assert (states["approve_stop"], states["stop_query"], states["roll_back"]) == (
-        "failed", "upstream_failed", "skipped"
-    ), states  # fmt: skip
+        "failed",
+        "upstream_failed",
+        "skipped",
+    ), states
     logs = Path(stack.env["AIRFLOW_HOME"]) / "logs"
     [log] = logs.rglob(f"run_id={run['dag_run_id']}/task_id=approve_stop/attempt=1.log")
     said = "the migration of user_sessions was rejected by admin: nothing changed"
-    _until("the approval step's log did not say why", lambda: said in log.read_text(), 60,
-           log.read_text)  # the resumed step's lines land after the run's end  # fmt: skip
+    _until(
+        "the approval step's log did not say why",
+        lambda: said in log.read_text(),
+        60,
+        log.read_text,
+    )  # the resumed step's lines land after the run's end
     assert tree_digest(checkpoint) == before, "a rejected migration changed the checkpoint"
     assert m.query().checkpoint == str(checkpoint), "the query did not move"
 
@@ -358,32 +459,50 @@ def test_rest_api_triggers_the_migration_approved_in_the_browser_and_it_succeeds
     UI's required actions; the migration then runs on the Spark cluster."""
     m, token = stack.migration, stack.token()
     dag_url = f"{stack.base}/api/v2/dags/{DAG}"
-    run = _request(f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()},
-                   token=token)  # fmt: skip
+    run = _request(
+        f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()}, token=token
+    )
     run_url = f"{dag_url}/dagRuns/{run['dag_run_id']}"
     with _browser(stack, "3-approvals") as page:
-        for gate, says in [("approve_stop", "stop it, drain its old source"),
-                           ("approve_switch", "its carried state proven")]:  # fmt: skip
+        for gate, says in [
+            ("approve_stop", "stop it, drain its old source"),
+            ("approve_switch", "its carried state proven"),
+        ]:
             asked = _awaiting(stack, run_url, gate, token)
             assert says in asked["subject"], asked
-            page.goto(f"{stack.base}/dags/{DAG}/runs/{run['dag_run_id']}/tasks/{gate}"
-                      "/required_actions")  # fmt: skip
+            page.goto(
+                f"{stack.base}/dags/{DAG}/runs/{run['dag_run_id']}/tasks/{gate}/required_actions"
+            )
             page.get_by_text(asked["subject"]).first.wait_for()
             page.screenshot(path=ARTIFACTS / f"3-{gate}.png")
             page.get_by_role("button", name="Approve").click()
-            _until(f"{gate} was not approved",
-                   lambda gate=gate: _request(f"{run_url}/taskInstances/{gate}", token=token)
-                   ["state"] == "success", 120, stack.output)  # fmt: skip
+            _until(
+                f"{gate} was not approved",
+                lambda gate=gate: (
+                    _request(f"{run_url}/taskInstances/{gate}", token=token)["state"] == "success"
+                ),
+                120,
+                stack.output,
+            )
     state, states = _finished(stack, run_url, token)
     assert state == "success", states
     assert states["roll_back"] == "skipped" and states["switch"] == "success", states
     assert states["transplant"] == "success" and states["bootstrap"] == "skipped", states
-    logs = "\n".join(p.read_text() for p in (Path(stack.env["AIRFLOW_HOME"]) / "logs")
-                     .rglob(f"run_id={run['dag_run_id']}/**/*.log"))  # fmt: skip
+    logs = "\n".join(
+        p.read_text()
+        for p in (Path(stack.env["AIRFLOW_HOME"]) / "logs").rglob(
+            f"run_id={run['dag_run_id']}/**/*.log"
+        )
+    )
     assert "spark://127.0.0.1:" in logs, "the Spark jobs ran on the standalone cluster"
     first_new = assert_migrated(spark, m, stack.whole, logs, "transplant")
-    carried = [r for b, rows in read_sink(Path(m.query().sink.path)).items() if b >= first_new
-               for r in rows if r[4].startswith("e0-")]  # fmt: skip
+    carried = [
+        r
+        for b, rows in read_sink(Path(m.query().sink.path)).items()
+        if b >= first_new
+        for r in rows
+        if r[4].startswith("e0-")
+    ]
     assert carried, "no session open at the cutover (round 0 events) closed on the new source"
 
 

@@ -138,8 +138,11 @@ class OperationReport:
         return sum(t.mode == "random" and not t.killed for t in self.trials)
 
     def failures(self) -> list[str]:
-        out = [f"{t.name} ({t.mode} {t.aim}, died at {t.hit}): {p}"
-               for t in self.trials for p in t.problems]  # fmt: skip
+        out = [
+            f"{t.name} ({t.mode} {t.aim}, died at {t.hit}): {p}"
+            for t in self.trials
+            for p in t.problems
+        ]
         if self.trials and not self.killed:
             out.append(f"none of the {len(self.trials)} trials was killed: nothing was proven")
         out += [
@@ -163,9 +166,14 @@ class _Run:
 
 
 def _run(
-    argv: list[str], env: dict[str, str], trace: Path, *,
-    kill_at: str | None = None, delay: float | None = None, from_first: bool = False,
-) -> _Run:  # fmt: skip
+    argv: list[str],
+    env: dict[str, str],
+    trace: Path,
+    *,
+    kill_at: str | None = None,
+    delay: float | None = None,
+    from_first: bool = False,
+) -> _Run:
     """``stateops ARGV``, traced; killed at point ``kill_at``, or ``delay`` seconds after its
     start (``from_first``: after it reached its first point)."""
     trace.unlink(missing_ok=True)
@@ -175,9 +183,12 @@ def _run(
         full["STATEOPS_KILL_AT"] = kill_at
     started = time.time()
     proc = subprocess.Popen(
-        [str(VENV_BIN / "stateops"), *argv], env=full, text=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [str(VENV_BIN / "stateops"), *argv],
+        env=full,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         if delay is not None and from_first:
             # Start and planning take longer, and vary more, than many operations' work: wait
@@ -375,9 +386,14 @@ def format_report(reports: list[OperationReport]) -> str:
             + (", ".join(chosen) or "-"),
             f"  at random moments ({sum(randoms.values())}, {r.finished_first} finished "
             "before the kill): "
-            + (", ".join(f"{hit} x{n}" for hit, n in sorted(randoms.items(), key=lambda kv:
-                                                              _order(kv[0]))) or "-"),
-        ]  # fmt: skip
+            + (
+                ", ".join(
+                    f"{hit} x{n}"
+                    for hit, n in sorted(randoms.items(), key=lambda kv: _order(kv[0]))
+                )
+                or "-"
+            ),
+        ]
         lines += [f"  FAILED {f}" for f in r.failures()]
     return "\n".join(lines)
 

@@ -89,8 +89,11 @@ def test_an_aimed_trial_whose_run_did_not_die_at_its_point_fails(
     aimed = [t for t in report.trials if t.mode == "point"]
     for trial in aimed:
         assert trial.hit != trial.aim and (died_at is None or trial.hit == died_at)
-        assert any(f.startswith(f"{trial.name} ") and f"aimed at {trial.aim}, but the run died "
-                   f"at {trial.hit}" in f for f in failures), failures  # fmt: skip
+        assert any(
+            f.startswith(f"{trial.name} ")
+            and f"aimed at {trial.aim}, but the run died at {trial.hit}" in f
+            for f in failures
+        ), failures
     if kills == "elsewhere":  # killed, at the wrong point
         assert report.killed == len(aimed)
     else:

@@ -110,8 +110,19 @@ def world(request, spark, s3, tmp_path_factory) -> World:
     (new_source / "landing" / "page_visits").mkdir(parents=True)
     for path in sorted(set(landing.iterdir()) - read):
         shutil.copy2(path, new_source / "landing" / "page_visits" / path.name)
-    world = World(case, ENTRIES[request.param], root, checkpoint, sink, last_committed(checkpoint),
-                  new_source, s3, spark, [], {})  # fmt: skip
+    world = World(
+        case,
+        ENTRIES[request.param],
+        root,
+        checkpoint,
+        sink,
+        last_committed(checkpoint),
+        new_source,
+        s3,
+        spark,
+        [],
+        {},
+    )
     # The control: the untouched checkpoint restarted on the new file.
     control = root / "control"
     _copy(world, control, sink=True)
@@ -151,8 +162,11 @@ def _differences(what: str, got: dict[str, str], want: dict[str, str]) -> list[s
     extra = sorted(set(got) - set(want))
     missing = sorted(set(want) - set(got))
     changed = sorted(k for k in set(got) & set(want) if got[k] != want[k])
-    parts = [f"{name} {items[:3]}" for name, items in
-             (("extra", extra), ("missing", missing), ("changed", changed)) if items]  # fmt: skip
+    parts = [
+        f"{name} {items[:3]}"
+        for name, items in (("extra", extra), ("missing", missing), ("changed", changed))
+        if items
+    ]
     return [f"{what} differs from the control's: " + "; ".join(parts)]
 
 
@@ -281,9 +295,15 @@ class Rollback(Operation):
     def command(self, ctx: tuple[Path, str]) -> tuple[list[str], dict[str, str]]:
         ck, url = ctx
         return [
-            "rollback", str(ck), "--to-batch", str(self.to_batch), "--backup-to", url,
-            "--sink", str(ck.with_name("sink")),
-        ], self.world.s3.env()  # fmt: skip
+            "rollback",
+            str(ck),
+            "--to-batch",
+            str(self.to_batch),
+            "--backup-to",
+            url,
+            "--sink",
+            str(ck.with_name("sink")),
+        ], self.world.s3.env()
 
     def capture(self, ctx: tuple[Path, str]) -> tuple[dict, dict, dict]:
         ck, _ = ctx
@@ -345,15 +365,17 @@ class Backup(Operation):
 
     def judge_killed(self, ctx: tuple[str, Path], expected: list[tuple]) -> list[str]:
         url, _ = ctx
-        unchanged = _differences("the backed-up checkpoint", tree_digest(self.checkpoint),
-                                 self.digest)  # fmt: skip
+        unchanged = _differences(
+            "the backed-up checkpoint", tree_digest(self.checkpoint), self.digest
+        )
         return unchanged + _backups_whole(self.world, url)
 
     def judge(self, ctx: tuple[str, Path], expected: list[tuple]) -> list[str]:
         url, restored = ctx
         client = self.world.s3.client()
-        problems = _differences("the backed-up checkpoint", tree_digest(self.checkpoint),
-                                self.digest)  # fmt: skip
+        problems = _differences(
+            "the backed-up checkpoint", tree_digest(self.checkpoint), self.digest
+        )
         problems += _backups_sound(self.world, url, self.world.last)
         newest = read_manifests(client, parse_s3_url(url))[-1]
         files = [(f["path"], f["size"], f["sha256"]) for f in newest["files"]]
@@ -401,8 +423,9 @@ class Restore(Operation):
         return ["the target is neither the old checkpoint nor the restored one"]
 
     def judge(self, ck: Path, expected: dict[str, str]) -> list[str]:
-        problems = _verified(ck) + _differences("the restored checkpoint", tree_digest(ck),
-                                                expected)  # fmt: skip
+        problems = _verified(ck) + _differences(
+            "the restored checkpoint", tree_digest(ck), expected
+        )
         cp, b = load_checkpoint(ck), self.backup
         if (cp.query_id, cp.last_committed_batch) != (b["query_id"], b["batch_id"]):
             problems.append(f"the target holds query {cp.query_id} batch {cp.last_committed_batch}")
@@ -435,9 +458,16 @@ class Transplant(Operation):
     def command(self, ctx: tuple[Path, Path, Path]) -> tuple[list[str], dict[str, str]]:
         old, new, registry = ctx
         return [
-            "--registry", str(registry), "transplant", str(old), str(new), "--query",
-            "page_visits", "--source-path", str(self.world.new_source / "landing/page_visits"),
-        ], {}  # fmt: skip
+            "--registry",
+            str(registry),
+            "transplant",
+            str(old),
+            str(new),
+            "--query",
+            "page_visits",
+            "--source-path",
+            str(self.world.new_source / "landing/page_visits"),
+        ], {}
 
     @staticmethod
     def _state_files(new: Path) -> dict[str, str]:
@@ -461,8 +491,9 @@ class Transplant(Operation):
         state_files, old_digest, siblings = expected
         if not new.is_dir():
             return [f"{new} does not exist"]
-        problems = _verified(new) + _differences("the new checkpoint", self._state_files(new),
-                                                 state_files)  # fmt: skip
+        problems = _verified(new) + _differences(
+            "the new checkpoint", self._state_files(new), state_files
+        )
         problems += _differences("the old checkpoint", tree_digest(old), old_digest)
         if _siblings(new) != siblings:
             problems.append(f"beside the new checkpoint: {_siblings(new)}, control {siblings}")

@@ -246,9 +246,9 @@ def summary_of(code: int, stdout: str) -> dict:
 
 def run_in_session(spark, registry: Path, name: str, *args: str) -> dict:
     """``run_query.py --registry REGISTRY --query NAME ARGS`` in the shared session: its summary."""
-    return summary_of(*job_in_session(
-        spark, "run_query.py", "--registry", str(registry), "--query", name, *args
-    ))  # fmt: skip
+    return summary_of(
+        *job_in_session(spark, "run_query.py", "--registry", str(registry), "--query", name, *args)
+    )
 
 
 PAGE_VISITS_READS = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
@@ -285,10 +285,13 @@ def fail_once(spark, query: Query, batch: int, timeout: float = 240) -> None:
             raise InjectedFailure(f"batch {batch_id} fails once, after its state and output")
 
     failing = (
-        query_frame(spark, query).writeStream.outputMode(query.output_mode)
-        .option("checkpointLocation", query.checkpoint).foreachBatch(fails_once)
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        query_frame(spark, query)
+        .writeStream.outputMode(query.output_mode)
+        .option("checkpointLocation", query.checkpoint)
+        .foreachBatch(fails_once)
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         failing.awaitTermination(timeout)
     except Exception as err:  # noqa: BLE001 - the query's failure, checked below
@@ -339,10 +342,14 @@ def state_and_output(spark, registry: Path, name: str) -> tuple:
     batch = last_committed(Path(query.checkpoint))
     reads = spark_state_reads(spark, query.checkpoint, batch)
     state = {
-        f"operator {op} {variable}": (kind, state_checksum(
-            spark.read.format("statestore").options(**options).load(str(query.checkpoint))))
+        f"operator {op} {variable}": (
+            kind,
+            state_checksum(
+                spark.read.format("statestore").options(**options).load(str(query.checkpoint))
+            ),
+        )
         for (op, variable), (kind, options) in sorted(reads.items())
-    }  # fmt: skip
+    }
     assert state, f"{name}: no state to compare"
     quiesce(spark)
     return batch, state, read_sink(Path(query.sink.path))
@@ -374,8 +381,10 @@ def spark_state_reads(
         for var in variables:  # transformWithState: its variables, its timers once
             name, kind = var["stateName"], var["stateVariableType"]
             if not name.startswith("$"):
-                reads[(op, name)] = (kind.removesuffix("State").lower(),
-                                     {**at, "stateVarName": name})  # fmt: skip
+                reads[(op, name)] = (
+                    kind.removesuffix("State").lower(),
+                    {**at, "stateVarName": name},
+                )
             elif kind == "TimerState":  # Spark's own families ($...): not by stateVarName
                 reads[(op, "timers")] = ("timers", {**at, "readRegisteredTimers": "true"})
             else:
@@ -417,8 +426,12 @@ EVENTS = {
 
 def _transform(function: str, **entry) -> dict:
     inputs = {"source": VIEWS} if "sources" not in entry else {}
-    return {**inputs, "transform": {"function": function, "output_mode": "append"},
-            "state_store": {"provider": "rocksdb"}, **entry}  # fmt: skip
+    return {
+        **inputs,
+        "transform": {"function": function, "output_mode": "append"},
+        "state_store": {"provider": "rocksdb"},
+        **entry,
+    }
 
 
 # The shapes beside registry.yaml's own queries (user_sessions, page_visits, page_counts on the

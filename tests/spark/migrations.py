@@ -60,10 +60,15 @@ class Migration:
     ) -> None:
         self.root, self.name = tmp_path, name
         self.path = write_registry(tmp_path, **{name: {"approval": approval, **entry}})
-        self.edit_registry(backups={"url": f"s3://backups/{tmp_path.name}",
-                                    "conn_id": "aws_default"})  # fmt: skip
-        conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET,
-                "extra": {"endpoint_url": s3.endpoint}}  # fmt: skip
+        self.edit_registry(
+            backups={"url": f"s3://backups/{tmp_path.name}", "conn_id": "aws_default"}
+        )
+        conn = {
+            "conn_type": "aws",
+            "login": S3_KEY,
+            "password": S3_SECRET,
+            "extra": {"endpoint_url": s3.endpoint},
+        }
         self.env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn)}
         self.s3 = s3
         land(tmp_path / "landing", round_=0, files=FILES)
@@ -75,8 +80,11 @@ class Migration:
         os.replace(last, held_back)  # arrives after the first run: the drain reads it
         run_in_session(spark, self.path, name)
         os.replace(held_back, last)
-        as_parquet(sorted((tmp_path / "round1" / landing.name).iterdir()),
-                    tmp_path / "landing_v2" / name, query.source.schema_)  # fmt: skip
+        as_parquet(
+            sorted((tmp_path / "round1" / landing.name).iterdir()),
+            tmp_path / "landing_v2" / name,
+            query.source.schema_,
+        )
 
     def edit_registry(self, **top_level) -> None:
         raw = yaml.safe_load(self.path.read_text())
@@ -101,8 +109,15 @@ class Migration:
         """``airflow dags test stream_source_migration --conf CONF``: (run, its log)."""
         from tests.dag.test_stream_start_run import _airflow
 
-        run = _airflow(self.root, "dags", "test", "stream_source_migration", "--conf",
-                       json.dumps(conf), env={**self.env, **env})  # fmt: skip
+        run = _airflow(
+            self.root,
+            "dags",
+            "test",
+            "stream_source_migration",
+            "--conf",
+            json.dumps(conf),
+            env={**self.env, **env},
+        )
         return run, run.stdout + run.stderr
 
 
@@ -127,8 +142,10 @@ def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
     reads = READS.get(name) or [
         options for _, options in spark_state_reads(spark, checkpoint, batch).values()
     ]
-    return [sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
-            for rows in read_state(spark, checkpoint, reads)]  # fmt: skip
+    return [
+        sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
+        for rows in read_state(spark, checkpoint, reads)
+    ]
 
 
 def assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=None) -> int:
@@ -174,11 +191,20 @@ def assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=No
 # after ROTATING of the other nine, chosen by the session's fault seed (STATEOPS_FAULT_SEED, set
 # once per session and printed at its end with the steps it chose): successive runs cover them
 # all, and a seed replays its choice. STATEOPS_ALL_FAULTS=1: every step.
-STEPS = [("stop_query", "auto"), ("drain", "auto"), ("backup", "auto"),
-         ("carry_over", "auto"), ("transplant", "auto"), ("first_batch", "auto"),
-         ("export", "initial_state"), ("validate_export", "initial_state"),
-         ("bootstrap", "initial_state"), ("prove", "auto"), ("validate_new_state", "auto"),
-         ("switch", "auto")]  # fmt: skip
+STEPS = [
+    ("stop_query", "auto"),
+    ("drain", "auto"),
+    ("backup", "auto"),
+    ("carry_over", "auto"),
+    ("transplant", "auto"),
+    ("first_batch", "auto"),
+    ("export", "initial_state"),
+    ("validate_export", "initial_state"),
+    ("bootstrap", "initial_state"),
+    ("prove", "auto"),
+    ("validate_new_state", "auto"),
+    ("switch", "auto"),
+]
 ALWAYS = ("drain", "bootstrap", "switch")
 ROTATING = 2
 

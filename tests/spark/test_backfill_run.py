@@ -55,9 +55,14 @@ def test_a_rollback_is_refused_when_the_checkpoint_moved_on_since_its_plan(spark
 
     # Issue 40: a dry run with overrides writes nothing (it wrote the reprocessing's registry).
     everything = sorted(tmp_path.rglob("*"))
-    dry = plan_backfill(target, "r2", to_batch=1, dry_run=True,
-                        overrides={"expectations": {"row_change_factor": 5.0}},
-                        log=lines.append)  # fmt: skip
+    dry = plan_backfill(
+        target,
+        "r2",
+        to_batch=1,
+        dry_run=True,
+        overrides={"expectations": {"row_change_factor": 5.0}},
+        log=lines.append,
+    )
     assert dry["changes"] == ["expectations.row_change_factor: 10.0 -> 5.0"]
     assert sorted(tmp_path.rglob("*")) == everything
 
@@ -88,11 +93,15 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     ckpt = Path(query.checkpoint)
     assert load_checkpoint(ckpt).last_committed_batch == 3
 
-    killed = subprocess.run([sys.executable, "-c", KILLED, str(path)], capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED, str(path)], capture_output=True, text=True, timeout=300
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    steps = [(r["result"], r["run_id"], r["batch_before"], r["batch_after"], r["backup_id"])
-             for r in read_audit(ckpt) if r["operation"] == "backfill"]  # fmt: skip
+    steps = [
+        (r["result"], r["run_id"], r["batch_before"], r["batch_after"], r["backup_id"])
+        for r in read_audit(ckpt)
+        if r["operation"] == "backfill"
+    ]
     assert steps == [("rolled back", "backfill-k", 3, 1, "b-1")]
     status = query_status(registry, "page_visits")
     lineage = [(r["operation"], r["result"]) for r in status["lineage"]]
@@ -156,8 +165,12 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
         "cause, then stateops run page_visits reprocesses from there"
     )
     record = read_audit(ckpt)[-1]
-    assert (record["operation"], record["result"], record["batch_before"],
-            record["batch_after"]) == ("backfill", "failed", 3, 2)  # fmt: skip
+    assert (
+        record["operation"],
+        record["result"],
+        record["batch_before"],
+        record["batch_after"],
+    ) == ("backfill", "failed", 3, 2)
     assert query_status(registry, "page_visits")["health"]["reasons"][0].startswith(
         "backfill run backfill-f did not finish (failed: run_query.py exited with code 1"
     )

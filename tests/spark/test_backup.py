@@ -80,8 +80,10 @@ def test_backups_are_incremental_and_restore_verified(spark, s3, checkpoint, tmp
     print(f"incremental backup: {third['uploaded']} of {third['bytes']} bytes")
 
     assert [b["backup_id"] for b in list_backups(to, client)] == [
-        first["backup_id"], again["backup_id"], third["backup_id"]
-    ]  # fmt: skip
+        first["backup_id"],
+        again["backup_id"],
+        third["backup_id"],
+    ]
     assert verify_backup(f"{to}/{third['backup_id']}", client)["ok"]
 
     # Restore the first backup while the original moved on: batch and files as backed up.
@@ -133,10 +135,16 @@ def test_a_corrupted_object_is_named_and_restore_changes_nothing(s3, checkpoint,
 
 def test_manifest_paths_that_escape_the_target_are_refused(s3, tmp_path):
     client = s3.client()
-    manifest = {"format": "stateops-backup/1", "backup_id": "b-000001-evil", "batch_id": 1,
-                "query_id": "x", "created_at": "2026-01-01T00:00:00+00:00", "bytes": 1,
-                "source": "/elsewhere", "files": [{"path": "../outside", "size": 1,
-                                                   "sha256": "0" * 64}]}  # fmt: skip
+    manifest = {
+        "format": "stateops-backup/1",
+        "backup_id": "b-000001-evil",
+        "batch_id": 1,
+        "query_id": "x",
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "bytes": 1,
+        "source": "/elsewhere",
+        "files": [{"path": "../outside", "size": 1, "sha256": "0" * 64}],
+    }
     client.put_object(
         Bucket="backups", Key="evil/manifests/b-000001-evil.json", Body=json.dumps(manifest)
     )
@@ -287,8 +295,11 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     raw = yaml.safe_load(registry.read_text())
     registry.write_text(yaml.safe_dump(raw | {"backups": {"url": url}}, sort_keys=False))
     # By the query's name, to the registry's backups.url/<query>.
-    taken = json.loads(run_cli("--registry", str(registry), "backup", "page_visits",
-                               env=s3.env(), check=True).stdout)  # fmt: skip
+    taken = json.loads(
+        run_cli(
+            "--registry", str(registry), "backup", "page_visits", env=s3.env(), check=True
+        ).stdout
+    )
     before = tree_digest(ckpt)
     cli = ("--registry", str(registry), "status", "page_visits")
 
@@ -304,7 +315,7 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     [model] = checkpoint_report(cp, k)["operators"]
     assert [g["group_id"] for g in op["snapshot_groups"]] == [
         g["group_id"] for g in model["snapshot_groups"]
-    ], op["snapshot_groups"]  # fmt: skip (several groups: tests/e2e/test_airflow.py)
+    ], op["snapshot_groups"]  # several groups: tests/e2e/test_airflow.py
     assert [(b["backup_id"], b["batch_id"]) for b in status["backups"]] == [
         (taken["backup_id"], taken["batch_id"])
     ]
@@ -313,8 +324,16 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
 
     text = run_cli(*cli, env=s3.env(), check=True).stdout
     assert f"last committed  batch {cp.last_committed_batch} at " in text, text
-    listed = run_cli("--registry", str(registry), "backups", "list", "page_visits", "--json",
-                     env=s3.env(), check=True).stdout  # fmt: skip
+    listed = run_cli(
+        "--registry",
+        str(registry),
+        "backups",
+        "list",
+        "page_visits",
+        "--json",
+        env=s3.env(),
+        check=True,
+    ).stdout
     assert [b["backup_id"] for b in json.loads(listed)] == [taken["backup_id"]], "by its name"
     assert f"{taken['backup_id']}  batch {taken['batch_id']}" in text, text
 
@@ -338,8 +357,10 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     os.utime(waiting, (two_hours_ago, two_hours_ago))
     warned = run_cli(*cli, "--no-backups")
     assert warned.returncode == 0 and warned.stdout.startswith("page_visits: WARN "), warned
-    assert ("  WARN            1 input file of source landed and not read, the oldest 2 h "
-            "ago (allowed: 60 min)") in warned.stdout  # fmt: skip
+    assert (
+        "  WARN            1 input file of source landed and not read, the oldest 2 h "
+        "ago (allowed: 60 min)"
+    ) in warned.stdout
     # An interrupted rollback: the query refuses to start: FAIL, exit 1.
     marker = rollback_marker(ckpt)
     marker.write_text(json.dumps({"to_batch": 0, "run_id": "r-test", "backup_id": None}))
@@ -410,7 +431,8 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
         case ("inspect",):
             [op] = doc["operators"]
             got = _pick(doc, "checkpoint", "query_id", "last_committed_batch") + _pick(
-                op, "provider", "num_partitions")  # fmt: skip
+                op, "provider", "num_partitions"
+            )
             want = ckpt, qid, last, "rocksdb", 2
         case ("verify",):
             got = doc["checkpoint"], doc["ok"], doc["errors"], doc["last_committed_batch"]
@@ -425,7 +447,9 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
             want = qid, last, "rocksdb", True
         case ("restore",):
             got = _pick(doc, "url", "target", "target_contents", "replace") + (
-                doc["backup"]["batch_id"], os.listdir(values["FOLDER"]))  # fmt: skip
+                doc["backup"]["batch_id"],
+                os.listdir(values["FOLDER"]),
+            )
             want = values["URL"], values["FOLDER"], "none", False, last, []
         case ("backups", "list"):
             got = ([(b["backup_id"], b["batch_id"], b["query_id"]) for b in doc],)
@@ -444,7 +468,9 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
             files = set(doc["files"]["after-rollback-point"])
             later = {f"commits/{last}", f"offsets/{last}"} <= files
             got = _pick(doc, "checkpoint", "last_committed_batch", "to_batch", "backup_to") + (
-                later, sorted(doc["sink"]["folders"]))  # fmt: skip
+                later,
+                sorted(doc["sink"]["folders"]),
+            )
             want = ckpt, last, 0, location, True, [f"batch_id={b}" for b in range(1, last + 1)]
         case ("repartition",):
             got = _pick(doc, "checkpoint", "partitions_before", "partitions", "batch", "backup_to")
@@ -455,18 +481,26 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
         case ("bootstrap",):
             new = cp.root.with_name("page_visits_new")
             got = out.splitlines()[:2]
-            want = [f"DRY RUN: nothing changed: bootstrap of page_visits_new into {new}",
-                    f"  transplant the state files of {ckpt}, then start page_visits_new on json "
-                    f"{cp.root.parent.parent / 'landing' / 'page_visits'}"]  # fmt: skip
+            want = [
+                f"DRY RUN: nothing changed: bootstrap of page_visits_new into {new}",
+                f"  transplant the state files of {ckpt}, then start page_visits_new on json "
+                f"{cp.root.parent.parent / 'landing' / 'page_visits'}",
+            ]
         case ("transplant",):
             got = _pick(doc, "old", "new", "batch", "old_query_id", "dry_run") + (
-                os.path.exists(argv[2]),)  # fmt: skip
+                os.path.exists(argv[2]),
+            )
             want = ckpt, argv[2], last, qid, True, False
         case ("migrate",):
-            got = _pick(doc, "query", "backup_to") + _pick(
-                doc["old"], "checkpoint", "last_committed_batch") + (
-                doc["new"]["source"]["path"], doc["new"]["checkpoint"],
-                doc["carry_over"]["road"])  # fmt: skip
+            got = (
+                _pick(doc, "query", "backup_to")
+                + _pick(doc["old"], "checkpoint", "last_committed_batch")
+                + (
+                    doc["new"]["source"]["path"],
+                    doc["new"]["checkpoint"],
+                    doc["carry_over"]["road"],
+                )
+            )
             want = "page_visits", location, ckpt, last, argv[3], f"{ckpt}.v2", "transplant"
         case ("queries",):
             got = ([q["name"] for q in doc["queries"]],)
@@ -474,7 +508,8 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
         case ("status",):
             [status] = doc
             got = _pick(status, "query", "checkpoint", "last_committed_batch") + (
-                [b["backup_id"] for b in status["backups"]],)  # fmt: skip
+                [b["backup_id"] for b in status["backups"]],
+            )
             want = "page_visits", ckpt, last, [backup_id]
         case ("stop",):
             marker = out.removeprefix("stop requested: ").split(" (")[0]
@@ -502,8 +537,11 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
     it. The checkpoint is byte-identical after."""
     registry, ckpt = checkpoint
     raw = yaml.safe_load(registry.read_text())
-    fresh = dict(raw["queries"]["page_visits"], checkpoint="checkpoints/page_visits_new",
-                 sink={"format": "parquet", "path": "output/page_visits_new"})  # fmt: skip
+    fresh = dict(
+        raw["queries"]["page_visits"],
+        checkpoint="checkpoints/page_visits_new",
+        sink={"format": "parquet", "path": "output/page_visits_new"},
+    )
     raw["queries"]["page_visits_new"] = fresh  # an empty checkpoint to bootstrap
     raw["backups"] = {"url": "s3://backups/walk"}
     walk_registry = tmp_path / "registry.yaml"
@@ -522,8 +560,9 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
     walked = []
     walked_ckpt = load_checkpoint(ckpt)
     for row in cli_table():
-        argv = _walk_argv(row, "page_visits_new" if row.words[0] == "bootstrap" else
-                          "page_visits", values)  # fmt: skip
+        argv = _walk_argv(
+            row, "page_visits_new" if row.words[0] == "bootstrap" else "page_visits", values
+        )
         if row.words[0] == "repartition":
             argv[argv.index("0")] = "3"
         if row.words[0] == "transplant":
@@ -542,8 +581,10 @@ def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, c
                 plan = (err if row.json != "-" else out).splitlines()
                 assert plan[0].startswith("DRY RUN: nothing changed: "), (argv, plan)
                 assert [line.split(":")[0] for line in plan[-3:]] == [
-                    "  irreversible", "  backup", "  undo"
-                ], (argv, plan)  # fmt: skip
+                    "  irreversible",
+                    "  backup",
+                    "  undo",
+                ], (argv, plan)
             walked.append(row.command)
             if row.command == ("cleanup",):  # the backup taken above, by its id (issue 40)
                 assert f"stateops restore {values['URL']} --to {ckpt} --replace" in err, err

@@ -46,9 +46,15 @@ def _write_json(path: Path, rows: list[dict]) -> Path:
 
 def _bootstrap(registry: Path, initial: Path, *extra: str):
     proc = spark_job(
-        "bootstrap_state.py", "--registry", str(registry), "--query", "page_visits",
-        "--initial-state", str(initial), *extra,
-    )  # fmt: skip
+        "bootstrap_state.py",
+        "--registry",
+        str(registry),
+        "--query",
+        "page_visits",
+        "--initial-state",
+        str(initial),
+        *extra,
+    )
     return proc, proc.stdout + proc.stderr  # spark-submit passes the driver's stderr on stdout
 
 
@@ -86,8 +92,11 @@ def test_bootstrap_equals_initial_state_plus_batch_0(spark, tmp_path):
     expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
     assert _counts(spark, reg.query("page_visits").checkpoint) == dict(expected)
     pages = spark.read.format("statestore").option("stateVarName", "pages")
-    u1 = [r.list_element.page for r in pages.load(reg.query("page_visits").checkpoint).collect()
-          if r.key.user_id == "u00001"]  # fmt: skip
+    u1 = [
+        r.list_element.page
+        for r in pages.load(reg.query("page_visits").checkpoint).collect()
+        if r.key.user_id == "u00001"
+    ]
     assert u1[:2] == ["home", "cart"], "the initial pages come first, in visit order"
     audit = run_cli("--registry", str(registry), "audit", "page_visits", "--json", check=True)
     record = json.loads(audit.stdout.splitlines()[-1])
@@ -149,8 +158,9 @@ def test_bootstrap_from_a_state_export(spark, tmp_path):
     run_in_session(spark, old, "page_visits")
     old_ckpt = load_registry(old).query("page_visits").checkpoint
     export = tmp_path / "export"
-    code, out = job_in_session(spark, "export_state.py", "--checkpoint", old_ckpt,
-                               "--out", str(export))  # fmt: skip
+    code, out = job_in_session(
+        spark, "export_state.py", "--checkpoint", old_ckpt, "--out", str(export)
+    )
     assert code == 0, out
     new = write_registry(tmp_path / "new")
     land(tmp_path / "new" / "landing", round_=1, files=1)
@@ -163,13 +173,28 @@ def test_bootstrap_from_a_state_export(spark, tmp_path):
 def test_dry_run_and_queries_without_initial_state(tmp_path):
     registry = write_registry(tmp_path)
     initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
-    proc = run_cli("--registry", str(registry), "bootstrap", "page_visits",
-                   "--initial-state", str(initial), "--dry-run", check=True)  # fmt: skip
+    proc = run_cli(
+        "--registry",
+        str(registry),
+        "bootstrap",
+        "page_visits",
+        "--initial-state",
+        str(initial),
+        "--dry-run",
+        check=True,
+    )
     assert "DRY RUN: nothing changed: bootstrap of " in proc.stdout and "(json)" in proc.stdout
     assert not (tmp_path / "checkpoints").exists()
     registry = write_registry(tmp_path / "other", user_sessions={"initial_state": None})
-    proc = run_cli("--registry", str(registry), "bootstrap", "user_sessions",
-                   "--initial-state", str(initial), "--dry-run")  # fmt: skip
+    proc = run_cli(
+        "--registry",
+        str(registry),
+        "bootstrap",
+        "user_sessions",
+        "--initial-state",
+        str(initial),
+        "--dry-run",
+    )
     assert proc.returncode == 2 and "no initial_state in the registry" in proc.stderr
 
 
@@ -177,8 +202,16 @@ def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
     initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
-    boot = job_in_session(spark, "bootstrap_state.py", "--registry", str(registry),
-                          "--query", "page_visits", "--initial-state", str(initial))  # fmt: skip
+    boot = job_in_session(
+        spark,
+        "bootstrap_state.py",
+        "--registry",
+        str(registry),
+        "--query",
+        "page_visits",
+        "--initial-state",
+        str(initial),
+    )
     assert summary_of(*boot)["proof"]["ok"]
     query = load_registry(registry).query("page_visits")
     ckpt = Path(query.checkpoint)
@@ -293,10 +326,18 @@ def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_aga
     new = write_registry(tmp_path / "new", page_visits={"shuffle_partitions": 3})
     land(tmp_path / "new" / "landing", round_=1, files=1)
     checkpoint = Path(load_registry(new).query("page_visits").checkpoint)
-    args = job_command("bootstrap_state.py", "--registry", str(new), "--query", "page_visits",
-                       "--initial-state", old_checkpoint)  # fmt: skip
-    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    args = job_command(
+        "bootstrap_state.py",
+        "--registry",
+        str(new),
+        "--query",
+        "page_visits",
+        "--initial-state",
+        old_checkpoint,
+    )
+    proc = subprocess.Popen(
+        args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     kill_when(proc, checkpoint / "offsets" / str(last + 1))
     assert proc.returncode == -signal.SIGKILL
     cp = load_checkpoint(checkpoint)

@@ -55,8 +55,12 @@ def _all_rows(sink) -> Counter:
 def _add_late_event(path: Path) -> None:
     """One event long before the old query's watermark, the file's mtime kept."""
     mtime = path.stat().st_mtime
-    event = {"user_id": "u00001", "data": "late", "is_last": False,
-             "event_time": "2026-01-01T00:00:00Z"}  # fmt: skip
+    event = {
+        "user_id": "u00001",
+        "data": "late",
+        "is_last": False,
+        "event_time": "2026-01-01T00:00:00Z",
+    }
     with open(path, "a") as out:
         out.write(json.dumps(event) + "\n")
     os.utime(path, (mtime, mtime))
@@ -64,8 +68,9 @@ def _add_late_event(path: Path) -> None:
 
 # Each road gets a late event the old watermark drops, which its proof must drop too
 # (tests/spark/test_initial_state_road.py: late events in the first two batches, and a cutover).
-@pytest.mark.parametrize("road, timeout", [("initial_state", 1800), ("initial_state", 300),
-                                           ("transplant", 300)])  # fmt: skip
+@pytest.mark.parametrize(
+    "road, timeout", [("initial_state", 1800), ("initial_state", 300), ("transplant", 300)]
+)
 def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
     spark, tmp_path, road, timeout
 ):
@@ -95,19 +100,36 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
 
     if road == "initial_state":
         export = tmp_path / "export"
-        assert run_cli("--registry", str(old), "export", "user_sessions", "--out", str(export),
-                       check=True)  # fmt: skip
+        assert run_cli(
+            "--registry", str(old), "export", "user_sessions", "--out", str(export), check=True
+        )
         manifest = json.loads((export / "manifest.json").read_text())
         open_at_cutover = next(e["rows"] for e in manifest["entries"] if e["variable"] == "events")
         assert open_at_cutover > 0, "no session was open at the cutover: nothing is carried over"
-        boot = summary_of(*job_in_session(spark, "bootstrap_state.py", "--registry", str(new),
-                                          "--query", "user_sessions", "--initial-state",
-                                          str(export)))  # fmt: skip
+        boot = summary_of(
+            *job_in_session(
+                spark,
+                "bootstrap_state.py",
+                "--registry",
+                str(new),
+                "--query",
+                "user_sessions",
+                "--initial-state",
+                str(export),
+            )
+        )
         assert boot["bootstrap"] == "complete" and boot["proof"]["ok"], boot["proof"]
         run_in_session(spark, new, "user_sessions")  # the rest of the new source
     else:
-        cli = ["--registry", str(new), "transplant", str(old_checkpoint), new_checkpoint,
-               "--query", "user_sessions"]  # fmt: skip
+        cli = [
+            "--registry",
+            str(new),
+            "transplant",
+            str(old_checkpoint),
+            new_checkpoint,
+            "--query",
+            "user_sessions",
+        ]
         dry = _ok(run_cli(*cli, "--dry-run"))
         assert dry["dry_run"] and dry["batch"] == last and not Path(new_checkpoint).exists()
         done = _ok(run_cli(*cli))
@@ -120,8 +142,10 @@ def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
         assert run["first_batch_id"] == last + 1 and run["proof"]["ok"], run["proof"]
     assert tree_digest(old_checkpoint) == before, "carrying the state over changed the old one"
 
-    queries = {name: load_registry(reg).query("user_sessions") for name, reg in
-               (("whole", whole), ("old", old), ("new", new))}  # fmt: skip
+    queries = {
+        name: load_registry(reg).query("user_sessions")
+        for name, reg in (("whole", whole), ("old", old), ("new", new))
+    }
     assert read_state(spark, queries["new"].checkpoint, READS) == read_state(
         spark, queries["whole"].checkpoint, READS
     ), "state (open sessions and their timers) differs from the query that kept running"

@@ -40,15 +40,28 @@ def _live(spark, checkpoint: Path, batch: int, **options: str) -> tuple[int, str
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("user_sessions-rocksdb", {"timers": {"readRegisteredTimers": "true"},
-                                   "events": {"stateVarName": "events"}}),
-        ("page_visits-rocksdb", {"pages": {"stateVarName": "pages"},
-                                 "count": {"stateVarName": "count"}}),
-        ("join-hdfs", {s: {"storeName": s} for s in (
-            "left-keyToNumValues", "left-keyWithIndexToValue",
-            "right-keyToNumValues", "right-keyWithIndexToValue")}),
+        (
+            "user_sessions-rocksdb",
+            {"timers": {"readRegisteredTimers": "true"}, "events": {"stateVarName": "events"}},
+        ),
+        (
+            "page_visits-rocksdb",
+            {"pages": {"stateVarName": "pages"}, "count": {"stateVarName": "count"}},
+        ),
+        (
+            "join-hdfs",
+            {
+                s: {"storeName": s}
+                for s in (
+                    "left-keyToNumValues",
+                    "left-keyWithIndexToValue",
+                    "right-keyToNumValues",
+                    "right-keyWithIndexToValue",
+                )
+            },
+        ),
     ],
-)  # fmt: skip
+)
 def test_every_variable_is_exported_with_the_live_state_counts_and_checksums(
     spark, written, tmp_path, name, expected
 ):
@@ -118,8 +131,10 @@ def test_an_earlier_batch_is_a_different_state(spark, written, tmp_path):
     last = export_state(spark, ckpt, tmp_path / "last")
     earlier = export_state(spark, ckpt, tmp_path / "earlier", batch=last["batch_id"] - 1)
     assert earlier["batch_id"] == last["batch_id"] - 1
-    count = {m["batch_id"]: next(e for e in m["entries"] if e["variable"] == "count")
-             for m in (last, earlier)}  # fmt: skip
+    count = {
+        m["batch_id"]: next(e for e in m["entries"] if e["variable"] == "count")
+        for m in (last, earlier)
+    }
     assert count[last["batch_id"]]["checksum"] != count[earlier["batch_id"]]["checksum"]
 
 
@@ -141,8 +156,14 @@ def test_cli_export_through_spark_submit(written, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {e["variable"] for e in summary["entries"]} == {"timers", "events"}
-    bad = run_cli("export", str(written["user_sessions-rocksdb"]), "--out", str(tmp_path / "f"),
-                  "--batch", "99")  # fmt: skip
+    bad = run_cli(
+        "export",
+        str(written["user_sessions-rocksdb"]),
+        "--out",
+        str(tmp_path / "f"),
+        "--batch",
+        "99",
+    )
     assert (
         bad.returncode == 2 and bad.stderr.startswith("error: ") and not (tmp_path / "f").exists()
     )

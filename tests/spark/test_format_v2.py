@@ -46,8 +46,7 @@ def v2(spark, s3, tmp_path_factory):
     root = tmp_path_factory.mktemp("format-v2")
     land(root / "landing", round_=0, files=6)
     V2.run(spark, root, root / "checkpoints" / QUERY, root / "output" / QUERY)
-    registry = write_registry(root, page_visits={"state_store": V2_STATE_STORE,
-                                                 "approval": "none"})  # fmt: skip
+    registry = write_registry(root, page_visits={"state_store": V2_STATE_STORE, "approval": "none"})
     return registry
 
 
@@ -59,8 +58,9 @@ def test_spark_wrote_format_v2_and_inspect_says_so(spark, v2):
     # files named <version>_<id>.
     assert all(c.get("stateUniqueIds") for c in cp.commits.values()), cp.commits
     state_files = [p.name for p in (checkpoint / "state").rglob("*.changelog")]
-    assert state_files and all(re.fullmatch(r"\d+_[0-9a-f-]{36}\.changelog", n)
-                               for n in state_files), state_files  # fmt: skip
+    assert state_files and all(
+        re.fullmatch(r"\d+_[0-9a-f-]{36}\.changelog", n) for n in state_files
+    ), state_files
     assert cp.format_version == 2
     # The batch that failed once left a second file set of its state version in each store,
     # an id no commit names: the attempt the commit names is the one a restart loads.
@@ -69,21 +69,35 @@ def test_spark_wrote_format_v2_and_inspect_says_so(spark, v2):
         ids = store.v2_files[version]
         named = cp.state_ids(FAILS_ONCE)[(0, store.partition, "default")]
         assert len(ids) == 2 and named in ids, (store.rel_dir, ids, named)
-    report = json.loads(run_cli("--registry", str(v2), "inspect", QUERY, "--json",
-                                check=True).stdout)  # fmt: skip
+    report = json.loads(
+        run_cli("--registry", str(v2), "inspect", QUERY, "--json", check=True).stdout
+    )
     assert report["format_version"] == 2
     # It agrees with Spark's own reading of the checkpoint, store by store (Spark's batch ids
     # are state versions - 1), and its snapshot groups are those of the committed ids.
     spark_says = sorted(
-        (r.operatorId, r.operatorName, r.stateStoreName, r.numPartitions, r.minBatchId,
-         r.maxBatchId)
+        (
+            r.operatorId,
+            r.operatorName,
+            r.stateStoreName,
+            r.numPartitions,
+            r.minBatchId,
+            r.maxBatchId,
+        )
         for r in spark.read.format("state-metadata").load(str(checkpoint)).collect()
-    )  # fmt: skip
+    )
     we_say = sorted(
-        (op["operator_id"], op["operator_name"], store, op["num_partitions"],
-         op["min_version"] - 1, op["max_version"] - 1)
-        for op in report["operators"] for store in op["store_names"]
-    )  # fmt: skip
+        (
+            op["operator_id"],
+            op["operator_name"],
+            store,
+            op["num_partitions"],
+            op["min_version"] - 1,
+            op["max_version"] - 1,
+        )
+        for op in report["operators"]
+        for store in op["store_names"]
+    )
     assert spark_says == we_say and we_say, (spark_says, we_say)
     [op] = report["operators"]
     assert len(op["snapshot_groups"]) >= 2 and all(s["snapshots"] for s in op["stores"]), op
@@ -97,8 +111,9 @@ def test_the_repartition_refuses_a_v2_checkpoint_in_one_line_and_changes_nothing
     file names (seen here), so it is refused before anything runs."""
     checkpoint = Path(load_registry(v2).query(QUERY).checkpoint)
     before = tree_digest(checkpoint)
-    proc = run_cli("--registry", str(v2), "repartition", QUERY, "--partitions", "3", *dry_run,
-                   env=s3.env())  # fmt: skip
+    proc = run_cli(
+        "--registry", str(v2), "repartition", QUERY, "--partitions", "3", *dry_run, env=s3.env()
+    )
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "checkpoint format v2: repartition reads format v1 only" in proc.stderr, proc.stderr
     assert proc.stderr.strip().count("\n") == 0, f"more than one line: {proc.stderr}"
@@ -117,8 +132,9 @@ def test_verify_reads_the_lineage_and_finds_each_kind_of_damage_on_v2(v2, tmp_pa
     named = []  # version last + 1's file by the commit's id: its snapshot if Spark uploaded one,
     for (_, partition, _), uid in ids.items():  # else its changelog (and its lineage's base)
         mine = [r for r in needed if r.startswith(f"state/0/{partition}/{last + 1}_{uid}.")]
-        assert mine and any(r.startswith(f"state/0/{partition}/") and r.endswith(".zip")
-                            for r in needed), needed  # fmt: skip
+        assert mine and any(
+            r.startswith(f"state/0/{partition}/") and r.endswith(".zip") for r in needed
+        ), needed
         named += [r for r in mine if not r.endswith(".crc")]
     proc = run_cli("verify", str(checkpoint))
     assert proc.returncode == 0 and "0 errors" in proc.stdout, proc.stdout + proc.stderr
@@ -193,8 +209,17 @@ def test_rollback_three_batches_and_reprocess_gives_the_untouched_run(spark, s3,
     to_batch = last - 3
     assert to_batch < FAILS_ONCE + 1 <= last  # the version with two attempts is rolled over
 
-    proc = run_cli("rollback", str(checkpoint), "--to-batch", str(to_batch), "--sink", str(sink),
-                   "--backup-to", "s3://backups/v2-rollback", env=s3.env())  # fmt: skip
+    proc = run_cli(
+        "rollback",
+        str(checkpoint),
+        "--to-batch",
+        str(to_batch),
+        "--sink",
+        str(sink),
+        "--backup-to",
+        "s3://backups/v2-rollback",
+        env=s3.env(),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rolled = load_checkpoint(checkpoint)
     assert rolled.last_committed_batch == to_batch
@@ -221,20 +246,26 @@ def test_the_restart_set_alone_and_a_restored_backup_go_on_like_the_original(
     cp = load_checkpoint(original.checkpoint)
     copies = {}
     for name in ("restart-set", "restored"):
-        entry = {"state_store": {"checkpoint_format": 2, "min_deltas_for_snapshot": 2},
-                 "source": original.source.model_dump(by_alias=True)}  # fmt: skip
+        entry = {
+            "state_store": {"checkpoint_format": 2, "min_deltas_for_snapshot": 2},
+            "source": original.source.model_dump(by_alias=True),
+        }
         copies[name] = write_registry(tmp_path / name, page_visits=entry)
         shutil.copytree(original.sink.path, load_registry(copies[name]).query(QUERY).sink.path)
-    copy_restart_set(cp, cp.last_committed_batch, load_registry(copies["restart-set"])
-                     .query(QUERY).checkpoint)  # fmt: skip
+    copy_restart_set(
+        cp, cp.last_committed_batch, load_registry(copies["restart-set"]).query(QUERY).checkpoint
+    )
     quiet = lambda _: None  # noqa: E731
     backup = backup_checkpoint(original.checkpoint, "s3://backups/v2", s3.client(), log=quiet)
     assert backup["files"] and all(
         f["path"] in cp.restart_files(cp.last_committed_batch) for f in backup["files"]
     )
-    restore_backup(f"s3://backups/v2/{backup['backup_id']}",
-                   load_registry(copies["restored"]).query(QUERY).checkpoint, s3.client(),
-                   log=quiet)  # fmt: skip
+    restore_backup(
+        f"s3://backups/v2/{backup['backup_id']}",
+        load_registry(copies["restored"]).query(QUERY).checkpoint,
+        s3.client(),
+        log=quiet,
+    )
 
     land(v2.parent / "landing", round_=1, files=2)
     for registry in (v2, *copies.values()):

@@ -146,8 +146,17 @@ def test_a_read_only_audit_folder_or_sink_refuses_the_rollback_before_the_checkp
     for read_only in (audit, sink):
         make_read_only(mechanism, read_only)
         try:
-            proc = cli_as(mechanism, read_only, "rollback", str(ckpt), "--to-batch",
-                          str(last - 1), "--no-backup", "--sink", str(sink))  # fmt: skip
+            proc = cli_as(
+                mechanism,
+                read_only,
+                "rollback",
+                str(ckpt),
+                "--to-batch",
+                str(last - 1),
+                "--no-backup",
+                "--sink",
+                str(sink),
+            )
         finally:
             make_writable(read_only)
         one_line_refusal(proc, "refused before changing anything", str(read_only))
@@ -278,8 +287,15 @@ def test_export_refusals_come_before_spark_submit(ckpt, case, says, no_jvm):
     if case == "read-only parent":
         make_read_only("permissions", out.parent)
     try:
-        proc = cli_as("permissions" if case == "read-only parent" else None, ckpt,
-                      "export", str(ckpt), "--out", str(out), *batch)  # fmt: skip
+        proc = cli_as(
+            "permissions" if case == "read-only parent" else None,
+            ckpt,
+            "export",
+            str(ckpt),
+            "--out",
+            str(out),
+            *batch,
+        )
     finally:
         make_writable(ckpt.parent)
     assert no_jvm() == [], "refused after spark-submit started a JVM"
@@ -297,10 +313,18 @@ def test_export_job_called_directly_refuses_before_its_session(ckpt):
     out.mkdir()
     (out / "keep.txt").write_text("mine\n")
     proc = subprocess.run(
-        [str(VENV_BIN / "python"), str(ROOT / "spark_jobs" / "export_state.py"),
-         "--checkpoint", str(ckpt), "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            str(VENV_BIN / "python"),
+            str(ROOT / "spark_jobs" / "export_state.py"),
+            "--checkpoint",
+            str(ckpt),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     one_line_refusal(proc, "not empty")
 
 
@@ -346,8 +370,9 @@ def test_bootstrap_refusals_come_before_spark_submit(ckpt, tmp_path, case, says,
         for commit in (initial / "commits").iterdir():
             commit.unlink()
     before = tree_digest(ckpt)
-    proc = run_cli("--registry", str(registry), "bootstrap", "page_visits",
-                   "--initial-state", str(initial))  # fmt: skip
+    proc = run_cli(
+        "--registry", str(registry), "bootstrap", "page_visits", "--initial-state", str(initial)
+    )
     assert no_jvm() == [], "refused after spark-submit started a JVM"
     one_line_refusal(proc, says)
     assert tree_digest(ckpt) == before
@@ -367,8 +392,12 @@ def test_validate_refusals_come_before_spark_submit(ckpt, tmp_path, case, says, 
     if case == "damaged checkpoint":
         last = load_checkpoint(ckpt).last_committed_batch
         (ckpt / "offsets" / str(last - 1)).unlink()
-    argv = ["--registry", str(registry), "--query",
-            "no_such_query" if case == "unknown query" else "page_visits"]  # fmt: skip
+    argv = [
+        "--registry",
+        str(registry),
+        "--query",
+        "no_such_query" if case == "unknown query" else "page_visits",
+    ]
     if case == "uncommitted batch":
         argv += ["--batch", "99"]
     before = tree_digest(ckpt)
@@ -389,8 +418,11 @@ def test_an_endpoint_that_is_not_a_url_is_one_line(ckpt, endpoint):
     env = {"STATEOPS_S3_ENDPOINT_URL": endpoint}
     url = "s3://backups/x"
     around = siblings(ckpt)
-    for args in (["backup", str(ckpt), "--to", url], ["backups", "list", url],
-                 ["rollback", str(ckpt), "--to-batch", "1", "--backup-to", url]):  # fmt: skip
+    for args in (
+        ["backup", str(ckpt), "--to", url],
+        ["backups", "list", url],
+        ["rollback", str(ckpt), "--to-batch", "1", "--backup-to", url],
+    ):
         proc = run_cli(*args, env=env)
         one_line_refusal(proc, "is not a URL", "STATEOPS_S3_ENDPOINT_URL")
     assert tree_digest(ckpt) == before
@@ -415,8 +447,11 @@ def test_a_manifest_entry_of_the_wrong_type_is_one_line(s3, ckpt, tmp_path, entr
     client.put_object(Bucket=bucket, Key=obj["Key"], Body=json.dumps(manifest))
     backup_url = f"{url}/{manifest['backup_id']}"
     target = tmp_path / "restored"
-    for args in (["backups", "list", url], ["backups", "verify", backup_url],
-                 ["restore", backup_url, "--to", str(target)]):  # fmt: skip
+    for args in (
+        ["backups", "list", url],
+        ["backups", "verify", backup_url],
+        ["restore", backup_url, "--to", str(target)],
+    ):
         proc = run_cli(*args, env=s3.env())
         one_line_refusal(proc, "files[0] is not a file entry", "the manifest is damaged")
     assert not any(p.name.startswith("restored") for p in tmp_path.iterdir())

@@ -48,8 +48,12 @@ def _append(path: Path, *events: tuple[str, str, int], mtime: float | None = Non
     with open(path, "a") as out:
         for user, data, ms in events:
             at = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
-            out.write(json.dumps({"user_id": user, "data": data, "is_last": False,
-                                  "event_time": f"{at}Z"}) + "\n")  # fmt: skip
+            out.write(
+                json.dumps(
+                    {"user_id": user, "data": data, "is_last": False, "event_time": f"{at}Z"}
+                )
+                + "\n"
+            )
     os.utime(path, (mtime, mtime))
 
 
@@ -90,16 +94,21 @@ def road(spark, tmp_path_factory) -> SimpleNamespace:
     later = _events(new_events)
     last = {e["user_id"]: e for e in events}
     late_user = next(
-        u for u, e in sorted(last.items())
-        if not e["is_last"] and e["ms"] > watermark + 10_000
+        u
+        for u, e in sorted(last.items())
+        if not e["is_last"]
+        and e["ms"] > watermark + 10_000
         and not any(n["is_last"] for n in later if n["user_id"] == u)
         and any(n["user_id"] == u and n["data"].startswith("e1-1-") for n in later)
-    )  # fmt: skip
+    )
     # The cutover batch: that late event, and one that moves the watermark by 15 s, which only
     # the next batch would use (the run stops after this batch).
-    _append(landing / "events-cutover.json", (late_user, "late-old", watermark + 5_000),
-            ("u00098", "moves", watermark + delay + 15_000),
-            mtime=last_file.stat().st_mtime + 5)  # fmt: skip
+    _append(
+        landing / "events-cutover.json",
+        (late_user, "late-old", watermark + 5_000),
+        ("u00098", "moves", watermark + delay + 15_000),
+        mtime=last_file.stat().st_mtime + 5,
+    )
     cut = run_start(query_target(old, NAME), cutover=datetime.now(UTC))
     quiesce(spark)
     assert cut["status"] == "succeeded" and cut["batches_run"] == 1, cut
@@ -113,11 +122,13 @@ def road(spark, tmp_path_factory) -> SimpleNamespace:
     # late rows of batch N + 1 are filtered at the watermark batch N ran with; the idle
     # session comes back after its timer (N + 1's) is due.
     first_max = max(e["ms"] for e in later if e["data"].startswith("e1-0-"))
-    _append(first, (late_user, "late-0", watermark - 3_600_000),
-            (late_user, "late-new", watermark + 10_000),
-            ("u00003", "in-gap", watermark + 5_000))  # fmt: skip
-    _append(second, (late_user, "late-1", watermark - 1_800_000),
-            ("u00099", "back", first_max))  # fmt: skip
+    _append(
+        first,
+        (late_user, "late-0", watermark - 3_600_000),
+        (late_user, "late-new", watermark + 10_000),
+        ("u00003", "in-gap", watermark + 5_000),
+    )
+    _append(second, (late_user, "late-1", watermark - 1_800_000), ("u00099", "back", first_max))
     new_landing = root / "new" / "landing" / NAME
     new_landing.mkdir(parents=True)
     for f in (first, second):
@@ -129,8 +140,12 @@ def road(spark, tmp_path_factory) -> SimpleNamespace:
     for f in (first, second):
         shutil.copy2(f, landing / f.name)
     sink = {"format": "parquet", "path": str(root / "ref" / "output")}
-    ref = _registry(root / "ref", checkpoint=str(ref_ckpt), sink=sink,
-                    source={**old.query(NAME).source.model_dump(by_alias=True)})  # fmt: skip
+    ref = _registry(
+        root / "ref",
+        checkpoint=str(ref_ckpt),
+        sink=sink,
+        source={**old.query(NAME).source.model_dump(by_alias=True)},
+    )
     ran_ref = run_start(query_target(ref, NAME))
     quiesce(spark)
     assert ran_ref["status"] == "succeeded" and ran_ref["batches_run"] >= 2, ran_ref
@@ -138,15 +153,28 @@ def road(spark, tmp_path_factory) -> SimpleNamespace:
     export = root / "export"
     export_state(spark, str(cp.root), export)
     quiesce(spark)
-    return SimpleNamespace(root=root, old=old, cp=cp, batch=batch, ref=ref, export=export,
-                           late_user=late_user, digest=tree_digest(cp.root))  # fmt: skip
+    return SimpleNamespace(
+        root=root,
+        old=old,
+        cp=cp,
+        batch=batch,
+        ref=ref,
+        export=export,
+        late_user=late_user,
+        digest=tree_digest(cp.root),
+    )
 
 
 def _new(road, name: str, **spec):
     """A registry for the query on the new source, into its own checkpoint and sink."""
-    return _registry(road.root / name, source={
-        **road.old.query(NAME).source.model_dump(by_alias=True),
-        "path": str(road.root / "new" / "landing" / NAME)}, **spec)  # fmt: skip
+    return _registry(
+        road.root / name,
+        source={
+            **road.old.query(NAME).source.model_dump(by_alias=True),
+            "path": str(road.root / "new" / "landing" / NAME),
+        },
+        **spec,
+    )
 
 
 def _ordered_state(spark, checkpoint: str) -> tuple[list, list]:
@@ -158,10 +186,12 @@ def _ordered_state(spark, checkpoint: str) -> tuple[list, list]:
     )
     timers = spark.read.format("statestore").option("readRegisteredTimers", "true").load(checkpoint)
     result = (
-        sorted((r.key.user_id, [(e.data, e.event_time) for e in r.list_value])
-               for r in events.collect()),
+        sorted(
+            (r.key.user_id, [(e.data, e.event_time) for e in r.list_value])
+            for r in events.collect()
+        ),
         sorted((r.key.user_id, r.expiration_timestamp_ms) for r in timers.collect()),
-    )  # fmt: skip
+    )
     quiesce(spark)
     return result
 
@@ -173,8 +203,16 @@ def _output(query) -> Counter:
 def _bootstrap(spark, road, registry) -> dict:
     """bootstrap_state.py from the road's export, in the shared session: its summary, whether
     the bootstrap succeeded (exit 0) or its proof failed (exit 1)."""
-    code, out = job_in_session(spark, "bootstrap_state.py", "--registry", str(registry.path),
-                               "--query", NAME, "--initial-state", str(road.export))  # fmt: skip
+    code, out = job_in_session(
+        spark,
+        "bootstrap_state.py",
+        "--registry",
+        str(registry.path),
+        "--query",
+        NAME,
+        "--initial-state",
+        str(road.export),
+    )
     assert code in (0, 1), out[-3000:]
     return json.loads(out.strip().splitlines()[-1])
 
@@ -213,8 +251,9 @@ def test_the_road_gives_the_state_and_output_of_the_query_restarted_at_the_cutov
     carried = dict(_ordered_state(spark, str(road.cp.root))[0])[road.late_user]
     assert carried[-1][0] == "late-old" and carried != sorted(carried, key=lambda e: e[1])
     still_open = dict(_ordered_state(spark, query.checkpoint)[0]).get(road.late_user)
-    closed = [r[DATA].split("|") for r in output
-              if r[0] == road.late_user and "late-old" in r[DATA]]  # fmt: skip
+    closed = [
+        r[DATA].split("|") for r in output if r[0] == road.late_user and "late-old" in r[DATA]
+    ]
     now = [d for d, _ in still_open] if still_open else closed[0]
     assert now[: len(carried) + 1] == [d for d, _ in carried] + ["late-new"], now
     assert "late-0" not in now and "late-1" not in now
@@ -222,9 +261,14 @@ def test_the_road_gives_the_state_and_output_of_the_query_restarted_at_the_cutov
 
 def test_the_proof_fails_when_the_carried_events_are_re_sorted(spark, road):
     """Defect (b) put back: handleInitialState re-sorts the events by (event_time, data)."""
-    new = _new(road, "resorted", processor={
-        **road.old.query(NAME).processor.model_dump(by_alias=True),
-        "class": "tests.spark.leaky:ResortingUserSessions"})  # fmt: skip
+    new = _new(
+        road,
+        "resorted",
+        processor={
+            **road.old.query(NAME).processor.model_dump(by_alias=True),
+            "class": "tests.spark.leaky:ResortingUserSessions",
+        },
+    )
     summary = _bootstrap(spark, road, new)
     assert summary["status"] == "failed" and not summary["proof"]["ok"], summary
     assert re.search(
@@ -251,26 +295,37 @@ def test_the_proof_fails_when_the_watermark_is_not_carried(spark, road, monkeypa
     error = summary["error"]
     assert "batch 0 ran with watermark 0, the old query's would be" in error, error
     proof = json.loads(Path(summary["proof"]["proof_file"]).read_text())
-    extra = {v["batch"]: v["actual_rows"] - v["expected_rows"] for v in proof["variables"]
-             if v["variable"] == "events" and not v["ok"]}  # fmt: skip
+    extra = {
+        v["batch"]: v["actual_rows"] - v["expected_rows"]
+        for v in proof["variables"]
+        if v["variable"] == "events" and not v["ok"]
+    }
     assert extra.get(0, 0) > 0, proof["variables"]  # late-0 let in (and more)
     assert extra.get(1, 0) > extra[0], proof["variables"]  # and late-1 as well
 
 
 def test_a_processor_whose_state_changed_is_refused_unless_accepted(road):
-    expiring = {**road.old.query(NAME).processor.model_dump(by_alias=True),
-                "class": "tests.spark.leaky:ExpiringUserSessions"}  # fmt: skip
-    registry = _registry(road.root / "changed", processor=expiring,
-                         checkpoint=str(road.cp.root))  # fmt: skip
+    expiring = {
+        **road.old.query(NAME).processor.model_dump(by_alias=True),
+        "class": "tests.spark.leaky:ExpiringUserSessions",
+    }
+    registry = _registry(road.root / "changed", processor=expiring, checkpoint=str(road.cp.root))
     new_source = {"format": "json", "path": str(road.root / "new" / "landing" / NAME)}
     before = tree_digest(road.cp.root)
-    with pytest.raises(StateOpsError, match=r"would change what it computes: state 'events' is "
-                       r"ListState \(ttl False\) in the old checkpoint, ListState \(ttl True\).*"
-                       "trigger again with accept_differences on"):  # fmt: skip
-        plan_migration(query_target(registry, NAME), new_source, "v2",
-                       carry_over="initial_state")  # fmt: skip
-    plan = plan_migration(query_target(registry, NAME), new_source, "v2",
-                          carry_over="initial_state", accept_differences=True)  # fmt: skip
+    with pytest.raises(
+        StateOpsError,
+        match=r"would change what it computes: state 'events' is "
+        r"ListState \(ttl False\) in the old checkpoint, ListState \(ttl True\).*"
+        "trigger again with accept_differences on",
+    ):
+        plan_migration(query_target(registry, NAME), new_source, "v2", carry_over="initial_state")
+    plan = plan_migration(
+        query_target(registry, NAME),
+        new_source,
+        "v2",
+        carry_over="initial_state",
+        accept_differences=True,
+    )
     assert plan["carry_over"]["accepted"] and plan["carry_over"]["differences"]
     assert tree_digest(road.cp.root) == before
 

@@ -40,38 +40,78 @@ def _source(**changes) -> dict:
 
 
 def _parquet(folder: Path, **types: pa.DataType) -> None:
-    columns = {"user_id": pa.string(), "page": pa.string(),
-               "event_time": pa.timestamp("us", "UTC"), **types}  # fmt: skip
+    columns = {
+        "user_id": pa.string(),
+        "page": pa.string(),
+        "event_time": pa.timestamp("us", "UTC"),
+        **types,
+    }
     schema = pa.schema(list(columns.items()))
     pq.write_table(pa.Table.from_pylist([], schema=schema), folder / "part-0.parquet")
 
 
 BAD = [
-    ("nope", _source(), "",
-     r"no query named 'nope' \(registered: idle_sessions, page_counts, page_visits, "
-     r"user_sessions\)"),
-    ("page_visits", _source(path="landing_v3"), "",
-     r"^new_source_path: new source path .*/landing_v3 does not exist or is not a folder: "
-     r"create it"),
-    ("page_visits", _source(path="landing_v3_empty"), "",
-     r"^new_source_path: new source folder .*/landing_v3_empty has no input yet: land its "
-     r"first files"),
+    (
+        "nope",
+        _source(),
+        "",
+        r"no query named 'nope' \(registered: idle_sessions, page_counts, page_visits, "
+        r"user_sessions\)",
+    ),
+    (
+        "page_visits",
+        _source(path="landing_v3"),
+        "",
+        r"^new_source_path: new source path .*/landing_v3 does not exist or is not a folder: "
+        r"create it",
+    ),
+    (
+        "page_visits",
+        _source(path="landing_v3_empty"),
+        "",
+        r"^new_source_path: new source folder .*/landing_v3_empty has no input yet: land its "
+        r"first files",
+    ),
     ("page_visits", _source(format="kafka"), "", r"^new_source_format: Input should be"),
-    ("page_visits", _source(schema="user_id STRING, event_time TIMESTAMP"), "",
-     r"^new_source_schema: new source schema has no column 'page', which page_visits reads"),
-    ("page_visits", _source(schema="user_id STRING, page STRING, event_time STRING"), "",
-     r"^new_source_schema: new source column 'event_time' is STRING, but page_visits reads "
-     r"it as TIMESTAMP"),
-    ("page_visits", _source(path="landing/page_visits", format="json"), "",
-     r"^new_source_path: the new source is page_visits's current source: nothing to migrate"),
-    ("page_visits", _source(path="landing_json"), "",  # issue 40: the dry run passed it
-     r"^new_source_format: .*/landing_json/part-0.json is a json file, but the new source's "
-     r"format is parquet: give the format of its files \(--new-source-format json\)"),
-    ("page_visits", _source(), "landing",
-     r"^new_checkpoint: new checkpoint .*/landing is not empty"),
-    ("page_visits", _source(), "checkpoints/page_visits/offsets",
-     r"^new_checkpoint: new checkpoint .* overlaps the current checkpoint"),
-]  # fmt: skip
+    (
+        "page_visits",
+        _source(schema="user_id STRING, event_time TIMESTAMP"),
+        "",
+        r"^new_source_schema: new source schema has no column 'page', which page_visits reads",
+    ),
+    (
+        "page_visits",
+        _source(schema="user_id STRING, page STRING, event_time STRING"),
+        "",
+        r"^new_source_schema: new source column 'event_time' is STRING, but page_visits reads "
+        r"it as TIMESTAMP",
+    ),
+    (
+        "page_visits",
+        _source(path="landing/page_visits", format="json"),
+        "",
+        r"^new_source_path: the new source is page_visits's current source: nothing to migrate",
+    ),
+    (
+        "page_visits",
+        _source(path="landing_json"),
+        "",  # issue 40: the dry run passed it
+        r"^new_source_format: .*/landing_json/part-0.json is a json file, but the new source's "
+        r"format is parquet: give the format of its files \(--new-source-format json\)",
+    ),
+    (
+        "page_visits",
+        _source(),
+        "landing",
+        r"^new_checkpoint: new checkpoint .*/landing is not empty",
+    ),
+    (
+        "page_visits",
+        _source(),
+        "checkpoints/page_visits/offsets",
+        r"^new_checkpoint: new checkpoint .* overlaps the current checkpoint",
+    ),
+]
 
 
 @pytest.mark.parametrize(("query", "source", "checkpoint", "message"), BAD)
@@ -80,8 +120,9 @@ def test_bad_input_is_refused_in_preflight_and_changes_nothing(
 ):
     before = tree_digest(data)
     with pytest.raises(StateOpsError, match=message) as err:
-        plan_migration(query_target(data / "registry.yaml", query), source, checkpoint,
-                       "manual__bad")  # fmt: skip
+        plan_migration(
+            query_target(data / "registry.yaml", query), source, checkpoint, "manual__bad"
+        )
     assert "\n" not in str(err.value)
     assert tree_digest(data) == before
 
@@ -91,8 +132,11 @@ def test_parquet_files_whose_columns_do_not_match_the_schema_are_refused(data, t
     folder = tmp_path / "v2"
     folder.mkdir()
     _parquet(folder, event_time=pa.string())
-    with pytest.raises(StateOpsError, match=r"part-0.parquet: column 'event_time' is STRING, "
-                                            r"not TIMESTAMP"):  # fmt: skip
+    with pytest.raises(
+        StateOpsError,
+        match=r"part-0.parquet: column 'event_time' is STRING, "
+        r"not TIMESTAMP",
+    ):
         plan_migration(target, _source(path=str(folder)), "", "manual__bad")
     _parquet(folder, event_time=pa.timestamp("us", "UTC"))
     plan = plan_migration(target, _source(path=str(folder)), "", "manual__ok")
@@ -144,8 +188,12 @@ def test_a_changed_partition_count_plans_the_transplant_then_sparks_repartition(
     assert (
         "carry-over: transplant, then Spark's repartition of the state, 2 -> 3 partitions" in text
     )
-    same = plan_migration(query_target(_changed(tmp_path / "same", data), "page_visits"),
-                          _source(), "", "manual__same")  # fmt: skip
+    same = plan_migration(
+        query_target(_changed(tmp_path / "same", data), "page_visits"),
+        _source(),
+        "",
+        "manual__same",
+    )
     assert same["carry_over"]["repartition"] is None, "no repartition without a change"
     assert tree_digest(data) == before
 
@@ -156,10 +204,15 @@ def test_where_the_transplant_does_not_apply_auto_falls_back_and_transplant_is_r
     """Another state encoding (Spark cannot repartition it into one): auto takes the
     initialState road and says why; carry_over transplant is refused at preflight, saying
     why; nothing changes."""
-    target = query_target(_changed(
-        tmp_path, data, shuffle_partitions=3,
-        spark_conf={"spark.sql.streaming.stateStore.encodingFormat": "avro"},
-    ), "page_visits")  # fmt: skip
+    target = query_target(
+        _changed(
+            tmp_path,
+            data,
+            shuffle_partitions=3,
+            spark_conf={"spark.sql.streaming.stateStore.encodingFormat": "avro"},
+        ),
+        "page_visits",
+    )
     before = tree_digest(data)
     plan = plan_migration(target, _source(), "", "manual__auto")
     assert (
@@ -208,8 +261,10 @@ def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):
     assert again["batches_run"] == 0
     assert tree_digest(Path(query.checkpoint)) == before, "nothing before the cutover is left"
 
-    for cutover, message in [(at(files[1]), "already read 1 input files modified at or after"),
-                             ("2999-01-01T00:00:00Z", "is in the future")]:  # fmt: skip
+    for cutover, message in [
+        (at(files[1]), "already read 1 input files modified at or after"),
+        ("2999-01-01T00:00:00Z", "is in the future"),
+    ]:
         refused = spark_submit_run_query(path, "user_sessions", "--cutover", cutover)
         assert refused.returncode == 2 and message in refused.stdout + refused.stderr
         assert tree_digest(Path(query.checkpoint)) == before

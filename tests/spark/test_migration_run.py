@@ -48,12 +48,19 @@ pytestmark = pytest.mark.spark
 def _cli_args(m: Migration, road: str = "auto") -> list[str]:
     conf = m.conf(carry_over=road)
     return [
-        "--registry", str(m.path), "migrate", m.name,
-        "--new-source-path", conf["new_source_path"],
-        "--new-source-format", conf["new_source_format"],
-        "--new-source-option", "maxFilesPerTrigger=1",
-        "--carry-over", road,
-    ]  # fmt: skip
+        "--registry",
+        str(m.path),
+        "migrate",
+        m.name,
+        "--new-source-path",
+        conf["new_source_path"],
+        "--new-source-format",
+        conf["new_source_format"],
+        "--new-source-option",
+        "maxFilesPerTrigger=1",
+        "--carry-over",
+        road,
+    ]
 
 
 def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
@@ -76,14 +83,22 @@ def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     for i, (step, road) in enumerate(FAULTS):
         target = query_target(m.path, m.name)
         conf = m.conf(carry_over=road)
-        source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
-                  "options": conf["new_source_options"]}  # fmt: skip
+        source = {
+            "format": conf["new_source_format"],
+            "path": conf["new_source_path"],
+            "options": conf["new_source_options"],
+        }
         plan = plan_migration(target, source, "", f"m-fail-{i}", carry_over=road)
         monkeypatch.setenv("STATEOPS_FAIL_AFTER", step)
         log: list[str] = []
         with pytest.raises(StateOpsError) as failed:
-            run_migration(target, plan, backup=_backup(target, s3.client(), log),
-                          run_job=run_job, log=log.append)  # fmt: skip
+            run_migration(
+                target,
+                plan,
+                backup=_backup(target, s3.client(), log),
+                run_job=run_job,
+                log=log.append,
+            )
         assert f"failed at {step} (injected failure after {step}" in str(failed.value)
         assert "it was rolled back" in str(failed.value)
         assert "page_visits: migration rolled back; the query runs on" in "\n".join(log)
@@ -134,13 +149,21 @@ def _migrated_in_session(spark, m: Migration, run_id: str) -> list[str]:
     """``m``'s migration planned and run in one process (its Spark steps in the shared
     session), by the transplant road that ``auto`` must choose: its log lines."""
     target, conf = query_target(m.path, m.name), m.conf()
-    source = {"format": conf["new_source_format"], "path": conf["new_source_path"],
-              "options": conf["new_source_options"]}  # fmt: skip
+    source = {
+        "format": conf["new_source_format"],
+        "path": conf["new_source_path"],
+        "options": conf["new_source_options"],
+    }
     plan = plan_migration(target, source, "", run_id)
     assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
     log: list[str] = []
-    run_migration(target, plan, backup=_backup(target, m.s3.client(), log),
-                  run_job=job_runner(spark), log=log.append)  # fmt: skip
+    run_migration(
+        target,
+        plan,
+        backup=_backup(target, m.s3.client(), log),
+        run_job=job_runner(spark),
+        log=log.append,
+    )
     return log
 
 
@@ -184,19 +207,30 @@ def test_a_join_moves_one_of_its_two_sources_by_transplant(spark, s3, tmp_path):
     run_in_session(spark, touched, name)  # all of round 0: the drain finds nothing new
     events = load_registry(touched).query(name).sources["events"]
     land(root / "round1", round_=1, files=FILES)
-    as_parquet(sorted((root / "round1" / "user_sessions").iterdir()),
-               root / "landing_v2" / "user_sessions", events.schema_)  # fmt: skip
+    as_parquet(
+        sorted((root / "round1" / "user_sessions").iterdir()),
+        root / "landing_v2" / "user_sessions",
+        events.schema_,
+    )
 
     target = query_target(touched, name)
-    new_source = {"format": "parquet", "path": "landing_v2/user_sessions",
-                  "options": {"maxFilesPerTrigger": 1}}  # fmt: skip
+    new_source = {
+        "format": "parquet",
+        "path": "landing_v2/user_sessions",
+        "options": {"maxFilesPerTrigger": 1},
+    }
     with pytest.raises(StateOpsError, match="name the one that moves"):
         plan_migration(target, new_source, "", "m-join")
     plan = plan_migration(target, new_source, "", "m-join", moved_source="events")
     assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
     log: list[str] = []
-    run_migration(target, plan, backup=_backup(target, s3.client(), log),
-                  run_job=job_runner(spark), log=log.append)  # fmt: skip
+    run_migration(
+        target,
+        plan,
+        backup=_backup(target, s3.client(), log),
+        run_job=job_runner(spark),
+        log=log.append,
+    )
     said = "\n".join(log)
     assert "1 source read anew, 1 kept" in said and "carry-over proven" in said, said
 

@@ -101,9 +101,11 @@ def test_a_restore_over_a_query_whose_lock_another_process_holds_is_refused(
     before, siblings = tree_digest(checkpoint), _siblings(checkpoint)
     cli = ("--registry", str(registry), "restore", "page_visits", "--backup", "latest", "--replace")
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-c", HOLDER, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         dry = run_cli(*cli, "--dry-run", env=s3.env())
@@ -152,8 +154,9 @@ def test_a_backup_of_another_query_is_refused_naming_both_ids_unless_allowed(
     assert other["query_id"] in error and "--allow-other-query" in error
     # The library refuses the same (the DAG's plan task calls it).
     with pytest.raises(StateOpsError, match=f"holds query {mine}, but backup"):
-        plan_restore(url, s3.client(), to=checkpoint, registry=load_registry(registry),
-                     replace=True)  # fmt: skip
+        plan_restore(
+            url, s3.client(), to=checkpoint, registry=load_registry(registry), replace=True
+        )
     assert tree_digest(checkpoint) == before and _siblings(checkpoint) == siblings
 
     dry = run_cli(*cli, "--allow-other-query", "--dry-run", env=s3.env())

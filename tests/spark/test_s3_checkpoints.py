@@ -113,8 +113,9 @@ def chain(s3, case: Case, checkpoint: str | Path, root: Path, name: str, place) 
         return (cleaned, rolled), restored
     new = place("transplanted")
     query = registered_query(root, case.landing, Path("unused"), root / "unused")
-    transplant_checkpoint(restored, new, query.model_copy(update={"checkpoint": str(new)}),
-                          log=quiet)  # fmt: skip
+    transplant_checkpoint(
+        restored, new, query.model_copy(update={"checkpoint": str(new)}), log=quiet
+    )
     return (cleaned, rolled), new
 
 
@@ -174,11 +175,17 @@ def story(request, spark, tmp_path_factory, s3_env) -> Story:
         case.run(spark, root, ck, root / out)
         continued.append((read_state(spark, ck, case.state_reads), read_sink(root / out)))
     return Story(
-        case=case, root=root, url=url, inspected=inspected, verified=verified,
-        plans=(plans, plans_s3), result=s3_result,
-        files=files, continued=tuple(continued),
+        case=case,
+        root=root,
+        url=url,
+        inspected=inspected,
+        verified=verified,
+        plans=(plans, plans_s3),
+        result=s3_result,
+        files=files,
+        continued=tuple(continued),
         round0_state=read_state(spark, root / "ck-original", case.state_reads),
-    )  # fmt: skip
+    )
 
 
 def test_inspect_and_verify_answer_on_s3_as_on_the_local_copy(story: Story):
@@ -239,8 +246,11 @@ def findings(result: dict, where: Path | str) -> list[dict]:
 
 def test_damage_on_s3_is_found_and_named(story: Story, s3_env, tmp_path):
     cp = load_checkpoint(story.root / "ck-original")
-    restart = [rel for rel in cp.restart_files(cp.last_committed_batch)
-               if not rel.rpartition("/")[2].startswith(".")]  # fmt: skip
+    restart = [
+        rel
+        for rel in cp.restart_files(cp.last_committed_batch)
+        if not rel.rpartition("/")[2].startswith(".")
+    ]
     # A flipped byte in a state file no model reads: only its checksum finds it.
     unread = (".sst", ".delta", ".changelog", ".snapshot")
     flipped = next(rel for rel in restart if rel.endswith(unread) and crc_sidecar(rel) in cp.sizes)
@@ -258,8 +268,10 @@ def test_damage_on_s3_is_found_and_named(story: Story, s3_env, tmp_path):
         (local / "metadata").unlink()
         delete("metadata")
 
-    for name, damage, named in (("damaged", missing_and_flipped, [needed, flipped]),
-                                ("no-metadata", missing_metadata, [""])):  # fmt: skip
+    for name, damage, named in (
+        ("damaged", missing_and_flipped, [needed, flipped]),
+        ("no-metadata", missing_metadata, [""]),
+    ):
         local, remote = _damaged(s3_env, story, tmp_path, name, damage)
         assert remote == local
         errors = {f["path"] for f in remote if f["severity"] == "error"}
@@ -272,8 +284,9 @@ def test_a_query_on_s3_reaches_spark_as_s3a_and_without_the_connector_fails_in_o
 ):
     land(tmp_path / "landing", round_=0, files=1)
     registry = write_registry(tmp_path, page_visits={"checkpoint": f"s3://{BUCKET}/run"})
-    code, _ = job_in_session(spark, "run_query.py", "--registry", str(registry),
-                             "--query", "page_visits")  # fmt: skip
+    code, _ = job_in_session(
+        spark, "run_query.py", "--registry", str(registry), "--query", "page_visits"
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
     assert err[-1].startswith("error: Spark has no S3A connector for an s3:// or s3a://"), err
@@ -291,8 +304,14 @@ def throttling(upstream_port: int) -> S3Proxy:
     def meddle(command: str, path: str, forward):
         if command == "POST" and "delete" in path:
             proxy.throttled += 1
-            return 503, [], (b"<Error><Code>SlowDown</Code><Message>Please reduce your "
-                             b"request rate.</Message></Error>")  # fmt: skip
+            return (
+                503,
+                [],
+                (
+                    b"<Error><Code>SlowDown</Code><Message>Please reduce your "
+                    b"request rate.</Message></Error>"
+                ),
+            )
         return forward()
 
     proxy = S3Proxy(upstream_port, meddle)
@@ -346,11 +365,14 @@ def test_a_backup_to_another_endpoint_streams_the_objects_through(uploaded, s3_e
         proxy.shutdown()
     puts = [headers for command, _, headers in proxy.requests if command == "PUT"]
     assert puts and not any("x-amz-copy-source" in {h.lower() for h in p} for p in puts)
-    local_backup = backup_checkpoint(local, f"s3://backups/{tmp_path.name}-local",
-                                     s3_env.client(), log=quiet)  # fmt: skip
+    local_backup = backup_checkpoint(
+        local, f"s3://backups/{tmp_path.name}-local", s3_env.client(), log=quiet
+    )
     restored = {}
-    for name, url in (("streamed", f"{tmp_path.name}/{manifest['backup_id']}"),
-                      ("local", f"{tmp_path.name}-local/{local_backup['backup_id']}")):  # fmt: skip
+    for name, url in (
+        ("streamed", f"{tmp_path.name}/{manifest['backup_id']}"),
+        ("local", f"{tmp_path.name}-local/{local_backup['backup_id']}"),
+    ):
         restored[name] = tmp_path / f"restored-{name}"
         restore_backup(f"s3://backups/{url}", restored[name], s3_env.client(), log=quiet)
     assert comparable(restored["streamed"], False) == comparable(restored["local"], False)

@@ -125,15 +125,19 @@ def _query(name: str, function: str, **fields) -> dict:
     source = fields.pop("source", "page_visits")
     schema = VISITS if source == "page_visits" else SESSION_EVENTS
     return {
-        "source": {"format": "json", "path": f"landing/{source}", "schema": schema,
-                   "options": {"maxFilesPerTrigger": 1}},
+        "source": {
+            "format": "json",
+            "path": f"landing/{source}",
+            "schema": schema,
+            "options": {"maxFilesPerTrigger": 1},
+        },
         "transform": {"function": function, **fields.pop("transform", {})},
         "sink": {"path": f"output/{name}"},
         "checkpoint": f"checkpoints/{name}",
         "shuffle_partitions": 2,
         "spark_conf": {"spark.sql.streaming.stateStore.maintenanceInterval": "200ms"},
         **fields,
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -147,33 +151,60 @@ def registry(tmp_path_factory) -> Path:
     raw = yaml.safe_load(path.read_text())
     raw["code_paths"] = ["code"]
     raw["queries"] = {
-        **{name: _query(name, "stateops.pipelines.page_counts:build",
-                        transform={"output_mode": "update", "options": {"window": "10 minutes"}},
-                        key_columns=["page"],
-                        state_store={"provider": "hdfs", "min_deltas_for_snapshot": 2})
-           for name in ("page_counts", "windows")},
-        "build": _query("build", "shop.sessions:build", source="user_sessions",
-                        transform={"output_mode": "update"}),
-        **{name: _query(name, "shop.sessions:build", source="user_sessions",
-                        key_columns=["user_id"], transform={"output_mode": "update", "options": {
-                            "idle_minutes": 20, "keep_expired": name == "leaky"}},
-                        expectations=GROUP_STATE_EXPIRY)
-           for name in ("sessions", "leaky")},
-        "idle_sessions": _query("idle_sessions", "stateops.pipelines.idle_sessions:build",
-                                source="user_sessions", key_columns=["user_id"],
-                                transform={"output_mode": "update",
-                                           "options": {"idle_seconds": 1200}},
-                                expectations=GROUP_STATE_EXPIRY),
+        **{
+            name: _query(
+                name,
+                "stateops.pipelines.page_counts:build",
+                transform={"output_mode": "update", "options": {"window": "10 minutes"}},
+                key_columns=["page"],
+                state_store={"provider": "hdfs", "min_deltas_for_snapshot": 2},
+            )
+            for name in ("page_counts", "windows")
+        },
+        "build": _query(
+            "build",
+            "shop.sessions:build",
+            source="user_sessions",
+            transform={"output_mode": "update"},
+        ),
+        **{
+            name: _query(
+                name,
+                "shop.sessions:build",
+                source="user_sessions",
+                key_columns=["user_id"],
+                transform={
+                    "output_mode": "update",
+                    "options": {"idle_minutes": 20, "keep_expired": name == "leaky"},
+                },
+                expectations=GROUP_STATE_EXPIRY,
+            )
+            for name in ("sessions", "leaky")
+        },
+        "idle_sessions": _query(
+            "idle_sessions",
+            "stateops.pipelines.idle_sessions:build",
+            source="user_sessions",
+            key_columns=["user_id"],
+            transform={"output_mode": "update", "options": {"idle_seconds": 1200}},
+            expectations=GROUP_STATE_EXPIRY,
+        ),
         "raises": _query("raises", "shop.sessions:raises"),
         "batch": _query("batch", "shop.sessions:batch"),
-        "counted": _query("counted", "shop.sessions:counted", transform={"output_mode": "update"},
-                          state_store={"provider": "hdfs"}),
-        "passthrough": _query("passthrough", "shop.sessions:passthrough",
-                              transform={"output_mode": "complete"}),
+        "counted": _query(
+            "counted",
+            "shop.sessions:counted",
+            transform={"output_mode": "update"},
+            state_store={"provider": "hdfs"},
+        ),
+        "passthrough": _query(
+            "passthrough", "shop.sessions:passthrough", transform={"output_mode": "complete"}
+        ),
         "missing": _query("missing", "shop.nope:build"),
-        "misfit": _query("misfit", "stateops.pipelines.page_counts:build",
-                         transform={"options": {"size": 3}}),
-    }  # fmt: skip
+        "misfit": _query(
+            "misfit", "stateops.pipelines.page_counts:build", transform={"options": {"size": 3}}
+        ),
+    }
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     land(root / "landing", round_=0, files=2)
     return path
@@ -231,8 +262,9 @@ def test_a_backfill_with_a_longer_window_reprocesses_with_it_and_says_what_chang
     target = query_target(loaded, "windows")
     lines: list[str] = []
     overrides = {"transform": {"options": {"window": "20 minutes"}}}
-    plan = plan_backfill(target, "backfill-1", to_batch=0, overrides=overrides,
-                         dry_run=False, log=lines.append)  # fmt: skip
+    plan = plan_backfill(
+        target, "backfill-1", to_batch=0, overrides=overrides, dry_run=False, log=lines.append
+    )
     change = 'transform.options.window: "10 minutes" -> "20 minutes"'
     assert plan["changes"] == [change] and change in lines[-1], lines
     rolled = rollback_for_backfill(
@@ -243,8 +275,12 @@ def test_a_backfill_with_a_longer_window_reprocesses_with_it_and_says_what_chang
     report = report_backfill(target, plan, rolled, log=lines.append)
     assert report["changes"] == [change] and f"  reprocessed with {change}" in lines
     assert report["changed_keys"] + report["added"] > 0, report
-    reprocessed = [r for b, rows in read_sink(Path(loaded.query("windows").sink.path)).items()
-                   if b > 0 for r in rows]  # fmt: skip
+    reprocessed = [
+        r
+        for b, rows in read_sink(Path(loaded.query("windows").sink.path)).items()
+        if b > 0
+        for r in rows
+    ]
     assert reprocessed and {end - start for start, end, *_ in reprocessed} == {
         timedelta(minutes=20)
     }, "every window the reprocessing wrote is a 20-minute one"
@@ -327,12 +363,18 @@ def test_a_query_that_fails_in_the_users_code_names_the_python_exception(spark, 
 @pytest.mark.parametrize(
     ("name", "says"),
     [
-        ("missing", "transform.function 'shop.nope:build' cannot be imported (No module named "
-                    "'shop.nope'); is its folder in the registry's code_paths?"),
-        ("misfit", "transform.options do not fit stateops.pipelines.page_counts:build(spark, "
-                   "inputs, **options): got an unexpected keyword argument 'size'"),
+        (
+            "missing",
+            "transform.function 'shop.nope:build' cannot be imported (No module named "
+            "'shop.nope'); is its folder in the registry's code_paths?",
+        ),
+        (
+            "misfit",
+            "transform.options do not fit stateops.pipelines.page_counts:build(spark, "
+            "inputs, **options): got an unexpected keyword argument 'size'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_code_that_cannot_run_is_refused_before_spark_starts(registry, name, says):
     with pytest.raises(StateOpsError) as refused:
         preflight_job(job_path(RUN_QUERY), ["--registry", str(registry), "--query", name])
@@ -343,12 +385,18 @@ def test_code_that_cannot_run_is_refused_before_spark_starts(registry, name, say
 @pytest.mark.parametrize(
     ("name", "says"),
     [
-        ("batch", "transform.function shop.sessions:batch returned a batch DataFrame, not a "
-                  "streaming DataFrame; build its result from the inputs it is given"),
-        ("passthrough", "Spark cannot start it: [STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] "
-                        "Invalid streaming output mode: complete."),
+        (
+            "batch",
+            "transform.function shop.sessions:batch returned a batch DataFrame, not a "
+            "streaming DataFrame; build its result from the inputs it is given",
+        ),
+        (
+            "passthrough",
+            "Spark cannot start it: [STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] "
+            "Invalid streaming output mode: complete.",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_query_spark_refuses_fails_in_one_line_and_commits_nothing(
     spark, registry, capsys, name, says
 ):
@@ -422,15 +470,27 @@ def test_the_windowed_count_bootstraps_from_its_checkpoint_by_transplant_on_a_pa
     with pytest.raises(StateOpsError, match="^carry_over initial_state is for processors"):
         plan_bootstrap(query_target(moved, "page_counts"), query.checkpoint, None, "initial_state")
     # Another partition count: Spark repartitions RocksDB state only, so no transplant.
-    (why,) = transplant_refusals(load_checkpoint(query.checkpoint),
-                                 new.model_copy(update={"shuffle_partitions": 3}))  # fmt: skip
-    assert re.fullmatch(r"the old state has 2 partitions, the query 3 \(shuffle_partitions\), "
-                        r"and operator 0 \(.*\) keeps its state in hdfs: Spark repartitions "
-                        r"RocksDB state only; .*", why), why  # fmt: skip
+    (why,) = transplant_refusals(
+        load_checkpoint(query.checkpoint), new.model_copy(update={"shuffle_partitions": 3})
+    )
+    assert re.fullmatch(
+        r"the old state has 2 partitions, the query 3 \(shuffle_partitions\), "
+        r"and operator 0 \(.*\) keeps its state in hdfs: Spark repartitions "
+        r"RocksDB state only; .*",
+        why,
+    ), why
     assert not Path(new.checkpoint).exists()
 
-    code, out = job_in_session(spark, BOOTSTRAP_STATE, "--registry", str(moved), "--query",
-                               "page_counts", "--initial-state", query.checkpoint)  # fmt: skip
+    code, out = job_in_session(
+        spark,
+        BOOTSTRAP_STATE,
+        "--registry",
+        str(moved),
+        "--query",
+        "page_counts",
+        "--initial-state",
+        query.checkpoint,
+    )
     summary = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and summary["carry_over"] == "transplant", out[-3000:]
     # The first run proves the carried state: every store after the transplanted batch reads
@@ -466,9 +526,24 @@ def test_the_windowed_count_runs_continuously_until_a_graceful_stop(spark, tmp_p
     final_watermark = _last_watermark(load_registry(control).query("page_counts").checkpoint)
     land(running.parent / "landing", round_=0, files=1)
     ran: list[tuple[int, str]] = []
-    thread = threading.Thread(target=lambda: ran.append(job_in_session(
-        spark, RUN_QUERY, "--registry", str(running), "--query", "page_counts", "--mode",
-        "continuous", "--run-id", "cont-t", "--poll-seconds", "0.5")))  # fmt: skip
+    thread = threading.Thread(
+        target=lambda: ran.append(
+            job_in_session(
+                spark,
+                RUN_QUERY,
+                "--registry",
+                str(running),
+                "--query",
+                "page_counts",
+                "--mode",
+                "continuous",
+                "--run-id",
+                "cont-t",
+                "--poll-seconds",
+                "0.5",
+            )
+        )
+    )
     thread.start()
 
     def read(files: int) -> bool:

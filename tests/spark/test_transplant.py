@@ -30,19 +30,31 @@ class PagesWithReferrer(PageVisitsProcessor):
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 REFUSED = [
-    ({"processor": {"class": f"{__name__}:PagesWithReferrer", "output_mode": "Update"}}, None,
-     r"state 'pages' holds \(page string, visited_at timestamp\) in the old checkpoint, the "
-     r"processor declares \(page string, visited_at timestamp, referrer string\)"),
-    ({"spark_conf": {"spark.sql.streaming.stateStore.providerClass": HDFS}}, None,
-     r"streaming.stateStore.providerClass is .*RocksDBStateStoreProvider in the old checkpoint, "
-     r".*HDFSBackedStateStoreProvider for the new query"),
-    ({"spark_conf": {"spark.sql.streaming.stateStore.encodingFormat": "avro"}}, None,
-     r"streaming.stateStore.encodingFormat is unsaferow in the old checkpoint, avro"),
+    (
+        {"processor": {"class": f"{__name__}:PagesWithReferrer", "output_mode": "Update"}},
+        None,
+        r"state 'pages' holds \(page string, visited_at timestamp\) in the old checkpoint, the "
+        r"processor declares \(page string, visited_at timestamp, referrer string\)",
+    ),
+    (
+        {"spark_conf": {"spark.sql.streaming.stateStore.providerClass": HDFS}},
+        None,
+        r"streaming.stateStore.providerClass is .*RocksDBStateStoreProvider in the old checkpoint, "
+        r".*HDFSBackedStateStoreProvider for the new query",
+    ),
+    (
+        {"spark_conf": {"spark.sql.streaming.stateStore.encodingFormat": "avro"}},
+        None,
+        r"streaming.stateStore.encodingFormat is unsaferow in the old checkpoint, avro",
+    ),
     ({}, "kafka", r"source format 'kafka': the transplant writes starting offsets for json, "),
-    ({"state_store": V2_STATE_STORE}, None,
-     r"the old checkpoint is in format v1, the query writes format v2 "
-     r"\(state_store.checkpoint_format\)"),
-]  # fmt: skip
+    (
+        {"state_store": V2_STATE_STORE},
+        None,
+        r"the old checkpoint is in format v1, the query writes format v2 "
+        r"\(state_store.checkpoint_format\)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +87,10 @@ def test_an_unreadable_state_schema_file_refuses_the_transplant(page_visits, tmp
     shutil.copytree(query.checkpoint, old)
     schema = next(p for p in old.glob("state/0/_stateSchema/default/*") if p.name[0] != ".")
     schema.write_bytes(schema.read_bytes()[:-20])
-    with pytest.raises(TransplantRefused, match="the state schemas cannot be compared: .*"
-                       "unreadable state schema file"):  # fmt: skip
+    with pytest.raises(
+        TransplantRefused,
+        match="the state schemas cannot be compared: .*unreadable state schema file",
+    ):
         transplant_checkpoint(old, tmp_path / "new", query)
     assert not (tmp_path / "new").exists()
 
@@ -84,18 +98,28 @@ def test_an_unreadable_state_schema_file_refuses_the_transplant(page_visits, tmp
 def test_the_cli_refuses_in_one_line_and_writes_nothing(page_visits, tmp_path):
     old = Path(load_registry(page_visits / "registry.yaml").query("page_visits").checkpoint)
     before = tree_digest(old)
-    changed = write_registry(tmp_path, page_visits={"spark_conf": {
-        "spark.sql.streaming.stateStore.encodingFormat": "avro"}})  # fmt: skip
-    proc = run_cli("--registry", str(changed), "transplant", str(old), str(tmp_path / "new"),
-                   "--query", "page_visits")  # fmt: skip
+    changed = write_registry(
+        tmp_path,
+        page_visits={"spark_conf": {"spark.sql.streaming.stateStore.encodingFormat": "avro"}},
+    )
+    proc = run_cli(
+        "--registry",
+        str(changed),
+        "transplant",
+        str(old),
+        str(tmp_path / "new"),
+        "--query",
+        "page_visits",
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("error: transplant of ") and "encodingFormat" in proc.stderr
     assert not (tmp_path / "new").exists() and tree_digest(old) == before
     marker = load_registry(changed).bootstrap_marker("page_visits")
     assert not marker.exists(), "a refused transplant leaves no pending proof"
     with pytest.raises(StateOpsError, match="not empty"):  # and a used folder is never a target
-        transplant_checkpoint(old, page_visits / "landing", load_registry(changed).query(
-            "page_visits"))  # fmt: skip
+        transplant_checkpoint(
+            old, page_visits / "landing", load_registry(changed).query("page_visits")
+        )
 
 
 def test_a_new_source_at_a_url_is_kept_as_it_is(page_visits, tmp_path):

@@ -75,8 +75,12 @@ class _TaskInstance:
 
 
 def _gate(ask=lambda context: "never asked") -> ApprovalGate:
-    return ApprovalGate(task_id="approve", operation="backfill", ask=ask,
-                        on_reject="nothing changed; the query goes on as it was")  # fmt: skip
+    return ApprovalGate(
+        task_id="approve",
+        operation="backfill",
+        ask=ask,
+        on_reject="nothing changed; the query goes on as it was",
+    )
 
 
 CONTEXT = {"params": {"query": "page_visits"}}
@@ -103,10 +107,14 @@ def test_a_rejection_or_no_answer_fails_the_step_saying_what_it_leaves():
         "the backfill of page_visits was rejected by oncall: nothing changed; the query goes on "
         "as it was"
     )
-    timed_out = {"error": "The Human-in-the-loop response timeout has passed without a "
-                 "response.", "error_type": "timeout"}  # fmt: skip
-    with pytest.raises(AirflowFailException, match="^the backfill of page_visits was not "
-                       "answered within 4 hours: nothing changed"):  # fmt: skip
+    timed_out = {
+        "error": "The Human-in-the-loop response timeout has passed without a response.",
+        "error_type": "timeout",
+    }
+    with pytest.raises(
+        AirflowFailException,
+        match="^the backfill of page_visits was not answered within 4 hours: nothing changed",
+    ):
         _gate().execute_complete(CONTEXT, timed_out)
 
 
@@ -115,8 +123,10 @@ def test_where_nothing_needs_approval_the_step_says_why_and_does_not_wait(tmp_pa
     ask = lambda context: ApprovalRequest(query, "roll it back", "PLAN: ...", "to s3://b")  # noqa: E731
     done = _gate(ask).execute({**CONTEXT, "ti": _TaskInstance({})})
     assert done["approved_by"] is None
-    assert done["reason"] == "page_visits: the backfill goes on without approval (registry: " \
-        "approval: none)"  # fmt: skip
+    assert (
+        done["reason"] == "page_visits: the backfill goes on without approval (registry: "
+        "approval: none)"
+    )
     # A restore into an empty folder: the ask itself says there is nothing to approve.
     done = _gate(lambda context: "nothing there is replaced").execute(CONTEXT)
     assert done == {"approved_by": None, "reason": "nothing there is replaced"}

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.unit
 def test_the_plan_names_each_field_an_override_changes_and_nothing_else(tmp_path):
     registry = load_registry(write_registry(tmp_path / "data"))
     # row_change_factor is 10.0 already: overridden, not changed.
-    overrides = {"processor": {"options": {"session_timeout_seconds": 600}},
-                 "expectations": {"row_change_factor": 10.0}}  # fmt: skip
+    overrides = {
+        "processor": {"options": {"session_timeout_seconds": 600}},
+        "expectations": {"row_change_factor": 10.0},
+    }
     path = registry_with_overrides(registry, "user_sessions", overrides, tmp_path / "r.yaml")
     before, after = registry.query("user_sessions"), load_registry(path).query("user_sessions")
     assert logic_changes(before, after) == [

@@ -13,8 +13,10 @@ pytestmark = pytest.mark.unit
 def test_a_backup_url_ends_in_a_backup_id_or_latest():
     loc, backup_id = split_backup_url("s3://backups/prod/page_visits/b-000012-20261124T101010Z")
     assert (loc.bucket, loc.prefix, backup_id) == (
-        "backups", "prod/page_visits", "b-000012-20261124T101010Z",
-    )  # fmt: skip
+        "backups",
+        "prod/page_visits",
+        "b-000012-20261124T101010Z",
+    )
     assert split_backup_url("s3://backups/prod/page_visits/latest")[1] == "latest"
     with pytest.raises(StateOpsError, match="no backup id at the end"):
         split_backup_url("s3://backups/prod/page_visits")

@@ -44,8 +44,11 @@ def test_an_export_without_its_manifest_or_its_variable_is_refused(registry, tmp
         plan_bootstrap(query_target(registry, "user_sessions"), str(export), "export")
     entry = {"variable": "other", "kind": "list", "path": "op0/other"}
     (export / "manifest.json").write_text(json.dumps({"entries": [entry]}))
-    with pytest.raises(StateOpsError, match="the export has no state variable 'events' "
-                       r"\(it has other\); export the query whose state this is"):  # fmt: skip
+    with pytest.raises(
+        StateOpsError,
+        match="the export has no state variable 'events' "
+        r"\(it has other\); export the query whose state this is",
+    ):
         plan_bootstrap(
             query_target(registry, "user_sessions"), str(export), None
         )  # found by its manifest
@@ -66,8 +69,13 @@ def test_a_carry_over_waits_for_its_own_batch_on_its_own_checkpoint(registry):
 def test_a_transplant_that_repartitions_waits_through_the_repartition_batch(registry):
     """Batch 5 is Spark's repartition (no input): the carried state's first batch is 6."""
     query = registry.query("user_sessions")
-    record = {"road": "transplant", "checkpoint": query.checkpoint, "batch": 4, "first": 6,
-              "partitions": 3}  # fmt: skip
+    record = {
+        "road": "transplant",
+        "checkpoint": query.checkpoint,
+        "batch": 4,
+        "first": 6,
+        "partitions": 3,
+    }
     write_carry_over(registry, "user_sessions", record)
     assert pending_carry_over(registry, query, 4) == record, "to repartition, then batch 6"
     assert pending_carry_over(registry, query, 5) == record, "repartitioned, batch 6 to run"

@@ -50,8 +50,9 @@ def _checkpoint(root: Path, offsets: dict[int, str], commits: dict[int, int]) ->
         meta = {"batchWatermarkMs": batch * MIN, "batchTimestampMs": 0, "conf": {}}
         write_checkpoint_file(root, f"offsets/{batch}", f"v1\n{json.dumps(meta)}\n{source}")
     for batch, watermark in commits.items():
-        write_checkpoint_file(root, f"commits/{batch}",
-                              f"v1\n{json.dumps({'nextBatchWatermarkMs': watermark})}")  # fmt: skip
+        write_checkpoint_file(
+            root, f"commits/{batch}", f"v1\n{json.dumps({'nextBatchWatermarkMs': watermark})}"
+        )
     return root
 
 
@@ -83,10 +84,17 @@ def test_the_image_batch_hands_on_the_old_watermark_once_and_only_before_batch_1
 def test_carried_rows_come_in_their_recorded_order_whatever_the_chunks():
     carried = CarriedList(fallback_order=["event_time", "data"])
     rows = pd.DataFrame(
-        {"data": ["c", "a", "late", "b"], "event_time": [T("2026-01-01 00:03"),
-         T("2026-01-01 00:01"), T("2026-01-01 00:00"), T("2026-01-01 00:02")],
-         "position": [2, 0, 3, 1]}
-    )  # fmt: skip
+        {
+            "data": ["c", "a", "late", "b"],
+            "event_time": [
+                T("2026-01-01 00:03"),
+                T("2026-01-01 00:01"),
+                T("2026-01-01 00:00"),
+                T("2026-01-01 00:02"),
+            ],
+            "position": [2, 0, 3, 1],
+        }
+    )
     # Spark hands a key's rows over shuffled, in chunks, one call after the other.
     assert carried.rows(("u",), rows.iloc[:2], ["data"]) == [("a",), ("c",)]
     assert carried.rows(("u",), rows.iloc[2:], ["data"]) == [("a",), ("b",), ("c",), ("late",)]
@@ -98,9 +106,14 @@ def test_carried_rows_come_in_their_recorded_order_whatever_the_chunks():
 
 
 def test_the_simulator_keeps_list_positions_in_and_out():
-    old = [{"key": ("u",), "list_element": (d, T(t).to_pydatetime()), "list_position": p}
-           for d, t, p in [("late", "2026-01-01 00:00", 2), ("a", "2026-01-01 00:05", 0),
-                           ("b", "2026-01-01 00:06", 1)]]  # fmt: skip
+    old = [
+        {"key": ("u",), "list_element": (d, T(t).to_pydatetime()), "list_position": p}
+        for d, t, p in [
+            ("late", "2026-01-01 00:00", 2),
+            ("a", "2026-01-01 00:05", 0),
+            ("b", "2026-01-01 00:06", 1),
+        ]
+    ]
     state = simulate_batch(
         UserSessionsProcessor(),
         time_mode="EventTime",
@@ -109,16 +122,19 @@ def test_the_simulator_keeps_list_positions_in_and_out():
         prior_state={"events": old},
     )
     assert [(r["list_element"][0], r["list_position"]) for r in state.rows("events")] == [
-        ("a", 0), ("b", 1), ("late", 2)
-    ]  # fmt: skip
+        ("a", 0),
+        ("b", 1),
+        ("late", 2),
+    ]
 
 
 def test_an_export_made_before_positions_and_watermarks_is_refused_unless_accepted(tmp_path):
     export = tmp_path / "export"
     export.mkdir()
     entry = {"variable": "events", "kind": "list", "path": "op0/events", "rows": 1}
-    (export / "manifest.json").write_text(json.dumps(
-        {"checkpoint": str(tmp_path / "gone"), "batch_id": 3, "entries": [entry]}))  # fmt: skip
+    (export / "manifest.json").write_text(
+        json.dumps({"checkpoint": str(tmp_path / "gone"), "batch_id": 3, "entries": [entry]})
+    )
     query = load_registry(write_registry(tmp_path / "data")).query("user_sessions")
     differences = initial_state_differences(export, query)
     assert differences == [
@@ -127,9 +143,12 @@ def test_an_export_made_before_positions_and_watermarks_is_refused_unless_accept
         f"{export} records no order for list state 'events': its elements would be carried "
         "in another order; export it again",
     ]
-    with pytest.raises(StateOpsError, match=r"^carrying user_sessions's state by the "
-                       r"initialState road would change what it computes: .*records no "
-                       r"watermark.*; to go on anyway, say so$"):  # fmt: skip
+    with pytest.raises(
+        StateOpsError,
+        match=r"^carrying user_sessions's state by the "
+        r"initialState road would change what it computes: .*records no "
+        r"watermark.*; to go on anyway, say so$",
+    ):
         refuse_differences("user_sessions", differences, False, "say so")
     refuse_differences("user_sessions", differences, True, "say so")
     refuse_differences("user_sessions", [], False, "say so")

@@ -41,13 +41,15 @@ def test_the_registry_option_goes_before_or_after_the_command(tmp_path):
 
 def test_lock_show_as_json_free_then_held(tmp_path):
     path = str(write_registry(tmp_path))
-    free = json.loads(run_cli("lock", "show", "page_visits", "--json", "--registry", path,
-                              check=True).stdout)  # fmt: skip
+    free = json.loads(
+        run_cli("lock", "show", "page_visits", "--json", "--registry", path, check=True).stdout
+    )
     assert free == {"query": "page_visits", "state": None, "lock": None}
     registry = load_registry(path)
     with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", "run-1"):
-        held = json.loads(run_cli("--registry", path, "lock", "show", "page_visits", "--json",
-                                  check=True).stdout)  # fmt: skip
+        held = json.loads(
+            run_cli("--registry", path, "lock", "show", "page_visits", "--json", check=True).stdout
+        )
     assert held["state"] == "held" and held["lock"]["run_id"] == "run-1"
     assert held["lock"]["operation"] == "cleanup"
 
@@ -59,9 +61,13 @@ def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
     read, write = os.pipe()
     os.close(read)
     try:
-        proc = subprocess.run([str(VENV_BIN / "stateops"), "--registry", path, "queries",
-                               "--json"], stdout=write, stderr=subprocess.PIPE, text=True,
-                              timeout=60)  # fmt: skip
+        proc = subprocess.run(
+            [str(VENV_BIN / "stateops"), "--registry", path, "queries", "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
@@ -72,8 +78,10 @@ def test_the_readme_table_lists_every_command_as_the_parser_has_it():
     and the options its synopsis shows as the parser has them; the walk with a real
     checkpoint is tests/spark/test_backup.py."""
     rows = cli_table()
-    commands = {k: {o for a in p._actions for o in a.option_strings}
-                for k, p in _commands(build_parser()).items()}  # fmt: skip
+    commands = {
+        k: {o for a in p._actions for o in a.option_strings}
+        for k, p in _commands(build_parser()).items()
+    }
     assert sorted(r.command for r in rows) == sorted(commands)
     for row in rows:
         options = commands[row.command]
@@ -89,30 +97,49 @@ def test_queries_imports_each_querys_code_and_binds_its_options_as_run_does(tmp_
     function and options that do not fit are refused as ``run`` refuses them, one line each,
     exit 2; the listing is still printed."""
     counts = "stateops.pipelines.page_counts:build"
-    path = write_registry(tmp_path, page_counts={
-        "transform": {"function": "no_such_module:build"}}, idle_sessions={
-        "transform": {"function": "stateops.pipelines.idle_sessions:no_such_function"}},
-        page_visits={"processor": {
-            "class": "stateops.pipelines.page_visits:PageVisitsProcessor",
-            "options": {"max_page": 10}}},
-    )  # fmt: skip
+    path = write_registry(
+        tmp_path,
+        page_counts={"transform": {"function": "no_such_module:build"}},
+        idle_sessions={
+            "transform": {"function": "stateops.pipelines.idle_sessions:no_such_function"}
+        },
+        page_visits={
+            "processor": {
+                "class": "stateops.pipelines.page_visits:PageVisitsProcessor",
+                "options": {"max_page": 10},
+            }
+        },
+    )
     raw = yaml.safe_load(path.read_text())
     raw["queries"]["page_counts_too"] = {  # a transform's options, bound to its signature
-        **raw["queries"]["page_counts"], "checkpoint": "checkpoints/page_counts_too",
+        **raw["queries"]["page_counts"],
+        "checkpoint": "checkpoints/page_counts_too",
         "transform": {"function": counts, "options": {"window": "1 hour", "windows": "1"}},
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     expected = [
-        ("error: query page_visits: processor.options do not fit "
-         "stateops.pipelines.page_visits:PageVisitsProcessor: ", "max_page"),
-        ("error: query page_counts: transform.function 'no_such_module:build' cannot be "
-         "imported (No module named 'no_such_module'); is its folder in the registry's "
-         "code_paths?", ""),
-        ("error: query idle_sessions: transform.function "
-         "'stateops.pipelines.idle_sessions:no_such_function' cannot be imported (", ""),
-        ("error: query page_counts_too: transform.options do not fit "
-         f"{counts}(spark, inputs, **options): ", "windows"),
-    ]  # fmt: skip
+        (
+            "error: query page_visits: processor.options do not fit "
+            "stateops.pipelines.page_visits:PageVisitsProcessor: ",
+            "max_page",
+        ),
+        (
+            "error: query page_counts: transform.function 'no_such_module:build' cannot be "
+            "imported (No module named 'no_such_module'); is its folder in the registry's "
+            "code_paths?",
+            "",
+        ),
+        (
+            "error: query idle_sessions: transform.function "
+            "'stateops.pipelines.idle_sessions:no_such_function' cannot be imported (",
+            "",
+        ),
+        (
+            "error: query page_counts_too: transform.options do not fit "
+            f"{counts}(spark, inputs, **options): ",
+            "windows",
+        ),
+    ]
     for json_flag in ([], ["--json"]):
         proc = run_cli("--registry", str(path), "queries", *json_flag)
         assert proc.returncode == 2, proc
@@ -122,9 +149,12 @@ def test_queries_imports_each_querys_code_and_binds_its_options_as_run_does(tmp_
             assert line.startswith(start) and word in line, (line, start)
     listed = json.loads(proc.stdout)["queries"]
     assert {q["name"]: q["error"] is None for q in listed} == {
-        "user_sessions": True, "page_visits": False, "page_counts": False,
-        "idle_sessions": False, "page_counts_too": False,
-    }  # fmt: skip
+        "user_sessions": True,
+        "page_visits": False,
+        "page_counts": False,
+        "idle_sessions": False,
+        "page_counts_too": False,
+    }
     fine = run_cli("--registry", str(write_registry(tmp_path / "fine")), "queries")
     assert (fine.returncode, fine.stderr) == (0, ""), fine
 
@@ -146,11 +176,19 @@ def test_a_spark_command_finds_the_venvs_spark_without_env_sh(tmp_path):
         "\necho\nexit 3\n"
     )
     (standin / "java").chmod(0o755)
-    clean = {"PATH": f"{standin}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
-             "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
-    proc = subprocess.run([str(VENV_BIN / "stateops"), "--registry", str(path), "run",
-                           "page_visits"], capture_output=True, text=True, env=clean,
-                          timeout=120)  # fmt: skip
+    clean = {
+        "PATH": f"{standin}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    }
+    proc = subprocess.run(
+        [str(VENV_BIN / "stateops"), "--registry", str(path), "run", "page_visits"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=120,
+    )
     assert "spark-class: No such file" not in proc.stderr, proc.stderr
     assert proc.returncode == 3 and record.exists(), proc  # the stand-in's exit code
     args = record.read_text().splitlines()
@@ -158,8 +196,9 @@ def test_a_spark_command_finds_the_venvs_spark_without_env_sh(tmp_path):
     jars = args[args.index("-cp") + 1]
     assert jars.endswith("/jars/*") and Path(jars[:-7]).resolve() == pyspark.resolve(), args
     assert args[args.index("-cp") + 2 :][:2] == [
-        "org.apache.spark.launcher.Main", "org.apache.spark.deploy.SparkSubmit"
-    ], args  # fmt: skip
+        "org.apache.spark.launcher.Main",
+        "org.apache.spark.deploy.SparkSubmit",
+    ], args
     assert str(ROOT / "spark_jobs" / "run_query.py") in args, args
     python = Path(args[-1].removeprefix("PYSPARK_PYTHON="))
     assert (python.name, python.parent.resolve()) == ("python", VENV_BIN.resolve()), args
@@ -172,17 +211,27 @@ def test_the_spark_submit_environment_keeps_what_the_caller_set():
 
     pyspark = importlib.util.find_spec("pyspark").submodule_search_locations[0]
     assert spark_submit_env({"PATH": "/bin"}) == {
-        "PATH": "/bin", "SPARK_HOME": pyspark, "PYSPARK_PYTHON": sys.executable,
+        "PATH": "/bin",
+        "SPARK_HOME": pyspark,
+        "PYSPARK_PYTHON": sys.executable,
         "SPARK_CONF_DIR": str(ROOT / "conf"),
-    }  # fmt: skip
-    theirs = {"SPARK_HOME": "/opt/spark", "PYSPARK_PYTHON": "/usr/bin/python3",
-              "SPARK_CONF_DIR": "/etc/spark"}  # fmt: skip
+    }
+    theirs = {
+        "SPARK_HOME": "/opt/spark",
+        "PYSPARK_PYTHON": "/usr/bin/python3",
+        "SPARK_CONF_DIR": "/etc/spark",
+    }
     assert spark_submit_env(theirs) == theirs
     assert spark_submit_command("run_query.py", "local[2]", ["--query", "q"]) == [
-        str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]",
-        "--conf", "spark.ui.enabled=false", str(ROOT / "spark_jobs" / "run_query.py"),
-        "--query", "q",
-    ]  # fmt: skip
+        str(Path(sys.executable).with_name("spark-submit")),
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+        str(ROOT / "spark_jobs" / "run_query.py"),
+        "--query",
+        "q",
+    ]
 
 
 def test_a_job_template_leaves_out_the_optional_flags_not_given():
@@ -211,8 +260,16 @@ def test_generate_for_a_registry_without_the_sample_queries_says_where_to_write(
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "give --out FOLDER" in proc.stderr, proc.stderr
     assert not (tmp_path / "data").exists()
-    written = run_cli("--registry", str(path), "generate", "--files", "1", "--out",
-                      str(tmp_path / "landing"), check=True)  # fmt: skip
+    written = run_cli(
+        "--registry",
+        str(path),
+        "generate",
+        "--files",
+        "1",
+        "--out",
+        str(tmp_path / "landing"),
+        check=True,
+    )
     assert sorted(p.name for p in (tmp_path / "landing").iterdir()) == sorted(
         line.split(":")[0] for line in written.stdout.splitlines()
     )
@@ -224,8 +281,10 @@ def test_a_failed_operation_exits_1_and_a_refusal_2(monkeypatch, capsys):
     from stateops import cli
     from stateops.core.errors import OperationFailed, StateOpsError
 
-    for error, code in ((OperationFailed("the backfill of q failed"), 1),
-                        (StateOpsError("to_batch: 9 is not a committed batch"), 2)):  # fmt: skip
+    for error, code in (
+        (OperationFailed("the backfill of q failed"), 1),
+        (StateOpsError("to_batch: 9 is not a committed batch"), 2),
+    ):
 
         def command(args, error=error):
             raise error

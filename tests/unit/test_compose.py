@@ -40,8 +40,12 @@ def _command(service: str) -> str:
 
 
 def _read_by_code(name: str) -> bool:
-    return any(name in p.read_text(errors="replace") for d in CODE for p in d.rglob("*")
-               if p.is_file() and p.suffix in (".py", ".sh"))  # fmt: skip
+    return any(
+        name in p.read_text(errors="replace")
+        for d in CODE
+        for p in d.rglob("*")
+        if p.is_file() and p.suffix in (".py", ".sh")
+    )
 
 
 def test_every_image_is_pinned_and_spark_is_the_pinned_pyspark():
@@ -108,8 +112,9 @@ def test_mounted_paths_exist_and_ports_do_not_clash():
 
 def test_the_environment_is_what_the_code_reads():
     env = SERVICES["airflow-scheduler"]["environment"]
-    project = next(v.split(":")[1] for v in SERVICES["airflow-scheduler"]["volumes"]
-                   if v.startswith("./:"))  # fmt: skip
+    project = next(
+        v.split(":")[1] for v in SERVICES["airflow-scheduler"]["volumes"] if v.startswith("./:")
+    )
     for key in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER"):
         assert env[key].startswith(project + "/")
         assert (ROOT / env[key].removeprefix(project + "/")).is_dir(), key
@@ -134,8 +139,10 @@ def test_the_environment_is_what_the_code_reads():
     assert f"spark://spark-master:{spark['port']}" in _command("spark-worker")
     aws = json.loads(env[f"AIRFLOW_CONN_{registry.backups.conn_id.upper()}"])
     minio = SERVICES["minio"]["environment"]
-    assert (aws["login"], aws["password"]) == (minio["MINIO_ROOT_USER"],
-                                               minio["MINIO_ROOT_PASSWORD"])  # fmt: skip
+    assert (aws["login"], aws["password"]) == (
+        minio["MINIO_ROOT_USER"],
+        minio["MINIO_ROOT_PASSWORD"],
+    )
     assert aws["extra"]["endpoint_url"] == "http://minio:9000"
 
 

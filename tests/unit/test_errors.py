@@ -108,10 +108,12 @@ def test_an_endpoint_that_is_not_a_url_is_refused_naming_the_setting(endpoint):
 
 @pytest.mark.parametrize(
     ("endpoint", "url"),
-    [(None, "https://s3.eu-west-1.amazonaws.com"),
-     ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
-     ("https://s3.example.com", "https://s3.example.com")],
-)  # fmt: skip
+    [
+        (None, "https://s3.eu-west-1.amazonaws.com"),
+        ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
+        ("https://s3.example.com", "https://s3.example.com"),
+    ],
+)
 def test_a_real_endpoint_or_none_makes_a_client_for_it(endpoint, url):
     """None: AWS itself, in the settings' region; else the endpoint as given. Path-style (a
     local endpoint has no bucket subdomains), with the settings' region and keys."""

@@ -23,9 +23,13 @@ def _run(tmp_path, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("STATEOPS_FAULT")}
     clean.pop("STATEOPS_KILL_AT", None)
     return subprocess.run(
-        [sys.executable, "-c", RUN], capture_output=True, text=True, env={**clean, **env},
-        cwd=tmp_path, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-c", RUN],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        cwd=tmp_path,
+        timeout=60,
+    )
 
 
 def test_without_the_environment_points_do_nothing(tmp_path):

@@ -27,21 +27,38 @@ def _body(**conf) -> bytes:
 
 
 BAD = [
-    ("stream_backfill", {"query": "page_visits"},
-     "to_batch, input_before: give one of them, the last batch to keep or a time (the last "
-     "batch whose input is older), not neither"),
-    ("stream_backfill", {"query": "page_visits", "to_batch": 3, "input_before": "2026-01-01"},
-     "to_batch, input_before: give one of them"),
-    ("stream_backfill", {"query": "page_visits", "input_before": "yesterday 3am"},
-     "input_before 'yesterday 3am' is not a time; write it like"),
-    ("stream_backfill", {"query": "page_visits", "to_batch": 3, "overrides": {"sink": {}}},
-     "overrides: sink cannot be changed by a backfill (only processor, "),
-    ("stream_source_migration", {"query": "page_visits", "new_source_path": "nowhere"},
-     "new_source_path: new source path "),
-    ("stream_source_migration",
-     {"query": "page_visits", "new_source_path": "nowhere", "cutover": "yesterday 3am"},
-     "cutover 'yesterday 3am' is not a time; write it like"),
-]  # fmt: skip
+    (
+        "stream_backfill",
+        {"query": "page_visits"},
+        "to_batch, input_before: give one of them, the last batch to keep or a time (the last "
+        "batch whose input is older), not neither",
+    ),
+    (
+        "stream_backfill",
+        {"query": "page_visits", "to_batch": 3, "input_before": "2026-01-01"},
+        "to_batch, input_before: give one of them",
+    ),
+    (
+        "stream_backfill",
+        {"query": "page_visits", "input_before": "yesterday 3am"},
+        "input_before 'yesterday 3am' is not a time; write it like",
+    ),
+    (
+        "stream_backfill",
+        {"query": "page_visits", "to_batch": 3, "overrides": {"sink": {}}},
+        "overrides: sink cannot be changed by a backfill (only processor, ",
+    ),
+    (
+        "stream_source_migration",
+        {"query": "page_visits", "new_source_path": "nowhere"},
+        "new_source_path: new source path ",
+    ),
+    (
+        "stream_source_migration",
+        {"query": "page_visits", "new_source_path": "nowhere", "cutover": "yesterday 3am"},
+        "cutover 'yesterday 3am' is not a time; write it like",
+    ),
+]
 
 
 @pytest.mark.parametrize(("dag_id", "conf", "start"), BAD)

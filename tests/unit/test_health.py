@@ -25,8 +25,9 @@ pytestmark = pytest.mark.unit
 def test_a_query_that_never_ran_is_warn_and_an_interrupted_rollback_is_fail(tmp_path):
     registry = load_registry(write_registry(tmp_path))
     assert query_status(registry, "page_visits")["health"] == {
-        "verdict": "WARN", "reasons": ["no committed batch yet (stream_start runs it)"]
-    }  # fmt: skip
+        "verdict": "WARN",
+        "reasons": ["no committed batch yet (stream_start runs it)"],
+    }
     with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", "run-7"):
         held = query_status(registry, "page_visits")["health"]
     assert "cleanup (run id run-7) holds the query" in held["reasons"]
@@ -72,11 +73,14 @@ def test_a_lock_whose_holder_was_killed_is_a_warning_at_the_next_check(tmp_path,
     holder.kill()  # SIGKILL: nothing of its own runs
     holder.join(30)
     owner = f"{getpass.getuser()}@{socket.gethostname()}:{holder.pid}"
-    assert query_status(registry, "page_visits")["health"] == {"verdict": "WARN", "reasons": [
-        f"{operation} (run id {operation}-1) was killed or crashed holding the lock (process "
-        f"{owner} is gone): stateops lock release page_visits",
-        "no committed batch yet (stream_start runs it)",
-    ]}  # fmt: skip
+    assert query_status(registry, "page_visits")["health"] == {
+        "verdict": "WARN",
+        "reasons": [
+            f"{operation} (run id {operation}-1) was killed or crashed holding the lock (process "
+            f"{owner} is gone): stateops lock release page_visits",
+            "no committed batch yet (stream_start runs it)",
+        ],
+    }
     if operation == "backfill":
         return
     shown = run_cli("--registry", str(path), "lock", "show", "page_visits", check=True).stdout
@@ -84,8 +88,9 @@ def test_a_lock_whose_holder_was_killed_is_a_warning_at_the_next_check(tmp_path,
         f"page_visits: locked by run (run id run-1, {owner}), whose process is gone (killed "
         "or crashed): stateops lock release page_visits\n"
     )
-    status = run_cli("--registry", str(path), "status", "page_visits", "--no-backups",
-                     check=True).stdout  # fmt: skip
+    status = run_cli(
+        "--registry", str(path), "status", "page_visits", "--no-backups", check=True
+    ).stdout
     assert "  WARN            run (run id run-1) was killed or crashed" in status, status
     assert "  backups         not listed (--no-backups)\n" in status, status
     run_cli("--registry", str(path), "lock", "release", "page_visits", check=True)
@@ -98,9 +103,14 @@ def test_an_unfinished_backfill_is_said_until_it_or_a_run_after_it_finishes():
     def record(operation: str, result: str, run_id: str = "bf-1", **more) -> dict:
         return {"operation": operation, "result": result, "run_id": run_id, **more}
 
-    rolled = record("backfill", "rolled back", batch_after=4, backup_id="b-9",
-                    registry="/d/_stateops/backfill/bf-1/registry.yaml",
-                    changes=["watermark.delay: \"10 minutes\" -> \"1 hour\""])  # fmt: skip
+    rolled = record(
+        "backfill",
+        "rolled back",
+        batch_after=4,
+        backup_id="b-9",
+        registry="/d/_stateops/backfill/bf-1/registry.yaml",
+        changes=['watermark.delay: "10 minutes" -> "1 hour"'],
+    )
     failed = record(
         "backfill", "failed", error="run_query.py exited with code 1 (its output is above)"
     )

@@ -31,17 +31,36 @@ def test_the_default_new_checkpoint_is_the_first_free_version_beside_the_old(tmp
 @pytest.mark.parametrize(
     ("inputs", "carry_over", "moving", "says"),
     [
-        ({"source": "s"}, "initial_state", "", "^carry_over initial_state is for processors "
-         r"\(handleInitialState\); page_counts is a transform, whose state moves by transplant"),
-        ({"sources": {"views": "s", "events": "s"}}, "auto", "",
-         r"^source: query page_counts reads 2 sources \(events, views\): name the one that moves$"),
-        ({"sources": {"views": "s", "events": "s"}}, "auto", "clicks",
-         r"^source: query page_counts has no source 'clicks': its sources are events, views$"),
-        ({"source": "s"}, "auto", "views", r"^source: query page_counts has no source 'views': "
-         r"it "
-         r"reads one source: leave the source name empty$"),
+        (
+            {"source": "s"},
+            "initial_state",
+            "",
+            "^carry_over initial_state is for processors "
+            r"\(handleInitialState\); page_counts is a transform, whose state moves by transplant",
+        ),
+        (
+            {"sources": {"views": "s", "events": "s"}},
+            "auto",
+            "",
+            r"^source: query page_counts reads 2 sources \(events, views\): "
+            r"name the one that moves$",
+        ),
+        (
+            {"sources": {"views": "s", "events": "s"}},
+            "auto",
+            "clicks",
+            r"^source: query page_counts has no source 'clicks': its sources are events, views$",
+        ),
+        (
+            {"source": "s"},
+            "auto",
+            "views",
+            r"^source: query page_counts has no source 'views': "
+            r"it "
+            r"reads one source: leave the source name empty$",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_transform_moves_its_state_by_transplant_one_named_source_at_a_time(
     tmp_path, inputs, carry_over, moving, says
 ):
@@ -53,26 +72,38 @@ def test_a_transform_moves_its_state_by_transplant_one_named_source_at_a_time(
         "sink": {"path": "output/page_counts"},
         "transform": {"function": "stateops.pipelines.page_counts:build"},
         "checkpoint": "checkpoints/page_counts",
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(StateOpsError, match=says):
-        plan_migration(query_target(path, "page_counts"), {"path": "landing/elsewhere"},
-                       carry_over=carry_over, moved_source=moving)  # fmt: skip
+        plan_migration(
+            query_target(path, "page_counts"),
+            {"path": "landing/elsewhere"},
+            carry_over=carry_over,
+            moved_source=moving,
+        )
     assert not (tmp_path / "data" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize(
     ("new_path", "cutover", "says"),
     [
-        ("landing/page_visits/v2", "drain", r"^new_source_path: new source folder "
-         r".*landing/page_visits/v2 "
-         r"overlaps the folder of page_counts's source views \(.*landing/page_visits\): land "
-         "the new source's input in a folder of its own$"),
-        ("landing/events_v2", "2026-01-01T00:00:00Z", r"^cutover: a cutover time reads one "
-         r"source up "
-         "to it; page_counts reads 2: choose cutover drain$"),
+        (
+            "landing/page_visits/v2",
+            "drain",
+            r"^new_source_path: new source folder "
+            r".*landing/page_visits/v2 "
+            r"overlaps the folder of page_counts's source views \(.*landing/page_visits\): land "
+            "the new source's input in a folder of its own$",
+        ),
+        (
+            "landing/events_v2",
+            "2026-01-01T00:00:00Z",
+            r"^cutover: a cutover time reads one "
+            r"source up "
+            "to it; page_counts reads 2: choose cutover drain$",
+        ),
     ],
-)  # fmt: skip
+)
 def test_moving_one_source_of_a_join_keeps_the_others_apart(tmp_path, new_path, cutover, says):
     """The transplant tells the sources apart by their folders, and a cutover time cuts one."""
     path = write_registry(tmp_path / "data")
@@ -87,16 +118,28 @@ def test_moving_one_source_of_a_join_keeps_the_others_apart(tmp_path, new_path, 
     path.write_text(yaml.safe_dump(raw))
     (tmp_path / "data" / new_path).mkdir(parents=True)
     with pytest.raises(StateOpsError, match=says):
-        plan_migration(query_target(path, "page_counts"), {"path": new_path, "format": "json"},
-                       cutover=cutover,
-                       moved_source="events")  # fmt: skip
+        plan_migration(
+            query_target(path, "page_counts"),
+            {"path": new_path, "format": "json"},
+            cutover=cutover,
+            moved_source="events",
+        )
     assert not (tmp_path / "data" / "checkpoints").exists()
 
 
 def test_stateops_migrate_names_the_source_that_moves(tmp_path):
     path = write_registry(tmp_path / "data")
-    proc = run_cli("--registry", str(path), "migrate", "page_visits", "--source", "clicks",
-                   "--new-source-path", "landing/v2", "--dry-run")  # fmt: skip
+    proc = run_cli(
+        "--registry",
+        str(path),
+        "migrate",
+        "page_visits",
+        "--source",
+        "clicks",
+        "--new-source-path",
+        "landing/v2",
+        "--dry-run",
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: source: query page_visits has no source 'clicks': it reads one source: leave the "
         "source name empty"
@@ -105,11 +148,14 @@ def test_stateops_migrate_names_the_source_that_moves(tmp_path):
 
 def test_a_query_whose_checkpoint_is_in_s3_is_refused_before_anything_is_read(tmp_path):
     path = write_registry(tmp_path, page_visits={"checkpoint": "s3a://checkpoints/page_visits"})
-    with pytest.raises(StateOpsError, match=(
-        r"^query page_visits: its checkpoint is in S3 \(s3a://checkpoints/page_visits"
-        r"\), and the migration runs on local checkpoints only for now; restore a backup into "
-        r"a local folder and migrate that \(docs/checkpoints-on-s3.md\)$"
-    )):  # fmt: skip
+    with pytest.raises(
+        StateOpsError,
+        match=(
+            r"^query page_visits: its checkpoint is in S3 \(s3a://checkpoints/page_visits"
+            r"\), and the migration runs on local checkpoints only for now; restore a backup into "
+            r"a local folder and migrate that \(docs/checkpoints-on-s3.md\)$"
+        ),
+    ):
         plan_migration(query_target(path, "page_visits"), {"path": "landing/elsewhere"})
 
 
@@ -132,24 +178,41 @@ CSV_LINES = b"user_id,page,event_time\nu1,/,2026-01-01T00:00:00Z\n"
 @pytest.mark.parametrize(
     ("files", "given", "says"),
     [
-        ({"part-0.json": JSON_LINE}, "parquet", r"^new_source_format: .*/v2/part-0.json is a json "
-         r"file, but the new source's format is parquet: give the format of its files "
-         r"\(--new-source-format json\), or land only parquet files there$"),
-        ({"part-0": JSON_LINE, "day=1/part-1.parquet": b"PAR1"}, "parquet",
-         r"^new_source_format: .*/v2/part-0 is a json file"),  # not by its name, by its bytes
-        ({"a.parquet": "parquet", "b.parquet": "parquet"}, "csv",
-         r"^new_source_format: .*/v2/a.parquet is a parquet file, but the new source's format "
-         r"is csv: give the format of its files \(--new-source-format parquet\)"),
+        (
+            {"part-0.json": JSON_LINE},
+            "parquet",
+            r"^new_source_format: .*/v2/part-0.json is a json "
+            r"file, but the new source's format is parquet: give the format of its files "
+            r"\(--new-source-format json\), or land only parquet files there$",
+        ),
+        (
+            {"part-0": JSON_LINE, "day=1/part-1.parquet": b"PAR1"},
+            "parquet",
+            r"^new_source_format: .*/v2/part-0 is a json file",
+        ),  # not by its name, by its bytes
+        (
+            {"a.parquet": "parquet", "b.parquet": "parquet"},
+            "csv",
+            r"^new_source_format: .*/v2/a.parquet is a parquet file, but the new source's format "
+            r"is csv: give the format of its files \(--new-source-format parquet\)",
+        ),
         ({"a.csv": CSV_LINES}, "json", r"^new_source_format: .*/v2/a.csv is a csv file"),
         ({"a.json.gz": "gzip"}, "csv", r"^new_source_format: .*/v2/a.json.gz is a json file"),
-        ({"a.json": JSON_LINE, "b.parquet": "parquet"}, None,
-         r"^new_source_format: .*/v2 holds json files \(a.json\) and parquet files "
-         r"\(b.parquet\): land one format in the new source's folder$"),
-        ({"a.orc": b"ORC\x00\x01\x02"}, "auto", r"^new_source_format: the files in .*/v2 "
-         r"\(a.orc, ...\) are not parquet, JSON or CSV by their first bytes: give the new "
-         r"source's format \(--new-source-format\)$"),
+        (
+            {"a.json": JSON_LINE, "b.parquet": "parquet"},
+            None,
+            r"^new_source_format: .*/v2 holds json files \(a.json\) and parquet files "
+            r"\(b.parquet\): land one format in the new source's folder$",
+        ),
+        (
+            {"a.orc": b"ORC\x00\x01\x02"},
+            "auto",
+            r"^new_source_format: the files in .*/v2 "
+            r"\(a.orc, ...\) are not parquet, JSON or CSV by their first bytes: give the new "
+            r"source's format \(--new-source-format\)$",
+        ),
     ],
-)  # fmt: skip
+)
 def test_files_of_another_format_than_the_new_sources_are_refused_before_anything_stops(
     tmp_path, files, given, says
 ):
@@ -169,8 +232,7 @@ def test_files_of_another_format_than_the_new_sources_are_refused_before_anythin
     with pytest.raises(StateOpsError, match=says):
         check_migration_form(query_target(path, "page_visits"), conf)
     with pytest.raises(StateOpsError, match=says):
-        plan_migration(query_target(path, "page_visits"),
-                       {"path": "landing/v2", "format": given})  # fmt: skip
+        plan_migration(query_target(path, "page_visits"), {"path": "landing/v2", "format": given})
     assert not (tmp_path / "data" / "checkpoints").exists()
 
 
@@ -185,13 +247,18 @@ def test_without_a_format_the_new_source_takes_its_files_format(tmp_path, name, 
     (folder / name).write_bytes(_parquet_bytes() if content == "parquet" else content)
     target = query_target(path, "page_visits")
     for given in (None, "auto", found):
-        check_migration_form(target, {"query": "page_visits", "new_source_path": "landing/v2",
-                                      "new_source_format": given})  # fmt: skip
+        check_migration_form(
+            target,
+            {"query": "page_visits", "new_source_path": "landing/v2", "new_source_format": given},
+        )
     other = "csv" if found != "csv" else "json"
-    with pytest.raises(StateOpsError, match=f"is a {found} file, but the new source's format "
-                                            f"is {other}: "):  # fmt: skip
-        check_migration_form(target, {"query": "page_visits", "new_source_path": "landing/v2",
-                                      "new_source_format": other})  # fmt: skip
+    with pytest.raises(
+        StateOpsError, match=f"is a {found} file, but the new source's format is {other}: "
+    ):
+        check_migration_form(
+            target,
+            {"query": "page_visits", "new_source_path": "landing/v2", "new_source_format": other},
+        )
 
 
 def test_stateops_migrate_dry_run_to_json_files_as_parquet_is_refused_in_one_line(tmp_path):
@@ -201,8 +268,17 @@ def test_stateops_migrate_dry_run_to_json_files_as_parquet_is_refused_in_one_lin
     folder.mkdir(parents=True)
     (folder / "part-0.json").write_bytes(JSON_LINE)
     before = tree_digest(tmp_path)
-    proc = run_cli("--registry", str(path), "migrate", "page_visits", "--new-source-path",
-                   "landing/v2", "--new-source-format", "parquet", "--dry-run")  # fmt: skip
+    proc = run_cli(
+        "--registry",
+        str(path),
+        "migrate",
+        "page_visits",
+        "--new-source-path",
+        "landing/v2",
+        "--new-source-format",
+        "parquet",
+        "--dry-run",
+    )
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert proc.stderr.splitlines() == [
         f"error: new_source_format: {folder}/part-0.json is a json file, but the new source's "
@@ -224,17 +300,23 @@ def test_the_new_sources_glob_filter_is_read_as_spark_reads_it(tmp_path):
     for name in ("pathGlobFilter", "PATHGLOBFILTER"):
         options = {name: "*.{jsonl,json}"}
         with pytest.raises(StateOpsError, match="is a json file, but the new source's format "):
-            check_migration_form(target, {**conf, "new_source_format": "parquet",
-                                          "new_source_options": options})  # fmt: skip
+            check_migration_form(
+                target, {**conf, "new_source_format": "parquet", "new_source_options": options}
+            )
         for given in (None, "json"):  # without a format it takes its files' (json) format
-            check_migration_form(target, {**conf, "new_source_format": given,
-                                          "new_source_options": options})  # fmt: skip
-    with pytest.raises(StateOpsError, match=r"^new_source_options: pathGlobFilter '\*.parquet' "
-                                            r"matches none of the 1 files in .*v2 \(e.g. "
-                                            r"part-0.json\): fix the filter, or land files it "
-                                            r"matches$"):  # fmt: skip
-        check_migration_form(target, {**conf, "new_source_options":
-                                      {"pathGlobFilter": "*.parquet"}})  # fmt: skip
+            check_migration_form(
+                target, {**conf, "new_source_format": given, "new_source_options": options}
+            )
+    with pytest.raises(
+        StateOpsError,
+        match=r"^new_source_options: pathGlobFilter '\*.parquet' "
+        r"matches none of the 1 files in .*v2 \(e.g. "
+        r"part-0.json\): fix the filter, or land files it "
+        r"matches$",
+    ):
+        check_migration_form(
+            target, {**conf, "new_source_options": {"pathGlobFilter": "*.parquet"}}
+        )
 
 
 @pytest.mark.parametrize("url", ["s3a://checkpoints/page_visits.v2", "s3://checkpoints/pv"])

@@ -52,8 +52,12 @@ print(json.dumps(out))
 
 def _imported(paths: list[Path]) -> dict[Path, set[str]]:
     """The stateops layers each file imports."""
-    proc = subprocess.run([sys.executable, "-c", _IMPORTS, *map(str, paths)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {Path(p): set(names) for p, names in json.loads(proc.stdout).items()}
 
 
@@ -65,8 +69,10 @@ def test_each_layer_imports_only_the_layers_below_it():
         if layer == "dev":
             allowed = {"core", "dev"}
         for path in sorted((PACKAGE / layer).glob("*.py")):
-            wrong += [f"{path.relative_to(PACKAGE)} imports stateops.{name}"
-                      for name in sorted(imported[path] - allowed)]  # fmt: skip
+            wrong += [
+                f"{path.relative_to(PACKAGE)} imports stateops.{name}"
+                for name in sorted(imported[path] - allowed)
+            ]
     assert wrong == []
 
 
@@ -135,23 +141,36 @@ def test_no_two_modules_import_each_other_and_no_function_is_over_80_lines():
     modules = {_module(p) for p in files}
     graph = {_module(p): set(f["imports"]) & modules - {_module(p)} for p, f in files.items()}
     assert _circles(graph) == []
-    long = [f"{p.relative_to(PACKAGE)}:{line} {name} ({n} lines)"
-            for p, f in files.items() for name, line, n in f["long"]]  # fmt: skip
+    long = [
+        f"{p.relative_to(PACKAGE)}:{line} {name} ({n} lines)"
+        for p, f in files.items()
+        for name, line, n in f["long"]
+    ]
     assert long == []
 
 
 def test_no_dag_file_imports_the_operations():
     dags = sorted((PACKAGE.parents[1] / "dags").glob("*.py"))
-    wrong = [f"{p.name} imports {m}" for p, f in _read(dags).items() for m in f["imports"]
-             if m.startswith("stateops.ops")]  # fmt: skip
+    wrong = [
+        f"{p.name} imports {m}"
+        for p, f in _read(dags).items()
+        for m in f["imports"]
+        if m.startswith("stateops.ops")
+    ]
     assert wrong == []
 
 
 def test_the_airflow_glue_offers_each_of_its_public_names():
     tasks = PACKAGE.parents[1] / "plugins" / "stateops_airflow" / "tasks.py"
     tree = ast.parse(tasks.read_text())
-    public = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
-              and not n.name.startswith("_")}  # fmt: skip
-    offered = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                   and getattr(n.targets[0], "id", None) == "__all__")  # fmt: skip
+    public = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("_")
+    }
+    offered = next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "__all__"
+    )
     assert sorted(public - set(offered)) == []

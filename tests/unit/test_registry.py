@@ -54,11 +54,13 @@ def test_the_checkpoint_format_is_set_for_every_query_and_v2_is_for_rocksdb(tmp_
     """Every query sets its format (default 1): in a shared session one query's v2 must not
     carry over to the next query's new checkpoint."""
     key = "spark.sql.streaming.stateStore.checkpointFormatVersion"
-    registry = load_registry(write_registry(
-        tmp_path, page_visits={"state_store": {"checkpoint_format": 2}}))  # fmt: skip
+    registry = load_registry(
+        write_registry(tmp_path, page_visits={"state_store": {"checkpoint_format": 2}})
+    )
     assert registry.query("page_visits").spark_conf_for_query()[key] == "2"
-    assert {q.spark_conf_for_query()[key] for n, q in registry.queries.items()
-            if n != "page_visits"} == {"1"}  # fmt: skip
+    assert {
+        q.spark_conf_for_query()[key] for n, q in registry.queries.items() if n != "page_visits"
+    } == {"1"}
     _refused_in_one_line(
         tmp_path,
         lambda r: r["queries"]["page_counts"]["state_store"].update(checkpoint_format=2),
@@ -144,9 +146,13 @@ TRANSFORM = {"function": "stateops.pipelines.page_counts:build", "output_mode": 
 
 def _counts(r, **changes):
     """A transform query beside the processors (page_visits' source and sink, its own names)."""
-    spec = {"source": r["queries"]["page_visits"]["source"], "transform": TRANSFORM,
-            "sink": {"path": "output/page_counts"}, "checkpoint": "checkpoints/page_counts",
-            "state_store": {"provider": "hdfs"}}  # fmt: skip
+    spec = {
+        "source": r["queries"]["page_visits"]["source"],
+        "transform": TRANSFORM,
+        "sink": {"path": "output/page_counts"},
+        "checkpoint": "checkpoints/page_counts",
+        "state_store": {"provider": "hdfs"},
+    }
     r["queries"]["page_counts"] = {**spec, **changes}
 
 
@@ -155,57 +161,97 @@ def test_a_transform_query_reads_its_sources_by_name_on_either_store(tmp_path):
     query = registry.query("page_counts")
     assert query.processor is None and query.key_columns == []
     assert query.output_mode == "update" and list(query.inputs) == ["source"]
-    assert query.spark_conf_for_query()[
-        "spark.sql.streaming.stateStore.providerClass"
-    ] == PROVIDER_CLASSES["hdfs"]  # fmt: skip
+    assert (
+        query.spark_conf_for_query()["spark.sql.streaming.stateStore.providerClass"]
+        == PROVIDER_CLASSES["hdfs"]
+    )
     source = registry.query("page_visits").source
-    joined = load_registry(_registry_with(tmp_path, lambda r: _counts(
-        r, source=None, sources={"views": source.model_dump(by_alias=True), "clicks": {
-            **source.model_dump(by_alias=True), "path": "landing/clicks"}})))  # fmt: skip
+    joined = load_registry(
+        _registry_with(
+            tmp_path,
+            lambda r: _counts(
+                r,
+                source=None,
+                sources={
+                    "views": source.model_dump(by_alias=True),
+                    "clicks": {**source.model_dump(by_alias=True), "path": "landing/clicks"},
+                },
+            ),
+        )
+    )
     assert {n: s.path for n, s in joined.query("page_counts").inputs.items()} == {
-        "views": source.path, "clicks": str(tmp_path / "data" / "landing" / "clicks")
-    }  # fmt: skip
+        "views": source.path,
+        "clicks": str(tmp_path / "data" / "landing" / "clicks"),
+    }
     assert registry.query("page_visits").output_mode == "update", "the processor's, lower case"
     # What a migration can move: processors with initial_state, transforms (a source by name).
     assert query.movable and registry.query("page_visits").movable
     assert joined.query("page_counts").movable
     assert (query.input_name(""), joined.query("page_counts").input_name("clicks")) == (
-        "source", "clicks"
-    )  # fmt: skip
+        "source",
+        "clicks",
+    )
 
 
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda r: _counts(r, processor=r["queries"]["page_visits"]["processor"]),
-         "queries.page_counts: give either processor (a transformWithStateInPandas class) or "
-         "transform"),
+        (
+            lambda r: _counts(r, processor=r["queries"]["page_visits"]["processor"]),
+            "queries.page_counts: give either processor (a transformWithStateInPandas class) or "
+            "transform",
+        ),
         (lambda r: _counts(r, transform=None), "give either processor"),
-        (lambda r: _counts(r, sources={"a": r["queries"]["page_visits"]["source"]}),
-         "queries.page_counts: give either source (one input) or sources (inputs by name)"),
-        (lambda r: _counts(r, watermark={"column": "event_time", "delay": "1 minute"}),
-         "watermark is for processor queries: a transform applies its own watermarks"),
-        (lambda r: _counts(r, transform={**TRANSFORM, "output_mode": "replace"}),
-         "queries.page_counts.transform.output_mode"),
-        (lambda r: _counts(r, transform={"function": "no_colon"}),
-         "queries.page_counts.transform.function"),
-        (lambda r: r["queries"]["page_visits"].update(
-            source=None, sources={"a": r["queries"]["page_visits"]["source"]}),
-         "a processor reads one source: give source, not sources"),
-        (lambda r: r["queries"]["page_visits"].update(key_columns=[]),
-         "key_columns: a processor groups by at least one key column"),
-        (lambda r: _counts(r, expectations={"expiry": {"time_column": "t"}}),
-         "queries.page_counts.expectations.expiry: give time_column and timeout_option, or "
-         "timeout_column"),
-        (lambda r: _counts(r, expectations={"expiry": {
-            "timeout_column": "c", "time_column": "t", "timeout_option": "o"}}),
-         "give time_column and timeout_option, or timeout_column"),
-        (lambda r: _counts(r, expectations={"expiry": {"time_column": "t", "timeout_option": "o"}}),
-         "expectations.expiry.timeout_option 'o' is not an integer option of the transform"),
+        (
+            lambda r: _counts(r, sources={"a": r["queries"]["page_visits"]["source"]}),
+            "queries.page_counts: give either source (one input) or sources (inputs by name)",
+        ),
+        (
+            lambda r: _counts(r, watermark={"column": "event_time", "delay": "1 minute"}),
+            "watermark is for processor queries: a transform applies its own watermarks",
+        ),
+        (
+            lambda r: _counts(r, transform={**TRANSFORM, "output_mode": "replace"}),
+            "queries.page_counts.transform.output_mode",
+        ),
+        (
+            lambda r: _counts(r, transform={"function": "no_colon"}),
+            "queries.page_counts.transform.function",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"].update(
+                source=None, sources={"a": r["queries"]["page_visits"]["source"]}
+            ),
+            "a processor reads one source: give source, not sources",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"].update(key_columns=[]),
+            "key_columns: a processor groups by at least one key column",
+        ),
+        (
+            lambda r: _counts(r, expectations={"expiry": {"time_column": "t"}}),
+            "queries.page_counts.expectations.expiry: give time_column and timeout_option, or "
+            "timeout_column",
+        ),
+        (
+            lambda r: _counts(
+                r,
+                expectations={
+                    "expiry": {"timeout_column": "c", "time_column": "t", "timeout_option": "o"}
+                },
+            ),
+            "give time_column and timeout_option, or timeout_column",
+        ),
+        (
+            lambda r: _counts(
+                r, expectations={"expiry": {"time_column": "t", "timeout_option": "o"}}
+            ),
+            "expectations.expiry.timeout_option 'o' is not an integer option of the transform",
+        ),
         (lambda r: r.update(code_paths=["nope"]), "code_paths: 'nope' is not a folder"),
         (lambda r: r.update(code_paths="jobs"), "code_paths: expected a list of folders"),
     ],
-)  # fmt: skip
+)
 def test_a_query_is_one_shape_and_its_code_where_the_registry_says(tmp_path, mutate, expected):
     _refused_in_one_line(tmp_path, mutate, expected)
 

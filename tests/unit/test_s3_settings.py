@@ -28,8 +28,11 @@ def test_settings_from_an_airflow_connection_never_show_the_secret(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_BACKUP_S3", json.dumps(conn))
     settings = s3_settings("backup_s3")
     assert (settings.endpoint_url, settings.region, settings.access_key, settings.secret_key) == (
-        "http://127.0.0.1:9000", "eu-west-1", "AK", "s3cr3t"
-    )  # fmt: skip
+        "http://127.0.0.1:9000",
+        "eu-west-1",
+        "AK",
+        "s3cr3t",
+    )
     assert "s3cr3t" not in repr(settings) and "s3cr3t" not in str(settings)
     with pytest.raises(StateOpsError, match="AIRFLOW_CONN_MISSING is not set"):
         s3_settings("missing")

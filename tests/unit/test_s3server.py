@@ -18,12 +18,27 @@ def test_the_embedded_endpoint_starts_on_the_port_and_with_the_bucket_given(tmp_
     from stateops.core.s3 import S3Settings, s3_client
 
     port = free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
-           "STATEOPS_S3_ENDPOINT_URL": "http://127.0.0.1:9000"}  # fmt: skip
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": S3_KEY,
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        "STATEOPS_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stateops.dev.s3server", str(tmp_path), "--port", str(port),
-         "--bucket", "elsewhere"], stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stateops.dev.s3server",
+            str(tmp_path),
+            "--port",
+            str(port),
+            "--bucket",
+            "elsewhere",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         assert (
@@ -39,9 +54,13 @@ def test_the_embedded_endpoint_starts_on_the_port_and_with_the_bucket_given(tmp_
 
 def test_without_credentials_it_says_which_to_set():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    proc = subprocess.run([sys.executable, "-m", "stateops.dev.s3server", "/nonexistent",
-                           "--port", "1"], capture_output=True, text=True, env=env,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "stateops.dev.s3server", "/nonexistent", "--port", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
         "error: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the keys the endpoint takes; "

@@ -20,6 +20,9 @@ def test_each_query_says_what_was_done_or_why_it_was_skipped():
 
 
 def test_a_run_that_skipped_every_query_fails_saying_so():
-    with pytest.raises(AirflowFailException, match="no backup was done: no registered query "
-                       "has a committed batch yet; run stream_start first"):  # fmt: skip
+    with pytest.raises(
+        AirflowFailException,
+        match="no backup was done: no registered query "
+        "has a committed batch yet; run stream_start first",
+    ):
         scheduled_outcome("backup", {"a": None, "b": None})

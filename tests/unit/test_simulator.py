@@ -22,10 +22,13 @@ def _visits(*rows):
 
 def test_initial_state_comes_before_the_batch_input_per_key():
     initial = pd.DataFrame(
-        [("a", "cart", T("2025-12-31 11:00")), ("a", "home", T("2025-12-31 10:00")),
-         ("z", "help", T("2025-12-29 08:00"))],
+        [
+            ("a", "cart", T("2025-12-31 11:00")),
+            ("a", "home", T("2025-12-31 10:00")),
+            ("z", "help", T("2025-12-29 08:00")),
+        ],
         columns=["user_id", "page", "visited_at"],
-    )  # fmt: skip
+    )
     state = simulate_batch(
         PageVisitsProcessor(),
         time_mode="None",
@@ -35,8 +38,10 @@ def test_initial_state_comes_before_the_batch_input_per_key():
     )
     pages = {(r["key"], r["list_element"][0]) for r in state.rows("pages")}
     assert [r["list_element"][0] for r in state.rows("pages") if r["key"] == ("a",)] == [
-        "home", "cart", "blog"
-    ]  # fmt: skip
+        "home",
+        "cart",
+        "blog",
+    ]
     assert ("z", "help") in {(k[0], p) for k, p in pages}, "keys with only initial state count"
     counts = {r["key"]: r["value"] for r in state.rows("count")}
     assert counts == {("a",): (3,), ("b",): (1,), ("z",): (1,)}
@@ -47,10 +52,13 @@ def test_initial_state_comes_before_the_batch_input_per_key():
 
 def test_sessions_close_on_is_last_and_keep_a_timer_while_open():
     rows = pd.DataFrame(
-        [("u1", "e1", False, T("2026-01-01 00:00")), ("u1", "e2", True, T("2026-01-01 00:05")),
-         ("u2", "e3", False, T("2026-01-01 00:10"))],
+        [
+            ("u1", "e1", False, T("2026-01-01 00:00")),
+            ("u1", "e2", True, T("2026-01-01 00:05")),
+            ("u2", "e3", False, T("2026-01-01 00:10")),
+        ],
         columns=["user_id", "data", "is_last", "event_time"],
-    )  # fmt: skip
+    )
     state = simulate_batch(
         UserSessionsProcessor(session_timeout_seconds=60),
         time_mode="EventTime",

@@ -44,8 +44,9 @@ def test_a_killed_run_into_s3_leaves_its_folder_where_the_next_run_finds_it(tmp_
     under the temp folder, a killed run's folder is removed by the next run as locally."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     target = "s3://checkpoints/queries/ckpt"
-    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, target],
-                            env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN, target], env={**os.environ, "TMPDIR": str(tmp_path)}
+    )
     assert killed.returncode == -signal.SIGKILL
     place = tmp_path / "stateops-staging" / "checkpoints" / "queries"
     [left] = [p for p in place.iterdir() if p.name.startswith("ckpt.restoring-")]

@@ -71,15 +71,32 @@ def test_a_task_reads_only_the_summary_its_own_run_wrote(tmp_path):
 
 def _proof(ok: bool) -> dict:
     variables = [
-        {"variable": "visits", "kind": "value", "batch": b, "ok": ok or b == 3,
-         "actual_rows": rows, "expected_rows": 5, "actual_checksum": "a", "expected_checksum": "e"}
+        {
+            "variable": "visits",
+            "kind": "value",
+            "batch": b,
+            "ok": ok or b == 3,
+            "actual_rows": rows,
+            "expected_rows": 5,
+            "actual_checksum": "a",
+            "expected_checksum": "e",
+        }
         for b, rows in ((3, 5), (4, 5 if ok else 4))
-    ]  # fmt: skip
+    ]
     return {
-        "ok": ok, "sample": False, "seconds": 1.5, "batches": [3, 4], "reference": "old",
-        "variables": variables, "watermarks": [], "proof_file": "/p/proof.json",
-        "query": "page_visits", "carried": "old state", "input_files": 1, "input_rows": 2,
-    }  # fmt: skip
+        "ok": ok,
+        "sample": False,
+        "seconds": 1.5,
+        "batches": [3, 4],
+        "reference": "old",
+        "variables": variables,
+        "watermarks": [],
+        "proof_file": "/p/proof.json",
+        "query": "page_visits",
+        "carried": "old state",
+        "input_files": 1,
+        "input_rows": 2,
+    }
 
 
 def test_the_run_summary_keeps_the_proofs_last_batch_and_a_failure_says_what_and_where(capsys):

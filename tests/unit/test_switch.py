@@ -87,8 +87,14 @@ def test_a_switch_numbers_the_new_checkpoints_output_after_the_old(tmp_path):
     from stateops.ops.rollback import plan_sink_rollback
 
     path = write_registry(tmp_path)
-    write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {},
-                 sink_batch_offset=8)  # fmt: skip
+    write_switch(
+        load_registry(path),
+        "page_visits",
+        NEW_SOURCE,
+        str(tmp_path / "v2"),
+        {},
+        sink_batch_offset=8,
+    )
     sink = load_registry(path).query("page_visits").sink
     assert (sink.batch_offset, sink.folder_batch(0), sink.folder_batch(3)) == (8, 8, 11)
     for k in range(12):  # old checkpoint's batches 0-7, the new one's 0-3

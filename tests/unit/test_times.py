@@ -51,9 +51,18 @@ def test_an_impossible_time_is_refused_naming_the_field_the_value_and_the_reason
 
 @pytest.mark.parametrize(
     "text",
-    ["yesterday", "", "2026-11-21", "21/11/2026 03:00", "2026-11-21T3:00", "20261121T030000",
-     "2026-11-21T03:00+01:67", "2026-11-21T03:00:00ZZ", "2026-W47-6T03:00"],
-)  # fmt: skip
+    [
+        "yesterday",
+        "",
+        "2026-11-21",
+        "21/11/2026 03:00",
+        "2026-11-21T3:00",
+        "20261121T030000",
+        "2026-11-21T03:00+01:67",
+        "2026-11-21T03:00:00ZZ",
+        "2026-W47-6T03:00",
+    ],
+)
 def test_a_string_of_another_shape_is_not_a_time(text):
     with pytest.raises(StateOpsError, match=r"^input_before .* is not a time; write it like"):
         parse_time(text, "input_before")

@@ -23,8 +23,11 @@ def test_an_explicit_choice_is_kept_or_refused_with_the_reasons():
     assert choose_road("initial_state", []) == "initial_state"
     assert choose_road("initial_state", WHY) == "initial_state"
     assert choose_road("transplant", []) == "transplant"
-    with pytest.raises(TransplantRefused, match=r"does not apply: the old state has 2 part.*; "
-                       "choose carry_over auto or initial_state"):  # fmt: skip
+    with pytest.raises(
+        TransplantRefused,
+        match=r"does not apply: the old state has 2 part.*; "
+        "choose carry_over auto or initial_state",
+    ):
         choose_road("transplant", WHY)
     with pytest.raises(StateOpsError, match="carry_over 'copy': choose one of auto, transplant"):
         choose_road("copy", [])
@@ -32,8 +35,11 @@ def test_an_explicit_choice_is_kept_or_refused_with_the_reasons():
 
 def test_a_transforms_state_takes_the_transplant_or_nothing():
     assert choose_road("auto", [], transform=True) == "transplant"
-    with pytest.raises(TransplantRefused, match=r"does not apply: the old state has 2 part.*; "
-                       "a transform's state moves to a new source by transplant only"):  # fmt: skip
+    with pytest.raises(
+        TransplantRefused,
+        match=r"does not apply: the old state has 2 part.*; "
+        "a transform's state moves to a new source by transplant only",
+    ):
         choose_road("auto", WHY, transform=True)
     with pytest.raises(StateOpsError, match="initial_state is for processors"):
         choose_road("initial_state", [], transform=True)

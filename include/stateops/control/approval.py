@@ -30,9 +30,10 @@ def without_approval(query: Query, operation: str) -> str | None:
     if query.needs_approval(operation):
         return None
     setting = (
-        f"approval: {query.approval}" if query.approval
+        f"approval: {query.approval}"
+        if query.approval
         else "no approval setting: only a migration asks by default"
-    )  # fmt: skip
+    )
     return f"{query.name}: the {operation} goes on without approval (registry: {setting})"
 
 
@@ -52,11 +53,13 @@ class ApprovalRequest:
         """Markdown: the plan's lines as a list of code spans (Airflow's required actions
         join the lines of a fenced block, and would take ``<target>`` for HTML)."""
         head, *rest = self.plan.splitlines()
-        return "\n\n".join([
-            f"**Backup:** `{self.backup}`",
-            f"`{head}`\n" + "\n".join(f"- `{line.strip()}`" for line in rest),
-            f"**Reject**, or no answer within {TIMEOUT_TEXT}: {on_reject}.",
-        ])  # fmt: skip
+        return "\n\n".join(
+            [
+                f"**Backup:** `{self.backup}`",
+                f"`{head}`\n" + "\n".join(f"- `{line.strip()}`" for line in rest),
+                f"**Reject**, or no answer within {TIMEOUT_TEXT}: {on_reject}.",
+            ]
+        )
 
 
 def refusal(operation: str, query: str, answer: str, on_reject: str) -> str:

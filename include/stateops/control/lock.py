@@ -90,11 +90,15 @@ def describe_lock(query: str, held: LockInfo, state: str) -> str:
     if state == "hold":
         return f"{query}: held for the steps of {who} until {_until(held)}"
     if state == "holder gone":
-        return (f"{query}: locked by {who}, whose process is gone (killed or crashed): "
-                f"stateops lock release {query}")  # fmt: skip
+        return (
+            f"{query}: locked by {who}, whose process is gone (killed or crashed): "
+            f"stateops lock release {query}"
+        )
     if state == "expired":
-        return (f"{query}: locked by {who}, expired at {_until(held)}: its holder stopped "
-                f"renewing it (gone or hung): stateops lock release {query}")  # fmt: skip
+        return (
+            f"{query}: locked by {who}, expired at {_until(held)}: its holder stopped "
+            f"renewing it (gone or hung): stateops lock release {query}"
+        )
     return f"{query}: locked by {who} until {_until(held)}"
 
 

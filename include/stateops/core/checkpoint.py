@@ -110,15 +110,20 @@ class StoreState:
         """The files of one version: its delta (changelog) and/or its snapshot; in format v2,
         those of every id."""
         files = [f for f in (self.deltas.get(version), self.snapshots.get(version)) if f]
-        return files + [rel for kinds in self.v2_files.get(version, {}).values()
-                        for rel in kinds.values()]  # fmt: skip
+        return files + [
+            rel for kinds in self.v2_files.get(version, {}).values() for rel in kinds.values()
+        ]
 
     @property
     def zips(self) -> list[str]:
         """Every RocksDB snapshot (``N.zip``; in format v2 ``N_<id>.zip`` of every id)."""
         zips = [rel for rel in self.snapshots.values() if rel.endswith(".zip")]
-        return zips + [kinds["zip"] for by_id in self.v2_files.values()
-                       for kinds in by_id.values() if "zip" in kinds]  # fmt: skip
+        return zips + [
+            kinds["zip"]
+            for by_id in self.v2_files.values()
+            for kinds in by_id.values()
+            if "zip" in kinds
+        ]
 
     def load_chain(self, version: int) -> tuple[list[str], list[str]]:
         """Files that load ``version`` (base snapshot first), and the names of missing ones."""
@@ -257,8 +262,14 @@ class Checkpoint:
         if not store.v2_files:
             return store
         key = (store.operator_id, store.partition, store.store_name)
-        view = StoreState(store.operator_id, store.partition, store.store_name, store.rel_dir,
-                          store.provider, other_files=store.other_files)  # fmt: skip
+        view = StoreState(
+            store.operator_id,
+            store.partition,
+            store.store_name,
+            store.rel_dir,
+            store.provider,
+            other_files=store.other_files,
+        )
         for version, by_id in store.v2_files.items():
             kept = [i for i, kinds in by_id.items() if keep & set(kinds.values())]
             if kept:
@@ -351,8 +362,10 @@ class Checkpoint:
         for wanted in range(lower + 1, upper + 1):
             plain = log.get(wanted)
             if plain is None or plain.endswith(".compact"):
-                plain = next((log[i] for i in sorted(log) if i >= wanted and
-                              log[i].endswith(".compact")), None)  # fmt: skip
+                plain = next(
+                    (log[i] for i in sorted(log) if i >= wanted and log[i].endswith(".compact")),
+                    None,
+                )
             if plain is None:
                 raise CheckpointError(
                     f"{self.root}: sources/{source}/{wanted} is missing: the files batch "
@@ -405,8 +418,11 @@ class Checkpoint:
 
     def _file_source(self, source: int) -> bool:
         """True unless another batch shows ``source`` is not a file source."""
-        seen = [e.source_offsets[source] for e in self.offsets.values()
-                if source < len(e.source_offsets)]  # fmt: skip
+        seen = [
+            e.source_offsets[source]
+            for e in self.offsets.values()
+            if source < len(e.source_offsets)
+        ]
         return all(o is None or (isinstance(o, dict) and "logOffset" in o) for o in seen)
 
     def _log_offset(self, batch: int, source: int) -> int:
@@ -461,10 +477,12 @@ class Checkpoint:
             needed += self._operator_metadata_files(op, batch)
             for store in [s for s in op.stores if self.reads_store(s, batch)]:
                 chain, chain_missing = (
-                    store.load_chain(version) if ids is None else self.v2_load_chain(
-                        store, version, ids.get((op.operator_id, store.partition,
-                                                 store.store_name)))
-                )  # fmt: skip
+                    store.load_chain(version)
+                    if ids is None
+                    else self.v2_load_chain(
+                        store, version, ids.get((op.operator_id, store.partition, store.store_name))
+                    )
+                )
                 needed += chain
                 missing += chain_missing
                 needed += [f for f in store.other_files if f.endswith("/_metadata/schema")]

@@ -157,8 +157,15 @@ def _os_error(err: OSError) -> PathError:
     return PathError(f"{text}; {todo}")
 
 
-_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-              "TooManyRequests", "ServiceUnavailable", "RequestThrottled"}  # fmt: skip
+_THROTTLED = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "ServiceUnavailable",
+    "RequestThrottled",
+}
 _AGAIN = "run again: an operation goes on from where it stopped"
 
 

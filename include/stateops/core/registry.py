@@ -441,8 +441,7 @@ class Registry(_Model):
     def owner_of(self, checkpoint: str | os.PathLike[str]) -> Query | None:
         """The registered query whose checkpoint ``checkpoint`` is, if any."""
         resolved = _normal(checkpoint)
-        return next((q for q in self.queries.values() if _normal(q.checkpoint) == resolved),
-                    None)  # fmt: skip
+        return next((q for q in self.queries.values() if _normal(q.checkpoint) == resolved), None)
 
     def lock_path(self, name: str) -> Path:
         return self.state_dir / "locks" / f"{name}.lock"
@@ -530,8 +529,9 @@ def write_partitions(registry: Registry, name: str, count: int, lineage: dict) -
     }
     counted = _partitions(query, previous)
     declared = counted["declared"] if counted else query.shuffle_partitions
-    return _save_switch(registry, name, switch, previous, lineage,
-                        {"declared": declared, "current": count})  # fmt: skip
+    return _save_switch(
+        registry, name, switch, previous, lineage, {"declared": declared, "current": count}
+    )
 
 
 def _read_switch(registry: Registry, name: str) -> dict:
@@ -546,9 +546,13 @@ def _partitions(query: Query, previous: dict) -> dict | None:
 
 
 def _save_switch(
-    registry: Registry, name: str, switch: dict, previous: dict, lineage: dict,
+    registry: Registry,
+    name: str,
+    switch: dict,
+    previous: dict,
+    lineage: dict,
     partitions: dict | None,
-) -> Path:  # fmt: skip
+) -> Path:
     switch["history"] = [*previous.get("history", []), lineage]
     if partitions:
         switch["partitions"] = partitions
@@ -582,8 +586,11 @@ def derived_registry(
     """
     entry = registry.query(name).model_dump(by_alias=True, exclude={"name"}) | changes
     raw = _read_yaml(registry.path.read_text(encoding="utf-8"))
-    raw.update(data_dir=str(registry.data_dir), queries={name: entry},
-               code_paths=[str(p) for p in registry.code_paths])  # fmt: skip
+    raw.update(
+        data_dir=str(registry.data_dir),
+        queries={name: entry},
+        code_paths=[str(p) for p in registry.code_paths],
+    )
     path = Path(dest)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
@@ -689,8 +696,13 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             first = err.errors()[0]
             field_path = ".".join(str(p) for p in first["loc"])
             raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
-    return Registry(path=path, data_dir=data_dir, queries=queries,
-                    code_paths=_code_paths(path, raw.get("code_paths")), **sections)  # fmt: skip
+    return Registry(
+        path=path,
+        data_dir=data_dir,
+        queries=queries,
+        code_paths=_code_paths(path, raw.get("code_paths")),
+        **sections,
+    )
 
 
 def _code_paths(path: Path, raw: object) -> list[Path]:

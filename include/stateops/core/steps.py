@@ -75,14 +75,36 @@ _RUN = ["--query", "{query}", "--mode", "available-now", "--run-id", "{run_id}"]
 MIGRATION_STEPS: dict[str, Step] = {
     "drain": (RUN_QUERY, "old", [*_RUN, "--cutover", "{cutover}"]),
     "first_batch": (RUN_QUERY, "new", _RUN),
-    "export": (EXPORT_STATE, "old", ["--checkpoint", "{old_checkpoint}", "--out", "{export}",
-                                     "--batch", "{last_committed_batch}"]),
+    "export": (
+        EXPORT_STATE,
+        "old",
+        [
+            "--checkpoint",
+            "{old_checkpoint}",
+            "--out",
+            "{export}",
+            "--batch",
+            "{last_committed_batch}",
+        ],
+    ),
     "validate_export": (VALIDATE_STATE, "old", ["--query", "{query}"]),
-    "bootstrap": (BOOTSTRAP_STATE, "new", ["--query", "{query}", "--initial-state", "{export}",
-                                           "--format", "export", "--run-id", "{run_id}",
-                                           "--accept-differences={accept}"]),
+    "bootstrap": (
+        BOOTSTRAP_STATE,
+        "new",
+        [
+            "--query",
+            "{query}",
+            "--initial-state",
+            "{export}",
+            "--format",
+            "export",
+            "--run-id",
+            "{run_id}",
+            "--accept-differences={accept}",
+        ],
+    ),
     "validate_new_state": (VALIDATE_STATE, "new", ["--query", "{query}"]),
-}  # fmt: skip
+}
 
 BACKFILL_STEPS: dict[str, Step] = {
     "reprocess": (RUN_QUERY, "new", _RUN),

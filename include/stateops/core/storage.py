@@ -257,8 +257,13 @@ class S3Path:
 
     def is_dir(self) -> bool:
         """A prefix with objects under it (S3's folders)."""
-        listed = self._client.call(f"list {self}", "list_objects_v2", Bucket=self.bucket,
-                                   Prefix=self.key.rstrip("/") + "/", MaxKeys=1)  # fmt: skip
+        listed = self._client.call(
+            f"list {self}",
+            "list_objects_v2",
+            Bucket=self.bucket,
+            Prefix=self.key.rstrip("/") + "/",
+            MaxKeys=1,
+        )
         return bool(listed["KeySizes"])
 
     def stat(self) -> SimpleNamespace:
@@ -307,8 +312,9 @@ class S3Path:
         if delimiter:
             kwargs["Delimiter"] = "/"
         while True:
-            page = self._client.call(f"list s3://{self.bucket}/{prefix}", "list_objects_v2",
-                                     **kwargs)  # fmt: skip
+            page = self._client.call(
+                f"list s3://{self.bucket}/{prefix}", "list_objects_v2", **kwargs
+            )
             sizes.update(page["KeySizes"])
             folders += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
             if not page.get("IsTruncated"):
@@ -414,8 +420,9 @@ def publish(staging: Path, target: S3Path, each: Callable[[str], None] = lambda 
     def put(rel: str) -> None:
         with (staging / rel).open("rb") as body:
             dest = target / rel
-            target._client.call(f"write {dest}", "put_object", Bucket=dest.bucket,
-                                Key=dest.key, Body=body)  # fmt: skip
+            target._client.call(
+                f"write {dest}", "put_object", Bucket=dest.bucket, Key=dest.key, Body=body
+            )
         each(rel)
 
     with ThreadPoolExecutor(_WORKERS) as pool:
@@ -475,9 +482,11 @@ def delete_files(
 
 def _delete_batch(root: S3Path, keys: list[str]) -> int:
     answer = root._client.call(
-        f"delete {len(keys)} objects under {root}", "delete_objects", Bucket=root.bucket,
+        f"delete {len(keys)} objects under {root}",
+        "delete_objects",
+        Bucket=root.bucket,
         Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
-    )  # fmt: skip
+    )
     errors = answer.get("Errors") or []
     if errors:
         first = errors[0]

@@ -40,10 +40,21 @@ def start_s3_server(
     # with it. The file is unlinked: it goes when both processes have closed it.
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            [rclone, "serve", "s3", "--auth-key", f"{access_key},{secret_key}",
-             "--addr", f"127.0.0.1:{port}", "--config", os.devnull, str(root)],
-            stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
+            [
+                rclone,
+                "serve",
+                "s3",
+                "--auth-key",
+                f"{access_key},{secret_key}",
+                "--addr",
+                f"127.0.0.1:{port}",
+                "--config",
+                os.devnull,
+                str(root),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         deadline = time.time() + 20
         while time.time() < deadline:
             if proc.poll() is not None:
@@ -73,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("root", metavar="DIR", help="the folder served (a bucket per folder)")
     parser.add_argument(
-        "--port", type=int,
+        "--port",
+        type=int,
         help="on 127.0.0.1 (default: the port of STATEOPS_S3_ENDPOINT_URL, else 9000)",
-    )  # fmt: skip
-    parser.add_argument("--bucket", help="created if missing (default: the registry's "
-                        "backups.url bucket)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--bucket", help="created if missing (default: the registry's backups.url bucket)"
+    )
     args = parser.parse_args(argv)
     try:
         endpoint = os.environ.get("STATEOPS_S3_ENDPOINT_URL", "")

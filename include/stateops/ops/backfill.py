@@ -97,8 +97,9 @@ def check_backfill_form(registry: Registry, conf: dict[str, Any]) -> None:
     overrides = conf.get("overrides") or {}
     if overrides:
         with tempfile.TemporaryDirectory() as scratch:
-            registry_with_overrides(registry, conf["query"], overrides,
-                                    Path(scratch) / "registry.yaml")  # fmt: skip
+            registry_with_overrides(
+                registry, conf["query"], overrides, Path(scratch) / "registry.yaml"
+            )
     backfill_point(registry, conf["query"], conf.get("to_batch"), conf.get("input_before"))
 
 
@@ -183,17 +184,29 @@ def rollback_for_backfill(
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
     # `stateops status` reads (stateops.status.unfinished_backfill).
-    _record(plan, "rolled back", batch_after=plan["to_batch"], backup_id=done["backup_id"],
-            rollback_run_id=done["run_id"], registry=plan["registry"],
-            changes=plan.get("changes", []))  # fmt: skip
+    _record(
+        plan,
+        "rolled back",
+        batch_after=plan["to_batch"],
+        backup_id=done["backup_id"],
+        rollback_run_id=done["run_id"],
+        registry=plan["registry"],
+        changes=plan.get("changes", []),
+    )
     return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
 
 
 def _record(plan: dict[str, Any], result: str, **details: Any) -> None:
     """The backfill's audit record of a step (its run id: the plan's)."""
-    append_audit(plan["checkpoint"], "backfill", run_id=plan.get("run_id") or "unknown",
-                 result=result, batch_before=plan["last_committed_batch"],
-                 to_batch=plan["to_batch"], **details)  # fmt: skip
+    append_audit(
+        plan["checkpoint"],
+        "backfill",
+        run_id=plan.get("run_id") or "unknown",
+        result=result,
+        batch_before=plan["last_committed_batch"],
+        to_batch=plan["to_batch"],
+        **details,
+    )
 
 
 def report_backfill(
@@ -219,8 +232,13 @@ def report_backfill(
         log(f"  changed {line}")
     for change in plan.get("changes", []):
         log(f"  reprocessed with {change}")
-    _record(plan, "succeeded", batch_after=load_checkpoint(query.checkpoint).last_committed_batch,
-            backup_id=rollback["backup_id"], output={k: diff[k] for k in _COUNTS})  # fmt: skip
+    _record(
+        plan,
+        "succeeded",
+        batch_after=load_checkpoint(query.checkpoint).last_committed_batch,
+        backup_id=rollback["backup_id"],
+        output={k: diff[k] for k in _COUNTS},
+    )
     return {**diff, "changes": plan.get("changes", [])}
 
 
@@ -252,8 +270,13 @@ def run_backfill(
         log(summary_line(summary))
         report = report_backfill(target, plan, rolled, log=log)
     except StateOpsError as err:  # rolled back, not reprocessed: said by `stateops status`
-        _record(plan, "failed", batch_after=plan["to_batch"], backup_id=rolled["backup_id"],
-                error=one_line(err))  # fmt: skip
+        _record(
+            plan,
+            "failed",
+            batch_after=plan["to_batch"],
+            backup_id=rolled["backup_id"],
+            error=one_line(err),
+        )
         raise OperationFailed(
             f"the backfill of {plan['query']} failed after its rollback ({one_line(err)}): "
             f"batch {plan['to_batch']} is the last committed batch (backup "

@@ -182,8 +182,10 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
     rels = cp.restart_files(n)
     with ThreadPoolExecutor(workers) as pool:  # an S3 checkpoint's reads overlap
         digests = list(pool.map(lambda rel: file_sha256(cp.root / rel), rels))
-    files = [{"path": rel, "size": cp.sizes[rel], "sha256": sha}
-             for rel, sha in zip(rels, digests, strict=True)]  # fmt: skip
+    files = [
+        {"path": rel, "size": cp.sizes[rel], "sha256": sha}
+        for rel, sha in zip(rels, digests, strict=True)
+    ]
     total = sum(f["size"] for f in files)
     providers = sorted({op.provider for op in cp.operators})
     backup_id = f"b-{n:06d}-{new_stamp()}"
@@ -235,9 +237,16 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
         raise s3_error(err, f"backup to {loc}") from None
     manifest["seconds"] = round(time.time() - started, 1)
     append_audit(  # a backup leaves the checkpoint at the batch it copied
-        cp.root, "backup", run_id=backup_id, result="succeeded", batch_before=n, batch_after=n,
-        to=str(loc), uploaded_bytes=uploaded, reused_bytes=total - uploaded,
-    )  # fmt: skip
+        cp.root,
+        "backup",
+        run_id=backup_id,
+        result="succeeded",
+        batch_before=n,
+        batch_after=n,
+        to=str(loc),
+        uploaded_bytes=uploaded,
+        reused_bytes=total - uploaded,
+    )
     log(
         f"backup {backup_id}: batch {n}, {len(files)} files, {format_bytes(uploaded)} uploaded "
         f"({len(todo)} objects), {format_bytes(total - uploaded)} reused, {manifest['seconds']} s"
@@ -365,9 +374,12 @@ def verify_backup(url: str, client: Any) -> dict[str, Any]:
             problems.append(f"s3://{loc.bucket}/{key}: {s3_error(err, 'get')}")
         except BotoCoreError as err:
             raise s3_error(err, f"verify {url}") from None
-    return {"backup_id": manifest["backup_id"],
-            "objects": len({f["sha256"] for f in manifest["files"]}),
-            "ok": not problems, "problems": problems}  # fmt: skip
+    return {
+        "backup_id": manifest["backup_id"],
+        "objects": len({f["sha256"] for f in manifest["files"]}),
+        "ok": not problems,
+        "problems": problems,
+    }
 
 
 def _age_seconds(text: str) -> float:

@@ -186,7 +186,7 @@ def format_bootstrap_plan(plan: dict[str, Any], dry_run: bool) -> str:
         backup="none: nothing that exists changes (the checkpoint is new)",
         undo=f"stop {plan['query']}, then remove {plan['checkpoint']} and its .audit folder "
         "and the output it wrote",
-    )  # fmt: skip
+    )
     return "\n".join(lines)
 
 
@@ -246,8 +246,11 @@ def initial_state_differences(export: str | Path, query: Query) -> list[str]:
             f"{export} records no watermark: late input and timers after the carry-over "
             "would not follow the old query's; export it again"
         )
-    lists = [e["variable"] for e in manifest["entries"] if e.get("kind") == "list"
-             and "position" not in e]  # fmt: skip
+    lists = [
+        e["variable"]
+        for e in manifest["entries"]
+        if e.get("kind") == "list" and "position" not in e
+    ]
     if lists:
         reasons.append(
             f"{export} records no order for list state {', '.join(map(repr, lists))}: its "
@@ -313,9 +316,12 @@ def prepare_bootstrap(
     if plan["format"] == "export":
         manifest = json.loads((Path(plan["initial_state"]) / MANIFEST).read_text("utf-8"))
         if "watermark" in manifest:  # the new checkpoint continues from the exported batch
-            marker["origin"] = {"checkpoint": manifest["checkpoint"],
-                                "batch": manifest["batch_id"], "export": plan["initial_state"],
-                                "watermark": manifest["watermark"]}  # fmt: skip
+            marker["origin"] = {
+                "checkpoint": manifest["checkpoint"],
+                "batch": manifest["batch_id"],
+                "export": plan["initial_state"],
+                "watermark": manifest["watermark"],
+            }
     if plan.get("differences"):
         marker["differences"] = plan["differences"]  # accepted by the operator
     write_carry_over(registry, query.name, marker)

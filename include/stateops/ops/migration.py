@@ -309,8 +309,9 @@ def _check_new_source(
         raise StateOpsError(f"the new source is {query.name}'s current source: nothing to migrate")
     for other, kept in query.inputs.items():
         there = Path(kept.path)
-        if other != source_name and (folder == there or there in folder.parents
-                                     or folder in there.parents):  # fmt: skip
+        if other != source_name and (
+            folder == there or there in folder.parents or folder in there.parents
+        ):
             raise StateOpsError(
                 f"new source folder {folder} overlaps the folder of {query.name}'s source "
                 f"{other} ({there}): land the new source's input in a folder of its own"
@@ -470,10 +471,11 @@ def _input_files(folder: Path, options: dict[str, Any]) -> list[tuple[Path, str 
     glob = next((str(v) for k, v in options.items() if k.lower() == "pathglobfilter"), "*")
     patterns = _glob_alternatives(glob)
     files = [
-        p for p in sorted(folder.rglob("*"))
+        p
+        for p in sorted(folder.rglob("*"))
         if p.is_file()
         and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)
-    ]  # fmt: skip
+    ]
     kept = [p for p in files if any(fnmatch.fnmatch(p.name, g) for g in patterns)]
     if files and not kept:
         with about("new_source_options"):
@@ -555,19 +557,24 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
         "the whole run back",
         backup=f"to {plan['backup_to']}, after the drain and before the carry-over",
         undo=f"after the switch: {undo_recipe(plan)}",
-    )  # fmt: skip
-    return "\n".join([
-        plan_head(dry_run, f"migration of {plan['query']}: {which}{old['source']['format']} "
-                  f"{old['source']['path']} -> {new['source']['format']} {new['source']['path']} "
-                  f"({plan['new_source_files']} files there now)"),
-        f"  old checkpoint {old['checkpoint']} (last committed batch "
-        f"{old['last_committed_batch']}, verifies clean){running}",
-        f"  new checkpoint {new['checkpoint']}",
-        f"  cutover: {plan['cutover']}",
-        f"  carry-over: {_road(plan['carry_over'])}",
-        "  then: drain the old source, back up, carry the state over, prove, switch",
-        *tail,
-    ])  # fmt: skip
+    )
+    return "\n".join(
+        [
+            plan_head(
+                dry_run,
+                f"migration of {plan['query']}: {which}{old['source']['format']} "
+                f"{old['source']['path']} -> {new['source']['format']} {new['source']['path']} "
+                f"({plan['new_source_files']} files there now)",
+            ),
+            f"  old checkpoint {old['checkpoint']} (last committed batch "
+            f"{old['last_committed_batch']}, verifies clean){running}",
+            f"  new checkpoint {new['checkpoint']}",
+            f"  cutover: {plan['cutover']}",
+            f"  carry-over: {_road(plan['carry_over'])}",
+            "  then: drain the old source, back up, carry the state over, prove, switch",
+            *tail,
+        ]
+    )
 
 
 def undo_recipe(plan: dict[str, Any]) -> str:
@@ -651,11 +658,19 @@ def settle_migration(
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
     runs_as = _planned_query(query, plan)
-    road = choose_road(plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log,
-                       transform=query.transform is not None)  # fmt: skip
+    road = choose_road(
+        plan["carry_over"]["choice"],
+        transplant_refusals(cp, runs_as, last),
+        log,
+        transform=query.transform is not None,
+    )
     if road == "initial_state":
-        refuse_differences(query.name, carry_differences(cp, runs_as, last),
-                           plan["carry_over"].get("accepted", False), _ACCEPT)  # fmt: skip
+        refuse_differences(
+            query.name,
+            carry_differences(cp, runs_as, last),
+            plan["carry_over"].get("accepted", False),
+            _ACCEPT,
+        )
     # A transplanted checkpoint goes on from batch last + 1 (its first batch is last + 2 after
     # Spark's repartition batch, which writes no output), a bootstrapped one from batch 0.
     if road == "transplant":
@@ -665,8 +680,12 @@ def settle_migration(
         offset, first = query.sink.folder_batch(last) + 1, 0
     changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
     derived_registry(registry, query.name, changes, plan["new"]["registry"])
-    return {"last_committed_batch": last, "sink_batch_offset": offset, "road": road,
-            "output_from": offset + first}  # fmt: skip
+    return {
+        "last_committed_batch": last,
+        "sink_batch_offset": offset,
+        "road": road,
+        "output_from": offset + first,
+    }
 
 
 def backup_for_migration(
@@ -701,8 +720,9 @@ def transplant_for_migration(
     prepare_migration(target, plan)
     new_registry = load_registry(plan["new"]["registry"])
     query = new_registry.query(plan["query"])
-    result = transplant_checkpoint(plan["old"]["checkpoint"], query.checkpoint, query,
-                                   settled["last_committed_batch"], log=log)  # fmt: skip
+    result = transplant_checkpoint(
+        plan["old"]["checkpoint"], query.checkpoint, query, settled["last_committed_batch"], log=log
+    )
     mark_transplant(new_registry, plan["query"], result)
     return result
 
@@ -898,14 +918,32 @@ def switch_query(
     lineage_file.parent.mkdir(parents=True, exist_ok=True)
     lineage_file.write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
     common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
-    append_audit(new["checkpoint"], OPERATION, result="derived", derived_from=old["checkpoint"],
-                 backup_id=backup_id, **common)  # fmt: skip
-    write_switch(registry, name, new["source"], new["checkpoint"], lineage,
-                 sink_batch_offset=settled["sink_batch_offset"],
-                 input_name=plan["source_name"])  # fmt: skip
+    append_audit(
+        new["checkpoint"],
+        OPERATION,
+        result="derived",
+        derived_from=old["checkpoint"],
+        backup_id=backup_id,
+        **common,
+    )
+    write_switch(
+        registry,
+        name,
+        new["source"],
+        new["checkpoint"],
+        lineage,
+        sink_batch_offset=settled["sink_batch_offset"],
+        input_name=plan["source_name"],
+    )
     _set_read_only(Path(old["checkpoint"]), True)
-    append_audit(old["checkpoint"], OPERATION, result="retired (read-only)",
-                 migrated_to=new["checkpoint"], backup_id=backup_id, **common)  # fmt: skip
+    append_audit(
+        old["checkpoint"],
+        OPERATION,
+        result="retired (read-only)",
+        migrated_to=new["checkpoint"],
+        backup_id=backup_id,
+        **common,
+    )
     release_hold(_lock_file(target, plan["run_id"]), plan["run_id"])
     return lineage
 
@@ -923,9 +961,15 @@ def roll_back_migration(
     stop_running_query(target, plan["run_id"], log)  # e.g. started on the new checkpoint
     if registry.query(name).checkpoint == str(new):
         undo = {"operation": "migration rolled back", "run_id": plan["run_id"], "time": _now()}
-        write_switch(registry, name, old["source"], old["checkpoint"], undo,
-                     sink_batch_offset=old["sink_batch_offset"],
-                     input_name=plan["source_name"])  # fmt: skip
+        write_switch(
+            registry,
+            name,
+            old["source"],
+            old["checkpoint"],
+            undo,
+            sink_batch_offset=old["sink_batch_offset"],
+            input_name=plan["source_name"],
+        )
         done["switch_undone"] = True
         log(f"{name}: switch undone: back on {old['checkpoint']}")
     _set_read_only(Path(old["checkpoint"]), False)
@@ -940,8 +984,10 @@ def roll_back_migration(
     sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
     if sink["folders"]:  # the new checkpoint's output (its batches come after the old ones)
         execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
-        log(f"moved the new checkpoint's output {sink['folders']} aside to "
-            f"{query.sink.path}/_rolled_back/")  # fmt: skip
+        log(
+            f"moved the new checkpoint's output {sink['folders']} aside to "
+            f"{query.sink.path}/_rolled_back/"
+        )
     clear_carry_over(registry, name, str(new))  # it belonged to the moved checkpoint
     if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
         log(f"{name}: hold of run {plan['run_id']} released")

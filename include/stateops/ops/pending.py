@@ -60,12 +60,18 @@ def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -
     batch N + 1; where the partition count changes, the start first has Spark repartition the
     state (batch N + 1, ``partitions``) and the first batch is N + 2."""
     repartition = transplant.get("repartition")
-    write_carry_over(registry, name, {
-        "road": "transplant", "checkpoint": transplant["new"],
-        "from_checkpoint": transplant["old"], "batch": transplant["batch"],
-        "first": transplant["first"],
-        "partitions": repartition and repartition[1],
-    })  # fmt: skip
+    write_carry_over(
+        registry,
+        name,
+        {
+            "road": "transplant",
+            "checkpoint": transplant["new"],
+            "from_checkpoint": transplant["old"],
+            "batch": transplant["batch"],
+            "first": transplant["first"],
+            "partitions": repartition and repartition[1],
+        },
+    )
 
 
 def killed_repartition(registry: Registry, query: Query) -> dict[str, Any] | None:
@@ -73,10 +79,12 @@ def killed_repartition(registry: Registry, query: Query) -> dict[str, Any] | Non
     :func:`mark_transplant`), which the next start undoes and does again; else None."""
     carried, marker = read_carry_over(registry, query.name), read_repartition(query.checkpoint)
     if (
-        carried and marker and carried.get("partitions")
+        carried
+        and marker
+        and carried.get("partitions")
         and carried.get("checkpoint") == query.checkpoint
         and marker["batch"] == carried["batch"] + 1
-    ):  # fmt: skip
+    ):
         return marker
     return None
 

@@ -90,8 +90,11 @@ def _names_location(path: Path | S3Path, location: Path | S3Path) -> bool:
     writes into the manifest's copy of it; see ``stateops.core.files.relocate_checkpoint``)."""
     try:
         meta = json.loads(path.read_text(encoding="utf-8").split("\n")[1])
-        paths = [p for info in meta.get("stateStoreInfo", [])
-                 for p in info.get("stateSchemaFilePaths") or []]  # fmt: skip
+        paths = [
+            p
+            for info in meta.get("stateStoreInfo", [])
+            for p in info.get("stateSchemaFilePaths") or []
+        ]
     except (OSError, ValueError, IndexError, AttributeError, TypeError):
         return False
     return all(str(p).startswith(f"{schema_url(location)}/state/") for p in paths)
@@ -299,9 +302,12 @@ def format_restore_plan(plan: dict[str, Any], *, dry_run: bool = True, color: bo
         )
         lines.append(
             f"  the target holds {held}: "
-            + ("moved aside to <target>.replaced-<time>, never deleted" if plan["replace"]
-               else "refused without --replace")
-        )  # fmt: skip
+            + (
+                "moved aside to <target>.replaced-<time>, never deleted"
+                if plan["replace"]
+                else "refused without --replace"
+            )
+        )
     if plan["other_query"]:
         # Only ever shown allowed: without the flag the plan is a refusal.
         mark = (
@@ -321,12 +327,19 @@ def format_restore_plan(plan: dict[str, Any], *, dry_run: bool = True, color: bo
     target, replaced = plan["target"], plan["target_contents"] != "none"
     lines += plan_tail(
         irreversible="nothing: "
-        + ("the target's files are moved aside, never deleted" if replaced
-           else "the target is new or empty"),
+        + (
+            "the target's files are moved aside, never deleted"
+            if replaced
+            else "the target is new or empty"
+        ),
         backup="none needed: nothing is deleted",
-        undo=(f"remove {target}, then move {target}.replaced-<time> (the restore prints it) "
-              f"back to {target}") if replaced else f"remove {target}",
-    )  # fmt: skip
+        undo=(
+            f"remove {target}, then move {target}.replaced-<time> (the restore prints it) "
+            f"back to {target}"
+        )
+        if replaced
+        else f"remove {target}",
+    )
     return "\n".join(lines)
 
 
@@ -405,10 +418,17 @@ def _record_completed(target: Path, plan: dict[str, Any], run_id: str | None) ->
     if restores and restores[-1]["run_id"] == b["backup_id"]:
         return
     append_audit(
-        target, "restore", run_id=b["backup_id"], result="succeeded", batch_after=b["batch_id"],
-        backup=plan["url"], restored_from=b["source"], query_id=b["query_id"],
-        restore_run=run_id, found_complete=True,
-    )  # fmt: skip
+        target,
+        "restore",
+        run_id=b["backup_id"],
+        result="succeeded",
+        batch_after=b["batch_id"],
+        backup=plan["url"],
+        restored_from=b["source"],
+        query_id=b["query_id"],
+        restore_run=run_id,
+        found_complete=True,
+    )
 
 
 def _stage_and_swap(
@@ -503,12 +523,20 @@ def run_restore(
         log(f"restore {b['backup_id']}: batch {b['batch_id']}, {b['files']} files to {target}")
         _stage_and_swap(target, plan, manifest, client, result, workers=workers, log=log)
         append_audit(
-            target, "restore", run_id=b["backup_id"], result="succeeded",
-            batch_before=plan["target_batch"], batch_after=b["batch_id"], backup=plan["url"],
-            restored_from=b["source"], query_id=b["query_id"], restore_run=run_id,
-            replaced_query_id=plan["target_query_id"], moved_aside=result["moved_aside"],
+            target,
+            "restore",
+            run_id=b["backup_id"],
+            result="succeeded",
+            batch_before=plan["target_batch"],
+            batch_after=b["batch_id"],
+            backup=plan["url"],
+            restored_from=b["source"],
+            query_id=b["query_id"],
+            restore_run=run_id,
+            replaced_query_id=plan["target_query_id"],
+            moved_aside=result["moved_aside"],
             allowed_other_query=plan["other_query"],
-        )  # fmt: skip
+        )
     log(f"restore {b['backup_id']}: done; batch {b['batch_id']} is the last committed batch")
     return result
 

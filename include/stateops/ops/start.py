@@ -187,8 +187,11 @@ def _cutover_run(query: Query, cutover: datetime, first: int) -> tuple[Query, li
     and modified before ``cutover`` (Spark refuses ``modifiedBefore`` on streams); those files,
     and the batch after which it stops."""
     pending = files_before(query, cutover)
-    print(f"{query.name}: {len(pending)} input files modified before "
-          f"{cutover.isoformat()} not read yet", file=sys.stderr)  # fmt: skip
+    print(
+        f"{query.name}: {len(pending)} input files modified before "
+        f"{cutover.isoformat()} not read yet",
+        file=sys.stderr,
+    )
     options = {**query.source.options, "maxFilesPerTrigger": max(len(pending), 1)}
     query = query.model_copy(
         update={"source": query.source.model_copy(update={"options": options})}
@@ -484,12 +487,17 @@ def _repartition_carried(
     from stateops.spark.repartition import repartition_and_prove
 
     def submit(plan: dict[str, Any]) -> None:
-        repartition_and_prove(spark, query.checkpoint, plan["partitions"],
-                              proof_path(query.checkpoint, run_id))  # fmt: skip
+        repartition_and_prove(
+            spark, query.checkpoint, plan["partitions"], proof_path(query.checkpoint, run_id)
+        )
 
     done = repartition_locked(query.checkpoint, partitions, run_id, submit=submit, log=_stderr)
-    return {"batch": done["batch"], "partitions": [done["partitions_before"], partitions],
-            "proof": done["proof"]["summary"], "seconds": done["seconds"]}  # fmt: skip
+    return {
+        "batch": done["batch"],
+        "partitions": [done["partitions_before"], partitions],
+        "proof": done["proof"]["summary"],
+        "seconds": done["seconds"],
+    }
 
 
 def _stderr(line: str) -> None:
@@ -522,12 +530,17 @@ def _audit(summary: dict[str, Any]) -> None:
     """The run's line in its checkpoint's audit log."""
     proof = summary["proof"]
     append_audit(
-        summary["checkpoint"], summary["operation"], run_id=summary["run_id"],
-        result=summary["status"], batch_before=summary["last_committed_batch_before"],
-        batch_after=summary["last_committed_batch"], mode=summary["mode"],
-        batches_run=summary["batches_run"], bootstrap=summary["bootstrap"],
+        summary["checkpoint"],
+        summary["operation"],
+        run_id=summary["run_id"],
+        result=summary["status"],
+        batch_before=summary["last_committed_batch_before"],
+        batch_after=summary["last_committed_batch"],
+        mode=summary["mode"],
+        batches_run=summary["batches_run"],
+        bootstrap=summary["bootstrap"],
         proof=None if proof is None else proof["ok"],
-    )  # fmt: skip
+    )
 
 
 def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -> str | None:
@@ -535,8 +548,11 @@ def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -
     Spark may skip files (``maxFileAge``) or list others than the folder's own files."""
     read = set()
     if committed:
-        read = {unquote(urlparse(f["path"]).path) for b in committed
-                for f in load_checkpoint(query.checkpoint).input_files(b)}  # fmt: skip
+        read = {
+            unquote(urlparse(f["path"]).path)
+            for b in committed
+            for f in load_checkpoint(query.checkpoint).input_files(b)
+        }
     if len(committed) == (1 if pending else 0) and read == {str(p) for p in pending}:
         return None
     return (
@@ -562,8 +578,13 @@ class _Ran:
 
     def then(self, more: _Ran) -> _Ran:
         """This run followed by ``more``."""
-        return _Ran(more.stopped, more.error, self.progress + more.progress,
-                    self.clock_driven or more.clock_driven, more.drained)  # fmt: skip
+        return _Ran(
+            more.stopped,
+            more.error,
+            self.progress + more.progress,
+            self.clock_driven or more.clock_driven,
+            more.drained,
+        )
 
 
 def _run_stream(
@@ -602,9 +623,12 @@ def _run_stream(
         ran.error, ran.progress = finished.error, ran.progress + finished.progress
         ran.drained = None if ran.error else ran.drained  # failed: neither
     if ran.drained is False:
-        print(f"{query.name}: input not drained within trigger.drain_limit "
-              f"{query.trigger.drain_limit} ({clock}): stopped after a committed batch; the "
-              "next run goes on from there", file=sys.stderr)  # fmt: skip
+        print(
+            f"{query.name}: input not drained within trigger.drain_limit "
+            f"{query.trigger.drain_limit} ({clock}): stopped after a committed batch; the "
+            "next run goes on from there",
+            file=sys.stderr,
+        )
     return ran
 
 
@@ -616,8 +640,7 @@ def _finish_planned(
     _, planned = checkpoint_state(query.checkpoint)
     if not planned:
         return _Ran()
-    print(f"{query.name}: the stop fell inside batch {planned[-1]}: finishing it",
-          file=sys.stderr)  # fmt: skip
+    print(f"{query.name}: the stop fell inside batch {planned[-1]}: finishing it", file=sys.stderr)
     return _run_stream(spark, _one_batch(query), None, poll_seconds, planned[-1], initial_state)
 
 
@@ -645,8 +668,9 @@ def _start(
     from stateops.spark.streaming import start_query
 
     with _spark_refusal(query):
-        return start_query(spark, query, available_now=available_now, frame=frame,
-                           processing_time=processing_time)  # fmt: skip
+        return start_query(
+            spark, query, available_now=available_now, frame=frame, processing_time=processing_time
+        )
 
 
 def _watch(streaming: StreamingQuery, wait: Callable[[], Any]) -> tuple[Any, Any, list]:
@@ -708,13 +732,16 @@ def _prove(
         first = carried.get("first", carried["batch"] + 1)
         origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
         proof = (
-            prove_carried_state(spark, query, origin, first - 1) if query.transform is not None
-            else prove_carry_over(spark, query, origin, first=first, image=False,
-                                  until_caught_up=False)
-        )  # fmt: skip
+            prove_carried_state(spark, query, origin, first - 1)
+            if query.transform is not None
+            else prove_carry_over(
+                spark, query, origin, first=first, image=False, until_caught_up=False
+            )
+        )
     elif carried.get("origin") and not carried.get("differences"):
-        proof = prove_carry_over(spark, query, carried["origin"], first=0, image=True,
-                                 until_caught_up=True)  # fmt: skip
+        proof = prove_carry_over(
+            spark, query, carried["origin"], first=0, image=True, until_caught_up=True
+        )
     else:  # data files, or an accepted change of the processor's state: no old query
         proof = prove_first_batch(spark, query, initial_state)
     proof["seconds"] = round(time.time() - started, 1)

@@ -82,12 +82,24 @@ _TIME_MODES = {"None": "NoTime", "EventTime": "EventTime", "ProcessingTime": "Pr
 _KINDS = {"value": "ValueState", "list": "ListState", "map": "MapState"}
 # DDL type names -> the names Spark's JSON schemas use.
 _JSON_TYPES = {
-    "STRING": "string", "BIGINT": "long", "LONG": "long", "INT": "integer",
-    "INTEGER": "integer", "SMALLINT": "short", "SHORT": "short", "TINYINT": "byte",
-    "BYTE": "byte", "BOOLEAN": "boolean", "DOUBLE": "double", "FLOAT": "float", "REAL": "float",
-    "DATE": "date", "TIMESTAMP": "timestamp", "TIMESTAMP_NTZ": "timestamp_ntz",
+    "STRING": "string",
+    "BIGINT": "long",
+    "LONG": "long",
+    "INT": "integer",
+    "INTEGER": "integer",
+    "SMALLINT": "short",
+    "SHORT": "short",
+    "TINYINT": "byte",
+    "BYTE": "byte",
+    "BOOLEAN": "boolean",
+    "DOUBLE": "double",
+    "FLOAT": "float",
+    "REAL": "float",
+    "DATE": "date",
+    "TIMESTAMP": "timestamp",
+    "TIMESTAMP_NTZ": "timestamp_ntz",
     "BINARY": "binary",
-}  # fmt: skip
+}
 
 
 class TransplantRefused(StateOpsError):
@@ -272,8 +284,9 @@ def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[list[int], 
     reasons = [
         f"source format {s.format!r}: the transplant writes starting offsets for "
         f"{', '.join(FILE_FORMATS)} sources only"
-        for s in inputs.values() if s.format not in FILE_FORMATS
-    ]  # fmt: skip
+        for s in inputs.values()
+        if s.format not in FILE_FORMATS
+    ]
     if len(offsets) != len(inputs):
         reasons.append(f"the old query read {len(offsets)} sources, the query reads {len(inputs)}")
     if reasons:
@@ -285,17 +298,21 @@ def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[list[int], 
             continue
         seen = [Path(f) for f in cp.seen_files(i)]
         owners = [
-            name for name, source in inputs.items()
+            name
+            for name, source in inputs.items()
             if seen and all(f.is_relative_to(source.path) for f in seen)
-        ]  # fmt: skip
+        ]
         if len(owners) > 1:
             reasons.append(f"source {i} read files under the folders of {' and '.join(owners)}")
         elif owners:
             kept.setdefault(owners[0], []).append(i)
         else:
             fresh.append(i)
-    reasons += [f"sources {' and '.join(map(str, ix))} both read {name}'s folder"
-                for name, ix in kept.items() if len(ix) > 1]  # fmt: skip
+    reasons += [
+        f"sources {' and '.join(map(str, ix))} both read {name}'s folder"
+        for name, ix in kept.items()
+        if len(ix) > 1
+    ]
     return fresh, reasons
 
 
@@ -386,8 +403,11 @@ def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) ->
         props, _ = operator_properties(cp, batch)
     except (StateOpsError, ValueError, KeyError, TypeError) as err:
         return [*reasons, f"the old operator metadata is unreadable: {str(err).splitlines()[0]}"]
-    ttl = sorted(v["stateName"] for v in props.get("stateVariables", [])
-                 if v.get("ttlEnabled") and not v["stateName"].startswith("$"))  # fmt: skip
+    ttl = sorted(
+        v["stateName"]
+        for v in props.get("stateVariables", [])
+        if v.get("ttlEnabled") and not v["stateName"].startswith("$")
+    )
     if ttl:
         reasons.append(
             f"state {', '.join(map(repr, ttl))} has a TTL: the initialState road starts each "
@@ -638,10 +658,11 @@ def _state_files(cp: Checkpoint, batch: int, fresh: list[int]) -> list[str]:
     query id, and the logs of the sources read anew."""
     anew = tuple(f"sources/{i}/" for i in fresh)
     return [
-        rel for rel in cp.restart_files(batch)
+        rel
+        for rel in cp.restart_files(batch)
         if not rel.startswith(("offsets/", "commits/", *anew))
         and rel not in ("metadata", crc_sidecar("metadata"))
-    ]  # fmt: skip
+    ]
 
 
 def _log_entries(cp: Checkpoint, batch: int, fresh: list[int]) -> dict[str, str]:

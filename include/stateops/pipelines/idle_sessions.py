@@ -43,17 +43,20 @@ def visits(
 
 
 def _row(user: str, first_ms: int, last_ms: int, events: int, is_open: bool) -> pd.DataFrame:
-    return pd.DataFrame({
-        "user_id": [user],
-        "visit_start": [pd.Timestamp(first_ms, unit="ms")],
-        "visit_end": [pd.Timestamp(last_ms, unit="ms")],
-        "events": [events],
-        "open": [is_open],
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "user_id": [user],
+            "visit_start": [pd.Timestamp(first_ms, unit="ms")],
+            "visit_end": [pd.Timestamp(last_ms, unit="ms")],
+            "events": [events],
+            "open": [is_open],
+        }
+    )
 
 
-def build(spark: Any, inputs: dict[str, Any], idle_seconds: int = 1800,
-          delay: str = "5 minutes") -> Any:  # fmt: skip
+def build(
+    spark: Any, inputs: dict[str, Any], idle_seconds: int = 1800, delay: str = "5 minutes"
+) -> Any:
     """``inputs["source"]``: user events (``user_id``, ``event_time``)."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 

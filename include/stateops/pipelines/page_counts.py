@@ -13,8 +13,9 @@ from typing import Any
 __all__ = ["build"]
 
 
-def build(spark: Any, inputs: dict[str, Any], window: str = "10 minutes",
-          delay: str = "10 minutes") -> Any:  # fmt: skip
+def build(
+    spark: Any, inputs: dict[str, Any], window: str = "10 minutes", delay: str = "10 minutes"
+) -> Any:
     """``inputs["source"]``: page views (``page``, ``event_time``)."""
     from pyspark.sql import functions as F
 

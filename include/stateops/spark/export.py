@@ -159,8 +159,9 @@ def read_ordered_state(
         .option("flattenCollectionTypes", "false")
         .load(spark_url(checkpoint))
     )
-    exploded = lists.select("key", F.posexplode("list_value").alias(POSITION, "list_element"),
-                            "partition_id")  # fmt: skip
+    exploded = lists.select(
+        "key", F.posexplode("list_value").alias(POSITION, "list_element"), "partition_id"
+    )
     return exploded.select("key", "list_element", POSITION, "partition_id")
 
 

@@ -87,9 +87,11 @@ def check_initial_types(raw: DataFrame, query: Query) -> None:
     }
     row = raw.select(
         *[F.sum(cond.cast("long")).alias(name) for name, cond in lost.items()],
-        *[F.first(F.when(cond, F.col(name)), ignorenulls=True).alias(f"e_{name}")
-          for name, cond in lost.items()],
-    ).first()  # fmt: skip
+        *[
+            F.first(F.when(cond, F.col(name)), ignorenulls=True).alias(f"e_{name}")
+            for name, cond in lost.items()
+        ],
+    ).first()
     problems = [
         f"column {f.name}: {row[f.name]} values are not {f.dataType.simpleString().upper()} "
         f"(e.g. {row[f'e_{f.name}']!r})"

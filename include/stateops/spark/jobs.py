@@ -111,11 +111,13 @@ def spark_submit_command(job: str, master: str, args: Sequence[str]) -> list[str
     venv's), run in :func:`spark_submit_env`."""
     return [
         str(Path(sys.executable).with_name("spark-submit")),
-        "--master", master,
-        "--conf", "spark.ui.enabled=false",
+        "--master",
+        master,
+        "--conf",
+        "spark.ui.enabled=false",
         str(job_path(job)),
         *map(str, args),
-    ]  # fmt: skip
+    ]
 
 
 def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -151,8 +151,9 @@ def prove_first_batch(
         None if initial_state is None else _sample(initial_state, columns, modulus).toPandas()
     )
     try:
-        simulated = simulate_query(query, input_pdf, initial_pdf, offsets.timestamp_ms,
-                                   offsets.watermark_ms)  # fmt: skip
+        simulated = simulate_query(
+            query, input_pdf, initial_pdf, offsets.timestamp_ms, offsets.watermark_ms
+        )
     except StateOpsError as err:
         raise StateOpsError(
             f"query {query.name}: the proof cannot simulate batch {batch}: {err}"
@@ -394,10 +395,15 @@ def prove_carried_state(
     actual = store_checksums(spark, query.checkpoint, carried)
     none = ("", (0, "0"))
     variables = [
-        _compared(name, (expected.get(name) or actual[name])[0], carried,
-                  expected.get(name, none)[1], actual.get(name, none)[1])
+        _compared(
+            name,
+            (expected.get(name) or actual[name])[0],
+            carried,
+            expected.get(name, none)[1],
+            actual.get(name, none)[1],
+        )
         for name in sorted(expected.keys() | actual.keys())
-    ]  # fmt: skip
+    ]
     result = {
         "query": query.name,
         "checkpoint": query.checkpoint,
@@ -439,8 +445,10 @@ def _old_state(
         if not export:
             raise
         manifest = json.loads((Path(export) / MANIFEST).read_text(encoding="utf-8"))
-        frames = {e["variable"]: spark.read.parquet(str(Path(export) / e["path"]))
-                  for e in manifest["entries"]}  # fmt: skip
+        frames = {
+            e["variable"]: spark.read.parquet(str(Path(export) / e["path"]))
+            for e in manifest["entries"]
+        }
         return frames, manifest["watermark"], f"the export {export} (its checkpoint is gone)"
     frames = {
         read["variable"]: read_ordered_state(spark, str(cp.root), batch, read).drop("partition_id")
@@ -490,18 +498,31 @@ def _compare_batches(
             more = state_checksum(untouched[name])
         for batch in batches:
             rows_, sum_ = expected.get(batch, (0, "0"))
-            variables.append(_compared(name, read["kind"], batch,
-                                       (rows_ + more[0], str(int(sum_) + int(more[1]))),
-                                       found.get(batch, (0, "0"))))  # fmt: skip
+            variables.append(
+                _compared(
+                    name,
+                    read["kind"],
+                    batch,
+                    (rows_ + more[0], str(int(sum_) + int(more[1]))),
+                    found.get(batch, (0, "0")),
+                )
+            )
     for batch in batches:
         for name, variable in simulated[batch].variables.items():
             if name not in seen and variable.data:
                 variables.append(
-                    {"variable": name, "kind": variable.kind, "batch": batch, "ok": False,
-                     "expected_rows": len(simulated[batch].rows(name)), "actual_rows": 0,
-                     "expected_checksum": None, "actual_checksum": None,
-                     "problem": "the processor holds it, the checkpoint has no such variable"}
-                )  # fmt: skip
+                    {
+                        "variable": name,
+                        "kind": variable.kind,
+                        "batch": batch,
+                        "ok": False,
+                        "expected_rows": len(simulated[batch].rows(name)),
+                        "actual_rows": 0,
+                        "expected_checksum": None,
+                        "actual_checksum": None,
+                        "problem": "the processor holds it, the checkpoint has no such variable",
+                    }
+                )
     return sorted(variables, key=lambda v: v["batch"])
 
 

@@ -42,9 +42,11 @@ def repartition_and_prove(
     after = store_states(spark, checkpoint, batch, partitions)
     metadata = {
         f"operator {row['operatorId']} {row['stateStoreName']}": int(row["numPartitions"])
-        for row in spark.read.format("state-metadata").option("batchId", batch)
-        .load(spark_url(checkpoint)).collect()
-    }  # fmt: skip
+        for row in spark.read.format("state-metadata")
+        .option("batchId", batch)
+        .load(spark_url(checkpoint))
+        .collect()
+    }
     v2 = {op.operator_id for op in cp.operators if None not in op.metadata_files}
     failures = []
     if batch != last + 1:
@@ -67,14 +69,19 @@ def repartition_and_prove(
         "batch_before": last,
         "batch": batch,
         "partitions": partitions,
-        "stores": {name: {"before": before.get(name), "after": after.get(name)}
-                   for name in sorted(before.keys() | after.keys())},  # fmt: skip
+        "stores": {
+            name: {"before": before.get(name), "after": after.get(name)}
+            for name in sorted(before.keys() | after.keys())
+        },
         "metadata_partitions": metadata,
         "failures": failures,
-        "summary": "; ".join(failures[:3]) if failures else (
+        "summary": "; ".join(failures[:3])
+        if failures
+        else (
             f"{len(after)} stores, {rows} rows: the same rows and checksums as batch {last}, "
-            f"each in its key's partition of {partitions}"),
-    }  # fmt: skip
+            f"each in its key's partition of {partitions}"
+        ),
+    }
     Path(proof).parent.mkdir(parents=True, exist_ok=True)
     Path(proof).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
