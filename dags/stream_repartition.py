@@ -115,12 +115,17 @@ def stream_repartition() -> None:
         repartition_undo(context["params"]["query"], context["run_id"])
 
     repartition = spark_job_operator(
-        "repartition", REPARTITION_STATE,
+        "repartition",
+        REPARTITION_STATE,
         ["--checkpoint", "{{ params.query }}", "--run-id", "{{ run_id }}"],
-    )  # fmt: skip
+    )
     prepared, finished = prepare(), finish()
-    approve = ApprovalGate(task_id="approve", operation="repartition", ask=ask_repartition,
-                           on_reject="nothing changed; the checkpoint is as it was")  # fmt: skip
+    approve = ApprovalGate(
+        task_id="approve",
+        operation="repartition",
+        ask=ask_repartition,
+        on_reject="nothing changed; the checkpoint is as it was",
+    )
     plan() >> not_a_dry_run() >> approve >> prepared >> repartition >> finished >> verify()
     [repartition, finished] >> roll_back()
 

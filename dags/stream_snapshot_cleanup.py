@@ -44,10 +44,11 @@ REGISTRY = load_registry()  # read once at parse time: the schedule and the task
 )
 def stream_snapshot_cleanup() -> None:
     each_query_then_outcome(
-        "cleanup", registered_queries(registry=REGISTRY),
+        "cleanup",
+        registered_queries(registry=REGISTRY),
         lambda q: cleanup_query(q, run_id=get_current_context()["run_id"]),
         lambda r: f"deleted {r['delete']['files']} files ({r['delete']['bytes']} bytes)",
-    )  # fmt: skip
+    )
 
 
 stream_snapshot_cleanup()

@@ -154,9 +154,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry) if with_registry else None
     client = _s3(args)
     plan = plan_restore(
-        args.source, client, backup=args.backup, to=args.to, registry=registry,
-        replace=args.replace, allow_other_query=args.allow_other_query,
-    )  # fmt: skip
+        args.source,
+        client,
+        backup=args.backup,
+        to=args.to,
+        registry=registry,
+        replace=args.replace,
+        allow_other_query=args.allow_other_query,
+    )
     color = sys.stderr.isatty() and "NO_COLOR" not in os.environ
     _log(format_restore_plan(plan, dry_run=args.dry_run, color=color))
     if args.dry_run:
@@ -180,18 +185,26 @@ def cmd_backups(args: argparse.Namespace) -> int:
             print(json.dumps(rows, indent=1, default=str))
             return 0
         for r in rows:
-            print(f"{r['backup_id']}  batch {r['batch_id']:>6}  {r['files']:>6} files  "
-                  f"{r['bytes']:>12} bytes  {r['created_at']}")  # fmt: skip
+            print(
+                f"{r['backup_id']}  batch {r['batch_id']:>6}  {r['files']:>6} files  "
+                f"{r['bytes']:>12} bytes  {r['created_at']}"
+            )
         print(f"{len(rows)} backups under {url}")
         return 0
     if args.action == "prune":
         plan = prune_backups(
-            url, _s3(args), keep_last=args.keep_last, max_age=args.max_age,
-            grace=args.grace, dry_run=args.dry_run,
-        )  # fmt: skip
+            url,
+            _s3(args),
+            keep_last=args.keep_last,
+            max_age=args.max_age,
+            grace=args.grace,
+            dry_run=args.dry_run,
+        )
         verb = "would delete" if plan["dry_run"] else "deleted"
-        gone = (f"{len(plan['deleted_backups'])} backups and {plan['deleted_objects']} "
-                f"unreferenced objects, {plan['freed_bytes']} bytes")  # fmt: skip
+        gone = (
+            f"{len(plan['deleted_backups'])} backups and {plan['deleted_objects']} "
+            f"unreferenced objects, {plan['freed_bytes']} bytes"
+        )
         lines = [
             f"  keeps {len(plan['kept'])} backups: {', '.join(plan['kept'])}",
             f"  {verb} {len(plan['deleted_backups'])} backups: "
@@ -199,9 +212,15 @@ def cmd_backups(args: argparse.Namespace) -> int:
             f"  {verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes",
         ]
         if plan["dry_run"]:
-            lines = [plan_head(True, f"prune of the backups under {url}"), *lines,
-                     *plan_tail(irreversible=f"deleting {gone}", backup="none",
-                                undo="none: a deleted backup is gone")]  # fmt: skip
+            lines = [
+                plan_head(True, f"prune of the backups under {url}"),
+                *lines,
+                *plan_tail(
+                    irreversible=f"deleting {gone}",
+                    backup="none",
+                    undo="none: a deleted backup is gone",
+                ),
+            ]
         print("\n".join(lines))
         return 0
     result = verify_backup(args.url, _s3(args))
@@ -411,10 +430,19 @@ def cmd_queries(args: argparse.Namespace) -> int:
     for error in errors.values():  # one line each on stderr (exit 2), then the listing
         print(f"error: {error}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"registry": str(registry.path), "data_dir": str(registry.data_dir),
-                          "queries": [_query_json(registry, q) | {"error": errors.get(q.name)}
-                                      for q in registry.queries.values()]},
-                         indent=1))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "registry": str(registry.path),
+                    "data_dir": str(registry.data_dir),
+                    "queries": [
+                        _query_json(registry, q) | {"error": errors.get(q.name)}
+                        for q in registry.queries.values()
+                    ],
+                },
+                indent=1,
+            )
+        )
         return 2 if errors else 0
     print(f"registry {registry.path} (data under {registry.data_dir})")
     for q in registry.queries.values():
@@ -508,8 +536,15 @@ def cmd_lock(args: argparse.Namespace) -> int:
         if held is None and (held := read_hold(path)) is not None:
             state = "hold"
     if args.json:
-        print(json.dumps({"query": args.query, "state": state,
-                          "lock": None if held is None else asdict(held)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "query": args.query,
+                    "state": state,
+                    "lock": None if held is None else asdict(held),
+                }
+            )
+        )
         return 0
     print(f"{args.query}: not locked" if held is None else describe_lock(name, held, state))
     return 0
@@ -575,10 +610,18 @@ def _checkpoint_commands(sub: Any) -> None:
     p = sub.add_parser("inspect", help="what a checkpoint holds and what a restart needs")
     p.add_argument("checkpoint", help=TARGET)
     _flag(p, "--json", "machine-readable output")
-    p.add_argument("--files-for-batch", type=int, metavar="N",
-                   help="files a restart after committed batch N needs")  # fmt: skip
-    p.add_argument("--min-deltas-for-snapshot", type=_positive, metavar="K",
-                   help="for group ids (default: registry's, or 10)")  # fmt: skip
+    p.add_argument(
+        "--files-for-batch",
+        type=int,
+        metavar="N",
+        help="files a restart after committed batch N needs",
+    )
+    p.add_argument(
+        "--min-deltas-for-snapshot",
+        type=_positive,
+        metavar="K",
+        help="for group ids (default: registry's, or 10)",
+    )
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -614,16 +657,21 @@ def _backup_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_backup)
 
     p = sub.add_parser(
-        "restore", parents=[s3_conn],
+        "restore",
+        parents=[s3_conn],
         help="restore a backup: into a new folder, or over a query's checkpoint under its lock",
-    )  # fmt: skip
+    )
     p.add_argument("source", help="a registered query's name, or s3://BUCKET/PREFIX/BACKUP_ID")
-    p.add_argument("--backup", metavar="latest|ID",
-                   help="for a query: a backup id, or latest (the default)")  # fmt: skip
+    p.add_argument(
+        "--backup", metavar="latest|ID", help="for a query: a backup id, or latest (the default)"
+    )
     p.add_argument("--to", help="target folder (default for a query: its checkpoint)")
     _flag(p, "--replace", "move a non-empty target aside")
-    _flag(p, "--allow-other-query",
-          "allow a backup of another query (another query id) over the target's state")  # fmt: skip
+    _flag(
+        p,
+        "--allow-other-query",
+        "allow a backup of another query (another query id) over the target's state",
+    )
     _flag(p, "--dry-run", "print the plan, change nothing")
     p.set_defaults(func=cmd_restore)
 
@@ -654,10 +702,12 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     )
     p.add_argument("checkpoint", help=TARGET)
     p.add_argument(
-        "--retain-batches", type=_positive, metavar="K",
+        "--retain-batches",
+        type=_positive,
+        metavar="K",
         help="keep what restarts after each of the last K committed batches need (default: "
         "the registry's cleanup.retain_batches)",
-    )  # fmt: skip
+    )
     _flag(p, "--dry-run", "print the plan, delete nothing")
     _flag(p, "--json", "the plan as JSON on stdout")
     p.set_defaults(func=cmd_cleanup)
@@ -675,12 +725,18 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser(
-        "repartition", parents=[s3_conn],
+        "repartition",
+        parents=[s3_conn],
         help="change the number of state partitions of a stopped query (backup first)",
-    )  # fmt: skip
+    )
     p.add_argument("checkpoint", help=TARGET)
-    p.add_argument("--partitions", type=int, required=True, metavar="N",
-                   help="the new number of state partitions")  # fmt: skip
+    p.add_argument(
+        "--partitions",
+        type=int,
+        required=True,
+        metavar="N",
+        help="the new number of state partitions",
+    )
     _flag(p, "--dry-run", "print the plan, change nothing")
     _flag(p, "--no-backup", "skip the backup (not advised)")
     p.add_argument("--backup-to", help="s3://BUCKET/PREFIX (default: the registry's)")
@@ -689,21 +745,26 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_repartition)
 
     p = sub.add_parser(
-        "backfill", parents=[s3_conn],
+        "backfill",
+        parents=[s3_conn],
         help="roll a query back and reprocess (the stream_backfill steps; backup first)",
-    )  # fmt: skip
+    )
     p.add_argument("query")
     point = p.add_mutually_exclusive_group(required=True)
     point.add_argument("--to-batch", type=int, metavar="N", help="the last batch to keep")
     point.add_argument(
-        "--input-before", metavar="TIME",
+        "--input-before",
+        metavar="TIME",
         help="roll back to the last batch whose input files were all modified before TIME",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--overrides", type=_overrides, default={}, metavar="JSON",
+        "--overrides",
+        type=_overrides,
+        default={},
+        metavar="JSON",
         help="merged into the query's registry entry for the reprocessing (processor, "
         "watermark, expectations, spark_conf)",
-    )  # fmt: skip
+    )
     _flag(p, "--dry-run", "print the plan, change nothing")
     _flag(p, "--json", "the plan or the result as JSON")
     _master(p)
@@ -712,14 +773,20 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
 
 def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     """State carried to a new checkpoint: bootstrap, transplant, migration."""
-    accept = ("carry the state over even where the initialState road changes what the query "
-              "computes (the refusal lists how)")  # fmt: skip
+    accept = (
+        "carry the state over even where the initialState road changes what the query "
+        "computes (the refusal lists how)"
+    )
     p = sub.add_parser("bootstrap", help="start a query on a new checkpoint with initial state")
     p.add_argument("query")
     p.add_argument("--initial-state", required=True, help="an export, a checkpoint, or files")
     p.add_argument("--format", choices=FORMATS, help="default: export if it has a manifest")
-    p.add_argument("--carry-over", choices=ROADS, default="auto",
-                   help="from a checkpoint: transplant its state files, or export it")  # fmt: skip
+    p.add_argument(
+        "--carry-over",
+        choices=ROADS,
+        default="auto",
+        help="from a checkpoint: transplant its state files, or export it",
+    )
     _flag(p, "--accept-differences", accept)
     _flag(p, "--dry-run", "print what it would do")
     _master(p)
@@ -739,9 +806,10 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_transplant)
 
     p = sub.add_parser(
-        "migrate", parents=[s3_conn],
+        "migrate",
+        parents=[s3_conn],
         help="move a query to a new source with its state (the stream_source_migration steps)",
-    )  # fmt: skip
+    )
     p.add_argument("query")
     p.add_argument("--source", help="which of the query's sources moves (default: its only one)")
     p.add_argument(
@@ -750,16 +818,24 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
         help="the new source's folder (relative to the registry's data_dir)",
     )
     p.add_argument(
-        "--new-source-format", metavar="json|parquet|csv",
+        "--new-source-format",
+        metavar="json|parquet|csv",
         help="default: the format of the files in the new source's folder (by their first bytes)",
-    )  # fmt: skip
+    )
     p.add_argument("--new-source-schema", help="DDL (default: the query's current schema)")
-    p.add_argument("--new-source-option", type=_option, action="append", default=[],
-                   metavar="KEY=VALUE", help="a reader option (repeat for more)")  # fmt: skip
     p.add_argument(
-        "--cutover", default="drain",
+        "--new-source-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a reader option (repeat for more)",
+    )
+    p.add_argument(
+        "--cutover",
+        default="drain",
         help="drain (default), or a past time: the old source reads the files modified before it",
-    )  # fmt: skip
+    )
     p.add_argument("--new-checkpoint", help="a new or empty folder (default: <checkpoint>.v2)")
     p.add_argument(
         "--carry-over",
@@ -780,9 +856,10 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_queries)
 
     p = sub.add_parser(
-        "status", parents=[s3_conn],
+        "status",
+        parents=[s3_conn],
         help="each query's state health: checkpoint, state, cleanup, backups, validation, lineage",
-    )  # fmt: skip
+    )
     p.add_argument("query", nargs="?", help="one registered query (default: all)")
     _flag(p, "--json", "machine-readable output")
     _flag(p, "--no-backups", "do not list the backup store")
@@ -855,8 +932,9 @@ def _commands(parser: argparse.ArgumentParser) -> dict[tuple[str, ...], argparse
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, command in action.choices.items():
-                found.update({(name, *k): v for k, v in _commands(command).items()} or
-                             {(name,): command})  # fmt: skip
+                found.update(
+                    {(name, *k): v for k, v in _commands(command).items()} or {(name,): command}
+                )
     return found
 
 

@@ -287,10 +287,11 @@ def scheduled_outcome(operation: str, done: dict[str, str | None]) -> list[str]:
     (``done[query]``) or why it was skipped (None: no committed batch yet). When every query
     was skipped, nothing was done, and the run must not look green: it fails, saying so."""
     lines = [
-        f"{query}: {what}" if what is not None
+        f"{query}: {what}"
+        if what is not None
         else f"{query}: skipped, no committed batch yet (stream_start runs it)"
         for query, what in sorted(done.items())
-    ]  # fmt: skip
+    ]
     for line in lines:
         say(line)
     if done and all(what is None for what in done.values()):

@@ -95,11 +95,16 @@ def cleaned(request, spark, tmp_path_factory) -> Cleaned:
             read_sink(root / f"out-at-{batch}"),
         )
     return Cleaned(
-        case=case, root=root, plan=plan, round0_state=round0_state,
-        cleaned_state=cleaned_state, cleaned_out=read_sink(root / "out-original"),
+        case=case,
+        root=root,
+        plan=plan,
+        round0_state=round0_state,
+        cleaned_state=cleaned_state,
+        cleaned_out=read_sink(root / "out-original"),
         control_state=read_state(spark, control, case.state_reads),
-        control_out=read_sink(root / "out-control"), rolled_back=rolled_back,
-    )  # fmt: skip
+        control_out=read_sink(root / "out-control"),
+        rolled_back=rolled_back,
+    )
 
 
 def test_cleanup_deletes_old_snapshot_groups_and_logs(cleaned: Cleaned):
@@ -108,8 +113,10 @@ def test_cleanup_deletes_old_snapshot_groups_and_logs(cleaned: Cleaned):
     assert by_category["old-log"]["files"] > 0, by_category
     if cleaned.case is V2:  # the retried batch's other attempt: 2 stores, changelog (and zip)
         orphans = cleaned.plan["files"]["orphan-attempt"]
-        where = {re.fullmatch(r"state/0/(\d)/(\d+)_[0-9a-f-]+\.(zip|changelog)", rel).group(1, 2)
-                 for rel in orphans}  # fmt: skip
+        where = {
+            re.fullmatch(r"state/0/(\d)/(\d+)_[0-9a-f-]+\.(zip|changelog)", rel).group(1, 2)
+            for rel in orphans
+        }
         assert where == {("0", str(FAILS_ONCE + 1)), ("1", str(FAILS_ONCE + 1))}, orphans
         assert not any((cleaned.root / "ck-original" / rel).exists() for rel in orphans)
     deleted = [g for g in cleaned.plan["groups"] if g["action"] == "delete"]

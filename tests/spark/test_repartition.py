@@ -66,8 +66,9 @@ def in_session(spark):
     """``submit`` for :func:`run_repartition`: the job's main in the shared session."""
 
     def submit(plan: dict) -> None:
-        code, out = job_in_session(spark, REPARTITION_STATE, "--checkpoint", plan["checkpoint"],
-                                   "--run-id", plan["run_id"])  # fmt: skip
+        code, out = job_in_session(
+            spark, REPARTITION_STATE, "--checkpoint", plan["checkpoint"], "--run-id", plan["run_id"]
+        )
         assert code == 0, out
 
     return submit
@@ -236,9 +237,12 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
     # input was good; 2 is for refusals).
     before, stderr = tree_digest(checkpoint), tmp_path / "failed.stderr"
     with stderr.open("w") as err:
-        proc = subprocess.Popen([str(VENV_BIN / "stateops"), *cli, "page_visits", "--partitions",
-                                 "4", "--no-backup"], start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        proc = subprocess.Popen(
+            [str(VENV_BIN / "stateops"), *cli, "page_visits", "--partitions", "4", "--no-backup"],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         kill_spark_job(proc, checkpoint / "offsets" / str(last + 1))
         assert proc.wait(timeout=120) == 1, stderr.read_text()
@@ -258,18 +262,43 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
     assert done["proof"]["ok"] and done["batch"] == last + 1 and done["backup_id"], done
     assert proof_path(checkpoint, done["run_id"]).exists()
     assert load_registry(registry).query("page_visits").shuffle_partitions == 4
-    listed = run_cli("--registry", str(registry), "backups", "list",
-                     reg.backups.url_for("page_visits"), env=s3.env(), check=True)  # fmt: skip
+    listed = run_cli(
+        "--registry",
+        str(registry),
+        "backups",
+        "list",
+        reg.backups.url_for("page_visits"),
+        env=s3.env(),
+        check=True,
+    )
     assert done["backup_id"] in listed.stdout
     inspect = run_cli("--registry", str(registry), "inspect", "page_visits", "--json", check=True)
     assert [op["num_partitions"] for op in json.loads(inspect.stdout)["operators"]] == [4]
     # A backup after it holds the repartition batch's restart set, and restores to a
     # checkpoint with 4 partitions that verifies clean.
-    run_cli("--registry", str(registry), "backup", "page_visits", "--to",
-            reg.backups.url_for("page_visits"), env=s3.env(), check=True)  # fmt: skip
+    run_cli(
+        "--registry",
+        str(registry),
+        "backup",
+        "page_visits",
+        "--to",
+        reg.backups.url_for("page_visits"),
+        env=s3.env(),
+        check=True,
+    )
     restored = tmp_path / "restored"
-    run_cli("--registry", str(registry), "restore", "page_visits", "--backup", "latest",
-            "--to", str(restored), env=s3.env(), check=True)  # fmt: skip
+    run_cli(
+        "--registry",
+        str(registry),
+        "restore",
+        "page_visits",
+        "--backup",
+        "latest",
+        "--to",
+        str(restored),
+        env=s3.env(),
+        check=True,
+    )
     cp = load_checkpoint(restored)
     assert cp.last_committed_batch == last + 1 and cp.partitions(last + 1) == 4
     assert verify_checkpoint(restored)["ok"]
@@ -279,10 +308,11 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
     # be repartitioned from then on.
     raw = yaml.safe_load(registry.read_text())
     raw["queries"]["page_counts"].update(
-        checkpoint="checkpoints/page_counts_replayed", shuffle_partitions=4,
+        checkpoint="checkpoints/page_counts_replayed",
+        shuffle_partitions=4,
         sink={"format": "parquet", "path": "output/page_counts_replayed"},
         state_store={**raw["queries"]["page_counts"].get("state_store", {}), "provider": "rocksdb"},
-    )  # fmt: skip
+    )
     replayed = registry.with_name("replayed.yaml")
     replayed.write_text(yaml.safe_dump(raw, sort_keys=False))
     run_in_session(spark, replayed, "page_counts")
@@ -304,8 +334,9 @@ def kill_spark_job(cli: subprocess.Popen, appears: Path, timeout: float = 240) -
         time.sleep(0.05)
     assert appears.exists(), f"{appears} never appeared"
     tasks = Path(f"/proc/{cli.pid}/task")
-    children = [int(pid) for task in tasks.iterdir() for pid in
-                (task / "children").read_text().split()]  # fmt: skip
+    children = [
+        int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()
+    ]
     assert children, "the CLI runs no Spark job"
     for pid in children:
         os.kill(pid, signal.SIGKILL)
@@ -347,10 +378,22 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark,
     for point in ("upload:1", "marker:1", "spark", "audit:2", "finish:1"):
         registry = clone(start, tmp_path / f"killed-{point.replace(':', '-')}")
         env = {**s3.env(), **({} if point == "spark" else {"STATEOPS_KILL_AT": point})}
-        args = [str(VENV_BIN / "stateops"), "--registry", str(registry), "repartition", name,
-                "--partitions", "4"]  # fmt: skip
-        proc = subprocess.Popen(args, env={**os.environ, **env}, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        args = [
+            str(VENV_BIN / "stateops"),
+            "--registry",
+            str(registry),
+            "repartition",
+            name,
+            "--partitions",
+            "4",
+        ]
+        proc = subprocess.Popen(
+            args,
+            env={**os.environ, **env},
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         running.append((point, registry, proc))
         killed[point] = registry
     for point, registry, proc in running:
@@ -363,9 +406,11 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark,
         checkpoint = Path(load_registry(registry).query(name).checkpoint)
         cp, marker = load_checkpoint(checkpoint), read_repartition(checkpoint)
         left = (marker is not None, cp.latest_offset_batch, cp.last_committed_batch)
-        assert left == {"upload:1": (False, last, last), "marker:1": (False, last, last),
-                        "spark": (True, last + 1, last)}.get(point, (True, last + 1, last + 1)), (
-            point, left)  # fmt: skip
+        assert left == {
+            "upload:1": (False, last, last),
+            "marker:1": (False, last, last),
+            "spark": (True, last + 1, last),
+        }.get(point, (True, last + 1, last + 1)), (point, left)
 
     land(landing, round_=1, files=1)
     for registry in (at2, at4):
@@ -374,8 +419,16 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark,
         again, back = registry, clone(registry, registry.with_name(registry.name + "-back"))
         repartition(spark, again, name, 4)
         checkpoint = load_registry(back).query(name).checkpoint
-        run_cli("--registry", str(back), "rollback", name, "--to-batch", str(last),
-                "--no-backup", check=True)  # fmt: skip
+        run_cli(
+            "--registry",
+            str(back),
+            "rollback",
+            name,
+            "--to-batch",
+            str(last),
+            "--no-backup",
+            check=True,
+        )
         assert read_repartition(checkpoint) is None and verify_checkpoint(checkpoint)["ok"]
         assert load_registry(back).query(name).shuffle_partitions == 2, point
         for registry, control in ((again, at4), (back, at2)):

@@ -63,8 +63,17 @@ def test_rollback_then_reprocess_with_unchanged_logic_equals_an_uninterrupted_ru
     n = load_checkpoint(ckpt).last_committed_batch - 3
 
     url = "s3://backups/rollback"
-    proc = run_cli("--registry", str(registry), "rollback", "page_visits", "--to-batch", str(n),
-                   "--backup-to", url, env=s3.env())  # fmt: skip
+    proc = run_cli(
+        "--registry",
+        str(registry),
+        "rollback",
+        "page_visits",
+        "--to-batch",
+        str(n),
+        "--backup-to",
+        url,
+        env=s3.env(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert load_checkpoint(ckpt).last_committed_batch == n
     assert f"batch {n} is the last committed batch" in proc.stdout
@@ -79,8 +88,11 @@ def test_rollback_then_reprocess_with_unchanged_logic_equals_an_uninterrupted_ru
 
     # A cleanup plan by the query's name takes the registry's cleanup.retain_batches.
     before = tree_digest(ckpt)
-    plan = json.loads(run_cli("cleanup", "page_visits", "--dry-run", "--json", "--registry",
-                              str(registry), check=True).stdout)  # fmt: skip
+    plan = json.loads(
+        run_cli(
+            "cleanup", "page_visits", "--dry-run", "--json", "--registry", str(registry), check=True
+        ).stdout
+    )
     assert plan["retain_batches"] == load_registry(registry).cleanup.retain_batches == 10
     assert tree_digest(ckpt) == before
 
@@ -96,19 +108,43 @@ def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark,
     # What the new logic gives from batch n on: a fresh copy of batch n's restart set.
     reference = tmp_path / "reference"
     copy_restart_set(load_checkpoint(ckpt), n, reference / "ck")
-    ref_registry = write_registry(reference, user_sessions={
-        "processor": _processor(300), "checkpoint": str(reference / "ck"),
-        "source": {**yaml.safe_load(registry.read_text())["queries"]["user_sessions"]["source"],
-                   "path": str(tmp_path / "landing/user_sessions")},
-    })  # fmt: skip
+    ref_registry = write_registry(
+        reference,
+        user_sessions={
+            "processor": _processor(300),
+            "checkpoint": str(reference / "ck"),
+            "source": {
+                **yaml.safe_load(registry.read_text())["queries"]["user_sessions"]["source"],
+                "path": str(tmp_path / "landing/user_sessions"),
+            },
+        },
+    )
 
-    plan = json.loads(run_cli("--registry", str(registry), "rollback", "user_sessions",
-                              "--to-batch", str(n), "--no-backup", "--dry-run", "--json",
-                              check=True).stdout)  # fmt: skip
+    plan = json.loads(
+        run_cli(
+            "--registry",
+            str(registry),
+            "rollback",
+            "user_sessions",
+            "--to-batch",
+            str(n),
+            "--no-backup",
+            "--dry-run",
+            "--json",
+            check=True,
+        ).stdout
+    )
     stale = [rel for rel in plan["files"]["after-rollback-point"] if rel.endswith(".zip")]
     assert stale, "the invalidated run left no snapshot group: the stale case is not exercised"
-    proc = run_cli("--registry", str(registry), "rollback", "user_sessions", "--to-batch",
-                   str(n), "--no-backup")  # fmt: skip
+    proc = run_cli(
+        "--registry",
+        str(registry),
+        "rollback",
+        "user_sessions",
+        "--to-batch",
+        str(n),
+        "--no-backup",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "WARNING: no backup is taken first" in proc.stdout
 
@@ -156,8 +192,14 @@ def _fresh(template: Path, work: Path) -> tuple[Path, Path]:
 
 
 def _state(work: Path) -> dict[str, str]:
-    return {**tree_digest(work), **{f"sink/{k}": v for k, v in tree_digest(
-        work.with_name("sink")).items() if "_rolled_back" not in k}}  # fmt: skip
+    return {
+        **tree_digest(work),
+        **{
+            f"sink/{k}": v
+            for k, v in tree_digest(work.with_name("sink")).items()
+            if "_rolled_back" not in k
+        },
+    }
 
 
 @pytest.mark.parametrize("command", ["cleanup", "rollback"])
@@ -167,9 +209,11 @@ def test_refusals_change_nothing(template, tmp_path, command):
     work, _ = _fresh(template, tmp_path / "ck")
     run_cli("cleanup", str(work), "--retain-batches", "3", check=True)  # keeps 5..7
     if command == "rollback":
-        cases = [(["--to-batch", "99"], "batch 99 is not a committed batch"),
-                 (["--to-batch", "0"], "older than the oldest retained batch (5)"),
-                 (["--to-batch", "-1"], "batch -1: batch ids start at 0")]  # fmt: skip
+        cases = [
+            (["--to-batch", "99"], "batch 99 is not a committed batch"),
+            (["--to-batch", "0"], "older than the oldest retained batch (5)"),
+            (["--to-batch", "-1"], "batch -1: batch ids start at 0"),
+        ]
     else:  # fewer batches than asked for are left: they are all retained, nothing goes
         proc = run_cli("cleanup", str(work), "--retain-batches", "5", check=True)
         assert "(only 3 committed batches are left)" in proc.stdout
@@ -199,9 +243,19 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(
     template, restarted, tmp_path, spark, command
 ):
     work = tmp_path / "ck"
-    argv = (["cleanup", str(work), "--retain-batches", "2"] if command == "cleanup" else
-            ["rollback", str(work), "--to-batch", "3", "--no-backup", "--sink",
-             str(tmp_path / "sink")])  # fmt: skip
+    argv = (
+        ["cleanup", str(work), "--retain-batches", "2"]
+        if command == "cleanup"
+        else [
+            "rollback",
+            str(work),
+            "--to-batch",
+            "3",
+            "--no-backup",
+            "--sink",
+            str(tmp_path / "sink"),
+        ]
+    )
     _fresh(template, work)
     plan = json.loads(run_cli(*argv, "--dry-run", "--json", check=True).stdout)
     deletes = plan["delete"]["files"]
@@ -239,12 +293,20 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(
 def _registry(template: Path, work: Path, root: Path) -> Path:
     """A registry whose page_visits runs on ``work`` and its sink beside it, reading the
     template's landing folder."""
-    return write_registry(root, page_visits={
-        "checkpoint": str(work), "sink": {"format": "parquet", "path": str(work.with_name("sink"))},
-        "source": {"format": "json", "path": str(template / "landing/page_visits"),
-                   "schema": "user_id STRING, page STRING, event_time TIMESTAMP",
-                   "options": {"maxFilesPerTrigger": 1}}, **_state_store(template),
-    })  # fmt: skip
+    return write_registry(
+        root,
+        page_visits={
+            "checkpoint": str(work),
+            "sink": {"format": "parquet", "path": str(work.with_name("sink"))},
+            "source": {
+                "format": "json",
+                "path": str(template / "landing/page_visits"),
+                "schema": "user_id STRING, page STRING, event_time TIMESTAMP",
+                "options": {"maxFilesPerTrigger": 1},
+            },
+            **_state_store(template),
+        },
+    )
 
 
 @pytest.fixture(scope="module")

@@ -75,8 +75,9 @@ def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     assert state_and_output(spark, touched, name) == untouched
 
     # The first backup restored over the checkpoint.
-    restore = plan_restore(name, client, backup=backup["backup_id"], registry=registry,
-                           replace=True)  # fmt: skip
+    restore = plan_restore(
+        name, client, backup=backup["backup_id"], registry=registry, replace=True
+    )
     run_restore(restore, client, registry=registry, log=quiet)
     assert state_and_output(spark, touched, name) == untouched
 

@@ -40,18 +40,30 @@ def test_the_plan_counts_snapshot_groups_as_inspect_does_one_group_across_partit
     # minDeltasForSnapshot 2), and partition 1's second snapshot one version later (9, still
     # group 4): inspect shows groups 2 and 4, of 2 stores each.
     groups = [
-        {"operator": 0, "partition": p, "store": "default", "base": base,
-         "group_id": base // 2, "versions": [base, base + 3], "files": 4, "bytes": 1024,
-         "action": "delete" if base < 8 else "keep"}
+        {
+            "operator": 0,
+            "partition": p,
+            "store": "default",
+            "base": base,
+            "group_id": base // 2,
+            "versions": [base, base + 3],
+            "files": 4,
+            "bytes": 1024,
+            "action": "delete" if base < 8 else "keep",
+        }
         for p, bases in ((0, (4, 8)), (1, (4, 9)))
         for base in bases
-    ]  # fmt: skip
+    ]
     plan = {
-        "operation": "cleanup", "checkpoint": "/data/ck", "retained": [7, 9],
-        "retain_batches": 3, "groups": groups, "by_category": {},
+        "operation": "cleanup",
+        "checkpoint": "/data/ck",
+        "retained": [7, 9],
+        "retain_batches": 3,
+        "groups": groups,
+        "by_category": {},
         "delete": {"files": 8, "bytes": 2048},
         "keep": {"files": 8, "bytes": 2048, "needed_by_restarts": 8},
-    }  # fmt: skip
+    }
     lines = format_plan(plan, dry_run=True).splitlines()
     assert (
         "  operator 0 store default: delete 1 snapshot groups across 2 partitions "

@@ -29,8 +29,10 @@ def _rollback_plan() -> dict:
 
 def test_old_log_entries_go_oldest_first_and_a_rollback_newest_commit_first():
     assert _in_order("old-log", ["offsets/10", "offsets/9", "commits/2"]) == [
-        "commits/2", "offsets/9", "offsets/10",
-    ]  # fmt: skip
+        "commits/2",
+        "offsets/9",
+        "offsets/10",
+    ]
     # Commits before offsets before state, each newest first: the last committed batch only
     # ever moves down while a rollback deletes.
     assert _in_order(
@@ -79,15 +81,22 @@ def test_a_cleanup_plan_names_the_querys_latest_backup_and_the_restore_that_undo
 
     url = "s3://stateops-backups/page_visits"
     plan = {
-        "operation": "cleanup", "checkpoint": "/data/ck", "last_committed_batch": 12,
-        "retain_batches": 2, "retained": [11, 12], "groups": [],
+        "operation": "cleanup",
+        "checkpoint": "/data/ck",
+        "last_committed_batch": 12,
+        "retain_batches": 2,
+        "retained": [11, 12],
+        "groups": [],
         "delete": {"files": 2, "bytes": 2048},
         "keep": {"files": 10, "bytes": 10240, "needed_by_restarts": 6},
         "by_category": {"old-log": {"files": 2, "bytes": 2048}},
         "files": {"old-log": ["offsets/1", "commits/1"]},
-    }  # fmt: skip
-    latest = {"backup_id": "b-000012-20261126T090000Z", "batch_id": 12,
-              "created_at": "2026-11-26T09:00:00+00:00"}  # fmt: skip
+    }
+    latest = {
+        "backup_id": "b-000012-20261126T090000Z",
+        "batch_id": 12,
+        "created_at": "2026-11-26T09:00:00+00:00",
+    }
     tails = {
         None: [
             "  backup:       none (take one first to keep older restarts: stateops backup "
@@ -114,7 +123,7 @@ def test_a_cleanup_plan_names_the_querys_latest_backup_and_the_restore_that_undo
             f"(stateops backups list {url}, then stateops restore {url}/BACKUP_ID --to "
             "/data/ck --replace)",
         ],
-    }  # fmt: skip
+    }
     backups = {
         None: None,
         "latest": {"url": url, "latest": latest, "error": None},

@@ -149,9 +149,12 @@ def test_the_demo_refuses_a_data_folder_with_files_it_did_not_create(tmp_path):
     (tmp_path / "_stateops" / "locks" / "q.lock.guard").touch()  # as an older version left
     (tmp_path / "notes.txt").write_text("mine")
     demo = subprocess.run(
-        [str(ROOT / "scripts" / "demo.sh")], capture_output=True, text=True, timeout=60,
+        [str(ROOT / "scripts" / "demo.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "STATEOPS_DATA_DIR": str(tmp_path)},
-    )  # fmt: skip
+    )
     assert demo.returncode == 2 and "holds data the demo did not create" in demo.stderr
     assert (tmp_path / "notes.txt").exists()
 

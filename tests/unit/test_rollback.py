@@ -21,10 +21,13 @@ def test_an_interrupted_rollback_is_resumed_only_to_its_own_batch(tmp_path):
     write_rollback(tmp_path, {"to_batch": 4, "run_id": "rollback-1"})
     assert refuse_pending_rollback(tmp_path, 4) == {"to_batch": 4, "run_id": "rollback-1"}
     for other in (3, None):  # another rollback, or a cleanup
-        with pytest.raises(StateOpsError, match=(
-            rf"^{tmp_path}: a rollback to batch 4 \(run rollback-1\) was interrupted; finish it "
-            rf"first: stateops rollback {tmp_path} --to-batch 4$"
-        )):  # fmt: skip
+        with pytest.raises(
+            StateOpsError,
+            match=(
+                rf"^{tmp_path}: a rollback to batch 4 \(run rollback-1\) was interrupted; "
+                rf"finish it first: stateops rollback {tmp_path} --to-batch 4$"
+            ),
+        ):
             refuse_pending_rollback(tmp_path, other)
 
 
@@ -33,8 +36,12 @@ def test_a_per_batch_sink_moves_later_batches_aside_with_the_sinks_offset(tmp_pa
         (tmp_path / f"batch_id={k}").mkdir()
         (tmp_path / f"batch_id={k}" / "part-0.parquet").write_text(str(k))
     plan = plan_sink_rollback(tmp_path, 1, batch_offset=10)
-    assert plan == {"path": str(tmp_path), "folders": ["batch_id=12", "batch_id=13"],
-                    "log_entries": [], "data_files": []}  # fmt: skip
+    assert plan == {
+        "path": str(tmp_path),
+        "folders": ["batch_id=12", "batch_id=13"],
+        "log_entries": [],
+        "data_files": [],
+    }
     execute_sink_plan(plan, "rollback-1")
     assert sorted(p.name for p in tmp_path.glob("batch_id=*")) == ["batch_id=10", "batch_id=11"]
     aside = tmp_path / "_rolled_back" / "rollback-1"

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, one_line
 from stateops.core.report import format_bytes, group_id
 from stateops.ops.deletion import (
@@ -54,7 +54,6 @@ def plan_cleanup(target: Target, retain_batches: int | None = None) -> dict[str,
     retain_batches = _retain_batches(target, retain_batches)
     if retain_batches < 1:
         raise StateOpsError(f"--retain-batches must be at least 1, got {retain_batches}")
-    min_deltas_for_snapshot = target.min_deltas_for_snapshot
     cp = load_checkpoint(target.checkpoint)
     refuse_pending_rollback(cp.root)
     refuse_gaps(cp)
@@ -65,7 +64,25 @@ def plan_cleanup(target: Target, retain_batches: int | None = None) -> dict[str,
     keep: set[str] = set()
     for b in retained:
         keep.update(restart_set(cp, b, "retain fewer batches (--retain-batches)"))
-    last = committed[-1]
+    delete, groups = _store_deletions(cp, keep, retained, target.min_deltas_for_snapshot)
+    delete.update(_log_deletions(cp, keep, oldest=retained[0]))
+    return deletion_plan(
+        cp,
+        "cleanup",
+        delete,
+        keep,
+        retain_batches=retain_batches,
+        retained=[retained[0], retained[-1]],
+        groups=groups,
+    )
+
+
+def _store_deletions(
+    cp: Checkpoint, keep: set[str], retained: list[int], min_deltas_for_snapshot: int
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The state files no retained restart needs (why each goes), and every store's snapshot
+    groups with what happens to them."""
+    last = retained[-1]  # the last committed batch
     delete: dict[str, str] = {}
     groups = []
     for op in cp.operators:
@@ -79,22 +96,39 @@ def plan_cleanup(target: Target, retain_batches: int | None = None) -> dict[str,
             }
             in_view = {rel for v in view.versions for rel in view.version_files(v)}
             for v in [v for v in store.versions if v <= last + 1]:
-                delete.update({rel: "orphan-attempt" for rel in store.version_files(v)
-                               if rel not in in_view and rel not in keep})  # fmt: skip
+                delete.update(
+                    {
+                        rel: "orphan-attempt"
+                        for rel in store.version_files(v)
+                        if rel not in in_view and rel not in keep
+                    }
+                )
             for g in view.snapshot_groups(cp.sizes):
                 action = "keep" if g.snapshot_version in needed else "delete"
                 if action == "delete":
                     delete.update(dict.fromkeys(g.files, "snapshot-group"))
-                groups.append({
-                    "operator": op.operator_id, "partition": store.partition,
-                    "store": store.store_name, "base": g.snapshot_version,
-                    "group_id": group_id(g.snapshot_version, min_deltas_for_snapshot),
-                    "versions": [g.versions[0], g.versions[-1]], "files": len(g.files),
-                    "bytes": g.bytes, "action": action,
-                })  # fmt: skip
+                groups.append(
+                    {
+                        "operator": op.operator_id,
+                        "partition": store.partition,
+                        "store": store.store_name,
+                        "base": g.snapshot_version,
+                        "group_id": group_id(g.snapshot_version, min_deltas_for_snapshot),
+                        "versions": [g.versions[0], g.versions[-1]],
+                        "files": len(g.files),
+                        "bytes": g.bytes,
+                        "action": action,
+                    }
+                )
             for v in [v for v in store.versions if v > last + 1]:
                 delete.update(dict.fromkeys(store.version_files(v), "orphan-version"))
-    oldest = retained[0]
+    return delete, groups
+
+
+def _log_deletions(cp: Checkpoint, keep: set[str], oldest: int) -> dict[str, str]:
+    """The log entries, operator metadata and schema files older than the oldest retained
+    batch that no retained restart reads."""
+    delete: dict[str, str] = {}
     # A restart after batch N reads offsets N and N - 1, and commits N.
     for log, batches, below in (
         ("offsets", cp.offsets, oldest - 1),
@@ -112,8 +146,7 @@ def plan_cleanup(target: Target, retain_batches: int | None = None) -> dict[str,
         for rel, written_by in op.schema_files.items():
             if written_by < oldest and rel not in keep:
                 delete[rel] = "old-log"
-    return deletion_plan(cp, "cleanup", delete, keep, retain_batches=retain_batches,
-                 retained=[retained[0], retained[-1]], groups=groups)  # fmt: skip
+    return delete
 
 
 def run_cleanup(

@@ -221,11 +221,16 @@ def execute_plan(
 
 def audit_plan(plan: dict[str, Any], run_id: str, result: str, **details: Any) -> None:
     append_audit(
-        plan["checkpoint"], plan["operation"], run_id=run_id, result=result,
+        plan["checkpoint"],
+        plan["operation"],
+        run_id=run_id,
+        result=result,
         batch_before=plan["last_committed_batch"],
         batch_after=plan.get("to_batch", plan["last_committed_batch"]),
-        deleted_files=plan["delete"]["files"], deleted_bytes=plan["delete"]["bytes"], **details,
-    )  # fmt: skip
+        deleted_files=plan["delete"]["files"],
+        deleted_bytes=plan["delete"]["bytes"],
+        **details,
+    )
 
 
 def plan_digest(plan: dict[str, Any]) -> str:
@@ -307,20 +312,23 @@ def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
     if plan["operation"] == "cleanup":
         return plan_tail(
             irreversible=f"deleting {deleted}: only files no restart after the retained "
-            "batches reads", **_cleanup_backup(checkpoint, plan.get("backups")),
-        )  # fmt: skip
+            "batches reads",
+            **_cleanup_backup(checkpoint, plan.get("backups")),
+        )
     if not backup_to:
-        return plan_tail(irreversible=f"deleting {deleted} (no backup)", backup="none",
-                         undo="none")  # fmt: skip
+        return plan_tail(irreversible=f"deleting {deleted} (no backup)", backup="none", undo="none")
     sink = plan.get("sink")
     return plan_tail(
         irreversible="nothing: the backup holds the checkpoint as it is now",
         backup=f"to {backup_to}, before anything changes",
         undo=f"stateops restore {backup_to}/BACKUP_ID --to {checkpoint} --replace (the "
         "backup this run prints)"
-        + (f", and the sink's batch folders back from {sink['path']}/_rolled_back/RUN_ID"
-           if sink else ""),
-    )  # fmt: skip
+        + (
+            f", and the sink's batch folders back from {sink['path']}/_rolled_back/RUN_ID"
+            if sink
+            else ""
+        ),
+    )
 
 
 def _cleanup_backup(checkpoint: str, backups: dict[str, Any] | None) -> dict[str, str]:
@@ -332,7 +340,7 @@ def _cleanup_backup(checkpoint: str, backups: dict[str, Any] | None) -> dict[str
             "backup": f"none (take one first to keep older restarts: stateops backup {checkpoint})",
             "undo": "none; deleted files come back only from an earlier backup (stateops "
             f"restore s3://BUCKET/PREFIX/BACKUP_ID {restore})",
-        }  # fmt: skip
+        }
     url, latest = backups["url"], backups["latest"]
     if latest is not None:
         return {
@@ -340,14 +348,14 @@ def _cleanup_backup(checkpoint: str, backups: dict[str, Any] | None) -> dict[str
             f"{latest['batch_id']}, {latest['created_at']}) under {url}",
             "undo": "none; deleted files come back only from an earlier backup (stateops "
             f"restore {url}/{latest['backup_id']} {restore})",
-        }  # fmt: skip
+        }
     if backups.get("error"):
         return {
             "backup": f"none taken by the cleanup; the backups under {url} could not be "
             f"listed ({backups['error']})",
             "undo": "none; deleted files come back only from an earlier backup (stateops "
             f"backups list {url}, then stateops restore {url}/BACKUP_ID {restore})",
-        }  # fmt: skip
+        }
     return {
         "backup": f"none yet under {url} (take one first to keep older restarts: stateops "
         f"backup {checkpoint})",

@@ -132,7 +132,7 @@ def _plan(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]
                 "stores": op.store_names,
             }
             for op in cp.operators
-        ],  # fmt: skip
+        ],
         "files": len(cp.sizes),
         "resumes": pending and {k: v for k, v in pending.items() if k != "files"},
     }
@@ -196,7 +196,7 @@ def format_repartition_plan(plan: dict[str, Any], dry_run: bool) -> str:
         f"{plan['batch']}); a failed run deletes them again",
         backup=f"to {backup_to}, before anything changes" if backup_to else "none",
         undo=f"stateops rollback {plan['checkpoint']} --to-batch {plan['last_committed_batch']}",
-    )  # fmt: skip
+    )
     return "\n".join(lines)
 
 
@@ -227,11 +227,17 @@ def _prepare(
         undo_repartition_locked(checkpoint, log=log)
     backup_id = backup() if backup else None
     cp = load_checkpoint(checkpoint)
-    write_repartition(cp.root, {
-        "run_id": run_id, "batch": plan["batch"], "partitions": partitions,
-        "partitions_before": plan["partitions_before"], "backup_id": backup_id,
-        "files": cp.sizes,
-    })  # fmt: skip
+    write_repartition(
+        cp.root,
+        {
+            "run_id": run_id,
+            "batch": plan["batch"],
+            "partitions": partitions,
+            "partitions_before": plan["partitions_before"],
+            "backup_id": backup_id,
+            "files": cp.sizes,
+        },
+    )
     plan.update(run_id=run_id, backup_id=backup_id, resumes=None)
     return plan
 
@@ -268,12 +274,20 @@ def _finish(
     proof = _read_proof(root, pending["run_id"])
     result = verify_checkpoint(root)
     if not result["ok"]:
-        raise CheckpointError(f"{root} failed verification after the repartition: "
-                              f"{error_summary(result)}")  # fmt: skip
-    append_audit(root, OPERATION, run_id=pending["run_id"], result="succeeded",
-                 batch_before=batch - 1, batch_after=batch, backup_id=pending["backup_id"],
-                 partitions=[pending["partitions_before"], n],
-                 proof=str(proof_path(root, pending["run_id"])))  # fmt: skip
+        raise CheckpointError(
+            f"{root} failed verification after the repartition: {error_summary(result)}"
+        )
+    append_audit(
+        root,
+        OPERATION,
+        run_id=pending["run_id"],
+        result="succeeded",
+        batch_before=batch - 1,
+        batch_after=batch,
+        backup_id=pending["backup_id"],
+        partitions=[pending["partitions_before"], n],
+        proof=str(proof_path(root, pending["run_id"])),
+    )
     faults.point("finish")
     clear_repartition(root)
     if registry is not None and query is not None:
@@ -363,15 +377,25 @@ def undo_repartition_locked(
             f"{pending['backup_id'] or '(none taken)'}: stateops restore"
         )
     if gone:
-        log(f"{len(gone)} old files that no restart after batch {pending['batch'] - 1} reads "
-            "were deleted by Spark's store maintenance meanwhile")  # fmt: skip
-    append_audit(root, OPERATION, run_id=pending["run_id"], result="undone",
-                 batch_before=pending["batch"] - 1, batch_after=pending["batch"] - 1,
-                 deleted=len(added))  # fmt: skip
+        log(
+            f"{len(gone)} old files that no restart after batch {pending['batch'] - 1} reads "
+            "were deleted by Spark's store maintenance meanwhile"
+        )
+    append_audit(
+        root,
+        OPERATION,
+        run_id=pending["run_id"],
+        result="undone",
+        batch_before=pending["batch"] - 1,
+        batch_after=pending["batch"] - 1,
+        deleted=len(added),
+    )
     clear_repartition(root)
-    log(f"undid repartition {pending['run_id']}: deleted the {len(added)} files it added; "
+    log(
+        f"undid repartition {pending['run_id']}: deleted the {len(added)} files it added; "
         f"batch {pending['batch'] - 1} with {pending['partitions_before']} partitions is the "
-        "last committed batch again")  # fmt: skip
+        "last committed batch again"
+    )
     return pending
 
 
@@ -443,8 +467,14 @@ def repartition_locked(
         done = _finish(checkpoint, registry, query, log)
     except BaseException as err:
         undo_repartition_locked(checkpoint, log=log)
-        append_audit(checkpoint, OPERATION, run_id=plan["run_id"], result="failed",
-                     batch_before=plan["last_committed_batch"], error=one_line(err))  # fmt: skip
+        append_audit(
+            checkpoint,
+            OPERATION,
+            run_id=plan["run_id"],
+            result="failed",
+            batch_before=plan["last_committed_batch"],
+            error=one_line(err),
+        )
         raise OperationFailed(
             f"the repartition of {checkpoint} failed ({one_line(err)}); it was undone: "
             f"batch {plan['last_committed_batch']} with {plan['partitions_before']} "

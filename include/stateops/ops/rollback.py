@@ -98,8 +98,9 @@ def plan_rollback(target: Target, to_batch: int) -> dict[str, Any]:
                     delete.update(dict.fromkeys(store.version_files(v), "after-rollback-point"))
     partitions = [cp.partitions(last), cp.partitions(to_batch)]  # differ across a repartition
     changed = partitions if partitions[0] != partitions[1] else None
-    return deletion_plan(cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending,
-                         partitions=changed)  # fmt: skip
+    return deletion_plan(
+        cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending, partitions=changed
+    )
 
 
 def plan_sink_rollback(
