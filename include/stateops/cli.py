@@ -253,16 +253,24 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backup_first(args: argparse.Namespace, target: Any, operation: str) -> Any:
+    """The backup before ``operation`` (to ``--backup-to``, else the target's backup location;
+    none with ``--no-backup``): :func:`stateops.ops.backup.backup_first`, refused before the
+    lock when there is no location or the S3 settings are bad."""
+    from stateops.ops.backup import backup_first
+
+    if args.no_backup:
+        return None
+    return backup_first(target, _s3(args), operation, to=args.backup_to, log=_log)
+
+
 def cmd_rollback(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
     from stateops.control.target import resolve_target
-    from stateops.ops.backup import backup_first
     from stateops.ops.rollback import run_rollback
 
     target = resolve_target(args.checkpoint, args.registry)
-    backup = None
-    if not args.no_backup:
-        backup = backup_first(target, _s3(args), "rollback", to=args.backup_to, log=_log)
+    backup = _backup_first(args, target, "rollback")
     plan = run_rollback(
         target,
         args.to_batch,
@@ -281,13 +289,10 @@ def cmd_repartition(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
     from stateops.control.target import resolve_target
     from stateops.core.steps import REPARTITION, REPARTITION_STATE
-    from stateops.ops.backup import backup_first
     from stateops.ops.repartition import run_repartition
 
     target = resolve_target(args.checkpoint, args.registry)
-    backup = None
-    if not args.no_backup:
-        backup = backup_first(target, _s3(args), "repartition", to=args.backup_to, log=_log)
+    backup = _backup_first(args, target, "repartition")
 
     def submit(plan: dict) -> None:
         fields = {"checkpoint": target.checkpoint, "run_id": plan["run_id"]}
