@@ -16,7 +16,7 @@ from typing import Any
 from stateops.control.audit import audit_dir, read_audit
 from stateops.control.lock import live_lock, lock_state, read_hold, read_lock
 from stateops.control.markers import read_rollback
-from stateops.core.checkpoint import Checkpoint, load_checkpoint
+from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Registry
 from stateops.core.report import checkpoint_report, format_bytes
@@ -190,10 +190,7 @@ def health(
 
 def _planned_batch(name: str, batch: int, last: int | None) -> str:
     drop = f" (or drop it: stateops rollback {name} --to-batch {last})" if last is not None else ""
-    return (
-        f"batch {batch} is planned but not committed (a run was interrupted): "
-        f"stateops run {name} finishes it{drop}"
-    )
+    return f"{interrupted_batch(batch)}: stateops run {name} finishes it{drop}"
 
 
 def unfinished_backfill(

@@ -51,6 +51,7 @@ __all__ = [
     "SnapshotGroup",
     "StoreState",
     "has_commit",
+    "interrupted_batch",
     "load_checkpoint",
     "require_checkpoint_dir",
 ]
@@ -542,6 +543,12 @@ class Checkpoint:
             ) from err
         self._zip_references[zip_rel] = refs
         return refs
+
+
+def interrupted_batch(batch: int) -> str:
+    """The one wording of a batch Spark planned (its offsets are written) and did not commit,
+    for every refusal and warning that names one (each adds what to do about it)."""
+    return f"batch {batch} is planned but not committed (a run was interrupted)"
 
 
 def has_commit(path: str | os.PathLike[str]) -> bool:

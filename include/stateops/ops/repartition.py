@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.control import faults
 from stateops.control.audit import append_audit, audit_dir
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
-from stateops.core.checkpoint import Checkpoint, load_checkpoint
+from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError, one_line
 from stateops.core.formats import EXTRA_KEY_FIELDS
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
@@ -93,8 +93,8 @@ def _plan(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]
         )
     if pending is None and cp.uncommitted_batches:
         raise CheckpointError(
-            f"{cp.root}: batch {cp.uncommitted_batches[0]} is planned but not committed (a run "
-            "was interrupted): run the query until it commits (stateops run QUERY), or drop it "
+            f"{cp.root}: {interrupted_batch(cp.uncommitted_batches[0])}: "
+            "run the query until it commits (stateops run QUERY), or drop it "
             f"(stateops rollback {cp.root} --to-batch {cp.last_committed_batch}), then "
             "repartition"
         )

@@ -22,7 +22,7 @@ from stateops.control.audit import append_audit
 from stateops.control.lock import new_run_id
 from stateops.control.markers import clear_carry_over, withdraw_stop
 from stateops.control.target import Target
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
@@ -70,8 +70,8 @@ def files_before(query: Query, before: datetime) -> list[Path]:
         cp = load_checkpoint(path)
         if cp.uncommitted_batches:
             raise StateOpsError(
-                f"{query.name}: batch {cp.uncommitted_batches[0]} is planned but not committed "
-                f"(a run was interrupted): finish it with stateops run {query.name} (or drop it: "
+                f"{query.name}: {interrupted_batch(cp.uncommitted_batches[0])}: finish it with "
+                f"stateops run {query.name} (or drop it: "
                 f"stateops rollback {query.name} --to-batch {cp.last_committed_batch}), then "
                 "cut over"
             )

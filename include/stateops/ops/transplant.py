@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control import faults
-from stateops.core.checkpoint import Checkpoint, load_checkpoint
+from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar, hadoop_crc, schema_file_refs
@@ -223,8 +223,8 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
     reasons = []
     if cp.uncommitted_batches:
         reasons.append(
-            f"batch {cp.uncommitted_batches[0]} is planned but not committed (a run was "
-            f"interrupted): a run of its query finishes it, or stateops rollback {cp.root} "
+            f"{interrupted_batch(cp.uncommitted_batches[0])}: a run of its query finishes it, "
+            f"or stateops rollback {cp.root} "
             f"--to-batch {cp.last_committed_batch} drops it"
         )
     reasons += fresh_sources(cp, query, batch)[1]
