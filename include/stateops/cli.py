@@ -261,7 +261,9 @@ def _backup_first(args: argparse.Namespace, target: Any, operation: str) -> Any:
 
     if args.no_backup:
         return None
-    return backup_first(target, _s3(args), operation, to=args.backup_to, log=_log)
+    give = "--backup-to s3://BUCKET/PREFIX (or --no-backup)"
+    where = target.backup_location(args.backup_to, give)  # no location: refused before S3's
+    return backup_first(target, _s3(args), operation, to=where, log=_log)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
@@ -390,11 +392,11 @@ def _overrides(text: str) -> dict:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
-    from stateops.control.target import resolve_target
+    from stateops.control.target import query_target
     from stateops.ops.backup import backup_first
     from stateops.ops.migration import format_migration_plan, plan_migration, run_migration
 
-    target = resolve_target(args.query, args.registry)
+    target = query_target(args.registry, args.query)
     source = {
         "format": args.new_source_format,
         "path": args.new_source_path,
@@ -530,9 +532,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    registry = load_registry(args.registry)
-    name = registry.query(args.query).name
-    path = registry.lock_path(name)
+    from stateops.control.target import query_target
+
+    target = query_target(args.registry, args.query)
+    name, path = target.name, target.lock_file
     if args.action == "release":
         held, state = force_release(path), "released"
     else:

@@ -16,6 +16,7 @@ from typing import Any
 from stateops.control.audit import audit_dir, read_audit
 from stateops.control.lock import live_lock, lock_state, read_hold, read_lock
 from stateops.control.markers import read_rollback
+from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Registry
@@ -103,7 +104,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         if r["operation"] in LINEAGE_OPERATIONS
         and (r["operation"] != "backfill" or steps[r.get("run_id")] is r)
     ]
-    running = live_lock(registry.lock_path(name))  # a backfill's reprocessing holds it
+    running = live_lock(query_target(registry, name).lock_file)  # a backfill's reprocessing
     status["unfinished_backfill"] = unfinished_backfill(
         name, records, running.run_id if running else None
     )
@@ -113,8 +114,6 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         op["state_rows"] = sum(x["rows"] for x in v["variables"].values())
         op["rows_as_of_batch"] = v["batch_id"]
     if s3_client is not None:
-        from stateops.control.target import query_target
-
         try:
             where = query_target(registry, name).backup_location()
             status["backups"] = list_backups(where, s3_client)
@@ -152,7 +151,7 @@ def health(
     v = status["last_validation"]
     if v and not v["ok"]:
         fail.append(f"the last validation (batch {v['batch_id']}) failed: {v['file']}")
-    lock = registry.lock_path(query.name)
+    lock = query_target(registry, query.name).lock_file
     held = read_lock(lock)
     state = None if held is None else lock_state(held)
     if held is not None:

@@ -232,6 +232,20 @@ def airflow_s3_client(conn_id: str) -> Any:
     return s3_client(connection_settings(conn.login, conn.password, conn.extra_dejson))
 
 
+def _backups_client(registry: Registry) -> Any:
+    """An S3 client for the registry's backup store, from its Airflow connection."""
+    return airflow_s3_client(registry.backups.conn_id)
+
+
+def _backup_first(target: Any, operation: str) -> Any:
+    """The backup before ``operation`` (:func:`stateops.ops.backup.backup_first`) through the
+    registry's Airflow connection, opened when the backup is taken."""
+    from stateops.ops.backup import backup_first
+
+    registry = target.require_registry()
+    return backup_first(target, lambda: _backups_client(registry), operation, log=say)
+
+
 def committed_checkpoint(registry: Registry, query: str) -> str:
     """The query's checkpoint; skips the task while it has no committed batch."""
     from stateops.core.checkpoint import has_commit
@@ -252,7 +266,7 @@ def backup_query(query: str) -> dict[str, Any]:
     target = query_target(None, query)
     registry = target.require_registry()
     committed_checkpoint(registry, query)
-    return run_backup(target, airflow_s3_client(registry.backups.conn_id), log=say)
+    return run_backup(target, _backups_client(registry), log=say)
 
 
 def each_query_then_outcome(
@@ -312,8 +326,7 @@ def cleanup_query(query: str, run_id: str) -> dict[str, Any]:
     target = query_target(None, query)
     registry = target.require_registry()
     committed_checkpoint(registry, query)
-    client = functools.partial(airflow_s3_client, registry.backups.conn_id)
-    plan = run_cleanup(target, run_id=run_id, log=say, client=client)
+    plan = run_cleanup(target, run_id=run_id, log=say, client=lambda: _backups_client(registry))
     return {k: v for k, v in plan.items() if k not in ("files", "groups")}
 
 
@@ -333,7 +346,7 @@ def restore_plan(
     registry = load_registry()
     result = plan_restore(
         query,
-        airflow_s3_client(registry.backups.conn_id),
+        _backups_client(registry),
         backup=backup_id,
         to=target or None,
         registry=registry,
@@ -352,7 +365,7 @@ def restore_run(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     from stateops.ops.restore import run_restore
 
     registry = load_registry()
-    client = airflow_s3_client(registry.backups.conn_id)
+    client = _backups_client(registry)
     return run_restore(plan, client, registry=registry, run_id=run_id, log=say)
 
 
@@ -379,11 +392,9 @@ def backfill_rollback(plan: dict[str, Any]) -> dict[str, Any]:
     Airflow connection."""
     from stateops.control.target import query_target
     from stateops.ops import backfill
-    from stateops.ops.backup import backup_first
 
     target = query_target(None, plan["query"])
-    conn_id = target.require_registry().backups.conn_id
-    backup = backup_first(target, lambda: airflow_s3_client(conn_id), "backfill", log=say)
+    backup = _backup_first(target, "backfill")
     return backfill.rollback_for_backfill(target, plan, backup=backup, log=say)
 
 
@@ -443,12 +454,10 @@ def migration_step(step: str, plan: dict[str, Any], *args: Any) -> dict[str, Any
     :mod:`stateops.ops.migration` for ``plan``; the backup through its Airflow connection."""
     from stateops.control.target import query_target
     from stateops.ops import migration
-    from stateops.ops.backup import backup_first
 
     target = query_target(None, plan["query"])
     if step == "backup":
-        client = airflow_s3_client(target.require_registry().backups.conn_id)
-        backup = backup_first(target, client, migration.OPERATION, log=say)
+        backup = _backup_first(target, migration.OPERATION)
         return migration.backup_for_migration(target, plan, backup, log=say)
     run = {
         "transplant": migration.transplant_for_migration,
@@ -511,12 +520,10 @@ def repartition_prepare(query: str, partitions: int, run_id: str) -> dict[str, A
     """Under the query's lock: plan again, back up through the registry's Airflow
     connection, and mark the run (:func:`stateops.ops.repartition.prepare_repartition`)."""
     from stateops.control.target import query_target
-    from stateops.ops.backup import backup_first
     from stateops.ops.repartition import prepare_repartition
 
     target = query_target(None, query)
-    client = functools.partial(airflow_s3_client, target.require_registry().backups.conn_id)
-    backup = backup_first(target, client, "repartition", log=say)
+    backup = _backup_first(target, "repartition")
     return prepare_repartition(target, partitions, run_id=run_id, backup=backup, log=say)
 
 

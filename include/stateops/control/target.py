@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from stateops.control.audit import audit_dir
 from stateops.control.lock import QueryLock
@@ -20,7 +21,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
 from stateops.core.storage import S3Path
 
-__all__ = ["Target", "query_target", "resolve_target"]
+__all__ = ["Target", "checkpoint_target", "query_target", "resolve_target"]
 
 # Spark's default spark.sql.streaming.stateStore.minDeltasForSnapshot.
 SPARK_MIN_DELTAS = 10
@@ -58,13 +59,24 @@ class Target:
             raise StateOpsError(f"{self.checkpoint}: not a registered query's checkpoint; {what}")
         return self.query
 
-    def lock(self, operation: str, run_id: str) -> QueryLock:
-        """The lifecycle lock of the query that owns the checkpoint (a running query holds it);
-        an unregistered checkpoint gets a lock beside its audit log, once the path is known to
-        be a checkpoint (a mistyped path must not get a ``.audit`` folder beside it)."""
+    def lock(self, operation: str, run_id: str | None) -> QueryLock:
+        """The lifecycle lock of the query that owns the checkpoint (a running query holds it),
+        taken for ``operation`` by run ``run_id`` (None: the lock draws one)."""
+        path, holder = self._lock_place()
+        return QueryLock(path, holder, operation, run_id)
+
+    @property
+    def lock_file(self) -> Path:
+        """Where that lock lives (its hold beside it): what ``stateops lock`` and the status
+        read."""
+        return self._lock_place()[0]
+
+    def _lock_place(self) -> tuple[Path, str]:
+        """The lock file and the name it is taken under: a registered query's, else one beside
+        an unregistered checkpoint's audit log, once the path is known to be a checkpoint (a
+        mistyped path must not get a ``.audit`` folder beside it)."""
         if self.query is not None and self.registry is not None:
-            lock_file = self.registry.lock_path(self.query.name)
-            return QueryLock(lock_file, self.query.name, operation, run_id)
+            return self.registry.lock_path(self.query.name), self.query.name
         root = require_checkpoint_dir(self.checkpoint)
         if isinstance(root, S3Path):
             # S3 has no lock primitive: the deployment's own state folder holds it, as for a
@@ -75,8 +87,8 @@ class Target:
                     "no registry is readable; pass --registry or set STATEOPS_REGISTRY"
                 )
             path = self.registry.state_dir / "locks" / "s3" / root.bucket / f"{root.key}.lock"
-            return QueryLock(path, str(root), operation, run_id)
-        return QueryLock(audit_dir(root) / "lifecycle.lock", str(root), operation, run_id)
+            return path, str(root)
+        return audit_dir(root) / "lifecycle.lock", str(root)
 
     def backup_location(
         self, given: str | None = None, give: str = "--to s3://BUCKET/PREFIX"
@@ -97,6 +109,11 @@ def resolve_target(typed: str, registry_file: str | os.PathLike[str] | None = No
     """What the user typed, a checkpoint location or a registered query's name
     (:func:`stateops.core.registry.checkpoint_of`: the one rule for telling them apart)."""
     return Target(*checkpoint_of(typed, registry_file))
+
+
+def checkpoint_target(registry: Registry, checkpoint: str | os.PathLike[str]) -> Target:
+    """``checkpoint`` in an already loaded ``registry``, with the query that owns it (if any)."""
+    return Target(str(checkpoint), registry, registry.owner_of(checkpoint))
 
 
 def query_target(registry: Registry | str | os.PathLike[str] | None, name: str) -> Target:

@@ -632,7 +632,7 @@ def job_fields(plan: dict[str, Any], settled: dict[str, Any] | None = None) -> d
 def _lock_file(target: Target, run_id: str) -> Path:
     """The query's lifecycle lock (:meth:`stateops.control.target.Target.lock`): a running
     query holds it, and the migration's hold lives beside it."""
-    return target.lock(OPERATION, run_id).path
+    return target.lock_file
 
 
 def prepare_migration(target: Target, plan: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 from stateops.control import faults
 from stateops.control.audit import append_audit, read_audit
 from stateops.control.lock import LockInfo, live_lock, read_hold
-from stateops.control.target import Target, query_target, resolve_target
+from stateops.control.target import Target, checkpoint_target, query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
 from stateops.core.files import relocate_checkpoint, schema_url
@@ -155,7 +155,7 @@ def _target(
             raise StateOpsError(f"{path}: not a folder; restore into a new or empty folder")
     if registry is None:
         return path, Target(str(path), None, None)
-    return path, resolve_target(str(path), registry.path)
+    return path, checkpoint_target(registry, path)
 
 
 def _lock_state(target: Target) -> dict[str, Any] | None:
@@ -163,8 +163,7 @@ def _lock_state(target: Target) -> dict[str, Any] | None:
     restore decides again); None for a checkpoint no query owns."""
     if target.query is None or target.registry is None:
         return None
-    path = target.registry.lock_path(target.query.name)
-    held = read_hold(path) or live_lock(path)
+    held = read_hold(target.lock_file) or live_lock(target.lock_file)
     return {"query": target.query.name, "held_by": _holder(held) if held else None}
 
 
