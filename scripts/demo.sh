@@ -68,8 +68,8 @@ trap 'kill "$S3_PID" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q "S3 endpoint" "$DATA/s3.log" && break; sleep 0.2; done
 grep -q "S3 endpoint" "$DATA/s3.log" || { cat "$DATA/s3.log"; exit 1; }
 BACKUPS="$(python -c 'from stateops.core.registry import load_registry; print(load_registry().backups.url)')"
-backup() {  # the one-line result: files, uploaded, reused
-  stateops backup "$1" --to "$BACKUPS/$1" 2>&1 >/dev/null | tail -1 | sed 's/^/  /'
+backup() {  # the one-line result: files, uploaded, reused (its retention's line follows it)
+  stateops backup "$1" --to "$BACKUPS/$1" 2>&1 >/dev/null | grep -E "^backup b-" | tail -1 | sed 's/^/  /'
 }
 for q in $QUERIES; do backup "$q"; done
 
