@@ -52,7 +52,8 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     """What an operator asks of a query's state. ``s3_client`` lists the backups (None: not
     listed). A part that cannot be read is reported in ``errors`` and left empty; the rest is
     still shown."""
-    query = registry.query(name)
+    target = query_target(registry, name)
+    query = target.require_query(name)
     status: dict[str, Any] = {
         "query": name,
         "sources": query.inputs_brief,
@@ -104,7 +105,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         if r["operation"] in LINEAGE_OPERATIONS
         and (r["operation"] != "backfill" or steps[r.get("run_id")] is r)
     ]
-    running = live_lock(query_target(registry, name).lock_file)  # a backfill's reprocessing
+    running = live_lock(target.lock_file)  # a backfill's reprocessing
     status["unfinished_backfill"] = unfinished_backfill(
         name, records, running.run_id if running else None
     )
@@ -115,7 +116,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         op["rows_as_of_batch"] = v["batch_id"]
     if s3_client is not None:
         try:
-            where = query_target(registry, name).backup_location()
+            where = target.backup_location()
             status["backups"] = list_backups(where, s3_client)
         except StateOpsError as err:
             status["errors"].append(f"backups: {err}")

@@ -416,6 +416,12 @@ def _record_completed(target: Path, plan: dict[str, Any], run_id: str | None) ->
     b = plan["backup"]
     if restores and restores[-1]["run_id"] == b["backup_id"]:
         return
+    _audit_restore(target, plan, run_id, found_complete=True)
+
+
+def _audit_restore(target: Path, plan: dict[str, Any], run_id: str | None, **details: Any) -> None:
+    """The audit record of a restore that succeeded: the backup and where it came from."""
+    b = plan["backup"]
     append_audit(
         target,
         "restore",
@@ -426,7 +432,7 @@ def _record_completed(target: Path, plan: dict[str, Any], run_id: str | None) ->
         restored_from=b["source"],
         query_id=b["query_id"],
         restore_run=run_id,
-        found_complete=True,
+        **details,
     )
 
 
@@ -521,17 +527,11 @@ def run_restore(
             return result
         log(f"restore {b['backup_id']}: batch {b['batch_id']}, {b['files']} files to {target}")
         _stage_and_swap(target, plan, manifest, client, result, workers=workers, log=log)
-        append_audit(
+        _audit_restore(
             target,
-            "restore",
-            run_id=b["backup_id"],
-            result="succeeded",
+            plan,
+            run_id,
             batch_before=plan["target_batch"],
-            batch_after=b["batch_id"],
-            backup=plan["url"],
-            restored_from=b["source"],
-            query_id=b["query_id"],
-            restore_run=run_id,
             replaced_query_id=plan["target_query_id"],
             moved_aside=result["moved_aside"],
             allowed_other_query=plan["other_query"],
