@@ -15,7 +15,7 @@ WORKERS ?= auto
 # pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
 BASETEMP := build/pytest-tmp
 
-.PHONY: demo airflow airflow-stop test lint lock prereqs clean
+.PHONY: demo airflow airflow-stop test lint lock prereqs jars clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -34,16 +34,21 @@ build/stateops.zip: $(VENV)/.installed $(shell find include/stateops -name '*.py
 	@mkdir -p build && rm -f $@
 	$(PY) -m zipfile -c $@ include/stateops
 
-demo: prereqs $(VENV)/.installed build/stateops.zip
+# Maven artifacts (maven/*/pom.xml) fetched by the machine's mvn into build/jars/, once:
+# Spark's Kafka connector (handed to every spark-submit) and the embedded broker's jars.
+jars: $(VENV)/.installed
+	@PY=$(PY) scripts/fetch_jars.sh spark broker
+
+demo: prereqs jars $(VENV)/.installed build/stateops.zip
 	@scripts/demo.sh
 
-airflow: prereqs $(VENV)/.installed build/stateops.zip
+airflow: prereqs jars $(VENV)/.installed build/stateops.zip
 	@scripts/airflow.sh
 
 airflow-stop:
 	@scripts/airflow.sh stop
 
-test: prereqs lint build/stateops.zip
+test: prereqs lint jars build/stateops.zip
 	@scripts/ensure_chromium.sh
 	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
@@ -58,7 +63,7 @@ lock: $(VENV)/.installed
 
 # Fault injection (README: Fault injection): each operation killed and run again, many times.
 .PHONY: faults
-faults: prereqs build/stateops.zip
+faults: prereqs jars build/stateops.zip
 	@source scripts/env.sh && STATEOPS_FAULT_TRIALS=$${STATEOPS_FAULT_TRIALS:-20} \
 	  STATEOPS_FAULT_RESTARTS=$${STATEOPS_FAULT_RESTARTS:-3} \
 	  $(PY) -m pytest tests/faults -p no:xdist -q $(PYTEST_ARGS)

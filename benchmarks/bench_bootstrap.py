@@ -23,28 +23,16 @@ from pathlib import Path
 
 import yaml
 
+from stateops.spark.jobs import spark_submit_command
+
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 
 def job(name: str, *args: str) -> tuple[float, str]:
     """(seconds, the job's last line of output: its JSON summary where it prints one)."""
     start = time.perf_counter()
-    proc = subprocess.run(
-        [
-            str(BIN / "spark-submit"),
-            "--master",
-            "local[2]",
-            "--driver-memory",
-            "4g",
-            "--conf",
-            "spark.ui.enabled=false",
-            str(ROOT / "spark_jobs" / name),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-    )
+    command = spark_submit_command(name, "local[2]", args, ["--driver-memory", "4g"])
+    proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return time.perf_counter() - start, (proc.stdout.strip().splitlines() or [""])[-1]

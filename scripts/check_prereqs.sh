@@ -17,4 +17,7 @@ else
     echo "missing: Java 17 or newer for Spark 4 (found: $(java -version 2>&1 | head -1))"; missing=1
   fi
 fi
+if ! command -v mvn >/dev/null; then
+  echo "missing: mvn (Maven fetches Spark's Kafka connector and the Kafka broker): apt-get install maven"; missing=1
+fi
 [ "$missing" -eq 0 ] || { echo "Install what is missing above, then run the command again."; exit 1; }

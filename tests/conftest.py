@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import random
@@ -131,17 +132,10 @@ def run_cli(
 def job_command(
     job: str, *args: str, master: str = "local[2]", submit: list[str] = ()
 ) -> list[str]:
-    """``spark-submit [submit...] spark_jobs/<job> [args...]``."""
-    return [
-        str(VENV_BIN / "spark-submit"),
-        "--master",
-        master,
-        "--conf",
-        "spark.ui.enabled=false",
-        *submit,
-        str(ROOT / "spark_jobs" / job),
-        *args,
-    ]
+    """``spark-submit [submit...] spark_jobs/<job> [args...]``, by the project's one builder."""
+    from stateops.spark.jobs import spark_submit_command
+
+    return spark_submit_command(job, master, args, submit)
 
 
 def spark_job(job: str, *args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -234,6 +228,8 @@ def spark():
     """One local Spark session for every in-process Spark test."""
     from pyspark.sql import SparkSession
 
+    from stateops.spark.jobs import spark_jars
+
     session = (
         SparkSession.builder.master("local[2]")
         .appName("stateops-tests")
@@ -242,6 +238,7 @@ def spark():
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "200ms")
+        .config("spark.jars", ",".join(spark_jars()))
         .getOrCreate()
     )
     # The statestore reader on RocksDB needs the StateStoreCoordinator, which a session only
@@ -333,6 +330,88 @@ def s3(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@dataclass
+class KafkaBroker:
+    """The embedded broker of this test session (:mod:`stateops.dev.kafka`), and what tests do
+    with it through the admin API and a producer."""
+
+    broker: object  # stateops.dev.kafka.Broker
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.broker.bootstrap_servers
+
+    def admin(self):
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+
+    def create_topic(self, name: str, partitions: int = 2, **config: str) -> str:
+        """A new topic (its name made unique to this session by the caller's own naming)."""
+        from confluent_kafka.admin import NewTopic
+
+        topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
+        admin = self.admin()  # held until the answers are in: its futures die with it
+        for future in admin.create_topics([topic]).values():
+            future.result()
+        return name
+
+    def produce(self, topic: str, records: list[tuple[str | None, dict, int]]) -> None:
+        """``(key, value, timestamp_ms)`` records, the value as JSON; a record's partition is
+        its key's (Kafka's default partitioner), all flushed before this returns."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap_servers, "linger.ms": 0})
+        failed = []
+        for key, value, timestamp in records:
+            producer.produce(
+                topic,
+                key=key,
+                value=json.dumps(value),
+                timestamp=timestamp,
+                on_delivery=lambda err, _msg: err and failed.append(err),
+            )
+        assert producer.flush(30) == 0, "records not delivered within 30 s"
+        assert not failed, f"the broker refused records: {failed[:3]}"
+
+    def offsets(self, topic: str, at: str | int = "latest") -> dict[int, int]:
+        """Per partition: the broker's earliest, latest or by-time offset."""
+        from stateops.core.kafka import broker_offsets, kafka_settings, topic_partitions
+
+        settings = kafka_settings(self.bootstrap_servers)
+        return broker_offsets(settings, topic_partitions(settings, [topic]), at)[topic]
+
+    def delete_records(self, topic: str, before: dict[int, int]) -> None:
+        """Advance each partition's earliest offset to ``before[p]`` (what retention does)."""
+        from confluent_kafka import TopicPartition
+
+        wanted = [TopicPartition(topic, p, o) for p, o in before.items()]
+        admin = self.admin()
+        for future in admin.delete_records(wanted).values():
+            future.result()
+
+    def env(self) -> dict[str, str]:
+        """The environment the CLI and the Spark jobs read the bootstrap servers from."""
+        return {"STATEOPS_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers}
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """A real Kafka broker (KRaft, Kafka 4) on loopback, once per test session (per xdist
+    worker), its bootstrap servers in this process's environment for the jobs it starts."""
+    from stateops.dev.kafka import start_broker
+
+    broker = KafkaBroker(start_broker(tmp_path_factory.mktemp("kafka")))
+    before = os.environ.get("STATEOPS_KAFKA_BOOTSTRAP_SERVERS")
+    os.environ.update(broker.env())
+    yield broker
+    if before is None:
+        os.environ.pop("STATEOPS_KAFKA_BOOTSTRAP_SERVERS", None)
+    else:
+        os.environ["STATEOPS_KAFKA_BOOTSTRAP_SERVERS"] = before
+    broker.broker.stop()
 
 
 # The tiers, slowest first: a test counts in the first of its markers (the time guard), and

@@ -15,7 +15,7 @@ from stateops import __version__
 from stateops.cli import _commands, build_parser
 from stateops.control.lock import QueryLock
 from stateops.core.registry import load_registry
-from stateops.spark.jobs import spark_submit_command, spark_submit_env
+from stateops.spark.jobs import spark_jars, spark_submit_command, spark_submit_env
 from tests.conftest import ROOT, VENV_BIN, cli_table, run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -228,10 +228,16 @@ def test_the_spark_submit_environment_keeps_what_the_caller_set():
         "local[2]",
         "--conf",
         "spark.ui.enabled=false",
+        "--jars",
+        ",".join(spark_jars()),
         str(ROOT / "spark_jobs" / "run_query.py"),
         "--query",
         "q",
     ]
+    # make jars fetched Spark's Kafka connector; Spark gets it, and nothing PySpark ships
+    jars = {Path(jar).name.rsplit("-", 1)[0] for jar in spark_jars()}
+    assert {"spark-sql-kafka-0-10_2.13", "kafka-clients", "commons-pool2"} <= jars
+    assert not jars & {"scala-library", "slf4j-api", "hadoop-client-api", "lz4-java"}
 
 
 def test_a_job_template_leaves_out_the_optional_flags_not_given():

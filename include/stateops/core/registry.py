@@ -10,7 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -60,15 +60,54 @@ class _Model(BaseModel):
 
 
 class Source(_Model):
+    """One input: files in a folder (``format`` json, parquet, csv; ``path``), or Kafka
+    (``format: kafka``; ``topic`` or ``topics``, its records' values encoded as ``encoding``
+    with the columns of ``schema``; ``bootstrap_servers``, default: the connection or the
+    environment, :mod:`stateops.core.kafka`). ``options`` go to Spark's reader as they are
+    (``startingOffsets``, ``maxOffsetsPerTrigger``, ``maxFilesPerTrigger``, ...)."""
+
     format: Literal[SOURCE_FORMATS]
-    path: str
+    path: str = ""
+    topic: str | None = None
+    topics: list[str] = []
+    bootstrap_servers: str | None = None
+    encoding: Literal["json"] = "json"
     schema_: DDLSchema = Field(alias="schema")
     options: dict[str, str | int | bool] = {}
+
+    @property
+    def kafka(self) -> bool:
+        return self.format == "kafka"
+
+    @property
+    def subscribed(self) -> list[str]:
+        """A Kafka source's topics (``topic`` or ``topics``)."""
+        return [self.topic] if self.topic else list(self.topics)
+
+    @property
+    def where(self) -> str:
+        """Where it reads, as a person reads it: the folder, or ``kafka topic a,b``."""
+        return f"topic {','.join(self.subscribed)}" if self.kafka else self.path
 
     @property
     def reader_options(self) -> dict[str, str]:
         """``options`` as the strings Spark's readers take (streaming and batch alike)."""
         return {k: str(v) for k, v in self.options.items()}
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Source:
+        if self.kafka:
+            if self.path:
+                raise ValueError("a kafka source reads topics: give topic or topics, not path")
+            if bool(self.topic) == bool(self.topics):
+                raise ValueError("a kafka source names topic (one) or topics (several)")
+            if "subscribe" in self.options or "assign" in self.options:
+                raise ValueError("give a kafka source's topics as topic or topics, not options")
+        elif not self.path:
+            raise ValueError(f"a {self.format} source reads a folder: give its path")
+        elif self.topic or self.topics or self.bootstrap_servers:
+            raise ValueError("topic, topics and bootstrap_servers are for kafka sources")
+        return self
 
 
 _UNITS_MS = {"second": 1_000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
@@ -155,11 +194,32 @@ class Expectations(_Model):
 
 
 class Sink(_Model):
-    """Output written per batch id: a re-run of a batch replaces that batch's folder."""
+    """Output written per batch id: a re-run of a batch replaces that batch's folder. Or, with
+    ``format: kafka``, each row a record of ``topic`` (its ``key`` column as the record's key,
+    every column as the JSON value): at least once, a re-run of a batch writes it again."""
 
-    format: Literal["parquet", "json"] = "parquet"
-    path: str
+    format: Literal["parquet", "json", "kafka"] = "parquet"
+    path: str = ""
+    topic: str | None = None
+    key: str | None = None
+    bootstrap_servers: str | None = None
     batch_offset: int = Field(0, ge=0)
+
+    @property
+    def kafka(self) -> bool:
+        return self.format == "kafka"
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Sink:
+        if self.kafka and (self.path or not self.topic):
+            raise ValueError("a kafka sink writes a topic: give topic, not path")
+        if not self.kafka and (not self.path or self.topic or self.key):
+            raise ValueError(
+                f"a {self.format} sink writes a folder: give path (topic and key "
+                "are for kafka sinks)"
+            )
+        return self
+
     """Batch K of the checkpoint writes ``batch_id=K+batch_offset``: after a migration the new
     checkpoint starts at batch 0, and its output continues the old one's numbering."""
 
@@ -286,14 +346,17 @@ class Query(_Model):
     def inputs_text(self) -> str:
         """The sources as a person reads them: ``json /landing/x``, or by name when several."""
         if self.source is not None:
-            return f"{self.source.format} {self.source.path}"
-        return "; ".join(f"{n}: {s.format} {s.path}" for n, s in self.sources.items())
+            return f"{self.source.format} {self.source.where}"
+        return "; ".join(f"{n}: {s.format} {s.where}" for n, s in self.sources.items())
 
     @property
-    def inputs_brief(self) -> dict[str, dict[str, str]]:
-        """Each source by name: its format and folder (what status and ``queries --json``
-        show)."""
-        return {n: {"format": s.format, "path": s.path} for n, s in self.inputs.items()}
+    def inputs_brief(self) -> dict[str, dict[str, Any]]:
+        """Each source by name: its format and folder or topics (what status and ``queries
+        --json`` show)."""
+        return {
+            n: {"format": s.format, **({"topics": s.subscribed} if s.kafka else {"path": s.path})}
+            for n, s in self.inputs.items()
+        }
 
     @model_validator(mode="after")
     def _one_shape(self) -> Query:
@@ -761,7 +824,7 @@ def data_path(data_dir: Path, path: str) -> str:
 
 def _resolve_paths(query: Query, data_dir: Path) -> Query:
     def absolute(p: str) -> str:
-        return data_path(data_dir, p)
+        return data_path(data_dir, p) if p else p  # no path: a Kafka source or sink
 
     def located(source: Source | None) -> Source | None:
         return source and source.model_copy(update={"path": absolute(source.path)})

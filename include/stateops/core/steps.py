@@ -26,6 +26,7 @@ __all__ = [
     "BOOTSTRAP_STATE",
     "EXPORT",
     "EXPORT_STATE",
+    "FILE_FORMATS",
     "INITIAL_STATE_FORMATS",
     "MIGRATION_STEPS",
     "OVERRIDABLE",
@@ -111,8 +112,9 @@ BACKFILL_STEPS: dict[str, Step] = {
     "validate_state": (VALIDATE_STATE, "new", ["--query", "{query}"]),
 }
 
-# A source's formats (the registry's Source.format).
-SOURCE_FORMATS = ("json", "parquet", "csv")
+# A source's formats (the registry's Source.format): files in a folder, or Kafka topics.
+FILE_FORMATS = ("json", "parquet", "csv")
+SOURCE_FORMATS = (*FILE_FORMATS, "kafka")
 # What a bootstrap reads its initial state from.
 INITIAL_STATE_FORMATS = ("export", "checkpoint", "parquet", "json", "csv")
 # How a carry-over takes the state to a new checkpoint (stateops.ops.transplant.choose_road).

@@ -31,12 +31,16 @@ __all__ = [
     "job_path",
     "load_job",
     "preflight_job",
+    "spark_jars",
     "spark_submit_command",
     "spark_submit_env",
 ]
 
 # The library as the Spark executors get it (``--py-files``; ``make`` builds it).
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
+# What Spark needs beyond PySpark's own jars (Spark's Kafka connector), as `make jars` fetched
+# them from maven/spark/pom.xml.
+SPARK_JARS = PROJECT_ROOT / "build" / "jars" / "spark"
 
 
 @dataclass(frozen=True)
@@ -106,15 +110,29 @@ def preflight_job(path: str | os.PathLike[str], argv: Sequence[str]) -> None:
     job.preflight(args)
 
 
-def spark_submit_command(job: str, master: str, args: Sequence[str]) -> list[str]:
-    """``spark-submit`` of ``spark_jobs/<job>`` with ``args``: this interpreter's own (the
-    venv's), run in :func:`spark_submit_env`."""
+def spark_jars() -> list[str]:
+    """The jars every Spark session of the project gets (``--jars`` / ``spark.jars``): Spark's
+    Kafka connector and what it needs, or none before ``make jars`` fetched them (a query that
+    reads or writes Kafka is then refused by :func:`stateops.spark.streaming.check_jars`)."""
+    return sorted(str(jar) for jar in SPARK_JARS.glob("*.jar"))
+
+
+def spark_submit_command(
+    job: str, master: str, args: Sequence[str], submit: Sequence[str] = ()
+) -> list[str]:
+    """``spark-submit`` of ``spark_jobs/<job>`` with ``args`` (and ``submit``, more options of
+    spark-submit's own): this interpreter's own (the venv's), run in :func:`spark_submit_env`.
+    The one builder of the project's spark-submit commands (the CLI, the tests, a standalone
+    cluster's; the Airflow operator passes the same jars)."""
+    jars = spark_jars()
     return [
         str(Path(sys.executable).with_name("spark-submit")),
         "--master",
         master,
         "--conf",
         "spark.ui.enabled=false",
+        *(["--jars", ",".join(jars)] if jars else []),
+        *map(str, submit),
         str(job_path(job)),
         *map(str, args),
     ]

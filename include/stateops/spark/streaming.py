@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.errors import RegistryError
+from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query, Registry, Source
 from stateops.core.storage import spark_url
 
@@ -27,6 +28,7 @@ __all__ = [
     "build_session",
     "check_code",
     "clock_driven",
+    "uses_kafka",
     "load_processor",
     "load_transform",
     "query_frame",
@@ -51,9 +53,13 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
     """The session every job uses (UTC, no console progress bars, all progress kept)."""
     from pyspark.sql import SparkSession
 
+    from stateops.spark.jobs import spark_jars
+
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
+    if spark_jars():  # the same as spark-submit's --jars; what a session in plain Python gets
+        builder = builder.config("spark.jars", ",".join(spark_jars()))
     for key, value in _SESSION_CONF.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -139,9 +145,21 @@ def load_transform(query: Query) -> Callable[..., Any]:
     return function
 
 
+def uses_kafka(query: Query) -> bool:
+    """Whether the query reads or writes Kafka."""
+    return query.sink.kafka or any(s.kafka for s in query.inputs.values())
+
+
 def check_code(registry: Registry, query: Query) -> None:
-    """The query's own code imports and takes its options: checked without Spark, before a
-    job starts."""
+    """The query's own code imports and takes its options, and Spark has the connectors it
+    needs: checked without Spark, before a job starts."""
+    from stateops.spark.jobs import SPARK_JARS, spark_jars
+
+    if uses_kafka(query) and not any("spark-sql-kafka" in jar for jar in spark_jars()):
+        raise RegistryError(
+            f"query {query.name} reads or writes Kafka, and Spark's Kafka connector is not in "
+            f"{SPARK_JARS}: run `make jars` (it fetches it with mvn)"
+        )
     use_code_paths(registry)
     if query.transform is not None:
         load_transform(query)
@@ -150,7 +168,20 @@ def check_code(registry: Registry, query: Query) -> None:
 
 
 def read_source(spark: SparkSession, source: Source) -> DataFrame:
-    """A source as a streaming DataFrame, its schema and options applied."""
+    """A source as a streaming DataFrame, its schema and options applied: a Kafka source's
+    record values decoded into the columns of its schema."""
+    if source.kafka:
+        from pyspark.sql import functions as F
+
+        records = (
+            spark.readStream.format("kafka")
+            .options(**spark_options(kafka_settings(source.bootstrap_servers)))
+            .option("subscribe", ",".join(source.subscribed))
+            .options(**source.reader_options)
+            .load()
+        )
+        value = F.from_json(F.col("value").cast("string"), source.schema_)
+        return records.select(value.alias("value")).select("value.*")
     reader = spark.readStream.format(source.format).schema(source.schema_)
     return reader.options(**source.reader_options).load(source.path)
 
@@ -198,12 +229,24 @@ _WRITING: set[str] = set()
 
 
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
-    """Idempotent per batch id: a re-run of a batch replaces its folder instead of adding to it."""
+    """Idempotent per batch id for a folder: a re-run of a batch replaces its folder instead of
+    adding to it. A Kafka sink is at least once: a re-run writes the batch's records again."""
     _WRITING.add(query.name)
+    sink = query.sink
     try:
-        df.write.mode("overwrite").format(query.sink.format).save(
-            f"{query.sink.path}/batch_id={query.sink.folder_batch(batch_id)}"
-        )
+        if sink.kafka:
+            from pyspark.sql import functions as F
+
+            record = [F.to_json(F.struct(*df.columns)).alias("value")]
+            if sink.key:
+                record.insert(0, F.col(sink.key).cast("string").alias("key"))
+            df.select(*record).write.format("kafka").options(
+                **spark_options(kafka_settings(sink.bootstrap_servers))
+            ).option("topic", sink.topic).save()
+        else:
+            df.write.mode("overwrite").format(sink.format).save(
+                f"{sink.path}/batch_id={sink.folder_batch(batch_id)}"
+            )
     finally:
         _WRITING.discard(query.name)
 

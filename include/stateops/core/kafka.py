@@ -1,0 +1,212 @@
+"""Kafka from the library: where the brokers are, and what they hold (earliest, latest and
+by-time offsets per partition, the partitions of a topic). One place that knows the settings
+and never prints a secret; every broker fault is one line that names the bootstrap servers.
+
+Settings: a source's own ``bootstrap_servers`` (the registry), else Airflow connection
+``kafka_default`` (``AIRFLOW_CONN_KAFKA_DEFAULT`` as JSON, ``conn_type`` kafka, its ``extra`` the
+client's settings: ``bootstrap.servers``, ``security.protocol``, ``sasl.mechanism``,
+``sasl.username``, ``sasl.password``), else the environment (``STATEOPS_KAFKA_BOOTSTRAP_SERVERS``,
+``STATEOPS_KAFKA_SECURITY_PROTOCOL``, ``STATEOPS_KAFKA_SASL_MECHANISM``,
+``STATEOPS_KAFKA_SASL_USERNAME``, ``STATEOPS_KAFKA_SASL_PASSWORD``). Spark's connector gets the
+same settings as ``kafka.``-prefixed options (:func:`spark_options`).
+
+``confluent_kafka`` is imported inside the functions that talk to a broker: the registry and
+the DAG files read this module without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stateops.core.errors import StateOpsError
+
+__all__ = [
+    "CONNECTION",
+    "KafkaDown",
+    "KafkaSettings",
+    "Offsets",
+    "broker_offsets",
+    "kafka_settings",
+    "offsets_text",
+    "parse_offsets",
+    "spark_options",
+    "topic_partitions",
+]
+
+CONNECTION = "kafka_default"
+_ENV = "STATEOPS_KAFKA_"
+# How long one question to a broker may take before it counts as down (seconds).
+TIMEOUT = float(os.environ.get("STATEOPS_KAFKA_TIMEOUT", "5"))
+
+Offsets = dict[str, dict[int, int]]
+"""topic -> partition -> offset (in a checkpoint: the next offset to read)."""
+
+
+class KafkaDown(StateOpsError):
+    """The brokers did not answer."""
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str
+    security: dict[str, str] = field(default_factory=dict)
+    """``security.protocol``, ``sasl.*``: never logged."""
+
+    def __repr__(self) -> str:  # never a secret, not even in a traceback's locals
+        return f"KafkaSettings(bootstrap_servers={self.bootstrap_servers!r})"
+
+    def client_config(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.bootstrap_servers, **self.security}
+
+
+_SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password")
+
+
+def kafka_settings(bootstrap_servers: str | None = None) -> KafkaSettings:
+    """The settings of a source whose registry entry names ``bootstrap_servers`` (or none)."""
+    extra = _connection_extra()
+    env = {
+        key: os.environ[_ENV + key.upper().replace(".", "_")]
+        for key in ("bootstrap.servers", *_SECURITY_KEYS)
+        if os.environ.get(_ENV + key.upper().replace(".", "_"))
+    }
+    given = {**env, **extra}
+    servers = bootstrap_servers or given.get("bootstrap.servers")
+    if not servers:
+        raise StateOpsError(
+            "no Kafka bootstrap servers: give the source's bootstrap_servers in the registry, "
+            f"the Airflow connection {CONNECTION}, or STATEOPS_KAFKA_BOOTSTRAP_SERVERS"
+        )
+    return KafkaSettings(servers, {k: str(given[k]) for k in _SECURITY_KEYS if k in given})
+
+
+def _connection_extra() -> dict[str, Any]:
+    raw = os.environ.get(f"AIRFLOW_CONN_{CONNECTION.upper()}")
+    if not raw:
+        return {}
+    try:
+        extra = json.loads(raw).get("extra") or {}
+        return json.loads(extra) if isinstance(extra, str) else dict(extra)
+    except (ValueError, AttributeError, TypeError):
+        raise StateOpsError(
+            f"AIRFLOW_CONN_{CONNECTION.upper()} is not a JSON connection with an extra of "
+            "client settings (bootstrap.servers, ...)"
+        ) from None
+
+
+def spark_options(settings: KafkaSettings) -> dict[str, str]:
+    """The settings as Spark's Kafka connector takes them (``kafka.`` + the client's key)."""
+    options = {"kafka.bootstrap.servers": settings.bootstrap_servers}
+    security = settings.security
+    if "security.protocol" in security:
+        options["kafka.security.protocol"] = security["security.protocol"]
+    if "sasl.mechanism" in security:
+        options["kafka.sasl.mechanism"] = security["sasl.mechanism"]
+    if "sasl.username" in security:
+        module = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule"
+            if security.get("sasl.mechanism", "").startswith("SCRAM")
+            else "org.apache.kafka.common.security.plain.PlainLoginModule"
+        )
+        options["kafka.sasl.jaas.config"] = (
+            f'{module} required username="{security["sasl.username"]}" '
+            f'password="{security.get("sasl.password", "")}";'
+        )
+    return options
+
+
+def _admin(settings: KafkaSettings) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    # librdkafka logs every failed connection attempt to stderr: a down broker is our one line.
+    return AdminClient(settings.client_config() | {"log_level": 0})
+
+
+def _down(settings: KafkaSettings, err: object) -> KafkaDown:
+    return KafkaDown(
+        f"Kafka at {settings.bootstrap_servers} does not answer ({err}); start the broker or "
+        "fix the bootstrap servers"
+    )
+
+
+def topic_partitions(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, list[int]]:
+    """Each topic's partitions; a topic that does not exist is refused in one line."""
+    from confluent_kafka import KafkaException
+
+    try:
+        metadata = _admin(settings).list_topics(timeout=TIMEOUT)
+    except KafkaException as err:
+        raise _down(settings, err.args[0].str() if err.args else err) from None
+    found = {}
+    for topic in topics:
+        meta = metadata.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise StateOpsError(
+                f"topic {topic!r} does not exist on {settings.bootstrap_servers}; create it or "
+                "fix the topic's name"
+            )
+        found[topic] = sorted(meta.partitions)
+    return found
+
+
+def broker_offsets(
+    settings: KafkaSettings, partitions: Mapping[str, Iterable[int]], at: str | int
+) -> Offsets:
+    """Per topic and partition: the ``earliest`` offset the broker still holds, the ``latest``
+    (the next offset it will write), or, for an int, the first offset whose record's timestamp
+    is at or after that time (epoch ms; the latest where no record is)."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    spec = (
+        OffsetSpec.earliest()
+        if at == "earliest"
+        else OffsetSpec.latest()
+        if at == "latest"
+        else OffsetSpec.for_timestamp(int(at))
+    )
+    wanted = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
+    if not wanted:
+        return {}
+    admin = _admin(settings)  # held until the answers are in: its futures die with it
+    try:
+        futures = admin.list_offsets({tp: spec for tp in wanted}, request_timeout=TIMEOUT)
+        answers = {tp: future.result() for tp, future in futures.items()}
+    except KafkaException as err:
+        raise _down(settings, err.args[0].str() if err.args else err) from None
+    found: Offsets = {}
+    latest = None
+    for tp, info in answers.items():
+        offset = info.offset
+        if offset < 0:  # no record at or after that time: the end
+            latest = latest or broker_offsets(settings, partitions, "latest")
+            offset = latest[tp.topic][tp.partition]
+        found.setdefault(tp.topic, {})[tp.partition] = offset
+    return {t: dict(sorted(ps.items())) for t, ps in sorted(found.items())}
+
+
+def parse_offsets(raw: object) -> Offsets | None:
+    """A Kafka source's entry of ``offsets/N`` or ``sources/<i>/0`` (``{"topic": {"0": 12}}``)
+    as ints; None where ``raw`` is not one (a file source's ``{"logOffset": 3}``, ``-``)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, dict) or not raw or "logOffset" in raw:
+        return None
+    try:
+        return {
+            str(topic): {int(p): int(o) for p, o in parts.items()} for topic, parts in raw.items()
+        }
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def offsets_text(offsets: Offsets) -> str:
+    """``topic[0]=12 topic[1]=40``: offsets as a person reads them."""
+    return " ".join(f"{t}[{p}]={o}" for t, ps in offsets.items() for p, o in ps.items())
