@@ -454,7 +454,7 @@ def cmd_queries(args: argparse.Namespace) -> int:
     print(f"registry {registry.path} (data under {registry.data_dir})")
     for q in registry.queries.values():
         print(
-            f"  {q.name:<16} {q.inputs_text} -> {q.sink.path}\n"
+            f"  {q.name:<16} {q.inputs_text} -> {q.sink.where}\n"
             f"  {'':<16} checkpoint {q.checkpoint} ({q.state_store.provider}, "
             f"{q.shuffle_partitions} partitions)"
         )
@@ -482,7 +482,7 @@ def _query_json(registry: Registry, q: Query) -> dict[str, Any]:
     return {
         "name": q.name,
         "sources": q.inputs_brief,
-        "sink": q.sink.path,
+        "sink": q.sink.where,
         "checkpoint": q.checkpoint,
         "provider": q.state_store.provider,
         "partitions": q.shuffle_partitions,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stateops.core.checkpoint import load_checkpoint
-from tests.conftest import write_registry
+from tests.conftest import run_cli, write_registry
 from tests.spark.harness import read_sink, run_in_session
 
 pytestmark = pytest.mark.spark
@@ -60,3 +60,28 @@ def test_a_processor_reads_a_topic_and_the_checkpoint_holds_its_offsets(spark, k
         for row in output[batch]:
             final[row[0]] = row[1]
     assert final == {f"u{u}": 5 for u in range(5)}, json.dumps(summary)
+
+
+@pytest.mark.parametrize(
+    "where, says",
+    [
+        ({"topic": "k-no-such-topic"}, "topic 'k-no-such-topic' does not exist on 127.0.0.1:"),
+        (
+            {"topic": "k-any", "bootstrap_servers": "127.0.0.1:9"},
+            "Kafka at 127.0.0.1:9 does not answer",
+        ),
+    ],
+    ids=["missing-topic", "broker-down"],
+)
+def test_a_run_on_a_missing_topic_or_a_broker_down_is_refused_in_one_line(
+    kafka, tmp_path, no_jvm, where, says
+):
+    """Before any JVM starts: one line, exit 2, nothing written."""
+    source = {"format": "kafka", "schema": "user_id STRING, page STRING, event_time TIMESTAMP"}
+    registry = write_registry(tmp_path, page_visits={"source": source | where})
+    proc = run_cli("--registry", str(registry), "run", "page_visits", "--master", "local[1]")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "checkpoints").exists()
+    assert no_jvm() == []

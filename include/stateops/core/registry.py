@@ -209,6 +209,11 @@ class Sink(_Model):
     def kafka(self) -> bool:
         return self.format == "kafka"
 
+    @property
+    def where(self) -> str:
+        """Where it writes, as a person reads it: the folder, or ``topic T``."""
+        return f"topic {self.topic}" if self.kafka else self.path
+
     @model_validator(mode="after")
     def _one_place(self) -> Sink:
         if self.kafka and (self.path or not self.topic):

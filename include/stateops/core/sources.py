@@ -31,7 +31,7 @@ from stateops.core.kafka import (
     parse_offsets,
     topic_partitions,
 )
-from stateops.core.registry import Source
+from stateops.core.registry import Query, Source
 
 __all__ = [
     "FILE_START",
@@ -44,6 +44,7 @@ __all__ = [
     "kind_of",
     "missing_ranges",
     "offsets_backwards",
+    "require_topics",
     "unreadable",
 ]
 
@@ -54,6 +55,16 @@ FILE_START = '{"logOffset":-1}'
 def kind_of(source: Source) -> str:
     """``kafka`` or ``file``."""
     return "kafka" if source.kafka else "file"
+
+
+def require_topics(query: Query) -> None:
+    """Every topic the query reads or writes exists, on brokers that answer: refused in one
+    line before a job starts (Spark would fail later, and less clearly)."""
+    kafka = [s for s in query.inputs.values() if s.kafka]
+    for source in kafka:
+        topic_partitions(kafka_settings(source.bootstrap_servers), source.subscribed)
+    if query.sink.kafka and query.sink.topic:
+        topic_partitions(kafka_settings(query.sink.bootstrap_servers), [query.sink.topic])
 
 
 def file_log_offset(raw: object) -> int | None:

@@ -24,6 +24,7 @@ from stateops.core.access import refuse_unwritable
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
+from stateops.core.sources import require_topics
 from stateops.core.times import parse_past_time
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
@@ -49,11 +50,13 @@ __all__ = [
 # -- run_query.py ---------------------------------------------------------------------------
 def _run_query_preflight(args: Namespace) -> tuple[Target, datetime | None]:
     """The query and the cutover; every refusal that needs no Spark (run before
-    spark-submit too): the registry and query, the query's own code, a cutover that is not a
-    real past time, a pending rollback, a damaged checkpoint."""
+    spark-submit too): the registry and query, the query's own code, a topic that does not
+    exist or a broker that does not answer, a cutover that is not a real past time, a pending
+    rollback, a damaged checkpoint."""
     target = query_target(args.registry, args.query)
     registry, query = target.require_registry(), target.require_query("")
     check_code(registry, query)
+    require_topics(query)
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
     refuse_unrunnable(registry, query)
     checkpoint_state(query.checkpoint)
