@@ -338,6 +338,7 @@ class KafkaBroker:
     with it through the admin API and a producer."""
 
     broker: object  # stateops.dev.kafka.Broker
+    started_in: float  # seconds from start_broker to its first answer
 
     @property
     def bootstrap_servers(self) -> str:
@@ -403,7 +404,9 @@ def kafka(tmp_path_factory):
     worker), its bootstrap servers in this process's environment for the jobs it starts."""
     from stateops.dev.kafka import start_broker
 
-    broker = KafkaBroker(start_broker(tmp_path_factory.mktemp("kafka")))
+    started = time.monotonic()
+    embedded = start_broker(tmp_path_factory.mktemp("kafka"))
+    broker = KafkaBroker(embedded, time.monotonic() - started)
     before = os.environ.get("STATEOPS_KAFKA_BOOTSTRAP_SERVERS")
     os.environ.update(broker.env())
     yield broker
