@@ -16,6 +16,7 @@ from stateops.core.registry import load_registry
 from stateops.dev.s3server import free_port
 from tests.conftest import ROOT, VENV_BIN, spark_submit_run_query, write_registry
 from tests.spark.harness import land
+from tests.spark.test_kafka_queries import kafka_source, visits
 
 pytestmark = pytest.mark.e2e
 
@@ -89,10 +90,14 @@ def cluster(tmp_path):
             f.close()
 
 
-def test_run_query_on_a_standalone_cluster_with_the_library_as_py_files(cluster, tmp_path):
+def test_run_query_on_a_standalone_cluster_with_the_library_as_py_files(cluster, kafka, tmp_path):
+    """A file query, then a Kafka query: the executors get the library (--py-files) and
+    Spark's Kafka connector (--jars, from the one spark-submit builder)."""
     py_files = ROOT / "build" / "stateops.zip"
     assert py_files.exists(), "build/stateops.zip is built by `make test`"
-    registry = write_registry(tmp_path)
+    topic = kafka.create_topic("e2e-cluster-visits", partitions=2)
+    kafka.produce(topic, visits(30))
+    registry = write_registry(tmp_path, page_visits={"source": kafka_source(topic)})
     land(tmp_path / "landing", round_=0, files=2)
     proc = spark_submit_run_query(
         registry,
@@ -112,4 +117,14 @@ def test_run_query_on_a_standalone_cluster_with_the_library_as_py_files(cluster,
     assert app_dirs, "no executor ran on the worker"
     assert any(
         (d / "0" / "stateops.zip").exists() or list(d.rglob("stateops.zip")) for d in app_dirs
+    )
+
+    proc = spark_submit_run_query(
+        registry, "page_visits", master=cluster, submit=["--py-files", str(py_files)]
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "succeeded" and summary["input_rows"] == 30
+    assert any(
+        list(d.rglob("spark-sql-kafka-0-10_*.jar")) for d in Path(tmp_path / "work").glob("app-*")
     )

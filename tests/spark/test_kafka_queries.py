@@ -29,14 +29,18 @@ def visits(n: int, start: int = 0) -> list[tuple[str, dict, int]]:
     return out
 
 
-def kafka_registry(root: Path, topic: str) -> Path:
-    source = {
+def kafka_source(topic: str) -> dict:
+    """page_visits' source as a topic of :func:`visits`, read from its beginning."""
+    return {
         "format": "kafka",
         "topic": topic,
         "schema": "user_id STRING, page STRING, event_time TIMESTAMP",
         "options": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 10},
     }
-    return write_registry(root, page_visits={"source": source})
+
+
+def kafka_registry(root: Path, topic: str) -> Path:
+    return write_registry(root, page_visits={"source": kafka_source(topic)})
 
 
 def test_a_processor_reads_a_topic_and_the_checkpoint_holds_its_offsets(spark, kafka, tmp_path):
