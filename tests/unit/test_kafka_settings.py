@@ -1,0 +1,94 @@
+"""Where Kafka settings come from, how Spark gets them, and that a secret is never shown;
+the offsets arithmetic of core/sources (lag, retention margin, offsets that go back)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stateops.core.errors import StateOpsError
+from stateops.core.kafka import kafka_settings, offsets_text, parse_offsets, spark_options
+from stateops.core.sources import Lag, offsets_backwards
+
+pytestmark = pytest.mark.unit
+
+SECRET = "s3cret-not-for-logs"
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in (
+        "AIRFLOW_CONN_KAFKA_DEFAULT",
+        "STATEOPS_KAFKA_BOOTSTRAP_SERVERS",
+        "STATEOPS_KAFKA_SECURITY_PROTOCOL",
+        "STATEOPS_KAFKA_SASL_MECHANISM",
+        "STATEOPS_KAFKA_SASL_USERNAME",
+        "STATEOPS_KAFKA_SASL_PASSWORD",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_the_source_wins_then_the_connection_then_the_environment(clean_env):
+    with pytest.raises(StateOpsError, match="no Kafka bootstrap servers: give the source's"):
+        kafka_settings()
+    clean_env.setenv("STATEOPS_KAFKA_BOOTSTRAP_SERVERS", "env:9092")
+    assert kafka_settings().bootstrap_servers == "env:9092"
+    conn = {"conn_type": "kafka", "extra": {"bootstrap.servers": "conn:9092"}}
+    clean_env.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(conn))
+    assert kafka_settings().bootstrap_servers == "conn:9092"
+    assert kafka_settings("mine:9092").bootstrap_servers == "mine:9092"
+    clean_env.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", "{not json")
+    with pytest.raises(StateOpsError, match="AIRFLOW_CONN_KAFKA_DEFAULT is not a JSON connection"):
+        kafka_settings()
+
+
+def test_sasl_settings_reach_spark_and_the_client_and_are_never_shown(clean_env):
+    clean_env.setenv("STATEOPS_KAFKA_BOOTSTRAP_SERVERS", "b:9093")
+    clean_env.setenv("STATEOPS_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    clean_env.setenv("STATEOPS_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    clean_env.setenv("STATEOPS_KAFKA_SASL_USERNAME", "svc")
+    clean_env.setenv("STATEOPS_KAFKA_SASL_PASSWORD", SECRET)
+    settings = kafka_settings()
+    assert settings.client_config() == {
+        "bootstrap.servers": "b:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "svc",
+        "sasl.password": SECRET,
+    }
+    options = spark_options(settings)
+    assert options["kafka.security.protocol"] == "SASL_SSL"
+    assert options["kafka.sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="svc" password="{SECRET}";'
+    )
+    assert SECRET not in repr(settings) and SECRET not in str(settings)
+
+
+def test_offsets_entries_parse_and_read_as_text():
+    assert parse_offsets('{"t":{"0":12,"1":40}}') == {"t": {0: 12, 1: 40}}
+    assert parse_offsets({"logOffset": 3}) is None  # a file source's
+    assert parse_offsets("-") is None and parse_offsets({}) is None
+    assert offsets_text({"t": {0: 12, 1: 40}}) == "t[0]=12 t[1]=40"
+
+
+def test_lag_and_retention_margin_per_partition():
+    lag = Lag(
+        committed={"t": {0: 10, 1: 4}},
+        end={"t": {0: 15, 1: 4, 2: 3}},
+        earliest={"t": {0: 2, 1: 6, 2: 0}},
+    )
+    assert lag.per_partition == {"t": {0: 5, 1: 0, 2: 3}}  # partition 2: never read, from 0
+    assert lag.total == 8
+    assert lag.margin == {"t": {0: 8, 1: -2, 2: 0}}  # partition 1: retention passed it
+    assert str(lag) == "lag 8 records (t[0]=5 t[1]=0 t[2]=3)"
+
+
+def test_offsets_that_go_back_or_lose_a_partition_are_named():
+    assert offsets_backwards({"t": {0: 5, 1: 5}}, {"t": {0: 6, 1: 5, 2: 0}}) == []
+    assert offsets_backwards({"t": {0: 5, 1: 5}}, {"t": {0: 4}}) == [
+        "t[0] goes back from 5 to 4",
+        "t[1] is gone",
+    ]
