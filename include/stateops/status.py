@@ -2,8 +2,10 @@
 "Streaming state" view both show :func:`query_status`.
 
 Everything comes from files the lifecycle operations already write (the checkpoint, its audit
-log and validations beside it, the last run's summary) and, for the backups, from the backup
-store's manifests. Nothing here writes, takes a lock or starts Spark.
+log and validations beside it, the last run's summary), for the backups from the backup
+store's manifests, and for a Kafka source from its broker (end and earliest offsets: the lag
+and the retention margin, :mod:`stateops.core.sources`). Nothing here writes, takes a lock or
+starts Spark.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from stateops.control.markers import read_rollback
 from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError
+from stateops.core.kafka import Offsets
 from stateops.core.registry import Registry
 from stateops.core.report import checkpoint_report, format_bytes
 from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, retention
@@ -141,9 +144,11 @@ def health(
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, or its
-    last run or validation failed), WARN (it needs a look: input waiting, no recent backup, an
-    operation holding it, no commit yet), else OK; with one reason per finding. ``cp``: the
-    checkpoint :func:`query_status` read (None when it could not)."""
+    last run or validation failed, or retention deleted records a Kafka source has not read),
+    WARN (it needs a look: input waiting, no recent backup, an operation holding it, no commit
+    yet, retention close to a Kafka source's committed offsets, a broker that does not answer),
+    else OK; with one reason per finding. ``cp``: the checkpoint :func:`query_status` read
+    (None when it could not)."""
     now = now or datetime.now(UTC)
     fail: list[str] = [e for e in status["errors"] if e.startswith("checkpoint: ")]
     warn: list[str] = [e for e in status["errors"] if not e.startswith("checkpoint: ")]
@@ -253,7 +258,9 @@ def _kafka_part(status: dict[str, Any], query: Any, cp: Checkpoint | None) -> li
     return parts
 
 
-def _committed(cp: Checkpoint | None, batch: int | None, index: int, topics: list[str]):
+def _committed(
+    cp: Checkpoint | None, batch: int | None, index: int, topics: list[str]
+) -> Offsets | None:
     """The offsets of the checkpoint's Kafka source that reads ``topics`` (else the one at
     ``index``, the registry's order) as of committed ``batch``; None when it has none yet."""
     if cp is None:
