@@ -444,8 +444,10 @@ class Checkpoint:
         """The indexes of the sources that are Kafka's: an offsets entry, or an initial
         offsets file, says so."""
         found = {i for b in self.offsets for i in self.kafka_offsets(b)}
-        # Before its first batch is planned, only the initial offsets file says so.
+        # Before its first batch is planned, only the initial offsets file says so (a file
+        # source's own log is not read for this once a batch shows what it is).
         others = [int(n) for n in self.sources if n.isdigit() and int(n) not in found]
+        others = [i for i in others if not (self.offsets and self._file_source(i))]
         return sorted(found | {i for i in others if self.initial_offsets(i) is not None})
 
     def initial_offsets(self, source: int) -> Offsets | None:

@@ -136,8 +136,12 @@ def _kafka_findings(cp: Checkpoint) -> list[Finding]:
     (and from where it started to batch 0): a restart would read records again, or skip a
     partition's records for good. Spark never writes either."""
     findings = []
-    for i in cp.kafka_sources():
-        before, previous = cp.initial_offsets(i), f"its initial offsets (sources/{i}/0)"
+    try:
+        kafka = {i: cp.initial_offsets(i) for i in cp.kafka_sources()}
+    except CheckpointError as err:  # an unreadable initial offsets file
+        return [Finding("error", "", str(err))]
+    for i, initial in kafka.items():
+        before, previous = initial, f"its initial offsets (sources/{i}/0)"
         for batch in sorted(cp.offsets):
             after = cp.kafka_offsets(batch).get(i)
             if after is None:
