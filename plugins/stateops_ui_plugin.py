@@ -101,6 +101,36 @@ def _chart(groups: list[dict[str, Any]]) -> str:
     )
 
 
+def _kafka(s: dict[str, Any]) -> str:
+    """Per Kafka source: each partition's committed, end and earliest offsets, lag and
+    retention margin (negative: records deleted unread), as `stateops status` shows them."""
+    html = ""
+    for part in s.get("kafka", []):
+        head = f"<h4>{_e(part['source'])}: topic {_e(','.join(part['topics']))}"
+        if part["committed"] is None:
+            html += f"{head}</h4><p>no offsets yet</p>"
+            continue
+        if part["lag"] is None:
+            html += f'{head}</h4><p class="error">lag unknown (the error above)</p>'
+            continue
+        html += f"{head}, lag {part['lag_total']} records</h4>" + _rows(
+            ["partition", "committed", "end", "lag", "earliest", "margin"],
+            [
+                [
+                    f"{topic}[{p}]",
+                    part["committed"].get(topic, {}).get(p, 0),
+                    part["end"][topic][p],
+                    lag,
+                    part["earliest"][topic][p],
+                    part["margin"][topic][p],
+                ]
+                for topic, parts in part["lag"].items()
+                for p, lag in parts.items()
+            ],
+        )
+    return f"<h3>Kafka</h3>{html}" if html else ""
+
+
 def _query_card(s: dict[str, Any]) -> str:
     last = s["last_committed_batch"]
     facts = [
@@ -167,6 +197,7 @@ def _query_card(s: dict[str, Any]) -> str:
         f'<section id="query-{_e(s["query"])}"><h2>{_e(s["query"])}</h2>{verdict}{errors}'
         + links
         + _rows([], facts)
+        + _kafka(s)
         + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
         + "<h3>Backups</h3>"
         + _rows(

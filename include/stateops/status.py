@@ -2,8 +2,10 @@
 "Streaming state" view both show :func:`query_status`.
 
 Everything comes from files the lifecycle operations already write (the checkpoint, its audit
-log and validations beside it, the last run's summary) and, for the backups, from the backup
-store's manifests. Nothing here writes, takes a lock or starts Spark.
+log and validations beside it, the last run's summary), for the backups from the backup
+store's manifests, and for a Kafka source from its broker (end and earliest offsets: the lag
+and the retention margin, :mod:`stateops.core.sources`). Nothing here writes, takes a lock or
+starts Spark.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from stateops.control.markers import read_rollback
 from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError
+from stateops.core.kafka import Offsets
 from stateops.core.registry import Registry
 from stateops.core.report import checkpoint_report, format_bytes
+from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, retention
 from stateops.core.storage import location
 from stateops.ops.backup import list_backups
 from stateops.spark.expectations import data_docs_path, last_validation
@@ -40,6 +44,10 @@ LINEAGE_OPERATIONS = ("bootstrap", "migration", "rollback", "restore", "backfill
 # Input landed this long ago and still not read says the query is not being run: twice
 # stream_start's schedule (30 minutes).
 STALE_INPUT = timedelta(hours=1)
+RETENTION_CLOSE = (
+    f"the broker's earliest retained offset is close to the committed one (within "
+    f"{RETENTION_WARN_SHARE:.0%} of the records it retains; the next deleted segment may pass it)"
+)
 # A backup older than twice its schedule says the scheduled backups stopped.
 _SCHEDULES = {
     "@hourly": timedelta(hours=1),
@@ -62,6 +70,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         "last_committed_batch": None,
         "committed_at": None,
         "operators": [],
+        "kafka": [],
         "last_run": None,
         "last_cleanup": None,
         "backups": [],
@@ -80,6 +89,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             _checkpoint_part(status, cp, query.state_store.min_deltas_for_snapshot)
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
+    status["kafka"] = _kafka_part(status, query, cp)
     summary = registry.run_summary_path(name)
     if summary.exists():
         run = json.loads(summary.read_text())
@@ -134,9 +144,11 @@ def health(
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, or its
-    last run or validation failed), WARN (it needs a look: input waiting, no recent backup, an
-    operation holding it, no commit yet), else OK; with one reason per finding. ``cp``: the
-    checkpoint :func:`query_status` read (None when it could not)."""
+    last run or validation failed, or retention deleted records a Kafka source has not read),
+    WARN (it needs a look: input waiting, no recent backup, an operation holding it, no commit
+    yet, retention close to a Kafka source's committed offsets, a broker that does not answer),
+    else OK; with one reason per finding. ``cp``: the checkpoint :func:`query_status` read
+    (None when it could not)."""
     now = now or datetime.now(UTC)
     fail: list[str] = [e for e in status["errors"] if e.startswith("checkpoint: ")]
     warn: list[str] = [e for e in status["errors"] if not e.startswith("checkpoint: ")]
@@ -174,6 +186,11 @@ def health(
         warn.append(
             f"{hold.operation} (run id {hold.run_id}) holds the query (other operations wait)"
         )
+    for part in status.get("kafka", []):  # retention passed, or is about to pass, its offsets
+        if part["lost"]:
+            fail.append(_lost(part))
+        if part["close"]:
+            warn.append(f"kafka {part['source']}: {RETENTION_CLOSE}: " + "; ".join(part["close"]))
     if cp is not None and cp.uncommitted_batches and state != "held":
         warn.append(_planned_batch(query.name, cp.uncommitted_batches[0], cp.last_committed_batch))
     if status["unfinished_backfill"]:
@@ -186,6 +203,75 @@ def health(
         warn += _backup_age(registry, status["backups"], now)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"
     return {"verdict": verdict, "reasons": fail + warn}
+
+
+def _lost(part: dict[str, Any]) -> str:
+    return (
+        f"kafka {part['source']}: retention passed the offsets committed by batch "
+        f"{part['committed_batch']}: {', '.join(part['lost'])} were deleted unread; a restart "
+        "loses them (Spark stops on them unless failOnDataLoss is false, then skips them)"
+    )
+
+
+def _kafka_part(status: dict[str, Any], query: Any, cp: Checkpoint | None) -> list[dict[str, Any]]:
+    """Per Kafka source: its committed offsets (the last committed batch's; before any, those
+    it started at), the broker's end and earliest offsets, the lag and the retention margin.
+    A broker that does not answer is one error naming its bootstrap servers; the rest of the
+    status is still read."""
+    parts = []
+    for i, (name, source) in enumerate(query.inputs.items()):
+        if not source.kafka:
+            continue
+        batch = cp.last_committed_batch if cp is not None else None
+        committed = _committed(cp, batch, i, source.subscribed)
+        part: dict[str, Any] = {
+            "source": name,
+            "topics": source.subscribed,
+            "committed_batch": batch,
+            "committed": committed,
+            "end": None,
+            "earliest": None,
+            "lag": None,
+            "lag_total": None,
+            "margin": None,
+            "lost": [],
+            "close": [],
+        }
+        parts.append(part)
+        if committed is None:
+            continue
+        try:
+            lag = kafka_lag(source, committed)
+        except StateOpsError as err:
+            status["errors"].append(f"kafka {name}: {err}")
+            continue
+        kept = retention(lag)
+        part.update(
+            end=lag.end,
+            earliest=lag.earliest,
+            lag=lag.per_partition,
+            lag_total=lag.total,
+            margin=lag.margin,
+            lost=[f"{m}" for m in kept.lost],
+            close=kept.close,
+        )
+    return parts
+
+
+def _committed(
+    cp: Checkpoint | None, batch: int | None, index: int, topics: list[str]
+) -> Offsets | None:
+    """The offsets of the checkpoint's Kafka source that reads ``topics`` (else the one at
+    ``index``, the registry's order) as of committed ``batch``; None when it has none yet."""
+    if cp is None:
+        return None
+    if batch is None:
+        found = {i: cp.initial_offsets(i) for i in cp.kafka_sources()}
+        found = {i: o for i, o in found.items() if o is not None}
+    else:
+        found = cp.kafka_offsets(batch)
+    same = [o for o in found.values() if set(o) == set(topics)]
+    return same[0] if len(same) == 1 else found.get(index)
 
 
 def _planned_batch(name: str, batch: int, last: int | None) -> str:
@@ -237,7 +323,7 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime) -> list[str]:
     reasons = []
     for i, (name, source) in enumerate(query.inputs.items()):
         folder = Path(source.path)
-        if "://" in source.path or not folder.is_dir():
+        if source.kafka or "://" in source.path or not folder.is_dir():
             continue
         seen = cp.seen_files(i)
         waiting = [
@@ -339,6 +425,28 @@ def describe_cleanup(c: dict[str, Any] | None) -> str:
     )
 
 
+def _kafka_lines(s: dict[str, Any]) -> list[str]:
+    lines = []
+    for part in s.get("kafka", []):
+        head = f"  kafka {part['source']:<9} topic {','.join(part['topics'])}"
+        if part["committed"] is None:
+            lines.append(f"{head}, no offsets yet")
+            continue
+        if part["lag"] is None:
+            lines.append(f"{head}, lag unknown (the error below)")
+            continue
+        lines.append(f"{head}, lag {part['lag_total']} records")
+        for topic, parts in part["lag"].items():
+            for p, lag in parts.items():
+                committed = part["committed"].get(topic, {}).get(p, 0)
+                lines.append(
+                    f"    {topic}[{p}]  committed {committed}  end {part['end'][topic][p]}  "
+                    f"lag {lag}  earliest {part['earliest'][topic][p]}  "
+                    f"margin {part['margin'][topic][p]}"
+                )
+    return lines
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The readable form `stateops status` prints."""
     s = status
@@ -349,6 +457,7 @@ def format_status(status: dict[str, Any]) -> str:
     last = s["last_committed_batch"]
     committed = "none yet" if last is None else f"batch {last} at {s['committed_at']}"
     lines.append(f"  last committed  {committed}")
+    lines += _kafka_lines(s)
     for op in s["operators"]:
         rows = (
             f"{op['state_rows']} rows (batch {op['rows_as_of_batch']})"

@@ -30,6 +30,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stateops.core import sources as source_kind
 from stateops.core.errors import CheckpointError, NotACheckpointError
 from stateops.core.formats import (
     OffsetEntry,
@@ -43,6 +44,7 @@ from stateops.core.formats import (
     read_text,
     schema_file_refs,
 )
+from stateops.core.kafka import Offsets
 from stateops.core.storage import S3Path, file_names, location, prefetch, walk
 
 __all__ = [
@@ -409,8 +411,9 @@ class Checkpoint:
         sources (rate, Kafka), whose logs are keyed by batch id."""
         offsets = self.offsets[batch].source_offsets
         offset = offsets[source] if source < len(offsets) else None
-        if isinstance(offset, dict) and "logOffset" in offset:
-            return int(offset["logOffset"])
+        log_offset = source_kind.file_log_offset(offset)
+        if log_offset is not None:
+            return log_offset
         if offset is None and source < len(offsets) and self._file_source(source):
             # "-": the source had no offset yet (Spark writes it for a source without data in
             # the first batches; a carried-over batch 0 reads no input): nothing read so far.
@@ -424,7 +427,36 @@ class Checkpoint:
             for e in self.offsets.values()
             if source < len(e.source_offsets)
         ]
-        return all(o is None or (isinstance(o, dict) and "logOffset" in o) for o in seen)
+        return all(o is None or source_kind.is_file_entry(o) for o in seen)
+
+    def kafka_offsets(self, batch: int) -> dict[int, Offsets]:
+        """Source index -> the Kafka offsets ``offsets/<batch>`` records for it (topic ->
+        partition -> next offset: where the batch after it starts); only Kafka sources."""
+        entry = self.offsets.get(batch)
+        found = {}
+        for i, raw in enumerate(entry.source_offsets if entry else []):
+            offsets = source_kind.kafka_offsets(raw)
+            if offsets is not None:
+                found[i] = offsets
+        return found
+
+    def kafka_sources(self) -> list[int]:
+        """The indexes of the sources that are Kafka's: an offsets entry, or an initial
+        offsets file, says so."""
+        found = {i for b in self.offsets for i in self.kafka_offsets(b)}
+        # Before its first batch is planned, only the initial offsets file says so (a file
+        # source's own log is not read for this once a batch shows what it is).
+        others = [int(n) for n in self.sources if n.isdigit() and int(n) not in found]
+        others = [i for i in others if not (self.offsets and self._file_source(i))]
+        return sorted(found | {i for i in others if self.initial_offsets(i) is not None})
+
+    def initial_offsets(self, source: int) -> Offsets | None:
+        """The offsets Kafka source ``source`` started at (``sources/<source>/0``); None for
+        another source, or when the file is gone."""
+        rel = self.sources.get(str(source), {}).get(0)
+        if rel is None or rel.endswith(".compact"):
+            return None
+        return source_kind.kafka_initial_offsets(read_text(self.root / rel))
 
     def _log_offset(self, batch: int, source: int) -> int:
         if batch not in self.offsets:

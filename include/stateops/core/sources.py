@@ -207,3 +207,57 @@ def offsets_backwards(before: Offsets, after: Offsets) -> list[str]:
             elif now < offset:
                 wrong.append(f"{topic}[{partition}] goes back from {offset} to {now}")
     return wrong
+
+
+# --- A: a Kafka source's initial offsets, file entries, and how close retention is ---
+
+# A committed offset this close to the broker's earliest (a share of the records the partition
+# still retains) is WARNed: retention deletes whole log segments, so the next one to go may
+# well hold it. 10%: with a week's retention, less than about 17 hours of records to spare.
+RETENTION_WARN_SHARE = 0.10
+
+
+def is_file_entry(raw: object) -> bool:
+    """Whether an offsets entry is a file source's (``{"logOffset": K}``)."""
+    return file_log_offset(raw) is not None
+
+
+def kafka_initial_offsets(text: str) -> Offsets | None:
+    """The offsets in a Kafka source's ``sources/<i>/0`` (where the query started it): a NUL
+    byte (Spark 2.1's compatibility marker, SPARK-19517), ``v1``, then the JSON of
+    ``offsets/N``'s entry. None where ``text`` is not one (a file source's log)."""
+    header, _, body = text.lstrip("\x00").partition("\n")
+    if not header.startswith("v") or not header[1:].isdigit():
+        return None
+    return kafka_offsets(body.strip())
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Where retention stands against a checkpoint's committed offsets: ``lost`` (the broker
+    deleted records the checkpoint has not read: a restart loses them) and ``close`` (the
+    committed offset is within :data:`RETENTION_WARN_SHARE` of the records the partition
+    retains, and there are unread records: the next deleted segment may pass it)."""
+
+    lost: list[Missing]
+    close: list[str]
+
+
+def retention(lag: Lag) -> Retention:
+    """:class:`Retention` of a :func:`kafka_lag` answer (no second question to the broker)."""
+    lost, close = [], []
+    for topic, parts in lag.margin.items():
+        for partition, margin in parts.items():
+            earliest = lag.earliest[topic][partition]
+            retained = lag.end.get(topic, {}).get(partition, earliest) - earliest
+            if margin < 0:
+                lost.append(Missing(topic, partition, earliest + margin, earliest))
+            elif margin < RETENTION_WARN_SHARE * retained:
+                close.append(
+                    f"{topic}[{partition}] committed offset {earliest + margin} is {margin} "
+                    f"records ahead of the earliest retained {earliest} ({retained} retained)"
+                )
+    return Retention(lost, close)
+
+
+__all__ += ["Retention", "is_file_entry", "kafka_initial_offsets", "retention"]

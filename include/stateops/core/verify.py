@@ -4,7 +4,8 @@ Checks: the offsets/commits chains (no gaps, every commit planned, at most one b
 flight); ``metadata`` present and readable; every file a restart after the last committed batch
 needs is present, including the SST files each needed RocksDB ``N.zip`` lists; every ``.crc``
 sidecar matches its file (Hadoop's checksum file format); no state version beyond the last
-committed batch + 1, except that of the one batch in flight.
+committed batch + 1, except that of the one batch in flight; a Kafka source's offsets never go
+back nor lose a partition from one batch to the next.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, NotACheckpointError
 from stateops.core.formats import hadoop_crc
+from stateops.core.sources import offsets_backwards
 from stateops.core.storage import S3Path, location
 
 __all__ = ["Finding", "format_findings", "require_sound", "verify_checkpoint", "verify_crc"]
@@ -70,7 +72,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         findings = [Finding("error", "", str(err))]
         return _result(root, None, findings)
     findings = _chain_findings(cp) + _restart_findings(cp) + _version_findings(cp)
-    findings += _checksum_findings(cp)
+    findings += _kafka_findings(cp) + _checksum_findings(cp)
     return _result(root, cp.last_committed_batch, findings)
 
 
@@ -126,6 +128,32 @@ def _chain_findings(cp: Checkpoint) -> list[Finding]:
                 f"batches {in_flight} are planned but not committed; Spark plans one at a time",
             )
         )
+    return findings
+
+
+def _kafka_findings(cp: Checkpoint) -> list[Finding]:
+    """A Kafka source's offsets that go back, or lose a partition, from one batch to the next
+    (and from where it started to batch 0): a restart would read records again, or skip a
+    partition's records for good. Spark never writes either."""
+    findings = []
+    try:
+        kafka = {i: cp.initial_offsets(i) for i in cp.kafka_sources()}
+    except CheckpointError as err:  # an unreadable initial offsets file
+        return [Finding("error", "", str(err))]
+    for i, initial in kafka.items():
+        before, previous = initial, f"its initial offsets (sources/{i}/0)"
+        for batch in sorted(cp.offsets):
+            after = cp.kafka_offsets(batch).get(i)
+            if after is None:
+                continue
+            if before is not None:  # across a gap too: offsets only go forward
+                findings += [
+                    Finding(
+                        "error", f"offsets/{batch}", f"Kafka source {i}: {wrong} since {previous}"
+                    )
+                    for wrong in offsets_backwards(before, after)
+                ]
+            before, previous = after, f"batch {batch}"
     return findings
 
 
