@@ -154,7 +154,7 @@ def test_rollback_3_batches_and_reprocess_continue_to_the_untouched_run(
 
 
 def test_a_kafka_sink_rewrite_is_confirmed_and_the_backfill_window_reads_record_times(
-    kafka, run, tmp_path
+    kafka, run, tmp_path, monkeypatch
 ):
     copy = copy_checkpoint(run.checkpoint, tmp_path / "copy")
     registry = write_registry(
@@ -198,6 +198,16 @@ def test_a_kafka_sink_rewrite_is_confirmed_and_the_backfill_window_reads_record_
     plan_backfill(
         target, "b-1", to_batch=run.k, rewrite_output=n, dry_run=False, log=lambda _: None
     )
+    # the stream_backfill DAG's plan step: its rewrite_output field must match
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops_airflow.tasks import backfill_plan
+
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
+    params = {"query": "page_visits", "to_batch": run.k, "dry_run": False}
+    with pytest.raises(AirflowFailException, match=f"rewrite_output {n}"):
+        backfill_plan({**params, "rewrite_output": n - 1}, "manual__b")
+    assert backfill_plan({**params, "rewrite_output": n}, "manual__b")["rewrites"]["records"] == n
     second_chunk = datetime.fromtimestamp((T0 + 30 * 1000) / 1000, UTC).strftime(
         "%Y-%m-%dT%H:%M:%SZ"
     )
@@ -209,7 +219,7 @@ def test_a_kafka_sink_rewrite_is_confirmed_and_the_backfill_window_reads_record_
     assert load_checkpoint(copy).last_committed_batch == run.k
 
 
-def test_a_rollback_past_retention_is_refused_in_one_line(kafka, run):
+def test_a_rollback_past_retention_is_refused_in_one_line(kafka, run, monkeypatch):
     cp = load_checkpoint(run.checkpoint)
     # Retention passes batch k-1's offsets: rolling back to k still works, to k-1 no longer.
     at_k, before_k = (
@@ -243,6 +253,16 @@ def test_a_rollback_past_retention_is_refused_in_one_line(kafka, run):
     with pytest.raises(StateOpsError, match="the broker no longer holds records") as err:
         plan_backfill(target, "b-2", to_batch=run.k - 1, dry_run=True, log=lambda _: None)
     assert all(missing in str(err.value) for missing in gone)
+    # the stream_backfill DAG's plan step: the same refusal, in one line
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stateops_airflow.tasks import backfill_plan
+
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(run.registry))
+    params = {"query": "page_visits", "to_batch": run.k - 1, "dry_run": True}
+    with pytest.raises(AirflowFailException) as failed:
+        backfill_plan(params, "manual__b")
+    assert "\n" not in str(failed.value) and all(m in str(failed.value) for m in gone)
     assert tree_digest(run.checkpoint) == before
 
 
