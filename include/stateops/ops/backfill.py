@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import append_audit
 from stateops.control.lock import new_run_id, safe_run_id
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
     OperationFailed,
@@ -398,7 +398,7 @@ def last_batch_before(
 
 
 def _older(
-    cp: Any, batch: int, limit_ms: float, sources: list[Source], limits: dict[int, Any]
+    cp: Checkpoint, batch: int, limit_ms: float, sources: list[Source], limits: dict[int, Any]
 ) -> bool:
     """Whether every source's input up to ``batch`` is older than ``limit_ms``: each source's
     kind says how (:mod:`stateops.core.sources`)."""
