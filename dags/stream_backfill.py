@@ -6,11 +6,17 @@ again, with the same logic or a changed one. Trigger it by hand with the form; *
 (on by default) only prints the plan.
 
 1. `plan`: the rollback point is the batch you give, **or** the last batch whose input files
-   (and every earlier batch's) were modified before the time you give. Prints the rollback
-   plan (what goes from the checkpoint, which output batches are moved aside) and, with
+   (and every earlier batch's) were modified, or whose Kafka records were stamped, before
+   the time you give. Prints the rollback plan (what goes from the checkpoint, which output
+   batches are moved aside, the offsets each Kafka source rewinds to) and, with
    **overrides**, writes the registry the reprocessing runs with: the query's entry with the
    overrides merged in (`processor`, `watermark`, `expectations`, `spark_conf`; e.g.
    `{"processor": {"options": {"session_timeout_seconds": 600}}}`), validated first.
+   Refused, changing nothing, when the broker no longer holds the records a Kafka source
+   would read again, or does not answer. With a **Kafka sink** (at least once: the topic keeps
+   what the rolled-back batches wrote, and the reprocessing writes it again) the plan says how
+   many records are written again; a run that is not a dry run needs that number in
+   **rewrite_output**.
 2. `approve`: where the query's registry entry says `approval: required`, the run waits for
    a second person to approve the plan (the UI's required actions, or REST); rejected or
    unanswered (4 hours), the run fails and nothing changed.
@@ -23,7 +29,8 @@ again, with the same logic or a changed one. Trigger it by hand with the form; *
 4. `record`: the Spark job's run summary.
 5. `report`: what changed in the output of the reprocessed batches: rows unchanged, added,
    removed, and keys whose rows changed, with examples. The old output stays in
-   `_rolled_back/` for comparison.
+   `_rolled_back/` for comparison. With a Kafka sink: the records the reprocessing wrote against
+   those the rolled-back batches had written (the topic keeps both).
 6. `verify_state` and `validate_state`: file-level integrity and Great Expectations on the
    state.
 
@@ -88,7 +95,7 @@ def spark_task(step: str):
             pattern="^$|^" + TIME_PATTERN,
             title="... or to the input before",
             description="A time (2026-11-21T03:00:00Z; UTC without a zone): roll back to the "
-            "last batch whose input files were all modified before it.",
+            "last batch whose input files were all modified (Kafka records: stamped) before it.",
         ),
         "overrides": Param(
             {},
@@ -97,6 +104,15 @@ def spark_task(step: str):
             title="Registry overrides",
             description="Merged into the query's registry entry for the reprocessing, e.g. "
             '{"processor": {"options": {"session_timeout_seconds": 600}}}.',
+        ),
+        "rewrite_output": Param(
+            None,
+            type=["null", "integer"],
+            minimum=0,
+            title="Kafka sink: records written again",
+            description="For a query with a Kafka sink (at least once): the number of records "
+            "the plan says the reprocessing writes again (the rolled-back batches' output, "
+            "which the topic keeps). A run that is not a dry run is refused until it matches.",
         ),
         "dry_run": dry_run_param("Only print the plan."),
     },

@@ -281,6 +281,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         log=_log if args.json else print,
         sink=args.sink,
+        rewrite_output=args.rewrite_output,
     )
     if args.json:
         print(json.dumps(plan, indent=1))
@@ -363,6 +364,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         to_batch=args.to_batch,
         input_before=args.input_before,
         overrides=args.overrides,
+        rewrite_output=args.rewrite_output,
         dry_run=args.dry_run,
         log=log,
     )
@@ -729,6 +731,7 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     _flag(p, "--no-backup", "skip the backup (not advised)")
     p.add_argument("--backup-to", help="s3://BUCKET/PREFIX (default: the registry's)")
     p.add_argument("--sink", help="the sink folder to make consistent (default: the registry's)")
+    _rewrite_output(p)
     _flag(p, "--json", "the plan as JSON on stdout")
     p.set_defaults(func=cmd_rollback)
 
@@ -773,10 +776,22 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
         help="merged into the query's registry entry for the reprocessing (processor, "
         "watermark, expectations, spark_conf)",
     )
+    _rewrite_output(p)
     _flag(p, "--dry-run", "print the plan, change nothing")
     _flag(p, "--json", "the plan or the result as JSON")
     _master(p)
     p.set_defaults(func=cmd_backfill)
+
+
+def _rewrite_output(p: argparse.ArgumentParser) -> None:
+    """The confirmation a rollback or backfill of a query with a Kafka sink waits for."""
+    p.add_argument(
+        "--rewrite-output",
+        type=int,
+        metavar="N",
+        help="with a Kafka sink (at least once): confirm that the reprocessing writes again the "
+        "N records the rolled-back batches wrote (the plan says N)",
+    )
 
 
 def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:

@@ -382,6 +382,7 @@ def backfill_plan(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         to_batch=params.get("to_batch"),
         input_before=params.get("input_before"),
         overrides=params.get("overrides"),
+        rewrite_output=params.get("rewrite_output"),
         dry_run=params["dry_run"],
         log=say,
     )

@@ -261,3 +261,73 @@ def retention(lag: Lag) -> Retention:
 
 
 __all__ += ["Retention", "is_file_entry", "kafka_initial_offsets", "retention"]
+
+
+# --- B: rollback and backfill (what a rewind reads again; what a Kafka sink holds since when)
+
+__all__ += [
+    "kafka_entries",
+    "kafka_offsets_at",
+    "kafka_source_of",
+    "records_between",
+    "topic_offsets",
+    "within",
+]
+
+
+def kafka_entries(source_offsets: list[object]) -> dict[int, Offsets]:
+    """The Kafka sources of one ``offsets/N`` entry (its ``source_offsets``), by their index in
+    the checkpoint: their offsets. File sources and sources without offsets yet are left out."""
+    found = {}
+    for index, raw in enumerate(source_offsets):
+        offsets = kafka_offsets(raw)
+        if offsets is not None:
+            found[index] = offsets
+    return found
+
+
+def kafka_source_of(offsets: Offsets, sources: list[Source]) -> Source:
+    """The Kafka source among ``sources`` (a query's inputs) whose topics a checkpoint's entry
+    names: the checkpoint's source indexes follow Spark's plan, not the registry's order, and
+    the topics are what both say. None of them (a checkpoint named by its path, no registered
+    query): the same topics on the default brokers (the connection or the environment)."""
+    topics = sorted(offsets)
+    for source in sources:
+        if source.kafka and sorted(source.subscribed) == topics:
+            return source
+    return Source.model_validate({"format": "kafka", "topics": topics, "schema": "value STRING"})
+
+
+def records_between(before: Offsets | None, after: Offsets) -> int:
+    """How many records lie from ``before`` to ``after`` (two offsets of one source: what the
+    batches between them read); a partition ``before`` lacks counts from 0 (Spark reads a new
+    partition from its beginning)."""
+    before = before or {}
+    return sum(
+        max(0, offset - before.get(topic, {}).get(partition, 0))
+        for topic, parts in after.items()
+        for partition, offset in parts.items()
+    )
+
+
+def kafka_offsets_at(source: Source, at: str | int) -> Offsets:
+    """A Kafka source's offsets on the broker: ``earliest``, ``latest``, or at an epoch-ms time
+    (per partition the first record stamped at or after it: every record before it is older)."""
+    return topic_offsets(source.subscribed, source.bootstrap_servers, at)
+
+
+def topic_offsets(topics: list[str], bootstrap_servers: str | None, at: str | int) -> Offsets:
+    """Topics' offsets on their brokers (a Kafka sink's topic, a source's): ``earliest``,
+    ``latest``, or per partition the first record stamped at or after an epoch-ms time."""
+    settings = kafka_settings(bootstrap_servers)
+    return broker_offsets(settings, topic_partitions(settings, topics), at)
+
+
+def within(offsets: Offsets, limit: Offsets) -> bool:
+    """Whether every partition of ``offsets`` is at or before ``limit``'s (a partition
+    ``limit`` lacks: only when it is at 0)."""
+    return all(
+        offset <= limit.get(topic, {}).get(partition, 0)
+        for topic, parts in offsets.items()
+        for partition, offset in parts.items()
+    )

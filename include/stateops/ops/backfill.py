@@ -13,6 +13,7 @@ runs them in one process (``stateops backfill``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections import Counter
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import append_audit
 from stateops.control.lock import new_run_id, safe_run_id
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
     OperationFailed,
@@ -32,12 +33,28 @@ from stateops.core.errors import (
     about,
     one_line,
 )
-from stateops.core.registry import Query, Registry, derived_registry, load_registry
+from stateops.core.kafka import KafkaDown
+from stateops.core.registry import Query, Registry, Source, derived_registry, load_registry
+from stateops.core.sources import (
+    file_log_offset,
+    kafka_offsets,
+    kafka_offsets_at,
+    kafka_source_of,
+    records_between,
+    topic_offsets,
+    within,
+)
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
-from stateops.ops.deletion import format_plan, plan_digest
-from stateops.ops.rollback import plan_rollback, plan_sink_rollback, run_rollback
+from stateops.ops.deletion import plan_digest
+from stateops.ops.rollback import (
+    format_rollback_plan,
+    plan_rollback,
+    plan_sink_rollback,
+    refuse_unconfirmed_rewrite,
+    run_rollback,
+)
 from stateops.ops.start import read_summary, summary_line
 
 if TYPE_CHECKING:
@@ -76,7 +93,8 @@ def backfill_point(
         )
     if to_batch is None:
         with about("input_before"):
-            return last_batch_before(query.checkpoint, parse_time(before, "input_before"))
+            when = parse_time(before, "input_before")
+            return last_batch_before(query.checkpoint, when, list(query.inputs.values()))
     with about("to_batch"):
         committed = sorted(load_checkpoint(query.checkpoint).commits)
         if to_batch not in committed:
@@ -110,15 +128,19 @@ def plan_backfill(
     to_batch: int | None = None,
     input_before: str | None = None,
     overrides: dict[str, Any] | None = None,
+    rewrite_output: int | None = None,
     dry_run: bool,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The backfill's plan, printed: the rollback point (``to_batch``, or the last batch whose
     input is older than ``input_before``: one of the two), what the rollback deletes and moves
-    aside, and the registry the reprocessing runs with (with ``overrides``: the query's entry
-    with them merged in, validated and written under the state folder). Its ``digest`` is what
-    :func:`rollback_for_backfill` holds the rollback to. ``dry_run`` has no default: a plan
-    made to run must say so, or its overrides' registry is not written."""
+    aside, where each Kafka source rewinds to (refused, changing nothing, where the broker no
+    longer holds those records), and the registry the reprocessing runs with (with
+    ``overrides``: the query's entry with them merged in, validated and written under the state
+    folder). Its ``digest`` is what :func:`rollback_for_backfill` holds the rollback to. With a
+    Kafka sink, a plan made to run is refused unless ``rewrite_output`` is the count of records
+    the reprocessing writes again. ``dry_run`` has no default: a plan made to run must say so,
+    or its overrides' registry is not written."""
     query, registry = target.require_query(_REGISTERED), target.require_registry()
     given = to_batch
     to_batch = backfill_point(registry, query.name, to_batch, input_before)
@@ -126,9 +148,13 @@ def plan_backfill(
         log(f"the last batch whose input is older than {input_before.strip()}: {to_batch}")
     plan = plan_rollback(target, to_batch)
     plan.update(
-        sink=plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
+        sink=None  # a Kafka sink keeps what it got: the plan counts what it gets again
+        if query.sink.kafka
+        else plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
         backup_to=target.backup_location(),
     )
+    if not dry_run:
+        refuse_unconfirmed_rewrite(plan, rewrite_output)
     path, changes = str(registry.path), []
     if overrides:
         path = str(registry.state_dir / "backfill" / safe_run_id(run_id) / "registry.yaml")
@@ -142,7 +168,7 @@ def plan_backfill(
         f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "
         "check the state and compare the reprocessed output with the old one"
     )
-    text = format_plan(plan, dry_run=dry_run, then=then)
+    text = format_rollback_plan(plan, dry_run=dry_run, then=then)
     log(text)
     return {
         "query": query.name,
@@ -155,6 +181,9 @@ def plan_backfill(
         "digest": plan_digest(plan),
         "changes": changes,
         "backup_to": plan["backup_to"],
+        "kafka": plan["kafka"],
+        "rewrites": plan["rewrites"],
+        "rewrite_output": rewrite_output,
         "text": text,
     }
 
@@ -177,9 +206,10 @@ def rollback_for_backfill(
         operation="backfill",
         backup=backup,
         log=log,
-        sink=query.sink.path,
+        sink=None if query.sink.kafka else query.sink.path,
         sink_batch_offset=query.sink.batch_offset,
         planned=plan.get("digest"),
+        rewrite_output=plan.get("rewrite_output"),
     )
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
@@ -193,7 +223,24 @@ def rollback_for_backfill(
         registry=plan["registry"],
         changes=plan.get("changes", []),
     )
-    return {"run_id": done["run_id"], "backup_id": done["backup_id"], "to_batch": plan["to_batch"]}
+    rolled = {
+        "run_id": done["run_id"],
+        "backup_id": done["backup_id"],
+        "to_batch": plan["to_batch"],
+    }
+    if query.sink.kafka:  # where the reprocessing's records start: what the report counts
+        rolled["sink_end"] = _sink_end(query)
+    return rolled
+
+
+def _sink_end(query: Query) -> dict[str, dict[str, int]] | None:
+    """A Kafka sink's end offsets now, as JSON keeps them (None: the broker does not answer;
+    the reprocessing then fails and says so)."""
+    try:
+        end = topic_offsets([query.sink.topic or ""], query.sink.bootstrap_servers, "latest")
+    except KafkaDown:
+        return None
+    return {t: {str(p): o for p, o in ps.items()} for t, ps in end.items()}
 
 
 def _record(plan: dict[str, Any], result: str, **details: Any) -> None:
@@ -218,6 +265,8 @@ def report_backfill(
 ) -> dict[str, Any]:
     """What the reprocessing changed in the output of the batches after the rollback point."""
     query = target.require_query(_REGISTERED)
+    if query.sink.kafka:
+        return _report_kafka(query, plan, rollback, log)
     old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
     after = query.sink.folder_batch(plan["to_batch"])
     diff = diff_output(query.sink.path, old, after, query.key_columns)
@@ -240,6 +289,35 @@ def report_backfill(
         output={k: diff[k] for k in _COUNTS},
     )
     return {**diff, "changes": plan.get("changes", [])}
+
+
+def _report_kafka(
+    query: Query, plan: dict[str, Any], rollback: dict[str, Any], log: Callable[[str], None]
+) -> dict[str, Any]:
+    """A Kafka sink's report: how many records the reprocessing wrote, against the count the
+    rolled-back batches had written (the topic keeps both: rows are not compared)."""
+    sink = query.sink
+    end = topic_offsets([sink.topic or ""], sink.bootstrap_servers, "latest")
+    start = kafka_offsets(rollback.get("sink_end"))
+    written = records_between(start, end) if start is not None else None
+    before = (plan.get("rewrites") or {}).get("records", 0)
+    log(
+        f"{query.name}: the reprocessing of the batches after {plan['to_batch']} wrote "
+        f"{'an unknown number of' if written is None else written} records to Kafka topic "
+        f"{sink.topic}; the rolled-back batches had written {before}, which the topic keeps "
+        "(at least once)"
+    )
+    for change in plan.get("changes", []):
+        log(f"  reprocessed with {change}")
+    output = {"records_written": written, "records_written_before": before}
+    _record(
+        plan,
+        "succeeded",
+        batch_after=load_checkpoint(query.checkpoint).last_committed_batch,
+        backup_id=rollback["backup_id"],
+        output=output,
+    )
+    return {**output, "changes": plan.get("changes", [])}
 
 
 _COUNTS = ("rows_before", "rows_after", "unchanged", "added", "removed", "changed_keys")
@@ -289,23 +367,23 @@ def run_backfill(
     return {"rollback": rolled, "summary": summary, "report": report}
 
 
-def last_batch_before(checkpoint: str | os.PathLike[str], before: datetime, source: int = 0) -> int:
+def last_batch_before(
+    checkpoint: str | os.PathLike[str], before: datetime, sources: list[Source] | None = None
+) -> int:
     """The last committed batch whose input, and all earlier batches' input, is older than
-    ``before``: the batch before the first one that read a file modified at or after it
-    (file times as the file source logged them)."""
+    ``before``: the batch before the first one that read a file modified at or after it (file
+    times as the file source logged them) or a record stamped at or after it (a Kafka source:
+    its offsets went past the broker's first offset stamped at or after ``before``).
+    ``sources``: the query's inputs (a Kafka source's brokers; default: the connection's)."""
     cp = load_checkpoint(checkpoint)
     committed = sorted(cp.commits)
     if not committed:
         raise CheckpointError(f"{cp.root}: no committed batch yet: nothing to reprocess")
     limit_ms = before.timestamp() * 1000
+    limits: dict[int, Any] = {}  # per Kafka source: the first offsets at or after ``before``
     previous = None
     for batch in committed:
-        if cp.file_log_offset(batch, source) is None:
-            raise StateOpsError(
-                f"{cp.root}: source {source} is not a file source, so its input has no file "
-                "times; roll back to a batch id instead"
-            )
-        if any(f["timestamp"] >= limit_ms for f in cp.input_files(batch, source)):
+        if not _older(cp, batch, limit_ms, sources or [], limits):
             if previous is None:
                 raise CheckpointError(
                     f"{cp.root}: batch {batch}, the oldest one kept, already read input from "
@@ -317,6 +395,32 @@ def last_batch_before(checkpoint: str | os.PathLike[str], before: datetime, sour
         f"{cp.root}: every committed batch (up to {committed[-1]}) read only input older than "
         f"{before.isoformat()}: nothing to reprocess"
     )
+
+
+def _older(
+    cp: Checkpoint, batch: int, limit_ms: float, sources: list[Source], limits: dict[int, Any]
+) -> bool:
+    """Whether every source's input up to ``batch`` is older than ``limit_ms``: each source's
+    kind says how (:mod:`stateops.core.sources`)."""
+    if batch not in cp.offsets:
+        raise CheckpointError(f"{cp.root}: offsets/{batch} is gone: its input is unknown")
+    for index, raw in enumerate(cp.offsets[batch].source_offsets):
+        offsets = kafka_offsets(raw)
+        if offsets is not None:
+            if index not in limits:
+                source = kafka_source_of(offsets, sources)
+                limits[index] = kafka_offsets_at(source, math.ceil(limit_ms))
+            if not within(offsets, limits[index]):
+                return False
+        elif file_log_offset(raw) is not None:
+            if any(f["timestamp"] >= limit_ms for f in cp.input_files(batch, index)):
+                return False
+        elif raw is not None:  # "-": the source read nothing yet
+            raise StateOpsError(
+                f"{cp.root}: source {index} is neither a file nor a Kafka source, so its input "
+                "has no times; roll back to a batch id instead"
+            )
+    return True
 
 
 def registry_with_overrides(

@@ -3,7 +3,11 @@
 Commits and offsets after N, source-log entries after N's, state versions after N + 1,
 operator metadata and schema files written after N, then the RocksDB files and sidecars left
 unreferenced (the deletion engine: :mod:`stateops.ops.deletion`); the sink's batch folders
-after N are moved aside. A rollback leaves a marker (``<checkpoint>.audit/rollback.json``)
+after N are moved aside. A Kafka source rewinds to its offsets in ``offsets/N``: the preflight
+refuses, changing nothing, a rollback whose records the broker no longer holds (or a broker
+that does not answer); with a Kafka sink (at least once) the plan counts the records the
+reprocessing writes again, and the rollback waits for that count to be confirmed
+(``rewrite_output``). A rollback leaves a marker (``<checkpoint>.audit/rollback.json``)
 while it runs; the query refuses to start until a rollback run has finished it, and a rerun
 after a kill resumes.
 """
@@ -24,10 +28,19 @@ from stateops.control.markers import (
     clear_rollback,
     write_rollback,
 )
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.kafka import KafkaDown, offsets_text
 from stateops.core.plans import BackupFirst
 from stateops.core.report import format_bytes
+from stateops.core.sources import (
+    kafka_entries,
+    kafka_offsets,
+    kafka_source_of,
+    records_between,
+    topic_offsets,
+    unreadable,
+)
 from stateops.ops.deletion import (
     audit_plan,
     deletion_plan,
@@ -45,9 +58,14 @@ if TYPE_CHECKING:
     from stateops.control.target import Target
 
 __all__ = [
+    "REWRITE_FLAG",
     "execute_sink_plan",
+    "format_rollback_plan",
+    "kafka_rewind",
+    "kafka_rewrites",
     "plan_rollback",
     "plan_sink_rollback",
+    "refuse_unconfirmed_rewrite",
     "run_rollback",
 ]
 
@@ -98,9 +116,126 @@ def plan_rollback(target: Target, to_batch: int) -> dict[str, Any]:
                     delete.update(dict.fromkeys(store.version_files(v), "after-rollback-point"))
     partitions = [cp.partitions(last), cp.partitions(to_batch)]  # differ across a repartition
     changed = partitions if partitions[0] != partitions[1] else None
-    return deletion_plan(
+    plan = deletion_plan(
         cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending, partitions=changed
     )
+    plan.update(
+        kafka=kafka_rewind(cp, target, to_batch), rewrites=kafka_rewrites(cp, target, to_batch)
+    )
+    return plan
+
+
+def _refused(cp: Checkpoint, to_batch: int) -> str:
+    return f"{cp.root}: rollback to batch {to_batch} refused, nothing changed"
+
+
+def kafka_rewind(cp: Checkpoint, target: Target, to_batch: int) -> list[dict[str, Any]]:
+    """Per Kafka source of the checkpoint: the offsets a rollback to ``to_batch`` rewinds it to
+    (``offsets/<to_batch>``, where the next batch starts reading) and how many records the
+    batches after it read (read again). Refused in one line, changing nothing, where the
+    broker no longer holds records from those offsets on (the restart would fail, or skip
+    them), or does not answer."""
+    entry = cp.offsets.get(to_batch)
+    if entry is None:
+        return []
+    inputs = list(target.query.inputs.values()) if target.query is not None else []
+    newest = cp.offsets[max(cp.offsets)].source_offsets
+    rewinds = []
+    for index, offsets in kafka_entries(entry.source_offsets).items():
+        source = kafka_source_of(offsets, inputs)
+        try:
+            missing = unreadable(source, offsets)
+        except KafkaDown as err:
+            raise KafkaDown(
+                f"{_refused(cp, to_batch)}: cannot check that the broker still holds "
+                f"{source.where} from batch {to_batch}'s offsets on: {err}"
+            ) from None
+        if missing:
+            raise CheckpointError(
+                f"{_refused(cp, to_batch)}: the broker no longer holds records the query would "
+                f"read again: {missing}; roll back to a later batch"
+            )
+        then = kafka_offsets(newest[index]) if index < len(newest) else None
+        rewinds.append(
+            {
+                "source": index,
+                "topics": source.subscribed,
+                "offsets": offsets,
+                "reads_again": records_between(offsets, then or offsets),
+            }
+        )
+    return rewinds
+
+
+def kafka_rewrites(cp: Checkpoint, target: Target, to_batch: int) -> dict[str, Any] | None:
+    """With a Kafka sink (at least once: Kafka keeps what a batch wrote, and its re-run writes
+    it again), how many records the batches after ``to_batch`` wrote to its topic, which the
+    reprocessing writes again: those stamped at or after the first rolled-back batch's start
+    (``batchTimestampMs`` of ``offsets/<to_batch + 1>``, taken once batch ``to_batch`` had
+    committed, so after its last record), the query being the topic's only writer. None for
+    a folder sink (its batch folders are moved aside and rewritten, nothing doubles)."""
+    query = target.query
+    if query is None or not query.sink.kafka or query.sink.topic is None:
+        return None
+    sink, first = query.sink, to_batch + 1
+    found = {"topic": sink.topic, "first_batch": first, "since_ms": None, "records": 0}
+    if first not in cp.offsets:  # nothing after it: nothing is written again
+        return found
+    since = cp.offsets[first].timestamp_ms
+    try:
+        at = topic_offsets([sink.topic], sink.bootstrap_servers, since)
+        end = topic_offsets([sink.topic], sink.bootstrap_servers, "latest")
+    except KafkaDown as err:
+        raise KafkaDown(
+            f"{_refused(cp, to_batch)}: cannot count the records the rolled-back batches wrote "
+            f"to topic {sink.topic}: {err}"
+        ) from None
+    found.update(since_ms=since, records=records_between(at, end))
+    return found
+
+
+REWRITE_FLAG = "--rewrite-output"
+
+
+def refuse_unconfirmed_rewrite(plan: dict[str, Any], confirmed: int | None) -> None:
+    """Refuse, in one line, a rollback whose reprocessing writes records to a Kafka sink again
+    unless ``confirmed`` is that count (``--rewrite-output N``, the backfill form's
+    ``rewrite_output``): duplicates the topic's readers will see, agreed to knowingly."""
+    rewrites = plan.get("rewrites")
+    if not rewrites or not rewrites["records"] or confirmed == rewrites["records"]:
+        return
+    n = rewrites["records"]
+    given = "" if confirmed is None else f"{REWRITE_FLAG} {confirmed} does not match: "
+    raise StateOpsError(
+        f"{plan['checkpoint']}: {given}reprocessing writes again the {n} records batches "
+        f"{rewrites['first_batch']} on wrote to Kafka topic {rewrites['topic']} (at least once: "
+        f"its readers get them twice); confirm with {REWRITE_FLAG} {n} (the backfill form: "
+        f"rewrite_output {n}); nothing changed"
+    )
+
+
+def _kafka_lines(plan: dict[str, Any]) -> list[str]:
+    lines = [
+        f"  source {r['source']} (topic {','.join(r['topics'])}): rewinds to "
+        f"{offsets_text(r['offsets'])}; {r['reads_again']} records read again"
+        for r in plan.get("kafka") or []
+    ]
+    rewrites = plan.get("rewrites")
+    if rewrites:
+        n, first = rewrites["records"], rewrites["first_batch"]
+        lines.append(
+            f"  sink topic {rewrites['topic']} (Kafka, at least once): reprocessing writes again "
+            f"the {n} records batches {first} on wrote (the topic's records stamped from batch "
+            f"{first}'s start on)" + (f"; confirm with {REWRITE_FLAG} {n}" if n else "")
+        )
+    return lines
+
+
+def format_rollback_plan(plan: dict[str, Any], dry_run: bool, then: str | None = None) -> str:
+    """:func:`stateops.ops.deletion.format_plan` with, after the rollback point, where each
+    Kafka source rewinds to and what a Kafka sink gets again."""
+    lines = format_plan(plan, dry_run=dry_run, then=then).split("\n")
+    return "\n".join(lines[:2] + _kafka_lines(plan) + lines[2:])
 
 
 def plan_sink_rollback(
@@ -190,6 +325,7 @@ def run_rollback(
     sink_batch_offset: int = 0,
     planned: str | None = None,
     operation: str = "rollback",
+    rewrite_output: int | None = None,
 ) -> dict[str, Any]:
     """Make ``to_batch`` the last committed batch, under the query's lock: backup (``backup()``
     returns its id; the plan shows where it goes), marker, checkpoint deletions, sink, audit,
@@ -199,7 +335,8 @@ def run_rollback(
     ``batch_offset``). The plan it returns names the ``run_id`` (the sink's
     ``_rolled_back/<run_id>/``) and the ``backup_id``. ``planned``: the :func:`plan_digest` of
     the plan the operator saw (a backfill's); the rollback refuses, changing nothing, if the
-    plan made under the lock differs from it."""
+    plan made under the lock differs from it. ``rewrite_output``: the count of records a Kafka
+    sink gets again that the operator confirmed (:func:`refuse_unconfirmed_rewrite`)."""
     if sink is None and target.query is not None:
         sink, sink_batch_offset = target.query.sink.path, target.query.sink.batch_offset
     lock = target.lock(operation, run_id)
@@ -212,8 +349,9 @@ def run_rollback(
 
     plan = plan_all()  # before the lock, the backup and the marker: see run_cleanup
     if dry_run:
-        log(format_plan(plan, dry_run=True))
+        log(format_rollback_plan(plan, dry_run=True))
         return plan
+    refuse_unconfirmed_rewrite(plan, rewrite_output)
     refuse_unwritable_plan(plan, lock)
     with lock:
         started = time.time()
@@ -223,8 +361,9 @@ def run_rollback(
                 f"{plan['checkpoint']} changed since the plan was made (last committed batch now "
                 f"{plan['last_committed_batch']}): nothing was rolled back; plan again"
             )
+        refuse_unconfirmed_rewrite(plan, rewrite_output)
         refuse_unwritable_plan(plan, lock)
-        log(format_plan(plan, dry_run=False))
+        log(format_rollback_plan(plan, dry_run=False))
         if pending := plan["resumes"]:  # an interrupted run already backed up and marked
             run_id, backup_id = pending["run_id"], pending.get("backup_id")
             log(f"resuming the interrupted rollback {run_id}")
