@@ -79,7 +79,8 @@ def kafka_registry(
     root: Path, topic: str, events: Path, *, partitions: int = 2, **state_store: object
 ) -> Path:
     """The shapes above on ``topic`` (the join's folder: ``events``), test-sized, with
-    ``partitions`` state partitions, backed up to the test's S3 under ``root``'s name."""
+    ``partitions`` state partitions, ``state_store`` settings on RocksDB, backed up to the
+    test's S3 under ``root``'s name."""
     path = write_registry(root)
     raw = yaml.safe_load(path.read_text())
     queries = raw["queries"]
@@ -100,7 +101,11 @@ def kafka_registry(
             **entry,
             "shuffle_partitions": partitions,
             "spark_conf": dict(TEST_SPARK_CONF),
-            "state_store": {**entry["state_store"], **TEST_STATE_STORE, **state_store},
+            "state_store": {
+                **entry["state_store"],
+                **TEST_STATE_STORE,
+                **(state_store if entry["state_store"]["provider"] == "rocksdb" else {}),
+            },
             "sink": {"format": "parquet", "path": f"output/{name}"},
             "checkpoint": f"checkpoints/{name}",
         }
