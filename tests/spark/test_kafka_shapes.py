@@ -2,15 +2,16 @@
 three shapes (tests/spark/kafka_shapes.py): a transformWithStateInPandas processor, a windowed
 aggregation on the HDFS-backed store, and a stream-stream join of a topic with a folder.
 
-Per shape, Spark writes the checkpoint once (several batches: ``maxOffsetsPerTrigger``), and
-``inspect``'s offsets of every batch equal those of Spark's own ``StreamingQueryProgress``.
-Copies of it (checkpoint and output) are cleaned up, backed up and restored (into a lost
-checkpoint), and repartitioned; each holds the state of the untouched original (the control),
-and once more records are produced, each run again holds the state and has written the output
-of the control run again on the same input. The HDFS-backed aggregation's repartition is
-refused in one line with the checkpoint byte-identical (Spark repartitions RocksDB only).
-Format v2 on a topic, a Kafka checkpoint on S3 (inspect, backup, restore) and the approval
-steps are below."""
+Per shape, on a topic of its own, Spark writes the checkpoint once (several batches:
+``maxOffsetsPerTrigger``), and the checkpoint model's offsets of every batch (what inspect
+reads) equal those of Spark's own ``StreamingQueryProgress``. One copy of it (checkpoint and
+output) is cleaned up, then backed up, lost and restored, then repartitioned: after each it
+holds the state and output of the untouched original (the control); once more records are
+produced, both run again and the copy holds the control's state and has written its output.
+The HDFS-backed aggregation's repartition is refused in one line with the checkpoint
+byte-identical (Spark repartitions RocksDB state only). Below: format v2 on a topic (the
+repartition refused: Spark 4.2 reads v1 only), a Kafka checkpoint on S3 (inspected, backed up
+from there, restored), and the approval steps, which never look at the source."""
 
 from __future__ import annotations
 
