@@ -114,7 +114,7 @@ def operate(spark, s3, registry: Path, name: str, op: str) -> object:
             name, s3.client(), backup=manifest["backup_id"], registry=load_registry(registry)
         )
         run_restore(plan, s3.client(), registry=load_registry(registry), log=quiet)
-        return manifest
+        return manifest, plan
     before = tree_digest(Path(target.checkpoint))
     try:
         return run_repartition(
@@ -209,7 +209,10 @@ def test_cleanup_leaves_the_state_of_the_untouched_query(story: Story):
 
 
 def test_a_lost_checkpoint_restored_from_its_backup_holds_the_untouched_state(story: Story):
-    manifest = story.done["restore"]
+    manifest, plan = story.done["restore"]
+    # the broker was asked whether it still holds what the restored checkpoint reads next
+    assert plan["kafka_retained"] == "yes", plan
+    assert "Kafka: the broker still holds every record" in format_restore_plan(plan)
     assert manifest["batch_id"] == max(p["batchId"] for p in story.progress), manifest
     assert story.after["restore"] == story.control
 
@@ -244,6 +247,7 @@ def test_the_approval_steps_ask_about_a_kafka_query_as_about_any(story: Story, s
     )
     request = ApprovalRequest(asks, "replace it", format_restore_plan(restore, dry_run=False), "b")
     assert restore["backup"]["backup_id"] in request.body("nothing changes")
+    assert "Kafka: the broker still holds" in request.body("nothing changes")
 
 
 # Format v2 (RocksDB, ``checkpoint_format: 2``) on a topic, and the checkpoint on S3.
@@ -297,3 +301,24 @@ def test_a_kafka_checkpoint_on_s3_is_inspected_backed_up_and_restored(v2: Story)
     assert report["checkpoint"].startswith("s3://") and report["format_version"] == 2
     # the backup taken from S3 restored the state (compared above) and went on (below)
     assert v2.continued["touched"] == v2.continued["control"]
+
+
+def test_a_restore_whose_offsets_the_broker_no_longer_holds_is_refused_in_one_line(
+    v2: Story, kafka, s3
+):
+    """Run last: retention passes the offsets the v2 backup resumes at, on one partition."""
+    name, manifest = v2.name, v2.done["restore"]
+    checkpoint = Path(load_registry(v2.touched).query(name).checkpoint)
+    resumes = kafka_offsets(v2.inspected.offsets[manifest["batch_id"]].source_offsets[0])
+    partition, offset = sorted(resumes[v2.topic].items())[0]
+    kafka.delete_records(v2.topic, {partition: offset + 1})
+    before = tree_digest(checkpoint)
+    url = f"s3://backups/{BUCKET}-v2/{manifest['backup_id']}"
+    with pytest.raises(StateOpsError) as refused:
+        plan_restore(
+            url, s3.client(), to=checkpoint, registry=load_registry(v2.touched), replace=True
+        )
+    text = str(refused.value)
+    assert f"{v2.topic}[{partition}] offsets {offset}..{offset} deleted" in text, text
+    assert "no longer holds" in text and "\n" not in text, text
+    assert tree_digest(checkpoint) == before
