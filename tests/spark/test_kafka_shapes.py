@@ -11,7 +11,8 @@ produced, both run again and the copy holds the control's state and has written 
 The HDFS-backed aggregation's repartition is refused in one line with the checkpoint
 byte-identical (Spark repartitions RocksDB state only). Below: format v2 on a topic (the
 repartition refused: Spark 4.2 reads v1 only), a Kafka checkpoint on S3 (inspected, backed up
-from there, restored), and the approval steps, which never look at the source."""
+from there, restored), the approval steps, which never look at the source, and last, a
+restore refused in one line once retention passed the offsets its backup resumes at."""
 
 from __future__ import annotations
 
