@@ -331,3 +331,40 @@ def within(offsets: Offsets, limit: Offsets) -> bool:
         for topic, parts in offsets.items()
         for partition, offset in parts.items()
     )
+
+
+# --- D: whether a checkpoint's saved offsets (a backup's) can still be read, from its text
+
+
+def offsets_entry_sources(text: str) -> list[object]:
+    """The per-source entries of an ``offsets/N`` file's text (``v1``, the batch's metadata,
+    then one line per source in plan order; ``-`` for none), as JSON where they are."""
+    entries: list[object] = []
+    for line in text.split("\n")[2:]:
+        line = line.strip()
+        if line:
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                entries.append(None)
+    return entries
+
+
+def kafka_unreadable(sources: list[Source], entries: list[object]) -> str:
+    """What a restart from ``entries`` (an offsets file's per-source entries) would no longer
+    find on the broker, as one line (empty: every record from them on is still there): per
+    Kafka entry, the registered source subscribed to its topics is asked
+    (:func:`unreadable`). Raises :class:`~stateops.core.kafka.KafkaDown` when a broker does
+    not answer."""
+    gone = []
+    for raw in entries:
+        offsets = kafka_offsets(raw)
+        if not offsets:
+            continue
+        source = next((s for s in sources if s.kafka and set(offsets) <= set(s.subscribed)), None)
+        if source is not None and (line := unreadable(source, offsets)):
+            gone.append(line)
+    return "; ".join(gone)
+
+
+__all__ += ["kafka_unreadable", "offsets_entry_sources"]
