@@ -13,6 +13,7 @@ from pathlib import Path
 from stateops.core.errors import StateOpsError
 from stateops.core.kafka import (
     TIMEOUT,
+    KafkaDown,
     KafkaSettings,
     _admin,
     broker_offsets,
@@ -139,11 +140,10 @@ def produce_events(
 
     if dataset not in DATASETS:
         raise ValueError(f"no sample data for {dataset!r}; known: {list(DATASETS)}")
-    admin = _admin(settings)
-    if topic not in admin.list_topics(timeout=TIMEOUT).topics:
+    if not _topic_exists(settings, topic):
         # retention.ms -1: the samples' event times (2026) are older than the default 7 days.
         new = NewTopic(topic, partitions, 1, config={"retention.ms": "-1"})
-        admin.create_topics([new])[topic].result(TIMEOUT)
+        _admin(settings).create_topics([new])[topic].result(TIMEOUT)
     producer = Producer(settings.client_config() | {"log_level": 0, "linger.ms": 20})
     failed: list[str] = []
     count = 0
@@ -167,6 +167,16 @@ def produce_events(
     return count
 
 
+def _topic_exists(settings: KafkaSettings, topic: str) -> bool:
+    try:
+        topic_partitions(settings, [topic])
+    except KafkaDown:
+        raise
+    except StateOpsError:  # no such topic
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m stateops.dev.sampledata --topic T [--dataset D] [--round R] ...``: produce a
     round of sample events to a topic of the configured broker (:func:`kafka_settings`)."""
@@ -185,9 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--round", type=int, default=0, help="later rounds hold later times")
+    parser.add_argument(
+        "--if-missing", action="store_true", help="only into a topic that does not exist yet"
+    )
     args = parser.parse_args(argv)
     try:
         settings = kafka_settings()
+        if args.if_missing and _topic_exists(settings, args.topic):
+            return 0
         count = produce_events(
             settings,
             args.topic,
