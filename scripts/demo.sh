@@ -56,6 +56,9 @@ if python -c "import socket, sys; socket.create_connection(('127.0.0.1', int(sys
     "STATEOPS_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<free port>" >&2
   exit 2
 fi
+# The demo's topics live on its own broker, whatever connection the shell holds.
+export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$port"
+export AIRFLOW_CONN_KAFKA_DEFAULT="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
 PIDS=()
 stop_servers() {  # SIGTERM: the broker shuts down cleanly; then wait for each
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
