@@ -135,7 +135,7 @@ def produce_events(
     with ``partitions`` if missing): JSON values, the user as the key (a user's events stay in
     order on one partition), the event time as the record's timestamp (a cutover time finds
     them). Returns how many records the broker acknowledged."""
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaException, Producer
     from confluent_kafka.admin import NewTopic
 
     if dataset not in DATASETS:
@@ -143,7 +143,11 @@ def produce_events(
     if not _topic_exists(settings, topic):
         # retention.ms -1: the samples' event times (2026) are older than the default 7 days.
         new = NewTopic(topic, partitions, 1, config={"retention.ms": "-1"})
-        _admin(settings).create_topics([new])[topic].result(TIMEOUT)
+        admin = _admin(settings)  # held until the answer is in: its futures die with it
+        try:
+            admin.create_topics([new])[topic].result(TIMEOUT)
+        except KafkaException as err:
+            raise StateOpsError(f"creating topic {topic} failed: {err.args[0].str()}") from None
     producer = Producer(settings.client_config() | {"log_level": 0, "linger.ms": 20})
     failed: list[str] = []
     count = 0
