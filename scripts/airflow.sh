@@ -84,6 +84,7 @@ echo "S3 endpoint $STATEOPS_S3_ENDPOINT_URL (rclone serve s3 over $DATA/s3)"
 start s3 python -m stateops.dev.s3server "$DATA/s3"
 
 export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$KAFKA_PORT"
+export AIRFLOW_CONN_KAFKA_DEFAULT="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
 echo "Kafka broker $STATEOPS_KAFKA_BOOTSTRAP_SERVERS (storage and log in $DATA/kafka)"
 start kafka python -m stateops.dev.kafka --dir "$DATA/kafka" --port "$KAFKA_PORT"
 for _ in $(seq 300); do
@@ -100,7 +101,6 @@ print(*sorted({t for q in load_registry().queries.values() for s in q.inputs.val
 done
 
 export AIRFLOW_CONN_SPARK_DEFAULT="{\"conn_type\":\"spark\",\"host\":\"spark://127.0.0.1\",\"port\":$SPARK_PORT}"
-export AIRFLOW_CONN_KAFKA_DEFAULT="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
 export AIRFLOW_CONN_AWS_DEFAULT="{\"conn_type\":\"aws\",\"login\":\"$AWS_ACCESS_KEY_ID\",\"password\":\"$AWS_SECRET_ACCESS_KEY\",\"extra\":{\"endpoint_url\":\"$STATEOPS_S3_ENDPOINT_URL\"}}"
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT="$PORT"
