@@ -15,7 +15,7 @@ WORKERS ?= auto
 # pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
 BASETEMP := build/pytest-tmp
 
-.PHONY: demo airflow airflow-stop test lint lock prereqs jars clean
+.PHONY: demo tour airflow airflow-stop test lint lock prereqs jars clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -39,8 +39,12 @@ build/stateops.zip: $(VENV)/.installed $(shell find include/stateops -name '*.py
 jars: $(VENV)/.installed
 	@PY=$(PY) scripts/fetch_jars.sh spark broker
 
+# The short story on Kafka (under 10 minutes on 2 cores); `make tour`: the whole lifecycle tour.
 demo: prereqs jars $(VENV)/.installed build/stateops.zip
 	@scripts/demo.sh
+
+tour: prereqs jars $(VENV)/.installed build/stateops.zip
+	@scripts/tour.sh
 
 airflow: prereqs jars $(VENV)/.installed build/stateops.zip
 	@scripts/airflow.sh

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make airflow`: every lifecycle DAG in a local Airflow, on loopback, from the project's own
 # environment: `airflow standalone` (SQLite, LocalExecutor, login admin / $STATEOPS_ADMIN_PASSWORD),
-# a Spark standalone master and worker, and the embedded S3 endpoint (rclone serve s3), with the
-# connections pointing at them and sample data in place. Ctrl-C (or `make airflow-stop` from
+# a Spark standalone master and worker, the embedded S3 endpoint (rclone serve s3) and the
+# embedded Kafka broker, with the connections pointing at them and sample data in place (landing
+# files, and the Kafka queries' topics). Ctrl-C (or `make airflow-stop` from
 # another shell) stops all of it.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
@@ -13,6 +14,7 @@ RUN="$DATA/_stateops/airflow"          # pid files and logs of what this script 
 PORT="${STATEOPS_AIRFLOW_PORT:-8080}"
 SPARK_PORT="${STATEOPS_SPARK_PORT:-7077}"
 S3_PORT="${STATEOPS_S3_PORT:-9000}"
+KAFKA_PORT="${STATEOPS_KAFKA_PORT:-${STATEOPS_KAFKA_BOOTSTRAP_SERVERS##*:}}"
 PASSWORD="${STATEOPS_ADMIN_PASSWORD:-admin}"
 export STATEOPS_DATA_DIR="$DATA"
 
@@ -21,7 +23,7 @@ alive() {  # a live (not zombie) process in group $1; PID 1 here may never reap 
 }
 stop_all() {  # newest first: Airflow (Ctrl-C, as in a terminal), then the services it uses
   touch "$RUN/stopping"
-  for name in airflow s3 spark-worker spark-master; do
+  for name in airflow kafka s3 spark-worker spark-master; do
     [ -e "$RUN/$name.pid" ] || continue
     pid="$(cat "$RUN/$name.pid")"
     [ "$name" = airflow ] && signal=INT || signal=TERM
@@ -81,6 +83,23 @@ export STATEOPS_S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
 echo "S3 endpoint $STATEOPS_S3_ENDPOINT_URL (rclone serve s3 over $DATA/s3)"
 start s3 python -m stateops.dev.s3server "$DATA/s3"
 
+export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$KAFKA_PORT"
+export AIRFLOW_CONN_KAFKA_DEFAULT="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
+echo "Kafka broker $STATEOPS_KAFKA_BOOTSTRAP_SERVERS (storage and log in $DATA/kafka)"
+start kafka python -m stateops.dev.kafka --dir "$DATA/kafka" --port "$KAFKA_PORT"
+for _ in $(seq 300); do
+  grep -q "^Kafka broker" "$RUN/kafka.log" && break
+  kill -0 "$(cat "$RUN/kafka.pid")" 2>/dev/null || break
+  sleep 0.2
+done
+grep -q "^Kafka broker" "$RUN/kafka.log" || { tail -5 "$RUN/kafka.log" >&2; exit 1; }
+# The registry's Kafka queries read their topics: sample page views into each new one.
+for topic in $(python -c 'from stateops.core.registry import load_registry
+print(*sorted({t for q in load_registry().queries.values() for s in q.inputs.values()
+               if s.kafka for t in s.subscribed}))'); do
+  python -m stateops.dev.sampledata --topic "$topic" --users 40 --if-missing | sed 's/^/  /'
+done
+
 export AIRFLOW_CONN_SPARK_DEFAULT="{\"conn_type\":\"spark\",\"host\":\"spark://127.0.0.1\",\"port\":$SPARK_PORT}"
 export AIRFLOW_CONN_AWS_DEFAULT="{\"conn_type\":\"aws\",\"login\":\"$AWS_ACCESS_KEY_ID\",\"password\":\"$AWS_SECRET_ACCESS_KEY\",\"extra\":{\"endpoint_url\":\"$STATEOPS_S3_ENDPOINT_URL\"}}"
 export AIRFLOW__API__HOST=127.0.0.1
@@ -117,8 +136,9 @@ cat <<EOF
   Airflow UI    http://127.0.0.1:$PORT   (login: admin / $PASSWORD)
   Spark master  http://127.0.0.1:${STATEOPS_SPARK_UI_PORT:-8081}
   S3 endpoint   $STATEOPS_S3_ENDPOINT_URL   (key $AWS_ACCESS_KEY_ID)
+  Kafka broker  $STATEOPS_KAFKA_BOOTSTRAP_SERVERS   (connection kafka_default)
   Data          $DATA     Logs: $RUN
-  CLI           source scripts/env.sh; export STATEOPS_REGISTRY=${STATEOPS_REGISTRY:-$STATEOPS_HOME/registry.yaml} STATEOPS_DATA_DIR=$DATA STATEOPS_S3_ENDPOINT_URL=$STATEOPS_S3_ENDPOINT_URL
+  CLI           export STATEOPS_KAFKA_BOOTSTRAP_SERVERS=$STATEOPS_KAFKA_BOOTSTRAP_SERVERS; source scripts/env.sh; export STATEOPS_REGISTRY=${STATEOPS_REGISTRY:-$STATEOPS_HOME/registry.yaml} STATEOPS_DATA_DIR=$DATA STATEOPS_S3_ENDPOINT_URL=$STATEOPS_S3_ENDPOINT_URL
 
 Ctrl-C (or \`make airflow-stop\` in another shell) stops everything.
 EOF

@@ -20,3 +20,9 @@ export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-stateops-demo}"
 export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-stateops-demo-secret}"
 _stateops_aws_conn="{\"conn_type\":\"aws\",\"login\":\"$AWS_ACCESS_KEY_ID\",\"password\":\"$AWS_SECRET_ACCESS_KEY\",\"extra\":{\"endpoint_url\":\"$STATEOPS_S3_ENDPOINT_URL\"}}"
 export AIRFLOW_CONN_AWS_DEFAULT="${AIRFLOW_CONN_AWS_DEFAULT:-$_stateops_aws_conn}"
+# The embedded Kafka broker (`python -m stateops.dev.kafka`, started by `make demo` and `make
+# airflow`) and the Airflow connection kafka_default pointing at it (type kafka; its extra holds
+# the client's settings: bootstrap.servers, and security.protocol / sasl.* for a secured cluster).
+export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="${STATEOPS_KAFKA_BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
+_stateops_kafka_conn="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
+export AIRFLOW_CONN_KAFKA_DEFAULT="${AIRFLOW_CONN_KAFKA_DEFAULT:-$_stateops_kafka_conn}"

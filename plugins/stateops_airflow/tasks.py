@@ -87,6 +87,7 @@ def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        _publish_kafka_connection()
         try:
             with domain_errors():
                 return func(*args, **kwargs)
@@ -96,6 +97,26 @@ def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
             raise AirflowFailException(one_line(err)) from None
 
     return wrapper
+
+
+@functools.cache
+def _publish_kafka_connection() -> None:
+    """Connection ``kafka_default`` defined in Airflow's database (the UI, ``airflow
+    connections add``) rather than as an environment variable: handed to the library and the
+    Spark jobs of this task (:func:`stateops.core.kafka.publish_connection`), once a process.
+    Every task comes through :func:`one_line_errors`, the Spark ones by their preflight."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from stateops.core.kafka import publish_connection
+
+    def extra(conn_id: str) -> dict[str, Any] | None:
+        try:
+            return BaseHook.get_connection(conn_id).extra_dejson
+        except AirflowNotFoundException:
+            return None  # no Kafka connection: the environment's settings, if any
+
+    publish_connection(extra)
 
 
 class StateOpsSparkSubmitOperator(SparkSubmitOperator):

@@ -161,3 +161,79 @@ def test_minio_is_the_backup_endpoint_the_code_reads():
     airflow = SERVICES["airflow-scheduler"]["environment"]
     conn_id = load_registry(ROOT / "registry.yaml").backups.conn_id
     assert airflow["STATEOPS_CHECKPOINT_CONN_ID"] == conn_id
+
+
+def test_kafka_is_one_kraft_node_the_airflow_services_and_the_executors_reach():
+    kafka = SERVICES["kafka"]
+    env = kafka["environment"]
+    # The image's Kafka is the embedded broker's (maven/broker/pom.xml): one version in tests,
+    # the demo and deployments.
+    pom = (ROOT / "maven" / "broker" / "pom.xml").read_text()
+    version = re.search(r"<artifactId>kafka_2\.13</artifactId>\s*<version>([^<]+)<", pom)[1]
+    assert kafka["image"] == f"apache/kafka:{version}"
+    assert SERVICES["kafka-init"]["image"] == kafka["image"]
+    # KRaft, one node: broker and its own controller, every internal topic on one replica.
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"
+    assert "CONTROLLER://:9093" in env["KAFKA_LISTENERS"].split(",")
+    for key, value in env.items():
+        if key.endswith(("_REPLICATION_FACTOR", "_MIN_ISR")):
+            assert value == 1, key
+    advertised = dict(
+        listener.split("://") for listener in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    )
+    listeners = dict(listener.split("://") for listener in env["KAFKA_LISTENERS"].split(","))
+    for name, address in advertised.items():
+        assert listeners[name] == ":" + address.rsplit(":", 1)[1], name
+    assert kafka["hostname"] == "kafka"
+    # Inside: the Airflow tasks (connection and environment) and the Spark executors.
+    internal = advertised[env["KAFKA_INTER_BROKER_LISTENER_NAME"]]
+    for service in AIRFLOW + ["airflow-init"]:
+        airflow = SERVICES[service]["environment"]
+        conn = json.loads(airflow["AIRFLOW_CONN_KAFKA_DEFAULT"])
+        assert conn["conn_type"] == "kafka"
+        assert (
+            conn["extra"]["bootstrap.servers"]
+            == internal
+            == (airflow["STATEOPS_KAFKA_BOOTSTRAP_SERVERS"])
+        )
+    # Outside: the host's CLI at scripts/env.sh's default, on loopback.
+    host = _env_sh_defaults()["STATEOPS_KAFKA_BOOTSTRAP_SERVERS"]
+    assert host in advertised.values()
+    assert f"{host}:{host.rsplit(':', 1)[1]}" in kafka["ports"]
+    assert SERVICES["airflow-init"]["depends_on"]["kafka-init"]["condition"] == (
+        "service_completed_successfully"
+    )
+    assert SERVICES["kafka-init"]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert internal in " ".join(kafka["healthcheck"]["test"])
+
+
+def test_kafka_init_creates_every_topic_the_registry_reads():
+    registry = yaml.safe_load((ROOT / "registry.yaml").read_text())
+    topics = {
+        topic
+        for query in registry["queries"].values()
+        for source in [query.get("source")] + list(query.get("sources", {}).values())
+        if source and source["format"] == "kafka"
+        for topic in [source.get("topic")] + source.get("topics", [])
+        if topic
+    }
+    assert topics, "registry.yaml has a Kafka query (the demo's)"
+    init = SERVICES["kafka-init"]["entrypoint"]
+    env = SERVICES["kafka"]["environment"]
+    internal = dict(x.split("://") for x in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    created = re.findall(r"--create --if-not-exists --topic (\S+)", init)
+    assert set(created) == topics
+    assert f"--bootstrap-server {internal[env['KAFKA_INTER_BROKER_LISTENER_NAME']]}" in init
+
+
+def test_env_sh_sets_the_kafka_connection_from_the_bootstrap_servers_overridable():
+    defaults = _env_sh_defaults()
+    conn = json.loads(defaults["AIRFLOW_CONN_KAFKA_DEFAULT"])
+    assert conn == {"conn_type": "kafka", "extra": {"bootstrap.servers": "127.0.0.1:9092"}}
+    script = (
+        f"env -i STATEOPS_KAFKA_BOOTSTRAP_SERVERS=b:1 bash -c 'source {ROOT}/scripts/env.sh && env'"
+    )
+    out = subprocess.run(script, shell=True, capture_output=True, text=True, check=True).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    assert json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]["bootstrap.servers"] == "b:1"

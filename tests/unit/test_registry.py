@@ -29,7 +29,14 @@ def _refused_in_one_line(tmp_path, mutate, expected: str) -> None:
 def test_project_registry_loads_the_reference_pipelines(tmp_path, monkeypatch):
     monkeypatch.setenv("STATEOPS_DATA_DIR", str(tmp_path))
     registry = load_registry(ROOT / "registry.yaml")
-    assert set(registry.queries) == {"user_sessions", "page_visits", "page_counts", "idle_sessions"}
+    assert set(registry.queries) == {
+        "user_sessions",
+        "page_visits",
+        "page_counts",
+        "idle_sessions",
+        "kafka_visits",
+    }
+    assert registry.query("kafka_visits").source.subscribed == ["page-visits"]
     assert registry.query("page_counts").state_store.provider == "hdfs"
     assert registry.query("idle_sessions").transform.options["idle_seconds"] == 1800
     q = registry.query("user_sessions")

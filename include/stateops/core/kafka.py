@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ __all__ = [
     "kafka_settings",
     "offsets_text",
     "parse_offsets",
+    "publish_connection",
     "spark_options",
     "topic_partitions",
 ]
@@ -210,3 +211,23 @@ def parse_offsets(raw: object) -> Offsets | None:
 def offsets_text(offsets: Offsets) -> str:
     """``topic[0]=12 topic[1]=40``: offsets as a person reads them."""
     return " ".join(f"{t}[{p}]={o}" for t, ps in offsets.items() for p, o in ps.items())
+
+
+# --- E: connection kafka_default kept in Airflow's database (not as AIRFLOW_CONN_KAFKA_DEFAULT)
+
+
+def publish_connection(lookup: Callable[[str], Mapping[str, Any] | None]) -> bool:
+    """Make connection ``kafka_default`` from Airflow's database (or a secrets backend) what
+    :func:`kafka_settings` reads in this process and in the jobs it starts: its extra as
+    ``AIRFLOW_CONN_KAFKA_DEFAULT``'s JSON. ``lookup(conn_id)`` returns a connection's extra,
+    None where there is none. A variable already set wins (it is what Airflow itself would
+    find first). Returns whether it set the variable; nothing is logged (the extra may hold
+    ``sasl.password``)."""
+    name = f"AIRFLOW_CONN_{CONNECTION.upper()}"
+    if os.environ.get(name):
+        return False
+    extra = lookup(CONNECTION)
+    if not extra:
+        return False
+    os.environ[name] = json.dumps({"conn_type": "kafka", "extra": dict(extra)})
+    return True
