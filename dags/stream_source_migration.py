@@ -72,6 +72,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
 from stateops_airflow.approval import (
     ApprovalGate,
@@ -140,17 +141,43 @@ def spark_task(step: str):
             type="string",
             enum=["auto", *SOURCE_FORMATS],
             title="New source: format",
-            description="The file format of the new source's input. auto: the format of the "
-            "files in its folder (Parquet, JSON lines or CSV, by their first bytes). The "
-            "preflight refuses files of another format than this one.",
+            description="kafka: a topic (fill the Kafka fields below). A file format: the "
+            "new input's files (fill the folder). auto: the format of the files in its folder "
+            "(Parquet, JSON lines or CSV, by their first bytes). The preflight refuses files "
+            "of another format than this one.",
         ),
         "new_source_path": Param(
             "",
             type="string",
-            minLength=1,
-            title="New source: folder",
-            description="Where the new input lands (relative to the registry's data_dir, or "
-            "absolute). Events after the cutover belong here.",
+            title="New source: folder (file formats)",
+            description="For a file source only: where the new input lands (relative to the "
+            "registry's data_dir, or absolute). Events after the cutover belong here. Empty "
+            "for kafka.",
+        ),
+        "new_source_topic": Param(
+            "",
+            type="string",
+            title="New source: topic (kafka)",
+            description="For a kafka source only: the topic the query reads from now on "
+            "(the preflight refuses one that does not exist).",
+        ),
+        "new_source_bootstrap_servers": Param(
+            "",
+            type="string",
+            title="New source: bootstrap servers (kafka)",
+            description="For a kafka source only: HOST:PORT of the new topic's cluster. "
+            "Empty: the kafka_default connection (or the environment).",
+        ),
+        "new_source_start": Param(
+            "cutover",
+            type="string",
+            enum=list(KAFKA_STARTS),
+            title="New source: start (kafka)",
+            description="For a kafka source only: the new checkpoint starts the topic at "
+            "exact offsets per partition, written into it: cutover: the first record stamped "
+            "at or after the cutover time (with cutover drain: the drain's end); earliest: "
+            "the topic's beginning; latest: its end. Refused if the topic no longer retains "
+            "that start.",
         ),
         "new_source_schema": Param(
             None,
@@ -171,8 +198,9 @@ def spark_task(step: str):
             pattern="^drain$|^" + TIME_PATTERN,
             title="Cutover",
             description="drain: the old source is read to its end. Or a past time "
-            "(2026-11-21T03:00:00Z; UTC without a zone): the old source reads only the input "
-            "files modified before it; what comes after belongs in the new source.",
+            "(2026-11-21T03:00:00Z; UTC without a zone): an old folder reads only the input "
+            "files modified before it (an old topic is read to its end), and a new topic "
+            "starts at its offsets; what comes after belongs in the new source.",
         ),
         "new_checkpoint": Param(
             None,
