@@ -96,9 +96,15 @@ def _batch(spark: SparkSession, query: Query, cp: Checkpoint, batch: int) -> tup
         files = [f["path"] for f in cp.input_files(batch)]
         return _batch_input(spark, query, files), files
     end = kafka_offsets(cp.offsets[batch].source_offsets[0]) or {}
-    if batch - 1 in cp.offsets:
-        start = kafka_offsets(cp.offsets[batch - 1].source_offsets[0]) or {}
-    else:  # batch 0 starts at the initial offsets its source logged
+    # Where the batch started: the last earlier batch with offsets (a bootstrap's batch 0 reads
+    # no input and has none), else the initial offsets the source logged.
+    earlier = (
+        kafka_offsets(cp.offsets[b].source_offsets[0])
+        for b in range(batch - 1, -1, -1)
+        if b in cp.offsets
+    )
+    start = next((o for o in earlier if o is not None), None)
+    if start is None:
         initial = cp.sources.get("0", {}).get(0)
         start = (initial and read_initial_log((cp.root / initial).read_text("utf-8"))) or {}
     ranges = [
