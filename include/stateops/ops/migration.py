@@ -466,12 +466,18 @@ def _new_source(
             if spec.get("topic")
             else "parquet"
         )
+    if spec["format"] == "kafka" and path:
+        raise StateOpsError(
+            "new_source_path: a kafka source reads a topic, not a folder: give "
+            "new_source_topic (--new-source-topic) and leave the folder empty"
+        )
     try:
         return Source.model_validate(spec), inputs
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])  # format, path, schema, options...
-        raise StateOpsError(f"new_source_{field}: {first['msg']}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise StateOpsError(f"new_source{'_' * bool(field)}{field}: {message}") from None
 
 
 def _check_schema(query: Query, current: Source, source: Source) -> None:

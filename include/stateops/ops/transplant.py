@@ -352,7 +352,7 @@ def _starts(query: Query, fresh: dict[int, str], start: str | None) -> dict[int,
         source = query.inputs.get(name)
         if source is not None and source.kafka:
             if not start:
-                raise StateOpsError(
+                raise TransplantRefused(
                     f"say where the new checkpoint starts {source.where}: a cutover time, its "
                     "end (latest) or its beginning (earliest)"
                 )
