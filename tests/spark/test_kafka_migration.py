@@ -23,7 +23,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import OperationFailed, StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.migration import plan_migration, run_migration
-from tests.conftest import tree_digest, write_registry
+from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import (
     PAGE_VISITS_READS,
     job_runner,
@@ -170,6 +170,21 @@ def test_folder_to_topic_equals_one_topic_restarted_at_the_cutover(spark, kafka,
     assert state_and_output(spark, path) == control
 
 
+def test_topic_to_folder_equals_one_topic_restarted_at_the_cutover(spark, kafka, tmp_path, control):
+    path = old_on_topic(spark, kafka, tmp_path, "to-folder")
+    folder = tmp_path / "landing_v2"
+    folder.mkdir()
+    (folder / "part-0.json").write_text("".join(json.dumps(v) + "\n" for _, v, _ in NEW))
+    spec = {"format": "json", "path": str(folder), "options": {}}
+
+    lineage = migrate(spark, path, spec, "auto", cutover="drain")
+
+    assert lineage["carry_over"] == "transplant"
+    query = load_registry(path).query(NAME)
+    assert (query.source.format, query.source.path) == ("json", str(folder))
+    assert state_and_output(spark, path) == control
+
+
 def test_refusals_change_nothing(spark, kafka, tmp_path, monkeypatch):
     path = old_on_topic(spark, kafka, tmp_path, "refusals")
     checkpoints = tmp_path / "checkpoints"
@@ -191,6 +206,31 @@ def test_refusals_change_nothing(spark, kafka, tmp_path, monkeypatch):
         with pytest.raises(StateOpsError) as refused:
             plan_migration(target, spec | {"start": "cutover"}, "", "mig-x", CUTOVER_TEXT)
         assert said in str(refused.value) and "\n" not in str(refused.value)
+
+    def cli(topic: str, *more: str):
+        return run_cli(
+            "--registry",
+            str(path),
+            "migrate",
+            NAME,
+            "--new-source-format",
+            "kafka",
+            "--new-source-topic",
+            topic,
+            "--carry-over",
+            "transplant",
+            *more,
+            "--dry-run",
+        )
+
+    dry = cli(gone, "--new-source-start", "earliest")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert (plan["new"]["source"]["topic"], plan["new"]["start"]) == (gone, "earliest")
+    assert f"-> kafka topic {gone}" in dry.stderr
+    missing = cli("C-no-such-topic", "--cutover", CUTOVER_TEXT)
+    assert missing.returncode != 0
+    assert missing.stderr.strip().count("\n") == 0 and "does not exist" in missing.stderr
     assert tree_digest(checkpoints) == before
 
 
