@@ -115,8 +115,9 @@ def start_broker(root: Path, port: int | None = None, timeout: float = 60) -> Br
     logging = f"-Dlog4j2.configurationFile={root / 'log4j2.properties'}"
     if not (root / "data" / "meta.properties").exists():
         formatted = subprocess.run(
-            _java(logging, "kafka.tools.StorageTool", "format", "--standalone", "-t")
-            + [_cluster_id(), "-c", str(config), "--ignore-formatted"],
+            _java(logging, "kafka.tools.StorageTool", "format", "--standalone")
+            # One argument: a base64 id may begin with "-", which a separate one is not.
+            + [f"--cluster-id={_cluster_id()}", "-c", str(config), "--ignore-formatted"],
             capture_output=True,
             text=True,
         )
