@@ -23,7 +23,7 @@ from stateops.control.approval import (
     refusal,
     without_approval,
 )
-from stateops.core.registry import load_registry
+from stateops.core.registry import Source, load_registry
 from stateops_airflow.tasks import one_line_errors, say
 
 __all__ = [
@@ -112,7 +112,8 @@ def ask_migration_stop(context: Any) -> ApprovalRequest:
     new = plan["new"]["source"]
     return ApprovalRequest(
         load_registry().query(plan["query"]),
-        step=f"stop it, drain its old source, carry its state to {new['format']} {new['path']}",
+        step=f"stop it, drain its old source, carry its state to {new['format']} "
+        f"{Source.model_validate(new).where}",
         plan=format_migration_plan(plan, dry_run=False),
         backup=f"taken after the drain, to {plan['backup_to']}",
     )
