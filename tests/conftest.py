@@ -55,13 +55,16 @@ TEST_STATE_STORE = {"min_deltas_for_snapshot": 2, "min_batches_to_retain": 100}
 TEST_SPARK_CONF = {"spark.sql.streaming.stateStore.maintenanceInterval": "200ms"}
 
 
-def write_registry(data_dir: Path, **query_overrides: dict) -> Path:
-    """The project's registry.yaml with test-sized settings, its data under ``data_dir``."""
+def write_registry(data_dir: Path, with_kafka: bool = False, **query_overrides: dict) -> Path:
+    """The project's registry.yaml with test-sized settings, its data under ``data_dir``;
+    without its Kafka queries unless ``with_kafka`` (they need their topics: a test that reads
+    Kafka names its own, in ``query_overrides``)."""
     raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
     raw["data_dir"] = str(data_dir)
-    # The demo's Kafka query needs its topic: tests that read Kafka name their own topics.
     raw["queries"] = {
-        n: q for n, q in raw["queries"].items() if q.get("source", {}).get("format") != "kafka"
+        n: q
+        for n, q in raw["queries"].items()
+        if with_kafka or q.get("source", {}).get("format") != "kafka"
     }
     for name, spec in raw["queries"].items():
         spec["shuffle_partitions"] = 2

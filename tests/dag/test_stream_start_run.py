@@ -27,6 +27,7 @@ from tests.conftest import (
     write_registry,
 )
 from tests.spark.harness import land, read_sink, read_state, run_in_session
+from tests.spark.test_kafka_queries import kafka_source, visits
 
 OUTPUT_COLUMNS = ["user_id", "visits", "last_page", "distinct_pages"]
 READS = [{"stateVarName": "pages"}, {"stateVarName": "count"}]
@@ -81,14 +82,24 @@ def _airflow(
     )
 
 
-def test_airflow_dags_test_stream_start_runs_every_registered_query(tmp_path):
-    """The processors and the transforms (an aggregation on the HDFS store, group state)."""
-    registry = load_registry(write_registry(tmp_path))
+def test_airflow_dags_test_stream_start_runs_every_registered_query(kafka, tmp_path):
+    """The processors and the transforms (an aggregation on the HDFS store, group state), and
+    a processor reading a topic (the operator hands Spark its Kafka connector)."""
+    topic = kafka.create_topic("dag-start-visits", partitions=2)
+    kafka.produce(topic, visits(80))
+    path = write_registry(tmp_path, with_kafka=True, kafka_visits={"source": kafka_source(topic)})
+    registry = load_registry(path)
     land(tmp_path / "landing", round_=0, files=2)
     run = _airflow(tmp_path, "dags", "test", "stream_start")
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
-    assert set(registry.queries) == {"user_sessions", "page_visits", "page_counts", "idle_sessions"}
+    assert set(registry.queries) == {
+        "user_sessions",
+        "page_visits",
+        "page_counts",
+        "idle_sessions",
+        "kafka_visits",
+    }
     for name in registry.queries:
         summary = json.loads(registry.run_summary_path(name).read_text())
         assert summary["status"] == "succeeded"
