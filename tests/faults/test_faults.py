@@ -76,6 +76,7 @@ class World:
     spark: Any
     state: list[list[str]]
     output: dict[int, list[tuple]]
+    new_topic: str = ""  # Kafka: a topic holding only the records a restart reads
 
 
 def _copy(world: World, dest: Path, *, sink: bool = False) -> Path:
@@ -583,8 +584,21 @@ def kafka_world(spark, s3, kafka, tmp_path_factory) -> World:
     case.run(spark, root, checkpoint, sink)
     assert last_committed(checkpoint) == KAFKA_BATCHES - 1
     _produce_evenly(kafka, topic, KAFKA_BATCH * KAFKA_BATCHES, KAFKA_BATCH)
+    new_topic = kafka.create_topic("F-faults-visits-new", partitions=2, **{"retention.ms": "-1"})
+    _produce_evenly(kafka, new_topic, KAFKA_BATCH * KAFKA_BATCHES, KAFKA_BATCH)
     world = World(
-        case, {"source": source}, root, checkpoint, sink, KAFKA_BATCHES - 1, root, s3, spark, [], {}
+        case,
+        {"source": source},
+        root,
+        checkpoint,
+        sink,
+        KAFKA_BATCHES - 1,
+        root,
+        s3,
+        spark,
+        [],
+        {},
+        new_topic,
     )
     control = root / "control"
     _copy(world, control, sink=True)
@@ -625,6 +639,31 @@ class KafkaTransplant(Transplant):
     def restart(self, ctx: tuple[Path, Path, Path]) -> str | None:
         _, new, _ = ctx
         return _compare(self.world, _restart(self.world, new, self.dir / "restart-sink"))
+
+
+class KafkaTransplantToNewTopic(KafkaTransplant):
+    """The transplant to another topic, started at its beginning (which holds only the
+    records a restart of the untouched checkpoint reads on the old topic)."""
+
+    name = "transplant-kafka-topic"
+
+    def command(self, ctx: tuple[Path, Path, Path]) -> tuple[list[str], dict[str, str]]:
+        argv, env = super().command(ctx)
+        return [
+            *argv,
+            "--source-format",
+            "kafka",
+            "--source-topic",
+            self.world.new_topic,
+            "--source-start",
+            "earliest",
+        ], env
+
+    def restart(self, ctx: tuple[Path, Path, Path]) -> str | None:
+        _, new, _ = ctx
+        source = {**self.world.entry["source"], "topic": self.world.new_topic}
+        world = dataclasses.replace(self.world, case=kafka_case(source))
+        return _compare(world, _restart(world, new, self.dir / "restart-sink"))
 
 
 KAFKA_OPERATIONS = {op.name: op for op in (KafkaRollback,)}
