@@ -1,8 +1,9 @@
 """
 ### stream_source_migration
 
-Moves a registered query to a **new source** (another landing folder, another format) and
-carries its state over, instead of replaying history. Trigger it with the form; **dry run**
+Moves a registered query to a **new source** (another landing folder, another format, a
+Kafka topic on the same or another cluster) and carries its state over, instead of replaying
+history. Trigger it with the form; **dry run**
 (on by default) runs the preflight only and prints the plan.
 
 1. `preflight`: the query is a processor registered with an `initial_state.from_export`
@@ -14,7 +15,10 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    as far as the file's first bytes tell (format `auto`: the format of those files), its
    schema has every column the query reads with the same type (for Parquet, the files' own
    schema too); the old checkpoint has a
-   committed batch and verifies clean; the new checkpoint is new or empty (default:
+   committed batch and verifies clean; a new **Kafka** source's topic exists (a broker that
+   does not answer is refused in one line) and still retains where it starts (`new_source_start`:
+   the first record stamped at or after the cutover, the topic's end, or its beginning); the
+   new checkpoint is new or empty (default:
    `<checkpoint>.v2` beside the old one); no other lifecycle operation holds the query.
 2. `approve_stop`: where the query's registry entry asks for it (`approval`; unset, a
    migration asks), the run waits for a second person to approve the plan in the UI's
@@ -23,7 +27,9 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    the query's lock. A running query is stopped gracefully (its stop marker; the current batch
    commits) and waited for. `drain`: the old source runs to its end with `available-now`,
    or, with a cutover time, reads in one batch exactly the files not read yet and modified
-   before it (refused if the query already read a later one).
+   before it (refused if the query already read a later one). An old **topic** is read to its
+   end, and records left unread on it after the drain (its producers did not stop) fail the
+   run, naming the partitions.
 3. `backup`: the old checkpoint to the registry's `backups.url`; then the road the state takes
    (`carry_over`): **transplant** where the new query can run on the old state files as its
    own (same processor state variables and schemas, time and output mode, state store
@@ -35,7 +41,10 @@ carries its state over, instead of replaying history. Trigger it with the form; 
    changed, state with a TTL), the preflight says why and refuses unless **accept
    differences** is on.
 4. Transplant road: `transplant` copies the old checkpoint's restart set into the new
-   checkpoint with offsets that start the new source anew (a file copy; the old checkpoint is
+   checkpoint with offsets that start the new source anew (a new topic at exact offsets per
+   partition, written into the checkpoint: Spark would otherwise start it at its beginning,
+   whatever `startingOffsets` says; the initialState road's first start passes them as
+   `startingOffsets`, which Spark reads on a new checkpoint; a file copy; the old checkpoint is
    only read; a source that does not move keeps its offset and file log); `first_batch` runs
    the query there, from batch N + 1 on the new source (where the partition count changed,
    Spark's repartition first writes batch N + 1, proven, and the query starts at N + 2).
@@ -72,6 +81,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
 from stateops_airflow.approval import (
     ApprovalGate,
@@ -140,17 +150,43 @@ def spark_task(step: str):
             type="string",
             enum=["auto", *SOURCE_FORMATS],
             title="New source: format",
-            description="The file format of the new source's input. auto: the format of the "
-            "files in its folder (Parquet, JSON lines or CSV, by their first bytes). The "
-            "preflight refuses files of another format than this one.",
+            description="kafka: a topic (fill the Kafka fields below). A file format: the "
+            "new input's files (fill the folder). auto: the format of the files in its folder "
+            "(Parquet, JSON lines or CSV, by their first bytes). The preflight refuses files "
+            "of another format than this one.",
         ),
         "new_source_path": Param(
             "",
             type="string",
-            minLength=1,
-            title="New source: folder",
-            description="Where the new input lands (relative to the registry's data_dir, or "
-            "absolute). Events after the cutover belong here.",
+            title="New source: folder (file formats)",
+            description="For a file source only: where the new input lands (relative to the "
+            "registry's data_dir, or absolute). Events after the cutover belong here. Empty "
+            "for kafka.",
+        ),
+        "new_source_topic": Param(
+            "",
+            type="string",
+            title="New source: topic (kafka)",
+            description="For a kafka source only: the topic the query reads from now on "
+            "(the preflight refuses one that does not exist).",
+        ),
+        "new_source_bootstrap_servers": Param(
+            "",
+            type="string",
+            title="New source: bootstrap servers (kafka)",
+            description="For a kafka source only: HOST:PORT of the new topic's cluster. "
+            "Empty: the kafka_default connection (or the environment).",
+        ),
+        "new_source_start": Param(
+            "cutover",
+            type="string",
+            enum=list(KAFKA_STARTS),
+            title="New source: start (kafka)",
+            description="For a kafka source only: the new checkpoint starts the topic at "
+            "exact offsets per partition, written into it: cutover: the first record stamped "
+            "at or after the cutover time (with cutover drain: the drain's end); earliest: "
+            "the topic's beginning; latest: its end. Refused if the topic no longer retains "
+            "that start.",
         ),
         "new_source_schema": Param(
             None,
@@ -171,8 +207,9 @@ def spark_task(step: str):
             pattern="^drain$|^" + TIME_PATTERN,
             title="Cutover",
             description="drain: the old source is read to its end. Or a past time "
-            "(2026-11-21T03:00:00Z; UTC without a zone): the old source reads only the input "
-            "files modified before it; what comes after belongs in the new source.",
+            "(2026-11-21T03:00:00Z; UTC without a zone): an old folder reads only the input "
+            "files modified before it (an old topic is read to its end), and a new topic "
+            "starts at its offsets; what comes after belongs in the new source.",
         ),
         "new_checkpoint": Param(
             None,

@@ -25,6 +25,7 @@ from stateops.core.errors import OperationFailed, StateOpsError, domain_errors, 
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Query, Registry, load_registry, registry_path
 from stateops.core.report import checkpoint_report, format_report
+from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import BOOTSTRAP, Step, fill
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
@@ -328,6 +329,10 @@ def cmd_transplant(args: argparse.Namespace) -> int:
         source=args.source,
         source_format=args.source_format,
         source_path=args.source_path,
+        source_topic=args.source_topic,
+        source_bootstrap_servers=args.source_bootstrap_servers,
+        source_start=args.source_start,
+        cutover=args.cutover,
         batch=args.batch,
         run_id=new_run_id("transplant"),
         dry_run=args.dry_run,
@@ -399,7 +404,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     target = query_target(args.registry, args.query)
     source = {
         "format": args.new_source_format,
-        "path": args.new_source_path,
+        "path": args.new_source_path or "",
+        "topic": args.new_source_topic or "",
+        "bootstrap_servers": args.new_source_bootstrap_servers or "",
+        "start": args.new_source_start or "",
         "schema": args.new_source_schema or "",
         "options": dict(args.new_source_option),
     }
@@ -809,10 +817,28 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("--source", help="which of the query's sources moves (default: its only one)")
     p.add_argument("--source-format", help="the new source's format (default: the query's)")
     p.add_argument("--source-path", help="the new source's folder (default: the query's)")
+    p.add_argument("--source-topic", help="a Kafka source's topic (with --source-format kafka)")
+    p.add_argument(
+        "--source-bootstrap-servers",
+        metavar="HOST:PORT",
+        help="a Kafka source's brokers (default: the kafka_default connection or environment)",
+    )
+    p.add_argument(
+        "--source-start",
+        choices=KAFKA_STARTS,
+        help="where a new Kafka source starts: at the offsets of --cutover TIME, the topic's "
+        "beginning (earliest) or its end now (latest)",
+    )
+    p.add_argument("--cutover", help="a past time: where --source-start cutover starts")
     p.add_argument("--batch", type=int, help="the committed batch to carry (default: the last)")
     _flag(p, "--dry-run", "check and print the plan, write nothing")
     p.set_defaults(func=cmd_transplant)
 
+    _migrate_command(sub, s3_conn, accept)
+
+
+def _migrate_command(sub: Any, s3_conn: argparse.ArgumentParser, accept: str) -> None:
+    """``stateops migrate``: a new source (a folder or a topic) with the state."""
     p = sub.add_parser(
         "migrate",
         parents=[s3_conn],
@@ -822,13 +848,27 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("--source", help="which of the query's sources moves (default: its only one)")
     p.add_argument(
         "--new-source-path",
-        required=True,
-        help="the new source's folder (relative to the registry's data_dir)",
+        help="a file source's folder (relative to the registry's data_dir)",
     )
     p.add_argument(
         "--new-source-format",
-        metavar="json|parquet|csv",
-        help="default: the format of the files in the new source's folder (by their first bytes)",
+        metavar="json|parquet|csv|kafka",
+        help="default: kafka with --new-source-topic, else the format of the files in the new "
+        "source's folder (by their first bytes)",
+    )
+    p.add_argument("--new-source-topic", help="a Kafka source's topic")
+    p.add_argument(
+        "--new-source-bootstrap-servers",
+        metavar="HOST:PORT",
+        help="a Kafka source's brokers (default: the kafka_default connection or environment)",
+    )
+    p.add_argument(
+        "--new-source-start",
+        choices=KAFKA_STARTS,
+        default="cutover",
+        help="where the new checkpoint starts a Kafka source: at the offsets of the cutover "
+        "time (the drain's end with --cutover drain; default), the topic's beginning "
+        "(earliest) or its end (latest)",
     )
     p.add_argument("--new-source-schema", help="DDL (default: the query's current schema)")
     p.add_argument(
@@ -842,7 +882,8 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cutover",
         default="drain",
-        help="drain (default), or a past time: the old source reads the files modified before it",
+        help="drain (default), or a past time: the old source reads the files modified before "
+        "it (a topic is read to its end), and a new Kafka source starts at its offsets",
     )
     p.add_argument("--new-checkpoint", help="a new or empty folder (default: <checkpoint>.v2)")
     p.add_argument(

@@ -418,7 +418,10 @@ def migration_plan(params: dict[str, Any], run_id: str) -> dict[str, Any]:
 
     source = {
         "format": params["new_source_format"],
-        "path": params["new_source_path"],
+        "path": params.get("new_source_path") or "",
+        "topic": params.get("new_source_topic") or "",
+        "bootstrap_servers": params.get("new_source_bootstrap_servers") or "",
+        "start": params.get("new_source_start") or "",
         "schema": params["new_source_schema"] or "",
         "options": params["new_source_options"],
     }

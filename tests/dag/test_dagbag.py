@@ -203,11 +203,13 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
         "json",
         "parquet",
         "csv",
+        "kafka",
     ]
     assert params["new_source_format"] == "auto"
+    assert params.get_param("new_source_start").schema["enum"] == ["cutover", "earliest", "latest"]
     for name, bad in [
-        ("new_source_path", ""),
-        ("new_source_format", "kafka"),
+        ("new_source_format", "avro"),
+        ("new_source_start", "now"),
         ("new_source_options", "maxFilesPerTrigger=1"),
         ("cutover", "yesterday"),
         ("carry_over", "copy"),

@@ -72,7 +72,18 @@ BAD = [
         r"^new_source_path: new source folder .*/landing_v3_empty has no input yet: land its "
         r"first files",
     ),
-    ("page_visits", _source(format="kafka"), "", r"^new_source_format: Input should be"),
+    (
+        "page_visits",
+        _source(format="kafka"),
+        "",
+        r"^new_source_path: a kafka source reads a topic, not a folder: give new_source_topic",
+    ),
+    (
+        "page_visits",
+        _source(format="avro"),
+        "",
+        r"^new_source_format: Input should be",
+    ),
     (
         "page_visits",
         _source(schema="user_id STRING, event_time TIMESTAMP"),

@@ -47,7 +47,12 @@ REFUSED = [
         None,
         r"streaming.stateStore.encodingFormat is unsaferow in the old checkpoint, avro",
     ),
-    ({}, "kafka", r"source format 'kafka': the transplant writes starting offsets for json, "),
+    (
+        {},
+        "kafka",
+        r"say where the new checkpoint starts topic visits: a cutover time, its end \(latest\) "
+        r"or its beginning \(earliest\)",
+    ),
     (
         {"state_store": V2_STATE_STORE},
         None,
@@ -74,7 +79,10 @@ def test_a_transplant_that_does_not_apply_is_refused_with_its_reason(
     before = tree_digest(old)
     query = load_registry(write_registry(tmp_path, page_visits=changes)).query("page_visits")
     if source_format:
-        source = query.source.model_copy(update={"format": source_format})
+        moved = {"format": source_format}
+        if source_format == "kafka":  # a topic, and no start for it
+            moved |= {"path": "", "topic": "visits"}
+        source = query.source.model_copy(update=moved)
         query = query.model_copy(update={"source": source})
     with pytest.raises(TransplantRefused, match=reason):
         transplant_checkpoint(old, tmp_path / "new", query)

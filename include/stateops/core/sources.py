@@ -35,15 +35,20 @@ from stateops.core.registry import Source
 
 __all__ = [
     "FILE_START",
+    "KAFKA_STARTS",
     "Lag",
     "Missing",
     "cutover_entry",
     "file_log_offset",
+    "goes_on",
+    "initial_log",
     "kafka_lag",
     "kafka_offsets",
     "kind_of",
     "missing_ranges",
     "offsets_backwards",
+    "read_initial_log",
+    "unread_after_drain",
     "unreadable",
 ]
 
@@ -196,3 +201,48 @@ def offsets_backwards(before: Offsets, after: Offsets) -> list[str]:
             elif now < offset:
                 wrong.append(f"{topic}[{partition}] goes back from {offset} to {now}")
     return wrong
+
+
+# --- C: a moved source's start in a carried-over checkpoint, and an old topic read to its end
+
+# Where a new Kafka source starts (a migration's form, the transplant's option): the offsets at
+# the cutover time, the topic's end, or its beginning.
+KAFKA_STARTS = ("cutover", "earliest", "latest")
+
+
+def initial_log(entry: str) -> str | None:
+    """``sources/<i>/0`` of a checkpoint that starts a source at offsets ``entry``
+    (:func:`cutover_entry`): a Kafka source's initial offsets as its connector writes them (a
+    NUL byte, ``v1``, the offsets), so that Spark never falls back to ``startingOffsets``;
+    None for a file source (its log starts empty)."""
+    return "\x00v1\n" + entry if kafka_offsets(entry) is not None else None
+
+
+def read_initial_log(text: str) -> Offsets | None:
+    """The offsets in a Kafka source's ``sources/<i>/0`` (None: not one)."""
+    header, _, body = text.lstrip("\x00").partition("\n")
+    return parse_offsets(body) if header == "v1" else None
+
+
+def goes_on(source: Source, raw: object) -> bool:
+    """Whether ``source`` goes on from an old checkpoint's offsets entry ``raw`` (a Kafka
+    source that subscribes exactly the entry's topics); a file source is matched by the files
+    its log names instead (:mod:`stateops.ops.transplant`)."""
+    offsets = kafka_offsets(raw)
+    return bool(source.kafka and offsets is not None and set(offsets) == set(source.subscribed))
+
+
+def unread_after_drain(source: Source, committed: Offsets) -> str:
+    """Why a drained Kafka source is not at its end: one line naming the partitions with
+    records the checkpoint has not read (empty: none). A migration switches only once the old
+    topic is read to its end, or those records would be lost."""
+    lag = kafka_lag(source, committed)
+    behind = {t: {p: n for p, n in ps.items() if n > 0} for t, ps in lag.per_partition.items()}
+    behind = {t: ps for t, ps in behind.items() if ps}
+    if not behind:
+        return ""
+    return (
+        f"{lag.total} records left unread on the old topic after the drain "
+        f"({offsets_text(behind)} records behind); stop its producers (or let them switch "
+        "to the new source), then migrate again"
+    )

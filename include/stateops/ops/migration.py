@@ -49,6 +49,7 @@ from stateops.core.errors import (
     about,
     one_line,
 )
+from stateops.core.kafka import kafka_settings, topic_partitions
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import (
     Query,
@@ -59,6 +60,13 @@ from stateops.core.registry import (
     placement,
     schema_fields,
     write_switch,
+)
+from stateops.core.sources import (
+    KAFKA_STARTS,
+    cutover_entry,
+    goes_on,
+    kafka_offsets,
+    unread_after_drain,
 )
 from stateops.core.staging import occupied
 from stateops.core.steps import MIGRATION_STEPS, fill
@@ -72,6 +80,7 @@ from stateops.ops.transplant import (
     choose_road,
     refuse_differences,
     repartition_from,
+    start_at,
     transplant_checkpoint,
     transplant_refusals,
 )
@@ -199,6 +208,7 @@ def plan_migration(
         },
         "new": {
             "source": source.model_dump(by_alias=True),
+            "start": _start(source, source_spec),
             "checkpoint": str(new),
             "registry": str(work / "registry.yaml"),
         },
@@ -219,6 +229,11 @@ def plan_migration(
     }
 
 
+def _start(source: Source, spec: dict[str, Any]) -> str | None:
+    """Where a new Kafka source starts (the form's ``new_source_start``); None for files."""
+    return str(spec.get("start") or "cutover") if source.kafka else None
+
+
 def check_migration_form(target: Target, conf: dict[str, Any]) -> None:
     """The migration form's rules that need no Spark and no look at the old checkpoint, before
     a run is created (the preflight checks them again, then the rest); ``target``: the form's
@@ -226,6 +241,9 @@ def check_migration_form(target: Target, conf: dict[str, Any]) -> None:
     source = {
         "format": conf.get("new_source_format"),
         "path": conf.get("new_source_path", ""),
+        "topic": conf.get("new_source_topic") or "",
+        "bootstrap_servers": conf.get("new_source_bootstrap_servers") or "",
+        "start": conf.get("new_source_start") or "",
         "schema": conf.get("new_source_schema") or "",
         "options": conf.get("new_source_options") or {},
     }
@@ -262,7 +280,10 @@ def _form_checks(
         _refuse_immovable(query, carry_over)
     with about("source"):
         source_name = query.input_name(moved_source)
-    source, inputs = _new_source(registry, query.inputs[source_name], source_spec)
+    start = str(source_spec.get("start") or "cutover")
+    source, inputs = _new_source(
+        registry, query.inputs[source_name], {k: v for k, v in source_spec.items() if k != "start"}
+    )
     if cutover != "drain":
         with about("cutover"):
             cutover = parse_past_time(cutover, "cutover").isoformat()
@@ -271,11 +292,44 @@ def _form_checks(
                     f"a cutover time reads one source up to it; {query.name} reads "
                     f"{len(query.inputs)}: choose cutover drain"
                 )
-    with about("new_source_path"):
-        files = _check_new_source(query, source_name, source, inputs)
+    if source.kafka:
+        files = _check_new_topic(query, source_name, source, start, cutover)
+    else:
+        with about("new_source_path"):
+            files = _check_new_source(query, source_name, source, inputs)
     with about("new_checkpoint"):
         new = _new_checkpoint(registry, query, new_checkpoint)
     return query, source_name, source, cutover, files, new
+
+
+def _check_new_topic(
+    query: Query, source_name: str, source: Source, start: str, cutover: str
+) -> int:
+    """Refuse a new Kafka source the query cannot run on: the current one, a topic that does
+    not exist, a broker that does not answer, a start (``new_source_start``) the topic no
+    longer retains; the number of its partitions. With ``cutover`` drain, the start at the
+    cutover is the drain's end, checked then (:func:`settle_migration`)."""
+    current = query.inputs[source_name]
+    if current.kafka and (set(current.subscribed), current.bootstrap_servers) == (
+        set(source.subscribed),
+        source.bootstrap_servers,
+    ):
+        raise StateOpsError(f"the new source is {query.name}'s current source: nothing to migrate")
+    with about("new_source_topic"):
+        partitions = topic_partitions(kafka_settings(source.bootstrap_servers), source.subscribed)
+    with about("new_source_start"):
+        if start not in KAFKA_STARTS:
+            raise StateOpsError(f"{start!r}: choose one of {', '.join(KAFKA_STARTS)}")
+        if start != "cutover" or cutover != "drain":
+            cutover_entry(source, start_at(start, cutover))  # refuses what is no longer retained
+    with about("new_source_schema"):
+        _check_schema(query, current, source)
+    try:
+        Query.model_validate(query.with_input(source_name, source).model_dump(by_alias=True))
+    except ValidationError as err:
+        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise StateOpsError(f"new source: {message}") from None
+    return sum(len(ps) for ps in partitions.values())
 
 
 def _refuse_immovable(query: Query, carry_over: str) -> None:
@@ -405,13 +459,25 @@ def _new_source(
     if path and "://" not in path:
         inputs = _input_files(Path(spec["path"]), spec.get("options") or {})
     if spec.get("format", "auto") == "auto":
-        spec["format"] = _files_format(Path(spec["path"]), inputs) if path else "parquet"
+        spec["format"] = (
+            _files_format(Path(spec["path"]), inputs)
+            if path
+            else "kafka"
+            if spec.get("topic")
+            else "parquet"
+        )
+    if spec["format"] == "kafka" and path:
+        raise StateOpsError(
+            "new_source_path: a kafka source reads a topic, not a folder: give "
+            "new_source_topic (--new-source-topic) and leave the folder empty"
+        )
     try:
         return Source.model_validate(spec), inputs
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])  # format, path, schema, options...
-        raise StateOpsError(f"new_source_{field}: {first['msg']}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise StateOpsError(f"new_source{'_' * bool(field)}{field}: {message}") from None
 
 
 def _check_schema(query: Query, current: Source, source: Source) -> None:
@@ -562,9 +628,8 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
         [
             plan_head(
                 dry_run,
-                f"migration of {plan['query']}: {which}{old['source']['format']} "
-                f"{old['source']['path']} -> {new['source']['format']} {new['source']['path']} "
-                f"({plan['new_source_files']} files there now)",
+                f"migration of {plan['query']}: {which}{_where(old['source'])} -> "
+                f"{_where(new['source'])} ({_new_input(plan)})",
             ),
             f"  old checkpoint {old['checkpoint']} (last committed batch "
             f"{old['last_committed_batch']}, verifies clean){running}",
@@ -575,6 +640,26 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
             *tail,
         ]
     )
+
+
+def _where(source: dict[str, Any]) -> str:
+    """A source of a plan as a person reads it: ``json /data/in`` or ``kafka topic t``."""
+    return f"{source['format']} {Source.model_validate(source).where}"
+
+
+def _new_input(plan: dict[str, Any]) -> str:
+    """What the new source holds now, and (Kafka) where the new checkpoint starts it."""
+    if plan["new"].get("start") is None:
+        return f"{plan['new_source_files']} files there now"
+    start = plan["new"]["start"]
+    at = (
+        f"the offsets at the cutover ({plan['cutover']})"
+        if start == "cutover" and plan["cutover"] != "drain"
+        else "the offsets at the drain's end"
+        if start == "cutover"
+        else f"its {start} offsets"
+    )
+    return f"{plan['new_source_files']} partitions; the new checkpoint starts it at {at}"
 
 
 def undo_recipe(plan: dict[str, Any]) -> str:
@@ -590,8 +675,8 @@ def format_migrated(plan: dict[str, Any]) -> str:
     """What a migration that switched did, and how to undo it (the DAG's last step)."""
     new = plan["new"]
     return (
-        f"{plan['query']} migrated: it runs on {new['checkpoint']} ({new['source']['format']} "
-        f"{new['source']['path']}); the old checkpoint {plan['old']['checkpoint']} stays, "
+        f"{plan['query']} migrated: it runs on {new['checkpoint']} ({_where(new['source'])}); "
+        f"the old checkpoint {plan['old']['checkpoint']} stays, "
         f"read-only; to undo, {undo_recipe(plan)}"
     )
 
@@ -657,7 +742,8 @@ def settle_migration(
         raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
-    runs_as = _planned_query(query, plan)
+    _refuse_unread(query.inputs[plan["source_name"]], cp, last)
+    runs_as, start = _started(_planned_query(query, plan), plan)
     road = choose_road(
         plan["carry_over"]["choice"],
         transplant_refusals(cp, runs_as, last),
@@ -681,11 +767,44 @@ def settle_migration(
     changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
     derived_registry(registry, query.name, changes, plan["new"]["registry"])
     return {
+        "start": start,
         "last_committed_batch": last,
         "sink_batch_offset": offset,
         "road": road,
         "output_from": offset + first,
     }
+
+
+def _refuse_unread(old: Source, cp: Checkpoint, last: int | None) -> None:
+    """Refuse, after the drain, an old Kafka source with records its checkpoint has not read
+    (:func:`stateops.core.sources.unread_after_drain`): they would be lost."""
+    if not old.kafka or last is None:
+        return
+    raw = next((o for o in cp.offsets[last].source_offsets if goes_on(old, o)), None)
+    committed = kafka_offsets(raw) or {}
+    unread = unread_after_drain(old, committed)
+    if unread:
+        raise StateOpsError(f"{cp.root}: {unread}")
+
+
+def _started(runs_as: Query, plan: dict[str, Any]) -> tuple[Query, str | None]:
+    """The new query with its new Kafka source's start (None for a file source): the offsets
+    entry at the plan's start (:func:`stateops.core.sources.cutover_entry`, now: at the drain's
+    end where the cutover is ``drain``), also as the source's ``startingOffsets``, which Spark
+    reads on the first start of the initialState road's empty checkpoint (the transplant
+    writes the entry into the checkpoint itself)."""
+    name, start = plan["source_name"], plan["new"].get("start")
+    source = runs_as.inputs[name]
+    if not source.kafka:
+        return runs_as, None
+    cutover = plan["cutover"]
+    if start in (None, "cutover") and cutover == "drain":
+        at: str | int = int(time.time() * 1000)
+    else:
+        at = start_at(start, cutover)
+    entry = cutover_entry(source, at)
+    options = {**source.options, "startingOffsets": entry}
+    return runs_as.with_input(name, source.model_copy(update={"options": options})), entry
 
 
 def backup_for_migration(
@@ -721,7 +840,12 @@ def transplant_for_migration(
     new_registry = load_registry(plan["new"]["registry"])
     query = new_registry.query(plan["query"])
     result = transplant_checkpoint(
-        plan["old"]["checkpoint"], query.checkpoint, query, settled["last_committed_batch"], log=log
+        plan["old"]["checkpoint"],
+        query.checkpoint,
+        query,
+        settled["last_committed_batch"],
+        start=settled.get("start"),
+        log=log,
     )
     mark_transplant(new_registry, plan["query"], result)
     return result
@@ -809,7 +933,7 @@ def switch_migration(
     prepare_migration(target, plan)
     lineage = switch_query(target, plan, settled, carry_over)
     log(
-        f"{plan['query']}: switched to {plan['new']['source']['path']} and "
+        f"{plan['query']}: switched to {_where(plan['new']['source'])} and "
         f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
         f"(backup {settled['backup_id']}); lineage in "
         f"{audit_dir(plan['new']['checkpoint']) / 'lineage.json'}"

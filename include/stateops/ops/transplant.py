@@ -39,17 +39,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from stateops.control import faults
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar, hadoop_crc, schema_file_refs
 from stateops.core.plans import plan_head, plan_tail
-from stateops.core.registry import Query, schema_fields
+from stateops.core.registry import Query, Source, schema_fields
 from stateops.core.report import format_bytes
+from stateops.core.sources import (
+    FILE_START,
+    KAFKA_STARTS,
+    cutover_entry,
+    goes_on,
+    initial_log,
+    kafka_offsets,
+)
 from stateops.core.staging import Staging, occupied, remove_stale_staging
 from stateops.core.steps import ROADS
 from stateops.core.storage import S3Path, copy_to_local, list_files, location, publish
+from stateops.core.times import parse_past_time
 from stateops.ops.repartition import repartition_unsupported
 
 if TYPE_CHECKING:
@@ -65,6 +76,7 @@ __all__ = [
     "read_state_schema",
     "repartition_from",
     "run_transplant",
+    "start_at",
     "state_differences",
     "transplant_checkpoint",
     "transplant_refusals",
@@ -72,10 +84,6 @@ __all__ = [
 
 STAGING = "transplanting"
 
-# The starting offset of a file source that has read nothing: it counts its own log entries, and
-# -1 is "before the first" (its sources/<i> log starts empty). Other sources: not written here.
-STARTING_OFFSET = '{"logOffset":-1}'
-FILE_FORMATS = ("json", "parquet", "csv", "text", "orc")
 
 _OPERATOR = "transformWithStateInPandasExec"
 _TIME_MODES = {"None": "NoTime", "EventTime": "EventTime", "ProcessingTime": "ProcessingTime"}
@@ -271,49 +279,87 @@ def repartition_from(cp: Checkpoint, query: Query, batch: int) -> int | None:
     return old if old not in (None, query.shuffle_partitions) else None
 
 
-def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[list[int], list[str]]:
-    """The old checkpoint's sources (their offsets index) that ``query`` reads anew, and why
-    its sources cannot be matched with the old ones (empty: they can).
+def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[dict[int, str], list[str]]:
+    """The old checkpoint's sources (their offsets index) that ``query`` reads anew, each with
+    the name of the input that replaces it, and why its sources cannot be matched with the old
+    ones (empty: they can).
 
-    A source is kept when every file it logged lies under the folder of one of ``query``'s
-    inputs: that input goes on where it was. Any other (moved, or nothing read yet) starts
-    anew; ``query`` reads as many sources as the old query did.
+    A file source is kept when every file it logged lies under the folder of one of
+    ``query``'s file inputs, a Kafka source when one of its Kafka inputs subscribes exactly its
+    topics (:func:`stateops.core.sources.goes_on`): that input goes on where it was. Any other
+    (moved, or nothing read yet) starts anew; ``query`` reads as many sources as the old query
+    did. Where a Kafka input starts anew, which old source it replaces must be clear: one moved
+    source at a time.
     """
     offsets = cp.offsets[batch].source_offsets
     inputs = query.inputs
-    reasons = [
-        f"source format {s.format!r}: the transplant writes starting offsets for "
-        f"{', '.join(FILE_FORMATS)} sources only"
-        for s in inputs.values()
-        if s.format not in FILE_FORMATS
-    ]
     if len(offsets) != len(inputs):
-        reasons.append(f"the old query read {len(offsets)} sources, the query reads {len(inputs)}")
-    if reasons:
-        return [], reasons
-    fresh, kept = [], {}
+        return {}, [f"the old query read {len(offsets)} sources, the query reads {len(inputs)}"]
+    reasons: list[str] = []
+    fresh: dict[int, str] = []
+    kept: dict[str, list[int]] = {}
     for i in range(len(offsets)):
-        if cp.file_log_offset(batch, i) is None:
-            reasons.append(f"source {i} of the old checkpoint is not a file source")
+        owners = _owners(cp, query, batch, i, reasons)
+        if owners is None:
             continue
-        seen = [Path(f) for f in cp.seen_files(i)]
-        owners = [
-            name
-            for name, source in inputs.items()
-            if seen and all(f.is_relative_to(source.path) for f in seen)
-        ]
         if len(owners) > 1:
-            reasons.append(f"source {i} read files under the folders of {' and '.join(owners)}")
+            reasons.append(f"source {i} read from the places of {' and '.join(owners)}")
         elif owners:
             kept.setdefault(owners[0], []).append(i)
         else:
             fresh.append(i)
     reasons += [
-        f"sources {' and '.join(map(str, ix))} both read {name}'s folder"
+        f"sources {' and '.join(map(str, ix))} both read {name}'s input"
         for name, ix in kept.items()
         if len(ix) > 1
     ]
-    return fresh, reasons
+    anew = [name for name in inputs if name not in kept]
+    if len(fresh) == len(anew) == 1:
+        return {fresh[0]: anew[0]}, reasons
+    moved_kafka = [name for name in anew if inputs[name].kafka]
+    if moved_kafka:
+        reasons.append(
+            f"Kafka input {', '.join(moved_kafka)} starts anew along with other sources, and "
+            "which old source each replaces is unknown: move one source at a time"
+        )
+    return {i: "" for i in fresh}, reasons
+
+
+def _owners(
+    cp: Checkpoint, query: Query, batch: int, i: int, reasons: list[str]
+) -> list[str] | None:
+    """The inputs of ``query`` that go on from old source ``i`` (None: it is neither a file
+    nor a Kafka source, said in ``reasons``)."""
+    raw = cp.offsets[batch].source_offsets[i]
+    if kafka_offsets(raw) is not None:
+        return [name for name, source in query.inputs.items() if goes_on(source, raw)]
+    if cp.file_log_offset(batch, i) is None:
+        reasons.append(f"source {i} of the old checkpoint is neither a file nor a Kafka source")
+        return None
+    seen = [Path(f) for f in cp.seen_files(i)]
+    return [
+        name
+        for name, source in query.inputs.items()
+        if not source.kafka and seen and all(f.is_relative_to(source.path) for f in seen)
+    ]
+
+
+def _starts(query: Query, fresh: dict[int, str], start: str | None) -> dict[int, str]:
+    """Each source read anew -> the offsets entry it starts at: a file source before its first
+    file, a Kafka source at ``start`` (:func:`stateops.core.sources.cutover_entry`)."""
+    starts = {}
+    for i, name in fresh.items():
+        source = query.inputs.get(name)
+        if source is not None and source.kafka:
+            if not start:
+                raise TransplantRefused(
+                    f"say where the new checkpoint starts {source.where}: a cutover time, its "
+                    "end (latest) or its beginning (earliest)"
+                )
+            starts[i] = start
+        else:
+            starts[i] = FILE_START
+    return starts
 
 
 def state_differences(cp: Checkpoint, query: Query, batch: int) -> list[str]:
@@ -462,6 +508,10 @@ def run_transplant(
     source: str | None = None,
     source_format: str | None = None,
     source_path: str | None = None,
+    source_topic: str | None = None,
+    source_bootstrap_servers: str | None = None,
+    source_start: str | None = None,
+    cutover: str | None = None,
     batch: int | None = None,
     run_id: str,
     dry_run: bool = False,
@@ -471,7 +521,9 @@ def run_transplant(
     the one that owns it) with its input ``source`` (default: its only one) moved to
     ``source_format``/``source_path`` (default: as registered), under the lock of the
     checkpoint's owner; the transplanted checkpoint then awaits its first batch's proof
-    (:func:`stateops.ops.pending.mark_transplant`). A dry run checks and prints the plan."""
+    (:func:`stateops.ops.pending.mark_transplant`). A dry run checks and prints the plan.
+    A Kafka source (``source_format`` kafka, ``source_topic``) starts at ``source_start``:
+    ``cutover`` (the offsets at time ``cutover``), ``earliest`` or ``latest``."""
     from stateops.ops.pending import mark_transplant  # pending -> carry -> this module
 
     registry = target.require_registry()
@@ -483,14 +535,26 @@ def run_transplant(
         )
     )
     moved = owner.input_name(source)
-    changes = {"format": source_format, "path": source_path and registry.data_path(source_path)}
-    moved_source = owner.inputs[moved].model_copy(update={k: v for k, v in changes.items() if v})
+    moved_source = _moved_source(
+        owner.inputs[moved],
+        {
+            "format": source_format,
+            "path": source_path and registry.data_path(source_path),
+            "topic": source_topic,
+            "bootstrap_servers": source_bootstrap_servers,
+        },
+    )
+    start = (
+        cutover_entry(moved_source, start_at(source_start, cutover)) if moved_source.kafka else None
+    )
     new = str(location(new).resolve())
     runs_as = owner.with_input(moved, moved_source).model_copy(update={"checkpoint": new})
     if dry_run:
-        return transplant_checkpoint(target.checkpoint, new, runs_as, batch, dry_run=True, log=log)
+        return transplant_checkpoint(
+            target.checkpoint, new, runs_as, batch, start=start, dry_run=True, log=log
+        )
     with target.lock("transplant", run_id):
-        result = transplant_checkpoint(target.checkpoint, new, runs_as, batch, log=log)
+        result = transplant_checkpoint(target.checkpoint, new, runs_as, batch, start=start, log=log)
         mark_transplant(registry, owner.name, result)
     log(
         f"next: run {owner.name} on {new} ({runs_as.inputs_text}); its first "
@@ -500,12 +564,45 @@ def run_transplant(
     return result
 
 
+def _moved_source(current: Source, changes: dict[str, str | None]) -> Source:
+    """``current`` with the given changes; a move between a folder and a topic drops what
+    belongs to the other kind (its path, or its topics)."""
+    given = {k: v for k, v in changes.items() if v}
+    raw = current.model_dump(by_alias=True) | given
+    if "format" in given and (given["format"] == "kafka") != current.kafka:
+        drop = ("path",) if given["format"] == "kafka" else ("topic", "topics", "bootstrap_servers")
+        raw = {k: v for k, v in raw.items() if k not in drop or k in given}
+    try:
+        return Source.model_validate(raw)
+    except ValidationError as err:
+        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise StateOpsError(f"new source: {message}") from None
+
+
+def start_at(start: str | None, cutover: str | None) -> str | int:
+    """Where a new Kafka source starts (:data:`stateops.core.sources.KAFKA_STARTS`) as
+    :func:`stateops.core.sources.cutover_entry` takes it: ``earliest``, ``latest``, or the
+    cutover's epoch ms (``cutover``: a past time)."""
+    start = start or "cutover"
+    if start not in KAFKA_STARTS:
+        raise StateOpsError(f"source start {start!r}: choose one of {', '.join(KAFKA_STARTS)}")
+    if start != "cutover":
+        return start
+    if not cutover or cutover == "drain":
+        raise StateOpsError(
+            "a Kafka source starting at the cutover needs the cutover's time (--cutover TIME); "
+            "or start it at earliest or latest"
+        )
+    return int(parse_past_time(cutover, "cutover").timestamp() * 1000)
+
+
 def transplant_checkpoint(
     old: str | os.PathLike[str],
     new: str | os.PathLike[str],
     query: Query,
     batch: int | None = None,
     *,
+    start: str | None = None,
     dry_run: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -516,9 +613,11 @@ def transplant_checkpoint(
     (``<new>.transplanting-<time>``) and renamed into place, so it is either complete or
     absent. Run again after a kill, it removes the staging folders of killed runs, and finds a
     ``new`` that already holds exactly this transplant (killed after its rename, or run twice)
-    complete: ``already_transplanted``, and its query id is kept."""
+    complete: ``already_transplanted``, and its query id is kept. ``start``: the offsets entry a
+    Kafka input read anew starts at (:func:`stateops.core.sources.cutover_entry`), written into
+    ``offsets/`` and its ``sources/<i>/0``."""
     started = time.monotonic()
-    cp, new, batch, fresh, done = _check_transplant(old, new, query, batch)
+    cp, new, batch, fresh, done = _check_transplant(old, new, query, batch, start)
     files = _state_files(cp, batch, fresh)
     size = sum(cp.sizes[rel] for rel in files)
     before = repartition_from(cp, query, batch)
@@ -562,8 +661,12 @@ def transplant_checkpoint(
 
 
 def _check_transplant(
-    old: str | os.PathLike[str], new: str | os.PathLike[str], query: Query, batch: int | None
-) -> tuple[Checkpoint, Path | S3Path, int, list[int], str | None]:
+    old: str | os.PathLike[str],
+    new: str | os.PathLike[str],
+    query: Query,
+    batch: int | None,
+    start: str | None,
+) -> tuple[Checkpoint, Path | S3Path, int, dict[int, str], str | None]:
     """The old checkpoint, ``new`` resolved, the batch, the sources read anew, and the query
     id of a ``new`` that already holds this transplant (else None); refuses a ``new`` inside
     the old checkpoint or not empty, and a transplant that does not apply (every reason)."""
@@ -572,7 +675,7 @@ def _check_transplant(
     batch = cp.last_committed_batch if batch is None else batch
     if new == cp.root.resolve() or str(new).startswith(str(cp.root.resolve()) + "/"):
         raise StateOpsError(f"{new} is inside the old checkpoint {cp.root}")
-    fresh = fresh_sources(cp, query, batch)[0] if batch in cp.offsets else []
+    fresh = _starts(query, fresh_sources(cp, query, batch)[0] if batch in cp.offsets else {}, start)
     done = None
     if occupied(new):
         done = _transplanted(cp, batch, new, fresh)
@@ -589,7 +692,7 @@ def _transplant_plan(
     new: Path | S3Path,
     query: Query,
     result: dict[str, Any],
-    fresh: list[int],
+    fresh: dict[int, str],
     dry_run: bool,
 ) -> str:
     """The transplant's plan for a person (the CLI, the task log)."""
@@ -648,12 +751,12 @@ def _build_transplant(
     return query_id, staging.removed
 
 
-def _anew(cp: Checkpoint, batch: int, fresh: list[int]) -> str:
+def _anew(cp: Checkpoint, batch: int, fresh: dict[int, str]) -> str:
     kept = len(cp.offsets[batch].source_offsets) - len(fresh)
     return f"{len(fresh)} source{'s' * (len(fresh) != 1)} read anew, {kept} kept"
 
 
-def _state_files(cp: Checkpoint, batch: int, fresh: list[int]) -> list[str]:
+def _state_files(cp: Checkpoint, batch: int, fresh: dict[int, str]) -> list[str]:
     """What a transplant copies: the restart set of ``batch`` but its offsets, commits and
     query id, and the logs of the sources read anew."""
     anew = tuple(f"sources/{i}/" for i in fresh)
@@ -665,20 +768,24 @@ def _state_files(cp: Checkpoint, batch: int, fresh: list[int]) -> list[str]:
     ]
 
 
-def _log_entries(cp: Checkpoint, batch: int, fresh: list[int]) -> dict[str, str]:
-    """The offsets (fresh sources' offsets replaced) and commits of batches ``batch - 1`` and
-    ``batch``."""
+def _log_entries(cp: Checkpoint, batch: int, fresh: dict[int, str]) -> dict[str, str]:
+    """The offsets (fresh sources' offsets replaced by their starts) and commits of batches
+    ``batch - 1`` and ``batch``, and a fresh Kafka source's initial offsets."""
     entries = {}
     for b in (batch - 1, batch):
         if b in cp.offsets:
             entries[f"offsets/{b}"] = _offsets_for(cp, b, fresh)
         if b in cp.commits:
             entries[f"commits/{b}"] = (cp.root / f"commits/{b}").read_text("utf-8")
+    for i, entry in fresh.items():
+        initial = initial_log(entry)
+        if initial is not None:  # Spark reads startingOffsets only where this is absent
+            entries[f"sources/{i}/0"] = initial
     return entries
 
 
 def _transplanted(
-    cp: Checkpoint, batch: int | None, new: Path | S3Path, fresh: list[int]
+    cp: Checkpoint, batch: int | None, new: Path | S3Path, fresh: dict[int, str]
 ) -> str | None:
     """The query id of ``new`` when it holds exactly what a transplant of ``cp`` at ``batch``
     with sources ``fresh`` read anew writes (any query id but the old one), else None."""
@@ -729,12 +836,12 @@ def _same_content(a: Path | S3Path, b: Path | S3Path) -> bool:
     return a.read_bytes() == b.read_bytes()
 
 
-def _offsets_for(cp: Checkpoint, batch: int, fresh: list[int]) -> str:
+def _offsets_for(cp: Checkpoint, batch: int, fresh: dict[int, str]) -> str:
     """``offsets/<batch>`` with its batch metadata kept and the offsets of the sources read
     anew replaced by a starting offset."""
     header, meta, *lines = (cp.root / f"offsets/{batch}").read_text("utf-8").split("\n")
     sources = [line for line in lines if line.strip()]
-    sources = [STARTING_OFFSET if i in fresh else line for i, line in enumerate(sources)]
+    sources = [fresh.get(i, line) for i, line in enumerate(sources)]
     return "\n".join([header, meta, *sources])
 
 

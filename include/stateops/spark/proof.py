@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 from stateops.control.audit import audit_dir
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query
+from stateops.core.sources import kafka_offsets, read_initial_log
 from stateops.spark.export import (
     MANIFEST,
     batch_watermarks,
@@ -86,6 +88,53 @@ def simulate_query(
     )
 
 
+def _batch(spark: SparkSession, query: Query, cp: Checkpoint, batch: int) -> tuple[DataFrame, list]:
+    """What ``batch`` read: its input and the input files (for a Kafka source, the ranges of
+    records per partition, ``topic[p] a..b``; empty: it read nothing)."""
+    source = query.source
+    if not source.kafka:
+        files = [f["path"] for f in cp.input_files(batch)]
+        return _batch_input(spark, query, files), files
+    end = kafka_offsets(cp.offsets[batch].source_offsets[0]) or {}
+    # Where the batch started: the last earlier batch with offsets (a bootstrap's batch 0 reads
+    # no input and has none), else the initial offsets the source logged.
+    earlier = (
+        kafka_offsets(cp.offsets[b].source_offsets[0])
+        for b in range(batch - 1, -1, -1)
+        if b in cp.offsets
+    )
+    start = next((o for o in earlier if o is not None), None)
+    if start is None:
+        initial = cp.sources.get("0", {}).get(0)
+        start = (initial and read_initial_log((cp.root / initial).read_text("utf-8"))) or {}
+    ranges = [
+        f"{t}[{p}] {start.get(t, {}).get(p, 0)}..{o - 1}"
+        for t, ps in end.items()
+        for p, o in ps.items()
+        if o > start.get(t, {}).get(p, 0)
+    ]
+    if not ranges:
+        return spark.createDataFrame([], source.schema_), []
+    from pyspark.sql import functions as F
+
+    def spec(offsets: dict) -> str:
+        # -2: the partition's earliest (Spark's JSON offsets)
+        return json.dumps(
+            {t: {str(p): offsets.get(t, {}).get(p, -2) for p in ps} for t, ps in end.items()}
+        )
+
+    records = (
+        spark.read.format("kafka")
+        .options(**spark_options(kafka_settings(source.bootstrap_servers)))
+        .option("subscribe", ",".join(source.subscribed))
+        .option("startingOffsets", spec(start))
+        .option("endingOffsets", spec(end))
+        .load()
+    )
+    value = F.from_json(F.col("value").cast("string"), source.schema_)  # as read_source decodes
+    return records.select(value.alias("value")).select("value.*"), ranges
+
+
 def _batch_input(spark: SparkSession, query: Query, files: list[str]) -> DataFrame:
     source = query.source
     if not files:
@@ -134,11 +183,10 @@ def prove_first_batch(
     cp = load_checkpoint(query.checkpoint)
     batch = 0
     cp.restart_files(batch)  # the batch is committed and its state files are all there
-    files = [f["path"] for f in cp.input_files(batch)]
+    input_df, files = _batch(spark, query, cp, batch)
     offsets = cp.offsets[batch]
     keys = query.key_columns
     columns = [F.col(k) for k in keys]
-    input_df = _batch_input(spark, query, files)
     touched = input_df.select(*keys)
     if initial_state is not None:
         touched = touched.unionByName(initial_state.select(*keys))
@@ -274,8 +322,7 @@ def _new_batches(
     own_late = own_evict = 0  # the watermarks the new input alone gives (no carry)
     for batch in batches:
         cp.restart_files(batch)  # committed, and its state files are all there
-        files = [f["path"] for f in cp.input_files(batch)]
-        df = _batch_input(spark, query, files)
+        df, files = _batch(spark, query, cp, batch)
         latest = None
         if delay is not None and files:
             # Spark's watermark: the latest event time in ms, truncated, minus the delay.

@@ -1,0 +1,256 @@
+"""Source migration with Kafka (issue 42 item 8): topic A -> topic B by either road, and a
+folder -> topic, each equal in state and output to one query that read every event from one
+topic, stopped and restarted at the cutover (the control). The new topic also holds records
+stamped before the cutover (never to be read) and records stamped exactly at it (read once).
+The refusals: a missing topic, a cutover the topic no longer retains, a broker that is down,
+records left on the old topic after the drain; each in one line, the checkpoint unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.control.target import query_target
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import OperationFailed, StateOpsError
+from stateops.core.registry import load_registry
+from stateops.ops.migration import plan_migration, run_migration
+from tests.conftest import run_cli, tree_digest, write_registry
+from tests.spark.harness import (
+    PAGE_VISITS_READS,
+    job_runner,
+    read_sink,
+    read_state,
+    run_in_session,
+)
+
+pytestmark = pytest.mark.spark
+
+T0 = 1_790_000_000_000  # epoch ms of the first event (brokers refuse future timestamps)
+CUTOVER = T0 + 30_000
+CUTOVER_TEXT = datetime.fromtimestamp(CUTOVER / 1000, UTC).isoformat()
+SCHEMA = "user_id STRING, page STRING, event_time TIMESTAMP"
+NAME = "page_visits"
+
+
+def visit(i: int, stamp: int, page: str | None = None) -> tuple[str, dict, int]:
+    user = f"u{i % 5}"
+    value = {"user_id": user, "page": page or f"/p{i % 7}", "event_time": stamp // 1000}
+    return user, value, stamp
+
+
+OLD = [visit(i, T0 + i * 1000) for i in range(30)]  # before the cutover
+# From the cutover on: one visit per user stamped exactly at it, then one a second.
+NEW = [visit(i, CUTOVER, "/at-cutover") for i in range(5)] + [
+    visit(i, CUTOVER + (i - 29) * 1000) for i in range(30, 50)
+]
+# On the new topic before the cutover: read, they would count twice.
+STALE = [visit(i, T0 + i * 1000, "/stale") for i in range(20, 30)]
+
+
+# The events are older than the broker's default retention (7 days): kept for good here.
+KEEP = {"retention.ms": "-1"}
+
+
+def kafka_source(topic: str) -> dict:
+    return {"format": "kafka", "topic": topic, "schema": SCHEMA}
+
+
+def registry(root: Path, source: dict) -> Path:
+    path = write_registry(root, **{NAME: {"source": source}})
+    raw = yaml.safe_load(path.read_text())
+    raw["backups"] = {"url": f"s3://backups/{root.name}"}  # not used: no backup here
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def state_and_output(spark, path: Path) -> tuple[list, Counter]:
+    query = load_registry(path).query(NAME)
+    state = [
+        sorted(re.sub(r", partition_id=\d+\)$", ")", r) for r in rows)
+        for rows in read_state(spark, Path(query.checkpoint), PAGE_VISITS_READS)
+    ]
+    output = Counter(row for rows in read_sink(Path(query.sink.path)).values() for row in rows)
+    return state, output
+
+
+@pytest.fixture(scope="module")
+def control(spark, kafka, tmp_path_factory):
+    """One topic, read to the cutover, then (restarted) on."""
+    root = tmp_path_factory.mktemp("control")
+    topic = kafka.create_topic("C-control", **KEEP)
+    path = registry(root, kafka_source(topic) | {"options": {"startingOffsets": "earliest"}})
+    kafka.produce(topic, OLD)
+    run_in_session(spark, path, NAME)
+    kafka.produce(topic, NEW)
+    run_in_session(spark, path, NAME)
+    return state_and_output(spark, path)
+
+
+def old_on_topic(spark, kafka, root: Path, label: str) -> Path:
+    topic = kafka.create_topic(f"C-{label}-old", **KEEP)
+    path = registry(root, kafka_source(topic) | {"options": {"startingOffsets": "earliest"}})
+    kafka.produce(topic, OLD)
+    run_in_session(spark, path, NAME)
+    return path
+
+
+def new_topic(kafka, label: str) -> str:
+    topic = kafka.create_topic(f"C-{label}-new", **KEEP)
+    kafka.produce(topic, STALE + NEW)
+    return topic
+
+
+def migrate(spark, path: Path, spec: dict, road: str, cutover: str = CUTOVER_TEXT, run_job=None):
+    target = query_target(path, NAME)
+    plan = plan_migration(target, spec, "", f"mig-{road}", cutover, road)
+    return run_migration(
+        target,
+        plan,
+        backup=lambda: "no-backup-in-this-test",
+        run_job=run_job or job_runner(spark),
+        log=print,
+    )
+
+
+@pytest.mark.parametrize("road", ["transplant", "initial_state"])
+def test_topic_to_topic_equals_one_topic_restarted_at_the_cutover(
+    spark, kafka, tmp_path, control, road
+):
+    path = old_on_topic(spark, kafka, tmp_path, road)
+    topic = new_topic(kafka, road)
+    at_cutover = kafka.offsets(topic, CUTOVER)
+    assert sum(at_cutover.values()) == len(STALE)  # the stale records come first
+
+    lineage = migrate(spark, path, kafka_source(topic) | {"start": "cutover"}, road)
+
+    assert lineage["carry_over"] == road
+    query = load_registry(path).query(NAME)
+    assert query.source.topic == topic
+    new = load_checkpoint(query.checkpoint)
+    if road == "transplant":  # the cutover's offsets are written into the new checkpoint
+        first = min(b for b in new.offsets if b in new.commits and b + 1 in new.offsets)
+        assert new.offsets[first].source_offsets[0] == {
+            topic: {str(p): o for p, o in at_cutover.items()}
+        }
+        assert (Path(query.checkpoint) / "sources/0/0").read_bytes() == b"\x00v1\n" + json.dumps(
+            {topic: {str(p): o for p, o in at_cutover.items()}}
+        ).encode()
+    last = new.offsets[new.last_committed_batch].source_offsets[0]
+    assert last == {topic: {str(p): o for p, o in kafka.offsets(topic).items()}}
+    assert state_and_output(spark, path) == control
+
+
+def test_folder_to_topic_equals_one_topic_restarted_at_the_cutover(spark, kafka, tmp_path, control):
+    landing = tmp_path / "landing" / NAME
+    landing.mkdir(parents=True)
+    for k in range(3):  # three files, all modified before the cutover
+        f = landing / f"part-{k}.json"
+        f.write_text("".join(json.dumps(v) + "\n" for _, v, _ in OLD[k * 10 : k * 10 + 10]))
+        os.utime(f, (T0 / 1000 + k, T0 / 1000 + k))
+    path = registry(
+        tmp_path,
+        {"format": "json", "path": str(landing), "schema": SCHEMA, "options": {}},
+    )
+    run_in_session(spark, path, NAME)
+    topic = new_topic(kafka, "folder")
+
+    lineage = migrate(spark, path, kafka_source(topic) | {"start": "cutover"}, "transplant")
+
+    assert lineage["carry_over"] == "transplant"
+    assert load_registry(path).query(NAME).source.topic == topic
+    assert state_and_output(spark, path) == control
+
+
+def test_topic_to_folder_equals_one_topic_restarted_at_the_cutover(spark, kafka, tmp_path, control):
+    path = old_on_topic(spark, kafka, tmp_path, "to-folder")
+    folder = tmp_path / "landing_v2"
+    folder.mkdir()
+    (folder / "part-0.json").write_text("".join(json.dumps(v) + "\n" for _, v, _ in NEW))
+    spec = {"format": "json", "path": str(folder), "options": {}}
+
+    lineage = migrate(spark, path, spec, "auto", cutover="drain")
+
+    assert lineage["carry_over"] == "transplant"
+    query = load_registry(path).query(NAME)
+    assert (query.source.format, query.source.path) == ("json", str(folder))
+    assert state_and_output(spark, path) == control
+
+
+def test_refusals_change_nothing(spark, kafka, tmp_path, monkeypatch):
+    path = old_on_topic(spark, kafka, tmp_path, "refusals")
+    checkpoints = tmp_path / "checkpoints"
+    before = tree_digest(checkpoints)
+    target = query_target(path, NAME)
+    gone = new_topic(kafka, "retention")
+    at_cutover = kafka.offsets(gone, CUTOVER)
+    kafka.delete_records(gone, {p: o + 1 for p, o in at_cutover.items()})
+    monkeypatch.setattr("stateops.core.kafka.TIMEOUT", 1.0)
+    cases = [
+        (kafka_source("C-no-such-topic"), "topic 'C-no-such-topic' does not exist"),
+        (kafka_source(gone), "the cutover is no longer retained"),
+        (
+            kafka_source(gone) | {"bootstrap_servers": "127.0.0.1:1"},
+            "Kafka at 127.0.0.1:1 does not answer",
+        ),
+    ]
+    for spec, said in cases:
+        with pytest.raises(StateOpsError) as refused:
+            plan_migration(target, spec | {"start": "cutover"}, "", "mig-x", CUTOVER_TEXT)
+        assert said in str(refused.value) and "\n" not in str(refused.value)
+
+    def cli(topic: str, *more: str):
+        return run_cli(
+            "--registry",
+            str(path),
+            "migrate",
+            NAME,
+            "--new-source-format",
+            "kafka",
+            "--new-source-topic",
+            topic,
+            "--carry-over",
+            "transplant",
+            *more,
+            "--dry-run",
+        )
+
+    dry = cli(gone, "--new-source-start", "earliest")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert (plan["new"]["source"]["topic"], plan["new"]["start"]) == (gone, "earliest")
+    assert f"-> kafka topic {gone}" in dry.stderr
+    missing = cli("C-no-such-topic", "--cutover", CUTOVER_TEXT)
+    assert missing.returncode != 0
+    assert missing.stderr.strip().count("\n") == 0 and "does not exist" in missing.stderr
+    assert tree_digest(checkpoints) == before
+
+
+def test_records_left_on_the_old_topic_after_the_drain_are_refused(spark, kafka, tmp_path):
+    path = old_on_topic(spark, kafka, tmp_path, "unread")
+    old_topic = load_registry(path).query(NAME).source.topic
+    topic = new_topic(kafka, "unread")
+    drained = {}
+    run = job_runner(spark)
+
+    def run_job(job: str, registry_file: str, args: list[str]) -> None:
+        run(job, registry_file, args)
+        if "--cutover" in args:  # the drain: a producer that did not stop
+            drained.update(tree_digest(tmp_path / "checkpoints" / NAME))
+            kafka.produce(old_topic, [visit(i, CUTOVER + i * 1000) for i in range(3)])
+
+    with pytest.raises(OperationFailed) as failed:
+        migrate(spark, path, kafka_source(topic) | {"start": "cutover"}, "auto", run_job=run_job)
+    message = str(failed.value)
+    assert "3 records left unread on the old topic after the drain" in message, message
+    assert f"{old_topic}[" in message and "\n" not in message
+    assert load_registry(path).query(NAME).source.topic == old_topic
+    assert tree_digest(tmp_path / "checkpoints" / NAME) == drained
