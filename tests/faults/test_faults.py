@@ -666,7 +666,9 @@ class KafkaTransplantToNewTopic(KafkaTransplant):
         return _compare(world, _restart(world, new, self.dir / "restart-sink"))
 
 
-KAFKA_OPERATIONS = {op.name: op for op in (KafkaRollback,)}
+KAFKA_OPERATIONS = {
+    op.name: op for op in (KafkaRollback, KafkaTransplant, KafkaTransplantToNewTopic)
+}
 
 
 @pytest.mark.parametrize("operation", KAFKA_OPERATIONS)
