@@ -12,6 +12,10 @@ format; each trial works on a copy. In format v2 (issue 21) cleanup, rollback an
 are killed, on a checkpoint that holds the files of an attempt no commit names. ``make test``
 runs a few trials per operation (``STATEOPS_FAULT_TRIALS``, default 3), ``make faults`` many;
 the seed is printed (``STATEOPS_FAULT_SEED`` replays it).
+
+On a Kafka checkpoint (issue 42: page_visits reading the session broker) the rollback and the
+transplant (the topic kept, and moved to another topic) are killed the same way; ``make test``
+runs 2 trials of each, ``make faults`` as many as of the others.
 """
 
 from __future__ import annotations
