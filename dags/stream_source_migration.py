@@ -156,23 +156,23 @@ def spark_task(step: str):
             "of another format than this one.",
         ),
         "new_source_path": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             title="New source: folder (file formats)",
             description="For a file source only: where the new input lands (relative to the "
             "registry's data_dir, or absolute). Events after the cutover belong here. Empty "
             "for kafka.",
         ),
         "new_source_topic": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             title="New source: topic (kafka)",
             description="For a kafka source only: the topic the query reads from now on "
             "(the preflight refuses one that does not exist).",
         ),
         "new_source_bootstrap_servers": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             title="New source: bootstrap servers (kafka)",
             description="For a kafka source only: HOST:PORT of the new topic's cluster. "
             "Empty: the kafka_default connection (or the environment).",

@@ -83,10 +83,7 @@ def _properties(root: Path, port: int, controller: int) -> str:
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
-        # No time-based retention by default: sample and test events carry fixed past times,
-        # which the default 7 days would delete as they land. A topic that wants retention
-        # sets retention.ms; it is checked every 5 s (default 5 min), so it acts soon.
-        "log.retention.ms": "-1",
+        # Retention is checked every 5 s (default 5 min): a test's short retention.ms acts soon.
         "log.retention.check.interval.ms": "5000",
     }
     return "".join(f"{k}={v}\n" for k, v in settings.items())
