@@ -359,18 +359,19 @@ def format_report(reports: list[OperationReport]) -> str:
     if not reports:
         return ""
     s = reports[0].settings
+    w = max(11, *(len(r.operation) for r in reports))  # "transplant-kafka-topic" fits
     lines = [
         f"fault injection: seed {s.seed}, {s.trials} trials per operation, Spark restarts of "
         f"{s.restarts} per operation",
         f"replay: {s.replay()}",
         "",
-        f"{'operation':<11} {'trials':>6} {'killed':>6} {'finished first':>14} "
+        f"{'operation':<{w}} {'trials':>6} {'killed':>6} {'finished first':>14} "
         f"{'resumes sound':>13} {'restarts equal':>14} {'seconds':>8}",
     ]
     for r in reports:
         equal = sum(t.restart == "equal" for t in r.restarted)
         lines.append(
-            f"{r.operation:<11} {len(r.trials):>6} {r.killed:>6} {r.finished_first:>14} "
+            f"{r.operation:<{w}} {len(r.trials):>6} {r.killed:>6} {r.finished_first:>14} "
             f"{f'{r.sound}/{len(r.trials)}':>13} {f'{equal}/{len(r.restarted)}':>14} "
             f"{r.seconds:>8.0f}"
         )

@@ -12,11 +12,17 @@ format; each trial works on a copy. In format v2 (issue 21) cleanup, rollback an
 are killed, on a checkpoint that holds the files of an attempt no commit names. ``make test``
 runs a few trials per operation (``STATEOPS_FAULT_TRIALS``, default 3), ``make faults`` many;
 the seed is printed (``STATEOPS_FAULT_SEED`` replays it).
+
+On a Kafka checkpoint (issue 42: page_visits reading the session broker) the rollback and the
+transplant (the topic kept, and moved to another topic) are killed the same way; ``make test``
+runs 2 trials of each, ``make faults`` as many as of the others.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +39,7 @@ from stateops.core.s3 import parse_s3_url
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import backup_checkpoint, read_manifests, verify_backup
 from stateops.ops.restore import restore_backup
+from stateops.spark.streaming import apply_query_conf, start_query
 from tests.conftest import S3Server, tree_digest, write_registry
 from tests.faults.engine import SETTINGS, Operation, format_report, run_operation
 from tests.spark.harness import (
@@ -44,6 +51,7 @@ from tests.spark.harness import (
     pipeline_case,
     read_sink,
     read_state,
+    registered_query,
     v2_case,
 )
 
@@ -72,6 +80,7 @@ class World:
     spark: Any
     state: list[list[str]]
     output: dict[int, list[tuple]]
+    new_topic: str = ""  # Kafka: a topic holding only the records a restart reads
 
 
 def _copy(world: World, dest: Path, *, sink: bool = False) -> Path:
@@ -512,6 +521,171 @@ class Transplant(Operation):
 
 
 OPERATIONS = {op.name: op for op in (Backup, Restore, Cleanup, CleanupOnS3, Rollback, Transplant)}
+
+
+# --- Kafka (issue 42): the same operations on a checkpoint Spark wrote reading the session's
+# broker. Its offsets entries name topic partitions, not a file log: a rollback rewinds them, a
+# transplant copies them, and the rerun must read the broker from exactly there.
+
+KAFKA_T0 = 1_790_000_000_000  # epoch ms of the first event (the broker refuses the future)
+KAFKA_BATCH = 10  # records a batch reads (maxOffsetsPerTrigger)
+KAFKA_BATCHES = 6
+# A cheap default under `make test` (each trial is two CLI runs, a restart is a Spark run);
+# `make faults` sets STATEOPS_FAULT_TRIALS for every operation alike.
+KAFKA_SETTINGS = (
+    SETTINGS
+    if "STATEOPS_FAULT_TRIALS" in os.environ
+    else dataclasses.replace(SETTINGS, trials=min(SETTINGS.trials, 2))
+)
+
+
+def _produce_evenly(kafka, topic: str, start: int, n: int) -> None:
+    """``n`` page visits of 5 users, one a second from KAFKA_T0 + ``start`` s, partitions 0
+    and 1 in turn. Even partitions make Spark's split of ``maxOffsetsPerTrigger`` (prorated
+    by what each partition has left) the same from any committed batch on, whatever the end:
+    a rolled-back checkpoint replays exactly the batches the control ran."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 0})
+    for i in range(start, start + n):
+        value = {"user_id": f"u{i % 5}", "page": f"/p{i % 7}", "event_time": KAFKA_T0 // 1000 + i}
+        producer.produce(
+            topic,
+            key=value["user_id"],
+            value=json.dumps(value),
+            partition=i % 2,
+            timestamp=KAFKA_T0 + i * 1000,
+        )
+    assert producer.flush(30) == 0, "records not delivered within 30 s"
+
+
+def kafka_case(source: dict) -> Case:
+    def start(spark, root, checkpoint, sink):
+        query = registered_query(root, "page_visits", checkpoint, sink, source=source)
+        apply_query_conf(spark, query)
+        return start_query(spark, query, available_now=True)
+
+    return Case("page_visits-kafka", "rocksdb", "page_visits", READS, start)
+
+
+@pytest.fixture(scope="module")
+def kafka_world(spark, s3, kafka, tmp_path_factory) -> World:
+    """page_visits reading a 2-partition topic, KAFKA_BATCHES batches of KAFKA_BATCH records;
+    then one batch more on the topic, which the control (and every restart) reads."""
+    # Kept for ever: the events are stamped weeks ago, and the broker's default retention
+    # (7 days, checked every 5 s here) would delete them between two runs.
+    topic = kafka.create_topic("F-faults-visits", partitions=2, **{"retention.ms": "-1"})
+    source = {
+        "format": "kafka",
+        "topic": topic,
+        "schema": "user_id STRING, page STRING, event_time TIMESTAMP",
+        "options": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": KAFKA_BATCH},
+    }
+    case = kafka_case(source)
+    root = tmp_path_factory.mktemp("faults-kafka")
+    _produce_evenly(kafka, topic, 0, KAFKA_BATCH * KAFKA_BATCHES)
+    checkpoint, sink = root / "template" / "ck", root / "template" / "sink"
+    case.run(spark, root, checkpoint, sink)
+    assert last_committed(checkpoint) == KAFKA_BATCHES - 1
+    _produce_evenly(kafka, topic, KAFKA_BATCH * KAFKA_BATCHES, KAFKA_BATCH)
+    new_topic = kafka.create_topic("F-faults-visits-new", partitions=2, **{"retention.ms": "-1"})
+    _produce_evenly(kafka, new_topic, KAFKA_BATCH * KAFKA_BATCHES, KAFKA_BATCH)
+    world = World(
+        case,
+        {"source": source},
+        root,
+        checkpoint,
+        sink,
+        KAFKA_BATCHES - 1,
+        root,
+        s3,
+        spark,
+        [],
+        {},
+        new_topic,
+    )
+    control = root / "control"
+    _copy(world, control, sink=True)
+    world.state, output, _ = _restart(world, control / "ck", control / "sink")
+    world.output = read_sink(control / "sink")
+    assert sorted(output) == [world.last + 1]
+    assert load_checkpoint(control / "ck").offsets[world.last + 1].source_offsets[0] == {
+        topic: {str(p): o for p, o in kafka.offsets(topic).items()}
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in s3.env().items():
+            mp.setenv(name, value)
+        yield world
+
+
+class KafkaRollback(Rollback):
+    name = "rollback-kafka"
+
+
+class KafkaTransplant(Transplant):
+    """A new checkpoint for the same query on the same topic (``stateops transplant`` with the
+    source unchanged): its offsets carry on where the old checkpoint's stopped."""
+
+    name = "transplant-kafka"
+
+    def command(self, ctx: tuple[Path, Path, Path]) -> tuple[list[str], dict[str, str]]:
+        old, new, registry = ctx
+        return [
+            "--registry",
+            str(registry),
+            "transplant",
+            str(old),
+            str(new),
+            "--query",
+            "page_visits",
+        ], {}
+
+    def restart(self, ctx: tuple[Path, Path, Path]) -> str | None:
+        _, new, _ = ctx
+        return _compare(self.world, _restart(self.world, new, self.dir / "restart-sink"))
+
+
+class KafkaTransplantToNewTopic(KafkaTransplant):
+    """The transplant to another topic, started at its beginning (which holds only the
+    records a restart of the untouched checkpoint reads on the old topic)."""
+
+    name = "transplant-kafka-topic"
+
+    def command(self, ctx: tuple[Path, Path, Path]) -> tuple[list[str], dict[str, str]]:
+        argv, env = super().command(ctx)
+        return [
+            *argv,
+            "--source-format",
+            "kafka",
+            "--source-topic",
+            self.world.new_topic,
+            "--source-start",
+            "earliest",
+        ], env
+
+    def restart(self, ctx: tuple[Path, Path, Path]) -> str | None:
+        _, new, _ = ctx
+        source = {**self.world.entry["source"], "topic": self.world.new_topic}
+        world = dataclasses.replace(self.world, case=kafka_case(source))
+        return _compare(world, _restart(world, new, self.dir / "restart-sink"))
+
+
+KAFKA_OPERATIONS = {
+    op.name: op for op in (KafkaRollback, KafkaTransplant, KafkaTransplantToNewTopic)
+}
+
+
+@pytest.mark.parametrize("operation", KAFKA_OPERATIONS)
+def test_on_a_kafka_checkpoint_killed_and_run_again_it_is_sound_and_restarts_like_the_control(
+    kafka_world, operation
+):
+    report = run_operation(
+        KAFKA_OPERATIONS[operation](kafka_world), kafka_world.root / "ops", KAFKA_SETTINGS
+    )
+    print(format_report([report]))
+    failures = report.failures()
+    assert not failures, "\n".join([*failures, f"replay: {KAFKA_SETTINGS.replay()}"])
+    assert len(report.trials) == KAFKA_SETTINGS.trials
 
 
 # Format v2 (issue 21): the operations that delete or build a checkpoint from the restart set

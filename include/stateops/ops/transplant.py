@@ -544,8 +544,12 @@ def run_transplant(
             "bootstrap_servers": source_bootstrap_servers,
         },
     )
+    # A topic the query goes on reading (unchanged) needs no start: its offsets are copied.
+    goes_on_reading = moved_source == owner.inputs[moved] and not (source_start or cutover)
     start = (
-        cutover_entry(moved_source, start_at(source_start, cutover)) if moved_source.kafka else None
+        cutover_entry(moved_source, start_at(source_start, cutover))
+        if moved_source.kafka and not goes_on_reading
+        else None
     )
     new = str(location(new).resolve())
     runs_as = owner.with_input(moved, moved_source).model_copy(update={"checkpoint": new})
