@@ -89,7 +89,11 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             _checkpoint_part(status, cp, query.state_store.min_deltas_for_snapshot)
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
-    status["kafka"] = _kafka_part(status, query, cp)
+    try:
+        status["kafka"] = _kafka_part(status, query, cp)
+    except StateOpsError as err:  # an unreadable sources/<i>/0: the rest is still shown
+        status["kafka"] = []
+        status["errors"].append(f"kafka: {err}")
     summary = registry.run_summary_path(name)
     if summary.exists():
         run = json.loads(summary.read_text())
@@ -189,6 +193,13 @@ def health(
     for part in status.get("kafka", []):  # retention passed, or is about to pass, its offsets
         if part["lost"]:
             fail.append(_lost(part))
+        if part["ahead"]:
+            fail.append(
+                f"kafka {part['source']}: the offsets committed by batch "
+                f"{part['committed_batch']} are past the broker's end "
+                f"({', '.join(part['ahead'])}): the topic was recreated or truncated; a restart "
+                "fails, or skips records; restore a backup or migrate to the topic as it is"
+            )
         if part["close"]:
             warn.append(f"kafka {part['source']}: {RETENTION_CLOSE}: " + "; ".join(part["close"]))
     if cp is not None and cp.uncommitted_batches and state != "held":
@@ -219,11 +230,11 @@ def _kafka_part(status: dict[str, Any], query: Any, cp: Checkpoint | None) -> li
     A broker that does not answer is one error naming its bootstrap servers; the rest of the
     status is still read."""
     parts = []
-    for i, (name, source) in enumerate(query.inputs.items()):
+    for name, source in query.inputs.items():
         if not source.kafka:
             continue
         batch = cp.last_committed_batch if cp is not None else None
-        committed = _committed(cp, batch, i, source.subscribed)
+        committed = _committed(cp, batch, source.subscribed)
         part: dict[str, Any] = {
             "source": name,
             "topics": source.subscribed,
@@ -236,6 +247,7 @@ def _kafka_part(status: dict[str, Any], query: Any, cp: Checkpoint | None) -> li
             "margin": None,
             "lost": [],
             "close": [],
+            "ahead": [],
         }
         parts.append(part)
         if committed is None:
@@ -254,15 +266,16 @@ def _kafka_part(status: dict[str, Any], query: Any, cp: Checkpoint | None) -> li
             margin=lag.margin,
             lost=[f"{m}" for m in kept.lost],
             close=kept.close,
+            ahead=kept.ahead,
         )
     return parts
 
 
-def _committed(
-    cp: Checkpoint | None, batch: int | None, index: int, topics: list[str]
-) -> Offsets | None:
-    """The offsets of the checkpoint's Kafka source that reads ``topics`` (else the one at
-    ``index``, the registry's order) as of committed ``batch``; None when it has none yet."""
+def _committed(cp: Checkpoint | None, batch: int | None, topics: list[str]) -> Offsets | None:
+    """The offsets of the checkpoint's Kafka source that reads ``topics`` as of committed
+    ``batch``; None when it has none yet, or no one entry reads exactly those topics (the
+    checkpoint's sources follow Spark's plan, not the registry's order: a guess could show
+    another source's offsets)."""
     if cp is None:
         return None
     if batch is None:
@@ -271,7 +284,7 @@ def _committed(
     else:
         found = cp.kafka_offsets(batch)
     same = [o for o in found.values() if set(o) == set(topics)]
-    return same[0] if len(same) == 1 else found.get(index)
+    return same[0] if len(same) == 1 else None
 
 
 def _planned_batch(name: str, batch: int, last: int | None) -> str:

@@ -143,7 +143,13 @@ def test_rollback_3_batches_and_reprocess_continue_to_the_untouched_run(
     # offsets/k: where the first run's last batch had read to, the input topic's end then
     rewound = {run.in_topic: run.input_at_k}
     assert plan["kafka"] == [
-        {"source": 0, "topics": [run.in_topic], "offsets": rewound, "reads_again": 30}
+        {
+            "source": 0,
+            "topics": [run.in_topic],
+            "offsets": rewound,
+            "reads_again": 30,
+            "missing": "",
+        }
     ]
     assert (
         f"  source 0 (topic {run.in_topic}): rewinds to {offsets_text(rewound)}; "

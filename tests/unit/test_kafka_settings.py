@@ -92,3 +92,42 @@ def test_offsets_that_go_back_or_lose_a_partition_are_named():
         "t[0] goes back from 5 to 4",
         "t[1] is gone",
     ]
+
+
+def test_a_source_on_another_cluster_gets_none_of_the_configured_credentials(clean_env):
+    clean_env.setenv("STATEOPS_KAFKA_BOOTSTRAP_SERVERS", "a:9093")
+    clean_env.setenv("STATEOPS_KAFKA_SASL_USERNAME", "svc")
+    clean_env.setenv("STATEOPS_KAFKA_SASL_PASSWORD", SECRET)
+    assert kafka_settings("a:9093").security["sasl.password"] == SECRET
+    other = kafka_settings("b:9093")
+    assert other.security == {} and SECRET not in str(spark_options(other))
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"kafka.sasl.jaas.config": "x"}, "security settings come from the Airflow connection"),
+        ({"kafka.ssl.keystore.password": "x"}, "never the registry"),
+        ({"subscribePattern": "a.*"}, "as topic or topics, not options"),
+        ({"kafka.bootstrap.servers": "h:1"}, "as bootstrap_servers, not options"),
+    ],
+)
+def test_a_registry_kafka_source_keeps_its_topics_brokers_and_secrets_out_of_options(options, says):
+    from pydantic import ValidationError
+
+    from stateops.core.registry import Source
+
+    spec = {"format": "kafka", "topic": "t", "schema": "a STRING"}
+    with pytest.raises(ValidationError, match=says):
+        Source.model_validate(spec | {"options": options})
+    assert Source.model_validate(spec | {"options": {"kafka.max.poll.records": 5}}).kafka
+
+
+def test_a_committed_offset_past_the_brokers_end_is_named():
+    from stateops.core.sources import retention
+
+    lag = Lag(
+        committed={"t": {0: 40, 1: 3}}, end={"t": {0: 12, 1: 3}}, earliest={"t": {0: 0, 1: 0}}
+    )
+    assert retention(lag).ahead == ["t[0] committed 40, end 12"]
+    assert retention(Lag({"t": {0: 3}}, {"t": {0: 5}}, {"t": {0: 0}})).ahead == []

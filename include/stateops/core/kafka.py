@@ -68,7 +68,9 @@ _SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.
 
 
 def kafka_settings(bootstrap_servers: str | None = None) -> KafkaSettings:
-    """The settings of a source whose registry entry names ``bootstrap_servers`` (or none)."""
+    """The settings of a source whose registry entry names ``bootstrap_servers`` (or none).
+    The security settings (SASL) of the connection or the environment go only to the
+    brokers configured there: a source on another cluster gets none of them."""
     extra = _connection_extra()
     env = {
         key: os.environ[_ENV + key.upper().replace(".", "_")]
@@ -76,12 +78,15 @@ def kafka_settings(bootstrap_servers: str | None = None) -> KafkaSettings:
         if os.environ.get(_ENV + key.upper().replace(".", "_"))
     }
     given = {**env, **extra}
-    servers = bootstrap_servers or given.get("bootstrap.servers")
+    configured = given.get("bootstrap.servers")
+    servers = bootstrap_servers or configured
     if not servers:
         raise StateOpsError(
             "no Kafka bootstrap servers: give the source's bootstrap_servers in the registry, "
             f"the Airflow connection {CONNECTION}, or STATEOPS_KAFKA_BOOTSTRAP_SERVERS"
         )
+    if servers != configured:  # another cluster: its credentials are not these
+        return KafkaSettings(servers)
     return KafkaSettings(servers, {k: str(given[k]) for k in _SECURITY_KEYS if k in given})
 
 

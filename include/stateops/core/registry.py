@@ -59,6 +59,9 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_KAFKA_SECURITY = ("kafka.sasl.", "kafka.security.", "kafka.ssl.")
+
+
 class Source(_Model):
     """One input: files in a folder (``format`` json, parquet, csv; ``path``), or Kafka
     (``format: kafka``; ``topic`` or ``topics``, its records' values encoded as ``encoding``
@@ -101,8 +104,17 @@ class Source(_Model):
                 raise ValueError("a kafka source reads topics: give topic or topics, not path")
             if bool(self.topic) == bool(self.topics):
                 raise ValueError("a kafka source names topic (one) or topics (several)")
-            if "subscribe" in self.options or "assign" in self.options:
+            if {"subscribe", "subscribePattern", "assign"} & set(self.options):
                 raise ValueError("give a kafka source's topics as topic or topics, not options")
+            if "kafka.bootstrap.servers" in self.options:
+                raise ValueError("give a kafka source's brokers as bootstrap_servers, not options")
+            secret = [k for k in self.options if k.startswith(_KAFKA_SECURITY)]
+            if secret:
+                # The registry is shown in plans, logs and XCom; credentials are not.
+                raise ValueError(
+                    f"options {', '.join(secret)}: security settings come from the Airflow "
+                    "connection kafka_default or STATEOPS_KAFKA_* variables, never the registry"
+                )
         elif not self.path:
             raise ValueError(f"a {self.format} source reads a folder: give its path")
         elif self.topic or self.topics or self.bootstrap_servers:

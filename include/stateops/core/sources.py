@@ -2,8 +2,9 @@
 
 Each kind knows its entry in a checkpoint (``offsets/N`` and ``sources/<i>/0``), the entry a
 new checkpoint starts it at (a cutover), whether given offsets can still be read, and how far
-behind a checkpoint is. Transplant, rollback, backfill, migration, status and verify ask
-:func:`kind_of` instead of knowing file sources or Kafka.
+behind a checkpoint is. Transplant, rollback, backfill, migration, restore, status and verify
+ask this module for those instead of reading offsets entries or a broker themselves; which
+kind a source is, they read from the registry (``Source.kafka``).
 
 - **file** (json, parquet, csv): Spark's file source counts its own log entries
   (``{"logOffset": K}``); a new checkpoint starts it at ``-1`` (before the first) and it then
@@ -20,7 +21,7 @@ behind a checkpoint is. Transplant, rollback, backfill, migration, status and ve
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stateops.core.errors import StateOpsError
 from stateops.core.kafka import (
@@ -44,7 +45,6 @@ __all__ = [
     "initial_log",
     "kafka_lag",
     "kafka_offsets",
-    "kind_of",
     "missing_ranges",
     "offsets_backwards",
     "require_topics",
@@ -54,11 +54,6 @@ __all__ = [
 
 # A file source that has read nothing: -1 is "before the first" entry of its (empty) log.
 FILE_START = '{"logOffset":-1}'
-
-
-def kind_of(source: Source) -> str:
-    """``kafka`` or ``file``."""
-    return "kafka" if source.kafka else "file"
 
 
 def require_topics(query: Query) -> None:
@@ -245,6 +240,9 @@ class Retention:
 
     lost: list[Missing]
     close: list[str]
+    ahead: list[str] = field(default_factory=list)
+    """Partitions whose committed offset is past the broker's end (the topic was recreated or
+    truncated): a restart fails, or reads from the new end and skips whatever comes before."""
 
 
 def retention(lag: Lag) -> Retention:
@@ -261,7 +259,13 @@ def retention(lag: Lag) -> Retention:
                     f"{topic}[{partition}] committed offset {earliest + margin} is {margin} "
                     f"records ahead of the earliest retained {earliest} ({retained} retained)"
                 )
-    return Retention(lost, close)
+    ahead = [
+        f"{topic}[{partition}] committed {lag.committed[topic][partition]}, end {end}"
+        for topic, parts in lag.end.items()
+        for partition, end in parts.items()
+        if lag.committed.get(topic, {}).get(partition, 0) > end
+    ]
+    return Retention(lost, close, ahead)
 
 
 __all__ += ["Retention", "is_file_entry", "kafka_initial_offsets", "retention"]
@@ -357,16 +361,13 @@ def offsets_entry_sources(text: str) -> list[object]:
 def kafka_unreadable(sources: list[Source], entries: list[object]) -> str:
     """What a restart from ``entries`` (an offsets file's per-source entries) would no longer
     find on the broker, as one line (empty: every record from them on is still there): per
-    Kafka entry, the registered source subscribed to its topics is asked
-    (:func:`unreadable`). Raises :class:`~stateops.core.kafka.KafkaDown` when a broker does
-    not answer."""
+    Kafka entry, the brokers of the registered source of its topics (:func:`kafka_source_of`:
+    else the default brokers) are asked (:func:`unreadable`). Raises
+    :class:`~stateops.core.kafka.KafkaDown` when a broker does not answer."""
     gone = []
     for raw in entries:
         offsets = kafka_offsets(raw)
-        if not offsets:
-            continue
-        source = next((s for s in sources if s.kafka and set(offsets) <= set(s.subscribed)), None)
-        if source is not None and (line := unreadable(source, offsets)):
+        if offsets and (line := unreadable(kafka_source_of(offsets, sources), offsets)):
             gone.append(line)
     return "; ".join(gone)
 

@@ -3,6 +3,7 @@ records of a Kafka topic (``python -m stateops.dev.sampledata --topic T``; the s
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import random
 import sys
@@ -148,6 +149,11 @@ def produce_events(
             admin.create_topics([new])[topic].result(TIMEOUT)
         except KafkaException as err:
             raise StateOpsError(f"creating topic {topic} failed: {err.args[0].str()}") from None
+        except concurrent.futures.TimeoutError:
+            raise StateOpsError(
+                f"creating topic {topic} on {settings.bootstrap_servers} took over "
+                f"{TIMEOUT:.0f} s; is the broker up?"
+            ) from None
     producer = Producer(settings.client_config() | {"log_level": 0, "linger.ms": 20})
     failed: list[str] = []
     count = 0

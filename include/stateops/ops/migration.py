@@ -789,17 +789,19 @@ def _refuse_unread(old: Source, cp: Checkpoint, last: int | None) -> None:
 
 def _started(runs_as: Query, plan: dict[str, Any]) -> tuple[Query, str | None]:
     """The new query with its new Kafka source's start (None for a file source): the offsets
-    entry at the plan's start (:func:`stateops.core.sources.cutover_entry`, now: at the drain's
-    end where the cutover is ``drain``), also as the source's ``startingOffsets``, which Spark
-    reads on the first start of the initialState road's empty checkpoint (the transplant
-    writes the entry into the checkpoint itself)."""
+    entry at the plan's start (:func:`stateops.core.sources.cutover_entry`; the topic's end
+    at the drain's end where the cutover is ``drain``), also as the source's
+    ``startingOffsets``, which Spark reads on the first start of the initialState road's
+    empty checkpoint (the transplant writes the entry into the checkpoint itself)."""
     name, start = plan["source_name"], plan["new"].get("start")
     source = runs_as.inputs[name]
     if not source.kafka:
         return runs_as, None
     cutover = plan["cutover"]
     if start in (None, "cutover") and cutover == "drain":
-        at: str | int = int(time.time() * 1000)
+        # The drain's end is now: the topic's end (not a time, which a topic that retention
+        # emptied would refuse as no longer retained).
+        at: str | int = "latest"
     else:
         at = start_at(start, cutover)
     entry = cutover_entry(source, at)

@@ -119,9 +119,13 @@ def plan_rollback(target: Target, to_batch: int) -> dict[str, Any]:
     plan = deletion_plan(
         cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending, partitions=changed
     )
-    plan.update(
-        kafka=kafka_rewind(cp, target, to_batch), rewrites=kafka_rewrites(cp, target, to_batch)
-    )
+    if pending:  # decided and half done: what the broker holds now cannot stop its finish
+        plan.update(kafka=kafka_rewind(cp, target, to_batch, refuse=False), rewrites=None)
+    else:
+        plan.update(
+            kafka=kafka_rewind(cp, target, to_batch),
+            rewrites=kafka_rewrites(cp, target, to_batch),
+        )
     return plan
 
 
@@ -129,12 +133,15 @@ def _refused(cp: Checkpoint, to_batch: int) -> str:
     return f"{cp.root}: rollback to batch {to_batch} refused, nothing changed"
 
 
-def kafka_rewind(cp: Checkpoint, target: Target, to_batch: int) -> list[dict[str, Any]]:
+def kafka_rewind(
+    cp: Checkpoint, target: Target, to_batch: int, *, refuse: bool = True
+) -> list[dict[str, Any]]:
     """Per Kafka source of the checkpoint: the offsets a rollback to ``to_batch`` rewinds it to
     (``offsets/<to_batch>``, where the next batch starts reading) and how many records the
     batches after it read (read again). Refused in one line, changing nothing, where the
     broker no longer holds records from those offsets on (the restart would fail, or skip
-    them), or does not answer."""
+    them), or does not answer. Without ``refuse`` (a rollback a kill interrupted: its marker
+    holds the query until it finishes) that is said in ``missing`` instead."""
     entry = cp.offsets.get(to_batch)
     if entry is None:
         return []
@@ -146,11 +153,14 @@ def kafka_rewind(cp: Checkpoint, target: Target, to_batch: int) -> list[dict[str
         try:
             missing = unreadable(source, offsets)
         except KafkaDown as err:
-            raise KafkaDown(
-                f"{_refused(cp, to_batch)}: cannot check that the broker still holds "
-                f"{source.where} from batch {to_batch}'s offsets on: {err}"
-            ) from None
-        if missing:
+            if not refuse:
+                missing = f"not checked: {err}"
+            else:
+                raise KafkaDown(
+                    f"{_refused(cp, to_batch)}: cannot check that the broker still holds "
+                    f"{source.where} from batch {to_batch}'s offsets on: {err}"
+                ) from None
+        if missing and refuse:
             raise CheckpointError(
                 f"{_refused(cp, to_batch)}: the broker no longer holds records the query would "
                 f"read again: {missing}; roll back to a later batch"
@@ -162,6 +172,7 @@ def kafka_rewind(cp: Checkpoint, target: Target, to_batch: int) -> list[dict[str
                 "topics": source.subscribed,
                 "offsets": offsets,
                 "reads_again": records_between(offsets, then or offsets),
+                "missing": missing,
             }
         )
     return rewinds

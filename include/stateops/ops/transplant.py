@@ -296,7 +296,7 @@ def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[dict[int, s
     if len(offsets) != len(inputs):
         return {}, [f"the old query read {len(offsets)} sources, the query reads {len(inputs)}"]
     reasons: list[str] = []
-    fresh: dict[int, str] = []
+    fresh: list[int] = []
     kept: dict[str, list[int]] = {}
     for i in range(len(offsets)):
         owners = _owners(cp, query, batch, i, reasons)
