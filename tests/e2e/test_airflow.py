@@ -115,7 +115,8 @@ def stack(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("make-airflow")
     whole = uninterrupted(spark, tmp, "user_sessions")
     ports = {
-        name: free_port() for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI", "S3")
+        name: free_port()
+        for name in ("AIRFLOW", "SPARK", "SPARK_UI", "SPARK_WORKER_UI", "S3", "KAFKA")
     }
     s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
     # Approval as a migration asks by default: a second person answers (the tests below).
@@ -133,8 +134,10 @@ def stack(spark, tmp_path_factory):
     }
     for name in (
         "STATEOPS_S3_ENDPOINT_URL",
+        "STATEOPS_KAFKA_BOOTSTRAP_SERVERS",  # a test session's broker: the script starts its own
         "AIRFLOW_CONN_SPARK_DEFAULT",
         "AIRFLOW_CONN_AWS_DEFAULT",
+        "AIRFLOW_CONN_KAFKA_DEFAULT",
     ):
         env.pop(name, None)  # the script's own, as for a newcomer
     log = tmp / "make-airflow.log"
@@ -231,7 +234,8 @@ def test_the_stack_is_up_with_every_lifecycle_dag(stack):
     lifecycle = sorted(p.stem for p in (ROOT / "dags").glob("stream_*.py"))
     assert sorted(d for d in dags if d.startswith("stream_")) == lifecycle
     assert sorted(d for d in lifecycle if not dags[d]["is_paused"]) == sorted(UNPAUSE.split())
-    assert set(stack.pids) == {"airflow", "spark-master", "spark-worker", "s3"}
+    assert set(stack.pids) == {"airflow", "spark-master", "spark-worker", "s3", "kafka"}
+    assert f"Kafka broker  127.0.0.1:{stack.env['STATEOPS_KAFKA_PORT']}" in out, out
     master = _request(f"http://127.0.0.1:{stack.env['STATEOPS_SPARK_UI_PORT']}/json/")
     assert master["status"] == "ALIVE" and len(master["workers"]) == 1, master
 
