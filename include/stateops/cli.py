@@ -833,11 +833,7 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("--source-format", help="the new source's format (default: the query's)")
     p.add_argument("--source-path", help="the new source's folder (default: the query's)")
     p.add_argument("--source-topic", help="a Kafka source's topic (with --source-format kafka)")
-    p.add_argument(
-        "--source-bootstrap-servers",
-        metavar="HOST:PORT",
-        help="a Kafka source's brokers (default: the kafka_default connection or environment)",
-    )
+    _brokers_arg(p, "--source-bootstrap-servers")
     p.add_argument(
         "--source-start",
         choices=KAFKA_STARTS,
@@ -850,6 +846,15 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_transplant)
 
     _migrate_command(sub, s3_conn, accept)
+
+
+def _brokers_arg(p: argparse.ArgumentParser, flag: str) -> None:
+    """A moved Kafka source's brokers, as transplant and migrate take them."""
+    p.add_argument(
+        flag,
+        metavar="HOST:PORT",
+        help="a Kafka source's brokers (default: the kafka_default connection or environment)",
+    )
 
 
 def _migrate_command(sub: Any, s3_conn: argparse.ArgumentParser, accept: str) -> None:
@@ -872,11 +877,7 @@ def _migrate_command(sub: Any, s3_conn: argparse.ArgumentParser, accept: str) ->
         "source's folder (by their first bytes)",
     )
     p.add_argument("--new-source-topic", help="a Kafka source's topic")
-    p.add_argument(
-        "--new-source-bootstrap-servers",
-        metavar="HOST:PORT",
-        help="a Kafka source's brokers (default: the kafka_default connection or environment)",
-    )
+    _brokers_arg(p, "--new-source-bootstrap-servers")
     p.add_argument(
         "--new-source-start",
         choices=KAFKA_STARTS,

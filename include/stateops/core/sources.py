@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from stateops.core.errors import StateOpsError
 from stateops.core.kafka import (
+    KafkaSettings,
     Offsets,
     broker_offsets,
     kafka_settings,
@@ -78,6 +79,13 @@ def kafka_offsets(raw: object) -> Offsets | None:
     return parse_offsets(raw)
 
 
+def _brokers(source: Source) -> tuple[KafkaSettings, dict[str, list[int]]]:
+    """A Kafka source's settings and its topics' partitions (refused in one line: a missing
+    topic, a broker that does not answer): what every question to its brokers starts from."""
+    settings = kafka_settings(source.bootstrap_servers)
+    return settings, topic_partitions(settings, source.subscribed)
+
+
 def cutover_entry(source: Source, at: str | int | None = None) -> str:
     """The offsets entry a new checkpoint starts ``source`` at (``offsets/0`` of a carried-over
     checkpoint, and its ``sources/<i>/0``): a file source before its first file; a Kafka
@@ -93,8 +101,7 @@ def cutover_entry(source: Source, at: str | int | None = None) -> str:
             f"topic {','.join(source.subscribed)}: say where the new checkpoint starts it: a "
             "cutover time, its end (latest) or its beginning (earliest)"
         )
-    settings = kafka_settings(source.bootstrap_servers)
-    partitions = topic_partitions(settings, source.subscribed)
+    settings, partitions = _brokers(source)
     offsets = broker_offsets(settings, partitions, at)
     if isinstance(at, int):
         # The first record at or after the cutover is the first the broker still holds, and
@@ -131,8 +138,7 @@ def missing_ranges(source: Source, offsets: Offsets) -> list[Missing]:
     """The records from ``offsets`` on that the broker no longer holds, per partition (empty:
     every one is still there). A partition of a subscribed topic missing from ``offsets``
     counts from 0."""
-    settings = kafka_settings(source.bootstrap_servers)
-    partitions = topic_partitions(settings, source.subscribed)
+    settings, partitions = _brokers(source)
     earliest = broker_offsets(settings, partitions, "earliest")
     found = []
     for topic, parts in earliest.items():
@@ -185,8 +191,7 @@ class Lag:
 
 def kafka_lag(source: Source, committed: Offsets) -> Lag:
     """The lag of a Kafka source whose checkpoint committed ``committed``."""
-    settings = kafka_settings(source.bootstrap_servers)
-    partitions = topic_partitions(settings, source.subscribed)
+    settings, partitions = _brokers(source)
     return Lag(
         committed,
         broker_offsets(settings, partitions, "latest"),
