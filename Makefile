@@ -35,9 +35,10 @@ build/stateops.zip: $(VENV)/.installed $(shell find include/stateops -name '*.py
 	$(PY) -m zipfile -c $@ include/stateops
 
 # Maven artifacts (maven/*/pom.xml) fetched by the machine's mvn into build/jars/, once:
-# Spark's Kafka connector (handed to every spark-submit) and the embedded broker's jars.
+# Spark's Kafka connector and S3 connector (handed to every spark-submit) and the embedded
+# broker's jars.
 jars: $(VENV)/.installed
-	@PY=$(PY) scripts/fetch_jars.sh spark broker
+	@PY=$(PY) scripts/fetch_jars.sh spark broker s3
 
 # The short story on Kafka (under 10 minutes on 2 cores); `make tour`: the whole lifecycle tour.
 demo: prereqs jars $(VENV)/.installed build/stateops.zip

@@ -239,10 +239,13 @@ def spark():
     """One local Spark session for every in-process Spark test."""
     from pyspark.sql import SparkSession
 
-    from stateops.spark.jobs import spark_jars
+    from stateops.spark.jobs import spark_classpath_conf, spark_jars
 
+    builder = SparkSession.builder
+    for key, value in spark_classpath_conf().items():  # Spark on s3a:// (the s3a fixture)
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("stateops-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -344,6 +347,62 @@ def s3(tmp_path_factory):
 
 
 @dataclass
+@dataclass
+class SeaweedS3:
+    """The S3 endpoint Spark itself writes to (SeaweedFS: rclone cannot hold the directory
+    markers Spark's S3A connector writes), one per test session and worker, with the bucket
+    :data:`S3A_BUCKET`. Tests take its settings with ``monkeypatch`` and :meth:`env` (the
+    library and Spark read them from there: stateops.core.s3.checkpoint_settings)."""
+
+    root: Path
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, secret: str = S3_SECRET):
+        from stateops.core.s3 import S3Settings, s3_client
+
+        return s3_client(S3Settings(self.endpoint, "us-east-1", S3_KEY, secret))
+
+    def env(self) -> dict[str, str]:
+        return {
+            "STATEOPS_S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": S3_KEY,
+            "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        }
+
+    def url(self, prefix: str) -> str:
+        """``s3://`` + the bucket + ``prefix``: a place no other test uses when ``prefix``
+        holds the test's name."""
+        return f"s3://{S3A_BUCKET}/{prefix.strip('/')}"
+
+
+S3A_BUCKET = "spark-checkpoints"
+
+
+@pytest.fixture(scope="session")
+def s3a(tmp_path_factory):
+    """SeaweedFS on loopback for the tests where Spark reads and writes ``s3a://``."""
+    from stateops.dev.s3server import free_port, start_seaweedfs, stop_server
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"), free_port())
+    server.proc = start_seaweedfs(server.root, [S3A_BUCKET], S3_KEY, S3_SECRET, server.port)
+    yield server
+    stop_server(server.proc)
+
+
+@pytest.fixture
+def s3a_env(s3a, monkeypatch):
+    """This test's S3 settings: the :func:`s3a` endpoint's."""
+    for name, value in s3a.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+    return s3a
+
+
 class KafkaBroker:
     """The embedded broker of this test session (:mod:`stateops.dev.kafka`), and what tests do
     with it through the admin API and a producer."""

@@ -18,7 +18,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, one_line
 from stateops.core.registry import Query, Registry, load_registry, registry_path
 from stateops.core.times import TIME_PATTERN  # a form's time field: real dates only
-from stateops.spark.jobs import PY_FILES, job_path, preflight_job, spark_jars
+from stateops.spark.jobs import (
+    PY_FILES,
+    job_path,
+    preflight_job,
+    spark_classpath_conf,
+    spark_jars,
+)
 
 __all__ = [
     "airflow_s3_client",
@@ -205,7 +211,7 @@ def spark_job_operator(
         name=f"stateops-{task_id}",
         py_files=str(PY_FILES) if PY_FILES.exists() else None,
         jars=",".join(spark_jars()) or None,
-        conf={"spark.ui.enabled": "false"},
+        conf={"spark.ui.enabled": "false", **spark_classpath_conf()},
         application_args=["--registry", registry or str(registry_path()), *args],
         **kwargs,
     )

@@ -230,6 +230,11 @@ def test_the_spark_submit_environment_keeps_what_the_caller_set():
         "spark.ui.enabled=false",
         "--jars",
         ",".join(spark_jars()),
+        # the S3 jars on the class path, read in place (not copied per job as --jars are)
+        "--conf",
+        f"spark.driver.extraClassPath={ROOT / 'build' / 'jars' / 's3' / '*'}",
+        "--conf",
+        f"spark.executor.extraClassPath={ROOT / 'build' / 'jars' / 's3' / '*'}",
         str(ROOT / "spark_jobs" / "run_query.py"),
         "--query",
         "q",

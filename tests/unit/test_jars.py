@@ -20,7 +20,7 @@ def test_a_second_fetch_downloads_nothing_and_keeps_the_jars():
     jars = ROOT / "build" / "jars"
     before = {p: p.stat().st_mtime_ns for p in jars.rglob("*")}
     proc = subprocess.run(
-        ["scripts/fetch_jars.sh", "spark", "broker"],
+        ["scripts/fetch_jars.sh", "spark", "broker", "s3"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -33,6 +33,23 @@ def test_a_second_fetch_downloads_nothing_and_keeps_the_jars():
     # the broker's jars stay in their own folder: none of them is handed to Spark
     spark = {p.name for p in (jars / "spark").glob("*.jar")}
     assert not spark & {p.name for p in (jars / "broker").glob("*.jar")}
+
+
+def test_the_s3_jars_match_pysparks_hadoop_and_bring_no_other_cloud():
+    """hadoop-aws at the Hadoop version PySpark ships, the AWS SDK bundle it names, and from
+    Spark's cloud module its own jar only (its POM would bring Azure's and Google's)."""
+    import pyspark
+
+    shipped = {p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    hadoop = next(n for n in shipped if n.startswith("hadoop-client-api-"))[18:-4]
+    s3 = {p.name for p in (ROOT / "build" / "jars" / "s3").glob("*.jar")}
+    assert f"hadoop-aws-{hadoop}.jar" in s3
+    assert any(n.startswith("bundle-2.") for n in s3)
+    assert [n for n in s3 if n.startswith("spark-")] == [
+        next(n for n in s3 if n.startswith("spark-hadoop-cloud_2.13-"))
+    ]
+    assert not any("azure" in n or "gcs" in n or "hadoop-common" in n for n in s3)
+    assert not s3 & shipped, "a jar PySpark ships, twice on the class path"
 
 
 def test_the_prerequisites_name_a_missing_mvn_in_one_line(tmp_path):

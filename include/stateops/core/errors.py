@@ -212,6 +212,14 @@ def s3_error(err: Exception, what: str) -> StateOpsError:
     return StateOpsError(f"S3 {what}: {type(err).__name__}")
 
 
+# What Spark says when hadoop-aws (or the abortable checkpoint file manager) is not on its
+# class path: Hadoop's FileSystem, its FileContext, Spark's checkpoint file manager.
+_NO_S3_CONNECTOR = re.compile(
+    r"org\.apache\.hadoop\.fs\.s3a\.\w+ not found"
+    r"|ClassNotFoundException: org\.apache\.spark\.internal\.io\.cloud\."
+)
+
+
 def as_domain_error(err: BaseException) -> StateOpsError | None:
     """The one-line domain error for ``err``, or None when bad input cannot explain it (a bug:
     its traceback is wanted)."""
@@ -223,11 +231,11 @@ def as_domain_error(err: BaseException) -> StateOpsError | None:
     if isinstance(err, RuntimeError) and str(err).startswith("Symlink loop from "):
         looped = str(err).removeprefix("Symlink loop from ").strip("'\"")
         return _os_error(OSError(errno.ELOOP, os.strerror(errno.ELOOP), looped))
-    if type(err).__name__ == "Py4JJavaError" and "fs.s3a.S3A not found" in str(err):
+    if type(err).__name__ == "Py4JJavaError" and _NO_S3_CONNECTOR.search(str(err)):
         return StateOpsError(
-            "Spark has no S3A connector for an s3:// or s3a:// checkpoint (class "
-            "org.apache.hadoop.fs.s3a.S3A not found): add the hadoop-aws jar that matches "
-            "Spark's Hadoop to the cluster (docs/checkpoints-on-s3.md)"
+            "Spark has no S3 connector for an s3a:// location (hadoop-aws is not on its class "
+            "path): run `make jars` (it fetches build/jars/s3 with mvn), or on a cluster add "
+            "the jars of maven/s3/pom.xml to each node (docs/checkpoints-on-s3.md)"
         )
     botocore = sys.modules.get("botocore.exceptions")  # only if S3 was used: no import here
     if botocore is not None and isinstance(err, botocore.ClientError | botocore.BotoCoreError):

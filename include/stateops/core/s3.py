@@ -18,10 +18,12 @@ from stateops.core.errors import StateOpsError
 __all__ = [
     "S3Location",
     "S3Settings",
+    "checkpoint_settings",
     "connection_settings",
     "parse_s3_url",
     "s3_client",
     "s3_settings",
+    "spark_s3_conf",
 ]
 
 
@@ -93,6 +95,39 @@ def s3_settings(conn_id: str | None = None) -> S3Settings:
         access_key=env.get("AWS_ACCESS_KEY_ID"),
         secret_key=env.get("AWS_SECRET_ACCESS_KEY"),
     )
+
+
+def checkpoint_settings() -> S3Settings:
+    """The settings of checkpoints (and sinks) in S3, for the library and Spark alike: the
+    Airflow connection named by ``STATEOPS_CHECKPOINT_CONN_ID``, else the environment."""
+    return s3_settings(os.environ.get("STATEOPS_CHECKPOINT_CONN_ID"))
+
+
+# Spark's S3A connector (hadoop-aws) and the checkpoint file manager for s3a:// checkpoints.
+S3A_CREDENTIALS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+
+
+def spark_s3_conf(settings: S3Settings) -> dict[str, str]:
+    """``settings`` as Spark's (``spark.hadoop.fs.s3a.*``): the endpoint (path-style, plain
+    http when it says so), its region, and the keys when given (else S3A's own chain: the
+    environment, the instance's role). Set on the session inside the job, never on a command
+    line (where ``ps`` and the Airflow task log would show the secret)."""
+    _check_endpoint(settings.endpoint_url)
+    conf = {"fs.s3a.endpoint.region": settings.region}
+    if settings.endpoint_url:
+        https = settings.endpoint_url.startswith("https:")
+        conf |= {
+            "fs.s3a.endpoint": settings.endpoint_url,
+            "fs.s3a.path.style.access": "true",
+            "fs.s3a.connection.ssl.enabled": "true" if https else "false",
+        }
+    if settings.access_key and settings.secret_key:
+        conf |= {
+            "fs.s3a.aws.credentials.provider": S3A_CREDENTIALS,
+            "fs.s3a.access.key": settings.access_key,
+            "fs.s3a.secret.key": settings.secret_key,
+        }
+    return {f"spark.hadoop.{key}": value for key, value in conf.items()}
 
 
 def _check_endpoint(url: str | None) -> None:

@@ -170,9 +170,9 @@ def _count(**_: Any) -> None:
 def _bucket_client() -> _Client:
     """The client of the current settings (read each time: cheap, and a test or a task may
     change them), made once per settings."""
-    from stateops.core.s3 import s3_settings
+    from stateops.core.s3 import checkpoint_settings
 
-    settings = s3_settings(os.environ.get("STATEOPS_CHECKPOINT_CONN_ID"))
+    settings = checkpoint_settings()
     key = (settings.endpoint_url, settings.region, settings.access_key, settings.secret_key)
     with _LOCK:
         if key not in _CLIENTS:

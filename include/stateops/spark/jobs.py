@@ -31,6 +31,7 @@ __all__ = [
     "job_path",
     "load_job",
     "preflight_job",
+    "spark_classpath_conf",
     "spark_jars",
     "spark_submit_command",
     "spark_submit_env",
@@ -41,6 +42,9 @@ PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
 # What Spark needs beyond PySpark's own jars (Spark's Kafka connector), as `make jars` fetched
 # them from maven/spark/pom.xml.
 SPARK_JARS = PROJECT_ROOT / "build" / "jars" / "spark"
+# Spark on S3: Hadoop's S3A connector, the AWS SDK bundle (about 700 MB) and the abortable
+# checkpoint file manager, as `make jars` fetched them from maven/s3/pom.xml.
+S3_JARS = PROJECT_ROOT / "build" / "jars" / "s3"
 
 
 @dataclass(frozen=True)
@@ -112,9 +116,22 @@ def preflight_job(path: str | os.PathLike[str], argv: Sequence[str]) -> None:
 
 def spark_jars() -> list[str]:
     """The jars every Spark session of the project gets (``--jars`` / ``spark.jars``): Spark's
-    Kafka connector and what it needs, or none before ``make jars`` fetched them (a query that
-    reads or writes Kafka is then refused by :func:`stateops.spark.streaming.check_jars`)."""
+    Kafka connector and what it needs (the S3 jars: :func:`spark_classpath_conf`), or none
+    before ``make jars`` fetched them (a query that reads or writes Kafka is then refused by
+    :func:`stateops.spark.streaming.check_code`)."""
     return sorted(str(jar) for jar in SPARK_JARS.glob("*.jar"))
+
+
+def spark_classpath_conf() -> dict[str, str]:
+    """Spark's S3 jars (:data:`S3_JARS`) on the driver's and executors' class path, or nothing
+    before ``make jars`` fetched them (a job on ``s3a://`` is then refused in one line). A
+    class path, not ``--jars``: Spark copies every ``--jars`` file into each application's
+    work folder (700 MB a job here); a class path entry is read in place, on the driver's
+    machine and, on a cluster, on each worker, where the same folder must exist."""
+    if not any(S3_JARS.glob("*.jar")):
+        return {}
+    path = str(S3_JARS / "*")
+    return {"spark.driver.extraClassPath": path, "spark.executor.extraClassPath": path}
 
 
 def spark_submit_command(
@@ -125,6 +142,7 @@ def spark_submit_command(
     The one builder of the project's spark-submit commands (the CLI, the tests, a standalone
     cluster's; the Airflow operator passes the same jars)."""
     jars = spark_jars()
+    classpath = [f"{key}={value}" for key, value in spark_classpath_conf().items()]
     return [
         str(Path(sys.executable).with_name("spark-submit")),
         "--master",
@@ -132,6 +150,7 @@ def spark_submit_command(
         "--conf",
         "spark.ui.enabled=false",
         *(["--jars", ",".join(jars)] if jars else []),
+        *(arg for conf in classpath for arg in ("--conf", conf)),
         *map(str, submit),
         str(job_path(job)),
         *map(str, args),

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.formats import partitioning_fields
-from stateops.core.storage import spark_url
 from stateops.spark.export import read_state_variable, state_checksum, state_reads
+from stateops.spark.streaming import checkpoint_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -36,7 +36,7 @@ def repartition_and_prove(
     _ = spark.streams.active  # the StateStoreCoordinator: Spark's repartition needs it
     last = load_checkpoint(checkpoint).last_committed_batch
     before = store_states(spark, checkpoint, last)
-    spark._streamingCheckpointManager.repartition(checkpoint, partitions)
+    spark._streamingCheckpointManager.repartition(checkpoint_url(spark, checkpoint), partitions)
     cp = load_checkpoint(checkpoint)
     batch = cp.last_committed_batch
     after = store_states(spark, checkpoint, batch, partitions)
@@ -44,7 +44,7 @@ def repartition_and_prove(
         f"operator {row['operatorId']} {row['stateStoreName']}": int(row["numPartitions"])
         for row in spark.read.format("state-metadata")
         .option("batchId", batch)
-        .load(spark_url(checkpoint))
+        .load(checkpoint_url(spark, checkpoint))
         .collect()
     }
     v2 = {op.operator_id for op in cp.operators if None not in op.metadata_files}

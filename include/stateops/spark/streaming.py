@@ -27,6 +27,8 @@ __all__ = [
     "apply_query_conf",
     "build_session",
     "check_code",
+    "checkpoint_url",
+    "use_s3",
     "clock_driven",
     "uses_kafka",
     "load_processor",
@@ -53,16 +55,52 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
     """The session every job uses (UTC, no console progress bars, all progress kept)."""
     from pyspark.sql import SparkSession
 
-    from stateops.spark.jobs import spark_jars
+    from stateops.spark.jobs import spark_classpath_conf, spark_jars
 
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
     if spark_jars():  # the same as spark-submit's --jars; what a session in plain Python gets
         builder = builder.config("spark.jars", ",".join(spark_jars()))
-    for key, value in _SESSION_CONF.items():
+    for key, value in {**spark_classpath_conf(), **_SESSION_CONF}.items():  # the S3 jars
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+# S3 has no rename: Spark's default checkpoint file manager commits each log file by one (a
+# copy and a delete on S3A, where a reader may see neither); this one writes it with a single
+# PUT that a failure aborts (spark-hadoop-cloud; build/jars/s3). It refuses a file system
+# without abortable streams, so it is set for an s3a:// checkpoint only.
+CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+ABORTABLE_FILE_MANAGER = (
+    "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
+)
+
+
+def use_s3(spark: SparkSession) -> None:
+    """Spark's S3A settings on ``spark`` from the settings the library reads checkpoints with
+    (:func:`stateops.core.s3.checkpoint_settings`: the connection, else the environment), so
+    Spark reads and writes s3a:// where the library does. Session settings: Hadoop's
+    configuration of each read and write takes them, and they are never on a command line.
+    S3A keeps one file system per bucket in a process: the first settings a bucket was used
+    with stay its settings there."""
+    from stateops.core.s3 import checkpoint_settings, spark_s3_conf
+
+    for key, value in spark_s3_conf(checkpoint_settings()).items():
+        spark.conf.set(key.removeprefix("spark.hadoop."), value)
+
+
+def checkpoint_url(spark: SparkSession, checkpoint: str | os.PathLike[str]) -> str:
+    """How Spark names ``checkpoint`` (``s3a://`` for S3), with ``spark`` set for it: on S3 the
+    S3 settings (:func:`use_s3`) and the abortable checkpoint file manager, elsewhere Spark's
+    default manager. Call it before Spark reads or writes a checkpoint."""
+    url = spark_url(checkpoint)
+    if url.startswith("s3a://"):
+        use_s3(spark)
+        spark.conf.set(CHECKPOINT_FILE_MANAGER, ABORTABLE_FILE_MANAGER)
+    else:
+        spark.conf.unset(CHECKPOINT_FILE_MANAGER)
+    return url
 
 
 def build_session(query: Query, app_name: str, master: str | None = None) -> SparkSession:
@@ -153,12 +191,18 @@ def uses_kafka(query: Query) -> bool:
 def check_code(registry: Registry, query: Query) -> None:
     """The query's own code imports and takes its options, and Spark has the connectors it
     needs: checked without Spark, before a job starts."""
-    from stateops.spark.jobs import SPARK_JARS, spark_jars
+    from stateops.spark.jobs import S3_JARS, SPARK_JARS, spark_classpath_conf, spark_jars
 
     if uses_kafka(query) and not any("spark-sql-kafka" in jar for jar in spark_jars()):
         raise RegistryError(
             f"query {query.name} reads or writes Kafka, and Spark's Kafka connector is not in "
             f"{SPARK_JARS}: run `make jars` (it fetches it with mvn)"
+        )
+    on_s3 = [spark_url(query.checkpoint), query.sink.path]
+    if any(p.startswith(("s3://", "s3a://")) for p in on_s3) and not spark_classpath_conf():
+        raise RegistryError(
+            f"query {query.name} keeps its checkpoint or output in S3, and Spark's S3 connector "
+            f"is not in {S3_JARS}: run `make jars` (it fetches it with mvn)"
         )
     use_code_paths(registry)
     if query.transform is not None:
@@ -299,11 +343,14 @@ def start_query(
     """Start ``query`` (its :func:`query_frame`, or ``frame`` when already built) with an
     available-now trigger, or on a processing-time trigger (the query's own, or
     ``processing_time``)."""
+    location = checkpoint_url(spark, query.checkpoint)
+    if query.sink.path.startswith(("s3://", "s3a://")):
+        use_s3(spark)
     out = frame if frame is not None else query_frame(spark, query, initial_state)
     writer = (
         out.writeStream.queryName(query.name)
         .outputMode(query.output_mode)
-        .option("checkpointLocation", spark_url(query.checkpoint))
+        .option("checkpointLocation", location)
         .foreachBatch(lambda batch_df, batch_id: write_batch(batch_df, batch_id, query))
     )
     if available_now:
