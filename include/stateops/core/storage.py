@@ -304,8 +304,12 @@ class S3Path:
         self._cache.pop(self.key, None)
 
     # -- many at once -----------------------------------------------------------------------
-    def _list(self, prefix: str, delimiter: bool) -> tuple[dict[str, int], list[str]]:
-        """Sizes by key and (with ``delimiter``) the sub-prefixes, every page of one prefix."""
+    def _list(
+        self, prefix: str, delimiter: bool, markers: bool = False
+    ) -> tuple[dict[str, int], list[str]]:
+        """Sizes by key and (with ``delimiter``) the sub-prefixes, every page of one prefix.
+        Directory markers (the empty ``folder/`` objects Spark's S3A connector writes for each
+        folder it makes) are no files: left out, unless ``markers``."""
         sizes: dict[str, int] = {}
         folders: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
@@ -315,7 +319,7 @@ class S3Path:
             page = self._client.call(
                 f"list s3://{self.bucket}/{prefix}", "list_objects_v2", **kwargs
             )
-            sizes.update(page["KeySizes"])
+            sizes.update(kv for kv in page["KeySizes"] if markers or not kv[0].endswith("/"))
             folders += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
             if not page.get("IsTruncated"):
                 return sizes, folders
@@ -359,11 +363,15 @@ def file_names(folder: Path | S3Path) -> list[str]:
 
 
 def remove_all(root: Path | S3Path) -> None:
-    """Delete ``root`` and everything under it (for an S3 prefix: every object under it)."""
+    """Delete ``root`` and everything under it (for an S3 prefix: every object under it, the
+    directory markers of Spark's S3A connector too)."""
     if isinstance(root, Path):
         shutil.rmtree(root)
-    else:
-        delete_files(root, sorted(list_files(root)))
+        return
+    base = root.key + "/" if root.key else ""
+    keys = sorted(root._list(base, delimiter=False, markers=True)[0])  # markers by their key
+    for start in range(0, len(keys), _DELETE_BATCH):
+        _delete_batch(root, keys[start : start + _DELETE_BATCH])
 
 
 def _list_s3(root: S3Path) -> dict[str, int]:

@@ -124,7 +124,10 @@ def start_seaweedfs(
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
         "-master.telemetry=false",
-        "-volume.max=0",
+        # Small volumes, many allowed: each bucket gets volumes of its own (7 at its first
+        # write), and the default 30 GB volumes with a limit from the free disk run out.
+        "-master.volumeSizeLimitMB=256",
+        "-volume.max=200",
         "-volume.preStopSeconds=0",  # stop at once on SIGTERM (default: 10 s of grace)
         "-metricsPort=0",
         *(f"-{flag}={free_port()}" for flag in _SEAWEED_PORTS),
@@ -158,7 +161,7 @@ def start_seaweedfs(
     raise StateOpsError(f"SeaweedFS did not serve S3 on 127.0.0.1:{port} within 60 s")
 
 
-def stop_server(proc: subprocess.Popen, grace: float = 5) -> None:
+def stop_server(proc: subprocess.Popen, grace: float = 3) -> None:
     """SIGTERM, then SIGKILL after ``grace`` seconds: SeaweedFS's filer, once its volume server
     has stopped, retries writing its own metadata log for ever (nothing of the S3 data: each
     object's write was acknowledged only once stored)."""
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     except StateOpsError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: stop_server(proc))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: stop it below
     url = f"http://127.0.0.1:{port}"
     print(f"S3 endpoint {url} (bucket {bucket}) serving {args.root}", flush=True)
     if urlparse(endpoint).port != port:  # the CLI and the jobs read it from there
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return proc.wait()
     except KeyboardInterrupt:
         stop_server(proc)
-        return proc.wait()
+        return 0
 
 
 def _registry_bucket() -> str:
