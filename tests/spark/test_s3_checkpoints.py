@@ -42,7 +42,6 @@ from tests.spark.harness import (
     ALL_CASES,
     Case,
     copy_checkpoint,
-    job_in_session,
     land,
     read_sink,
     read_state,
@@ -277,21 +276,6 @@ def test_damage_on_s3_is_found_and_named(story: Story, s3_env, tmp_path):
         errors = {f["path"] for f in remote if f["severity"] == "error"}
         assert set(named) <= errors, remote
     assert remote[0]["problem"].startswith("CK/metadata: missing"), remote
-
-
-def test_a_query_on_s3_reaches_spark_as_s3a_and_without_the_connector_fails_in_one_line(
-    spark, s3_env, tmp_path, capsys
-):
-    land(tmp_path / "landing", round_=0, files=1)
-    registry = write_registry(tmp_path, page_visits={"checkpoint": f"s3://{BUCKET}/run"})
-    code, _ = job_in_session(
-        spark, "run_query.py", "--registry", str(registry), "--query", "page_visits"
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, err
-    assert err[-1].startswith("error: Spark has no S3A connector for an s3:// or s3a://"), err
-    assert "hadoop-aws" in err[-1]
-    assert not s3_env.client().list_objects_v2(Bucket=BUCKET, Prefix="run").get("Contents")
 
 
 # -- an endpoint that stops or throttles mid-cleanup ----------------------------------------
