@@ -23,6 +23,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,22 +152,6 @@ def landing(tmp_path_factory) -> Path:
     return root / "page_visits"
 
 
-@pytest.fixture(scope="module")
-def control(spark, s3a, landing, tmp_path_factory) -> tuple:
-    """The query's state and output after one available-now run, never killed."""
-    root = tmp_path_factory.mktemp("kill-control")
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in s3a.env().items():
-            mp.setenv(name, value)
-        mp.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
-        registry = _registry(root, landing, s3a.url(f"{root.name}/{NAME}"))
-        summary = run_in_session(spark, registry, NAME)
-        assert summary["status"] == "succeeded", summary
-        result = state_and_output(spark, registry)
-    assert result[0] >= BATCH + 1 and result[1] and result[2], result
-    return result
-
-
 def kill_at(proc: subprocess.Popen, moment: Moment, client, url: str, sink: Path) -> set[str]:
     """SIGKILL ``proc``'s whole process group (spark-submit, its JVM, the Python driver and
     workers) as soon as ``moment`` has come; the keys that had appeared by then. Fails if the
@@ -190,29 +175,76 @@ def kill_at(proc: subprocess.Popen, moment: Moment, client, url: str, sink: Path
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("moment", list(MOMENTS))
-def test_kill_9_mid_batch_then_restart_equals_a_run_never_killed(
-    spark, s3a_env, landing, control, moment, tmp_path
-):
-    url = s3a_env.url(f"{tmp_path.name}/{NAME}")
-    registry = _registry(tmp_path, landing, url)
-    sink = Path(load_registry(registry).query(NAME).sink.path)
-    log = tmp_path / "spark-submit.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            job_command("run_query.py", "--registry", str(registry), "--query", NAME),
-            env=spark_submit_env(),
-            start_new_session=True,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+@dataclass
+class Trial:
+    """A spark-submit of the query on a checkpoint of its own, to be killed at ``moment``."""
+
+    moment: str
+    registry: Path
+    url: str
+    log: Path
+    proc: subprocess.Popen | None = None
+    error: BaseException | None = None
+
+    def start(self) -> None:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                job_command("run_query.py", "--registry", str(self.registry), "--query", NAME),
+                env=spark_submit_env(),
+                start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self, client) -> None:
+        assert self.proc is not None
+        sink = Path(load_registry(self.registry).query(NAME).sink.path)
         try:
-            kill_at(proc, MOMENTS[moment], s3a_env.client(), url, sink)
+            kill_at(self.proc, MOMENTS[self.moment], client, self.url, sink)
+        except BaseException as err:  # noqa: BLE001 - the trial's test reports it
+            self.error = err
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def trials(spark, s3a, landing, tmp_path_factory) -> tuple[tuple, dict[str, Trial]]:
+    """Every moment's spark-submit started at once, each killed at its moment by a thread of
+    its own, while this process runs the control: the query's state and output after one
+    available-now run, never killed. The JVMs start in parallel: one after another, they
+    would cost each trial its 15-30 s of start-up."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in s3a.env().items():
+            mp.setenv(name, value)
+        mp.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+        trials = {}
+        for moment in MOMENTS:
+            root = tmp_path_factory.mktemp(f"kill-{moment}")
+            url = s3a.url(f"{root.name}/{NAME}")
+            trials[moment] = Trial(moment, _registry(root, landing, url), url, root / "job.log")
+            trials[moment].start()
+        with ThreadPoolExecutor(len(trials)) as pool:
+            for trial in trials.values():
+                pool.submit(trial.kill, s3a.client())
+            root = tmp_path_factory.mktemp("kill-control")
+            registry = _registry(root, landing, s3a.url(f"{root.name}/{NAME}"))
+            summary = run_in_session(spark, registry, NAME)
+            assert summary["status"] == "succeeded", summary
+            control = state_and_output(spark, registry)
+    assert control[0] >= BATCH + 1 and control[1] and control[2], control
+    return control, trials
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_kill_9_mid_batch_then_restart_equals_a_run_never_killed(spark, s3a_env, trials, moment):
+    control, trials = trials
+    trial = trials[moment]
+    if trial.error is not None:
+        raise AssertionError(f"{trial.log.read_text()[-2000:]}") from trial.error
+    assert trial.proc is not None and trial.proc.returncode == -signal.SIGKILL
+    url, registry = trial.url, trial.registry
 
     killed = verify_checkpoint(url)
     assert killed["ok"], format_findings(killed)
