@@ -18,7 +18,7 @@ from stateops.core.s3 import parse_s3_url
 from stateops.dev.s3server import free_port
 from stateops.spark.streaming import checkpoint_url
 from tests.conftest import ROOT, S3_SECRET, run_cli, write_registry
-from tests.spark.harness import land, run_in_session
+from tests.spark.harness import job_in_session, land, run_in_session
 
 pytestmark = pytest.mark.spark
 NAME = "page_visits"
@@ -164,3 +164,21 @@ def test_spark_s3a_faults_inside_a_job_become_one_line(spark, s3a_env, written, 
     assert line is not None, str(raised.value)[:3000]
     assert says in str(line) and "\n" not in str(line), line
     assert WRONG_SECRET not in str(line) and S3_SECRET not in str(line)
+
+
+def test_a_job_submitted_by_hand_refuses_a_wrong_secret_before_spark(
+    spark, s3a_env, written, monkeypatch, capsys, tmp_path
+):
+    """A job's own main (as spark-submit runs it, without the CLI's preflight) asks the
+    endpoint before it touches Spark: exit 2, one line, nothing written."""
+    _, url = written
+    before = objects(s3a_env.client(), url)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", WRONG_SECRET)
+    out = tmp_path / "export"
+    code, stdout = job_in_session(spark, "export_state.py", "--checkpoint", url, "--out", str(out))
+    said = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and stdout == "" and len(said) == 1, said
+    assert "as Spark would: SignatureDoesNotMatch: check the secret key" in said[0]
+    assert WRONG_SECRET not in said[0]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    assert objects(s3a_env.client(), url) == before and not out.exists()
