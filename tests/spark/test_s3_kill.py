@@ -68,7 +68,9 @@ MOMENTS = {
     # ids after the kill differ from the control's: the state is the same, and the output of
     # the batches before.
     "source-log": Moment(
-        _appeared(f"sources/0/{BATCH}"), lambda o, c: (o, c) == (BATCH - 1, BATCH - 1), True
+        _appeared(f"sources/0/{BATCH}"),
+        lambda o, c: c == BATCH - 1 and o in (BATCH - 1, BATCH),  # offsets/N follows in ~0.1 s
+        True,
     ),
     # The batch is planned (offsets/N), none of its state written.
     "offsets": Moment(_appeared(f"offsets/{BATCH}"), lambda o, c: (o, c) == (BATCH, BATCH - 1)),
