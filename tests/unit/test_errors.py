@@ -145,3 +145,52 @@ def test_a_query_that_failed_in_python_code_names_the_python_exception():
     )
     plain = "[STREAM_FAILED] Query terminated\nwith more lines"
     assert query_error_line(plain) == "[STREAM_FAILED] Query terminated"
+
+
+# Spark's S3A faults as Spark 4.2 with hadoop-aws 3.5.0 said them against SeaweedFS (the first
+# line of each Py4JJavaError; tests/spark/test_s3_refusals.py raises them for real).
+_S3A_SAID = {
+    "wrong secret": (
+        "java.nio.file.AccessDeniedException: s3a://spark-checkpoints/q/commits: getFileStatus "
+        "on s3a://spark-checkpoints/q/commits: software.amazon.awssdk.services.s3.model."
+        "S3Exception: Forbidden (Service: S3, Status Code: 403, Request ID: 18EB):null",
+        "s3a://spark-checkpoints/q/commits: access denied (403); check the S3 connection's",
+    ),
+    "missing bucket": (
+        "org.apache.hadoop.fs.s3a.UnknownStoreException: `s3a://no-such-bucket-43/q/commits': "
+        "getFileStatus on s3a://no-such-bucket-43/q/commits: software.amazon.awssdk.services."
+        "s3.model.NoSuchBucketException: The specified bucket does not exist (Service: S3, "
+        "Status Code: 404, Request ID: 18EB) (SDK Attempt Count: 1):NoSuchBucket",
+        "s3a://no-such-bucket-43/q/commits: the bucket does not exist; create the bucket",
+    ),
+    "endpoint down": (
+        "java.net.ConnectException: getFileStatus on s3a://spark-checkpoints/q/commits: "
+        "software.amazon.awssdk.core.exception.SdkClientException: Unable to execute HTTP "
+        "request: Connect to 127.0.0.1:57263 [/127.0.0.1] failed: Connection refused",
+        "the endpoint does not answer",
+    ),
+    "signature in a body": (
+        "java.nio.file.AccessDeniedException: s3a://b/q/offsets/3: PUT 0-byte object on "
+        "s3a://b/q/offsets/3: S3Exception: The request signature we calculated does not match "
+        "(Service: S3, Status Code: 403):SignatureDoesNotMatch",
+        "s3a://b/q/offsets/3: the endpoint refused the request's signature",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(_S3A_SAID))
+def test_spark_s3a_faults_become_one_line_naming_the_path(fault):
+    from stateops.core.errors import query_error_line, spark_s3_error
+
+    said, says = _S3A_SAID[fault]
+    line = spark_s3_error(f"An error occurred while calling o110.collectToPython.\n: {said}\n")
+    assert line is not None and says in str(line) and "\n" not in str(line), line
+    assert str(line).startswith("Spark on S3: s3a://")
+    assert query_error_line(f"[STREAM_FAILED] Query terminated with exception: {said}") == str(line)
+
+
+def test_an_error_that_names_no_s3a_path_is_no_s3_fault():
+    from stateops.core.errors import spark_s3_error
+
+    assert spark_s3_error("java.net.ConnectException: Connection refused (kafka:9092)") is None
+    assert spark_s3_error("java.io.FileNotFoundException: s3a://b/q/offsets/9") is None

@@ -29,6 +29,7 @@ __all__ = [
     "one_line",
     "query_error_line",
     "s3_error",
+    "spark_s3_error",
 ]
 
 
@@ -128,7 +129,11 @@ _WRAPPERS = {"PythonException", "Py4JJavaError", "StreamingQueryException", "Spa
 
 def query_error_line(error: object) -> str:
     """A failed query's error in one line: Spark's first line, and where the failure was in
-    Python code (Spark passes on its traceback), the Python exception that ended it."""
+    Python code (Spark passes on its traceback), the Python exception that ended it; an S3
+    fault of Spark's S3A connector as :func:`spark_s3_error` says it."""
+    s3 = spark_s3_error(str(error))
+    if s3 is not None:
+        return str(s3)
     lines = str(error).splitlines()
     first = lines[0].strip() if lines else ""
     if "Traceback (most recent call last)" not in str(error):
@@ -220,6 +225,53 @@ _NO_S3_CONNECTOR = re.compile(
 )
 
 
+# Spark's S3A connector's faults (hadoop-aws 3.5 on the AWS SDK v2), as its exceptions say
+# them: (pattern, what is wrong, what to do), the first that matches. Its texts name the
+# s3a:// path, the request and the S3 error code; never a key.
+_S3A_FAULTS = [
+    (
+        r"UnknownStoreException|NoSuchBucket|Bucket \S+ does not exist",
+        "the bucket does not exist",
+        "create the bucket or fix the URL",
+    ),
+    (
+        r"SignatureDoesNotMatch",
+        "the endpoint refused the request's signature (SignatureDoesNotMatch)",
+        "check the secret key of the S3 connection",
+    ),
+    (
+        r"InvalidAccessKeyId",
+        "the endpoint does not know the access key (InvalidAccessKeyId)",
+        "check the access key of the S3 connection",
+    ),
+    (
+        r"AccessDeniedException|AccessDenied|Status Code: 403|403 Forbidden",
+        "access denied (403)",
+        "check the S3 connection's credentials and permissions",
+    ),
+    (
+        r"UnknownHostException|Connection refused|ConnectException|ConnectTimeoutException"
+        r"|Unable to execute HTTP request|Unable to load credentials|NoAuthWithAWSException",
+        "the endpoint does not answer, or no credentials reached it",
+        "check that the endpoint is up and its URL right (STATEOPS_S3_ENDPOINT_URL or the "
+        "connection), and that the keys are set; then run again",
+    ),
+]
+_S3A_PATH = re.compile(r"s3a://[^\s:;,'\"]+")
+
+
+def spark_s3_error(text: str) -> StateOpsError | None:
+    """One line for a fault of Spark's S3A connector in ``text`` (a Spark or Py4J error's),
+    naming the first s3a:// path it names; None when ``text`` is no S3A fault."""
+    path = _S3A_PATH.search(text)
+    if path is None:
+        return None
+    for pattern, what, todo in _S3A_FAULTS:
+        if re.search(pattern, text):
+            return StateOpsError(f"Spark on S3: {path.group(0).rstrip('/.')}: {what}; {todo}")
+    return None
+
+
 def as_domain_error(err: BaseException) -> StateOpsError | None:
     """The one-line domain error for ``err``, or None when bad input cannot explain it (a bug:
     its traceback is wanted)."""
@@ -237,6 +289,11 @@ def as_domain_error(err: BaseException) -> StateOpsError | None:
             "path): run `make jars` (it fetches build/jars/s3 with mvn), or on a cluster add "
             "the jars of maven/s3/pom.xml to each node (docs/checkpoints-on-s3.md)"
         )
+    spark = type(err).__name__ in _WRAPPERS or type(err).__module__.startswith(
+        ("pyspark.", "py4j.")
+    )
+    if spark and (s3 := spark_s3_error(str(err))) is not None:
+        return s3
     botocore = sys.modules.get("botocore.exceptions")  # only if S3 was used: no import here
     if botocore is not None and isinstance(err, botocore.ClientError | botocore.BotoCoreError):
         return s3_error(err, "request")

@@ -11,6 +11,7 @@ start-up, and the checks cannot drift apart from the job's own.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -31,7 +32,9 @@ __all__ = [
     "job_path",
     "load_job",
     "preflight_job",
+    "require_spark_s3",
     "spark_classpath_conf",
+    "spark_s3_locations",
     "spark_jars",
     "spark_submit_command",
     "spark_submit_env",
@@ -67,6 +70,7 @@ def job_main(
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         with domain_errors():
+            require_spark_s3(spark_s3_locations(args), Path(sys.argv[0]).name or "the job")
             result = job.run(args, job.preflight(args))
     except StateOpsError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
@@ -111,6 +115,7 @@ def preflight_job(path: str | os.PathLike[str], argv: Sequence[str]) -> None:
         raise StateOpsError(
             f"{Path(path).name}: arguments it does not take: {' '.join(map(str, argv))}"
         ) from None
+    require_spark_s3(spark_s3_locations(args), Path(path).name)
     job.preflight(args)
 
 
@@ -178,3 +183,68 @@ def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
     if (PROJECT_ROOT / "conf").is_dir():
         env.setdefault("SPARK_CONF_DIR", str(PROJECT_ROOT / "conf"))
     return env
+
+
+def spark_s3_locations(args: Namespace) -> list[str]:
+    """The S3 locations a job's parsed arguments name: the checkpoint and sink of ``--query``,
+    the checkpoint of ``--checkpoint`` (a path or a query's name), ``--out`` and
+    ``--initial-state``. A name that does not resolve is left to the job's own preflight,
+    which says why."""
+    from stateops.core.registry import checkpoint_of, load_registry
+
+    registry = getattr(args, "registry", None)
+    found: list[str] = []
+    with contextlib.suppress(StateOpsError):
+        if name := getattr(args, "query", None):
+            query = load_registry(registry).query(name)
+            found += [query.checkpoint, query.sink.path or ""]
+    with contextlib.suppress(StateOpsError):
+        if target := getattr(args, "checkpoint", None):
+            found.append(checkpoint_of(target, registry)[0])
+    found += [str(getattr(args, attr, None) or "") for attr in ("out", "initial_state")]
+    return sorted({str(f) for f in found if str(f).startswith(("s3://", "s3a://"))})
+
+
+def require_spark_s3(locations: Sequence[str], what: str) -> None:
+    """Refuse, before Spark starts, a job on ``locations`` in S3 that Spark could not reach:
+    its S3 connector not fetched (build/jars/s3), or the endpoint refusing the settings Spark
+    gets (a wrong key, a missing bucket) or not answering. One list request per bucket, with
+    the library's own client of those settings (:func:`stateops.core.s3.checkpoint_settings`,
+    which :func:`stateops.spark.streaming.use_s3` gives Spark), at once: a wrong secret fails
+    here in a second, where S3A would retry for minutes inside the job. Never says a key."""
+    if not locations:
+        return
+    if not spark_classpath_conf():
+        raise StateOpsError(
+            f"{what}: {locations[0]} is in S3, and Spark's S3 connector (hadoop-aws) is not in "
+            f"{S3_JARS}: run `make jars` (it fetches it with mvn)"
+        )
+    from stateops.core.errors import s3_error
+    from stateops.core.s3 import checkpoint_settings, parse_s3_url, s3_client
+
+    settings = checkpoint_settings()
+    client = s3_client(settings, retries=0)
+    endpoint = "AWS" if not settings.endpoint_url else _host(settings.endpoint_url)
+    asked = set()
+    for url in locations:
+        where = parse_s3_url("s3://" + url.split("://", 1)[1])
+        if where.bucket in asked:
+            continue
+        asked.add(where.bucket)
+        try:
+            client.list_objects_v2(Bucket=where.bucket, Prefix=where.prefix, MaxKeys=1)
+        except Exception as err:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            if not isinstance(err, BotoCoreError | ClientError):
+                raise
+            raise s3_error(err, f"list of {where} at {endpoint}, as Spark would") from None
+
+
+def _host(url: str) -> str:
+    """``scheme://host:port`` of an endpoint URL: never a user or password written into it."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}"
