@@ -1,27 +1,69 @@
-"""Spark itself on S3 (issue 43): a registered query whose checkpoint is ``s3://`` runs with
-Spark writing ``s3a://`` to the embedded endpoint (SeaweedFS), and leaves the state and output
-the same query leaves on a local checkpoint, for the same input."""
+"""Spark itself on S3 (issue 43): every Spark job on a checkpoint in S3, Spark writing
+``s3a://`` to the embedded endpoint (SeaweedFS), leaves the state and output the same job
+leaves on a local checkpoint of the same query and input.
+
+One module fixture (:func:`world`) builds two registries of the same queries on the same
+landed input: one with local checkpoints and sinks, one with the checkpoints in S3 (and one
+sink in S3 too). The shapes: a processor (transformWithStateInPandas, RocksDB), an
+aggregation on the HDFS-backed store and a stream-stream join on RocksDB. Both go through the
+same chain of jobs, in-process in the shared session (the one spark-submit proof is the last
+test): run available-now, export, ``verify --data`` (Great Expectations), a continuous run
+stopped gracefully, a repartition, a backfill's rollback and reprocessing, a bootstrap from
+the export. After each step, each test compares the two sides through Spark's own readers:
+the state (``statestore``, through :func:`stateops.spark.streaming.checkpoint_url`) and the
+sinks, and asserts there is something to compare.
+"""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
+from stateops.control.lock import new_run_id
+from stateops.control.markers import request_stop
+from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
+from stateops.core.storage import S3Path, list_files, location
+from stateops.ops.backfill import plan_backfill, run_backfill
+from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
+from stateops.ops.repartition import run_repartition
 from stateops.spark.export import state_checksum, state_reads
 from stateops.spark.streaming import checkpoint_url
 from tests.conftest import spark_submit_run_query, write_registry
-from tests.spark.harness import land, quiesce, read_sink, run_in_session
+from tests.spark.harness import (
+    job_in_session,
+    job_runner,
+    land,
+    quiesce,
+    read_sink,
+    run_in_session,
+    shape_registry,
+    summary_of,
+)
 
 pytestmark = pytest.mark.spark
 NAME = "page_visits"
+# A processor (transformWithStateInPandas on RocksDB), an aggregation on the HDFS-backed store,
+# a stream-stream join on RocksDB.
+QUERIES = ("page_visits", "page_counts", "views_near_events")
+S3_SINK = "page_counts"  # its sink is in S3 too: the backfill's report reads it there
+VALIDATED = (NAME,)  # Great Expectations costs about 15 s a query and side
+REPARTITIONED = ("page_visits", "views_near_events")  # Spark repartitions RocksDB state only
+SIDES = ("local", "s3")
+quiet = lambda _: None  # noqa: E731
 
 
 def state_of(spark, checkpoint: str) -> dict[str, tuple]:
-    """Rows and checksum of every state variable at the last committed batch."""
+    """Rows and checksum of every state variable or store at the last committed batch, read by
+    Spark's ``statestore`` reader through ``checkpoint_url``."""
     batch = load_checkpoint(checkpoint).last_committed_batch
     out = {}
     for read in state_reads(spark, checkpoint, batch):
@@ -30,29 +72,297 @@ def state_of(spark, checkpoint: str) -> dict[str, tuple]:
             .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
             .load(checkpoint_url(spark, checkpoint))
         )
-        out[json.dumps(read["options"], sort_keys=True)] = state_checksum(frame)
+        out[f"op{read['operator_id']} {read['variable']}"] = state_checksum(frame)
     quiesce(spark)
     return out
 
 
-def test_a_query_on_an_s3_checkpoint_equals_the_same_query_on_a_local_one(spark, s3a_env, tmp_path):
-    url = s3a_env.url(f"{tmp_path.name}/{NAME}")
-    registries = {
-        "local": write_registry(tmp_path / "local"),
-        "s3": write_registry(tmp_path / "s3", **{NAME: {"checkpoint": url}}),
-    }
-    results = {}
-    for where, registry in registries.items():
-        for round_ in (0, 1):
-            land(Path(registry).parent / "landing", round_=round_, files=2)
-            run_in_session(spark, registry, NAME, "--mode", "available-now")
-        query = load_registry(registry).query(NAME)
-        results[where] = (
+def sink_of(sink: str, scratch: Path) -> dict[int, list[tuple]]:
+    """Output rows per batch, from a local sink or one in S3 (copied down first)."""
+    where = location(sink)
+    if isinstance(where, S3Path):
+        local = scratch / f"sink-{time.monotonic_ns()}"
+        for rel in list_files(where):
+            (local / rel).parent.mkdir(parents=True, exist_ok=True)
+            (local / rel).write_bytes((where / rel).read_bytes())
+        return read_sink(local)
+    return read_sink(Path(sink))
+
+
+def snapshot(spark, registry: Path, scratch: Path, names=QUERIES) -> dict[str, tuple]:
+    """name -> (last committed batch, state, output) of each query."""
+    reg = load_registry(registry)
+    out = {}
+    for name in names:
+        query = reg.query(name)
+        state = state_of(spark, query.checkpoint)
+        out[name] = (
             load_checkpoint(query.checkpoint).last_committed_batch,
-            state_of(spark, query.checkpoint),
-            read_sink(Path(query.sink.path)),
+            state,
+            sink_of(query.sink.path, scratch),
         )
-    assert results["s3"] == results["local"] and results["s3"][1]
+    return out
+
+
+def assert_same(step: dict, names=QUERIES) -> None:
+    """Both sides of ``step`` equal, and each query left state and output to compare."""
+    if "error" in step:
+        pytest.fail(step["error"])
+    local, s3 = step["local"], step["s3"]
+    for name in names:
+        assert s3[name] == local[name], name
+        batch, state, output = local[name]
+        assert batch is not None and state and any(state.values()), (name, state)
+        assert any(output.values()), (name, "no output")
+
+
+def comparable(validation: dict) -> dict:
+    """A validation's result but where it was written."""
+    return {
+        k: v for k, v in validation.items() if k not in ("checkpoint", "data_docs", "results_file")
+    }
+
+
+def continuous(spark, registry: Path, name: str, until_batch: int) -> dict:
+    """``run_query.py --mode continuous`` in the shared session, stopped by a stop marker
+    (``stateops stop``) once batch ``until_batch`` is committed: its summary."""
+    reg = load_registry(registry)
+    commit = location(reg.query(name).checkpoint) / "commits" / str(until_batch)
+    ran: dict = {}
+
+    def run() -> None:
+        ran["result"] = job_in_session(
+            spark, "run_query.py", "--registry", str(registry), "--query", name,
+            "--mode", "continuous", "--poll-seconds", "0.2",
+        )  # fmt: skip
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 180
+    while not commit.exists() and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    request_stop(reg, name)
+    thread.join(120)
+    assert not thread.is_alive(), f"{name}: the continuous run did not stop"
+    return summary_of(*ran["result"])
+
+
+class World:
+    """Both sides' registries and what each step left on them."""
+
+    def __init__(self, root: Path, registries: dict[str, Path]) -> None:
+        self.root = root
+        self.registries = registries
+        self.steps: dict[str, dict] = {}
+
+    def step(self, name: str, each: Callable[[str, Path], object], after: Callable) -> None:
+        """Run ``each(side, registry)`` on both sides, then record ``after(side, registry)``
+        of each; a failure is recorded for the step's test to fail with (the next steps go on
+        from what is there)."""
+        started = time.monotonic()
+        try:
+            done = {side: each(side, reg) for side, reg in self.registries.items()}
+            self.steps[name] = {side: after(side, reg) for side, reg in self.registries.items()} | {
+                "done": done
+            }
+        except Exception:  # noqa: BLE001 - the step's test fails with it
+            self.steps[name] = {"error": traceback.format_exc()[-4000:]}
+        self.steps[name]["seconds"] = round(time.monotonic() - started, 1)
+        print(f"STEP {name}: {self.steps[name]['seconds']} s", flush=True)
+
+
+@pytest.fixture(scope="module")
+def world(spark, s3a, tmp_path_factory) -> World:
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3a.env().items():
+            mp.setenv(key, value)
+        mp.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+        root = tmp_path_factory.mktemp("spark-on-s3")
+        mp.setenv("STATEOPS_GX_HOME", str(root / "gx"))  # GX's project for S3 checkpoints
+        yield build_world(spark, s3a, root)
+
+
+def build_world(spark, s3a, root: Path) -> World:
+    landing = root / "landing"
+    registries = {}
+    for side in SIDES:
+        path = shape_registry(root / side, landing=landing)
+        raw = yaml.safe_load(path.read_text())
+        raw["queries"] = {n: raw["queries"][n] for n in QUERIES}
+        for entry in raw["queries"].values():
+            entry["trigger"] = {"processing_time": "1 second"}
+        if side == "s3":
+            prefix = s3a.url(root.name)
+            for name, entry in raw["queries"].items():
+                entry["checkpoint"] = f"{prefix}/checkpoints/{name}"
+            # As Spark names it: the registry takes the sink's path as given.
+            raw["queries"][S3_SINK]["sink"]["path"] = f"s3a{prefix[2:]}/output/{S3_SINK}"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        registries[side] = path
+    world = World(root, registries)
+    scratch = root / "scratch"
+    scratch.mkdir()
+    snap = lambda side, reg: snapshot(spark, reg, scratch)  # noqa: E731
+
+    land(landing, round_=0, files=2)
+    world.step(
+        "run",
+        lambda side, reg: [
+            run_in_session(spark, reg, n, "--mode", "available-now") for n in QUERIES
+        ],
+        snap,
+    )
+
+    def export(side, reg):
+        out = {}
+        for name in QUERIES:
+            code, stdout = job_in_session(
+                spark, "export_state.py", "--registry", str(reg), "--checkpoint", name,
+                "--out", str(root / "exports" / side / name),
+            )  # fmt: skip
+            out[name] = summary_of(code, stdout)
+        return out
+
+    world.step("export", export, lambda side, reg: None)
+
+    def validate(side, reg):
+        out = {}
+        for name in VALIDATED:
+            code, stdout = job_in_session(
+                spark, "validate_state.py", "--registry", str(reg), "--query", name, "--json"
+            )
+            result = json.loads(stdout.strip().splitlines()[-1])
+            out[name] = (code, result)
+        return out
+
+    world.step("verify-data", validate, lambda side, reg: None)
+
+    land(landing, round_=1, files=2)
+    world.step(
+        "continuous",
+        lambda side, reg: continuous(spark, reg, NAME, until_batch=3),
+        lambda side, reg: snapshot(spark, reg, scratch, names=(NAME,)),
+    )
+
+    def repartition(side, reg):
+        def submit(plan: dict) -> None:
+            code, out = job_in_session(
+                spark, "repartition_state.py", "--checkpoint", plan["checkpoint"],
+                "--run-id", plan["run_id"],
+            )  # fmt: skip
+            assert code == 0, out[-3000:]
+
+        return {
+            name: run_repartition(
+                query_target(reg, name), 3, run_id=new_run_id("repartition"), log=quiet,
+                submit=submit,
+            )["proof"]["ok"]
+            for name in REPARTITIONED
+        }  # fmt: skip
+
+    world.step(
+        "repartition",
+        repartition,
+        lambda side, reg: snapshot(spark, reg, scratch, REPARTITIONED),
+    )
+
+    def backfill(side, reg):
+        out = {}
+        for name in (S3_SINK,):  # its sink in S3: the rollback moves it, the report reads it
+            target = query_target(reg, name)
+            last = load_checkpoint(target.checkpoint).last_committed_batch
+            run_id = new_run_id("backfill")
+            plan = plan_backfill(target, run_id, to_batch=last - 1, dry_run=False, log=quiet)
+            done = run_backfill(
+                target, plan, run_id=run_id, backup=None, run_job=job_runner(spark), log=quiet
+            )
+            out[name] = {k: v for k, v in done["report"].items() if k != "examples"}
+        return out
+
+    world.step("backfill", backfill, lambda side, reg: snapshot(spark, reg, scratch, (S3_SINK,)))
+
+    def bootstrap(side, reg):
+        # page_visits into a new checkpoint on each side, from the local export of the S3 or
+        # the local checkpoint (the export step's), then a run over all the input.
+        raw = yaml.safe_load(reg.read_text())
+        entry = raw["queries"][NAME]
+        entry["checkpoint"] = entry["checkpoint"] + "-bootstrapped"
+        entry["sink"]["path"] = str(root / side / "output" / "bootstrapped")
+        reg.write_text(yaml.safe_dump(raw, sort_keys=False))
+        target, plan = preflight_bootstrap(
+            str(reg), NAME, str(root / "exports" / side / NAME), None, "auto", False
+        )
+        return run_bootstrap(target, plan, run_id=new_run_id("bootstrap"), log=quiet)["status"]
+
+    world.step("bootstrap", bootstrap, lambda side, reg: snapshot(spark, reg, scratch, (NAME,)))
+    return world
+
+
+def steps_done(world: World, name: str) -> dict:
+    step = world.steps[name]
+    if "error" in step:
+        pytest.fail(f"{name} ({step['seconds']} s):\n{step['error']}")
+    return step
+
+
+def test_run_available_now_on_s3_equals_local(world):
+    assert_same(world.steps["run"])
+
+
+def test_export_of_an_s3_checkpoint_equals_the_local_export(world):
+    step = steps_done(world, "export")
+    for name in QUERIES:  # each checkpoint has its own query id: the rest is equal
+        local, s3 = (
+            {k: v for k, v in step["done"][side][name].items() if k != "query_id"} for side in SIDES
+        )
+        assert s3 == local and any(e["rows"] for e in local["entries"]), name
+
+
+def test_verify_data_reads_the_state_from_s3_as_from_local(world):
+    step = steps_done(world, "verify-data")
+    for name in VALIDATED:
+        (code, local), (s3_code, s3) = step["done"]["local"][name], step["done"]["s3"][name]
+        assert code == s3_code == 0, (local, s3)
+        assert s3["checkpoint"].startswith("s3://") and s3["results_file"].startswith("s3://")
+        assert comparable(s3) == comparable(local) and local["variables"], name
+        assert Path(s3["data_docs"]).is_file(), s3["data_docs"]  # GX's docs: a local folder
+
+
+def test_a_continuous_run_on_s3_stops_gracefully_as_locally(world):
+    step = steps_done(world, "continuous")
+    assert_same(step, names=(NAME,))
+    for side in SIDES:
+        assert step["done"][side]["status"] == "succeeded", step["done"][side]
+
+
+def test_repartition_on_s3_equals_local(world):
+    step = steps_done(world, "repartition")
+    assert step["done"]["s3"] == step["done"]["local"] == dict.fromkeys(REPARTITIONED, True)
+    assert_same(step, REPARTITIONED)
+    for name in REPARTITIONED:  # the new count is in the state's partitions
+        before = world.steps["continuous" if name == NAME else "run"]["s3"][name][0]
+        assert step["s3"][name][0] == before + 1, name  # Spark's repartition batch
+
+
+def test_a_backfill_on_s3_reprocesses_and_reports_as_locally(world):
+    step = steps_done(world, "backfill")
+    assert step["done"]["s3"] == step["done"]["local"]
+    report = step["done"]["s3"][S3_SINK]
+    # The rolled-back batch's output was moved aside in S3 and read there; the reprocessing
+    # also reads the input landed for the continuous run since.
+    assert report["rows_before"] and report["batches_before"], report
+    assert_same(step, (S3_SINK,))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="spark/proof.py _write_proof makes the proof's folder with mkdir, which an S3 "
+    "audit prefix has not (engineer B's module): remove this mark once it writes to S3",
+)
+def test_a_bootstrap_into_an_s3_checkpoint_equals_local(world):
+    step = steps_done(world, "bootstrap")
+    assert step["done"]["s3"] == step["done"]["local"] == "succeeded"
+    assert_same(step, names=(NAME,))
 
 
 def test_spark_submit_runs_a_query_on_an_s3_checkpoint(s3a_env, tmp_path):

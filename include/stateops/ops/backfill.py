@@ -12,6 +12,7 @@ runs them in one process (``stateops backfill``).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -45,6 +46,7 @@ from stateops.core.sources import (
     within,
 )
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
+from stateops.core.storage import S3Path, delete_files, list_files, location
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.deletion import plan_digest
@@ -199,6 +201,7 @@ def rollback_for_backfill(
     the query's lock; refused, changing nothing, if the checkpoint changed since
     :func:`plan_backfill`."""
     query = target.require_query(_REGISTERED)
+    in_s3 = isinstance(location(query.sink.path or "."), S3Path)
     done = run_rollback(
         target,
         plan["to_batch"],
@@ -206,7 +209,7 @@ def rollback_for_backfill(
         operation="backfill",
         backup=backup,
         log=log,
-        sink=None if query.sink.kafka else query.sink.path,
+        sink=None if query.sink.kafka or in_s3 else query.sink.path,
         sink_batch_offset=query.sink.batch_offset,
         planned=plan.get("digest"),
         rewrite_output=plan.get("rewrite_output"),
@@ -214,6 +217,10 @@ def rollback_for_backfill(
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
     # `stateops status` reads (stateops.status.unfinished_backfill).
+    if in_s3:  # the rollback moves local sinks only (ops/rollback.py: Path)
+        move_s3_batches_aside(
+            query.sink.path, plan["to_batch"] + query.sink.batch_offset, done["run_id"]
+        )
     _record(
         plan,
         "rolled back",
@@ -267,7 +274,7 @@ def report_backfill(
     query = target.require_query(_REGISTERED)
     if query.sink.kafka:
         return _report_kafka(query, plan, rollback, log)
-    old = Path(query.sink.path) / "_rolled_back" / rollback["run_id"]
+    old = location(query.sink.path) / "_rolled_back" / rollback["run_id"]
     after = query.sink.folder_batch(plan["to_batch"])
     diff = diff_output(query.sink.path, old, after, query.key_columns)
     keys = ", ".join(query.key_columns) or "whole rows"
@@ -478,8 +485,8 @@ def diff_output(
     removed and rows added is *changed* (keys: ``key_columns``; without them a row is its own key,
     so nothing is changed, only added or removed); other rows are *added* or *removed*.
     """
-    before = _rows(Path(rolled_back), lambda k: True)
-    after = _rows(Path(sink), lambda k: k > after_batch)
+    before = _rows(location(rolled_back), lambda k: True)
+    after = _rows(location(sink), lambda k: k > after_batch)
     added, removed = after["rows"] - before["rows"], before["rows"] - after["rows"]
 
     def key(row: tuple) -> tuple:
@@ -511,30 +518,73 @@ def _text(row: tuple) -> str:
     return ", ".join(f"{k}={v}" for k, v in row)
 
 
-def _rows(folder: Path, wanted) -> dict[str, Any]:
+def _rows(folder: Path | S3Path, wanted) -> dict[str, Any]:
+    """The rows of the ``batch_id=K`` folders under ``folder`` (local or in S3) whose K is
+    ``wanted``."""
     rows: Counter = Counter()
-    batches = []
-    for batch_dir in folder.glob("batch_id=*"):
-        batch = int(batch_dir.name.split("=", 1)[1])
-        if not wanted(batch):
-            continue
-        batches.append(batch)
-        rows.update(_frozen(r) for r in _read_batch(batch_dir))
-    return {"rows": rows, "batches": sorted(batches)}
+    files: dict[int, list[str]] = {}
+    for rel in sorted(list_files(folder)) if _exists(folder) else []:
+        top, _, name = rel.partition("/")
+        if top.startswith("batch_id=") and "/" not in name:
+            files.setdefault(int(top.split("=", 1)[1]), []).append(rel)
+    batches = sorted(b for b in files if wanted(b))
+    for batch in batches:
+        rows.update(_frozen(r) for r in _read_batch(folder, files[batch]))
+    return {"rows": rows, "batches": batches}
 
 
-def _read_batch(batch_dir: Path) -> list[dict]:
-    parquet = sorted(batch_dir.glob("*.parquet"))
+def _exists(folder: Path | S3Path) -> bool:
+    return folder.is_dir() if isinstance(folder, Path) else True  # S3: an empty listing
+
+
+def _read_batch(folder: Path | S3Path, rels: list[str]) -> list[dict]:
+    """A batch folder's rows: its Parquet files, else its JSON lines files."""
+    parquet = [rel for rel in rels if rel.endswith(".parquet")]
     if parquet:
         import pyarrow.parquet as pq
 
-        return [r for part in parquet for r in pq.read_table(part).to_pylist()]
+        return [
+            r
+            for rel in parquet
+            for r in pq.read_table(io.BytesIO(_bytes(folder / rel))).to_pylist()
+        ]
     return [
         json.loads(line)
-        for part in sorted(batch_dir.glob("*.json"))
-        for line in part.read_text(encoding="utf-8").splitlines()
+        for rel in rels
+        if rel.endswith(".json")
+        for line in _bytes(folder / rel).decode("utf-8").splitlines()
         if line.strip()
     ]
+
+
+def _bytes(path: Path | S3Path) -> bytes:
+    return path.read_bytes()
+
+
+def move_s3_batches_aside(sink: str, after: int, run_id: str) -> list[str]:
+    """A sink in S3: move its ``batch_id=K`` folders with K > ``after`` to
+    ``<sink>/_rolled_back/<run_id>/`` (S3 has no rename: each object is copied server-side,
+    then the originals are deleted, so a kill in between leaves both, never neither), as
+    :func:`stateops.ops.rollback.execute_sink_plan` does for a local sink. The folders moved."""
+    root = location(sink)
+    assert isinstance(root, S3Path)
+    aside = root / "_rolled_back" / run_id
+    moved = [
+        rel
+        for rel in sorted(list_files(root))
+        if rel.startswith("batch_id=") and int(rel.split("/", 1)[0].split("=", 1)[1]) > after
+    ]
+    for rel in moved:
+        dest = aside / rel
+        root._client.call(
+            f"copy {root / rel} to {dest}",
+            "copy_object",
+            Bucket=dest.bucket,
+            Key=dest.key,
+            CopySource={"Bucket": root.bucket, "Key": (root / rel).key},
+        )
+    delete_files(root, moved)
+    return sorted({rel.split("/", 1)[0] for rel in moved})
 
 
 def _frozen(value: Any) -> Any:

@@ -27,6 +27,7 @@ from stateops.core.registry import Query, Registry
 from stateops.core.sources import cutover_entry
 from stateops.core.staging import has_entries
 from stateops.core.steps import INITIAL_STATE_FORMATS
+from stateops.core.storage import S3Path, location
 from stateops.ops.pending import mark_transplant, refuse_pending_rollback
 from stateops.ops.transplant import (
     carry_differences,
@@ -84,9 +85,9 @@ def plan_bootstrap(
         raise RegistryError(
             f"query {query.name}: no initial_state in the registry, so its processor takes none"
         )
-    path = Path(query.checkpoint)
+    path = location(query.checkpoint)
     planned = _batch_0_planned(path)
-    src = Path(initial_state)
+    src = location(initial_state)  # a checkpoint to carry over may be in S3
     fmt = _initial_format(src, fmt)
     road, note = _road(query, src, fmt, carry_over)
     differences = _differences(query, src, fmt, road)
@@ -112,7 +113,7 @@ def plan_bootstrap(
     }
 
 
-def _batch_0_planned(path: Path) -> bool:
+def _batch_0_planned(path: Path | S3Path) -> bool:
     """Whether batch 0 of the new checkpoint ``path`` is planned (a start that failed before it
     committed); refuses a checkpoint with a committed batch."""
     if not has_entries(path):
@@ -126,7 +127,9 @@ def _batch_0_planned(path: Path) -> bool:
     return bool(cp.offsets)
 
 
-def _road(query: Query, src: Path, fmt: str, carry_over: str) -> tuple[str | None, str | None]:
+def _road(
+    query: Query, src: Path | S3Path, fmt: str, carry_over: str
+) -> tuple[str | None, str | None]:
     """The road from a checkpoint (None from an export or data files) and why ``auto`` fell
     back to the initialState road (else None); refuses what cannot seed the query."""
     transform = query.transform is not None
@@ -153,7 +156,7 @@ def _road(query: Query, src: Path, fmt: str, carry_over: str) -> tuple[str | Non
     return road, said[0] if said else None
 
 
-def _differences(query: Query, src: Path, fmt: str, road: str | None) -> list[str]:
+def _differences(query: Query, src: Path | S3Path, fmt: str, road: str | None) -> list[str]:
     """What the initialState road would change in what the query computes (empty: nothing,
     or the transplant road)."""
     if fmt == "export":
@@ -192,15 +195,15 @@ def format_bootstrap_plan(plan: dict[str, Any], dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-def _initial_format(src: Path, fmt: str | None) -> str:
+def _initial_format(src: Path | S3Path, fmt: str | None) -> str:
     """The initial state's format: ``fmt``, else what the folder is (a state export, a
     checkpoint, else data files named by their suffix, Parquet by default)."""
     if not src.exists():
         raise StateOpsError(f"{src}: no such initial state (a state export, or data files)")
     if fmt is None:
-        checkpoint = (src / "metadata").is_file() and (src / "offsets").is_dir()
+        checkpoint = (src / "metadata").exists() and (src / "offsets").is_dir()
         fmt = "export" if (src / MANIFEST).exists() else "checkpoint" if checkpoint else None
-        fmt = fmt or src.suffix.lstrip(".") or "parquet"
+        fmt = fmt or Path(src.name).suffix.lstrip(".") or "parquet"
     if fmt not in FORMATS:
         raise StateOpsError(f"{src}: unknown initial state format {fmt!r} ({', '.join(FORMATS)})")
     return fmt

@@ -16,7 +16,6 @@ from argparse import Namespace
 from datetime import datetime
 from typing import Any
 
-from stateops.control.audit import audit_dir
 from stateops.control.lock import new_run_id
 from stateops.control.markers import read_repartition
 from stateops.control.target import Target, query_target
@@ -132,8 +131,11 @@ def _validate_preflight(args: Namespace) -> Query:
         raise StateOpsError(f"{query.checkpoint}: no committed batch yet: no state to validate")
     if args.batch is not None:
         load_checkpoint(query.checkpoint).restart_files(args.batch)  # committed, files there
-    # Great Expectations keeps its context and Data Docs in the audit folder.
-    refuse_unwritable(f"validation of {query.name}", write=[audit_dir(query.checkpoint) / "gx"])
+    from stateops.spark.expectations import gx_root
+
+    # Great Expectations keeps its context and Data Docs in the audit folder (a local one for
+    # a checkpoint in S3).
+    refuse_unwritable(f"validation of {query.name}", write=[gx_root(query.checkpoint)])
     return query
 
 

@@ -40,6 +40,7 @@ from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError
 from stateops.core.formats import EXTRA_KEY_FIELDS
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Registry, write_partitions
+from stateops.core.storage import S3Path, location
 from stateops.core.verify import error_summary, verify_checkpoint
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ OPERATION = "repartition"
 MAX_PARTITIONS = 10_000
 
 
-def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path:
+def proof_path(checkpoint: str | os.PathLike[str], run_id: str) -> Path | S3Path:
     """Where the Spark job writes its proof of run ``run_id``."""
     return audit_dir(checkpoint) / f"repartition-{run_id}.proof.json"
 
@@ -263,7 +264,7 @@ def _finish(
     pending = read_repartition(checkpoint)
     if pending is None:
         raise StateOpsError(f"{checkpoint}: no repartition under way to finish")
-    root, batch, n = Path(checkpoint), pending["batch"], pending["partitions"]
+    root, batch, n = location(checkpoint), pending["batch"], pending["partitions"]
     cp = load_checkpoint(root)
     if cp.last_committed_batch != batch or cp.partitions(batch) != n:
         raise CheckpointError(
@@ -320,7 +321,7 @@ def record_partitions(registry: Registry, name: str, run_id: str) -> int | None:
     return count
 
 
-def _read_proof(root: Path, run_id: str) -> dict[str, Any]:
+def _read_proof(root: Path | S3Path, run_id: str) -> dict[str, Any]:
     path = proof_path(root, run_id)
     try:
         proof = json.loads(path.read_text(encoding="utf-8"))
@@ -355,7 +356,7 @@ def undo_repartition_locked(
     pending = read_repartition(checkpoint)
     if pending is None or run_id not in (None, pending["run_id"]):
         return None
-    root = Path(checkpoint)
+    root = location(checkpoint)
     cp = load_checkpoint(root)
     before: dict[str, int] = pending["files"]
     added = sorted(rel for rel in cp.sizes if rel not in before)
@@ -406,7 +407,9 @@ def _newest_first(rel: str) -> tuple[int, str]:
     return order, rel
 
 
-def _remove_empty_dirs(root: Path, added: list[str]) -> None:
+def _remove_empty_dirs(root: Path | S3Path, added: list[str]) -> None:
+    if isinstance(root, S3Path):  # S3 has no folders (S3A's markers are not listed)
+        return
     for folder in sorted({(root / rel).parent for rel in added}, key=lambda p: -len(p.parts)):
         while folder != root and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,7 +129,7 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     offsets = cp.offsets[batch]
     audit = audit_dir(query.checkpoint)
     previous_rows = _previous_rows(audit, batch)
-    ctx = gx.get_context(mode="file", project_root_dir=str(audit))
+    ctx = gx.get_context(mode="file", project_root_dir=str(gx_root(query.checkpoint).parent))
     # GX draws a progress bar per metric, which floods task logs.
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     source = ctx.data_sources.add_or_update_spark(name="state")
@@ -150,7 +151,8 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         "data_docs": str(docs),
     }
     out = audit / "validations" / f"batch-{batch}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(out, Path):
+        out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     result["results_file"] = str(out)
     return result
@@ -281,12 +283,17 @@ def leaking_keys(result: dict[str, Any]) -> int:
     )
 
 
+def gx_root(checkpoint: str) -> Path:
+    """Great Expectations' project (its context and Data Docs) for ``checkpoint``: in its
+    audit folder, or for a checkpoint in S3, where GX can only write local files, in a local
+    folder named after the checkpoint's URL (``STATEOPS_GX_HOME``, default
+    ``~/.cache/stateops/gx``). The validation results themselves stay in the audit prefix."""
+    audit = audit_dir(checkpoint)
+    if isinstance(audit, Path):
+        return audit / "gx"
+    home = os.environ.get("STATEOPS_GX_HOME") or Path.home() / ".cache" / "stateops" / "gx"
+    return Path(home) / audit.bucket / audit.key / "gx"
+
+
 def data_docs_path(query: Query) -> Path:
-    return (
-        audit_dir(query.checkpoint)
-        / "gx"
-        / "uncommitted"
-        / "data_docs"
-        / "local_site"
-        / "index.html"
-    )
+    return gx_root(query.checkpoint) / "uncommitted" / "data_docs" / "local_site" / "index.html"

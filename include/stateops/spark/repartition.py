@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.formats import partitioning_fields
+from stateops.core.storage import S3Path, location
 from stateops.spark.export import read_state_variable, state_checksum, state_reads
 from stateops.spark.streaming import checkpoint_url
 
@@ -29,7 +30,7 @@ __all__ = ["repartition_and_prove", "store_states"]
 
 
 def repartition_and_prove(
-    spark: SparkSession, checkpoint: str, partitions: int, proof: str | Path
+    spark: SparkSession, checkpoint: str, partitions: int, proof: str | Path | S3Path
 ) -> dict[str, Any]:
     """Repartition ``checkpoint`` (stopped, last batch N committed) to ``partitions`` with
     Spark's engine, then prove it; the proof is written to ``proof`` and returned."""
@@ -82,8 +83,10 @@ def repartition_and_prove(
             f"each in its key's partition of {partitions}"
         ),
     }
-    Path(proof).parent.mkdir(parents=True, exist_ok=True)
-    Path(proof).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    path = location(proof)  # beside the checkpoint: a folder, or a prefix in S3
+    if isinstance(path, Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
 
 
