@@ -40,6 +40,12 @@ def _why(path: Path) -> str:
     return "not writable by this user (permissions, or an immutable attribute: see lsattr)"
 
 
+def _local(paths: Iterable[str | os.PathLike[str]]) -> list[str | os.PathLike[str]]:
+    """The local ones of ``paths``: S3 has no file modes to check (its refusals come from the
+    endpoint, as one line, when the request is made)."""
+    return [p for p in paths if not str(p).startswith(("s3://", "s3a://"))]
+
+
 def write_problems(
     delete: Iterable[str | os.PathLike[str]] = (),
     write: Iterable[str | os.PathLike[str]] = (),
@@ -53,6 +59,7 @@ def write_problems(
     """
     problems: list[tuple[Path, str]] = []
     checked: dict[Path, bool] = {}
+    delete, write, move = _local(delete), _local(write), _local(move)
 
     def folder_ok(folder: Path) -> bool:
         if folder not in checked:
@@ -113,7 +120,7 @@ def refuse_unwritable(
 def refuse_unreadable(what: str, paths: Iterable[str | os.PathLike[str]]) -> None:
     """Raise :class:`PathError` (one line) when any of ``paths`` could not be read: checked
     before work that reads them in another process (a Spark job) and would fail half-way."""
-    unreadable = [Path(p) for p in paths if not os.access(p, os.R_OK)]
+    unreadable = [Path(p) for p in _local(paths) if not os.access(p, os.R_OK)]
     if unreadable:
         more = f" (and {len(unreadable) - 1} more files)" if len(unreadable) > 1 else ""
         raise PathError(

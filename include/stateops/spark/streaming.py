@@ -289,7 +289,7 @@ def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
             ).option("topic", sink.topic).save()
         else:
             df.write.mode("overwrite").format(sink.format).save(
-                f"{sink.path}/batch_id={sink.folder_batch(batch_id)}"
+                f"{spark_url(sink.path)}/batch_id={sink.folder_batch(batch_id)}"
             )
     finally:
         _WRITING.discard(query.name)
