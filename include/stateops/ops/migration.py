@@ -1196,16 +1196,14 @@ def _set_aside(plan: dict[str, Any], new: Path | S3Path, log: Callable[[str], No
     return moved
 
 
-def unretire(checkpoint: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+def unretire(checkpoint: str, log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """``stateops unretire``: lift the hold of a migration's retired old checkpoint or of a
     failed one's new checkpoint set aside (and locally make its files writable again); the
-    hold it lifted. Refused, changing nothing, where there is none."""
+    hold it lifted, or None where there was none (nothing changed: it can be run again)."""
     held = read_retired(checkpoint)
     if held is None:
-        raise StateOpsError(
-            f"{checkpoint}: not retired nor set aside (no {audit_dir(checkpoint)}/retired.json): "
-            "nothing to lift"
-        )
+        log(f"{checkpoint}: not retired nor set aside: nothing to lift")
+        return None
     _unretire(checkpoint)
     append_audit(checkpoint, OPERATION, run_id=str(held.get("run_id")), result="unretired")
     log(f"{checkpoint}: the hold ({held.get('state')}, run {held.get('run_id')}) is lifted")
