@@ -64,9 +64,13 @@ history. Trigger it with the form; **dry run**
    unanswered, `roll_back` undoes the run. `switch`: the query now runs on the new source and
    checkpoint (recorded beside the data, the registry file is not edited; `stream_start`
    and the CLI follow it); lineage in `<new checkpoint>.audit/lineage.json`; the old
-   checkpoint's files become read-only; the hold is released.
+   checkpoint is retired: a hold object `<old checkpoint>.audit/retired.json` that starts
+   (this DAG's and `stream_start`'s preflight, `stateops run`) and every lifecycle operation
+   refuse until `stateops unretire` lifts it (local files also become read-only); the hold
+   is released. Either checkpoint may be in S3 (docs/migration-on-s3.md).
 
-`roll_back` runs when a step fails: the new checkpoint moves aside (`<new>.failed-<run id>`),
+`roll_back` runs when a step fails: the new checkpoint moves aside (`<new>.failed-<run id>`;
+in S3, which has no rename, it stays in place under the same kind of hold, `set aside`),
 a switch already written is undone, the new checkpoint's output moves to
 `<sink>/_rolled_back/migration-<run id>/`, the old checkpoint is writable again and the hold
 is released (a preflight that failed before anything changed: `roll_back` is skipped and says

@@ -434,6 +434,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_unretire(args: argparse.Namespace) -> int:
+    from stateops.control.target import resolve_target
+    from stateops.ops.migration import unretire
+
+    held = unretire(resolve_target(args.checkpoint, args.registry).checkpoint, log=_log)
+    print(json.dumps({"checkpoint": args.checkpoint, "lifted": held}))
+    return 0
+
+
 def _option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -912,6 +921,14 @@ def _migrate_command(sub: Any, s3_conn: argparse.ArgumentParser, accept: str) ->
     _flag(p, "--dry-run", "print the plan, change nothing")
     _master(p)
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser(
+        "unretire",
+        help="lift the hold of a migration's retired old checkpoint, or of a failed one's new "
+        "checkpoint set aside (docs/migration-on-s3.md)",
+    )
+    p.add_argument("checkpoint", help=TARGET)
+    p.set_defaults(func=cmd_unretire)
 
 
 def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:

@@ -6,10 +6,13 @@ One event stream split at a cutover: round 0 lands as JSON in the old source, ro
 Parquet in a new folder. After the migration and the rest of the new source, the state and
 the output must equal one uninterrupted query's over every event, by either road the state
 takes (a transplant of the old state files, or export + bootstrap with ``initialState``).
+Either checkpoint may be in S3 (tests/spark/test_migration_s3.py): the old one as the
+registry entry's ``checkpoint``, the new one as the plan's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -24,11 +27,14 @@ import pyarrow.parquet as pq
 import yaml
 
 from stateops.control.audit import audit_dir
+from stateops.control.markers import read_retired
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
+from stateops.core.staging import occupied
+from stateops.core.storage import S3Path, list_files, location
 from stateops.ops.backup import list_backups
 from tests.conftest import S3_KEY, S3_SECRET, tree_digest, write_registry
-from tests.spark.harness import land, read_sink, read_state, run_in_session, spark_state_reads
+from tests.spark.harness import land, quiesce, read_sink, run_in_session, spark_state_reads
 
 READS = {
     "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
@@ -80,6 +86,7 @@ class Migration:
         os.replace(last, held_back)  # arrives after the first run: the drain reads it
         run_in_session(spark, self.path, name)
         os.replace(held_back, last)
+        self.old = query.checkpoint  # the old checkpoint: local, or in S3 (entry's checkpoint)
         as_parquet(
             sorted((tmp_path / "round1" / landing.name).iterdir()),
             tmp_path / "landing_v2" / name,
@@ -134,6 +141,29 @@ def _rows(sink: Path) -> Counter:
     return Counter(row for rows in read_sink(sink).values() for row in rows)
 
 
+def digest(checkpoint: str | Path) -> dict[str, str]:
+    """Every file with its sha256 (:func:`tests.conftest.tree_digest`), of a local folder or
+    an S3 prefix."""
+    root = location(checkpoint)
+    if isinstance(root, Path):
+        return tree_digest(root)
+    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in list_files(root)}
+
+
+def read_state(spark, checkpoint: str | Path, reads: list[dict[str, str]]) -> list[list[str]]:
+    """State rows per read (options of the ``statestore`` reader), sorted, as strings; Spark
+    reads an S3 checkpoint as ``s3a://`` (stateops.spark.streaming.checkpoint_url)."""
+    from stateops.spark.streaming import checkpoint_url
+
+    url = checkpoint_url(spark, checkpoint)
+    result = []
+    for options in reads:
+        df = spark.read.format("statestore").options(**options).load(url)
+        result.append(sorted(repr(r) for r in df.collect()))
+    quiesce(spark)
+    return result
+
+
 def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
     """State rows per variable, whatever partition holds them (the initialState road may run
     on another number of partitions); for a transform (transplant road only), every store's
@@ -148,13 +178,18 @@ def _state(spark, checkpoint: str, name: str) -> list[list[str]]:
     ]
 
 
-def assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=None) -> int:
-    """The migration of ``name`` took ``road`` and, after the rest of the new source, its state
-    and output equal the uninterrupted run's. Returns the sink folder of its first new batch."""
+def assert_migrated(
+    spark, m: Migration, whole, run_log: str, road: str, name=None, new: str | None = None
+) -> int:
+    """The migration of ``name`` took ``road`` to checkpoint ``new`` (default: the old one's
+    ``.v2``) and, after the rest of the new source, its state and output equal the
+    uninterrupted run's; the old checkpoint is retired. Returns the sink folder of its first
+    new batch."""
     name = name or m.name
     query = m.query(name)
-    old_checkpoint = str(m.root / "checkpoints" / name)
-    assert query.source.format == "parquet" and query.checkpoint == old_checkpoint + ".v2"
+    old_checkpoint = m.old if name == m.name else str(m.root / "checkpoints" / name)
+    new = new or old_checkpoint + ".v2"
+    assert query.source.format == "parquet" and query.checkpoint == new
     assert f"{name}: switched to" in run_log and "carry-over proven" in run_log
     lineage = json.loads((audit_dir(query.checkpoint) / "lineage.json").read_text())
     assert lineage["carry_over"] == road, lineage
@@ -163,9 +198,13 @@ def assert_migrated(spark, m: Migration, whole, run_log: str, road: str, name=No
     assert lineage["from"]["query_id"] == old.query_id
     backups = list_backups(f"s3://backups/{m.root.name}/{name}", m.s3.client())
     assert lineage["backup_id"] in [b["backup_id"] for b in backups]
-    assert all(
-        not p.stat().st_mode & stat.S_IWUSR for p in Path(old_checkpoint).rglob("*") if p.is_file()
-    ), "the old checkpoint is kept read-only"
+    assert (read_retired(old_checkpoint) or {}).get("state") == "retired", "the old is held"
+    if isinstance(location(old_checkpoint), Path):
+        assert all(
+            not p.stat().st_mode & stat.S_IWUSR
+            for p in Path(old_checkpoint).rglob("*")
+            if p.is_file()
+        ), "the old checkpoint is kept read-only"
     # The new checkpoint's first batch writes the sink folder after the old one's last (after
     # Spark's repartition batch, which writes no output, where the partition count changed).
     gap = int(
@@ -221,28 +260,38 @@ FAULTS = fault_steps(
 )
 
 
-def assert_rolled_back(m: Migration, step: str, drained: dict | None) -> dict | None:
+def assert_rolled_back(
+    m: Migration, step: str, drained: dict | None, new: str | None = None
+) -> dict | None:
     """After a failure at ``step``: the query runs on its old source and checkpoint as before,
-    nothing of the failed run is left in the way. Returns the old checkpoint's digest once the
-    drain ran (from then on it is fixed), to hand to the next call."""
+    nothing of the failed run is left in the way (the new checkpoint ``new``, default the old
+    one's ``.v2``, moved aside; in S3 set aside in place, under a hold). Returns the old
+    checkpoint's digest once the drain ran (from then on it is fixed), to hand to the next
+    call."""
     from stateops.control.lock import read_hold
 
     query = m.query()
-    old = m.root / "checkpoints" / m.name
+    old = m.old
     assert (query.source.format, query.checkpoint, query.sink.batch_offset) == (
         "json",
         str(old),
         0,
     ), f"after a failure at {step}, the registry still points at the old source"
     assert read_hold(load_registry(m.path).lock_path(m.name)) is None, "the hold is released"
-    assert not Path(f"{old}.v2").exists(), "the new checkpoint is moved aside"
-    assert all(p.stat().st_mode & stat.S_IWUSR for p in old.rglob("*") if p.is_file())
+    assert read_retired(old) is None, "the old checkpoint is not retired"
+    new = new or f"{old}.v2"
+    if isinstance(location(new), S3Path):
+        assert not occupied(new) or (read_retired(new) or {}).get("state") == "set aside"
+    else:
+        assert not Path(new).exists(), "the new checkpoint is moved aside"
+    if isinstance(location(old), Path):
+        assert all(p.stat().st_mode & stat.S_IWUSR for p in Path(old).rglob("*") if p.is_file())
     folders = {int(f.name.split("=")[1]) for f in Path(query.sink.path).glob("batch_id=*")}
     assert max(folders) == load_checkpoint(old).last_committed_batch, (
         f"after a failure at {step}, the new checkpoint's output is moved aside"
     )
-    digest = tree_digest(old)
+    now = digest(old)
     if step != "stop_query":  # the drain ran: from then on, the old checkpoint is fixed
-        drained = drained or digest
-        assert digest == drained, f"a failure at {step} changed the old checkpoint"
+        drained = drained or now
+        assert now == drained, f"a failure at {step} changed the old checkpoint"
     return drained

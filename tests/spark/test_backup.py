@@ -511,6 +511,9 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
                 [b["backup_id"] for b in status["backups"]],
             )
             want = "page_visits", ckpt, last, [backup_id]
+        case ("unretire",):  # the walk's checkpoint holds no retirement: nothing lifted
+            got = doc["lifted"], "nothing to lift" in err
+            want = None, True
         case ("stop",):
             marker = out.removeprefix("stop requested: ").split(" (")[0]
             got = out.startswith("stop requested: "), os.path.isfile(marker)

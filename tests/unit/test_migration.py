@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -146,17 +148,37 @@ def test_stateops_migrate_names_the_source_that_moves(tmp_path):
     ), proc.stderr
 
 
-def test_a_query_whose_checkpoint_is_in_s3_is_refused_before_anything_is_read(tmp_path):
-    path = write_registry(tmp_path, page_visits={"checkpoint": "s3a://checkpoints/page_visits"})
+def test_an_s3_checkpoints_new_checkpoint_is_the_first_free_prefix_beside_it(
+    tmp_path, s3, monkeypatch
+):
+    """A query whose checkpoint is in S3 migrates (docs/migration-on-s3.md): its default new
+    checkpoint is the first free prefix beside the old one; a prefix with objects is taken,
+    and one holding a failed run's checkpoint set aside is refused saying so."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+    old = f"s3://backups/{tmp_path.name}/page_visits"
+    path = write_registry(tmp_path, page_visits={"checkpoint": old})
+    query = load_registry(path).query("page_visits")
+    assert str(default_checkpoint(query)) == f"{old}.v2"
+    client = s3.client()
+    client.put_object(Bucket="backups", Key=f"{tmp_path.name}/page_visits.v2/metadata", Body=b"{}")
+    assert str(default_checkpoint(query)) == f"{old}.v3"
+    held = {"state": "set aside", "run_id": "m-1", "query": "page_visits"}
+    key = f"{tmp_path.name}/page_visits.v2.audit/retired.json"
+    client.put_object(Bucket="backups", Key=key, Body=json.dumps(held).encode())
+    (tmp_path / "landing" / "v2").mkdir(parents=True)
+    (tmp_path / "landing" / "v2" / "part-0.json").write_bytes(JSON_LINE)
+    conf = {"query": "page_visits", "new_source_path": "landing/v2"}
+    target = query_target(path, "page_visits")
+    check_migration_form(target, conf)  # the default: .v3
+    given = f"s3a://backups/{tmp_path.name}/page_visits.v2"
     with pytest.raises(
         StateOpsError,
-        match=(
-            r"^query page_visits: its checkpoint is in S3 \(s3a://checkpoints/page_visits"
-            r"\), and the migration runs on local checkpoints only for now; restore a backup into "
-            r"a local folder and migrate that \(docs/checkpoints-on-s3.md\)$"
-        ),
+        match=rf"^new_checkpoint: new checkpoint {old}.v2 holds the checkpoint of failed "
+        r"migration run m-1, set aside: name another",
     ):
-        plan_migration(query_target(path, "page_visits"), {"path": "landing/elsewhere"})
+        check_migration_form(target, {**conf, "new_checkpoint": given})
 
 
 def _parquet_bytes() -> bytes:
@@ -319,27 +341,22 @@ def test_the_new_sources_glob_filter_is_read_as_spark_reads_it(tmp_path):
         )
 
 
-@pytest.mark.parametrize("url", ["s3a://checkpoints/page_visits.v2", "s3://checkpoints/pv"])
-def test_a_new_checkpoint_given_as_a_url_is_refused_as_given_not_made_a_local_folder(tmp_path, url):
+@pytest.mark.parametrize("url", ["s3a://backups/{}/pv.v2", "s3://backups/{}/pv"])
+def test_a_new_checkpoint_given_as_a_url_stays_a_url_not_a_local_folder(
+    tmp_path, url, s3, monkeypatch
+):
     """A path the user wrote is read by the registry's one rule (a URL as it is, else relative
-    to data_dir): the URL stays a URL, and the migration, which writes local checkpoints only
-    for now (docs/checkpoints-on-s3.md), refuses it in one line instead of planning
+    to data_dir): the URL stays a URL, a new S3 prefix for the new checkpoint, instead of
     ``<data_dir>/s3a:/...``."""
-    import re
-
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+    url = url.format(tmp_path.name)
     path = write_registry(tmp_path / "data")
     folder = tmp_path / "data" / "landing" / "v2"
     folder.mkdir(parents=True)
     (folder / "part-0.json").write_bytes(JSON_LINE)
     target = query_target(path, "page_visits")
-    says = (
-        rf"^new_checkpoint: new checkpoint {re.escape(url)} is not a local folder, and the "
-        r"migration writes local checkpoints only for now: name a local folder \(or leave the "
-        r"field empty for the default beside the old checkpoint; docs/checkpoints-on-s3.md\)$"
-    )
     conf = {"query": "page_visits", "new_source_path": "landing/v2", "new_checkpoint": url}
-    with pytest.raises(StateOpsError, match=says):
-        check_migration_form(target, conf)
-    with pytest.raises(StateOpsError, match=says):
-        plan_migration(target, {"path": "landing/v2"}, url)
+    check_migration_form(target, conf)
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["landing", "registry.yaml"]

@@ -10,6 +10,12 @@ reads and writes each of them; the operations call these functions, never the fi
 - **repartition** (``<checkpoint>.audit/repartition.json``): a repartition under way, with
   every file the checkpoint held before it; the query refuses to start until a repartition
   run has finished or undone it, or a rollback went back to before it.
+- **retired** (``<checkpoint>.audit/retired.json``): a checkpoint no operation may write to: one a
+  migration moved its query away from (``retired``), or a failed migration's new checkpoint
+  set aside in place (``set aside``; S3 has no rename). Starts and every lifecycle operation
+  refuse it (:func:`refuse_retired`) until ``stateops unretire`` lifts it
+  (docs/migration-on-s3.md). On S3 it is the only hold (no file modes); on local disk it is
+  kept with the read-only files.
 
 The registry's migration switch (``stateops.core.registry.write_switch``) is the registry's
 own record, kept with it.
@@ -33,14 +39,19 @@ __all__ = [
     "clear_repartition",
     "read_repartition",
     "write_repartition",
+    "clear_retired",
     "clear_rollback",
     "read_carry_over",
+    "read_retired",
     "read_rollback",
+    "refuse_retired",
+    "retired_marker",
     "request_stop",
     "rollback_marker",
     "stop_requested",
     "withdraw_stop",
     "write_carry_over",
+    "write_retired",
     "write_rollback",
 ]
 
@@ -132,3 +143,46 @@ def read_repartition(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | Non
 
 def clear_repartition(checkpoint: str | os.PathLike[str]) -> None:
     _repartition_marker(checkpoint).unlink(missing_ok=True)
+
+
+def retired_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:
+    return audit_dir(checkpoint) / "retired.json"
+
+
+def write_retired(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """Hold ``checkpoint`` against every start and lifecycle operation (``record``: ``state``
+    ``retired`` or ``set aside``, the query, the run id, the time, why). One put, atomic."""
+    faults.point("marker")
+    _write_json(retired_marker(checkpoint), record)
+
+
+def read_retired(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
+    return _read_json(retired_marker(checkpoint))
+
+
+def clear_retired(checkpoint: str | os.PathLike[str]) -> bool:
+    """Lift the hold; True if there was one."""
+    marker = retired_marker(checkpoint)
+    if not marker.exists():
+        return False
+    marker.unlink(missing_ok=True)
+    return True
+
+
+def refuse_retired(checkpoint: str | os.PathLike[str]) -> None:
+    """Refuse, in one line, a checkpoint under a retirement hold (:func:`write_retired`):
+    what holds it and the command that lifts the hold."""
+    record = read_retired(checkpoint)
+    if record is None:
+        return
+    why = (
+        f"retired by the migration of {record.get('query')} (run {record.get('run_id')}) to "
+        f"{record.get('migrated_to')}"
+        if record.get("state") == "retired"
+        else f"set aside: the new checkpoint of the failed migration run {record.get('run_id')} "
+        f"of {record.get('query')}"
+    )
+    raise CheckpointError(
+        f"{checkpoint}: {why}, so nothing may run on it or change it; to use it again, lift "
+        f"the hold: stateops unretire {checkpoint} (docs/migration-on-s3.md)"
+    )

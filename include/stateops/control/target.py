@@ -16,12 +16,17 @@ from pathlib import Path
 
 from stateops.control.audit import audit_dir
 from stateops.control.lock import QueryLock
+from stateops.control.markers import refuse_retired
 from stateops.core.checkpoint import require_checkpoint_dir
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
 from stateops.core.storage import S3Path
 
 __all__ = ["Target", "checkpoint_target", "query_target", "resolve_target"]
+
+# Operations that lock a checkpoint only to read it still (a transplant from it): a retired
+# checkpoint (stateops.control.markers.write_retired) is theirs to read.
+READS_ONLY = frozenset({"transplant"})
 
 # Spark's default spark.sql.streaming.stateStore.minDeltasForSnapshot.
 SPARK_MIN_DELTAS = 10
@@ -61,7 +66,11 @@ class Target:
 
     def lock(self, operation: str, run_id: str | None) -> QueryLock:
         """The lifecycle lock of the query that owns the checkpoint (a running query holds it),
-        taken for ``operation`` by run ``run_id`` (None: the lock draws one)."""
+        taken for ``operation`` by run ``run_id`` (None: the lock draws one). Refused for a
+        checkpoint under a retirement hold (:func:`stateops.control.markers.refuse_retired`),
+        but by an operation that only reads it (:data:`READS_ONLY`)."""
+        if operation not in READS_ONLY:
+            refuse_retired(self.checkpoint)
         path, holder = self._lock_place()
         return QueryLock(path, holder, operation, run_id)
 

@@ -591,7 +591,7 @@ def write_switch(
     switch = {
         "declared": previous["declared"] if applied else here,
         "current": placement(moved)
-        | {"checkpoint": str(Path(checkpoint).resolve()), "sink_batch_offset": sink_batch_offset},
+        | {"checkpoint": _normal(checkpoint), "sink_batch_offset": sink_batch_offset},
     }
     return _save_switch(registry, name, switch, previous, lineage, _partitions(query, previous))
 

@@ -49,6 +49,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError
 from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.staging import has_entries
+from stateops.core.storage import S3Path, location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,10 +61,14 @@ __all__ = [
 ]
 
 
-def write_checkpoint_file(root: Path, rel: str, text: str) -> None:
+def write_checkpoint_file(root: Path | S3Path, rel: str, text: str) -> None:
     """A checkpoint log file and the ``.crc`` sidecar Hadoop's local file system checks,
-    each written beside itself and renamed into place (complete or absent)."""
+    each written beside itself and renamed into place (complete or absent). In S3 one put,
+    atomic, and no sidecar (S3A keeps no checksum files, as Spark writes there)."""
     data = text.encode("utf-8")
+    if isinstance(root, S3Path):
+        (root / rel).write_bytes(data)
+        return
     for name, content in ((rel, data), (crc_sidecar(rel), hadoop_crc(data))):
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,10 +84,10 @@ def write_image_batch(
     (a void source offset), the watermark that batch ran with, this query's own settings
     (the values Spark records, read from the session that runs it). False, writing nothing,
     where batch 0 is already planned (a start after a failed one: Spark runs it again)."""
-    root = Path(checkpoint)
+    root = location(checkpoint)
     if has_entries(root / "offsets"):
         return False
-    if root.exists() and any(p.name != "offsets" for p in root.iterdir()):
+    if _names(root) - {"offsets"}:
         raise CheckpointError(f"{root}: not a new checkpoint; bootstrap into a new one")
     # Which settings a batch records is Spark's (OffsetSeqMetadata); their values, the session's.
     metadata = spark._jvm.org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqMetadata
@@ -96,6 +101,13 @@ def write_image_batch(
     write_checkpoint_file(root, "metadata", json.dumps({"id": str(uuid.uuid4())}))
     write_checkpoint_file(root, "offsets/0", "\n".join(["v1", json.dumps(meta), "-"]))
     return True
+
+
+def _names(root: Path | S3Path) -> set[str]:
+    """What is right in a checkpoint folder or prefix (nothing where it does not exist)."""
+    if isinstance(root, S3Path):
+        return root.top_level()
+    return {p.name for p in root.iterdir()} if root.is_dir() else set()
 
 
 def finish_image_batch(checkpoint: str | os.PathLike[str], watermark: dict[str, int]) -> bool:

@@ -9,9 +9,16 @@ The hold (see :mod:`stateops.control.lock`) keeps every other lifecycle operatio
 to the switch or the roll back; each step takes the query's lock with the migration's run id
 for its own work.
 
-A failure after preflight rolls back: the new checkpoint is moved aside, a switch already
+A failure after preflight rolls back: the new checkpoint is set aside, a switch already
 written is undone, the old checkpoint is writable again and the hold is released, so the old
 query can start again and a new trigger of the DAG can do the migration again.
+
+Either checkpoint may be local or in S3 (``s3://``; Spark writes it as ``s3a://``). S3 has no
+rename and no file modes, so two steps differ there (docs/migration-on-s3.md): the switch
+retires the old checkpoint with a hold object beside it (``<checkpoint>.audit/retired.json``,
+which starts and every lifecycle operation refuse; on local disk its files are read-only as
+well), and a roll back sets a failed new checkpoint aside in place under the same kind of hold
+(locally it is renamed ``<checkpoint>.failed-<run>``). ``stateops unretire`` lifts a hold.
 """
 
 from __future__ import annotations
@@ -37,7 +44,14 @@ from stateops.control.lock import (
     release_hold,
     safe_run_id,
 )
-from stateops.control.markers import clear_carry_over, request_stop, withdraw_stop
+from stateops.control.markers import (
+    clear_carry_over,
+    clear_retired,
+    read_retired,
+    request_stop,
+    withdraw_stop,
+    write_retired,
+)
 from stateops.control.target import Target, query_target
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
@@ -103,6 +117,7 @@ __all__ = [
     "switch_query",
     "transplant_for_migration",
     "undo_recipe",
+    "unretire",
 ]
 
 OPERATION = "migration"
@@ -135,9 +150,10 @@ def _work_dir(registry: Registry, run_id: str) -> Path:
     return registry.state_dir / "migration" / safe_run_id(run_id)
 
 
-def default_checkpoint(query: Query) -> Path:
-    """``<checkpoint>.v2`` beside the old one (``.v3`` after that, ...): the first free one."""
-    current = Path(query.checkpoint)
+def default_checkpoint(query: Query) -> Path | S3Path:
+    """``<checkpoint>.v2`` beside the old one (``.v3`` after that, ...): the first free one
+    (in S3, a prefix beside the old one)."""
+    current = location(query.checkpoint)
     stem = re.sub(r"\.v\d+$", "", current.name)
     n = 2
     while True:
@@ -183,7 +199,7 @@ def plan_migration(
     )
     registry, name = target.require_registry(), query.name
     cp = _sound_checkpoint(query)
-    old = Path(query.checkpoint)
+    old = query.checkpoint
     runs_as = _runs_as(query, source_name, source, new)
     last = cp.last_committed_batch
     refusals = transplant_refusals(cp, runs_as, last)
@@ -264,18 +280,12 @@ def _form_checks(
     cutover: str,
     carry_over: str,
     moved_source: str,
-) -> tuple[Query, str, Source, str, int, Path]:
+) -> tuple[Query, str, Source, str, int, Path | S3Path]:
     """What the form (or the CLI's options) says, checked field by field: a refusal names the
     field. The query, the moved source's name, the new source, the cutover, the number of
     files in the new source, the new checkpoint's folder."""
     query = target.require_query(_REGISTERED)
     registry = target.require_registry()
-    if isinstance(location(query.checkpoint), S3Path):
-        raise StateOpsError(
-            f"query {query.name}: its checkpoint is in S3 ({query.checkpoint}), and the "
-            "migration runs on local checkpoints only for now; restore a backup into a local "
-            "folder and migrate that (docs/checkpoints-on-s3.md)"
-        )
     with about("carry_over"):
         _refuse_immovable(query, carry_over)
     with about("source"):
@@ -390,27 +400,34 @@ def _check_new_source(
     return files
 
 
-def _new_checkpoint(registry: Registry, query: Query, new_checkpoint: str) -> Path:
-    """The new checkpoint's folder (default: beside the old one): new or empty, apart from it;
-    local (a URL is refused: the new query runs and the old checkpoint is kept read-only on
-    local disk only, docs/checkpoints-on-s3.md)."""
+def _new_checkpoint(registry: Registry, query: Query, new_checkpoint: str) -> Path | S3Path:
+    """The new checkpoint's folder or S3 prefix (``s3://BUCKET/PREFIX``; default: beside the
+    old one): new or empty, apart from it."""
     given = registry.data_path(new_checkpoint) if new_checkpoint else None
-    if given is not None and "://" in given:
-        raise StateOpsError(
-            f"new checkpoint {given} is not a local folder, and the migration writes local "
-            "checkpoints only for now: name a local folder (or leave the field empty for the "
-            "default beside the old checkpoint; docs/checkpoints-on-s3.md)"
-        )
-    new = Path(given) if given is not None else default_checkpoint(query).resolve()
-    old = Path(query.checkpoint)
-    if new == old or old in new.parents or new in old.parents:
+    new = location(given) if given is not None else default_checkpoint(query)
+    new = new.resolve()
+    old = location(query.checkpoint)
+    if _overlaps(new, old):
         raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
+    held = read_retired(new) if occupied(new) else None
+    if held is not None:
+        raise StateOpsError(
+            f"new checkpoint {new} holds the checkpoint of failed migration run "
+            f"{held.get('run_id')}, set aside: name another (or leave the field empty for the "
+            f"next free one beside the old checkpoint), or delete that one first"
+        )
     if occupied(new):
         raise StateOpsError(
             f"new checkpoint {new} is not empty: name a new or empty folder (or leave the field "
             "empty for the default beside the old checkpoint)"
         )
     return new
+
+
+def _overlaps(new: Path | S3Path, old: Path | S3Path) -> bool:
+    """Whether one location is the other or holds it (local or S3 alike, by their names)."""
+    a, b = str(new).rstrip("/"), str(old).rstrip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
 def _sound_checkpoint(query: Query) -> Checkpoint:
@@ -619,8 +636,8 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
     running = f", running as {plan['running']}: will be stopped" if plan["running"] else ""
     which = "" if plan["source_name"] == "source" else f"source {plan['source_name']}, "
     tail = plan_tail(
-        irreversible="nothing: the old checkpoint stays (read-only) and a failed step rolls "
-        "the whole run back",
+        irreversible="nothing: the old checkpoint stays (retired: held against any start or "
+        "change) and a failed step rolls the whole run back",
         backup=f"to {plan['backup_to']}, after the drain and before the carry-over",
         undo=f"after the switch: {undo_recipe(plan)}",
     )
@@ -666,7 +683,7 @@ def undo_recipe(plan: dict[str, Any]) -> str:
     """How a person undoes ``plan``'s migration after its switch (the plan's ``undo`` line and
     the DAG's last step say it)."""
     return (
-        f"stop {plan['query']}, remove {plan['switch_file']}, run chmod -R u+w "
+        f"stop {plan['query']}, remove {plan['switch_file']}, run stateops unretire "
         f"{plan['old']['checkpoint']}, and move the new checkpoint's output aside"
     )
 
@@ -677,7 +694,7 @@ def format_migrated(plan: dict[str, Any]) -> str:
     return (
         f"{plan['query']} migrated: it runs on {new['checkpoint']} ({_where(new['source'])}); "
         f"the old checkpoint {plan['old']['checkpoint']} stays, "
-        f"read-only; to undo, {undo_recipe(plan)}"
+        f"retired; to undo, {undo_recipe(plan)}"
     )
 
 
@@ -936,7 +953,7 @@ def switch_migration(
     lineage = switch_query(target, plan, settled, carry_over)
     log(
         f"{plan['query']}: switched to {_where(plan['new']['source'])} and "
-        f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept read-only "
+        f"{plan['new']['checkpoint']}; {plan['old']['checkpoint']} kept, retired "
         f"(backup {settled['backup_id']}); lineage in "
         f"{audit_dir(plan['new']['checkpoint']) / 'lineage.json'}"
     )
@@ -1007,9 +1024,9 @@ def switch_query(
     settled: dict[str, Any],
     carry_over: dict[str, Any],
 ) -> dict[str, Any]:
-    """Point the query at the new source and checkpoint, record the lineage, keep the old
-    checkpoint read-only, and release the hold. ``settled`` is :func:`settle_migration`'s
-    result plus the ``backup_id``."""
+    """Point the query at the new source and checkpoint, record the lineage, retire the old
+    checkpoint (:func:`_retire`), and release the hold. ``settled`` is
+    :func:`settle_migration`'s result plus the ``backup_id``."""
     registry, name, old, new = target.require_registry(), plan["query"], plan["old"], plan["new"]
     backup_id = settled["backup_id"]
     last = load_checkpoint(old["checkpoint"]).last_committed_batch
@@ -1041,7 +1058,8 @@ def switch_query(
         "proof": (carry_over["proof"] or {}).get("proof_file"),
     }
     lineage_file = audit_dir(new["checkpoint"]) / "lineage.json"
-    lineage_file.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(lineage_file, Path):
+        lineage_file.parent.mkdir(parents=True, exist_ok=True)
     lineage_file.write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
     common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
     append_audit(
@@ -1061,11 +1079,11 @@ def switch_query(
         sink_batch_offset=settled["sink_batch_offset"],
         input_name=plan["source_name"],
     )
-    _set_read_only(Path(old["checkpoint"]), True)
+    _retire(plan, new["checkpoint"])
     append_audit(
         old["checkpoint"],
         OPERATION,
-        result="retired (read-only)",
+        result="retired",
         migrated_to=new["checkpoint"],
         backup_id=backup_id,
         **common,
@@ -1078,7 +1096,7 @@ def roll_back_migration(
     target: Target, plan: dict[str, Any], log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Undo what a failed migration run did; the old query can start again afterwards."""
-    name, old, new = plan["query"], plan["old"], Path(plan["new"]["checkpoint"])
+    name, old, new = plan["query"], plan["old"], location(plan["new"]["checkpoint"])
     done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
     # As it is now: a switch may have been written.
     target = query_target(target.require_registry().path, name)
@@ -1098,13 +1116,8 @@ def roll_back_migration(
         )
         done["switch_undone"] = True
         log(f"{name}: switch undone: back on {old['checkpoint']}")
-    _set_read_only(Path(old["checkpoint"]), False)
-    aside = new.with_name(f"{new.name}.failed-{safe_run_id(plan['run_id'])}")
-    for here, there in ((new, aside), (audit_dir(new), audit_dir(aside))):
-        if here.exists():
-            os.replace(here, there)
-            done["moved_aside"].append(str(there))
-            log(f"moved {here} aside to {there}")
+    _unretire(old["checkpoint"])
+    done["moved_aside"] = _set_aside(plan, new, log)
     query = load_registry(registry.path).query(name)  # on the old checkpoint again
     old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
     sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
@@ -1121,6 +1134,80 @@ def roll_back_migration(
         append_audit(old["checkpoint"], OPERATION, run_id=plan["run_id"], result="rolled back")
     log(f"{name}: migration rolled back; the query runs on {old['checkpoint']} as before")
     return done
+
+
+def _retire(plan: dict[str, Any], migrated_to: str) -> None:
+    """The old checkpoint, retired: the hold every start and lifecycle operation refuse
+    (:func:`stateops.control.markers.refuse_retired`); on local disk its files read-only too."""
+    old = location(plan["old"]["checkpoint"])
+    write_retired(
+        old,
+        {
+            "state": "retired",
+            "query": plan["query"],
+            "run_id": plan["run_id"],
+            "time": _now(),
+            "migrated_to": migrated_to,
+        },
+    )
+    if isinstance(old, Path):
+        _set_read_only(old, True)
+
+
+def _unretire(checkpoint: str | Path | S3Path) -> bool:
+    """Lift a retirement hold (local: the files writable again); True if there was one."""
+    root = location(checkpoint)
+    if isinstance(root, Path) and root.is_dir():
+        _set_read_only(root, False)
+    return clear_retired(root)
+
+
+def _set_aside(plan: dict[str, Any], new: Path | S3Path, log: Callable[[str], None]) -> list[str]:
+    """A failed run's new checkpoint, out of the way of the old query and the next run: on
+    local disk renamed (with its audit folder) ``<checkpoint>.failed-<run>``; in S3, which has
+    no rename, kept in place under a hold (one put: :func:`stateops.control.markers.
+    write_retired`, ``set aside``), so nothing starts on it and the next run's default
+    checkpoint is the next free name. Where it is now."""
+    if isinstance(new, S3Path):
+        if not occupied(new):
+            return []
+        write_retired(
+            new,
+            {
+                "state": "set aside",
+                "query": plan["query"],
+                "run_id": plan["run_id"],
+                "time": _now(),
+                "old_checkpoint": plan["old"]["checkpoint"],
+            },
+        )
+        log(
+            f"set {new} aside in place (S3 has no rename): held against any start; "
+            f"stateops unretire {new} lifts the hold"
+        )
+        return [str(new)]
+    moved = []
+    aside = new.with_name(f"{new.name}.failed-{safe_run_id(plan['run_id'])}")
+    for here, there in ((new, aside), (audit_dir(new), audit_dir(aside))):
+        if here.exists():
+            os.replace(here, there)
+            moved.append(str(there))
+            log(f"moved {here} aside to {there}")
+    return moved
+
+
+def unretire(checkpoint: str, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """``stateops unretire``: lift the hold of a migration's retired old checkpoint or of a
+    failed one's new checkpoint set aside (and locally make its files writable again); the
+    hold it lifted, or None where there was none (nothing changed: it can be run again)."""
+    held = read_retired(checkpoint)
+    if held is None:
+        log(f"{checkpoint}: not retired nor set aside: nothing to lift")
+        return None
+    _unretire(checkpoint)
+    append_audit(checkpoint, OPERATION, run_id=str(held.get("run_id")), result="unretired")
+    log(f"{checkpoint}: the hold ({held.get('state')}, run {held.get('run_id')}) is lifted")
+    return held
 
 
 def _set_read_only(root: Path, read_only: bool) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from stateops.control import faults
 from stateops.control.audit import append_audit, read_audit
 from stateops.control.lock import LockInfo, live_lock, read_hold
+from stateops.control.markers import refuse_retired
 from stateops.control.target import Target, checkpoint_target, query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
@@ -536,6 +537,8 @@ def run_restore(
     """
     into = _target(plan["target"], plan["target"], None, registry)
     target, owner = into
+    if owner.query is None:  # no lock to refuse it: a retired checkpoint stays as it is
+        refuse_retired(target)
     lock = owner.lock("restore", run_id) if owner.query is not None else nullcontext()
     with lock:
         # The DAG plans in another task: the target may have changed since.

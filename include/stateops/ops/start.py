@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from stateops.control.audit import append_audit
 from stateops.control.lock import new_run_id
-from stateops.control.markers import clear_carry_over, withdraw_stop
+from stateops.control.markers import clear_carry_over, refuse_retired, withdraw_stop
 from stateops.control.target import Target
 from stateops.core.checkpoint import interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line, query_error_line
@@ -477,10 +477,13 @@ def _carried(
 
 
 def refuse_unrunnable(registry: Registry, query: Query, *, undo: bool = False) -> None:
-    """Refuse a checkpoint no start may run on: a rollback or repartition half done. Except a
+    """Refuse a checkpoint no start may run on: one under a retirement hold (a migration's old
+    checkpoint, or a failed one's new checkpoint set aside: docs/migration-on-s3.md), a
+    rollback or repartition half done. Except a
     repartition that a killed start of a transplanted checkpoint left
     (:func:`stateops.ops.pending.killed_repartition`): the next start repartitions again,
     having undone it first (``undo``, under the lock)."""
+    refuse_retired(query.checkpoint)
     killed = killed_repartition(registry, query) is not None
     if killed and undo:
         undo_repartition_locked(query.checkpoint, log=_stderr)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import audit_dir
@@ -479,9 +480,6 @@ def _old_state(
     """The old state after batch N by variable (list elements with their position), the
     watermarks batch N ran with and handed on, and where they were read from: the old
     checkpoint, or where it is gone or no longer holds batch N, the export."""
-    import json
-    from pathlib import Path
-
     old, batch = origin.get("checkpoint"), int(origin["batch"])
     try:
         cp = load_checkpoint(old)
@@ -574,7 +572,8 @@ def _compare_batches(
 
 def _write_proof(query: Query, result: dict[str, Any]) -> dict[str, Any]:
     out = audit_dir(query.checkpoint) / "proofs" / f"batch-{result['batch_id']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(out, Path):  # an S3 prefix needs no folder
+        out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     result["proof_file"] = str(out)
     return result
