@@ -46,7 +46,7 @@ from stateops.core.sources import (
     within,
 )
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
-from stateops.core.storage import S3Path, delete_files, list_files, location
+from stateops.core.storage import S3Path, list_files, location
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.deletion import plan_digest
@@ -201,7 +201,6 @@ def rollback_for_backfill(
     the query's lock; refused, changing nothing, if the checkpoint changed since
     :func:`plan_backfill`."""
     query = target.require_query(_REGISTERED)
-    in_s3 = isinstance(location(query.sink.path or "."), S3Path)
     done = run_rollback(
         target,
         plan["to_batch"],
@@ -209,7 +208,7 @@ def rollback_for_backfill(
         operation="backfill",
         backup=backup,
         log=log,
-        sink=None if query.sink.kafka or in_s3 else query.sink.path,
+        sink=None if query.sink.kafka else query.sink.path,
         sink_batch_offset=query.sink.batch_offset,
         planned=plan.get("digest"),
         rewrite_output=plan.get("rewrite_output"),
@@ -217,10 +216,6 @@ def rollback_for_backfill(
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
     # `stateops status` reads (stateops.status.unfinished_backfill).
-    if in_s3:  # the rollback moves local sinks only (ops/rollback.py: Path)
-        move_s3_batches_aside(
-            query.sink.path, plan["to_batch"] + query.sink.batch_offset, done["run_id"]
-        )
     _record(
         plan,
         "rolled back",
@@ -559,32 +554,6 @@ def _read_batch(folder: Path | S3Path, rels: list[str]) -> list[dict]:
 
 def _bytes(path: Path | S3Path) -> bytes:
     return path.read_bytes()
-
-
-def move_s3_batches_aside(sink: str, after: int, run_id: str) -> list[str]:
-    """A sink in S3: move its ``batch_id=K`` folders with K > ``after`` to
-    ``<sink>/_rolled_back/<run_id>/`` (S3 has no rename: each object is copied server-side,
-    then the originals are deleted, so a kill in between leaves both, never neither), as
-    :func:`stateops.ops.rollback.execute_sink_plan` does for a local sink. The folders moved."""
-    root = location(sink)
-    assert isinstance(root, S3Path)
-    aside = root / "_rolled_back" / run_id
-    moved = [
-        rel
-        for rel in sorted(list_files(root))
-        if rel.startswith("batch_id=") and int(rel.split("/", 1)[0].split("=", 1)[1]) > after
-    ]
-    for rel in moved:
-        dest = aside / rel
-        root._client.call(
-            f"copy {root / rel} to {dest}",
-            "copy_object",
-            Bucket=dest.bucket,
-            Key=dest.key,
-            CopySource={"Bucket": root.bucket, "Key": (root / rel).key},
-        )
-    delete_files(root, moved)
-    return sorted({rel.split("/", 1)[0] for rel in moved})
 
 
 def _frozen(value: Any) -> Any:

@@ -41,6 +41,7 @@ from stateops.core.sources import (
     topic_offsets,
     unreadable,
 )
+from stateops.core.storage import S3Path, delete_files, list_files, location
 from stateops.ops.deletion import (
     audit_plan,
     deletion_plan,
@@ -259,8 +260,20 @@ def plan_sink_rollback(
     Spark's file sink drops its ``_spark_metadata`` entries after ``to_batch`` and moves the
     data files only they name aside. Moved aside is
     ``<sink>/_rolled_back/<run id>/``: readers skip ``_`` folders, and nothing is lost.
+    A sink in S3 is a per-batch sink (its folders are moved object by object).
     """
-    root = Path(sink)
+    root = location(sink)
+    if isinstance(root, S3Path):
+        names = root.top_level()
+        if "_spark_metadata" in names:
+            raise StateOpsError(
+                f"{root}: a Spark file sink (its _spark_metadata log) in S3 cannot be rolled "
+                "back by stateops yet; nothing changed: use a per-batch sink (the registry's "
+                "folder sinks) or move the sink's later files aside by hand"
+            )
+        later = [n for n in names if n.startswith("batch_id=")]
+        folders = sorted(n for n in later if int(n.split("=", 1)[1]) > to_batch + batch_offset)
+        return {"path": str(root), "folders": folders, "log_entries": [], "data_files": []}
     folders = sorted(
         p.name
         for p in root.glob("batch_id=*")
@@ -305,8 +318,13 @@ def _sink_log_paths(path: Path) -> list[str]:
 
 def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
     """Move a sink plan's folders and files to ``<sink>/_rolled_back/<run_id>/``."""
-    root = Path(sink["path"])
+    root = location(sink["path"])
     aside = root / "_rolled_back" / run_id
+    if isinstance(root, S3Path):
+        for name in sink["folders"]:
+            faults.point("move")
+            _move_s3(root, name, aside)
+        return
     for name in sink["folders"]:
         faults.point("move")
         aside.mkdir(parents=True, exist_ok=True)
@@ -322,6 +340,23 @@ def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
             dest = aside / src.relative_to(root)
             dest.parent.mkdir(parents=True, exist_ok=True)
             src.rename(dest)
+
+
+def _move_s3(root: S3Path, folder: str, aside: S3Path) -> None:
+    """``root/folder`` to ``aside/folder`` in S3, which has no rename: each object copied
+    server-side, then the originals deleted (a kill in between leaves both, never neither;
+    the next run copies again what is left)."""
+    rels = sorted(f"{folder}/{rel}" for rel in list_files(root / folder))
+    for rel in rels:
+        dest = aside / rel
+        root._client.call(
+            f"copy {root / rel} to {dest}",
+            "copy_object",
+            Bucket=dest.bucket,
+            Key=dest.key,
+            CopySource={"Bucket": root.bucket, "Key": (root / rel).key},
+        )
+    delete_files(root, rels)
 
 
 def run_rollback(
