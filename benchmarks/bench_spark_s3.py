@@ -11,7 +11,8 @@ abortable checkpoint file manager). One run, each figure against a baseline of t
 - **a batch**: the same query over the same ``--batches`` files, once on a local checkpoint
   (the baseline) and once on S3; the time of each batch as Spark reports it
   (``durationMs.triggerExecution``), the median of each. A short warm-up run on local disk
-  goes first (the JVM's first batches are slow whatever the storage).
+  goes first (the JVM's first batches are slow whatever the storage), then three runs on
+  each storage, taken in turns.
 - **cleanup**: the query run ``--chunks`` times, ``--chunk`` files each, on two S3
   checkpoints: one never cleaned (the baseline), one cleaned after each run (``stateops
   cleanup --retain-batches R``, as the scheduled cleanup does). Then the objects each holds
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT / "include"))
 
 KEY, SECRET, BUCKET = "bench", "bench-secret", "bench-spark"
 NAME = "page_visits"
+TURNS = 3  # runs per storage for the batch times
 
 
 def median_ms(durations: list[float]) -> float:
@@ -201,11 +203,17 @@ def main() -> None:
 
         land(work, "warmup", 3, 0)
         run(spark, registry, "warmup")
-        timed = {}
-        for where in ("local", "s3"):
-            land(work, where, args.batches, 0)
-            timed[where] = run(spark, registry, where)
-        print(f"A batch ({args.batches} batches each, the same files; page_visits, RocksDB):")
+        # In turns, a run on each storage at a time: whatever else the machine does weighs on
+        # both alike.
+        timed: dict[str, list[float]] = {"local": [], "s3": []}
+        for turn in range(TURNS):
+            for where in timed:
+                land(work, where, max(1, args.batches // TURNS), turn)
+                timed[where] += run(spark, registry, where)
+        print(
+            f"A batch ({len(timed['s3'])} batches each in {TURNS} runs taken in turns, the same "
+            "files; page_visits, RocksDB):"
+        )
         print("\n".join(batch_figures(timed["local"], timed["s3"])))
 
         reg = load_registry(registry)
