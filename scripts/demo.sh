@@ -165,6 +165,9 @@ S3Q=s3_visits
 S3_URL=s3://stateops-checkpoints/$S3Q
 S3_REGISTRY="$DATA/s3-registry.yaml"
 s3q() { stateops --registry "$S3_REGISTRY" "$@"; }
+# Its checkpoint lives on the demo's own endpoint (the environment's settings), whatever
+# connection the shell names for checkpoints.
+unset STATEOPS_CHECKPOINT_CONN_ID
 s3_objects() {  # how many objects the checkpoint's prefix holds (S3A's directory markers aside)
   python - "$S3_URL" <<'EOF'
 import sys
