@@ -4,8 +4,12 @@
 # The project itself is mounted at /opt/stateops, not copied.
 FROM python:3.11.7-slim-bookworm
 
+# Maven: docker-compose's airflow-init fetches Spark's jars (Kafka's connector, and S3A with
+# the AWS SDK bundle and the abortable checkpoint file manager for s3a:// checkpoints) into the
+# mounted project's build/jars with scripts/fetch_jars.sh, as `make jars` does on a machine;
+# Maven's own settings say where artifacts come from.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps curl \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps curl maven \
     && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
 
@@ -15,6 +19,8 @@ RUN pip install --no-cache-dir -r /tmp/requirements.txt psycopg2-binary==2.9.13 
 
 RUN useradd --uid 50000 --gid 0 --create-home stateops
 USER 50000
+# mvn's cache: a volume in docker-compose, which takes this folder's owner (the user's own).
+RUN mkdir -p /home/stateops/.m2
 ENV PYTHONPATH=/opt/stateops/include \
     STATEOPS_HOME=/opt/stateops \
     SPARK_CONF_DIR=/opt/stateops/conf \

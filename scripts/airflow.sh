@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make airflow`: every lifecycle DAG in a local Airflow, on loopback, from the project's own
 # environment: `airflow standalone` (SQLite, LocalExecutor, login admin / $STATEOPS_ADMIN_PASSWORD),
-# a Spark standalone master and worker, the embedded S3 endpoint (rclone serve s3) and the
+# a Spark standalone master and worker, the embedded S3 endpoint (SeaweedFS) and the
 # embedded Kafka broker, with the connections pointing at them and sample data in place (landing
 # files, and the Kafka queries' topics). Ctrl-C (or `make airflow-stop` from
 # another shell) stops all of it.
@@ -80,7 +80,7 @@ SPARK_WORKER_DIR="$RUN/spark-work" start spark-worker spark-class \
   --webui-port "${STATEOPS_SPARK_WORKER_UI_PORT:-8082}"
 
 export STATEOPS_S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
-echo "S3 endpoint $STATEOPS_S3_ENDPOINT_URL (rclone serve s3 over $DATA/s3)"
+echo "S3 endpoint $STATEOPS_S3_ENDPOINT_URL (SeaweedFS, its objects in $DATA/s3)"
 start s3 python -m stateops.dev.s3server "$DATA/s3"
 
 export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$KAFKA_PORT"

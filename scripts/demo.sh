@@ -7,7 +7,12 @@
 # refused with the checkpoint untouched; then moves the query to topic page-visits-v2 (a
 # mirror of the topic) with its state, the new topic read from the cutover time on (the
 # migration drains the old topic, transplants the state, proves it on the new checkpoint's first
-# batch and switches), and shows from a state export that every event was counted once. Both servers stop at the end, on failure too.
+# batch and switches), and shows from a state export that every event was counted once.
+# Then one query whose checkpoint lives in the embedded S3 endpoint (SeaweedFS), Spark itself
+# writing s3a://: s3_visits (page_visits on landing files, in a registry of the demo's own:
+# registry.yaml keeps local checkpoints) is run, backed up (objects copied server-side: the
+# backups' bucket is on the same endpoint), cleaned up, rolled back and reprocessed.
+# Both servers stop at the end, on failure too.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$STATEOPS_HOME"
@@ -153,6 +158,76 @@ print(f"  visits counted in the state: {counted}; events produced: {produced}"
       f" ({'equal: none lost, none doubled' if counted == produced else 'DIFFERENT'})")
 sys.exit(0 if counted == produced else 1)
 EOF
-printf '\nDemo data is in %s (kafka/ and kafka.log: the broker; checkpoints/, output/).\n' "$DATA"
+
+# A registry of its own for the S3 query (registry.yaml, and so every test's registry, keeps
+# local checkpoints): page_visits as s3_visits, its checkpoint in the bucket stateops-checkpoints.
+S3Q=s3_visits
+S3_URL=s3://stateops-checkpoints/$S3Q
+S3_REGISTRY="$DATA/s3-registry.yaml"
+s3q() { stateops --registry "$S3_REGISTRY" "$@"; }
+# Its checkpoint lives on the demo's own endpoint (the environment's settings), whatever
+# connection the shell names for checkpoints.
+unset STATEOPS_CHECKPOINT_CONN_ID
+s3_objects() {  # how many objects the checkpoint's prefix holds (S3A's directory markers aside)
+  python - "$S3_URL" <<'EOF'
+import sys
+from stateops.core.s3 import checkpoint_settings, parse_s3_url, s3_client
+loc = parse_s3_url(sys.argv[1])
+pages = s3_client(checkpoint_settings()).get_paginator("list_objects_v2")
+pages = pages.paginate(Bucket=loc.bucket, Prefix=loc.prefix + "/")
+print(sum(not o["Key"].endswith("/") for page in pages for o in page.get("Contents", [])))
+EOF
+}
+step "A checkpoint in S3: $S3Q on $S3_URL, Spark writing s3a:// to the embedded endpoint"
+python - "$S3_REGISTRY" "$S3_URL" <<'EOF'
+import sys
+from pathlib import Path
+import yaml
+from stateops.core.registry import load_registry
+from stateops.core.s3 import checkpoint_settings, parse_s3_url, s3_client
+
+dest, url = sys.argv[1:]
+raw = yaml.safe_load(load_registry().path.read_text(encoding="utf-8"))
+query = raw["queries"]["page_visits"] | {
+    "checkpoint": url,
+    "sink": {"format": "parquet", "path": "output/s3_visits"},
+    "shuffle_partitions": 2,  # half the state objects a batch writes: a shorter demo
+}
+raw["queries"] = {"s3_visits": query}
+Path(dest).write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+bucket = parse_s3_url(url).bucket
+s3_client(checkpoint_settings()).create_bucket(Bucket=bucket)
+print(f"  {dest}: page_visits as s3_visits, checkpoint {url} (bucket {bucket} created)")
+EOF
+s3q generate --out "$DATA/landing" --round 0 --events 100 --files 6 --users 40 > /dev/null
+echo "stateops --registry $S3_REGISTRY run $S3Q: 6 landing files, a batch each  (log: $DATA/s3-run.log)"
+logged s3-run s3q run "$S3Q"
+run_summary "$DATA/s3-run.log"
+s3q inspect "$S3Q" | grep -E "^(checkpoint|batches|state)" | sed 's/^/  /' || true
+echo "  $(s3_objects) objects under $S3_URL/"
+
+step "Backup to s3://stateops-backups/$S3Q: the same endpoint, so objects are copied server-side"
+logged s3-backup s3q backup "$S3Q"
+grep -E "^backup b-.* uploaded" "$DATA/s3-backup.log" | sed 's/^/  /'
+
+step "Cleanup: what restarts after the last 3 batches need is kept, the rest deleted from S3"
+before="$(s3_objects)"
+logged s3-cleanup s3q cleanup "$S3Q" --retain-batches 3
+grep -E "^cleanup " "$DATA/s3-cleanup.log" | sed 's/^/  /'
+echo "  objects under $S3_URL/: $before before, $(s3_objects) after"
+
+to=$(( $(s3q inspect "$S3Q" --json | python -c 'import json, sys
+print(json.load(sys.stdin)["last_committed_batch"])') - 2 ))
+step "Rollback to batch $to (a server-side backup first) and reprocess the 2 batches after it"
+echo "stateops rollback $S3Q --to-batch $to  (log: $DATA/s3-rollback.log)"
+logged s3-rollback s3q rollback "$S3Q" --to-batch "$to"
+grep -E "^(rollback rollback-|backup b-.* uploaded)" "$DATA/s3-rollback.log" | cut -c1-160 | sed 's/^/  /' || true
+echo "stateops run $S3Q  (log: $DATA/s3-rerun.log)"
+logged s3-rerun s3q run "$S3Q"
+run_summary "$DATA/s3-rerun.log"
+s3q verify "$S3Q" | tail -1 | sed 's/^/  /'
+
+printf '\nDemo data is in %s (kafka/ and kafka.log: the broker; s3/: the S3 endpoint'"'"'s\n' "$DATA"
+echo "objects; checkpoints/, output/)."
 echo "The whole lifecycle tour on file sources (Airflow DAGs, backups, restore, cleanup, backfill,"
 echo "format v2, repartition, a migration to Parquet): make tour"

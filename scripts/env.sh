@@ -13,7 +13,7 @@ export AIRFLOW__CORE__UNIT_TEST_MODE="${AIRFLOW__CORE__UNIT_TEST_MODE:-False}"
 # (A literal default inside ${VAR:-...} would end at its first '}'.)
 _stateops_spark_conn='{"conn_type":"spark","host":"local[2]"}'
 export AIRFLOW_CONN_SPARK_DEFAULT="${AIRFLOW_CONN_SPARK_DEFAULT:-$_stateops_spark_conn}"
-# The embedded S3 endpoint (`python -m stateops.dev.s3server`: rclone serve s3 on loopback) with
+# The embedded S3 endpoint (`python -m stateops.dev.s3server`: SeaweedFS on loopback) with
 # demo-only credentials; real ones set in the calling environment win.
 export STATEOPS_S3_ENDPOINT_URL="${STATEOPS_S3_ENDPOINT_URL:-http://127.0.0.1:9000}"
 export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-stateops-demo}"

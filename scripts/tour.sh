@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make tour`: the whole lifecycle story on file sources (`make demo` is the short one, on Kafka),
 # on the embedded defaults (local Spark, SQLite Airflow,
-# rclone serve s3). Generates sample events, bootstraps page_visits, runs the registered queries
+# SeaweedFS as S3). Generates sample events, bootstraps page_visits, runs the registered queries
 # (two processors, a windowed count and a group-state session query) through the stream_start
 # DAG, backs them up, lands more events, runs and backs up again (only the changes are
 # uploaded), restores the first backup, and prints what each checkpoint holds;
@@ -74,7 +74,7 @@ task_log "$log" | grep -E "^(page_visits: bootstrap|OK: )" | sed 's/^/  /' | sor
 grep -oE "(NOT )?PROVEN: .* input \([^)]*\)" "$log" | sed 's/^/  /' || true
 run_dag round1
 
-step "Embedded S3 endpoint ($STATEOPS_S3_ENDPOINT_URL, rclone serve s3) and a backup of each query"
+step "Embedded S3 endpoint ($STATEOPS_S3_ENDPOINT_URL, SeaweedFS) and a backup of each query"
 python -m stateops.dev.s3server "$DATA/s3" > "$DATA/s3.log" 2>&1 &
 S3_PID=$!
 trap 'kill "$S3_PID" 2>/dev/null || true' EXIT

@@ -6,6 +6,7 @@ code reads (connections, data folder, the S3 endpoint and its bucket)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tomllib
@@ -237,3 +238,49 @@ def test_env_sh_sets_the_kafka_connection_from_the_bootstrap_servers_overridable
     out = subprocess.run(script, shell=True, capture_output=True, text=True, check=True).stdout
     env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     assert json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]["bootstrap.servers"] == "b:1"
+
+
+def test_spark_gets_its_s3_jars_from_the_image_mvn_on_the_same_path_everywhere():
+    # airflow-init fetches them as `make jars` does, before any Airflow service (any driver)
+    # starts, with the Maven the image installs; no artifact repository is named here.
+    init = _command("airflow-init")
+    assert "PY=python scripts/fetch_jars.sh spark s3" in init
+    assert init.index("fetch_jars.sh") < init.index("stateops.zip")
+    assert re.search(r"apt-get install .*\bmaven\b", DOCKERFILE)
+    for text in (DOCKERFILE, (ROOT / "docker-compose.yaml").read_text()):
+        assert not re.search(r"https?://[^\s\"']*(maven|repo1|repository)", text, re.I)
+    assert "maven-cache:/home/stateops/.m2" in SERVICES["airflow-init"]["volumes"]
+    assert "useradd --uid 50000" in DOCKERFILE and "mkdir -p /home/stateops/.m2" in DOCKERFILE
+    # The class path a job names (stateops.spark.jobs.S3_JARS, under the project) is the
+    # mounted project's build/jars/s3 on the driver (Airflow) and on the executors (worker).
+    from stateops.spark.jobs import PROJECT_ROOT, S3_JARS
+
+    home = re.search(r"STATEOPS_HOME=(\S+)", DOCKERFILE).group(1)
+    for service in ["airflow-init", *AIRFLOW, *SPARK]:
+        mounts = [v for v in SERVICES[service]["volumes"] if v.startswith("./:")]
+        assert mounts and mounts[0].split(":")[1] == home, service
+    assert S3_JARS.relative_to(PROJECT_ROOT).as_posix() == "build/jars/s3"
+    assert "build/jars/$set" in (ROOT / "scripts" / "fetch_jars.sh").read_text()
+
+
+def test_every_service_that_runs_spark_has_the_s3_settings_of_minio(monkeypatch):
+    from stateops.core.s3 import checkpoint_settings, spark_s3_conf
+
+    minio = SERVICES["minio"]["environment"]
+    for service in [*AIRFLOW, *SPARK]:
+        env = SERVICES[service]["environment"]
+        for key in [k for k in os.environ if k.startswith(("AIRFLOW_CONN_", "STATEOPS_", "AWS_"))]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, str(value))
+        conf = spark_s3_conf(checkpoint_settings())  # what a job sets in its session
+        assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000", service
+        assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+        assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+        assert (conf["spark.hadoop.fs.s3a.access.key"], conf["spark.hadoop.fs.s3a.secret.key"]) == (
+            minio["MINIO_ROOT_USER"],
+            minio["MINIO_ROOT_PASSWORD"],
+        )
+    # No S3 setting of Spark's own on a command line, where ps and task logs would show it.
+    for service in SERVICES:
+        assert "fs.s3a" not in str(SERVICES[service].get("command", "")), service
