@@ -15,6 +15,7 @@ The Spark steps run their jobs' own ``main()`` in the shared session
 from __future__ import annotations
 
 import os
+import random
 import re
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from stateops.spark.jobs import job_path, preflight_job
 from tests.conftest import run_cli
 from tests.spark.harness import job_runner, run_in_session
 from tests.spark.migrations import (
-    FAULTS,
+    STEPS,
     Migration,
     assert_migrated,
     assert_rolled_back,
@@ -51,13 +52,17 @@ def s3_faults(road: str) -> list[str]:
     """The steps a run on ``road`` fails after here: the one whose roll back differs most on
     S3 (the transplant road's switch: the new S3 checkpoint set aside in place, the switch
     undone, the retirement lifted; the initialState road's bootstrap: a new S3 checkpoint
-    Spark wrote, set aside). Every step's roll back is the same code on both storages, failed
-    step by step on local disk (tests/spark/test_migration_run.py, rotating by the session's
-    fault seed); STATEOPS_ALL_FAULTS=1 fails here after every step of the road too."""
+    Spark wrote, set aside), and one more of the road's steps chosen by the session's fault
+    seed (STATEOPS_FAULT_SEED), so that successive sessions fail after each step on S3 too, as
+    tests/spark/test_migration_run.py does on local disk; STATEOPS_ALL_FAULTS=1: every step."""
+    off_road = {"transplant", "first_batch"} if road == "initial_state" else set()
+    steps = [step for step, on in STEPS if on in ("auto", road) and step not in off_road]
     if os.environ.get("STATEOPS_ALL_FAULTS"):
-        other = {"transplant", "first_batch"} if road == "initial_state" else set()
-        return [step for step, on in FAULTS if on in ("auto", road) and step not in other]
-    return ["switch"] if road == "auto" else ["bootstrap"]
+        return steps
+    fixed = "switch" if road == "auto" else "bootstrap"
+    seed = os.environ["STATEOPS_FAULT_SEED"]
+    rotating = random.Random(f"{seed}:s3:{road}").choice([s for s in steps if s != fixed])
+    return [step for step in steps if step in (fixed, rotating)]
 
 
 @pytest.fixture(scope="module")

@@ -368,3 +368,15 @@ def test_spark_submit_runs_a_query_on_an_s3_checkpoint(s3a_env, tmp_path):
     proc = spark_submit_run_query(registry, NAME, "--mode", "available-now")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert load_checkpoint(url).last_committed_batch == 1  # a batch per landed file
+
+
+def test_spark_writes_an_s3_checkpoint_with_the_abortable_file_manager_only(spark):
+    """S3 has no rename: an s3a:// checkpoint gets the abortable file manager; a local one
+    Spark's default (the abortable one refuses a file system without abortable streams)."""
+    from stateops.spark.streaming import ABORTABLE_FILE_MANAGER, CHECKPOINT_FILE_MANAGER
+
+    assert checkpoint_url(spark, "s3://bucket/q") == "s3a://bucket/q"
+    assert spark.conf.get(CHECKPOINT_FILE_MANAGER) == ABORTABLE_FILE_MANAGER
+    assert spark.conf.get("fs.s3a.endpoint.region")  # the S3 settings came with it
+    assert checkpoint_url(spark, "/tmp/q") == "/tmp/q"
+    assert spark.conf.get(CHECKPOINT_FILE_MANAGER, None) is None

@@ -194,3 +194,6 @@ def test_an_error_that_names_no_s3a_path_is_no_s3_fault():
 
     assert spark_s3_error("java.net.ConnectException: Connection refused (kafka:9092)") is None
     assert spark_s3_error("java.io.FileNotFoundException: s3a://b/q/offsets/9") is None
+    # a query with its sink in S3 whose own code could not reach its database: not S3's fault
+    udf = "PythonException: sink s3a://b/out: psycopg.OperationalError: Connection refused"
+    assert spark_s3_error(udf) is None

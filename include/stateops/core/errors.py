@@ -257,6 +257,7 @@ _S3A_FAULTS = [
         "connection), and that the keys are set; then run again",
     ),
 ]
+_S3A_CLASSES = re.compile(r"org\.apache\.hadoop\.fs\.s3a\.|software\.amazon\.awssdk|S3Exception")
 _S3A_PATH = re.compile(r"s3a://[^\s:;,'\"]+")
 
 
@@ -264,8 +265,8 @@ def spark_s3_error(text: str) -> StateOpsError | None:
     """One line for a fault of Spark's S3A connector in ``text`` (a Spark or Py4J error's),
     naming the first s3a:// path it names; None when ``text`` is no S3A fault."""
     path = _S3A_PATH.search(text)
-    if path is None:
-        return None
+    if path is None or not _S3A_CLASSES.search(text):
+        return None  # not S3A's: e.g. a query with an S3 sink whose own code failed
     for pattern, what, todo in _S3A_FAULTS:
         if re.search(pattern, text):
             return StateOpsError(f"Spark on S3: {path.group(0).rstrip('/.')}: {what}; {todo}")

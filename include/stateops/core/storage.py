@@ -42,6 +42,7 @@ __all__ = [
     "S3Path",
     "copy_to_local",
     "delete_files",
+    "delete_keys",
     "file_names",
     "list_files",
     "location",
@@ -256,15 +257,15 @@ class S3Path:
         return self.key in self._cache or self._is_object() or self.is_dir()
 
     def is_dir(self) -> bool:
-        """A prefix with objects under it (S3's folders)."""
+        """A prefix with files under it (S3's folders); directory markers are no files."""
+        prefix = self.key.rstrip("/") + "/"
         listed = self._client.call(
-            f"list {self}",
-            "list_objects_v2",
-            Bucket=self.bucket,
-            Prefix=self.key.rstrip("/") + "/",
-            MaxKeys=1,
+            f"list {self}", "list_objects_v2", Bucket=self.bucket, Prefix=prefix, MaxKeys=8
         )
-        return bool(listed["KeySizes"])
+        if any(not key.endswith("/") for key, _ in listed["KeySizes"]):
+            return True
+        # a first page of markers only: the rest, markers left out, decides
+        return bool(listed.get("IsTruncated")) and bool(self._list(prefix, delimiter=False)[0])
 
     def stat(self) -> SimpleNamespace:
         """``st_size`` and ``st_mtime`` (the object's last modification) of one object."""
@@ -369,7 +370,12 @@ def remove_all(root: Path | S3Path) -> None:
         shutil.rmtree(root)
         return
     base = root.key + "/" if root.key else ""
-    keys = sorted(root._list(base, delimiter=False, markers=True)[0])  # markers by their key
+    delete_keys(root, sorted(root._list(base, delimiter=False, markers=True)[0]))
+
+
+def delete_keys(root: S3Path, keys: list[str]) -> None:
+    """Delete the objects of whole ``keys`` in ``root``'s bucket (a directory marker's key ends
+    with ``/``, which a path relative to ``root`` cannot name), 1,000 a request."""
     for start in range(0, len(keys), _DELETE_BATCH):
         _delete_batch(root, keys[start : start + _DELETE_BATCH])
 

@@ -206,6 +206,11 @@ def _initial_format(src: Path | S3Path, fmt: str | None) -> str:
         fmt = fmt or Path(src.name).suffix.lstrip(".") or "parquet"
     if fmt not in FORMATS:
         raise StateOpsError(f"{src}: unknown initial state format {fmt!r} ({', '.join(FORMATS)})")
+    if isinstance(src, S3Path) and fmt != "checkpoint":
+        raise StateOpsError(
+            f"{src}: an initial state in S3 is read from a checkpoint only, not from {fmt}; "
+            "copy it to a local folder (or bootstrap from the checkpoint it was exported from)"
+        )
     return fmt
 
 

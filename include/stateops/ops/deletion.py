@@ -376,7 +376,7 @@ def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
         delete = [root / rel for rels in plan["files"].values() for rel in rels]
     move: list[Path] = []
     sink = plan.get("sink")
-    if sink:
+    if sink and isinstance(location(sink["path"]), Path):  # S3: no file modes (see above)
         sink_root = Path(sink["path"])
         move += [sink_root / name for name in sink["folders"]]
         move += [Path(uri.removeprefix("file:")) for uri in sink["data_files"]]

@@ -41,7 +41,7 @@ from stateops.core.sources import (
     topic_offsets,
     unreadable,
 )
-from stateops.core.storage import S3Path, delete_files, list_files, location
+from stateops.core.storage import S3Path, delete_keys, location
 from stateops.ops.deletion import (
     audit_plan,
     deletion_plan,
@@ -344,19 +344,21 @@ def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
 
 def _move_s3(root: S3Path, folder: str, aside: S3Path) -> None:
     """``root/folder`` to ``aside/folder`` in S3, which has no rename: each object copied
-    server-side, then the originals deleted (a kill in between leaves both, never neither;
-    the next run copies again what is left)."""
-    rels = sorted(f"{folder}/{rel}" for rel in list_files(root / folder))
-    for rel in rels:
-        dest = aside / rel
-        root._client.call(
-            f"copy {root / rel} to {dest}",
-            "copy_object",
-            Bucket=dest.bucket,
-            Key=dest.key,
-            CopySource={"Bucket": root.bucket, "Key": (root / rel).key},
-        )
-    delete_files(root, rels)
+    server-side, then the originals deleted, S3A's directory markers with them (a kill in
+    between leaves both, never neither; the next run copies again what is left)."""
+    source = root / folder
+    keys = sorted(source._list(source.key + "/", delimiter=False, markers=True)[0])
+    for key in keys:
+        if not key.endswith("/"):
+            dest = aside / folder / key[len(source.key) + 1 :]
+            root._client.call(
+                f"copy s3://{root.bucket}/{key} to {dest}",
+                "copy_object",
+                Bucket=dest.bucket,
+                Key=dest.key,
+                CopySource={"Bucket": root.bucket, "Key": key},
+            )
+    delete_keys(root, keys)
 
 
 def run_rollback(

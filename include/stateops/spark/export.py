@@ -187,8 +187,12 @@ def check_export(
     if batch is None:
         raise CheckpointError(f"{checkpoint}: no committed batch yet: there is no state to export")
     files = cp.restart_files(batch)  # the batch is committed and its state files are all there
-    if isinstance(cp.root, Path):  # file modes: S3 answers a read it refuses in one line
-        refuse_unreadable(f"export of {checkpoint}", [cp.root / rel for rel in files])
+    refuse_unreadable(f"export of {checkpoint}", [cp.root / rel for rel in files])
+    if str(out).startswith(("s3://", "s3a://")):
+        raise StateOpsError(
+            f"{out}: an export goes to a local folder (its manifest is a local file); export "
+            "there, then copy it to S3 if it must live there"
+        )
     out = Path(out)
     try:
         is_dir = stat.S_ISDIR(out.stat().st_mode)

@@ -32,6 +32,7 @@ __all__ = [
     "job_path",
     "load_job",
     "preflight_job",
+    "require_s3_jars",
     "require_spark_s3",
     "spark_classpath_conf",
     "spark_s3_locations",
@@ -205,6 +206,17 @@ def spark_s3_locations(args: Namespace) -> list[str]:
     return sorted({str(f) for f in found if str(f).startswith(("s3://", "s3a://"))})
 
 
+def require_s3_jars(locations: Sequence[str], what: str) -> None:
+    """Refuse, in one line, ``what`` on ``locations`` that are in S3 when Spark's S3 connector
+    was not fetched (build/jars/s3 empty)."""
+    in_s3 = [str(p) for p in locations if str(p).startswith(("s3://", "s3a://"))]
+    if in_s3 and not spark_classpath_conf():
+        raise StateOpsError(
+            f"{what}: {in_s3[0]} is in S3, and Spark's S3 connector (hadoop-aws) is not in "
+            f"{S3_JARS}: run `make jars` (it fetches it with mvn)"
+        )
+
+
 def require_spark_s3(locations: Sequence[str], what: str) -> None:
     """Refuse, before Spark starts, a job on ``locations`` in S3 that Spark could not reach:
     its S3 connector not fetched (build/jars/s3), or the endpoint refusing the settings Spark
@@ -214,11 +226,7 @@ def require_spark_s3(locations: Sequence[str], what: str) -> None:
     here in a second, where S3A would retry for minutes inside the job. Never says a key."""
     if not locations:
         return
-    if not spark_classpath_conf():
-        raise StateOpsError(
-            f"{what}: {locations[0]} is in S3, and Spark's S3 connector (hadoop-aws) is not in "
-            f"{S3_JARS}: run `make jars` (it fetches it with mvn)"
-        )
+    require_s3_jars(locations, what)
     from stateops.core.errors import s3_error
     from stateops.core.s3 import checkpoint_settings, parse_s3_url, s3_client
 

@@ -191,19 +191,14 @@ def uses_kafka(query: Query) -> bool:
 def check_code(registry: Registry, query: Query) -> None:
     """The query's own code imports and takes its options, and Spark has the connectors it
     needs: checked without Spark, before a job starts."""
-    from stateops.spark.jobs import S3_JARS, SPARK_JARS, spark_classpath_conf, spark_jars
+    from stateops.spark.jobs import SPARK_JARS, require_s3_jars, spark_jars
 
     if uses_kafka(query) and not any("spark-sql-kafka" in jar for jar in spark_jars()):
         raise RegistryError(
             f"query {query.name} reads or writes Kafka, and Spark's Kafka connector is not in "
             f"{SPARK_JARS}: run `make jars` (it fetches it with mvn)"
         )
-    on_s3 = [spark_url(query.checkpoint), query.sink.path]
-    if any(p.startswith(("s3://", "s3a://")) for p in on_s3) and not spark_classpath_conf():
-        raise RegistryError(
-            f"query {query.name} keeps its checkpoint or output in S3, and Spark's S3 connector "
-            f"is not in {S3_JARS}: run `make jars` (it fetches it with mvn)"
-        )
+    require_s3_jars([query.checkpoint, query.sink.path], f"query {query.name}")
     use_code_paths(registry)
     if query.transform is not None:
         load_transform(query)
