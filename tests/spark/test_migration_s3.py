@@ -139,6 +139,8 @@ def _assert_held(m: Migration, aside: list[str]) -> None:
     preflight = [job_path(job), ["--registry", str(m.path), *args]]
     with pytest.raises(CheckpointError, match=said + r".*stateops unretire"):
         preflight_job(*preflight)
+    cli = run_cli("--registry", str(m.path), "run", m.name, env=m.s3.env())  # the user's door
+    assert cli.returncode == 2 and re.search(said[1:], cli.stderr), cli.stderr
     target = query_target(m.path, m.name)
     with pytest.raises(CheckpointError, match=said):
         run_start(target, run_id="r-held")
