@@ -55,6 +55,7 @@ __all__ = [
     "unfinished",
     "request_count",
     "walk",
+    "write_file",
 ]
 
 
@@ -361,6 +362,14 @@ def file_names(folder: Path | S3Path) -> list[str]:
             return [e.name for e in entries if e.is_file(follow_symlinks=False)]
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def write_file(path: Path | S3Path, text: str) -> None:
+    """``text`` into the file ``path``: a local one's folders made first (an S3 prefix needs
+    none; the object appears whole when written)."""
+    if isinstance(path, Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 def remove_all(root: Path | S3Path) -> None:

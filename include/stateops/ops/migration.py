@@ -84,7 +84,7 @@ from stateops.core.sources import (
 )
 from stateops.core.staging import occupied
 from stateops.core.steps import MIGRATION_STEPS, fill
-from stateops.core.storage import S3Path, location
+from stateops.core.storage import S3Path, location, write_file
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
@@ -1058,9 +1058,7 @@ def switch_query(
         "proof": (carry_over["proof"] or {}).get("proof_file"),
     }
     lineage_file = audit_dir(new["checkpoint"]) / "lineage.json"
-    if isinstance(lineage_file, Path):
-        lineage_file.parent.mkdir(parents=True, exist_ok=True)
-    lineage_file.write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
+    write_file(lineage_file, json.dumps(lineage, indent=2) + "\n")
     common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
     append_audit(
         new["checkpoint"],

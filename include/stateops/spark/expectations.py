@@ -24,7 +24,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError
 from stateops.core.formats import OffsetEntry
 from stateops.core.registry import Query
-from stateops.core.storage import S3Path, file_names
+from stateops.core.storage import S3Path, file_names, write_file
 from stateops.spark.export import read_state_variable, state_reads
 
 if TYPE_CHECKING:
@@ -151,9 +151,7 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         "data_docs": str(docs),
     }
     out = audit / "validations" / f"batch-{batch}.json"
-    if isinstance(out, Path):
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_file(out, json.dumps(result, indent=2) + "\n")
     result["results_file"] = str(out)
     return result
 

@@ -35,6 +35,7 @@ from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query
 from stateops.core.sources import kafka_offsets
+from stateops.core.storage import write_file
 from stateops.spark.export import (
     MANIFEST,
     batch_watermarks,
@@ -572,9 +573,7 @@ def _compare_batches(
 
 def _write_proof(query: Query, result: dict[str, Any]) -> dict[str, Any]:
     out = audit_dir(query.checkpoint) / "proofs" / f"batch-{result['batch_id']}.json"
-    if isinstance(out, Path):  # an S3 prefix needs no folder
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    write_file(out, json.dumps(result, indent=2, default=str) + "\n")
     result["proof_file"] = str(out)
     return result
 

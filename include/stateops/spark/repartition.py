@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.formats import partitioning_fields
-from stateops.core.storage import S3Path, location
+from stateops.core.storage import S3Path, location, write_file
 from stateops.spark.export import read_state_variable, state_checksum, state_reads
 from stateops.spark.streaming import checkpoint_url
 
@@ -84,9 +84,7 @@ def repartition_and_prove(
         ),
     }
     path = location(proof)  # beside the checkpoint: a folder, or a prefix in S3
-    if isinstance(path, Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_file(path, json.dumps(result, indent=1) + "\n")
     return result
 
 
