@@ -347,7 +347,6 @@ def s3(tmp_path_factory):
 
 
 @dataclass
-@dataclass
 class SeaweedS3:
     """The S3 endpoint Spark itself writes to (SeaweedFS: rclone cannot hold the directory
     markers Spark's S3A connector writes), one per test session and worker, with the bucket
@@ -403,6 +402,7 @@ def s3a_env(s3a, monkeypatch):
     return s3a
 
 
+@dataclass
 class KafkaBroker:
     """The embedded broker of this test session (:mod:`stateops.dev.kafka`), and what tests do
     with it through the admin API and a producer."""

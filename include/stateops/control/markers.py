@@ -68,10 +68,14 @@ def _write_json(path: Path | S3Path, record: dict[str, Any]) -> None:
 
 
 def _read_json(path: Path | S3Path) -> dict[str, Any] | None:
-    if not path.exists():
+    """The marker at ``path``, or None when there is none. One read, no existence check first:
+    on S3 a GET that a wrong key refuses says why (SignatureDoesNotMatch), a HEAD only 403."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(text)
     except ValueError as err:
         raise CheckpointError(f"{path}: unreadable marker ({err}); see the audit log") from None
 
