@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from stateops.core.errors import PathError
+from stateops.core.storage import in_s3
 
 __all__ = ["refuse_unreadable", "refuse_unwritable", "write_problems"]
 
@@ -43,7 +44,7 @@ def _why(path: Path) -> str:
 def _local(paths: Iterable[str | os.PathLike[str]]) -> list[str | os.PathLike[str]]:
     """The local ones of ``paths``: S3 has no file modes to check (its refusals come from the
     endpoint, as one line, when the request is made)."""
-    return [p for p in paths if not str(p).startswith(("s3://", "s3a://"))]
+    return [p for p in paths if not in_s3(p)]
 
 
 def write_problems(

@@ -44,6 +44,7 @@ __all__ = [
     "delete_files",
     "delete_keys",
     "file_names",
+    "in_s3",
     "list_files",
     "location",
     "open_stream",
@@ -69,6 +70,11 @@ def spark_url(path: str | os.PathLike[str] | S3Path) -> str:
     (``s3a://``, the ``hadoop-aws`` jar: docs/checkpoints-on-s3.md)."""
     text = str(path)
     return "s3a://" + text[len("s3://") :] if text.startswith("s3://") else text
+
+
+def in_s3(path: str | os.PathLike[str] | S3Path) -> bool:
+    """Whether ``path`` names a place in S3 (``s3://`` or ``s3a://``); no request is made."""
+    return isinstance(path, S3Path) or str(path).startswith(_SCHEMES)
 
 
 def location(path: str | os.PathLike[str] | S3Path) -> Path | S3Path:

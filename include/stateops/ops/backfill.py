@@ -518,7 +518,8 @@ def _rows(folder: Path | S3Path, wanted) -> dict[str, Any]:
     ``wanted``."""
     rows: Counter = Counter()
     files: dict[int, list[str]] = {}
-    for rel in sorted(list_files(folder)) if _exists(folder) else []:
+    listed = isinstance(folder, S3Path) or folder.is_dir()  # S3: a missing prefix lists empty
+    for rel in sorted(list_files(folder)) if listed else []:
         top, _, name = rel.partition("/")
         if top.startswith("batch_id=") and "/" not in name:
             files.setdefault(int(top.split("=", 1)[1]), []).append(rel)
@@ -526,10 +527,6 @@ def _rows(folder: Path | S3Path, wanted) -> dict[str, Any]:
     for batch in batches:
         rows.update(_frozen(r) for r in _read_batch(folder, files[batch]))
     return {"rows": rows, "batches": batches}
-
-
-def _exists(folder: Path | S3Path) -> bool:
-    return folder.is_dir() if isinstance(folder, Path) else True  # S3: an empty listing
 
 
 def _read_batch(folder: Path | S3Path, rels: list[str]) -> list[dict]:
@@ -541,19 +538,15 @@ def _read_batch(folder: Path | S3Path, rels: list[str]) -> list[dict]:
         return [
             r
             for rel in parquet
-            for r in pq.read_table(io.BytesIO(_bytes(folder / rel))).to_pylist()
+            for r in pq.read_table(io.BytesIO((folder / rel).read_bytes())).to_pylist()
         ]
     return [
         json.loads(line)
         for rel in rels
         if rel.endswith(".json")
-        for line in _bytes(folder / rel).decode("utf-8").splitlines()
+        for line in (folder / rel).read_text(encoding="utf-8").splitlines()
         if line.strip()
     ]
-
-
-def _bytes(path: Path | S3Path) -> bytes:
-    return path.read_bytes()
 
 
 def _frozen(value: Any) -> Any:

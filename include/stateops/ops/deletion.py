@@ -39,7 +39,7 @@ from stateops.core.checkpoint import Checkpoint
 from stateops.core.errors import CheckpointError
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.report import format_bytes
-from stateops.core.storage import delete_files, location
+from stateops.core.storage import S3Path, delete_files, location
 
 __all__ = [
     "CATEGORIES",
@@ -368,16 +368,16 @@ def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
     could not carry out to the end: a read-only checkpoint, sink or audit folder."""
     root = location(plan["checkpoint"])
     write = [lock.path, lock.path.with_name(lock.path.name + ".guard")]
-    delete: list[Path] = []
+    delete: list[Path | S3Path] = []
     if isinstance(root, Path):  # S3 answers only by trying: a refusal there comes at once
         write.append(audit_dir(root) / "audit.jsonl")
         if plan["operation"] == "rollback":
             write.append(rollback_marker(root))
         delete = [root / rel for rels in plan["files"].values() for rel in rels]
-    move: list[Path] = []
+    move: list[Path | S3Path] = []
     sink = plan.get("sink")
-    if sink and isinstance(location(sink["path"]), Path):  # S3: no file modes (see above)
-        sink_root = Path(sink["path"])
+    if sink:
+        sink_root = location(sink["path"])  # in S3: no file modes, the checks skip it
         move += [sink_root / name for name in sink["folders"]]
         move += [Path(uri.removeprefix("file:")) for uri in sink["data_files"]]
         delete += [sink_root / "_spark_metadata" / name for name in sink["log_entries"]]

@@ -409,14 +409,14 @@ def _new_checkpoint(registry: Registry, query: Query, new_checkpoint: str) -> Pa
     old = location(query.checkpoint)
     if _overlaps(new, old):
         raise StateOpsError(f"new checkpoint {new} overlaps the current checkpoint {old}")
-    held = read_retired(new) if occupied(new) else None
-    if held is not None:
-        raise StateOpsError(
-            f"new checkpoint {new} holds the checkpoint of failed migration run "
-            f"{held.get('run_id')}, set aside: name another (or leave the field empty for the "
-            f"next free one beside the old checkpoint), or delete that one first"
-        )
     if occupied(new):
+        held = read_retired(new)
+        if held is not None:
+            raise StateOpsError(
+                f"new checkpoint {new} holds the checkpoint of failed migration run "
+                f"{held.get('run_id')}, set aside: name another (or leave the field empty for "
+                f"the next free one beside the old checkpoint), or delete that one first"
+            )
         raise StateOpsError(
             f"new checkpoint {new} is not empty: name a new or empty folder (or leave the field "
             "empty for the default beside the old checkpoint)"

@@ -344,8 +344,10 @@ def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
 
 def _move_s3(root: S3Path, folder: str, aside: S3Path) -> None:
     """``root/folder`` to ``aside/folder`` in S3, which has no rename: each object copied
-    server-side, then the originals deleted, S3A's directory markers with them (a kill in
-    between leaves both, never neither; the next run copies again what is left)."""
+    server-side (boto3's managed copy, as a backup's: in parts above its threshold, so an
+    object over CopyObject's 5 GB too), then the originals deleted, S3A's directory markers
+    with them (a kill in between leaves both, never neither; the next run copies again what
+    is left)."""
     source = root / folder
     keys = sorted(source._list(source.key + "/", delimiter=False, markers=True)[0])
     for key in keys:
@@ -353,7 +355,7 @@ def _move_s3(root: S3Path, folder: str, aside: S3Path) -> None:
             dest = aside / folder / key[len(source.key) + 1 :]
             root._client.call(
                 f"copy s3://{root.bucket}/{key} to {dest}",
-                "copy_object",
+                "copy",
                 Bucket=dest.bucket,
                 Key=dest.key,
                 CopySource={"Bucket": root.bucket, "Key": key},

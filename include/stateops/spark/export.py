@@ -24,7 +24,7 @@ from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.formats import parse_offsets
 from stateops.core.staging import has_entries
-from stateops.core.storage import location
+from stateops.core.storage import in_s3, location
 from stateops.spark.streaming import checkpoint_url
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def check_export(
         raise CheckpointError(f"{checkpoint}: no committed batch yet: there is no state to export")
     files = cp.restart_files(batch)  # the batch is committed and its state files are all there
     refuse_unreadable(f"export of {checkpoint}", [cp.root / rel for rel in files])
-    if str(out).startswith(("s3://", "s3a://")):
+    if in_s3(out):
         raise StateOpsError(
             f"{out}: an export goes to a local folder (its manifest is a local file); export "
             "there, then copy it to S3 if it must live there"

@@ -24,6 +24,7 @@ from typing import Any
 
 from stateops.core.errors import StateOpsError, domain_errors, one_line
 from stateops.core.registry import PROJECT_ROOT
+from stateops.core.storage import in_s3
 
 __all__ = [
     "PY_FILES",
@@ -203,16 +204,16 @@ def spark_s3_locations(args: Namespace) -> list[str]:
         if target := getattr(args, "checkpoint", None):
             found.append(checkpoint_of(target, registry)[0])
     found += [str(getattr(args, attr, None) or "") for attr in ("out", "initial_state")]
-    return sorted({str(f) for f in found if str(f).startswith(("s3://", "s3a://"))})
+    return sorted({str(f) for f in found if in_s3(f)})
 
 
 def require_s3_jars(locations: Sequence[str], what: str) -> None:
     """Refuse, in one line, ``what`` on ``locations`` that are in S3 when Spark's S3 connector
     was not fetched (build/jars/s3 empty)."""
-    in_s3 = [str(p) for p in locations if str(p).startswith(("s3://", "s3a://"))]
-    if in_s3 and not spark_classpath_conf():
+    there = [str(p) for p in locations if in_s3(p)]
+    if there and not spark_classpath_conf():
         raise StateOpsError(
-            f"{what}: {in_s3[0]} is in S3, and Spark's S3 connector (hadoop-aws) is not in "
+            f"{what}: {there[0]} is in S3, and Spark's S3 connector (hadoop-aws) is not in "
             f"{S3_JARS}: run `make jars` (it fetches it with mvn)"
         )
 

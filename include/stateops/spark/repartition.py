@@ -37,16 +37,14 @@ def repartition_and_prove(
     _ = spark.streams.active  # the StateStoreCoordinator: Spark's repartition needs it
     last = load_checkpoint(checkpoint).last_committed_batch
     before = store_states(spark, checkpoint, last)
-    spark._streamingCheckpointManager.repartition(checkpoint_url(spark, checkpoint), partitions)
+    url = checkpoint_url(spark, checkpoint)
+    spark._streamingCheckpointManager.repartition(url, partitions)
     cp = load_checkpoint(checkpoint)
     batch = cp.last_committed_batch
     after = store_states(spark, checkpoint, batch, partitions)
     metadata = {
         f"operator {row['operatorId']} {row['stateStoreName']}": int(row["numPartitions"])
-        for row in spark.read.format("state-metadata")
-        .option("batchId", batch)
-        .load(checkpoint_url(spark, checkpoint))
-        .collect()
+        for row in spark.read.format("state-metadata").option("batchId", batch).load(url).collect()
     }
     v2 = {op.operator_id for op in cp.operators if None not in op.metadata_files}
     failures = []

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.core.errors import RegistryError
 from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query, Registry, Source
-from stateops.core.storage import spark_url
+from stateops.core.storage import in_s3, spark_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -339,7 +339,7 @@ def start_query(
     available-now trigger, or on a processing-time trigger (the query's own, or
     ``processing_time``)."""
     location = checkpoint_url(spark, query.checkpoint)
-    if query.sink.path.startswith(("s3://", "s3a://")):
+    if in_s3(query.sink.path):
         use_s3(spark)
     out = frame if frame is not None else query_frame(spark, query, initial_state)
     writer = (
