@@ -146,16 +146,11 @@ def run(spark: Any, registry: Path, name: str) -> list[float]:
 
 
 def objects(url: str) -> int:
-    """Objects under the checkpoint's prefix (S3A's directory markers left out)."""
-    from stateops.core.s3 import checkpoint_settings, parse_s3_url, s3_client
+    """Objects under the checkpoint's prefix (S3A's directory markers left out), as the
+    library lists a checkpoint."""
+    from stateops.core.storage import list_files, location
 
-    loc = parse_s3_url(url)
-    pages = s3_client(checkpoint_settings()).get_paginator("list_objects_v2")
-    return sum(
-        not o["Key"].endswith("/")
-        for page in pages.paginate(Bucket=loc.bucket, Prefix=loc.prefix + "/")
-        for o in page.get("Contents", [])
-    )
+    return len(list_files(location(url)))
 
 
 def main() -> None:

@@ -168,15 +168,9 @@ s3q() { stateops --registry "$S3_REGISTRY" "$@"; }
 # Its checkpoint lives on the demo's own endpoint (the environment's settings), whatever
 # connection the shell names for checkpoints.
 unset STATEOPS_CHECKPOINT_CONN_ID
-s3_objects() {  # how many objects the checkpoint's prefix holds (S3A's directory markers aside)
-  python - "$S3_URL" <<'EOF'
-import sys
-from stateops.core.s3 import checkpoint_settings, parse_s3_url, s3_client
-loc = parse_s3_url(sys.argv[1])
-pages = s3_client(checkpoint_settings()).get_paginator("list_objects_v2")
-pages = pages.paginate(Bucket=loc.bucket, Prefix=loc.prefix + "/")
-print(sum(not o["Key"].endswith("/") for page in pages for o in page.get("Contents", [])))
-EOF
+s3_objects() {  # how many files the checkpoint's prefix holds (S3A's directory markers aside)
+  python -c 'import sys; from stateops.core.storage import list_files, location
+print(len(list_files(location(sys.argv[1]))))' "$S3_URL"
 }
 step "A checkpoint in S3: $S3Q on $S3_URL, Spark writing s3a:// to the embedded endpoint"
 python - "$S3_REGISTRY" "$S3_URL" <<'EOF'

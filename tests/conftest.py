@@ -378,6 +378,14 @@ class SeaweedS3:
         holds the test's name."""
         return f"s3://{S3A_BUCKET}/{prefix.strip('/')}"
 
+    def set_env(self, mp: pytest.MonkeyPatch) -> None:
+        """Its settings in the environment through ``mp`` (the library and Spark read them
+        there; no connection named for checkpoints): a test's ``monkeypatch`` (the fixture
+        :func:`s3a_env`), or a module fixture's ``pytest.MonkeyPatch.context()``."""
+        for name, value in self.env().items():
+            mp.setenv(name, value)
+        mp.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+
 
 S3A_BUCKET = "spark-checkpoints"
 
@@ -396,9 +404,7 @@ def s3a(tmp_path_factory):
 @pytest.fixture
 def s3a_env(s3a, monkeypatch):
     """This test's S3 settings: the :func:`s3a` endpoint's."""
-    for name, value in s3a.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+    s3a.set_env(monkeypatch)
     return s3a
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
 import importlib.util
 import io
 import json
@@ -25,9 +26,16 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
+from stateops.core.storage import list_files, location
 from stateops.dev.sampledata import DATASETS, generate_events
-from stateops.spark.streaming import apply_query_conf, query_frame, start_query, write_batch
-from tests.conftest import ROOT, TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
+from stateops.spark.streaming import (
+    apply_query_conf,
+    checkpoint_url,
+    query_frame,
+    start_query,
+    write_batch,
+)
+from tests.conftest import ROOT, TEST_SPARK_CONF, TEST_STATE_STORE, tree_digest, write_registry
 
 _mtime = [1_700_000_000]
 
@@ -61,14 +69,42 @@ def read_sink(path: Path) -> dict[int, list[tuple]]:
     return out
 
 
-def read_state(spark, checkpoint: Path, reads: list[dict[str, str]]) -> list[list[str]]:
-    """State rows per read (options of the ``statestore`` reader), sorted, as strings."""
+def read_state(spark, checkpoint: str | Path, reads: list[dict[str, str]]) -> list[list[str]]:
+    """State rows per read (options of the ``statestore`` reader), sorted, as strings; a
+    checkpoint in S3 read as Spark names it (``s3a://``: checkpoint_url)."""
+    url = checkpoint_url(spark, checkpoint)
     result = []
     for options in reads:
-        df = spark.read.format("statestore").options(**options).load(str(checkpoint))
+        df = spark.read.format("statestore").options(**options).load(url)
         result.append(sorted(repr(r) for r in df.collect()))
     quiesce(spark)
     return result
+
+
+def state_checksums(spark, checkpoint: str) -> tuple[int | None, dict[str, tuple]]:
+    """(the last committed batch, rows and checksum of every state variable or store at it)
+    of a local or S3 checkpoint, as the library's reads name them, each read by Spark's
+    ``statestore`` reader."""
+    from stateops.spark.export import read_state_variable, state_checksum, state_reads
+
+    batch = load_checkpoint(checkpoint).last_committed_batch
+    state = {
+        f"operator {read['operator_id']} {read['variable']}": state_checksum(
+            read_state_variable(spark, checkpoint, batch, read)
+        )
+        for read in state_reads(spark, checkpoint, batch)
+    }
+    quiesce(spark)
+    return batch, state
+
+
+def digest(checkpoint: str | Path) -> dict[str, str]:
+    """Every file with its sha256 (:func:`tests.conftest.tree_digest`), of a local folder or
+    an S3 prefix (S3A's directory markers aside)."""
+    root = location(checkpoint)
+    if isinstance(root, Path):
+        return tree_digest(root)
+    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in list_files(root)}
 
 
 @dataclass

@@ -12,7 +12,6 @@ registry entry's ``checkpoint``, the new one as the plan's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -31,10 +30,17 @@ from stateops.control.markers import read_retired
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.staging import occupied
-from stateops.core.storage import S3Path, list_files, location
+from stateops.core.storage import S3Path, location
 from stateops.ops.backup import list_backups
-from tests.conftest import S3_KEY, S3_SECRET, tree_digest, write_registry
-from tests.spark.harness import land, quiesce, read_sink, run_in_session, spark_state_reads
+from tests.conftest import S3_KEY, S3_SECRET, write_registry
+from tests.spark.harness import (
+    digest,
+    land,
+    read_sink,
+    read_state,
+    run_in_session,
+    spark_state_reads,
+)
 
 READS = {
     "user_sessions": [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}],
@@ -139,29 +145,6 @@ def uninterrupted(spark, tmp_path: Path, name: str, **entry):
 
 def _rows(sink: Path) -> Counter:
     return Counter(row for rows in read_sink(sink).values() for row in rows)
-
-
-def digest(checkpoint: str | Path) -> dict[str, str]:
-    """Every file with its sha256 (:func:`tests.conftest.tree_digest`), of a local folder or
-    an S3 prefix."""
-    root = location(checkpoint)
-    if isinstance(root, Path):
-        return tree_digest(root)
-    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in list_files(root)}
-
-
-def read_state(spark, checkpoint: str | Path, reads: list[dict[str, str]]) -> list[list[str]]:
-    """State rows per read (options of the ``statestore`` reader), sorted, as strings; Spark
-    reads an S3 checkpoint as ``s3a://`` (stateops.spark.streaming.checkpoint_url)."""
-    from stateops.spark.streaming import checkpoint_url
-
-    url = checkpoint_url(spark, checkpoint)
-    result = []
-    for options in reads:
-        df = spark.read.format("statestore").options(**options).load(url)
-        result.append(sorted(repr(r) for r in df.collect()))
-    quiesce(spark)
-    return result
 
 
 def _state(spark, checkpoint: str, name: str) -> list[list[str]]:

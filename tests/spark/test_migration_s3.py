@@ -34,13 +34,12 @@ from stateops.ops.migration import plan_migration, run_migration
 from stateops.ops.start import run_start
 from stateops.spark.jobs import job_path, preflight_job
 from tests.conftest import run_cli
-from tests.spark.harness import job_runner, run_in_session
+from tests.spark.harness import digest, job_runner, run_in_session
 from tests.spark.migrations import (
     STEPS,
     Migration,
     assert_migrated,
     assert_rolled_back,
-    digest,
     uninterrupted,
 )
 
@@ -71,9 +70,7 @@ def whole(spark, s3a, tmp_path_factory):
     ``backups`` bucket on the same endpoint, and what every migration here must equal: the
     query run once over both rounds on one source."""
     with pytest.MonkeyPatch.context() as env:
-        for name, value in s3a.env().items():
-            env.setenv(name, value)
-        env.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+        s3a.set_env(env)
         client = s3a.client()
         if "backups" not in [b["Name"] for b in client.list_buckets().get("Buckets", [])]:
             client.create_bucket(Bucket="backups")

@@ -16,7 +16,6 @@ and leaves the state and output of one run never killed (the control, shared by 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -34,11 +33,9 @@ from stateops.core.registry import load_registry
 from stateops.core.s3 import parse_s3_url
 from stateops.core.storage import location
 from stateops.core.verify import format_findings, verify_checkpoint
-from stateops.spark.export import state_checksum, state_reads
 from stateops.spark.jobs import spark_submit_env
-from stateops.spark.streaming import checkpoint_url
 from tests.conftest import job_command, write_registry
-from tests.spark.harness import land, quiesce, read_sink, run_in_session
+from tests.spark.harness import land, read_sink, run_in_session, state_checksums
 
 pytestmark = pytest.mark.spark
 NAME = "page_counts"
@@ -134,18 +131,7 @@ def _keys(client, url: str) -> set[str]:
 def state_and_output(spark, registry: Path) -> tuple:
     """(last committed batch, rows and checksum of each state store at it, output per batch)."""
     query = load_registry(registry).query(NAME)
-    checkpoint = query.checkpoint
-    batch = load_checkpoint(checkpoint).last_committed_batch
-    state = {}
-    for read in state_reads(spark, checkpoint, batch):
-        frame = (
-            spark.read.format("statestore")
-            .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
-            .load(checkpoint_url(spark, checkpoint))
-        )
-        state[json.dumps(read["options"], sort_keys=True)] = state_checksum(frame)
-    quiesce(spark)
-    return batch, state, read_sink(Path(query.sink.path))
+    return (*state_checksums(spark, query.checkpoint), read_sink(Path(query.sink.path)))
 
 
 @pytest.fixture(scope="module")
@@ -219,9 +205,7 @@ def trials(spark, s3a, landing, tmp_path_factory) -> tuple[tuple, dict[str, Tria
     available-now run, never killed. The JVMs start in parallel: one after another, they
     would cost each trial its 15-30 s of start-up."""
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in s3a.env().items():
-            mp.setenv(name, value)
-        mp.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+        s3a.set_env(mp)
         trials = {}
         for moment in MOMENTS:
             root = tmp_path_factory.mktemp(f"kill-{moment}")

@@ -8,34 +8,19 @@ Inside a running job, Spark's own S3A errors become one line too
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 
 from stateops.core.errors import as_domain_error
-from stateops.core.s3 import parse_s3_url
 from stateops.dev.s3server import free_port
 from stateops.spark.streaming import checkpoint_url
 from tests.conftest import ROOT, S3_SECRET, run_cli, write_registry
-from tests.spark.harness import job_in_session, land, run_in_session
+from tests.spark.harness import digest, job_in_session, land, run_in_session
 
 pytestmark = pytest.mark.spark
 NAME = "page_visits"
 WRONG_SECRET = "wrong-secret-never-printed"
-
-
-def objects(client, url: str) -> dict[str, str]:
-    """Every object under ``url`` with the sha256 of its bytes."""
-    where = parse_s3_url(url)
-    out = {}
-    for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=where.bucket, Prefix=where.prefix + "/"
-    ):
-        for obj in page.get("Contents", []):
-            body = client.get_object(Bucket=where.bucket, Key=obj["Key"])["Body"].read()
-            out[obj["Key"]] = hashlib.sha256(body).hexdigest()
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +29,7 @@ def written(spark, s3a, tmp_path_factory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("refusals")
     url = s3a.url(f"{root.name}/{NAME}")
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in s3a.env().items():
-            mp.setenv(name, value)
-        mp.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+        s3a.set_env(mp)
         registry = write_registry(root, **{NAME: {"checkpoint": url}})
         land(root / "landing", round_=0, files=1)
         assert run_in_session(spark, registry, NAME)["status"] == "succeeded"
@@ -88,7 +71,7 @@ def test_a_spark_job_on_s3_is_refused_in_one_line_before_a_jvm(
     s3a_env, written, no_jvm, fault, command, tmp_path
 ):
     registry, url = written
-    before = objects(s3a_env.client(), url)
+    before = digest(url)
     env, says = FAULTS[fault]
     out = tmp_path / "export"
     proc = run_cli("--registry", str(registry), *COMMANDS[command](url, out), env=env(tmp_path))
@@ -98,7 +81,7 @@ def test_a_spark_job_on_s3_is_refused_in_one_line_before_a_jvm(
     assert S3_SECRET not in proc.stderr + proc.stdout
     assert WRONG_SECRET not in proc.stderr + proc.stdout
     assert no_jvm() == []
-    assert objects(s3a_env.client(), url) == before and not out.exists()
+    assert digest(url) == before and not out.exists()
 
 
 def test_a_missing_bucket_is_refused_in_one_line(s3a_env, written, no_jvm, tmp_path):
@@ -114,14 +97,14 @@ def test_the_librarys_commands_refuse_the_same_faults_in_one_line(
     s3a_env, written, fault, tmp_path
 ):
     registry, url = written
-    before = objects(s3a_env.client(), url)
+    before = digest(url)
     env, says = FAULTS[fault]
     proc = run_cli("--registry", str(registry), "inspect", url, env=env(tmp_path))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert all(s in lines[0] for s in says[:1]), lines[0]
     assert WRONG_SECRET not in proc.stderr + proc.stdout
-    assert objects(s3a_env.client(), url) == before
+    assert digest(url) == before
 
 
 # Spark's own S3A settings for a fault inside a running job: a file system of its own (S3A
@@ -172,7 +155,7 @@ def test_a_job_submitted_by_hand_refuses_a_wrong_secret_before_spark(
     """A job's own main (as spark-submit runs it, without the CLI's preflight) asks the
     endpoint before it touches Spark: exit 2, one line, nothing written."""
     _, url = written
-    before = objects(s3a_env.client(), url)
+    before = digest(url)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", WRONG_SECRET)
     out = tmp_path / "export"
     code, stdout = job_in_session(spark, "export_state.py", "--checkpoint", url, "--out", str(out))
@@ -181,4 +164,4 @@ def test_a_job_submitted_by_hand_refuses_a_wrong_secret_before_spark(
     assert "as Spark would: SignatureDoesNotMatch: check the secret key" in said[0]
     assert WRONG_SECRET not in said[0]
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    assert objects(s3a_env.client(), url) == before and not out.exists()
+    assert digest(url) == before and not out.exists()

@@ -31,21 +31,20 @@ from stateops.control.markers import request_stop
 from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
-from stateops.core.storage import S3Path, list_files, location
+from stateops.core.storage import S3Path, copy_to_local, list_files, location
 from stateops.ops.backfill import plan_backfill, run_backfill
 from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
 from stateops.ops.repartition import run_repartition
-from stateops.spark.export import state_checksum, state_reads
 from stateops.spark.streaming import checkpoint_url
 from tests.conftest import spark_submit_run_query, write_registry
 from tests.spark.harness import (
     job_in_session,
     job_runner,
     land,
-    quiesce,
     read_sink,
     run_in_session,
     shape_registry,
+    state_checksums,
     summary_of,
 )
 
@@ -61,22 +60,6 @@ SIDES = ("local", "s3")
 quiet = lambda _: None  # noqa: E731
 
 
-def state_of(spark, checkpoint: str) -> dict[str, tuple]:
-    """Rows and checksum of every state variable or store at the last committed batch, read by
-    Spark's ``statestore`` reader through ``checkpoint_url``."""
-    batch = load_checkpoint(checkpoint).last_committed_batch
-    out = {}
-    for read in state_reads(spark, checkpoint, batch):
-        frame = (
-            spark.read.format("statestore")
-            .options(batchId=str(batch), operatorId=str(read["operator_id"]), **read["options"])
-            .load(checkpoint_url(spark, checkpoint))
-        )
-        out[f"op{read['operator_id']} {read['variable']}"] = state_checksum(frame)
-    quiesce(spark)
-    return out
-
-
 def sink_of(sink: str, scratch: Path) -> dict[int, list[tuple]]:
     """Output rows per batch, from a local sink or one in S3 (copied down first)."""
     where = location(sink)
@@ -84,7 +67,7 @@ def sink_of(sink: str, scratch: Path) -> dict[int, list[tuple]]:
         local = scratch / f"sink-{time.monotonic_ns()}"
         for rel in list_files(where):
             (local / rel).parent.mkdir(parents=True, exist_ok=True)
-            (local / rel).write_bytes((where / rel).read_bytes())
+            copy_to_local(where / rel, local / rel)
         return read_sink(local)
     return read_sink(Path(sink))
 
@@ -95,12 +78,7 @@ def snapshot(spark, registry: Path, scratch: Path, names=QUERIES) -> dict[str, t
     out = {}
     for name in names:
         query = reg.query(name)
-        state = state_of(spark, query.checkpoint)
-        out[name] = (
-            load_checkpoint(query.checkpoint).last_committed_batch,
-            state,
-            sink_of(query.sink.path, scratch),
-        )
+        out[name] = (*state_checksums(spark, query.checkpoint), sink_of(query.sink.path, scratch))
     return out
 
 
@@ -174,9 +152,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(spark, s3a, tmp_path_factory) -> World:
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in s3a.env().items():
-            mp.setenv(key, value)
-        mp.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+        s3a.set_env(mp)
         root = tmp_path_factory.mktemp("spark-on-s3")
         mp.setenv("STATEOPS_GX_HOME", str(root / "gx"))  # GX's project for S3 checkpoints
         yield build_world(spark, s3a, root)
