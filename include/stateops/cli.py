@@ -434,6 +434,24 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from stateops.control.lock import new_run_id
+    from stateops.control.target import query_target
+    from stateops.ops.backup import backup_first
+    from stateops.ops.upgrade import format_upgrade_plan, plan_upgrade, run_upgrade
+
+    target = query_target(args.registry, args.query)
+    plan = plan_upgrade(target, args.new_checkpoint or "", new_run_id("upgrade"))
+    _log(format_upgrade_plan(plan, args.dry_run))
+    if args.dry_run or not plan["rewrite"]:
+        print(json.dumps(plan))
+        return 0
+    backup = backup_first(target, _s3(args), "upgrade", log=_log)
+    run_job = _job_runner(args.master)
+    print(json.dumps(run_upgrade(target, plan, backup=backup, run_job=run_job, log=_log)))
+    return 0
+
+
 def cmd_unretire(args: argparse.Namespace) -> int:
     from stateops.control.target import resolve_target
     from stateops.ops.migration import unretire
@@ -921,6 +939,18 @@ def _migrate_command(sub: Any, s3_conn: argparse.ArgumentParser, accept: str) ->
     _flag(p, "--dry-run", "print the plan, change nothing")
     _master(p)
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser(
+        "upgrade",
+        parents=[s3_conn],
+        help="check a query's new code against its checkpoint's state; rewrite the state "
+        "where Spark cannot evolve it (docs/code-upgrades.md)",
+    )
+    p.add_argument("query")
+    p.add_argument("--new-checkpoint", help="a new or empty folder (default: <checkpoint>.v2)")
+    _flag(p, "--dry-run", "print the check and the plan, change nothing")
+    _master(p)
+    p.set_defaults(func=cmd_upgrade)
 
     p = sub.add_parser(
         "unretire",

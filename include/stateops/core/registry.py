@@ -44,6 +44,8 @@ PROVIDER_CLASSES = {
 }
 
 _Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+# module:attribute, a class or function of the user's code.
+_FUNCTION_REF = r"^[\w.]+:[A-Za-z_]\w*$"
 
 
 def _ddl(value: str) -> str:
@@ -140,7 +142,7 @@ class Watermark(_Model):
 
 
 class Processor(_Model):
-    class_: str = Field(alias="class", pattern=r"^[\w.]+:[A-Za-z_]\w*$")
+    class_: str = Field(alias="class", pattern=_FUNCTION_REF)
     options: dict[str, str | int | float | bool] = {}
     time_mode: Literal["None", "ProcessingTime", "EventTime"] = "None"
     output_mode: Literal["Append", "Update"] = "Append"
@@ -151,7 +153,7 @@ class Transform(_Model):
     DataFrame the sink writes (``inputs``: each source's name -> its streaming DataFrame), with
     whatever stateful operators it applies, and its own watermarks."""
 
-    function: str = Field(pattern=r"^[\w.]+:[A-Za-z_]\w*$")
+    function: str = Field(pattern=_FUNCTION_REF)
     options: dict[str, str | int | float | bool] = {}
     output_mode: Literal["append", "update", "complete"] = "append"
 
@@ -169,6 +171,13 @@ class InitialState(_Model):
     ``list_position``). Spark hands a key's initial rows to ``handleInitialState`` in no
     particular order, so this is how a processor restores the exported order. Files may leave
     it out: it is then null."""
+    mapping: str | None = Field(None, pattern=_FUNCTION_REF)
+    """``module:function(spark, old_state, **options) -> DataFrame``: the initial state from a
+    state export of older code (``old_state``: each exported state variable or store by name,
+    as the export wrote it), where ``from_export``'s column mapping does not suffice: a code
+    upgrade (:mod:`stateops.ops.upgrade`). Its result is checked as any initial state."""
+    options: dict[str, Any] = {}
+    """Keyword arguments of ``mapping``."""
 
 
 class Expiry(_Model):
@@ -264,6 +273,9 @@ class StateStore(_Model):
     changelog_checkpointing: bool = True
     min_deltas_for_snapshot: int = Field(10, ge=1)
     min_batches_to_retain: int = Field(100, ge=1)
+    encoding: Literal["unsaferow", "avro"] = "unsaferow"
+    """spark.sql.streaming.stateStore.encodingFormat of a new checkpoint: ``avro`` lets Spark
+    evolve a transformWithState processor's state schemas (RocksDB only)."""
     checkpoint_format: Literal[1, 2] = 1
     """spark.sql.streaming.stateStore.checkpointFormatVersion of a new checkpoint (2: what
     Spark's real-time mode needs; RocksDB only)."""
@@ -465,6 +477,7 @@ class Query(_Model):
             "spark.sql.streaming.minBatchesToRetain": str(store.min_batches_to_retain),
             # Always set: a shared session must not carry one query's format to the next.
             "spark.sql.streaming.stateStore.checkpointFormatVersion": str(store.checkpoint_format),
+            "spark.sql.streaming.stateStore.encodingFormat": store.encoding,
         }
         if store.provider == "rocksdb":
             conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = str(

@@ -36,6 +36,7 @@ __all__ = [
     "RUN",
     "RUN_QUERY",
     "SOURCE_FORMATS",
+    "UPGRADE_STEPS",
     "VALIDATE",
     "VALIDATE_STATE",
     "fill",
@@ -105,6 +106,28 @@ MIGRATION_STEPS: dict[str, Step] = {
         ],
     ),
     "validate_new_state": (VALIDATE_STATE, "new", ["--query", "{query}"]),
+}
+
+# A code upgrade's rewrite (stateops.ops.upgrade): the migration's initialState road with the
+# query's own sources, the registry's initial_state.mapping over the export.
+UPGRADE_STEPS: dict[str, Step] = {
+    "export": MIGRATION_STEPS["export"],
+    "rewrite": (
+        BOOTSTRAP_STATE,
+        "new",
+        [
+            "--query",
+            "{query}",
+            "--initial-state",
+            "{export}",
+            "--format",
+            "export",
+            "--run-id",
+            "{run_id}",
+            "--accept-differences=yes",
+        ],
+    ),
+    "validate_new_state": MIGRATION_STEPS["validate_new_state"],
 }
 
 BACKFILL_STEPS: dict[str, Step] = {

@@ -32,6 +32,7 @@ from stateops.ops.pending import mark_transplant, refuse_pending_rollback
 from stateops.ops.transplant import (
     carry_differences,
     choose_road,
+    fresh_sources,
     refuse_differences,
     transplant_checkpoint,
     transplant_refusals,
@@ -149,9 +150,11 @@ def _road(
             )
         reasons = transplant_refusals(cp, query)
         road = choose_road(carry_over, reasons, log=said.append, transform=transform)
-    if (fmt == "export" or road == "initial_state") and not query.initial_state.from_export:
+    spec = query.initial_state
+    if (fmt == "export" or road == "initial_state") and not (spec.from_export or spec.mapping):
         raise RegistryError(
-            f"query {query.name}: initial_state.from_export is not set in the registry"
+            f"query {query.name}: neither initial_state.from_export nor initial_state.mapping "
+            "is set in the registry"
         )
     return road, said[0] if said else None
 
@@ -232,6 +235,8 @@ def _check_export(source: Path, query: Query) -> None:
         raise StateOpsError(
             f"{manifest_path}: not a state export manifest; export again with `stateops export`"
         ) from None
+    if query.initial_state.mapping:
+        return  # the mapping reads what it needs (its failure is refused in one line)
     variable = query.initial_state.from_export.get("variable")
     if variable not in variables:
         raise StateOpsError(
@@ -331,11 +336,24 @@ def prepare_bootstrap(
                 "batch": manifest["batch_id"],
                 "export": plan["initial_state"],
                 "watermark": manifest["watermark"],
+                "positions": _same_sources(manifest, query),
             }
     if plan.get("differences"):
         marker["differences"] = plan["differences"]  # accepted by the operator
     write_carry_over(registry, query.name, marker)
     return record | {"processor_fit_keys": fit_keys}
+
+
+def _same_sources(manifest: dict[str, Any], query: Query) -> bool:
+    """Whether ``query`` reads every source of the exported checkpoint where it read it (a
+    code upgrade): it then goes on from the exported batch's positions, not from the start of
+    its sources (:func:`stateops.ops.carry.finish_image_batch`)."""
+    try:
+        old = load_checkpoint(manifest["checkpoint"])
+        fresh, reasons = fresh_sources(old, query, int(manifest["batch_id"]))
+    except (StateOpsError, OSError, KeyError, TypeError, ValueError):
+        return False
+    return not fresh and not reasons
 
 
 def preflight_bootstrap(

@@ -43,9 +43,9 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError
 from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.staging import has_entries
@@ -110,17 +110,47 @@ def _names(root: Path | S3Path) -> set[str]:
     return {p.name for p in root.iterdir()} if root.is_dir() else set()
 
 
-def finish_image_batch(checkpoint: str | os.PathLike[str], watermark: dict[str, int]) -> bool:
+def finish_image_batch(checkpoint: str | os.PathLike[str], origin: dict[str, Any]) -> bool:
     """Once the image batch 0 has committed, and before batch 1 is planned: its commit hands
-    on the watermark the old batch's did. True if it changed the commit."""
+    on the watermark the old batch's did (``origin["watermark"]``), and, where the query reads
+    the old query's own sources (``origin["positions"]``: a code upgrade), batch 0 takes the
+    old batch's source positions and logs (:func:`_carry_positions`). True if it changed the
+    checkpoint."""
     cp = load_checkpoint(checkpoint)
-    wanted = int(watermark["next_batch_watermark_ms"])
     if 0 not in cp.commits or 1 in cp.offsets:
         return False
+    changed = False
+    if origin.get("positions"):
+        changed = _carry_positions(cp, load_checkpoint(origin["checkpoint"]), origin["batch"])
+    wanted = int(origin["watermark"]["next_batch_watermark_ms"])
     if int(cp.commits[0].get("nextBatchWatermarkMs", 0) or 0) >= wanted:
-        return False
+        return changed
     text = (cp.root / "commits/0").read_text("utf-8")
     header = text.split("\n")[0]
     commit = {**cp.commits[0], "nextBatchWatermarkMs": wanted}
     write_checkpoint_file(cp.root, "commits/0", f"{header}\n{json.dumps(commit)}")
+    return True
+
+
+def _carry_positions(cp: Checkpoint, old: Checkpoint, batch: int) -> bool:
+    """Batch 0 of ``cp`` (an image batch, which read nothing) as far into the sources as
+    ``old``'s ``batch``: its offsets entry takes that batch's source offsets, and each
+    source's log up to it is copied (a file source's list of files read, which the next
+    batch skips). The offsets entry is written last: a stop before it leaves batch 0 as it
+    was, and the next start does it again. False where it was done already."""
+    header, meta, *lines = (cp.root / "offsets/0").read_text("utf-8").split("\n")
+    _, _, *wanted = (old.root / f"offsets/{batch}").read_text("utf-8").split("\n")
+    current = [line for line in lines if line.strip()]
+    positions = [line for line in wanted if line.strip()]
+    if len(current) != len(positions):
+        raise CheckpointError(
+            f"{cp.root}: batch 0 reads {len(current)} sources, {old.root} "
+            f"{len(positions)}: their positions cannot be carried"
+        )
+    if current == positions:
+        return False
+    for rel in old.restart_files(batch):
+        if rel.startswith("sources/") and not rel.endswith(".crc"):
+            write_checkpoint_file(cp.root, rel, (old.root / rel).read_text("utf-8"))
+    write_checkpoint_file(cp.root, "offsets/0", "\n".join([header, meta, *positions]))
     return True

@@ -34,6 +34,7 @@ from stateops.ops.start import (
     run_start,
     write_summary,
 )
+from stateops.ops.upgrade import refuse_incompatible_code
 from stateops.spark.jobs import Job
 from stateops.spark.streaming import check_code
 
@@ -59,6 +60,7 @@ def _run_query_preflight(args: Namespace) -> tuple[Target, datetime | None]:
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
     refuse_unrunnable(registry, query)
     checkpoint_state(query.checkpoint)
+    refuse_incompatible_code(query)
     return target, cutover
 
 

@@ -104,7 +104,7 @@ def pending_carry_over(
         same = record.get("checkpoint") == query.checkpoint
         if last_committed == 0 and same and record.get("origin"):
             # Stopped between the image batch's commit and its watermark: finish it first.
-            finish_image_batch(query.checkpoint, record["origin"]["watermark"])
+            finish_image_batch(query.checkpoint, record["origin"])
         clear_carry_over(registry, query.name)  # settled (or the query moved elsewhere)
         return None
     return record

@@ -210,8 +210,9 @@ def _run(start: _Start, poll_seconds: float) -> _Ran:
     spark, query, stop, carried = start.spark, start.query, start.stop, start.carried
     if carried and start.before is None and carried.get("origin"):
         # from a state export: batch 0 is the image of the exported batch
-        watermark = carried["origin"]["watermark"]
-        return _run_image_batch(spark, query, stop, poll_seconds, start.initial_state, watermark)
+        return _run_image_batch(
+            spark, query, stop, poll_seconds, start.initial_state, carried["origin"]
+        )
     if start.until_batch is None or start.until_batch >= start.first:
         return _run_stream(spark, query, stop, poll_seconds, start.until_batch, start.initial_state)
     return _Ran()  # a cutover with nothing before it: starting would read past it
@@ -708,23 +709,28 @@ def _run_image_batch(
     stop: Callable[[], bool] | None,
     poll_seconds: float,
     initial_state: Any,
-    watermark: dict[str, int],
+    origin: dict[str, Any],
 ) -> _Ran:
     """Plan the image batch 0 (:mod:`stateops.ops.carry`), run it, then the query.
 
-    Where the exported batch handed on a later watermark than it ran with, batch 0 runs
-    alone (on a long trigger, so nothing follows it) and its commit is given that watermark
-    before the query goes on; otherwise Spark runs batch 0 and goes on by itself.
+    Where the exported batch handed on a later watermark than it ran with, or batch 0 takes
+    the old query's source positions (a code upgrade), batch 0 runs alone (on a long trigger,
+    so nothing follows it) and is finished before the query goes on; otherwise Spark runs
+    batch 0 and goes on by itself.
     """
     from stateops.ops.carry import finish_image_batch, write_image_batch
 
+    watermark = origin["watermark"]
     write_image_batch(spark, query.checkpoint, watermark)
-    if watermark["next_batch_watermark_ms"] <= watermark["batch_watermark_ms"]:
+    alone = origin.get("positions") or (
+        watermark["next_batch_watermark_ms"] > watermark["batch_watermark_ms"]
+    )
+    if not alone:
         return _run_stream(spark, query, stop, poll_seconds, None, initial_state)
     ran = _run_stream(spark, _one_batch(query), None, poll_seconds, 0, initial_state)
     if ran.error:
         return ran
-    if not finish_image_batch(query.checkpoint, watermark):
+    if not finish_image_batch(query.checkpoint, origin):
         last, _ = checkpoint_state(query.checkpoint)
         if last is None:
             ran.error = "the image batch 0 did not commit"
@@ -755,7 +761,7 @@ def _prove(
             spark, query, carried["origin"], first=0, image=True, until_caught_up=True
         )
     else:  # data files, or an accepted change of the processor's state: no old query
-        proof = prove_first_batch(spark, query, initial_state)
+        proof = prove_first_batch(spark, query, initial_state, image=bool(carried.get("origin")))
     proof["seconds"] = round(time.time() - started, 1)
     return proof
 

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "carry_differences",
+    "fresh_sources",
     "refuse_differences",
     "ROADS",
     "TransplantRefused",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_initial_types",
+    "exported_state",
     "read_initial_state",
     "read_raw_initial_state",
     "typed_initial_state",
@@ -35,6 +36,9 @@ def read_raw_initial_state(spark: SparkSession, query: Query, source: str, fmt: 
     assert spec is not None
     schema = _initial_schema(query)
     try:
+        if fmt == "export" and spec.mapping:
+            df = _mapped(spark, query, exported_state(spark, source))
+            return df.select(*[F.col(f.name) for f in schema])
         if fmt == "export":
             manifest = json.loads((Path(source) / MANIFEST).read_text(encoding="utf-8"))
             variable = spec.from_export["variable"]
@@ -55,6 +59,55 @@ def read_raw_initial_state(spark: SparkSession, query: Query, source: str, fmt: 
             f"{source}: does not fit initial_state.schema ({spec.schema_}): "
             f"{str(err).splitlines()[0]}"
         ) from err
+
+
+def exported_state(spark: SparkSession, export: str) -> dict[str, DataFrame]:
+    """A state export's variables (a built-in operator's store: ``default``) by name, each as
+    the export wrote it (a list's elements with their ``list_position``); where two operators
+    have a variable of the same name, both are named ``op<operator id>.<name>``."""
+    manifest = json.loads((Path(export) / MANIFEST).read_text(encoding="utf-8"))
+    entries = manifest["entries"]
+    names = [e["variable"] for e in entries]
+    return {
+        (
+            e["variable"]
+            if names.count(e["variable"]) == 1
+            else f"op{e['operator_id']}.{e['variable']}"
+        ): spark.read.parquet(str(Path(export) / e["path"]))
+        for e in entries
+    }
+
+
+def _mapped(spark: SparkSession, query: Query, old_state: dict[str, DataFrame]) -> DataFrame:
+    """``initial_state.mapping`` applied to the old state; refused in one line where it fails
+    or returns something else than a DataFrame with the initial state's columns."""
+    from pyspark.sql import DataFrame
+
+    from stateops.spark.streaming import load_function
+
+    spec = query.initial_state
+    assert spec is not None and spec.mapping
+    mapping = load_function(query, "initial_state.mapping", spec.mapping)
+    try:
+        df = mapping(spark, old_state, **spec.options)
+    except StateOpsError:
+        raise
+    except Exception as err:
+        raise StateOpsError(
+            f"initial_state.mapping {spec.mapping} failed: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}"
+        ) from err
+    if not isinstance(df, DataFrame):
+        raise StateOpsError(
+            f"initial_state.mapping {spec.mapping} returned {type(df).__name__}, not a DataFrame"
+        )
+    missing = [f.name for f in _initial_schema(query) if f.name not in df.columns]
+    if missing:
+        raise StateOpsError(
+            f"initial_state.mapping {spec.mapping} returned no column {', '.join(missing)} of "
+            f"initial_state.schema ({spec.schema_})"
+        )
+    return df
 
 
 def _initial_schema(query: Query) -> Any:

@@ -169,10 +169,13 @@ def prove_first_batch(
     query: Query,
     initial_state: DataFrame | None,
     *,
+    image: bool = False,
     max_keys: int = DEFAULT_MAX_KEYS,
 ) -> dict[str, Any]:
     """Compare the state after batch 0 of a bootstrap from data files with the processor's
-    ``handleInitialState`` on ``initial_state`` plus batch 0's input, simulated.
+    ``handleInitialState`` on ``initial_state`` plus batch 0's input, simulated; ``image``:
+    batch 0 is an image batch (:mod:`stateops.ops.carry`), which reads no input (its offsets
+    may hold the old query's positions).
 
     There is no old query to compare with here (see :func:`prove_carry_over` for that), so the
     reference is the processor itself. The result (also written to
@@ -184,7 +187,10 @@ def prove_first_batch(
     cp = load_checkpoint(query.checkpoint)
     batch = 0
     cp.restart_files(batch)  # the batch is committed and its state files are all there
-    input_df, files = _batch(spark, query, cp, batch)
+    if image:
+        input_df, files = spark.createDataFrame([], query.source.schema_), []
+    else:
+        input_df, files = _batch(spark, query, cp, batch)
     offsets = cp.offsets[batch]
     keys = query.key_columns
     columns = [F.col(k) for k in keys]

@@ -31,6 +31,7 @@ __all__ = [
     "use_s3",
     "clock_driven",
     "uses_kafka",
+    "load_function",
     "load_processor",
     "load_transform",
     "query_frame",
@@ -153,6 +154,14 @@ def _imported(query: Query, field: str, ref: str) -> Any:
         raise RegistryError(
             f"query {query.name}: {ref} fails to load: {type(err).__name__}: {err}"
         ) from err
+
+
+def load_function(query: Query, field: str, ref: str) -> Callable[..., Any]:
+    """A function of the user's code named by the registry's ``field`` (``module:function``)."""
+    function = _imported(query, field, ref)
+    if not callable(function):
+        raise RegistryError(f"query {query.name}: {field} {ref!r} is not a function")
+    return function
 
 
 def load_processor(query: Query) -> Any:

@@ -1,0 +1,422 @@
+"""Code upgrade: a query's new code checked against its checkpoint's state before any restart,
+and the state rewritten into a new checkpoint where Spark cannot evolve it.
+
+Spark compares a restarted query's state schemas with its checkpoint's only when it plans the
+first batch, and fails there on a change it cannot evolve. :func:`check_code_change` says it
+before: per operator, state variable and key, one :class:`Change` each, **unchanged**,
+**Spark evolves it** (the rule and the setting it needs) or **needs a state rewrite** (why
+Spark would refuse it); ``stateops run`` refuses the last (:func:`refuse_incompatible_code`).
+The verdicts follow what Spark 4.2 did on checkpoints it wrote (tests/spark/test_upgrade.py
+restarts Spark on each change and asserts the check agrees).
+
+The rewrite (:func:`run_upgrade`) goes the migration's way, with the query's own sources: stop,
+back up, export the state at the last committed batch, apply the registry's
+``initial_state.mapping`` (or ``from_export``) to it and bootstrap a new checkpoint with the
+new code (batch 0 is an image of the old last batch: its watermark and its source positions,
+:mod:`stateops.ops.carry`), prove the new state against the mapping run through the new
+processor's ``handleInitialState``, validate it, switch. Any failure rolls back
+(:func:`stateops.ops.migration.roll_back_migration`): the old checkpoint, untouched, runs the
+old code as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stateops.control.faults import fail_after
+from stateops.control.lock import refuse_unholdable
+from stateops.control.target import Target
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
+from stateops.core.errors import OperationFailed, StateOpsError, one_line
+from stateops.core.plans import BackupFirst, plan_head, plan_tail
+from stateops.core.registry import Query, derived_registry, placement
+from stateops.core.staging import has_entries
+from stateops.core.steps import UPGRADE_STEPS, fill
+from stateops.ops import migration
+from stateops.ops.transplant import (
+    _KINDS,
+    _OPERATOR,
+    _TIME_MODES,
+    _declared_fields,
+    _declared_state,
+    _show,
+    operator_properties,
+    read_state_schema,
+)
+
+__all__ = [
+    "EVOLVES",
+    "REWRITE",
+    "UNCHANGED",
+    "Change",
+    "check_code_change",
+    "format_upgrade_plan",
+    "plan_upgrade",
+    "refuse_incompatible_code",
+    "run_upgrade",
+]
+
+OPERATION = "upgrade"
+UNCHANGED, EVOLVES, REWRITE = "unchanged", "Spark evolves it", "needs a state rewrite"
+ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
+# Type widenings Spark's Avro schema evolution accepts (Avro's own promotions).
+_WIDENINGS = {
+    ("integer", "long"),
+    ("integer", "float"),
+    ("integer", "double"),
+    ("long", "float"),
+    ("long", "double"),
+    ("float", "double"),
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One part of the state (``what``: the operator, a state variable, the key) and what a
+    restart of the new code on the checkpoint does to it."""
+
+    what: str
+    verdict: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.what}: {self.verdict} ({self.detail})"
+
+
+def check_code_change(cp: Checkpoint, query: Query, batch: int | None = None) -> list[Change]:
+    """How ``query`` (the code as deployed now) fits ``cp``'s state at ``batch`` (default: its
+    last committed batch): one :class:`Change` per operator, state variable and key; empty
+    where there is no state yet."""
+    batch = cp.last_committed_batch if batch is None else batch
+    if batch is None or not cp.operators:
+        return []
+    old = [op.operator_name for op in cp.operators]
+    tws = len(old) == 1 and old[0].startswith("transformWithState")
+    if query.processor is None:
+        if tws:
+            return [
+                Change(
+                    "operator 0",
+                    REWRITE,
+                    f"the checkpoint holds a {old[0]} state, the new code is a transform: "
+                    "Spark refuses a changed stateful operator",
+                )
+            ]
+        return [
+            Change(
+                "operators",
+                "checked by Spark",
+                f"{', '.join(old)}: a transform's built-in operators are planned by Spark, "
+                "which checks their state schemas when the query starts",
+            )
+        ]
+    if not tws or old[0] != _OPERATOR:
+        return [
+            Change(
+                "operator 0",
+                REWRITE,
+                f"the checkpoint holds {' and '.join(old)} state, the new code a "
+                "transformWithStateInPandas processor: Spark refuses a changed stateful operator",
+            )
+        ]
+    props, refs = operator_properties(cp, batch)
+    families: dict[str, Any] = {}
+    for rel in refs:
+        families.update(read_state_schema(cp.root / rel))
+    avro = cp.offsets[batch].conf.get(ENCODING) == "avro"
+    return _processor_changes(query, props, families, _declared_state(query), avro)
+
+
+def _processor_changes(
+    query: Query,
+    props: dict[str, Any],
+    families: dict[str, Any],
+    declared: dict[str, dict[str, Any]],
+    avro: bool,
+) -> list[Change]:
+    assert query.processor is not None
+    changes = []
+    modes = [
+        ("time mode", props.get("timeMode"), _TIME_MODES[query.processor.time_mode]),
+        ("output mode", props.get("outputMode"), query.processor.output_mode),
+    ]
+    for what, was, now in modes:
+        if was != now:
+            changes.append(Change(what, REWRITE, f"{was} in the checkpoint, {now} in the new code"))
+    old = {
+        v["stateName"]: v
+        for v in props.get("stateVariables", [])
+        if v.get("stateVariableType") != "TimerState" and not v["stateName"].startswith("$")
+    }
+    source_types = dict(_declared_fields(query.source.schema_))
+    key = [(k, source_types.get(k, "?")) for k in query.key_columns]
+    keys = [families[n]["key"] for n in old if n in families]
+    if keys:
+        changes.append(_key_change(min(keys, key=len), key))
+    for name in sorted(set(old) | set(declared)):
+        changes.append(_variable_change(name, old.get(name), declared.get(name), families, avro))
+    return changes
+
+
+def _key_change(old_key: list[tuple[str, str]], key: list[tuple[str, str]]) -> Change:
+    """The grouping key (``old_key``: the shortest key of the old variables; a map's key holds
+    its user key after the grouping key)."""
+    if old_key == key:
+        return Change("key", UNCHANGED, _show(key))
+    if [t for _, t in old_key] == [t for _, t in key]:
+        return Change("key", UNCHANGED, f"{_show(old_key)} renamed {_show(key)}: same types")
+    return Change(
+        "key",
+        REWRITE,
+        f"{_show(old_key)} in the checkpoint, {_show(key)} in the new code: Spark keeps state "
+        "by its key's schema and never changes it",
+    )
+
+
+def _variable_change(
+    name: str,
+    was: dict[str, Any] | None,
+    now: dict[str, Any] | None,
+    families: dict[str, Any],
+    avro: bool,
+) -> Change:
+    what = f"state {name!r}"
+    if was is None:
+        assert now is not None
+        return Change(what, EVOLVES, "added: it starts empty")
+    if now is None:
+        return Change(what, EVOLVES, "removed: its state is dropped")
+    kind = _KINDS[now["kind"]]
+    if was["stateVariableType"] != kind:
+        return Change(
+            what,
+            REWRITE,
+            f"{was['stateVariableType']} in the checkpoint, {kind} in the new code: Spark "
+            "refuses a variable of another kind under the same name",
+        )
+    if bool(was.get("ttlEnabled")) != now["ttl"]:
+        return Change(
+            what,
+            REWRITE,
+            f"TTL {'on' if was.get('ttlEnabled') else 'off'} in the checkpoint, "
+            f"{'on' if now['ttl'] else 'off'} in the new code: Spark refuses it",
+        )
+    family = families.get(name)
+    if family is None:
+        return Change(what, REWRITE, "the checkpoint has no schema for it")
+    old_value, new_value = family["value"], now["value"]
+    if old_value == new_value:
+        return Change(what, UNCHANGED, _show(new_value))
+    shown = f"{_show(old_value)} in the checkpoint, {_show(new_value)} in the new code"
+    if [t for _, t in old_value] == [t for _, t in new_value] and not avro:
+        return Change(what, UNCHANGED, f"{shown}: fields renamed, the same types in order")
+    if avro:
+        refused = _avro_refusal(old_value, new_value)
+        if refused is None:
+            return Change(what, EVOLVES, f"{shown}: Avro schema evolution ({ENCODING}=avro)")
+        return Change(what, REWRITE, f"{shown}: {refused}")
+    return Change(
+        what,
+        REWRITE,
+        f"{shown}: Spark evolves a value schema only with {ENCODING}=avro, which this "
+        "checkpoint was not written with",
+    )
+
+
+def _avro_refusal(old: list[tuple[str, str]], new: list[tuple[str, str]]) -> str | None:
+    """Why Avro schema evolution refuses ``old`` -> ``new`` (None: it evolves it): fields are
+    matched by name; added and removed fields, reordering and widening are allowed."""
+    before = dict(old)
+    for field, kind in new:
+        was = before.get(field)
+        if was is not None and was != kind and (was, kind) not in _WIDENINGS:
+            return f"field {field!r} changes from {was} to {kind}, which Avro cannot widen"
+    return None
+
+
+def rewrites(changes: list[Change]) -> list[Change]:
+    return [c for c in changes if c.verdict == REWRITE]
+
+
+def refuse_incompatible_code(query: Query) -> None:
+    """Refuse to start ``query`` on its checkpoint where its code needs a state rewrite: one
+    line naming the first such change and the command that plans the rewrite."""
+    if not has_entries(query.checkpoint):
+        return
+    cp = load_checkpoint(query.checkpoint)
+    try:
+        needed = rewrites(check_code_change(cp, query))
+    except (StateOpsError, ValueError, KeyError, TypeError):
+        return  # state metadata this check cannot read: verify names it, Spark decides
+    if needed:
+        more = f" (and {len(needed) - 1} more)" if len(needed) > 1 else ""
+        raise StateOpsError(
+            f"{query.name}: its code does not fit the state in {cp.root}: "
+            f"{needed[0].line()}{more}; nothing was started: plan the rewrite with "
+            f"`stateops upgrade {query.name} --dry-run`"
+        )
+
+
+def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> dict[str, Any]:
+    """Preflight of a code upgrade of ``target``'s query (its registry entry holds the new
+    code): the check's changes, and, where one needs a rewrite, everything the rewrite needs,
+    checked without changing anything."""
+    registry = target.require_registry()
+    query = target.require_query("upgrade a registered query: give its name")
+    cp = migration._sound_checkpoint(query)
+    changes = check_code_change(cp, query)
+    plan: dict[str, Any] = {
+        "query": query.name,
+        "run_id": run_id,
+        "checkpoint": str(query.checkpoint),
+        "changes": [asdict(c) for c in changes],
+        "rewrite": bool(rewrites(changes)),
+    }
+    if not plan["rewrite"]:
+        return plan
+    if query.processor is None:
+        raise StateOpsError(
+            f"query {query.name}: its new code is a transform, and Spark's built-in operators "
+            "take no initial state: the state cannot be rewritten into it"
+        )
+    spec = query.initial_state
+    if spec is None or not (spec.mapping or spec.from_export):
+        raise StateOpsError(
+            f"query {query.name}: set initial_state.mapping (module:function(spark, "
+            "old_state, **options)) in the registry: it maps the old state to the new code's "
+            "initial state"
+        )
+    new = migration._new_checkpoint(registry, query, new_checkpoint)
+    lock = refuse_unholdable(target.lock_file, query.name, run_id)
+    work = registry.state_dir / "upgrade" / (run_id or "plan")
+    name = next(iter(query.inputs))
+    source = query.inputs[name].model_dump(by_alias=True)
+    return plan | {
+        "source_name": name,
+        "old": {
+            "source": source,
+            "checkpoint": str(query.checkpoint),
+            "query_id": cp.query_id,
+            "last_committed_batch": cp.last_committed_batch,
+            "sink_batch_offset": query.sink.batch_offset,
+        },
+        "new": {
+            "source": source,
+            "start": None,
+            "checkpoint": str(new),
+            "registry": str(work / "registry.yaml"),
+        },
+        "export": str(work / "export"),
+        "mapping": spec.mapping or "initial_state.from_export",
+        "backup_to": target.backup_location(),
+        "switch_file": str(registry.switch_path(query.name)),
+        "cutover": "drain",
+        "carry_over": {"choice": "initial_state", "road": "rewrite", "accepted": True},
+        "running": None if lock is None else lock.run_id,
+    }
+
+
+def format_upgrade_plan(plan: dict[str, Any], dry_run: bool) -> str:
+    """:func:`plan_upgrade`'s plan for a person (the CLI, the DAG's task log)."""
+    lines = [plan_head(dry_run, f"code upgrade of {plan['query']} on {plan['checkpoint']}")]
+    lines += [f"  {Change(**c).line()}" for c in plan["changes"]]
+    if not plan["rewrite"]:
+        lines.append("  no state rewrite needed: start the query with its new code")
+        return "\n".join(lines)
+    running = f" (run {plan['running']})" if plan["running"] else ""
+    lines += [
+        f"  stop {plan['query']}{running} after its current batch; back up its checkpoint",
+        f"  export its state at batch {plan['old']['last_committed_batch']} to {plan['export']}",
+        f"  map it with {plan['mapping']} and bootstrap {plan['new']['checkpoint']} with the "
+        "new code, going on from the old checkpoint's watermark and source positions",
+        "  prove the new state against the mapping, validate it, switch the query to it",
+    ]
+    lines += plan_tail(
+        irreversible=f"nothing: {plan['old']['checkpoint']} is kept (retired)",
+        backup=plan["backup_to"],
+        undo=migration.undo_recipe(plan),
+    )
+    return "\n".join(lines)
+
+
+def _settle(target: Target, plan: dict[str, Any], backup: BackupFirst) -> dict[str, Any]:
+    """After the stop: the old checkpoint's last batch, the new query's registry (the new
+    checkpoint; its output continues the old numbering), and the backup."""
+    registry = target.require_registry()
+    query = registry.query(plan["query"])
+    if query.checkpoint != plan["old"]["checkpoint"]:
+        raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
+    last = load_checkpoint(query.checkpoint).last_committed_batch
+    offset = query.sink.folder_batch(last) + 1
+    runs_as = query.model_copy(update={"checkpoint": plan["new"]["checkpoint"]})
+    changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
+    derived_registry(registry, query.name, changes, plan["new"]["registry"])
+    return {
+        "last_committed_batch": last,
+        "sink_batch_offset": offset,
+        "road": "rewrite",
+        "output_from": offset,
+        "backup_id": backup(),
+    }
+
+
+def run_upgrade(
+    target: Target,
+    plan: dict[str, Any],
+    *,
+    backup: BackupFirst,
+    run_job: Callable[[str, str, list[str]], None],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Every step of the rewrite after its preflight (``plan``), in one process, with the
+    migration's step functions and Spark jobs; a failure rolls the run back and raises,
+    naming the step. Returns the lineage the switch recorded."""
+    if not plan["rewrite"]:
+        raise StateOpsError(f"{plan['query']}: no state rewrite needed; start it")
+    registry = target.require_registry()
+    step, fields = "stop_query", {}
+
+    def run(name: str, action: Callable[[], Any]) -> Any:
+        nonlocal step
+        step = name
+        result = action()
+        fail_after(name)  # STATEOPS_FAIL_AFTER, as the DAG's tasks
+        return result
+
+    def spark(name: str) -> None:
+        job, which, args = fill(UPGRADE_STEPS[name], fields)
+        run_job(job, str(registry.path) if which == "old" else plan["new"]["registry"], args)
+
+    migration.prepare_migration(target, plan)
+    try:
+        run("stop_query", lambda: migration.stop_running_query(target, plan["run_id"], log))
+        settled = run("backup", lambda: _settle(target, plan, backup))
+        fields = {
+            "query": plan["query"],
+            "run_id": plan["run_id"],
+            "old_checkpoint": plan["old"]["checkpoint"],
+            "export": plan["export"],
+            "last_committed_batch": settled["last_committed_batch"],
+        }
+        # The rewrite's job runs the image batch 0 and the new code's first batches on input
+        # the old query had not read (none where it was stopped caught up), and proves them.
+        for name in ("export", "rewrite"):
+            run(name, lambda name=name: spark(name))
+        carried = run("prove", lambda: migration.check_carry_over(plan, plan["run_id"]))
+        run("validate_new_state", lambda: spark("validate_new_state"))
+        lineage = run("switch", lambda: migration.switch_query(target, plan, settled, carried))
+    except Exception as err:
+        log(f"{plan['query']}: {step} failed: {one_line(err)}")
+        migration.roll_back_migration(target, plan, log)
+        raise OperationFailed(
+            f"the code upgrade of {plan['query']} failed at {step} ({one_line(err)}); it was "
+            f"rolled back and {plan['old']['checkpoint']} is as it was: fix the cause, "
+            "then upgrade again (the old code runs on it meanwhile)"
+        ) from err
+    log(
+        f"{plan['query']}: upgraded: runs its new code on {plan['new']['checkpoint']}; "
+        f"{plan['old']['checkpoint']} kept, retired (backup {settled['backup_id']})"
+    )
+    return lineage
