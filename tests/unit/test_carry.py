@@ -69,7 +69,7 @@ def test_a_void_source_offset_reads_nothing_and_the_next_batch_starts_at_the_fir
 
 
 def test_the_image_batch_hands_on_the_old_watermark_once_and_only_before_batch_1(tmp_path):
-    carried = {"batch_watermark_ms": 100, "next_batch_watermark_ms": 115}
+    carried = {"watermark": {"batch_watermark_ms": 100, "next_batch_watermark_ms": 115}}
     root = _checkpoint(tmp_path / "cp", {0: "-"}, {0: 100})
     assert finish_image_batch(root, carried)
     assert load_checkpoint(root).commits[0]["nextBatchWatermarkMs"] == 115
@@ -79,6 +79,34 @@ def test_the_image_batch_hands_on_the_old_watermark_once_and_only_before_batch_1
     planned = _checkpoint(tmp_path / "planned", {0: "-", 1: "-"}, {0: 100})
     assert not finish_image_batch(planned, carried), "batch 1 was planned with the old one"
     assert load_checkpoint(planned).commits[0]["nextBatchWatermarkMs"] == 100
+
+
+def test_an_upgrades_image_batch_goes_on_from_the_old_querys_source_positions(tmp_path):
+    """A code upgrade reads the old query's own sources: once the image batch 0 committed, it
+    takes the old last batch's positions and file log, so batch 1 reads only unread files."""
+    old = _checkpoint(tmp_path / "old", {0: '{"logOffset":0}', 1: '{"logOffset":1}'}, {0: 0, 1: 0})
+    for n in (0, 1):
+        entry = {"path": f"file:///landing/{n}.json", "timestamp": 1, "batchId": n}
+        write_checkpoint_file(old, f"sources/0/{n}", f"v1\n{json.dumps(entry)}")
+    new = _checkpoint(tmp_path / "new", {0: "-"}, {0: 0})
+    origin = {
+        "checkpoint": str(old),
+        "batch": 1,
+        "positions": True,
+        "watermark": {"batch_watermark_ms": 0, "next_batch_watermark_ms": 0},
+    }
+    assert finish_image_batch(new, origin)
+    cp = load_checkpoint(new)
+    assert cp.offsets[0].source_offsets == [{"logOffset": 1}]
+    assert cp.seen_files(0) == {"/landing/0.json", "/landing/1.json"}
+    assert (new / "sources/0/1").read_bytes() == (old / "sources/0/1").read_bytes()
+    assert (new / crc_sidecar("offsets/0")).read_bytes() == hadoop_crc(
+        (new / "offsets/0").read_bytes()
+    )
+    assert not finish_image_batch(new, origin), "done once"
+    wider = _checkpoint(tmp_path / "two", {0: "-\n-"}, {0: 0})
+    with pytest.raises(StateOpsError, match="batch 0 reads 2 sources"):
+        finish_image_batch(wider, origin)
 
 
 def test_carried_rows_come_in_their_recorded_order_whatever_the_chunks():
