@@ -61,6 +61,8 @@ __all__ = [
 OPERATION = "upgrade"
 UNCHANGED, EVOLVES, REWRITE = "unchanged", "Spark evolves it", "needs a state rewrite"
 ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
+# What a change that drops state adds to its line (a rewrite keeps what the mapping maps).
+LOST = "; a rewrite through initial_state.mapping keeps it"
 # Type widenings Spark's Avro schema evolution accepts (Avro's own promotions).
 _WIDENINGS = {
     ("integer", "long"),
@@ -152,7 +154,8 @@ def _processor_changes(
     }
     source_types = dict(_declared_fields(query.source.schema_))
     key = [(k, source_types.get(k, "?")) for k in query.key_columns]
-    keys = [families[n]["key"] for n in old if n in families]
+    # The key matters for the variables that stay: one that is added starts empty.
+    keys = [families[n]["key"] for n in old if n in families and n in declared]
     if keys:
         changes.append(_key_change(min(keys, key=len), key))
     for name in sorted(set(old) | set(declared)):
@@ -185,9 +188,9 @@ def _variable_change(
     what = f"state {name!r}"
     if was is None:
         assert now is not None
-        return Change(what, EVOLVES, "added: it starts empty")
+        return Change(what, EVOLVES, "added: Spark starts it empty")
     if now is None:
-        return Change(what, EVOLVES, "removed: its state is dropped")
+        return Change(what, EVOLVES, f"removed: Spark drops its state{LOST}")
     kind = _KINDS[now["kind"]]
     if was["stateVariableType"] != kind:
         return Change(
@@ -237,7 +240,13 @@ def _avro_refusal(old: list[tuple[str, str]], new: list[tuple[str, str]]) -> str
 
 
 def rewrites(changes: list[Change]) -> list[Change]:
+    """The changes Spark refuses: the state must be rewritten."""
     return [c for c in changes if c.verdict == REWRITE]
+
+
+def losses(changes: list[Change]) -> list[Change]:
+    """The changes Spark accepts by dropping state (a removed variable)."""
+    return [c for c in changes if c.detail.endswith(LOST)]
 
 
 def refuse_incompatible_code(query: Query) -> None:
@@ -267,12 +276,15 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
     query = target.require_query("upgrade a registered query: give its name")
     cp = migration._sound_checkpoint(query)
     changes = check_code_change(cp, query)
+    spec = query.initial_state
+    mapped = spec is not None and spec.mapping is not None
     plan: dict[str, Any] = {
         "query": query.name,
         "run_id": run_id,
         "checkpoint": str(query.checkpoint),
         "changes": [asdict(c) for c in changes],
-        "rewrite": bool(rewrites(changes)),
+        # Spark refuses a change, or drops state the registry says how to keep.
+        "rewrite": bool(rewrites(changes)) or (mapped and bool(losses(changes))),
     }
     if not plan["rewrite"]:
         return plan
@@ -281,7 +293,6 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
             f"query {query.name}: its new code is a transform, and Spark's built-in operators "
             "take no initial state: the state cannot be rewritten into it"
         )
-    spec = query.initial_state
     if spec is None or not (spec.mapping or spec.from_export):
         raise StateOpsError(
             f"query {query.name}: set initial_state.mapping (module:function(spark, "
