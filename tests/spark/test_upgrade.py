@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from stateops import cli
+from stateops.control.lock import read_hold
 from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import OperationFailed
 from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.ops.backup import backup_first
@@ -77,16 +79,20 @@ CHANGES = {
     "variable renamed": (_processor("upgrades:RenamedCount"), False),
     "value retyped": (_processor("upgrades:TextCount"), True),
     "field added": (_processor("upgrades:WiderCount"), True),
+    "variable split": (_processor("upgrades:SplitCount"), False),
+    "key widened": (
+        {**_processor("upgrades:PerPageVisits"), "key_columns": ["user_id", "page"]},
+        True,
+    ),
     # Spark takes it: the old variables are dropped, the new one starts empty.
     "key widened, variables renamed": (PER_PAGE, False),
 }
 
 
-def _registry(root: Path, encoding: str, **entry) -> Path:
-    store = {"state_store": {"provider": "rocksdb", "encoding": encoding}}
-    path = write_registry(root, **{NAME: {"approval": "none", **entry}})
+def _registry(root: Path, encoding: str, query: str = NAME, **entry) -> Path:
+    path = write_registry(root, **{query: {"approval": "none", **entry}})
     raw = yaml.safe_load(path.read_text())
-    raw["queries"][NAME]["state_store"].update(store["state_store"])
+    raw["queries"][query]["state_store"].update({"provider": "rocksdb", "encoding": encoding})
     raw["code_paths"] = [str(USER_CODE)]
     raw["backups"] = {"url": f"s3://backups/{root.name}", "conn_id": "aws_default"}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -97,7 +103,8 @@ def _old(spark, root: Path, encoding: str) -> Path:
     """A data folder whose page_visits ran the old code over 2 files of round 0."""
     land(root / "landing", round_=0, files=2)
     path = _registry(root, encoding)
-    run_in_session(spark, path, NAME)
+    for name in [NAME, "idle_sessions", "page_counts"] if encoding != "avro" else [NAME]:
+        run_in_session(spark, path, name)
     return root
 
 
@@ -111,16 +118,19 @@ def old_avro(spark, tmp_path_factory):
     return _old(spark, tmp_path_factory.mktemp("upgrade-avro"), "avro")
 
 
-def _copy(old: Path, root: Path, encoding: str, **entry) -> Path:
-    """A copy of ``old``'s data folder (checkpoint, landing, output) with the new code."""
+def _copy(old: Path, root: Path, encoding: str, query: str = NAME, **entry) -> Path:
+    """A copy of ``old``'s data folder (checkpoints, landing, output) with the new code of
+    ``query``."""
     shutil.copytree(old, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("registry.yaml"))
-    checkpoint = root / "checkpoints" / NAME
-    relocate_checkpoint(checkpoint)
-    for log in (checkpoint / "sources").rglob("*"):  # the files read, by absolute path
-        if log.is_file() and not log.name.endswith(".crc"):
-            rel = str(log.relative_to(checkpoint))
-            write_checkpoint_file(checkpoint, rel, log.read_text().replace(str(old), str(root)))
-    return _registry(root, encoding, **entry)
+    for checkpoint in (root / "checkpoints").iterdir():
+        if checkpoint.suffix == ".audit":
+            continue
+        relocate_checkpoint(checkpoint)
+        for log in (checkpoint / "sources").rglob("*"):  # the files read, by absolute path
+            if log.is_file() and not log.name.endswith(".crc"):
+                text = log.read_text().replace(str(old), str(root))
+                write_checkpoint_file(checkpoint, str(log.relative_to(checkpoint)), text)
+    return _registry(root, encoding, query, **entry)
 
 
 def _state(spark, checkpoint: str, variable: str) -> list:
@@ -130,11 +140,11 @@ def _state(spark, checkpoint: str, variable: str) -> list:
     return collected
 
 
-def _spark_accepts(spark, registry: Path) -> tuple[bool, str]:
+def _spark_accepts(spark, registry: Path, name: str = NAME) -> tuple[bool, str]:
     """Spark itself restarting the new code on the checkpoint over one more input file (the
     project's preflight bypassed): whether a new batch committed, and Spark's error."""
     reg = load_registry(registry)
-    query = reg.query(NAME)
+    query = reg.query(name)
     land(Path(reg.data_dir) / "landing", round_=1, files=1)
     before = load_checkpoint(query.checkpoint).last_committed_batch
     use_code_paths(reg, spark)
@@ -162,6 +172,26 @@ def test_the_check_agrees_with_spark(spark, old_default, tmp_path, change):
     assert bool(needs) == rewrite, [c.line() for c in changes]
     accepted, error = _spark_accepts(spark, registry)
     assert accepted == (not rewrite), f"{change}: Spark accepted={accepted} ({error})"
+
+
+# Another stateful operator's checkpoint (registry.yaml's own queries), new code a processor.
+OPERATOR_CHANGES = {
+    "applyInPandasWithState": ("idle_sessions", {**PER_PAGE, "watermark": None}),
+    "aggregation": ("page_counts", PER_PAGE),
+}
+
+
+@pytest.mark.parametrize("change", list(OPERATOR_CHANGES))
+def test_another_operator_needs_a_rewrite_as_spark_says(spark, old_default, tmp_path, change):
+    name, entry = OPERATOR_CHANGES[change]
+    source = load_registry(old_default / "registry.yaml").query(NAME).source
+    new = {**entry, "source": source.model_dump(by_alias=True), "transform": None}
+    registry = _copy(old_default, tmp_path, "unsaferow", query=name, **new)
+    query = load_registry(registry).query(name)
+    changes = check_code_change(load_checkpoint(query.checkpoint), query)
+    assert [c.verdict for c in changes] == [REWRITE], [c.line() for c in changes]
+    accepted, error = _spark_accepts(spark, registry, name)
+    assert not accepted and "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" in error
 
 
 def test_avro_lets_spark_add_a_field_and_the_check_says_so(spark, old_avro, tmp_path):
@@ -236,3 +266,34 @@ def test_the_rewrite_carries_the_state_into_the_new_code(spark, s3, old_default,
     assert sorted(r for r in new_rows if (r[0], r[1]) in touched) == sorted(
         (u, p, reference[(u, p)]) for u, p in touched
     )
+
+
+def test_a_failed_upgrade_rolls_back_and_the_old_code_runs_on(
+    spark, s3, old_default, tmp_path, monkeypatch
+):
+    """A failure after the rewrite (its job also runs the new code's first batches) and after
+    the proof: the query is back on its checkpoint, byte for byte as it was, the new one moved
+    aside, nothing held; then the old code restarts on it and reads the next file."""
+    root = tmp_path / "up"
+    registry = _copy(old_default, root, "unsaferow", **PER_PAGE)
+    checkpoint = load_registry(registry).query(NAME).checkpoint
+    before = digest(checkpoint)
+    target = query_target(registry, NAME)
+    for step in ("rewrite", "prove"):
+        monkeypatch.setenv("STATEOPS_FAIL_AFTER", step)
+        plan = plan_upgrade(target, run_id=f"upgrade-{step}")
+        backup = backup_first(target, s3.client(), "upgrade", log=lambda line: None)
+        with pytest.raises(OperationFailed, match=f"failed at {step}"):
+            run_upgrade(target, plan, backup=backup, run_job=job_runner(spark), log=print)
+        query = load_registry(registry).query(NAME)
+        assert query.checkpoint == checkpoint, step
+        assert digest(checkpoint) == before, step
+        assert not Path(plan["new"]["checkpoint"]).exists(), step
+        assert read_hold(load_registry(registry).lock_path(NAME)) is None, step
+    monkeypatch.delenv("STATEOPS_FAIL_AFTER")
+    last = load_checkpoint(checkpoint).last_committed_batch
+    old_code = _registry(root, "unsaferow")
+    land(root / "landing", round_=1, files=1)
+    summary = run_in_session(spark, old_code, NAME)
+    assert summary["status"] == "succeeded"
+    assert load_checkpoint(checkpoint).last_committed_batch == last + 1

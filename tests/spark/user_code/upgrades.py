@@ -60,6 +60,28 @@ class WiderCount(_Changed):
         return total, pages
 
 
+class SplitCount(_Changed):
+    """``count`` split into ``visits`` and ``last_page`` (Spark drops ``count``)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self._declare(handle, "visits", "visits LONG")
+        self.last_page = handle.getValueState("last_page", "page STRING")
+
+
+class PerPageVisits(PageVisitsProcessor):
+    """page_visits' own variables, kept per user and page (a wider key)."""
+
+    def handleInputRows(
+        self, key: tuple, rows: Iterator[pd.DataFrame], timerValues
+    ) -> Iterator[pd.DataFrame]:
+        incoming = pd.concat(list(rows), ignore_index=True)
+        total, pages = self._apply(list(zip(incoming["page"], incoming["event_time"], strict=True)))
+        yield pd.DataFrame(
+            [(key[0], total, pages[-1][0], len({p for p, _ in pages}))],
+            columns=["user_id", "visits", "last_page", "distinct_pages"],
+        )
+
+
 class PageCounts(StatefulProcessor):
     """Per user and page (a wider key): value state ``views``; the initial state's rows are
     ``(user_id, page, views)``."""
@@ -117,6 +139,8 @@ __all__ = [
     "PAGES_SCHEMA",
     "PAGE_COUNTS_INITIAL",
     "PageCounts",
+    "PerPageVisits",
+    "SplitCount",
     "RenamedCount",
     "TextCount",
     "WiderCount",
