@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 # The operations that change where a query's state came from (shown as its lineage).
-LINEAGE_OPERATIONS = ("bootstrap", "migration", "rollback", "restore", "backfill")
+LINEAGE_OPERATIONS = ("bootstrap", "migration", "upgrade", "rollback", "restore", "backfill")
 # Input landed this long ago and still not read says the query is not being run: twice
 # stream_start's schedule (30 minutes).
 STALE_INPUT = timedelta(hours=1)

@@ -15,7 +15,7 @@ from stateops.core.registry import Query
 
 __all__ = ["OPERATIONS", "TIMEOUT", "ApprovalRequest", "refusal", "without_approval"]
 
-OPERATIONS = ("migration", "backfill", "restore", "repartition")
+OPERATIONS = ("migration", "upgrade", "backfill", "restore", "repartition")
 # Under the migration's 6-hour hold (stateops.control.lock.hold_query), which the step before
 # the switch's approval renews: an unanswered request ends the run before the hold lapses.
 TIMEOUT = timedelta(hours=4)

@@ -312,13 +312,16 @@ class Query(_Model):
     shuffle_partitions: int = Field(4, ge=1)
     spark_conf: dict[str, str] = {}
     approval: Literal["required", "none"] | None = None
-    """Whether a second person approves its irreversible steps (migration, backfill, restore
-    over its checkpoint, repartition) in Airflow first; unset: a migration asks, the others
-    do not."""
+    """Whether a second person approves its irreversible steps (migration, code upgrade,
+    backfill, restore over its checkpoint, repartition) in Airflow first; unset: a migration
+    and an upgrade ask, the others do not."""
 
     def needs_approval(self, operation: str) -> bool:
         """Whether ``operation`` (stateops.control.approval.OPERATIONS) waits for an approval."""
-        return self.approval == "required" if self.approval else operation == "migration"
+        # Unset: the operations that switch the query to a new checkpoint ask.
+        return (
+            self.approval == "required" if self.approval else operation in ("migration", "upgrade")
+        )
 
     @property
     def output_mode(self) -> str:

@@ -112,21 +112,7 @@ MIGRATION_STEPS: dict[str, Step] = {
 # query's own sources, the registry's initial_state.mapping over the export.
 UPGRADE_STEPS: dict[str, Step] = {
     "export": MIGRATION_STEPS["export"],
-    "rewrite": (
-        BOOTSTRAP_STATE,
-        "new",
-        [
-            "--query",
-            "{query}",
-            "--initial-state",
-            "{export}",
-            "--format",
-            "export",
-            "--run-id",
-            "{run_id}",
-            "--accept-differences=yes",
-        ],
-    ),
+    "rewrite": MIGRATION_STEPS["bootstrap"],  # with accept: yes (the upgrade is the change)
     "validate_new_state": MIGRATION_STEPS["validate_new_state"],
 }
 

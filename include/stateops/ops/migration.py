@@ -741,7 +741,8 @@ def prepare_migration(target: Target, plan: dict[str, Any]) -> dict[str, Any]:
     """Hold the query for the run: until the switch or the roll back, only its steps run.
     Every later step calls it again: the hold is renewed, and a hold lost (expired and taken
     by another run) fails the step instead of going on unprotected."""
-    hold_query(_lock_file(target, plan["run_id"]), plan["query"], OPERATION, plan["run_id"])
+    operation = plan.get("operation", OPERATION)
+    hold_query(_lock_file(target, plan["run_id"]), plan["query"], operation, plan["run_id"])
     return plan
 
 
@@ -1035,8 +1036,9 @@ def switch_query(
             f"{old['checkpoint']} moved on to batch {last} after the drain (batch "
             f"{settled['last_committed_batch']}): its later input is not in the export"
         )
+    operation = plan.get("operation", OPERATION)  # a code upgrade switches the same way
     lineage = {
-        "operation": OPERATION,
+        "operation": operation,
         "run_id": plan["run_id"],
         "time": _now(),
         "source_name": plan["source_name"],
@@ -1062,7 +1064,7 @@ def switch_query(
     common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
     append_audit(
         new["checkpoint"],
-        OPERATION,
+        operation,
         result="derived",
         derived_from=old["checkpoint"],
         backup_id=backup_id,
@@ -1080,7 +1082,7 @@ def switch_query(
     _retire(plan, new["checkpoint"])
     append_audit(
         old["checkpoint"],
-        OPERATION,
+        operation,
         result="retired",
         migrated_to=new["checkpoint"],
         backup_id=backup_id,
@@ -1129,7 +1131,8 @@ def roll_back_migration(
     if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
         log(f"{name}: hold of run {plan['run_id']} released")
     if old["checkpoint"]:
-        append_audit(old["checkpoint"], OPERATION, run_id=plan["run_id"], result="rolled back")
+        operation = plan.get("operation", OPERATION)
+        append_audit(old["checkpoint"], operation, run_id=plan["run_id"], result="rolled back")
     log(f"{name}: migration rolled back; the query runs on {old['checkpoint']} as before")
     return done
 

@@ -51,8 +51,10 @@ __all__ = [
     "REWRITE",
     "UNCHANGED",
     "Change",
+    "backup_for_upgrade",
     "check_code_change",
     "format_upgrade_plan",
+    "job_fields",
     "plan_upgrade",
     "refuse_incompatible_code",
     "run_upgrade",
@@ -324,6 +326,7 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
     name = next(iter(query.inputs))
     source = query.inputs[name].model_dump(by_alias=True)
     return plan | {
+        "operation": OPERATION,
         "source_name": name,
         "old": {
             "source": source,
@@ -371,9 +374,13 @@ def format_upgrade_plan(plan: dict[str, Any], dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-def _settle(target: Target, plan: dict[str, Any], backup: BackupFirst) -> dict[str, Any]:
-    """After the stop: the old checkpoint's last batch, the new query's registry (the new
-    checkpoint; its output continues the old numbering), and the backup."""
+def backup_for_upgrade(
+    target: Target, plan: dict[str, Any], backup: BackupFirst, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The backup step, once the query stopped: the old checkpoint's last batch, the new
+    query's registry (the new checkpoint; its output continues the old numbering), and the
+    backup (``backup``: :func:`stateops.ops.backup.backup_first`) with its id."""
+    migration.prepare_migration(target, plan)
     registry = target.require_registry()
     query = registry.query(plan["query"])
     if query.checkpoint != plan["old"]["checkpoint"]:
@@ -383,12 +390,29 @@ def _settle(target: Target, plan: dict[str, Any], backup: BackupFirst) -> dict[s
     runs_as = query.model_copy(update={"checkpoint": plan["new"]["checkpoint"]})
     changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
     derived_registry(registry, query.name, changes, plan["new"]["registry"])
+    log(
+        f"{query.name}: stopped at batch {last}; the new checkpoint's output starts at "
+        f"batch_id={offset}"
+    )
     return {
         "last_committed_batch": last,
         "sink_batch_offset": offset,
         "road": "rewrite",
         "output_from": offset,
         "backup_id": backup(),
+    }
+
+
+def job_fields(plan: dict[str, Any], settled: dict[str, Any] | None = None) -> dict[str, str]:
+    """This run's values of the fields of :data:`stateops.core.steps.UPGRADE_STEPS`
+    (``settled``: the backup step's result, once it ran)."""
+    return {
+        "query": plan["query"],
+        "run_id": plan["run_id"],
+        "old_checkpoint": plan["old"]["checkpoint"],
+        "export": plan["export"],
+        "last_committed_batch": str((settled or {}).get("last_committed_batch", "")),
+        "accept": "yes",  # the changes the rewrite makes are the upgrade itself
     }
 
 
@@ -406,7 +430,7 @@ def run_upgrade(
     if not plan["rewrite"]:
         raise StateOpsError(f"{plan['query']}: no state rewrite needed; start it")
     registry = target.require_registry()
-    step, fields = "stop_query", {}
+    step, fields = "stop_query", job_fields(plan)
 
     def run(name: str, action: Callable[[], Any]) -> Any:
         nonlocal step
@@ -422,19 +446,13 @@ def run_upgrade(
     migration.prepare_migration(target, plan)
     try:
         run("stop_query", lambda: migration.stop_running_query(target, plan["run_id"], log))
-        settled = run("backup", lambda: _settle(target, plan, backup))
-        fields = {
-            "query": plan["query"],
-            "run_id": plan["run_id"],
-            "old_checkpoint": plan["old"]["checkpoint"],
-            "export": plan["export"],
-            "last_committed_batch": settled["last_committed_batch"],
-        }
+        settled = run("backup", lambda: backup_for_upgrade(target, plan, backup, log))
+        fields = job_fields(plan, settled)
         # The rewrite's job runs the image batch 0 and the new code's first batches on input
         # the old query had not read (none where it was stopped caught up), and proves them.
         for name in ("export", "rewrite"):
             run(name, lambda name=name: spark(name))
-        carried = run("prove", lambda: migration.check_carry_over(plan, plan["run_id"]))
+        carried = run("prove", lambda: migration.prove_migration(target, plan, log))
         run("validate_new_state", lambda: spark("validate_new_state"))
         lineage = run("switch", lambda: migration.switch_query(target, plan, settled, carried))
     except Exception as err:
