@@ -21,6 +21,7 @@ old code as before.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from stateops.ops.transplant import (
     _declared_fields,
     _declared_state,
     _show,
+    _type_name,
     operator_properties,
     read_state_schema,
 )
@@ -157,18 +159,31 @@ def _processor_changes(
     source_types = dict(_declared_fields(query.source.schema_))
     key = [(k, source_types.get(k, "?")) for k in query.key_columns]
     # The key matters for the variables that stay: one that is added starts empty.
-    keys = [families[n]["key"] for n in old if n in families and n in declared]
+    keys = [_split_key(families[n]["key"])[0] for n in old if n in families and n in declared]
     if keys:
-        changes.append(_key_change(min(keys, key=len), key))
+        changes.append(_key_change(keys[0], key))
     for name in sorted(set(old) | set(declared)):
         change = _variable_change(name, old.get(name), declared.get(name), families, avro)
         changes.append(_map_key_change(name, key, declared.get(name), families) or change)
     return changes
 
 
+def _split_key(
+    fields: list[tuple[str, str]],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]] | None]:
+    """A state variable's key fields in its schema file as (grouping key, a map's user key):
+    a map state's key is two structs, ``key`` and ``userKey``."""
+    if [name for name, _ in fields] != ["key", "userKey"]:
+        return fields, None
+    grouping, user = (
+        [(f["name"], _type_name(f["type"])) for f in json.loads(kind)["fields"]]
+        for _, kind in fields
+    )
+    return grouping, user
+
+
 def _key_change(old_key: list[tuple[str, str]], key: list[tuple[str, str]]) -> Change:
-    """The grouping key (``old_key``: the shortest key of the old variables; a map's key holds
-    its user key after the grouping key)."""
+    """The grouping key (``old_key``: that of a variable the new code keeps)."""
     if old_key == key:
         return Change("key", UNCHANGED, _show(key))
     if [t for _, t in old_key] == [t for _, t in key]:
@@ -220,9 +235,18 @@ def _variable_change(
         return Change(what, UNCHANGED, f"{shown}: fields renamed, the same types in order")
     if avro:
         refused = _avro_refusal(old_value, new_value)
-        if refused is None:
-            return Change(what, EVOLVES, f"{shown}: Avro schema evolution ({ENCODING}=avro)")
-        return Change(what, REWRITE, f"{shown}: {refused}")
+        if refused is not None:
+            return Change(what, REWRITE, f"{shown}: {refused}")
+        # Avro matches fields by name: a new (or renamed) field reads null for every key the
+        # state holds, and a field the new code no longer has is dropped with its values.
+        added = [n for n, _ in new_value if n not in dict(old_value)]
+        dropped = [n for n, _ in old_value if n not in dict(new_value)]
+        detail = f"{shown}: Avro schema evolution ({ENCODING}=avro)"
+        if added:
+            detail += f"; {', '.join(added)} read null for the keys it holds"
+        if dropped:
+            detail += f"; Spark drops {', '.join(dropped)}{LOST}"
+        return Change(what, EVOLVES, detail)
     return Change(
         what,
         REWRITE,
@@ -238,7 +262,7 @@ def _map_key_change(
     family = families.get(name)
     if now is None or now["user_key"] is None or family is None:
         return None
-    was = family["key"][len(key) :]
+    was = _split_key(family["key"])[1] or family["key"][len(key) :]
     if [t for _, t in was] == [t for _, t in now["user_key"]]:
         return None
     return Change(
