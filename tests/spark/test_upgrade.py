@@ -33,6 +33,7 @@ from stateops.spark.streaming import apply_query_conf, start_query, use_code_pat
 from tests.conftest import TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
 from tests.spark.harness import (
     USER_CODE,
+    VIEWS,
     digest,
     job_in_session,
     job_runner,
@@ -64,12 +65,6 @@ PER_PAGE = {
 }
 
 
-VIEWS = {
-    "format": "json",
-    "path": "landing/page_visits",
-    "schema": "user_id STRING, page STRING, event_time TIMESTAMP",
-    "options": {"maxFilesPerTrigger": 1},
-}
 # The old code of a dedup: Spark's dropDuplicates per user and page.
 PAGE_PAIRS = {
     "source": VIEWS,

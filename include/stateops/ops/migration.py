@@ -101,6 +101,7 @@ from stateops.ops.transplant import (
 
 __all__ = [
     "OPERATION",
+    "Steps",
     "backup_for_migration",
     "check_carry_over",
     "check_migration_form",
@@ -961,6 +962,36 @@ def switch_migration(
     return lineage
 
 
+class Steps:
+    """An operation's steps run in one process as the DAG runs them as tasks (the CLI's
+    ``stateops migrate`` and ``stateops upgrade``): which step runs (named when one fails),
+    ``STATEOPS_FAIL_AFTER`` after each, and its Spark steps (``table``: the step -> its job,
+    registry and arguments) with the run's ``fields`` on the user's registry (``old``) or the
+    one the plan derives (``plan["new"]["registry"]``), through ``run_job``."""
+
+    def __init__(
+        self,
+        table: dict[str, Any],
+        target: Target,
+        plan: dict[str, Any],
+        run_job: Callable[[str, str, list[str]], None],
+        fields: dict[str, str],
+    ) -> None:
+        self.table, self.plan, self.run_job, self.fields = table, plan, run_job, fields
+        self.registry = str(target.require_registry().path)
+        self.step = "preflight"
+
+    def run(self, name: str, action: Callable[[], Any]) -> Any:
+        self.step = name
+        result = action()
+        fail_after(name)  # STATEOPS_FAIL_AFTER, as the DAG's tasks
+        return result
+
+    def spark(self, name: str) -> None:
+        job, which, args = fill(self.table[name], self.fields)
+        self.run_job(job, self.registry if which == "old" else self.plan["new"]["registry"], args)
+
+
 def run_migration(
     target: Target,
     plan: dict[str, Any],
@@ -978,26 +1009,14 @@ def run_migration(
     ``run_job(job, registry_file, args)`` runs one Spark job (``spark-submit`` for the CLI) and
     raises when it fails. Returns the lineage the switch recorded.
     """
-    registry = target.require_registry()
-    step, fields = "stop_query", job_fields(plan)
-
-    def run(name: str, action: Callable[[], Any]) -> Any:
-        nonlocal step
-        step = name
-        result = action()
-        fail_after(name)  # STATEOPS_FAIL_AFTER, as the DAG's tasks
-        return result
-
-    def spark(name: str) -> None:
-        job, which, args = fill(MIGRATION_STEPS[name], fields)
-        run_job(job, str(registry.path) if which == "old" else plan["new"]["registry"], args)
-
+    steps = Steps(MIGRATION_STEPS, target, plan, run_job, job_fields(plan))
+    run, spark = steps.run, steps.spark
     prepare_migration(target, plan)  # refused: nothing changed yet, nothing to roll back
     try:
         run("stop_query", lambda: stop_running_query(target, plan["run_id"], log))
         run("drain", lambda: spark("drain"))
         settled = run("backup", lambda: backup_for_migration(target, plan, backup, log))
-        fields = job_fields(plan, settled)
+        steps.fields = job_fields(plan, settled)
         run("carry_over", lambda: log(f"carry-over road: {settled['road']}"))
         if settled["road"] == "transplant":
             run("transplant", lambda: transplant_for_migration(target, plan, settled, log))
@@ -1009,10 +1028,10 @@ def run_migration(
         run("validate_new_state", lambda: spark("validate_new_state"))
         lineage = run("switch", lambda: switch_migration(target, plan, settled, carried, log))
     except Exception as err:
-        log(f"{plan['query']}: {step} failed: {one_line(err)}")
+        log(f"{plan['query']}: {steps.step} failed: {one_line(err)}")
         roll_back_migration(target, plan, log)
         raise OperationFailed(
-            f"the migration of {plan['query']} failed at {step} ({one_line(err)}); it was "
+            f"the migration of {plan['query']} failed at {steps.step} ({one_line(err)}); it was "
             f"rolled back and the query runs on {plan['old']['checkpoint']}: fix the cause "
             "and migrate again"
         ) from err

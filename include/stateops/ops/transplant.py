@@ -32,7 +32,6 @@ import filecmp
 import json
 import os
 import re
-import struct
 import time
 import uuid
 from collections.abc import Callable
@@ -43,11 +42,11 @@ from pydantic import ValidationError
 
 from stateops.control import faults
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
-from stateops.core.errors import CheckpointError, StateOpsError
+from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
-from stateops.core.formats import crc_sidecar, hadoop_crc, schema_file_refs
+from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.plans import plan_head, plan_tail
-from stateops.core.registry import Query, Source, schema_fields
+from stateops.core.registry import Query, Source
 from stateops.core.report import format_bytes
 from stateops.core.sources import (
     FILE_START,
@@ -62,6 +61,17 @@ from stateops.core.steps import ROADS
 from stateops.core.storage import S3Path, copy_to_local, list_files, location, publish
 from stateops.core.times import parse_past_time
 from stateops.ops.repartition import repartition_unsupported
+from stateops.ops.state_schema import (
+    KINDS,
+    OPERATOR,
+    TIME_MODES,
+    declared_fields,
+    declared_state,
+    operator_properties,
+    read_state_schema,
+    show,
+    split_key,
+)
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
@@ -73,8 +83,6 @@ __all__ = [
     "ROADS",
     "TransplantRefused",
     "choose_road",
-    "operator_properties",
-    "read_state_schema",
     "repartition_from",
     "run_transplant",
     "start_at",
@@ -86,137 +94,8 @@ __all__ = [
 STAGING = "transplanting"
 
 
-_OPERATOR = "transformWithStateInPandasExec"
-_TIME_MODES = {"None": "NoTime", "EventTime": "EventTime", "ProcessingTime": "ProcessingTime"}
-_KINDS = {"value": "ValueState", "list": "ListState", "map": "MapState"}
-# DDL type names -> the names Spark's JSON schemas use.
-_JSON_TYPES = {
-    "STRING": "string",
-    "BIGINT": "long",
-    "LONG": "long",
-    "INT": "integer",
-    "INTEGER": "integer",
-    "SMALLINT": "short",
-    "SHORT": "short",
-    "TINYINT": "byte",
-    "BYTE": "byte",
-    "BOOLEAN": "boolean",
-    "DOUBLE": "double",
-    "FLOAT": "float",
-    "REAL": "float",
-    "DATE": "date",
-    "TIMESTAMP": "timestamp",
-    "TIMESTAMP_NTZ": "timestamp_ntz",
-    "BINARY": "binary",
-}
-
-
 class TransplantRefused(StateOpsError):
     """The transplant does not apply; the message lists every reason."""
-
-
-def read_state_schema(path: Path) -> dict[str, dict[str, list[tuple[str, str]]]]:
-    """Column family -> its key and value fields ``(name, type)``, from a ``_stateSchema`` file
-    (format v3: Java ``writeUTF`` strings, JSON schemas in ``writeUTF`` chunks)."""
-    data, pos = path.read_bytes(), 0
-
-    def take(fmt: str) -> int:
-        nonlocal pos
-        (value,) = struct.unpack_from(fmt, data, pos)
-        pos += struct.calcsize(fmt)
-        return value
-
-    def utf() -> str:
-        nonlocal pos
-        size = take(">H")
-        pos += size
-        if pos > len(data):
-            raise ValueError("truncated")
-        return data[pos - size : pos].decode("utf-8")
-
-    def chunked() -> str:
-        return "".join(utf() for _ in range(take(">i")))
-
-    def fields(text: str) -> list[tuple[str, str]]:
-        return [(f["name"], _type_name(f["type"])) for f in json.loads(text)["fields"]]
-
-    try:
-        if utf() != "v3":
-            raise ValueError("not a v3 schema file")
-        families = {}
-        for _ in range(take(">i")):
-            name = utf()
-            take(">h")
-            key = fields(chunked())
-            take(">h")
-            value = fields(chunked())
-            chunked()  # the key encoder spec
-            chunked()  # the user key encoder's schema (map state)
-            families[name] = {"key": key, "value": value}
-    except (ValueError, KeyError, TypeError, struct.error) as err:
-        raise CheckpointError(f"{path}: unreadable state schema file ({err})") from err
-    if pos != len(data):
-        raise CheckpointError(
-            f"{path}: unreadable state schema file ({len(data) - pos} bytes left)"
-        )
-    return families
-
-
-def _type_name(kind: Any) -> str:
-    return kind if isinstance(kind, str) else json.dumps(kind, sort_keys=True)
-
-
-def _declared_fields(schema: Any) -> list[tuple[str, str]]:
-    """``(name, Spark JSON type)`` of a schema a processor declares (DDL string or StructType)."""
-    if not isinstance(schema, str):
-        return [(f["name"], _type_name(f["type"])) for f in schema.jsonValue()["fields"]]
-    out = []
-    for name, kind in schema_fields(schema):
-        if kind.startswith("DECIMAL"):
-            kind = kind.replace(" ", "").lower()
-        out.append((name, _JSON_TYPES.get(kind, kind.lower())))
-    return out
-
-
-def operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
-    """The transformWithState operator's properties and the schema files it names at ``batch``,
-    oldest first (a later one holds the evolved schema)."""
-    op = cp.operators[0]
-    v2 = [b for b in op.metadata_files if b is not None and b <= batch]
-    if not v2:
-        raise CheckpointError(f"{cp.root}: no operator metadata v2 at batch {batch}")
-    rel = op.metadata_files[max(v2)]
-    header, _, body = (cp.root / rel).read_text(encoding="utf-8").partition("\n")
-    meta = json.loads(body.split("\n")[0])
-    props = json.loads(meta.get("operatorPropertiesJson") or "{}")
-    refs = schema_file_refs(cp.root, rel, op.operator_id)
-    return props, sorted(refs, key=lambda ref: int(ref.rpartition("/")[2].split("_")[0]))
-
-
-def _declared_state(query: Query) -> dict[str, dict[str, Any]]:
-    """The state variables the registry's processor declares in ``init``: name -> kind, ttl,
-    value (and map key) fields."""
-    from stateops.spark.simulator import SimulatedHandle
-    from stateops.spark.streaming import load_processor
-
-    ttls: dict[str, bool] = {}
-
-    class Recorder(SimulatedHandle):
-        def _declare(self, variable: Any, ttl: int | None) -> Any:
-            ttls[variable.name] = ttl is not None
-            return self.variables.setdefault(variable.name, variable)
-
-    handle = Recorder(query.processor.time_mode, 0)
-    load_processor(query).init(handle)
-    return {
-        name: {
-            "kind": var.kind,
-            "ttl": ttls[name],
-            "value": _declared_fields(var.schema),
-            "user_key": _declared_fields(var.key_schema) if var.kind == "map" else None,
-        }
-        for name, var in handle.variables.items()
-    }
 
 
 def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:
@@ -244,9 +123,9 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
             short = key.removeprefix("spark.sql.")
             reasons.append(f"{short} is {old} in the old checkpoint, {new} for the new query")
     ops = cp.operators
-    if query.processor is not None and (len(ops) != 1 or ops[0].operator_name != _OPERATOR):
+    if query.processor is not None and (len(ops) != 1 or ops[0].operator_name != OPERATOR):
         names = [op.operator_name for op in ops]
-        return reasons + [f"stateful operators {names}: expected one {_OPERATOR}"]
+        return reasons + [f"stateful operators {names}: expected one {OPERATOR}"]
     for provider in sorted({op.provider for op in ops} - {query.state_store.provider}):
         reasons.append(f"state files are {provider}, the query uses {query.state_store.provider}")
     if ops and cp.format_version != query.state_store.checkpoint_format:
@@ -372,7 +251,7 @@ def state_differences(cp: Checkpoint, query: Query, batch: int) -> list[str]:
         families: dict[str, Any] = {}
         for rel in schema_refs:
             families.update(read_state_schema(cp.root / rel))
-        declared = _declared_state(query)
+        declared = declared_state(query)
     except (StateOpsError, ValueError, KeyError, TypeError, AttributeError) as err:
         return [f"the state schemas cannot be compared: {str(err).splitlines()[0]}"]
     return _state_differences(query, props, families, declared)
@@ -382,7 +261,7 @@ def _state_differences(
     query: Query, props: dict, families: dict[str, Any], declared: dict[str, dict[str, Any]]
 ) -> list[str]:
     reasons = []
-    if props.get("timeMode") != _TIME_MODES[query.processor.time_mode]:
+    if props.get("timeMode") != TIME_MODES[query.processor.time_mode]:
         reasons.append(
             f"time mode {props.get('timeMode')} in the old checkpoint, "
             f"{query.processor.time_mode} for the query"
@@ -402,14 +281,14 @@ def _state_differences(
             f"state variables {sorted(old)} in the old checkpoint, {sorted(declared)} declared "
             "by the processor"
         )
-    source_types = dict(_declared_fields(query.source.schema_))
+    source_types = dict(declared_fields(query.source.schema_))
     key = [(k, source_types[k]) for k in query.key_columns]
     for name in sorted(set(old) & set(declared)):
         var, was = declared[name], old[name]
-        if was["stateVariableType"] != _KINDS[var["kind"]] or bool(was["ttlEnabled"]) != var["ttl"]:
+        if was["stateVariableType"] != KINDS[var["kind"]] or bool(was["ttlEnabled"]) != var["ttl"]:
             reasons.append(
                 f"state {name!r} is {was['stateVariableType']} (ttl {was['ttlEnabled']}) in the "
-                f"old checkpoint, {_KINDS[var['kind']]} (ttl {var['ttl']}) for the processor"
+                f"old checkpoint, {KINDS[var['kind']]} (ttl {var['ttl']}) for the processor"
             )
             continue
         family = families.get(name)
@@ -418,20 +297,15 @@ def _state_differences(
             continue
         if family["value"] != var["value"]:
             reasons.append(
-                f"state {name!r} holds {_show(family['value'])} in the old checkpoint, the "
-                f"processor declares {_show(var['value'])}"
+                f"state {name!r} holds {show(family['value'])} in the old checkpoint, the "
+                f"processor declares {show(var['value'])}"
             )
-        if family["key"][: len(key)] != key:
-            reasons.append(
-                f"state {name!r} is keyed by {_show(family['key'])}, the query by {_show(key)}"
-            )
-        if var["user_key"] is not None and family["key"][len(key) :] != var["user_key"]:
+        grouping, user_key = split_key(family["key"])
+        if grouping[: len(key)] != key:
+            reasons.append(f"state {name!r} is keyed by {show(grouping)}, the query by {show(key)}")
+        if var["user_key"] is not None and (user_key or grouping[len(key) :]) != var["user_key"]:
             reasons.append(f"map state {name!r}: its user key schema changed")
     return reasons
-
-
-def _show(fields: list[tuple[str, str]]) -> str:
-    return "(" + ", ".join(f"{n} {t}" for n, t in fields) + ")"
 
 
 def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) -> list[str]:

@@ -21,12 +21,10 @@ old code as before.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stateops.control.faults import fail_after
 from stateops.control.lock import refuse_unholdable
 from stateops.control.target import Target
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
@@ -34,18 +32,18 @@ from stateops.core.errors import OperationFailed, StateOpsError, one_line
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Query, derived_registry, placement
 from stateops.core.staging import has_entries
-from stateops.core.steps import UPGRADE_STEPS, fill
+from stateops.core.steps import UPGRADE_STEPS
 from stateops.ops import migration
-from stateops.ops.transplant import (
-    _KINDS,
-    _OPERATOR,
-    _TIME_MODES,
-    _declared_fields,
-    _declared_state,
-    _show,
-    _type_name,
+from stateops.ops.state_schema import (
+    KINDS,
+    OPERATOR,
+    TIME_MODES,
+    declared_fields,
+    declared_state,
     operator_properties,
     read_state_schema,
+    show,
+    split_key,
 )
 
 __all__ = [
@@ -57,8 +55,10 @@ __all__ = [
     "check_code_change",
     "format_upgrade_plan",
     "job_fields",
+    "losses",
     "plan_upgrade",
     "refuse_incompatible_code",
+    "rewrites",
     "run_upgrade",
 ]
 
@@ -67,7 +67,8 @@ UNCHANGED, EVOLVES, REWRITE = "unchanged", "Spark evolves it", "needs a state re
 ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
 # What a change that drops state adds to its line (a rewrite keeps what the mapping maps).
 LOST = "; a rewrite through initial_state.mapping keeps it"
-# Type widenings Spark's Avro schema evolution accepts (Avro's own promotions).
+# Type widenings Spark's Avro schema evolution accepts: Avro's own promotions (int to long
+# restarted by tests/spark/test_upgrade.py).
 _WIDENINGS = {
     ("integer", "long"),
     ("integer", "float"),
@@ -118,7 +119,7 @@ def check_code_change(cp: Checkpoint, query: Query, batch: int | None = None) ->
                 "which checks their state schemas when the query starts",
             )
         ]
-    if not tws or old[0] != _OPERATOR:
+    if not tws or old[0] != OPERATOR:
         return [
             Change(
                 "operator 0",
@@ -132,7 +133,7 @@ def check_code_change(cp: Checkpoint, query: Query, batch: int | None = None) ->
     for rel in refs:
         families.update(read_state_schema(cp.root / rel))
     avro = cp.offsets[batch].conf.get(ENCODING) == "avro"
-    return _processor_changes(query, props, families, _declared_state(query), avro)
+    return _processor_changes(query, props, families, declared_state(query), avro)
 
 
 def _processor_changes(
@@ -145,7 +146,7 @@ def _processor_changes(
     assert query.processor is not None
     changes = []
     modes = [
-        ("time mode", props.get("timeMode"), _TIME_MODES[query.processor.time_mode]),
+        ("time mode", props.get("timeMode"), TIME_MODES[query.processor.time_mode]),
         ("output mode", props.get("outputMode"), query.processor.output_mode),
     ]
     for what, was, now in modes:
@@ -156,10 +157,10 @@ def _processor_changes(
         for v in props.get("stateVariables", [])
         if v.get("stateVariableType") != "TimerState" and not v["stateName"].startswith("$")
     }
-    source_types = dict(_declared_fields(query.source.schema_))
+    source_types = dict(declared_fields(query.source.schema_))
     key = [(k, source_types.get(k, "?")) for k in query.key_columns]
     # The key matters for the variables that stay: one that is added starts empty.
-    keys = [_split_key(families[n]["key"])[0] for n in old if n in families and n in declared]
+    keys = [split_key(families[n]["key"])[0] for n in old if n in families and n in declared]
     if keys:
         changes.append(_key_change(keys[0], key))
     for name in sorted(set(old) | set(declared)):
@@ -168,30 +169,16 @@ def _processor_changes(
     return changes
 
 
-def _split_key(
-    fields: list[tuple[str, str]],
-) -> tuple[list[tuple[str, str]], list[tuple[str, str]] | None]:
-    """A state variable's key fields in its schema file as (grouping key, a map's user key):
-    a map state's key is two structs, ``key`` and ``userKey``."""
-    if [name for name, _ in fields] != ["key", "userKey"]:
-        return fields, None
-    grouping, user = (
-        [(f["name"], _type_name(f["type"])) for f in json.loads(kind)["fields"]]
-        for _, kind in fields
-    )
-    return grouping, user
-
-
 def _key_change(old_key: list[tuple[str, str]], key: list[tuple[str, str]]) -> Change:
     """The grouping key (``old_key``: that of a variable the new code keeps)."""
     if old_key == key:
-        return Change("key", UNCHANGED, _show(key))
+        return Change("key", UNCHANGED, show(key))
     if [t for _, t in old_key] == [t for _, t in key]:
-        return Change("key", UNCHANGED, f"{_show(old_key)} renamed {_show(key)}: same types")
+        return Change("key", UNCHANGED, f"{show(old_key)} renamed {show(key)}: same types")
     return Change(
         "key",
         REWRITE,
-        f"{_show(old_key)} in the checkpoint, {_show(key)} in the new code: Spark keeps state "
+        f"{show(old_key)} in the checkpoint, {show(key)} in the new code: Spark keeps state "
         "by its key's schema and never changes it",
     )
 
@@ -209,7 +196,7 @@ def _variable_change(
         return Change(what, EVOLVES, "added: Spark starts it empty")
     if now is None:
         return Change(what, EVOLVES, f"removed: Spark drops its state{LOST}")
-    kind = _KINDS[now["kind"]]
+    kind = KINDS[now["kind"]]
     if was["stateVariableType"] != kind:
         return Change(
             what,
@@ -229,8 +216,8 @@ def _variable_change(
         return Change(what, REWRITE, "the checkpoint has no schema for it")
     old_value, new_value = family["value"], now["value"]
     if old_value == new_value:
-        return Change(what, UNCHANGED, _show(new_value))
-    shown = f"{_show(old_value)} in the checkpoint, {_show(new_value)} in the new code"
+        return Change(what, UNCHANGED, show(new_value))
+    shown = f"{show(old_value)} in the checkpoint, {show(new_value)} in the new code"
     if [t for _, t in old_value] == [t for _, t in new_value] and not avro:
         return Change(what, UNCHANGED, f"{shown}: fields renamed, the same types in order")
     if avro:
@@ -262,13 +249,13 @@ def _map_key_change(
     family = families.get(name)
     if now is None or now["user_key"] is None or family is None:
         return None
-    was = _split_key(family["key"])[1] or family["key"][len(key) :]
+    was = split_key(family["key"])[1] or family["key"][len(key) :]
     if [t for _, t in was] == [t for _, t in now["user_key"]]:
         return None
     return Change(
         f"state {name!r}",
         REWRITE,
-        f"its map key is {_show(was)} in the checkpoint, {_show(now['user_key'])} in the new "
+        f"its map key is {show(was)} in the checkpoint, {show(now['user_key'])} in the new "
         "code: Spark never changes a key's schema",
     )
 
@@ -453,25 +440,13 @@ def run_upgrade(
     naming the step. Returns the lineage the switch recorded."""
     if not plan["rewrite"]:
         raise StateOpsError(f"{plan['query']}: no state rewrite needed; start it")
-    registry = target.require_registry()
-    step, fields = "stop_query", job_fields(plan)
-
-    def run(name: str, action: Callable[[], Any]) -> Any:
-        nonlocal step
-        step = name
-        result = action()
-        fail_after(name)  # STATEOPS_FAIL_AFTER, as the DAG's tasks
-        return result
-
-    def spark(name: str) -> None:
-        job, which, args = fill(UPGRADE_STEPS[name], fields)
-        run_job(job, str(registry.path) if which == "old" else plan["new"]["registry"], args)
-
+    steps = migration.Steps(UPGRADE_STEPS, target, plan, run_job, job_fields(plan))
+    run, spark = steps.run, steps.spark
     migration.prepare_migration(target, plan)
     try:
         run("stop_query", lambda: migration.stop_running_query(target, plan["run_id"], log))
         settled = run("backup", lambda: backup_for_upgrade(target, plan, backup, log))
-        fields = job_fields(plan, settled)
+        steps.fields = job_fields(plan, settled)
         # The rewrite's job runs the image batch 0 and the new code's first batches on input
         # the old query had not read (none where it was stopped caught up), and proves them.
         for name in ("export", "rewrite"):
@@ -480,10 +455,11 @@ def run_upgrade(
         run("validate_new_state", lambda: spark("validate_new_state"))
         lineage = run("switch", lambda: migration.switch_query(target, plan, settled, carried))
     except Exception as err:
-        log(f"{plan['query']}: {step} failed: {one_line(err)}")
+        log(f"{plan['query']}: {steps.step} failed: {one_line(err)}")
         migration.roll_back_migration(target, plan, log)
         raise OperationFailed(
-            f"the code upgrade of {plan['query']} failed at {step} ({one_line(err)}); it was "
+            f"the code upgrade of {plan['query']} failed at {steps.step} ({one_line(err)}); "
+            "it was "
             f"rolled back and {plan['old']['checkpoint']} is as it was: fix the cause, "
             "then upgrade again (the old code runs on it meanwhile)"
         ) from err

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["OUTPUT_SCHEMA", "STATE_SCHEMA", "build", "visits"]
+__all__ = ["OUTPUT_SCHEMA", "STATE_SCHEMA", "build", "visit_row", "visits"]
 
 OUTPUT_SCHEMA = (
     "user_id STRING, visit_start TIMESTAMP, visit_end TIMESTAMP, events LONG, open BOOLEAN"
@@ -30,7 +30,7 @@ def visits(
     if state.hasTimedOut:
         first_ms, last_ms, events = state.get
         state.remove()
-        yield _row(key[0], first_ms, last_ms, events, is_open=False)
+        yield visit_row(key[0], first_ms, last_ms, events, is_open=False)
         return
     times = pd.concat([f["event_time"] for f in frames])
     ms = times.astype("datetime64[ms]").astype("int64")
@@ -39,10 +39,10 @@ def visits(
     events += len(ms)
     state.update((first_ms, last_ms, events))
     state.setTimeoutTimestamp(max(last_ms, state.getCurrentWatermarkMs()) + idle_ms)
-    yield _row(key[0], first_ms, last_ms, events, is_open=True)
+    yield visit_row(key[0], first_ms, last_ms, events, is_open=True)
 
 
-def _row(user: str, first_ms: int, last_ms: int, events: int, is_open: bool) -> pd.DataFrame:
+def visit_row(user: str, first_ms: int, last_ms: int, events: int, is_open: bool) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "user_id": [user],

@@ -11,6 +11,7 @@ import pandas as pd
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from stateops.pipelines.carried import CarriedList
+from stateops.pipelines.idle_sessions import visit_row
 from stateops.pipelines.page_visits import PAGES_SCHEMA, PageVisitsProcessor
 
 
@@ -157,7 +158,7 @@ class IdleVisits(StatefulProcessor):
         last_ms, events = max(last_ms, int(ms.max())), events + len(ms)
         self.visit.update((first_ms, last_ms, events))
         self._arm(max(last_ms, timerValues.getCurrentWatermarkInMs()) + self.idle_ms)
-        yield _visit_row(key[0], first_ms, last_ms, events, is_open=True)
+        yield visit_row(key[0], first_ms, last_ms, events, is_open=True)
 
     def handleExpiredTimer(
         self, key: tuple, timerValues, expiredTimerInfo
@@ -165,22 +166,10 @@ class IdleVisits(StatefulProcessor):
         current = self.visit.get()
         self.visit.clear()
         if current:
-            yield _visit_row(key[0], *current, is_open=False)
+            yield visit_row(key[0], *current, is_open=False)
 
     def close(self) -> None:
         pass
-
-
-def _visit_row(user: str, first_ms: int, last_ms: int, events: int, is_open: bool):
-    return pd.DataFrame(
-        {
-            "user_id": [user],
-            "visit_start": [pd.Timestamp(first_ms, unit="ms")],
-            "visit_end": [pd.Timestamp(last_ms, unit="ms")],
-            "events": [events],
-            "open": [is_open],
-        }
-    )
 
 
 def visits_from_group_state(spark: Any, old_state: dict[str, Any], **options: Any) -> Any:
