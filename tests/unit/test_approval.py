@@ -28,7 +28,7 @@ def _query(tmp_path, approval: str | None):
 @pytest.mark.parametrize(
     ("approval", "asks"),
     [
-        (None, {"migration"}),  # the default: only a migration waits
+        (None, {"migration", "upgrade"}),  # the default: the operations that switch checkpoints
         ("required", set(OPERATIONS)),
         ("none", set()),
     ],
@@ -39,7 +39,8 @@ def test_the_registry_says_which_operations_wait_for_an_approval(tmp_path, appro
     for op in set(OPERATIONS) - asks:
         said = without_approval(query, op)
         assert said.startswith(f"page_visits: the {op} goes on without approval (registry: ")
-        assert ("approval: none" if approval else "only a migration asks by default") in said
+        default = "only a migration and a code upgrade ask by default"
+        assert ("approval: none" if approval else default) in said
 
 
 def test_an_unknown_approval_setting_is_refused_when_the_registry_loads(tmp_path):

@@ -1,6 +1,7 @@
 """Approval before an irreversible step: whether a second person must agree (the query's
-registry setting ``approval: required | none``; unset, only a migration asks) and what they
-are shown: the plan as printed, the backup, and what a rejection or no answer leaves.
+registry setting ``approval: required | none``; unset, only a migration and a code upgrade
+ask) and what they are shown: the plan as printed, the backup, and what a rejection or no
+answer leaves.
 
 The asking and the answer are Airflow's (human-in-the-loop required actions, answered in the
 UI or through the REST API); this module decides and words it, so the DAGs cannot drift apart.
@@ -32,7 +33,7 @@ def without_approval(query: Query, operation: str) -> str | None:
     setting = (
         f"approval: {query.approval}"
         if query.approval
-        else "no approval setting: only a migration asks by default"
+        else "no approval setting: only a migration and a code upgrade ask by default"
     )
     return f"{query.name}: the {operation} goes on without approval (registry: {setting})"
 
