@@ -86,17 +86,18 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.core.sources import KAFKA_STARTS
-from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
+from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS
 from stateops_airflow.approval import (
     ApprovalGate,
     approved,
     ask_migration_stop,
-    ask_migration_switch,
+    ask_switch,
 )
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
     carry_over_param,
+    carry_step_operator,
     dry_run_param,
     inject_fault,
     migration_migrated,
@@ -108,28 +109,9 @@ from stateops_airflow.tasks import (
     query_param,
     registered_queries,
     say,
-    spark_job_operator,
 )
 
 QUERIES = registered_queries(where=lambda q: q.movable)
-PLAN = "ti.xcom_pull(task_ids='preflight')"
-# The Spark steps' fields (stateops.ops.migration.job_fields) as templates of this run's values.
-FIELDS = {
-    "query": "{{ params.query }}",
-    "run_id": "{{ run_id }}",
-    "cutover": "{{ " + PLAN + "['cutover'] }}",
-    "old_checkpoint": "{{ " + PLAN + "['old']['checkpoint'] }}",
-    "export": "{{ " + PLAN + "['export'] }}",
-    "last_committed_batch": "{{ ti.xcom_pull(task_ids='backup')['last_committed_batch'] }}",
-    "accept": "{{ 'yes' if " + PLAN + "['carry_over']['accepted'] else 'no' }}",
-}
-NEW_REGISTRY = "{{ " + PLAN + "['new']['registry'] }}"
-
-
-def spark_task(step: str):
-    """The migration's Spark step ``step`` (stateops.core.steps.MIGRATION_STEPS) as a task."""
-    job, registry, args = fill(MIGRATION_STEPS[step], FIELDS)
-    return spark_job_operator(step, job, args, registry=NEW_REGISTRY if registry == "new" else None)
 
 
 @dag(
@@ -285,7 +267,7 @@ def stream_source_migration() -> None:
         return migration_migrated(plan)
 
     drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
-        spark_task(step)
+        carry_step_operator(MIGRATION_STEPS, step)
         for step in (
             "drain",
             "first_batch",
@@ -311,7 +293,7 @@ def stream_source_migration() -> None:
     approve_switch = ApprovalGate(
         task_id="approve_switch",
         operation="migration",
-        ask=ask_migration_switch,
+        ask=ask_switch,
         on_reject="roll_back moves the new checkpoint aside; the query goes on from its old "
         "source and checkpoint",
     )
