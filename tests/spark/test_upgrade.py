@@ -8,21 +8,17 @@ One old checkpoint per encoding (module fixtures); every restart runs on a copy 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from stateops import cli
 from stateops.control.lock import read_hold
 from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import OperationFailed
-from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.ops.backup import backup_first
-from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.upgrade import (
     REWRITE,
     check_code_change,
@@ -30,9 +26,7 @@ from stateops.ops.upgrade import (
     run_upgrade,
 )
 from stateops.spark.streaming import apply_query_conf, start_query, use_code_paths
-from tests.conftest import write_registry
 from tests.spark.harness import (
-    USER_CODE,
     digest,
     job_runner,
     land,
@@ -40,26 +34,15 @@ from tests.spark.harness import (
     read_sink,
     run_in_session,
 )
+from tests.spark.upgrading import (
+    NAME,
+    PER_PAGE,
+    run_old_code,
+    upgrade_registry,
+    with_new_code,
+)
 
 pytestmark = pytest.mark.spark
-
-NAME = "page_visits"
-PER_PAGE = {
-    "processor": {
-        "class": "upgrades:PageCounts",
-        "options": {},
-        "time_mode": "None",
-        "output_mode": "Update",
-    },
-    "key_columns": ["user_id", "page"],
-    "output_schema": "user_id STRING, page STRING, views LONG",
-    "initial_state": {
-        "schema": "user_id STRING, page STRING, views LONG",
-        "unique_keys": True,
-        "mapping": "upgrades:views_per_page",
-    },
-    "expectations": {},
-}
 
 
 def _processor(cls: str) -> dict:
@@ -89,48 +72,16 @@ CHANGES = {
 }
 
 
-def _registry(root: Path, encoding: str, query: str = NAME, **entry) -> Path:
-    path = write_registry(root, **{query: {"approval": "none", **entry}})
-    raw = yaml.safe_load(path.read_text())
-    raw["queries"][query]["state_store"].update({"provider": "rocksdb", "encoding": encoding})
-    raw["code_paths"] = [str(USER_CODE)]
-    raw["backups"] = {"url": f"s3://backups/{root.name}", "conn_id": "aws_default"}
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-def _old(spark, root: Path, encoding: str) -> Path:
-    """A data folder whose page_visits ran the old code over 2 files of round 0."""
-    land(root / "landing", round_=0, files=2)
-    path = _registry(root, encoding)
-    for name in [NAME, "idle_sessions", "page_counts"] if encoding != "avro" else [NAME]:
-        run_in_session(spark, path, name)
-    return root
-
-
 @pytest.fixture(scope="module")
 def old_default(spark, tmp_path_factory):
-    return _old(spark, tmp_path_factory.mktemp("upgrade-default"), "unsaferow")
+    # Other operators' checkpoints too (registry.yaml's own queries): OPERATOR_CHANGES.
+    queries = (NAME, "idle_sessions", "page_counts")
+    return run_old_code(spark, tmp_path_factory.mktemp("upgrade-default"), "unsaferow", queries)
 
 
 @pytest.fixture(scope="module")
 def old_avro(spark, tmp_path_factory):
-    return _old(spark, tmp_path_factory.mktemp("upgrade-avro"), "avro")
-
-
-def _copy(old: Path, root: Path, encoding: str, query: str = NAME, **entry) -> Path:
-    """A copy of ``old``'s data folder (checkpoints, landing, output) with the new code of
-    ``query``."""
-    shutil.copytree(old, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("registry.yaml"))
-    for checkpoint in (root / "checkpoints").iterdir():
-        if checkpoint.suffix == ".audit":
-            continue
-        relocate_checkpoint(checkpoint)
-        for log in (checkpoint / "sources").rglob("*"):  # the files read, by absolute path
-            if log.is_file() and not log.name.endswith(".crc"):
-                text = log.read_text().replace(str(old), str(root))
-                write_checkpoint_file(checkpoint, str(log.relative_to(checkpoint)), text)
-    return _registry(root, encoding, query, **entry)
+    return run_old_code(spark, tmp_path_factory.mktemp("upgrade-avro"), "avro")
 
 
 def _state(spark, checkpoint: str, variable: str) -> list:
@@ -165,7 +116,7 @@ def _spark_accepts(spark, registry: Path, name: str = NAME) -> tuple[bool, str]:
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_the_check_agrees_with_spark(spark, old_default, tmp_path, change):
     entry, rewrite = CHANGES[change]
-    registry = _copy(old_default, tmp_path, "unsaferow", **entry)
+    registry = with_new_code(old_default, tmp_path, "unsaferow", **entry)
     query = load_registry(registry).query(NAME)
     changes = check_code_change(load_checkpoint(query.checkpoint), query)
     needs = [c for c in changes if c.verdict == REWRITE]
@@ -186,7 +137,7 @@ def test_another_operator_needs_a_rewrite_as_spark_says(spark, old_default, tmp_
     name, entry = OPERATOR_CHANGES[change]
     source = load_registry(old_default / "registry.yaml").query(NAME).source
     new = {**entry, "source": source.model_dump(by_alias=True), "transform": None}
-    registry = _copy(old_default, tmp_path, "unsaferow", query=name, **new)
+    registry = with_new_code(old_default, tmp_path, "unsaferow", query=name, **new)
     query = load_registry(registry).query(name)
     changes = check_code_change(load_checkpoint(query.checkpoint), query)
     assert [c.verdict for c in changes] == [REWRITE], [c.line() for c in changes]
@@ -196,7 +147,7 @@ def test_another_operator_needs_a_rewrite_as_spark_says(spark, old_default, tmp_
 
 def test_avro_lets_spark_add_a_field_and_the_check_says_so(spark, old_avro, tmp_path):
     entry, _ = CHANGES["field added"]
-    registry = _copy(old_avro, tmp_path, "avro", **entry)
+    registry = with_new_code(old_avro, tmp_path, "avro", **entry)
     query = load_registry(registry).query(NAME)
     changes = check_code_change(load_checkpoint(query.checkpoint), query)
     assert [c.line() for c in changes if c.verdict == REWRITE] == []
@@ -208,7 +159,7 @@ def test_avro_lets_spark_add_a_field_and_the_check_says_so(spark, old_avro, tmp_
 def test_stateops_run_refuses_code_that_needs_a_rewrite_and_changes_nothing(
     old_default, tmp_path, capsys
 ):
-    registry = _copy(old_default, tmp_path, "unsaferow", **CHANGES["value retyped"][0])
+    registry = with_new_code(old_default, tmp_path, "unsaferow", **CHANGES["value retyped"][0])
     checkpoint = load_registry(registry).query(NAME).checkpoint
     before = digest(checkpoint)
     code = cli.main(["--registry", str(registry), "run", NAME])
@@ -224,7 +175,7 @@ def test_the_rewrite_carries_the_state_into_the_new_code(spark, s3, old_default,
     """page_visits (per user, its pages) upgraded to PageCounts (per user and page): the
     rewrite's state is the mapping of the old state, and the new query's output from then on
     equals the new code run from that state on the input the old query had not read."""
-    registry = _copy(old_default, tmp_path / "up", "unsaferow", **PER_PAGE)
+    registry = with_new_code(old_default, tmp_path / "up", "unsaferow", **PER_PAGE)
     landing = tmp_path / "up" / "landing" / NAME
     old_pages = _state(spark, load_registry(registry).query(NAME).checkpoint, "pages")
     target = query_target(registry, NAME)
@@ -275,7 +226,7 @@ def test_a_failed_upgrade_rolls_back_and_the_old_code_runs_on(
     the proof: the query is back on its checkpoint, byte for byte as it was, the new one moved
     aside, nothing held; then the old code restarts on it and reads the next file."""
     root = tmp_path / "up"
-    registry = _copy(old_default, root, "unsaferow", **PER_PAGE)
+    registry = with_new_code(old_default, root, "unsaferow", **PER_PAGE)
     checkpoint = load_registry(registry).query(NAME).checkpoint
     before = digest(checkpoint)
     target = query_target(registry, NAME)
@@ -292,7 +243,7 @@ def test_a_failed_upgrade_rolls_back_and_the_old_code_runs_on(
         assert read_hold(load_registry(registry).lock_path(NAME)) is None, step
     monkeypatch.delenv("STATEOPS_FAIL_AFTER")
     last = load_checkpoint(checkpoint).last_committed_batch
-    old_code = _registry(root, "unsaferow")
+    old_code = upgrade_registry(root, "unsaferow")
     land(root / "landing", round_=1, files=1)
     summary = run_in_session(spark, old_code, NAME)
     assert summary["status"] == "succeeded"
