@@ -53,19 +53,17 @@ workers' environment fails that task after its work. The CLI does the same in on
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import dag, get_current_context, task
 
 from stateops.core.steps import UPGRADE_STEPS
-from stateops_airflow.approval import ApprovalGate, approved, ask_switch, ask_upgrade_stop
+from stateops_airflow.approval import ApprovalGate, ask_switch, ask_upgrade_stop
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
+    carry_over_tasks,
     carry_step_operator,
     dry_run_param,
     inject_fault,
-    migration_migrated,
-    migration_roll_back,
-    migration_step,
-    migration_stop,
+    new_checkpoint_param,
     not_a_dry_run,
     query_param,
     registered_queries,
@@ -88,13 +86,7 @@ QUERIES = registered_queries(where=lambda q: q.processor is not None)
         "query": query_param(
             QUERIES, "The registered query whose registry entry now holds its new code."
         ),
-        "new_checkpoint": Param(
-            None,
-            type=["null", "string"],
-            title="New checkpoint",
-            description="Where the rewritten state goes: a new or empty folder (relative to "
-            "data_dir, or absolute). Empty: <checkpoint>.v2 beside the old one.",
-        ),
+        "new_checkpoint": new_checkpoint_param("Where the rewritten state goes"),
         "dry_run": dry_run_param(
             "Only run the preflight: print every change the check finds and the steps."
         ),
@@ -106,35 +98,7 @@ def stream_code_upgrade() -> None:
         context = get_current_context()
         return upgrade_plan(dict(context["params"]), context["run_id"])
 
-    @task
-    def stop_query(plan: dict) -> None:
-        migration_stop(plan)
-
-    @task
-    def backup(plan: dict) -> dict:
-        return migration_step("backup", plan)
-
-    @task
-    def prove(plan: dict) -> dict:
-        return migration_step("prove", plan)
-
-    @task
-    def switch(plan: dict, settled: dict, carried: dict) -> dict:
-        return migration_step("switch", plan, settled, carried)
-
-    @task(trigger_rule="one_failed")
-    def roll_back() -> None:
-        """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
-        context = get_current_context()
-        plan = context["ti"].xcom_pull(task_ids="preflight")
-        migration_roll_back(plan, approved(context, "approve_stop"))
-
-    @task
-    def upgraded(plan: dict) -> str:
-        """The last step: what the run did and how to undo it. It does not run when a step
-        failed, so the run fails (whether roll_back undid something or had nothing to undo)."""
-        return migration_migrated(plan)
-
+    stop_query, backup, prove, switch, roll_back, upgraded = carry_over_tasks("upgraded")
     export, rewrite, validate_new_state = (
         carry_step_operator(UPGRADE_STEPS, step)
         for step in ("export", "rewrite", "validate_new_state")

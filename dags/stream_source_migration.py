@@ -89,7 +89,6 @@ from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS
 from stateops_airflow.approval import (
     ApprovalGate,
-    approved,
     ask_migration_stop,
     ask_switch,
 )
@@ -97,14 +96,13 @@ from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
     carry_over_param,
+    carry_over_tasks,
     carry_step_operator,
     dry_run_param,
     inject_fault,
-    migration_migrated,
     migration_plan,
-    migration_roll_back,
     migration_step,
-    migration_stop,
+    new_checkpoint_param,
     not_a_dry_run,
     query_param,
     registered_queries,
@@ -197,13 +195,7 @@ QUERIES = registered_queries(where=lambda q: q.movable)
             "files modified before it (an old topic is read to its end), and a new topic "
             "starts at its offsets; what comes after belongs in the new source.",
         ),
-        "new_checkpoint": Param(
-            None,
-            type=["null", "string"],
-            title="New checkpoint",
-            description="A new or empty folder (relative to data_dir, or absolute). Empty: "
-            "<checkpoint>.v2 beside the old one.",
-        ),
+        "new_checkpoint": new_checkpoint_param("Where the query's state goes"),
         "carry_over": carry_over_param(
             "Carry-over road",
             "transplant: copy the old state files (fast; only where the new query "
@@ -228,13 +220,10 @@ def stream_source_migration() -> None:
         context = get_current_context()
         return migration_plan(dict(context["params"]), context["run_id"])
 
-    @task
-    def stop_query(plan: dict) -> None:
-        migration_stop(plan)
-
-    @task
-    def backup(plan: dict) -> dict:
-        return migration_step("backup", plan)
+    # prove runs after either road.
+    stop_query, backup, prove, switch, roll_back, migrated = carry_over_tasks(
+        "migrated", prove_rule="none_failed_min_one_success"
+    )
 
     @task.branch
     def carry_over(settled: dict) -> str:
@@ -244,27 +233,6 @@ def stream_source_migration() -> None:
     @task
     def transplant(plan: dict, settled: dict) -> dict:
         return migration_step("transplant", plan, settled)
-
-    @task(trigger_rule="none_failed_min_one_success")  # after either road
-    def prove(plan: dict) -> dict:
-        return migration_step("prove", plan)
-
-    @task
-    def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
-        return migration_step("switch", plan, settled, carry_over)
-
-    @task(trigger_rule="one_failed")
-    def roll_back() -> None:
-        """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
-        context = get_current_context()
-        plan = context["ti"].xcom_pull(task_ids="preflight")
-        migration_roll_back(plan, approved(context, "approve_stop"))
-
-    @task
-    def migrated(plan: dict) -> str:
-        """The last step: what the run did and how to undo it. It does not run when a step
-        failed, so the run fails (whether roll_back undid something or had nothing to undo)."""
-        return migration_migrated(plan)
 
     drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
         carry_step_operator(MIGRATION_STEPS, step)

@@ -35,6 +35,7 @@ __all__ = [
     "bootstrap_plan",
     "CARRY_FIELDS",
     "carry_over_param",
+    "carry_over_tasks",
     "carry_step_operator",
     "cleanup_query",
     "committed_checkpoint",
@@ -47,6 +48,7 @@ __all__ = [
     "migration_roll_back",
     "migration_step",
     "migration_stop",
+    "new_checkpoint_param",
     "not_a_dry_run",
     "one_line_errors",
     "query_param",
@@ -156,6 +158,19 @@ def dry_run_param(description: str) -> Any:
     from airflow.sdk import Param
 
     return Param(True, type="boolean", title="Dry run", description=description)
+
+
+def new_checkpoint_param(description: str) -> Any:
+    """The form's new checkpoint of a migration or a code upgrade, optional."""
+    from airflow.sdk import Param
+
+    return Param(
+        None,
+        type=["null", "string"],
+        title="New checkpoint",
+        description=f"{description}: a new or empty folder (relative to data_dir, or "
+        "absolute). Empty: <checkpoint>.v2 beside the old one.",
+    )
 
 
 def carry_over_param(title: str, description: str) -> Any:
@@ -591,6 +606,48 @@ def migration_migrated(plan: dict[str, Any]) -> str:
     line = format_upgraded(plan) if _operation(plan) == "upgrade" else format_migrated(plan)
     say(line)
     return line
+
+
+def carry_over_tasks(last: str, prove_rule: str = "all_success") -> tuple[Any, ...]:
+    """The tasks a migration's DAG and a code upgrade's share, for the DAG to call on its
+    preflight's plan: ``stop_query``, ``backup``, ``prove`` (with ``prove_rule``), ``switch``,
+    ``roll_back`` (after any failed step) and the last step, ``last``."""
+    from airflow.sdk import get_current_context, task
+
+    @task
+    def stop_query(plan: dict[str, Any]) -> None:
+        migration_stop(plan)
+
+    @task
+    def backup(plan: dict[str, Any]) -> dict[str, Any]:
+        return migration_step("backup", plan)
+
+    @task(trigger_rule=prove_rule)
+    def prove(plan: dict[str, Any]) -> dict[str, Any]:
+        return migration_step("prove", plan)
+
+    @task
+    def switch(
+        plan: dict[str, Any], settled: dict[str, Any], carried: dict[str, Any]
+    ) -> dict[str, Any]:
+        return migration_step("switch", plan, settled, carried)
+
+    @task(trigger_rule="one_failed")
+    def roll_back() -> None:
+        """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
+        from stateops_airflow.approval import approved  # it imports this module
+
+        context = get_current_context()
+        plan = context["ti"].xcom_pull(task_ids="preflight")
+        migration_roll_back(plan, approved(context, "approve_stop"))
+
+    @task(task_id=last)
+    def done(plan: dict[str, Any]) -> str:
+        """The last step: what the run did and how to undo it. It does not run when a step
+        failed, so the run fails (whether roll_back undid something or had nothing to undo)."""
+        return migration_migrated(plan)
+
+    return stop_query, backup, prove, switch, roll_back, done
 
 
 @one_line_errors
