@@ -99,29 +99,15 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             # Snapshot groups as the checkpoint model and the cleanup count them: by the
             # query's own minDeltasForSnapshot.
             _checkpoint_part(status, cp, query.state_store.min_deltas_for_snapshot)
+            status["code"] = _code_part(status, registry, query, cp)
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
-    if cp is not None and cp.last_committed_batch is not None:
-        status["code"] = _code_part(status, registry, query, cp)
     try:
         status["kafka"] = _kafka_part(status, query, cp)
     except StateOpsError as err:  # an unreadable sources/<i>/0: the rest is still shown
         status["kafka"] = []
         status["errors"].append(f"kafka: {err}")
-    summary = registry.run_summary_path(name)
-    if summary.exists():
-        run = json.loads(summary.read_text())
-        status["last_run"] = {
-            k: run.get(k)
-            for k in (
-                "status",
-                "operation",
-                "started_at",
-                "last_committed_batch",
-                "checkpoint",
-                "error",
-            )
-        }
+    status["last_run"] = _last_run(registry, name)
     records = _history(query.checkpoint)
     cleanups = [r for r in records if r["operation"] == "cleanup"]
     status["last_cleanup"] = cleanups[-1] if cleanups else None
@@ -232,6 +218,16 @@ def health(
         warn += _backup_age(registry, status["backups"], now)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"
     return {"verdict": verdict, "reasons": fail + warn}
+
+
+def _last_run(registry: Registry, name: str) -> dict[str, Any] | None:
+    """What the summary of the query's last run says (None: it never ran)."""
+    summary = registry.run_summary_path(name)
+    if not summary.exists():
+        return None
+    run = json.loads(summary.read_text())
+    keys = ("status", "operation", "started_at", "last_committed_batch", "checkpoint", "error")
+    return {k: run.get(k) for k in keys}
 
 
 def _code_part(
