@@ -86,50 +86,30 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.core.sources import KAFKA_STARTS
-from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS, fill
+from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS
 from stateops_airflow.approval import (
     ApprovalGate,
-    approved,
     ask_migration_stop,
-    ask_migration_switch,
+    ask_switch,
 )
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     TIME_PATTERN,
     carry_over_param,
+    carry_over_tasks,
+    carry_step_operator,
     dry_run_param,
     inject_fault,
-    migration_migrated,
     migration_plan,
-    migration_roll_back,
     migration_step,
-    migration_stop,
+    new_checkpoint_param,
     not_a_dry_run,
     query_param,
     registered_queries,
     say,
-    spark_job_operator,
 )
 
 QUERIES = registered_queries(where=lambda q: q.movable)
-PLAN = "ti.xcom_pull(task_ids='preflight')"
-# The Spark steps' fields (stateops.ops.migration.job_fields) as templates of this run's values.
-FIELDS = {
-    "query": "{{ params.query }}",
-    "run_id": "{{ run_id }}",
-    "cutover": "{{ " + PLAN + "['cutover'] }}",
-    "old_checkpoint": "{{ " + PLAN + "['old']['checkpoint'] }}",
-    "export": "{{ " + PLAN + "['export'] }}",
-    "last_committed_batch": "{{ ti.xcom_pull(task_ids='backup')['last_committed_batch'] }}",
-    "accept": "{{ 'yes' if " + PLAN + "['carry_over']['accepted'] else 'no' }}",
-}
-NEW_REGISTRY = "{{ " + PLAN + "['new']['registry'] }}"
-
-
-def spark_task(step: str):
-    """The migration's Spark step ``step`` (stateops.core.steps.MIGRATION_STEPS) as a task."""
-    job, registry, args = fill(MIGRATION_STEPS[step], FIELDS)
-    return spark_job_operator(step, job, args, registry=NEW_REGISTRY if registry == "new" else None)
 
 
 @dag(
@@ -215,13 +195,7 @@ def spark_task(step: str):
             "files modified before it (an old topic is read to its end), and a new topic "
             "starts at its offsets; what comes after belongs in the new source.",
         ),
-        "new_checkpoint": Param(
-            None,
-            type=["null", "string"],
-            title="New checkpoint",
-            description="A new or empty folder (relative to data_dir, or absolute). Empty: "
-            "<checkpoint>.v2 beside the old one.",
-        ),
+        "new_checkpoint": new_checkpoint_param("Where the query's state goes"),
         "carry_over": carry_over_param(
             "Carry-over road",
             "transplant: copy the old state files (fast; only where the new query "
@@ -246,13 +220,10 @@ def stream_source_migration() -> None:
         context = get_current_context()
         return migration_plan(dict(context["params"]), context["run_id"])
 
-    @task
-    def stop_query(plan: dict) -> None:
-        migration_stop(plan)
-
-    @task
-    def backup(plan: dict) -> dict:
-        return migration_step("backup", plan)
+    # prove runs after either road.
+    stop_query, backup, prove, switch, roll_back, migrated = carry_over_tasks(
+        "migrated", prove_rule="none_failed_min_one_success"
+    )
 
     @task.branch
     def carry_over(settled: dict) -> str:
@@ -263,29 +234,8 @@ def stream_source_migration() -> None:
     def transplant(plan: dict, settled: dict) -> dict:
         return migration_step("transplant", plan, settled)
 
-    @task(trigger_rule="none_failed_min_one_success")  # after either road
-    def prove(plan: dict) -> dict:
-        return migration_step("prove", plan)
-
-    @task
-    def switch(plan: dict, settled: dict, carry_over: dict) -> dict:
-        return migration_step("switch", plan, settled, carry_over)
-
-    @task(trigger_rule="one_failed")
-    def roll_back() -> None:
-        """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
-        context = get_current_context()
-        plan = context["ti"].xcom_pull(task_ids="preflight")
-        migration_roll_back(plan, approved(context, "approve_stop"))
-
-    @task
-    def migrated(plan: dict) -> str:
-        """The last step: what the run did and how to undo it. It does not run when a step
-        failed, so the run fails (whether roll_back undid something or had nothing to undo)."""
-        return migration_migrated(plan)
-
     drain, first_batch, export, validate_export, bootstrap, validate_new_state = (
-        spark_task(step)
+        carry_step_operator(MIGRATION_STEPS, step)
         for step in (
             "drain",
             "first_batch",
@@ -311,7 +261,7 @@ def stream_source_migration() -> None:
     approve_switch = ApprovalGate(
         task_id="approve_switch",
         operation="migration",
-        ask=ask_migration_switch,
+        ask=ask_switch,
         on_reject="roll_back moves the new checkpoint aside; the query goes on from its old "
         "source and checkpoint",
     )

@@ -186,6 +186,7 @@ def _query_card(s: dict[str, Any]) -> str:
                 ("runs", "stream_start", "/runs"),
                 ("backfill", "stream_backfill", ""),
                 ("migrate", "stream_source_migration", ""),
+                ("upgrade code", "stream_code_upgrade", ""),
                 ("restore", "stream_restore", ""),
                 ("repartition", "stream_repartition", ""),
             )

@@ -4,13 +4,15 @@
 Everything comes from files the lifecycle operations already write (the checkpoint, its audit
 log and validations beside it, the last run's summary), for the backups from the backup
 store's manifests, and for a Kafka source from its broker (end and earliest offsets: the lag
-and the retention margin, :mod:`stateops.core.sources`). Nothing here writes, takes a lock or
-starts Spark.
+and the retention margin, :mod:`stateops.core.sources`); the deployed code is checked against
+the checkpoint's state schemas (:func:`stateops.ops.upgrade.check_code_change`, pure Python).
+Nothing here writes, takes a lock or starts Spark.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,18 +22,26 @@ from stateops.control.lock import live_lock, lock_state, read_hold, read_lock
 from stateops.control.markers import read_rollback
 from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import StateOpsError, one_line
 from stateops.core.kafka import Offsets
 from stateops.core.registry import Registry
 from stateops.core.report import checkpoint_report, format_bytes
 from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, retention
 from stateops.core.storage import location
 from stateops.ops.backup import list_backups
+from stateops.ops.upgrade import (
+    Change,
+    blocking,
+    check_code_change,
+    first_of,
+    plan_command,
+)
 from stateops.spark.expectations import data_docs_path, last_validation
 
 __all__ = [
     "LINEAGE_OPERATIONS",
     "STALE_INPUT",
+    "code_fit",
     "describe_cleanup",
     "format_status",
     "health",
@@ -70,6 +80,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         "last_committed_batch": None,
         "committed_at": None,
         "operators": [],
+        "code": [],  # the deployed code against the checkpoint's state: Change, as dicts
         "kafka": [],
         "last_run": None,
         "last_cleanup": None,
@@ -87,6 +98,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             # Snapshot groups as the checkpoint model and the cleanup count them: by the
             # query's own minDeltasForSnapshot.
             _checkpoint_part(status, cp, query.state_store.min_deltas_for_snapshot)
+            status["code"] = _code_part(status, registry, query, cp)
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
     try:
@@ -94,20 +106,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
     except StateOpsError as err:  # an unreadable sources/<i>/0: the rest is still shown
         status["kafka"] = []
         status["errors"].append(f"kafka: {err}")
-    summary = registry.run_summary_path(name)
-    if summary.exists():
-        run = json.loads(summary.read_text())
-        status["last_run"] = {
-            k: run.get(k)
-            for k in (
-                "status",
-                "operation",
-                "started_at",
-                "last_committed_batch",
-                "checkpoint",
-                "error",
-            )
-        }
+    status["last_run"] = _last_run(registry, name)
     records = _history(query.checkpoint)
     cleanups = [r for r in records if r["operation"] == "cleanup"]
     status["last_cleanup"] = cleanups[-1] if cleanups else None
@@ -147,10 +146,11 @@ def health(
     listed: bool,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, or its
-    last run or validation failed, or retention deleted records a Kafka source has not read),
-    WARN (it needs a look: input waiting, no recent backup, an operation holding it, no commit
-    yet, retention close to a Kafka source's committed offsets, a broker that does not answer),
+    """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, its
+    code among others, or its last run or validation failed, or retention deleted records a
+    Kafka source has not read), WARN (it needs a look: input waiting, no recent backup, an
+    operation holding it, no commit yet, retention close to a Kafka source's committed offsets,
+    a broker that does not answer, code whose restart drops state the registry keeps),
     else OK; with one reason per finding. ``cp``: the checkpoint :func:`query_status` read
     (None when it could not)."""
     now = now or datetime.now(UTC)
@@ -162,6 +162,7 @@ def health(
             f"a rollback was interrupted, the query refuses to start: finish it "
             f"(stateops rollback {query.name} --to-batch N, N as it says)"
         )
+    fail += code_fit(query, [Change(**c) for c in status["code"]])
     run = status["last_run"]
     if run and run["status"] == "failed":
         fail.append(f"the last run failed: {run.get('error') or 'see its log'}")
@@ -214,6 +215,48 @@ def health(
         warn += _backup_age(registry, status["backups"], now)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"
     return {"verdict": verdict, "reasons": fail + warn}
+
+
+def _last_run(registry: Registry, name: str) -> dict[str, Any] | None:
+    """What the summary of the query's last run says (None: it never ran)."""
+    summary = registry.run_summary_path(name)
+    if not summary.exists():
+        return None
+    run = json.loads(summary.read_text())
+    keys = ("status", "operation", "started_at", "last_committed_batch", "checkpoint", "error")
+    return {k: run.get(k) for k in keys}
+
+
+def _code_part(
+    status: dict[str, Any], registry: Registry, query: Any, cp: Checkpoint
+) -> list[dict[str, Any]]:
+    """The deployed code's changes against the checkpoint's state; a state schema or code the
+    check cannot read is an error of the status (a WARN), not a crash."""
+    from stateops.spark.streaming import use_code_paths  # sys.path only: no Spark
+
+    try:
+        use_code_paths(registry)
+        return [asdict(c) for c in check_code_change(cp, query)]
+    except (StateOpsError, ValueError, KeyError, TypeError, OSError) as err:
+        status["errors"].append(
+            f"code check: {one_line(err)}; whether its code fits its checkpoint's state is "
+            "not known"
+        )
+        return []
+
+
+def code_fit(query: Any, changes: list[Change]) -> list[str]:
+    """What the deployed code does to the checkpoint's state (``changes``), as FAIL reasons:
+    a change Spark refuses, or state Spark would drop that the registry's
+    initial_state.mapping keeps; ``stateops run`` and ``stream_start`` refuse both. Each names
+    the change and the command that plans the rewrite."""
+    needed = blocking(query, changes)
+    if not needed:
+        return []
+    return [
+        f"its code does not fit its checkpoint's state: {first_of(needed)}; it cannot "
+        f"start: plan the state rewrite with {plan_command(query.name)}"
+    ]
 
 
 def _lost(part: dict[str, Any]) -> str:

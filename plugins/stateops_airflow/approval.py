@@ -31,9 +31,10 @@ __all__ = [
     "approved",
     "ask_backfill",
     "ask_migration_stop",
-    "ask_migration_switch",
     "ask_repartition",
     "ask_restore",
+    "ask_switch",
+    "ask_upgrade_stop",
 ]
 
 
@@ -119,11 +120,33 @@ def ask_migration_stop(context: Any) -> ApprovalRequest:
     )
 
 
-def ask_migration_switch(context: Any) -> ApprovalRequest:
-    """Before the migrated query is switched to its new source and checkpoint; the hold is
+def ask_upgrade_stop(context: Any) -> ApprovalRequest:
+    """Before the code upgrade stops the query and rewrites its state."""
+    from stateops.ops.upgrade import format_upgrade_plan
+
+    plan = _result(context, "preflight")
+    return ApprovalRequest(
+        load_registry().query(plan["query"]),
+        step=f"stop it, rewrite its state for its new code into {plan['new']['checkpoint']}",
+        plan=format_upgrade_plan(plan, dry_run=False),
+        backup=f"taken after the stop, to {plan['backup_to']}",
+    )
+
+
+def _carry_plan(plan: dict[str, Any]) -> str:
+    """A migration's or a code upgrade's plan, as its preflight printed it."""
+    from stateops.ops.migration import format_migration_plan
+    from stateops.ops.upgrade import format_upgrade_plan
+
+    upgrade = plan.get("operation") == "upgrade"
+    return (format_upgrade_plan if upgrade else format_migration_plan)(plan, dry_run=False)
+
+
+def ask_switch(context: Any) -> ApprovalRequest:
+    """Before a migrated (or upgraded) query is switched to its new checkpoint; the hold is
     renewed first, since the query stays held while the request waits."""
     from stateops.control.target import query_target
-    from stateops.ops.migration import format_migration_plan, prepare_migration
+    from stateops.ops.migration import prepare_migration
 
     plan = _result(context, "preflight")
     target = query_target(None, plan["query"])
@@ -132,8 +155,7 @@ def ask_migration_switch(context: Any) -> ApprovalRequest:
     return ApprovalRequest(
         target.require_query("a registered query"),
         step=f"switch it to {plan['new']['checkpoint']}, its carried state proven",
-        plan=format_migration_plan(plan, dry_run=False)
-        + f"\n  proven: {proof['variables']} ({proof['proof_file']})",
+        plan=_carry_plan(plan) + f"\n  proven: {proof['variables']} ({proof['proof_file']})",
         backup=f"{settled['backup_id']} in {plan['backup_to']}",
     )
 

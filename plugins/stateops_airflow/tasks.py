@@ -33,7 +33,10 @@ __all__ = [
     "backfill_rollback",
     "backup_query",
     "bootstrap_plan",
+    "CARRY_FIELDS",
     "carry_over_param",
+    "carry_over_tasks",
+    "carry_step_operator",
     "cleanup_query",
     "committed_checkpoint",
     "dry_run_param",
@@ -45,6 +48,7 @@ __all__ = [
     "migration_roll_back",
     "migration_step",
     "migration_stop",
+    "new_checkpoint_param",
     "not_a_dry_run",
     "one_line_errors",
     "query_param",
@@ -62,6 +66,8 @@ __all__ = [
     "spark_job_operator",
     "StateOpsSparkSubmitOperator",
     "TIME_PATTERN",
+    "upgrade_needless",
+    "upgrade_plan",
     "verify_state",
 ]
 
@@ -154,6 +160,19 @@ def dry_run_param(description: str) -> Any:
     return Param(True, type="boolean", title="Dry run", description=description)
 
 
+def new_checkpoint_param(description: str) -> Any:
+    """The form's new checkpoint of a migration or a code upgrade, optional."""
+    from airflow.sdk import Param
+
+    return Param(
+        None,
+        type=["null", "string"],
+        title="New checkpoint",
+        description=f"{description}: a new or empty folder (relative to data_dir, or "
+        "absolute). Empty: <checkpoint>.v2 beside the old one.",
+    )
+
+
 def carry_over_param(title: str, description: str) -> Any:
     """The form's carry-over road (``stateops.ops.transplant.choose_road``), ``auto`` by default."""
     from airflow.sdk import Param
@@ -171,13 +190,19 @@ def inject_fault(context: Any, result: Any = None) -> None:
     one_line_errors(fail_after)(context["ti"].task_id)
 
 
-def not_a_dry_run() -> Any:
-    """The gate after a manual DAG's plan: with the form's dry run on, what follows is skipped."""
+def not_a_dry_run(needless: Callable[[Any], str | None] | None = None) -> Any:
+    """The gate after a manual DAG's plan: with the form's dry run on, what follows is skipped;
+    so it is where ``needless(context)`` says why the plan needs nothing done."""
     from airflow.sdk import get_current_context, task
 
     @task.short_circuit(task_id="not_a_dry_run")
     def gate() -> bool:
-        dry_run = get_current_context()["params"]["dry_run"]
+        context = get_current_context()
+        why = needless(context) if needless else None
+        if why:
+            say(f"{why}: every step after this gate is skipped")
+            return False
+        dry_run = context["params"]["dry_run"]
         say(
             "dry run: the plan above is all this run does; every step after this gate is "
             "skipped (trigger again with dry run off to carry the plan out)"
@@ -215,6 +240,31 @@ def spark_job_operator(
         application_args=["--registry", registry or str(registry_path()), *args],
         **kwargs,
     )
+
+
+# A carry-over's Spark steps (a migration's, stateops.core.steps.MIGRATION_STEPS, and a code
+# upgrade's, UPGRADE_STEPS), their fields (the library's job_fields) as templates of this run's
+# values: its preflight's plan and its backup's result.
+_PLAN = "ti.xcom_pull(task_ids='preflight')"
+CARRY_FIELDS = {
+    "query": "{{ params.query }}",
+    "run_id": "{{ run_id }}",
+    "cutover": "{{ " + _PLAN + "['cutover'] }}",
+    "old_checkpoint": "{{ " + _PLAN + "['old']['checkpoint'] }}",
+    "export": "{{ " + _PLAN + "['export'] }}",
+    "last_committed_batch": "{{ ti.xcom_pull(task_ids='backup')['last_committed_batch'] }}",
+    "accept": "{{ 'yes' if " + _PLAN + "['carry_over']['accepted'] else 'no' }}",
+}
+
+
+def carry_step_operator(steps: dict[str, Any], step: str) -> SparkSubmitOperator:
+    """Spark step ``step`` of ``steps`` (a migration's or a code upgrade's) as a task, with the
+    new registry of the run's plan where the step runs the new query."""
+    from stateops.core.steps import fill
+
+    job, registry, args = fill(steps[step], CARRY_FIELDS)
+    new = "{{ " + _PLAN + "['new']['registry'] }}"
+    return spark_job_operator(step, job, args, registry=new if registry == "new" else None)
 
 
 def run_query_operator(
@@ -482,15 +532,23 @@ def migration_stop(plan: dict[str, Any]) -> None:
 
 @one_line_errors
 def migration_step(step: str, plan: dict[str, Any], *args: Any) -> dict[str, Any]:
-    """Migration step ``step`` (``backup``, ``transplant``, ``prove``, ``switch``) of
-    :mod:`stateops.ops.migration` for ``plan``; the backup through its Airflow connection."""
+    """Step ``step`` (``backup``, ``transplant``, ``prove``, ``switch``) of
+    :mod:`stateops.ops.migration` for ``plan``, a migration's or a code upgrade's (whose
+    backup is :func:`stateops.ops.upgrade.backup_for_upgrade`); the backup through its
+    Airflow connection."""
     from stateops.control.target import query_target
-    from stateops.ops import migration
+    from stateops.ops import migration, upgrade
 
     target = query_target(None, plan["query"])
     if step == "backup":
-        backup = _backup_first(target, migration.OPERATION)
-        return migration.backup_for_migration(target, plan, backup, log=say)
+        operation = _operation(plan)
+        backup = _backup_first(target, operation)
+        settle = (
+            upgrade.backup_for_upgrade
+            if operation == upgrade.OPERATION
+            else migration.backup_for_migration
+        )
+        return settle(target, plan, backup, log=say)
     run = {
         "transplant": migration.transplant_for_migration,
         "prove": migration.prove_migration,
@@ -499,8 +557,21 @@ def migration_step(step: str, plan: dict[str, Any], *args: Any) -> dict[str, Any
     return run(target, plan, *args, log=say)
 
 
+def _operation(plan: dict[str, Any]) -> str:
+    """A carry-over plan's operation: ``migration``, or ``upgrade`` (a code upgrade)."""
+    return plan.get("operation", "migration")
+
+
+# Where the query is after a carry-over's roll back, by operation.
+_ROLLED_BACK = {
+    "migration": "the query runs on its old source",
+    "upgrade": "the query runs its old code on its old checkpoint",
+}
+
+
 def migration_roll_back(plan: dict[str, Any] | None, approved: bool) -> None:
-    """The roll_back step, after a failed step: undo the migration run. It succeeds when it
+    """The roll_back step, after a failed step: undo the migration (or code upgrade) run. It
+    succeeds when it
     undid something and is skipped, saying why, when there was nothing to undo (a refused
     preflight, a failed dry run, a stop not approved: the query is held only from
     ``stop_query`` on); the run fails either way, since its last step (``migrated``) did not
@@ -513,25 +584,92 @@ def migration_roll_back(plan: dict[str, Any] | None, approved: bool) -> None:
             "the preflight failed before anything changed: nothing to roll back (its log says "
             "what to fix)"
         )
+    operation = _operation(plan)
     if not approved:
         raise AirflowSkipException(
-            "the migration was not approved (approve_stop says why) before anything changed: "
-            "nothing to roll back"
+            f"the {operation} was not approved (approve_stop says why) before anything "
+            "changed: nothing to roll back"
         )
     roll_back_migration(query_target(None, plan["query"]), plan, log=say)
     say(
-        "the migration failed (see the failed step's log); it was rolled back and the query "
-        "runs on its old source"
+        f"the {operation} failed (see the failed step's log); it was rolled back and "
+        f"{_ROLLED_BACK[operation]}"
     )
 
 
 def migration_migrated(plan: dict[str, Any]) -> str:
-    """The migrated step: what the run did and how to undo it, said."""
+    """The last step of a migration (``migrated``) or a code upgrade (``upgraded``): what the
+    run did and how to undo it, said."""
     from stateops.ops.migration import format_migrated
+    from stateops.ops.upgrade import format_upgraded
 
-    line = format_migrated(plan)
+    line = format_upgraded(plan) if _operation(plan) == "upgrade" else format_migrated(plan)
     say(line)
     return line
+
+
+def carry_over_tasks(last: str, prove_rule: str = "all_success") -> tuple[Any, ...]:
+    """The tasks a migration's DAG and a code upgrade's share, for the DAG to call on its
+    preflight's plan: ``stop_query``, ``backup``, ``prove`` (with ``prove_rule``), ``switch``,
+    ``roll_back`` (after any failed step) and the last step, ``last``."""
+    from airflow.sdk import get_current_context, task
+
+    @task
+    def stop_query(plan: dict[str, Any]) -> None:
+        migration_stop(plan)
+
+    @task
+    def backup(plan: dict[str, Any]) -> dict[str, Any]:
+        return migration_step("backup", plan)
+
+    @task(trigger_rule=prove_rule)
+    def prove(plan: dict[str, Any]) -> dict[str, Any]:
+        return migration_step("prove", plan)
+
+    @task
+    def switch(
+        plan: dict[str, Any], settled: dict[str, Any], carried: dict[str, Any]
+    ) -> dict[str, Any]:
+        return migration_step("switch", plan, settled, carried)
+
+    @task(trigger_rule="one_failed")
+    def roll_back() -> None:
+        """Runs only when a step failed; undoes the run (skipped when nothing changed)."""
+        from stateops_airflow.approval import approved  # it imports this module
+
+        context = get_current_context()
+        plan = context["ti"].xcom_pull(task_ids="preflight")
+        migration_roll_back(plan, approved(context, "approve_stop"))
+
+    @task(task_id=last)
+    def done(plan: dict[str, Any]) -> str:
+        """The last step: what the run did and how to undo it. It does not run when a step
+        failed, so the run fails (whether roll_back undid something or had nothing to undo)."""
+        return migration_migrated(plan)
+
+    return stop_query, backup, prove, switch, roll_back, done
+
+
+@one_line_errors
+def upgrade_plan(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The preflight of a code upgrade: :func:`stateops.ops.upgrade.plan_upgrade` for the
+    form's fields, printed (every change the check found, and the steps)."""
+    from stateops.control.target import query_target
+    from stateops.ops.upgrade import format_upgrade_plan, plan_upgrade
+
+    target = query_target(None, params["query"])
+    plan = plan_upgrade(target, params["new_checkpoint"] or "", run_id)
+    say(format_upgrade_plan(plan, params["dry_run"]))
+    return plan
+
+
+def upgrade_needless(context: Any) -> str | None:
+    """Why the code upgrade of the preflight's plan has nothing to do (the check found no state
+    to rewrite), for the gate after it; None when it rewrites."""
+    plan = context["ti"].xcom_pull(task_ids="preflight")
+    if plan["rewrite"]:
+        return None
+    return f"{plan['query']}: no state rewrite needed; start it with its new code (stream_start)"
 
 
 @one_line_errors

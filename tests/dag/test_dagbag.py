@@ -43,6 +43,7 @@ MANUAL = [
     "stream_backfill",
     "stream_source_migration",
     "stream_repartition",
+    "stream_code_upgrade",
 ]
 
 
@@ -262,6 +263,41 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
             "{{ ti.xcom_pull(task_ids='preflight')['new']['registry'] }}"
         )
         assert args[args.index("--run-id") + 1] == "{{ run_id }}"
+
+
+def test_stream_code_upgrade_form_order_and_roll_back(dagbag):
+    dag = dagbag.dags["stream_code_upgrade"]
+    assert dag.schedule is None and dag.max_active_runs == 1
+    params = dag.params
+    assert params["dry_run"] is True and params["new_checkpoint"] is None
+    # A rewrite bootstraps a processor: the transforms are not offered.
+    assert params.get_param("query").schema["enum"] == ["page_visits", "user_sessions"]
+    steps = [
+        "stop_query",
+        "backup",
+        "export",
+        "rewrite",
+        "prove",
+        "validate_new_state",
+        "approve_switch",
+        "switch",
+    ]
+    order = ["preflight", "not_a_dry_run", "approve_stop", *steps, "upgraded"]
+    for upstream, downstream in itertools.pairwise(order):
+        assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    roll_back = dag.get_task("roll_back")
+    assert roll_back.trigger_rule == "one_failed" and roll_back.upstream_task_ids == set(steps)
+    assert len(dag.tasks) == len(order) + 1
+    _asks_approval(dag, "approve_stop", "upgrade")
+    _asks_approval(dag, "approve_switch", "upgrade")
+    plan = "ti.xcom_pull(task_ids='preflight')"
+    for task in ("rewrite", "validate_new_state"):  # the new code, on the new checkpoint
+        args = dag.get_task(task).application_args
+        assert args[args.index("--registry") + 1] == "{{ " + plan + "['new']['registry'] }}"
+    args = dag.get_task("rewrite").application_args
+    assert args[args.index("--initial-state") + 1] == "{{ " + plan + "['export'] }}"
+    accept = "{{ 'yes' if " + plan + "['carry_over']['accepted'] else 'no' }}"
+    assert f"--accept-differences={accept}" in args
 
 
 def test_stream_repartition_form_and_order(dagbag):

@@ -12,17 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from stateops import cli
 from stateops.control.lock import read_hold
 from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import OperationFailed
-from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.ops.backup import backup_first
-from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.upgrade import (
     REWRITE,
     check_code_change,
@@ -30,9 +27,7 @@ from stateops.ops.upgrade import (
     run_upgrade,
 )
 from stateops.spark.streaming import apply_query_conf, start_query, use_code_paths
-from tests.conftest import TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
 from tests.spark.harness import (
-    USER_CODE,
     VIEWS,
     digest,
     job_in_session,
@@ -43,41 +38,19 @@ from tests.spark.harness import (
     run_in_session,
     summary_of,
 )
+from tests.spark.upgrading import (
+    NAME,
+    PER_PAGE,
+    run_old_code,
+    upgrade_registry,
+    with_new_code,
+)
 
 pytestmark = pytest.mark.spark
 
-NAME = "page_visits"
-PER_PAGE = {
-    "processor": {
-        "class": "upgrades:PageCounts",
-        "options": {},
-        "time_mode": "None",
-        "output_mode": "Update",
-    },
-    "key_columns": ["user_id", "page"],
-    "output_schema": "user_id STRING, page STRING, views LONG",
-    "initial_state": {
-        "schema": "user_id STRING, page STRING, views LONG",
-        "unique_keys": True,
-        "mapping": "upgrades:views_per_page",
-    },
-    "expectations": {},
-}
-
-
-# The old code of a dedup: Spark's dropDuplicates per user and page.
-PAGE_PAIRS = {
-    "source": VIEWS,
-    "transform": {"function": "upgrades:dedup_pairs", "output_mode": "append"},
-    "key_columns": ["user_id", "page"],
-    "sink": {"format": "parquet", "path": "output/page_pairs"},
-    "checkpoint": "checkpoints/page_pairs",
-    "state_store": {**TEST_STATE_STORE, "provider": "rocksdb"},
-    "shuffle_partitions": 2,
-}
 # Checkpoints of other stateful operators than a processor's: applyInPandasWithState, a
-# windowed aggregation (registry.yaml's own queries), dropDuplicates.
-OTHER_OPERATORS = ["idle_sessions", "page_counts", "page_pairs"]
+# windowed aggregation (registry.yaml's own queries), dropDuplicates (page_pairs).
+OTHER_OPERATORS = ("idle_sessions", "page_counts", "page_pairs")
 
 
 def _new_processor(cls: str, time_mode: str = "None", **options) -> dict:
@@ -181,58 +154,16 @@ UPGRADES = {
 }
 
 
-def _registry(root: Path, encoding: str, query: str = NAME, **entry) -> Path:
-    """registry.yaml's queries and page_pairs, test-sized, ``query`` with the new code
-    ``entry`` on RocksDB in ``encoding``."""
-    path = write_registry(root)
-    raw = yaml.safe_load(path.read_text())
-    raw["queries"]["page_pairs"] = {**PAGE_PAIRS, "spark_conf": dict(TEST_SPARK_CONF)}
-    spec = raw["queries"][query]
-    spec.update({"approval": "none", **entry})
-    spec["state_store"] = {**spec["state_store"], "provider": "rocksdb", "encoding": encoding}
-    raw["code_paths"] = [str(USER_CODE)]
-    raw["backups"] = {"url": f"s3://backups/{root.name}", "conn_id": "aws_default"}
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-def _old(spark, root: Path, encoding: str, queries: list[str], **entry) -> Path:
-    """A data folder whose ``queries`` ran their old code (page_visits' as ``entry``) over 2
-    files of round 0."""
-    land(root / "landing", round_=0, files=2)
-    path = _registry(root, encoding, **entry)
-    for name in queries:
-        run_in_session(spark, path, name)
-    return root
-
-
 @pytest.fixture(scope="module")
 def old_default(spark, tmp_path_factory):
-    return _old(
-        spark, tmp_path_factory.mktemp("upgrade-default"), "unsaferow", [NAME, *OTHER_OPERATORS]
-    )
+    root = tmp_path_factory.mktemp("upgrade-default")
+    return run_old_code(spark, root, "unsaferow", (NAME, *OTHER_OPERATORS))
 
 
 @pytest.fixture(scope="module")
 def old_avro(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("upgrade-avro")
-    return _old(spark, root, "avro", [NAME], **_count_as(AVRO_OLD))
-
-
-def _copy(old: Path, root: Path, encoding: str, query: str = NAME, **entry) -> Path:
-    """A copy of ``old``'s data folder (checkpoints, landing, output) with the new code of
-    ``query``: the copied checkpoints name their own files (their source logs and
-    transformWithState's metadata name files by absolute path)."""
-    shutil.copytree(old, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("registry.yaml"))
-    for checkpoint in (root / "checkpoints").iterdir():
-        if checkpoint.suffix == ".audit" or not (checkpoint / "metadata").exists():
-            continue
-        relocate_checkpoint(checkpoint)
-        for log in (checkpoint / "sources").rglob("*"):
-            if log.is_file() and not log.name.endswith(".crc"):
-                text = log.read_text().replace(str(old), str(root))
-                write_checkpoint_file(checkpoint, str(log.relative_to(checkpoint)), text)
-    return _registry(root, encoding, query, **entry)
+    return run_old_code(spark, root, "avro", (NAME,), **_count_as(AVRO_OLD))
 
 
 def _state(spark, checkpoint: str, variable: str) -> list:
@@ -267,7 +198,7 @@ def _spark_accepts(spark, registry: Path, name: str = NAME) -> tuple[bool, str]:
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_the_check_agrees_with_spark(spark, old_default, tmp_path, change):
     entry, rewrite = CHANGES[change]
-    registry = _copy(old_default, tmp_path, "unsaferow", **entry)
+    registry = with_new_code(old_default, tmp_path, "unsaferow", **entry)
     query = load_registry(registry).query(NAME)
     changes = check_code_change(load_checkpoint(query.checkpoint), query)
     needs = [c for c in changes if c.verdict == REWRITE]
@@ -288,7 +219,7 @@ OPERATOR_CHANGES = {
 def test_another_operator_needs_a_rewrite_as_spark_says(spark, old_default, tmp_path, change):
     name, entry = OPERATOR_CHANGES[change]
     new = {**entry, "source": VIEWS, "transform": None}
-    registry = _copy(old_default, tmp_path, "unsaferow", query=name, **new)
+    registry = with_new_code(old_default, tmp_path, "unsaferow", query=name, **new)
     query = load_registry(registry).query(name)
     changes = check_code_change(load_checkpoint(query.checkpoint), query)
     assert [c.verdict for c in changes] == [REWRITE], [c.line() for c in changes]
@@ -298,7 +229,7 @@ def test_another_operator_needs_a_rewrite_as_spark_says(spark, old_default, tmp_
 
 @pytest.mark.parametrize("change", list(AVRO_CHANGES))
 def test_avro_lets_spark_evolve_a_value_and_the_check_says_so(spark, old_avro, tmp_path, change):
-    registry = _copy(old_avro, tmp_path, "avro", **_count_as(AVRO_CHANGES[change]))
+    registry = with_new_code(old_avro, tmp_path, "avro", **_count_as(AVRO_CHANGES[change]))
     query = load_registry(registry).query(NAME)
     changes = check_code_change(load_checkpoint(query.checkpoint), query)
     assert [c.line() for c in changes if c.verdict == REWRITE] == []
@@ -307,17 +238,27 @@ def test_avro_lets_spark_evolve_a_value_and_the_check_says_so(spark, old_avro, t
     assert accepted, error
 
 
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        # Spark refuses it.
+        (CHANGES["value retyped"][0], "state 'count': needs a state rewrite ((visits long)"),
+        # Spark would start it, dropping the state the registry's mapping keeps.
+        (PER_PAGE, "state 'count': Spark evolves it (removed: Spark drops its state"),
+    ],
+    ids=["refused by Spark", "state dropped that the mapping keeps"],
+)
 def test_stateops_run_refuses_code_that_needs_a_rewrite_and_changes_nothing(
-    old_default, tmp_path, capsys
+    old_default, tmp_path, capsys, entry, said
 ):
-    registry = _copy(old_default, tmp_path, "unsaferow", **CHANGES["value retyped"][0])
+    registry = with_new_code(old_default, tmp_path, "unsaferow", **entry)
     checkpoint = load_registry(registry).query(NAME).checkpoint
     before = digest(checkpoint)
     code = cli.main(["--registry", str(registry), "run", NAME])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1, err
-    assert "state 'count'" in err[0] and "visits string" in err[0], err[0]
+    assert said in err[0], err[0]
     assert f"stateops upgrade {NAME} --dry-run" in err[0]
     assert digest(checkpoint) == before
 
@@ -342,7 +283,7 @@ def test_a_failed_upgrade_rolls_back_and_the_old_code_runs_on(
     the proof: the query is back on its checkpoint, byte for byte as it was, the new one moved
     aside, nothing held; then the old code restarts on it and reads the next file."""
     root = tmp_path / "up"
-    registry = _copy(old_default, root, "unsaferow", **PER_PAGE)
+    registry = with_new_code(old_default, root, "unsaferow", **PER_PAGE)
     checkpoint = load_registry(registry).query(NAME).checkpoint
     before = digest(checkpoint)
     target = query_target(registry, NAME)
@@ -359,7 +300,7 @@ def test_a_failed_upgrade_rolls_back_and_the_old_code_runs_on(
         assert read_hold(load_registry(registry).lock_path(NAME)) is None, step
     monkeypatch.delenv("STATEOPS_FAIL_AFTER")
     last = load_checkpoint(checkpoint).last_committed_batch
-    old_code = _registry(root, "unsaferow")
+    old_code = upgrade_registry(root, "unsaferow")
     land(root / "landing", round_=1, files=1)
     summary = run_in_session(spark, old_code, NAME)
     assert summary["status"] == "succeeded"
@@ -382,7 +323,7 @@ def test_the_rewrite_proves_the_new_state_and_the_new_code_goes_on_from_it(
     (a query bootstrapped from the same export that reads only that input)."""
     name, entry = UPGRADES[change]
     root = tmp_path / "up"
-    registry = _copy(old_default, root, "unsaferow", query=name, **entry)
+    registry = with_new_code(old_default, root, "unsaferow", query=name, **entry)
     target = query_target(registry, name)
     plan = plan_upgrade(target, run_id="upgrade-1")
     assert plan["rewrite"], plan["changes"]
@@ -407,7 +348,7 @@ def test_the_rewrite_proves_the_new_state_and_the_new_code_goes_on_from_it(
     for f in new_files:
         shutil.copy2(f, ref_input / f.name)
     source = query.source.model_dump(by_alias=True) | {"path": str(ref_input)}
-    reference = _registry(tmp_path / "ref", "unsaferow", query=name, **entry, source=source)
+    reference = upgrade_registry(tmp_path / "ref", "unsaferow", query=name, **entry, source=source)
     summary_of(
         *job_in_session(
             spark,

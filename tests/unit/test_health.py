@@ -10,13 +10,16 @@ import multiprocessing
 import socket
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from stateops.control.lock import QueryLock
 from stateops.control.markers import rollback_marker
 from stateops.core.registry import load_registry
-from stateops.status import _backup_age, query_status, unfinished_backfill
+from stateops.ops.carry import write_checkpoint_file
+from stateops.ops.upgrade import EVOLVES, LOST, REWRITE, UNCHANGED, Change
+from stateops.status import _backup_age, code_fit, query_status, unfinished_backfill
 from tests.conftest import run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -128,3 +131,51 @@ def test_an_unfinished_backfill_is_said_until_it_or_a_run_after_it_finishes():
     )
     assert unfinished_backfill("q", [rolled, record("backfill", "succeeded")]) is None
     assert unfinished_backfill("q", [record("run", "succeeded", "r0")]) is None
+
+
+def test_code_that_does_not_fit_the_state_or_drops_mapped_state_fails(tmp_path):
+    """The deployed code against the checkpoint (issue 44; the changes as the check finds them
+    on Spark-written checkpoints: tests/spark/test_upgrade.py): what `stateops run` refuses
+    fails the status."""
+    registry = load_registry(write_registry(tmp_path))
+    query = registry.query("page_visits")  # no initial_state.mapping
+    key = Change("key", UNCHANGED, "(user_id string)")
+    retyped = Change("state 'count'", REWRITE, "(visits long) in the checkpoint, (visits ...")
+    kinds = Change("state 'pages'", REWRITE, "ListState in the checkpoint, ValueState ...")
+    dropped = Change("state 'count'", EVOLVES, f"removed: Spark drops its state{LOST}")
+    added = Change("state 'views'", EVOLVES, "added: Spark starts it empty")
+    command = "plan the state rewrite with `stateops upgrade page_visits --dry-run`"
+    assert code_fit(query, [key, retyped, kinds, added]) == [
+        f"its code does not fit its checkpoint's state: {retyped.line()} (and 1 more); it "
+        f"cannot start: {command}"
+    ]
+    assert code_fit(query, [key, dropped, added]) == [], "nothing says to keep it"
+    mapped = query.model_copy(
+        update={"initial_state": query.initial_state.model_copy(update={"mapping": "m:f"})}
+    )
+    assert code_fit(mapped, [dropped, added]) == [
+        f"its code does not fit its checkpoint's state: {dropped.line()}; it cannot start: "
+        f"{command}"
+    ]
+    assert code_fit(mapped, [key, added]) == []
+
+
+def test_a_state_schema_the_code_check_cannot_read_is_said_not_a_crash(tmp_path):
+    registry = load_registry(write_registry(tmp_path))
+    root = Path(registry.query("page_visits").checkpoint)
+    write_checkpoint_file(root, "metadata", json.dumps({"id": "q"}))
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+    write_checkpoint_file(root, "offsets/0", f"v1\n{json.dumps(meta)}\n-")
+    write_checkpoint_file(root, "commits/0", 'v1\n{"nextBatchWatermarkMs": 0}')
+    schema = "state/0/_stateSchema/default/0_abc"
+    operator = {
+        "operatorInfo": {"operatorId": 0, "operatorName": "transformWithStateInPandasExec"},
+        "stateStoreInfo": [{"storeName": "default", "stateSchemaFilePaths": [f"{root}/{schema}"]}],
+    }
+    write_checkpoint_file(root, "state/0/_metadata/v2/0", "v2\n" + json.dumps(operator))
+    write_checkpoint_file(root, schema, "\x00\x02v3\x00")  # cut short
+    status = query_status(registry, "page_visits")
+    assert status["code"] == [] and status["health"]["verdict"] == "WARN"
+    (reason,) = status["health"]["reasons"]
+    assert reason.startswith(f"code check: {root}/{schema}: unreadable state schema file"), reason
+    assert reason.endswith("whether its code fits its checkpoint's state is not known")

@@ -1116,6 +1116,7 @@ def roll_back_migration(
 ) -> dict[str, Any]:
     """Undo what a failed migration run did; the old query can start again afterwards."""
     name, old, new = plan["query"], plan["old"], location(plan["new"]["checkpoint"])
+    operation = plan.get("operation", OPERATION)  # a code upgrade rolls back the same way
     done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
     # As it is now: a switch may have been written.
     target = query_target(target.require_registry().path, name)
@@ -1123,7 +1124,7 @@ def roll_back_migration(
     prepare_migration(target, plan)  # held again (a switch releases it) while undoing
     stop_running_query(target, plan["run_id"], log)  # e.g. started on the new checkpoint
     if registry.query(name).checkpoint == str(new):
-        undo = {"operation": "migration rolled back", "run_id": plan["run_id"], "time": _now()}
+        undo = {"operation": f"{operation} rolled back", "run_id": plan["run_id"], "time": _now()}
         write_switch(
             registry,
             name,
@@ -1150,9 +1151,8 @@ def roll_back_migration(
     if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
         log(f"{name}: hold of run {plan['run_id']} released")
     if old["checkpoint"]:
-        operation = plan.get("operation", OPERATION)
         append_audit(old["checkpoint"], operation, run_id=plan["run_id"], result="rolled back")
-    log(f"{name}: migration rolled back; the query runs on {old['checkpoint']} as before")
+    log(f"{name}: {operation} rolled back; the query runs on {old['checkpoint']} as before")
     return done
 
 

@@ -52,10 +52,15 @@ __all__ = [
     "UNCHANGED",
     "Change",
     "backup_for_upgrade",
+    "blocking",
     "check_code_change",
+    "first_of",
     "format_upgrade_plan",
+    "format_upgraded",
     "job_fields",
+    "kept_by_mapping",
     "losses",
+    "plan_command",
     "plan_upgrade",
     "refuse_incompatible_code",
     "rewrites",
@@ -281,22 +286,46 @@ def losses(changes: list[Change]) -> list[Change]:
     return [c for c in changes if c.detail.endswith(LOST)]
 
 
+def kept_by_mapping(query: Query, changes: list[Change]) -> list[Change]:
+    """The state Spark would drop that the registry's ``initial_state.mapping`` keeps: a
+    rewrite is then what the registry asks for, though Spark would start the new code."""
+    spec = query.initial_state
+    return losses(changes) if spec is not None and spec.mapping is not None else []
+
+
+def blocking(query: Query, changes: list[Change]) -> list[Change]:
+    """What a plain restart of ``query``'s code must not do: a change Spark refuses, or state
+    Spark would drop that the registry's mapping keeps. ``stateops run`` refuses them; the
+    upgrade rewrites the state."""
+    return rewrites(changes) + kept_by_mapping(query, changes)
+
+
+def first_of(changes: list[Change]) -> str:
+    """The first of ``changes`` in one line, and how many more there are."""
+    more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
+    return f"{changes[0].line()}{more}"
+
+
+def plan_command(name: str) -> str:
+    """The command that plans ``name``'s code upgrade (shown wherever a change is found)."""
+    return f"`stateops upgrade {name} --dry-run`"
+
+
 def refuse_incompatible_code(query: Query) -> None:
-    """Refuse to start ``query`` on its checkpoint where its code needs a state rewrite: one
-    line naming the first such change and the command that plans the rewrite."""
+    """Refuse to start ``query`` on its checkpoint where its code needs a state rewrite
+    (:func:`blocking`): one line naming the first such change and the command that plans the
+    rewrite."""
     if not has_entries(query.checkpoint):
         return
     cp = load_checkpoint(query.checkpoint)
     try:
-        needed = rewrites(check_code_change(cp, query))
+        needed = blocking(query, check_code_change(cp, query))
     except (StateOpsError, ValueError, KeyError, TypeError):
         return  # state metadata this check cannot read: verify names it, Spark decides
     if needed:
-        more = f" (and {len(needed) - 1} more)" if len(needed) > 1 else ""
         raise StateOpsError(
-            f"{query.name}: its code does not fit the state in {cp.root}: "
-            f"{needed[0].line()}{more}; nothing was started: plan the rewrite with "
-            f"`stateops upgrade {query.name} --dry-run`"
+            f"{query.name}: its code does not fit the state in {cp.root}: {first_of(needed)}; "
+            f"nothing was started: plan the rewrite with {plan_command(query.name)}"
         )
 
 
@@ -304,19 +333,21 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
     """Preflight of a code upgrade of ``target``'s query (its registry entry holds the new
     code): the check's changes, and, where one needs a rewrite, everything the rewrite needs,
     checked without changing anything."""
+    from stateops.spark.streaming import use_code_paths
+
     registry = target.require_registry()
     query = target.require_query("upgrade a registered query: give its name")
     cp = migration._sound_checkpoint(query)
+    use_code_paths(registry)  # the new code's processor declares the new state
     changes = check_code_change(cp, query)
     spec = query.initial_state
-    mapped = spec is not None and spec.mapping is not None
     plan: dict[str, Any] = {
         "query": query.name,
         "run_id": run_id,
         "checkpoint": str(query.checkpoint),
         "changes": [asdict(c) for c in changes],
         # Spark refuses a change, or drops state the registry says how to keep.
-        "rewrite": bool(rewrites(changes)) or (mapped and bool(losses(changes))),
+        "rewrite": bool(blocking(query, changes)),
     }
     if not plan["rewrite"]:
         return plan
@@ -383,6 +414,15 @@ def format_upgrade_plan(plan: dict[str, Any], dry_run: bool) -> str:
         undo=migration.undo_recipe(plan),
     )
     return "\n".join(lines)
+
+
+def format_upgraded(plan: dict[str, Any]) -> str:
+    """What an upgrade that switched did, and how to undo it (its last step)."""
+    return (
+        f"{plan['query']} upgraded: it runs its new code on {plan['new']['checkpoint']}; the "
+        f"old checkpoint {plan['old']['checkpoint']} stays, retired; to undo, "
+        f"{migration.undo_recipe(plan)}"
+    )
 
 
 def backup_for_upgrade(
@@ -463,8 +503,5 @@ def run_upgrade(
             f"rolled back and {plan['old']['checkpoint']} is as it was: fix the cause, "
             "then upgrade again (the old code runs on it meanwhile)"
         ) from err
-    log(
-        f"{plan['query']}: upgraded: runs its new code on {plan['new']['checkpoint']}; "
-        f"{plan['old']['checkpoint']} kept, retired (backup {settled['backup_id']})"
-    )
+    log(f"{format_upgraded(plan)} (backup {settled['backup_id']})")
     return lineage
