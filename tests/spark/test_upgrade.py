@@ -27,6 +27,7 @@ from stateops.ops.upgrade import (
     run_upgrade,
 )
 from stateops.spark.streaming import apply_query_conf, start_query, use_code_paths
+from tests.conftest import run_cli
 from tests.spark.harness import (
     VIEWS,
     digest,
@@ -261,6 +262,16 @@ def test_stateops_run_refuses_code_that_needs_a_rewrite_and_changes_nothing(
     assert said in err[0], err[0]
     assert f"stateops upgrade {NAME} --dry-run" in err[0]
     assert digest(checkpoint) == before
+
+
+def test_the_cli_plans_a_rewrite_for_new_code_in_code_paths(old_default, tmp_path):
+    """`stateops upgrade --dry-run` in a process of its own: the new processor is the user's
+    (the registry's code_paths), which the check imports."""
+    registry = with_new_code(old_default, tmp_path, "unsaferow", **CHANGES["value retyped"][0])
+    proc = run_cli("--registry", str(registry), "upgrade", NAME, "--dry-run", check=True)
+    plan = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert plan["rewrite"], proc.stderr
+    assert "state 'count': needs a state rewrite" in proc.stderr
 
 
 def _views_per_page(spark, old_checkpoint: str, new_checkpoint: str) -> None:

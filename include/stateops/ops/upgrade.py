@@ -337,8 +337,8 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
 
     registry = target.require_registry()
     query = target.require_query("upgrade a registered query: give its name")
+    use_code_paths(registry)  # the check imports the new processor: it may be the user's own
     cp = migration._sound_checkpoint(query)
-    use_code_paths(registry)  # the new code's processor declares the new state
     changes = check_code_change(cp, query)
     spec = query.initial_state
     plan: dict[str, Any] = {
