@@ -502,6 +502,10 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
                 )
             )
             want = "page_visits", location, ckpt, last, argv[3], f"{ckpt}.v2", "transplant"
+        case ("upgrade",):  # the walk's page_visits runs its own code: nothing to rewrite
+            verdicts = {c["verdict"] for c in doc["changes"]}
+            got = _pick(doc, "query", "checkpoint", "rewrite") + (verdicts,)
+            want = "page_visits", ckpt, False, {"unchanged"}
         case ("queries",):
             got = ([q["name"] for q in doc["queries"]],)
             want = (list(yaml.safe_load(Path(doc["registry"]).read_text())["queries"]),)
