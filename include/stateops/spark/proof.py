@@ -329,7 +329,12 @@ def _new_batches(
     own_late = own_evict = 0  # the watermarks the new input alone gives (no carry)
     for batch in batches:
         cp.restart_files(batch)  # committed, and its state files are all there
-        df, files = _batch(spark, query, cp, batch)
+        if image and batch == batches[0]:
+            # The image batch reads nothing, whatever its offsets hold (an upgrade's: the old
+            # query's positions, stateops.ops.carry).
+            df, files = spark.createDataFrame([], query.source.schema_), []
+        else:
+            df, files = _batch(spark, query, cp, batch)
         latest = None
         if delay is not None and files:
             # Spark's watermark: the latest event time in ms, truncated, minus the delay.
@@ -340,7 +345,7 @@ def _new_batches(
                 "files": files,
                 "input": df,
                 "latest": latest,
-                "image": image and batch == batches[0] and not files,
+                "image": image and batch == batches[0],
             }
         )
         if not until_caught_up:
