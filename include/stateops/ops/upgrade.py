@@ -399,6 +399,9 @@ def format_upgrade_plan(plan: dict[str, Any], dry_run: bool) -> str:
     lines += [f"  {Change(**c).line()}" for c in plan["changes"]]
     if not plan["rewrite"]:
         lines.append("  no state rewrite needed: start the query with its new code")
+        lines += plan_tail(
+            irreversible="nothing", backup="none: nothing changes", undo="nothing to undo"
+        )
         return "\n".join(lines)
     running = f" (run {plan['running']})" if plan["running"] else ""
     lines += [
