@@ -22,11 +22,14 @@ __all__ = [
     "TIME_MODES",
     "declared_fields",
     "declared_state",
+    "grouping_key",
     "operator_properties",
+    "operator_state",
     "read_state_schema",
     "show",
     "split_key",
     "type_name",
+    "user_variables",
 ]
 
 OPERATOR = "transformWithStateInPandasExec"
@@ -130,6 +133,34 @@ def operator_properties(cp: Checkpoint, batch: int) -> tuple[dict, list[str]]:
     props = json.loads(meta.get("operatorPropertiesJson") or "{}")
     refs = schema_file_refs(cp.root, rel, op.operator_id)
     return props, sorted(refs, key=lambda ref: int(ref.rpartition("/")[2].split("_")[0]))
+
+
+def grouping_key(query: Query) -> list[tuple[str, str]]:
+    """The processor's grouping key as its state keys hold it: ``(column, Spark JSON type)``
+    per key column, from the source's schema (``?``: a column the source does not have)."""
+    types = dict(declared_fields(query.source.schema_))
+    return [(k, types.get(k, "?")) for k in query.key_columns]
+
+
+def operator_state(cp: Checkpoint, batch: int) -> tuple[dict, dict[str, Any]]:
+    """The transformWithState operator's properties at ``batch`` and its column families'
+    key and value fields (:func:`read_state_schema`), a later schema file's (an evolved
+    schema) winning."""
+    props, refs = operator_properties(cp, batch)
+    families: dict[str, Any] = {}
+    for rel in refs:
+        families.update(read_state_schema(cp.root / rel))
+    return props, families
+
+
+def user_variables(props: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The operator's state variables (``props``: :func:`operator_properties`) by name, its
+    timers and Spark's internal ones (``$...``) left out."""
+    return {
+        v["stateName"]: v
+        for v in props.get("stateVariables", [])
+        if v.get("stateVariableType") != "TimerState" and not v["stateName"].startswith("$")
+    }
 
 
 def declared_state(query: Query) -> dict[str, dict[str, Any]]:

@@ -65,12 +65,13 @@ from stateops.ops.state_schema import (
     KINDS,
     OPERATOR,
     TIME_MODES,
-    declared_fields,
     declared_state,
+    grouping_key,
     operator_properties,
-    read_state_schema,
+    operator_state,
     show,
     split_key,
+    user_variables,
 )
 
 if TYPE_CHECKING:
@@ -247,10 +248,7 @@ def state_differences(cp: Checkpoint, query: Query, batch: int) -> list[str]:
     ``transformWithState`` operator at ``batch`` (variables, kinds, TTLs, value and key
     schemas, time and output mode); empty: the same."""
     try:
-        props, schema_refs = operator_properties(cp, batch)
-        families: dict[str, Any] = {}
-        for rel in schema_refs:
-            families.update(read_state_schema(cp.root / rel))
+        props, families = operator_state(cp, batch)
         declared = declared_state(query)
     except (StateOpsError, ValueError, KeyError, TypeError, AttributeError) as err:
         return [f"the state schemas cannot be compared: {str(err).splitlines()[0]}"]
@@ -271,18 +269,13 @@ def _state_differences(
             f"output mode {props.get('outputMode')} in the old checkpoint, "
             f"{query.processor.output_mode} for the query"
         )
-    old = {
-        v["stateName"]: v
-        for v in props.get("stateVariables", [])
-        if v.get("stateVariableType") != "TimerState" and not v["stateName"].startswith("$")
-    }
+    old = user_variables(props)
     if set(old) != set(declared):
         reasons.append(
             f"state variables {sorted(old)} in the old checkpoint, {sorted(declared)} declared "
             "by the processor"
         )
-    source_types = dict(declared_fields(query.source.schema_))
-    key = [(k, source_types[k]) for k in query.key_columns]
+    key = grouping_key(query)
     for name in sorted(set(old) & set(declared)):
         var, was = declared[name], old[name]
         if was["stateVariableType"] != KINDS[var["kind"]] or bool(was["ttlEnabled"]) != var["ttl"]:
@@ -324,11 +317,7 @@ def carry_differences(cp: Checkpoint, query: Query, batch: int | None = None) ->
         props, _ = operator_properties(cp, batch)
     except (StateOpsError, ValueError, KeyError, TypeError) as err:
         return [*reasons, f"the old operator metadata is unreadable: {str(err).splitlines()[0]}"]
-    ttl = sorted(
-        v["stateName"]
-        for v in props.get("stateVariables", [])
-        if v.get("ttlEnabled") and not v["stateName"].startswith("$")
-    )
+    ttl = sorted(name for name, v in user_variables(props).items() if v.get("ttlEnabled"))
     if ttl:
         reasons.append(
             f"state {', '.join(map(repr, ttl))} has a TTL: the initialState road starts each "

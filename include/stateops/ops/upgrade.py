@@ -38,12 +38,12 @@ from stateops.ops.state_schema import (
     KINDS,
     OPERATOR,
     TIME_MODES,
-    declared_fields,
     declared_state,
-    operator_properties,
-    read_state_schema,
+    grouping_key,
+    operator_state,
     show,
     split_key,
+    user_variables,
 )
 
 __all__ = [
@@ -133,10 +133,7 @@ def check_code_change(cp: Checkpoint, query: Query, batch: int | None = None) ->
                 "transformWithStateInPandas processor: Spark refuses a changed stateful operator",
             )
         ]
-    props, refs = operator_properties(cp, batch)
-    families: dict[str, Any] = {}
-    for rel in refs:
-        families.update(read_state_schema(cp.root / rel))
+    props, families = operator_state(cp, batch)
     avro = cp.offsets[batch].conf.get(ENCODING) == "avro"
     return _processor_changes(query, props, families, declared_state(query), avro)
 
@@ -157,13 +154,8 @@ def _processor_changes(
     for what, was, now in modes:
         if was != now:
             changes.append(Change(what, REWRITE, f"{was} in the checkpoint, {now} in the new code"))
-    old = {
-        v["stateName"]: v
-        for v in props.get("stateVariables", [])
-        if v.get("stateVariableType") != "TimerState" and not v["stateName"].startswith("$")
-    }
-    source_types = dict(declared_fields(query.source.schema_))
-    key = [(k, source_types.get(k, "?")) for k in query.key_columns]
+    old = user_variables(props)
+    key = grouping_key(query)
     # The key matters for the variables that stay: one that is added starts empty.
     keys = [split_key(families[n]["key"])[0] for n in old if n in families and n in declared]
     if keys:
