@@ -90,10 +90,16 @@ def simulate_query(
     )
 
 
-def _batch(spark: SparkSession, query: Query, cp: Checkpoint, batch: int) -> tuple[DataFrame, list]:
+def _batch(
+    spark: SparkSession, query: Query, cp: Checkpoint, batch: int, image: bool = False
+) -> tuple[DataFrame, list]:
     """What ``batch`` read: its input and the input files (for a Kafka source, the ranges of
-    records per partition, ``topic[p] a..b``; empty: it read nothing)."""
+    records per partition, ``topic[p] a..b``; empty: it read nothing). An ``image`` batch
+    (:mod:`stateops.ops.carry`) reads nothing, whatever its offsets hold (an upgrade's: the
+    old query's positions)."""
     source = query.source
+    if image:
+        return spark.createDataFrame([], source.schema_), []
     if not source.kafka:
         files = [f["path"] for f in cp.input_files(batch)]
         return _batch_input(spark, query, files), files
@@ -174,8 +180,7 @@ def prove_first_batch(
 ) -> dict[str, Any]:
     """Compare the state after batch 0 of a bootstrap from data files with the processor's
     ``handleInitialState`` on ``initial_state`` plus batch 0's input, simulated; ``image``:
-    batch 0 is an image batch (:mod:`stateops.ops.carry`), which reads no input (its offsets
-    may hold the old query's positions).
+    batch 0 is an image batch, which reads no input.
 
     There is no old query to compare with here (see :func:`prove_carry_over` for that), so the
     reference is the processor itself. The result (also written to
@@ -187,10 +192,7 @@ def prove_first_batch(
     cp = load_checkpoint(query.checkpoint)
     batch = 0
     cp.restart_files(batch)  # the batch is committed and its state files are all there
-    if image:
-        input_df, files = spark.createDataFrame([], query.source.schema_), []
-    else:
-        input_df, files = _batch(spark, query, cp, batch)
+    input_df, files = _batch(spark, query, cp, batch, image)
     offsets = cp.offsets[batch]
     keys = query.key_columns
     columns = [F.col(k) for k in keys]
@@ -329,12 +331,7 @@ def _new_batches(
     own_late = own_evict = 0  # the watermarks the new input alone gives (no carry)
     for batch in batches:
         cp.restart_files(batch)  # committed, and its state files are all there
-        if image and batch == batches[0]:
-            # The image batch reads nothing, whatever its offsets hold (an upgrade's: the old
-            # query's positions, stateops.ops.carry).
-            df, files = spark.createDataFrame([], query.source.schema_), []
-        else:
-            df, files = _batch(spark, query, cp, batch)
+        df, files = _batch(spark, query, cp, batch, image and batch == batches[0])
         latest = None
         if delay is not None and files:
             # Spark's watermark: the latest event time in ms, truncated, minus the delay.
