@@ -19,7 +19,7 @@ one run:
   switch; with its parts as its log shows them.
 
 Then both new checkpoints are exported (not timed): the upgraded state must hold as many keys
-and visits as the replay's.
+as the replay's.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from bench_bootstrap import BIN, job, write_events
 from bench_migration import registry
 
 from stateops.core.registry import load_registry
-from stateops.dev.s3server import free_port, start_s3_server
+from stateops.dev.s3server import free_port, start_s3_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY, SECRET = "bench", "bench-secret"
@@ -120,8 +120,7 @@ def main() -> None:
         run(root, args.keys, args.events_per_key, f"http://127.0.0.1:{port}")
     finally:
         if server is not None:
-            server.terminate()
-            server.wait()
+            stop_server(server)
         shutil.rmtree(root, ignore_errors=True)
 
 

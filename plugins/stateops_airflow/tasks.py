@@ -571,11 +571,10 @@ _ROLLED_BACK = {
 
 def migration_roll_back(plan: dict[str, Any] | None, approved: bool) -> None:
     """The roll_back step, after a failed step: undo the migration (or code upgrade) run. It
-    succeeds when it
-    undid something and is skipped, saying why, when there was nothing to undo (a refused
-    preflight, a failed dry run, a stop not approved: the query is held only from
-    ``stop_query`` on); the run fails either way, since its last step (``migrated``) did not
-    run."""
+    succeeds when it undid something and is skipped, saying why, when there was nothing to
+    undo (a refused preflight, a failed dry run, a stop not approved: the query is held only
+    from ``stop_query`` on); the run fails either way, since its last step (``migrated``) did
+    not run."""
     from stateops.control.target import query_target
     from stateops.ops.migration import roll_back_migration
 

@@ -494,8 +494,7 @@ def run_upgrade(
         migration.roll_back_migration(target, plan, log)
         raise OperationFailed(
             f"the code upgrade of {plan['query']} failed at {steps.step} ({one_line(err)}); "
-            "it was "
-            f"rolled back and {plan['old']['checkpoint']} is as it was: fix the cause, "
+            f"it was rolled back and {plan['old']['checkpoint']} is as it was: fix the cause, "
             "then upgrade again (the old code runs on it meanwhile)"
         ) from err
     log(f"{format_upgraded(plan)} (backup {settled['backup_id']})")
