@@ -105,6 +105,7 @@ __all__ = [
     "backup_for_migration",
     "check_carry_over",
     "check_migration_form",
+    "derive_registry",
     "format_migrated",
     "format_migration_plan",
     "plan_migration",
@@ -118,6 +119,7 @@ __all__ = [
     "switch_query",
     "transplant_for_migration",
     "undo_recipe",
+    "unmoved_query",
     "unretire",
 ]
 
@@ -756,9 +758,7 @@ def settle_migration(
     ``batch_id=`` folder ``output_from``).
     """
     registry = target.require_registry()
-    query = registry.query(plan["query"])
-    if query.checkpoint != plan["old"]["checkpoint"]:
-        raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
+    query = unmoved_query(registry, plan)
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
     _refuse_unread(query.inputs[plan["source_name"]], cp, last)
@@ -783,8 +783,7 @@ def settle_migration(
         first = last + 1 + (repartition_from(cp, runs_as, last) is not None)
     else:
         offset, first = query.sink.folder_batch(last) + 1, 0
-    changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
-    derived_registry(registry, query.name, changes, plan["new"]["registry"])
+    derive_registry(registry, plan, runs_as, offset)
     return {
         "start": start,
         "last_committed_batch": last,
@@ -792,6 +791,21 @@ def settle_migration(
         "road": road,
         "output_from": offset + first,
     }
+
+
+def unmoved_query(registry: Registry, plan: dict[str, Any]) -> Query:
+    """The plan's query, refused where it moved to another checkpoint since the preflight."""
+    query = registry.query(plan["query"])
+    if query.checkpoint != plan["old"]["checkpoint"]:
+        raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
+    return query
+
+
+def derive_registry(registry: Registry, plan: dict[str, Any], runs_as: Query, offset: int) -> None:
+    """The registry the new query runs with (the plan's ``new.registry``): ``runs_as``'s
+    sources and checkpoint, its output going on at the sink's ``batch_id=offset``."""
+    changes = placement(runs_as) | {"sink": runs_as.sink.model_dump() | {"batch_offset": offset}}
+    derived_registry(registry, runs_as.name, changes, plan["new"]["registry"])
 
 
 def _refuse_unread(old: Source, cp: Checkpoint, last: int | None) -> None:

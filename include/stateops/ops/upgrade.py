@@ -30,7 +30,7 @@ from stateops.control.target import Target
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import OperationFailed, StateOpsError, one_line
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
-from stateops.core.registry import Query, derived_registry, placement
+from stateops.core.registry import Query
 from stateops.core.staging import has_entries
 from stateops.core.steps import UPGRADE_STEPS
 from stateops.ops import migration
@@ -428,14 +428,11 @@ def backup_for_upgrade(
     backup (``backup``: :func:`stateops.ops.backup.backup_first`) with its id."""
     migration.prepare_migration(target, plan)
     registry = target.require_registry()
-    query = registry.query(plan["query"])
-    if query.checkpoint != plan["old"]["checkpoint"]:
-        raise StateOpsError(f"{query.name} moved to {query.checkpoint} since the preflight")
+    query = migration.unmoved_query(registry, plan)
     last = load_checkpoint(query.checkpoint).last_committed_batch
     offset = query.sink.folder_batch(last) + 1
     runs_as = query.model_copy(update={"checkpoint": plan["new"]["checkpoint"]})
-    changes = placement(runs_as) | {"sink": query.sink.model_dump() | {"batch_offset": offset}}
-    derived_registry(registry, query.name, changes, plan["new"]["registry"])
+    migration.derive_registry(registry, plan, runs_as, offset)
     log(
         f"{query.name}: stopped at batch {last}; the new checkpoint's output starts at "
         f"batch_id={offset}"
