@@ -26,6 +26,7 @@ import yaml
 from stateops.spark.jobs import spark_submit_command
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's scripts (stateops)
 
 
 def job(name: str, *args: str) -> tuple[float, str]:
