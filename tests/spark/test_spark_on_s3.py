@@ -260,7 +260,8 @@ def build_world(spark, s3a, root: Path) -> World:
 
     def bootstrap(side, reg):
         # page_visits into a new checkpoint on each side, from the local export of the S3 or
-        # the local checkpoint (the export step's), then a run over all the input.
+        # the local checkpoint (the export step's). It reads the same sources, so it goes on
+        # from the exported batch's positions: a run over the input that batch had not read.
         raw = yaml.safe_load(reg.read_text())
         entry = raw["queries"][NAME]
         entry["checkpoint"] = entry["checkpoint"] + "-bootstrapped"
