@@ -142,7 +142,7 @@ def test_code_that_does_not_fit_the_state_or_drops_mapped_state_fails(tmp_path):
     key = Change("key", UNCHANGED, "(user_id string)")
     retyped = Change("state 'count'", REWRITE, "(visits long) in the checkpoint, (visits ...")
     kinds = Change("state 'pages'", REWRITE, "ListState in the checkpoint, ValueState ...")
-    dropped = Change("state 'count'", EVOLVES, f"removed: Spark drops its state{LOST}")
+    dropped = Change("state 'count'", EVOLVES, f"removed: Spark drops its state{LOST}", True)
     added = Change("state 'views'", EVOLVES, "added: Spark starts it empty")
     command = "plan the state rewrite with `stateops upgrade page_visits --dry-run`"
     assert code_fit(query, [key, retyped, kinds, added]) == [

@@ -92,6 +92,7 @@ class Change:
     what: str
     verdict: str
     detail: str
+    drops: bool = False  # Spark accepts it by dropping state (the detail ends with LOST)
 
     def line(self) -> str:
         return f"{self.what}: {self.verdict} ({self.detail})"
@@ -192,7 +193,7 @@ def _variable_change(
         assert now is not None
         return Change(what, EVOLVES, "added: Spark starts it empty")
     if now is None:
-        return Change(what, EVOLVES, f"removed: Spark drops its state{LOST}")
+        return Change(what, EVOLVES, f"removed: Spark drops its state{LOST}", drops=True)
     kind = KINDS[now["kind"]]
     if was["stateVariableType"] != kind:
         return Change(
@@ -230,7 +231,7 @@ def _variable_change(
             detail += f"; {', '.join(added)} read null for the keys it holds"
         if dropped:
             detail += f"; Spark drops {', '.join(dropped)}{LOST}"
-        return Change(what, EVOLVES, detail)
+        return Change(what, EVOLVES, detail, drops=bool(dropped))
     return Change(
         what,
         REWRITE,
@@ -275,7 +276,7 @@ def rewrites(changes: list[Change]) -> list[Change]:
 
 def losses(changes: list[Change]) -> list[Change]:
     """The changes Spark accepts by dropping state (a removed variable)."""
-    return [c for c in changes if c.detail.endswith(LOST)]
+    return [c for c in changes if c.drops]
 
 
 def kept_by_mapping(query: Query, changes: list[Change]) -> list[Change]:
