@@ -15,7 +15,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.registry import load_registry
 from stateops.ops.bootstrap import initial_state_differences
-from stateops.ops.carry import finish_image_batch, write_checkpoint_file
+from stateops.ops.carry import finish_image_batch, is_image_batch, write_checkpoint_file
 from stateops.ops.transplant import refuse_differences
 from stateops.pipelines.carried import CarriedList
 from stateops.pipelines.user_sessions import UserSessionsProcessor
@@ -104,9 +104,25 @@ def test_an_upgrades_image_batch_goes_on_from_the_old_querys_source_positions(tm
         (new / "offsets/0").read_bytes()
     )
     assert not finish_image_batch(new, origin), "done once"
+    assert is_image_batch(new, origin), "the image batch, with the old positions carried"
     wider = _checkpoint(tmp_path / "two", {0: "-\n-"}, {0: 0})
     with pytest.raises(StateOpsError, match="batch 0 reads 2 sources"):
         finish_image_batch(wider, origin)
+
+
+def test_a_batch_0_is_an_image_only_while_it_holds_void_or_the_old_batchs_positions(tmp_path):
+    """The proof reads batch 0's input unless it is the image batch: a batch 0 Spark planned
+    on the sources (a road that wrote no image) read files the reference must take too."""
+    old = _checkpoint(tmp_path / "old", {3: '{"logOffset":3}'}, {3: 0})
+    origin = {"checkpoint": str(old), "batch": 3, "positions": False}
+    void = _checkpoint(tmp_path / "void", {0: "-"}, {0: 0})
+    planned = _checkpoint(tmp_path / "planned", {0: '{"logOffset":0}'}, {0: 0})
+    carried = _checkpoint(tmp_path / "carried", {0: '{"logOffset":3}'}, {0: 0})
+    assert is_image_batch(void, origin)
+    assert not is_image_batch(planned, origin)
+    assert not is_image_batch(carried, origin), "no positions to carry: Spark planned it"
+    assert is_image_batch(carried, origin | {"positions": True})
+    assert not is_image_batch(planned, origin | {"positions": True})
 
 
 def test_carried_rows_come_in_their_recorded_order_whatever_the_chunks():

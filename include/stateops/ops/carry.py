@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "finish_image_batch",
+    "is_image_batch",
     "write_checkpoint_file",
     "write_image_batch",
 ]
@@ -138,10 +139,8 @@ def _carry_positions(cp: Checkpoint, old: Checkpoint, batch: int) -> bool:
     source's log up to it is copied (a file source's list of files read, which the next
     batch skips). The offsets entry is written last: a stop before it leaves batch 0 as it
     was, and the next start does it again. False where it was done already."""
-    header, meta, *lines = (cp.root / "offsets/0").read_text("utf-8").split("\n")
-    _, _, *wanted = (old.root / f"offsets/{batch}").read_text("utf-8").split("\n")
-    current = [line for line in lines if line.strip()]
-    positions = [line for line in wanted if line.strip()]
+    header, meta, *_ = (cp.root / "offsets/0").read_text("utf-8").split("\n")
+    current, positions = _positions(cp.root, 0), _positions(old.root, batch)
     if len(current) != len(positions):
         raise CheckpointError(
             f"{cp.root}: batch 0 reads {len(current)} sources, {old.root} "
@@ -154,3 +153,24 @@ def _carry_positions(cp: Checkpoint, old: Checkpoint, batch: int) -> bool:
             write_checkpoint_file(cp.root, rel, (old.root / rel).read_text("utf-8"))
     write_checkpoint_file(cp.root, "offsets/0", "\n".join([header, meta, *positions]))
     return True
+
+
+def _positions(root: Path | S3Path, batch: int) -> list[str]:
+    """The source offsets ``batch`` of the checkpoint at ``root`` planned, one line each."""
+    _, _, *lines = (root / f"offsets/{batch}").read_text("utf-8").split("\n")
+    return [line for line in lines if line.strip()]
+
+
+def is_image_batch(checkpoint: str | os.PathLike[str], origin: dict[str, Any]) -> bool:
+    """Whether batch 0 of ``checkpoint`` is the image of ``origin``'s batch, which reads
+    nothing: its source offsets are void, as :func:`write_image_batch` plans them, or, where
+    the old query's positions were carried (a code upgrade), that batch's own. A batch 0 that
+    Spark planned on the sources (a road that wrote no image) is not: the proof then reads
+    its input."""
+    root = location(checkpoint)
+    current = _positions(root, 0)
+    if all(line == "-" for line in current):
+        return True
+    return bool(origin.get("positions")) and current == _positions(
+        location(origin["checkpoint"]), int(origin["batch"])
+    )

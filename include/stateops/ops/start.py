@@ -743,25 +743,27 @@ def _prove(
 ) -> dict[str, Any]:
     """The carry-over proof for the road ``carried`` took (:mod:`stateops.spark.proof`),
     with the seconds it took."""
+    from stateops.ops.carry import is_image_batch
     from stateops.spark.proof import prove_carried_state, prove_carry_over, prove_first_batch
 
     started = time.time()
+    origin = carried.get("origin")
     if carried.get("road") == "transplant":
         first = carried.get("first", carried["batch"] + 1)
-        origin = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
+        old = {"checkpoint": carried["from_checkpoint"], "batch": carried["batch"]}
         proof = (
-            prove_carried_state(spark, query, origin, first - 1)
+            prove_carried_state(spark, query, old, first - 1)
             if query.transform is not None
             else prove_carry_over(
-                spark, query, origin, first=first, image=False, until_caught_up=False
+                spark, query, old, first=first, image=False, until_caught_up=False
             )
         )
-    elif carried.get("origin") and not carried.get("differences"):
-        proof = prove_carry_over(
-            spark, query, carried["origin"], first=0, image=True, until_caught_up=True
-        )
+    elif origin and not carried.get("differences"):
+        image = is_image_batch(query.checkpoint, origin)
+        proof = prove_carry_over(spark, query, origin, first=0, image=image, until_caught_up=True)
     else:  # data files, or an accepted change of the processor's state: no old query
-        proof = prove_first_batch(spark, query, initial_state, image=bool(carried.get("origin")))
+        image = bool(origin) and is_image_batch(query.checkpoint, origin)
+        proof = prove_first_batch(spark, query, initial_state, image=image)
     proof["seconds"] = round(time.time() - started, 1)
     return proof
 
