@@ -146,10 +146,10 @@ def kill_at(proc: subprocess.Popen, moment: Moment, client, url: str, sink: Path
     workers) as soon as ``moment`` has come; the keys that had appeared by then. Fails if the
     job ended first (the trial would prove nothing)."""
     before = _keys(client, url)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 600  # niced (Trial.start): slow where the other worker is busy
     while True:
         assert proc.poll() is None, f"the job ended (exit {proc.returncode}) before its moment"
-        assert time.monotonic() < deadline, "the moment did not come within 240 s"
+        assert time.monotonic() < deadline, "the moment did not come within 600 s"
         new = _keys(client, url) - before
         if moment.hit(new, sink):
             break
@@ -176,9 +176,13 @@ class Trial:
     error: BaseException | None = None
 
     def start(self) -> None:
+        # Niced: six JVMs starting at once on two cores starve the other test worker, whose
+        # Spark gives a Python worker 10 s (fixed) to connect back ("Python worker failed to
+        # connect back" failed its tests in a clean clone). The trials take the idle CPU.
+        command = job_command("run_query.py", "--registry", str(self.registry), "--query", NAME)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                job_command("run_query.py", "--registry", str(self.registry), "--query", NAME),
+                ["nice", "-n", "10", *command],
                 env=spark_submit_env(),
                 start_new_session=True,
                 stdout=out,
