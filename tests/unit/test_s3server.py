@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from stateops.dev.s3server import free_port
+from stateops.dev.s3server import _ephemeral_low, free_port
 from tests.conftest import S3_KEY, S3_SECRET
 
 pytestmark = pytest.mark.unit
@@ -66,3 +67,13 @@ def test_without_credentials_it_says_which_to_set():
         "error: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the keys the endpoint takes; "
         "source scripts/env.sh for the demo ones)\n"
     )
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+    """Below the range where Spark's binds to port 0 and outgoing connections take theirs,
+    so a server starting seconds later still finds its port free."""
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(10_000 <= p < _ephemeral_low() for p in ports), ports
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))

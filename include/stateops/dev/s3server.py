@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -26,10 +27,40 @@ from stateops.core.errors import StateOpsError
 __all__ = ["free_port", "start_s3_server", "start_seaweedfs", "stop_server"]
 
 
+# Ports already handed out by this process: a caller may take several before any is bound.
+_GIVEN: set[int] = set()
+_LOWEST = 10_000
+_RANDOM = random.SystemRandom()  # not the global generator, which a test may seed
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1, free now, for a server that binds it next. It is picked below
+    the kernel's ephemeral range: every bind to port 0 (Spark binds one per Python worker) and
+    every outgoing connection take their ports there, so a port picked there can be taken
+    before a server that starts in seconds (a JVM) binds it. (A Kafka controller found its
+    port in use that way in a clean clone.)"""
+    top = _ephemeral_low()
+    for _ in range(200):
+        port = _RANDOM.randrange(_LOWEST, top) if top > _LOWEST + 1000 else 0
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _GIVEN.add(port)
+        return port
+    raise StateOpsError(f"no free port on 127.0.0.1 between {_LOWEST} and {top}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def start_s3_server(
