@@ -159,13 +159,16 @@ def stack(spark, tmp_path_factory):
         migration,
         whole,
     )
+
+    def ready() -> bool:
+        if proc.poll() is not None:  # said at once, not after the 300 s
+            raise AssertionError(
+                f"make airflow exited {proc.returncode}:\n{stack.output()[-5000:]}"
+            )
+        return "stops everything" in stack.output()
+
     try:
-        _until(
-            "make airflow did not say it is ready",
-            lambda: proc.poll() is None and "stops everything" in stack.output(),
-            300,
-            stack.output,
-        )
+        _until("make airflow did not say it is ready", ready, 300, stack.output)
         stack.pids = {p.stem: int(p.read_text()) for p in stack.run_dir.glob("*.pid")}
         yield stack
     finally:
