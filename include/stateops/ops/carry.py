@@ -139,8 +139,8 @@ def _carry_positions(cp: Checkpoint, old: Checkpoint, batch: int) -> bool:
     source's log up to it is copied (a file source's list of files read, which the next
     batch skips). The offsets entry is written last: a stop before it leaves batch 0 as it
     was, and the next start does it again. False where it was done already."""
-    header, meta, *_ = (cp.root / "offsets/0").read_text("utf-8").split("\n")
-    current, positions = _positions(cp.root, 0), _positions(old.root, batch)
+    header, meta, current = _offsets(cp.root, 0)
+    positions = _offsets(old.root, batch)[2]
     if len(current) != len(positions):
         raise CheckpointError(
             f"{cp.root}: batch 0 reads {len(current)} sources, {old.root} "
@@ -155,10 +155,11 @@ def _carry_positions(cp: Checkpoint, old: Checkpoint, batch: int) -> bool:
     return True
 
 
-def _positions(root: Path | S3Path, batch: int) -> list[str]:
-    """The source offsets ``batch`` of the checkpoint at ``root`` planned, one line each."""
-    _, _, *lines = (root / f"offsets/{batch}").read_text("utf-8").split("\n")
-    return [line for line in lines if line.strip()]
+def _offsets(root: Path | S3Path, batch: int) -> tuple[str, str, list[str]]:
+    """``offsets/<batch>`` of the checkpoint at ``root``: its version line, its metadata line
+    and the source offsets the batch planned, one line each."""
+    header, meta, *lines = (root / f"offsets/{batch}").read_text("utf-8").split("\n")
+    return header, meta, [line for line in lines if line.strip()]
 
 
 def is_image_batch(checkpoint: str | os.PathLike[str], origin: dict[str, Any]) -> bool:
@@ -168,9 +169,10 @@ def is_image_batch(checkpoint: str | os.PathLike[str], origin: dict[str, Any]) -
     Spark planned on the sources (a road that wrote no image) is not: the proof then reads
     its input."""
     root = location(checkpoint)
-    current = _positions(root, 0)
+    current = _offsets(root, 0)[2]
     if all(line == "-" for line in current):
         return True
-    return bool(origin.get("positions")) and current == _positions(
-        location(origin["checkpoint"]), int(origin["batch"])
+    return (
+        bool(origin.get("positions"))
+        and current == (_offsets(location(origin["checkpoint"]), int(origin["batch"]))[2])
     )
