@@ -758,12 +758,14 @@ def _prove(
                 spark, query, old, first=first, image=False, until_caught_up=False
             )
         )
-    elif origin and not carried.get("differences"):
-        image = is_image_batch(query.checkpoint, origin)
-        proof = prove_carry_over(spark, query, origin, first=0, image=image, until_caught_up=True)
-    else:  # data files, or an accepted change of the processor's state: no old query
+    else:
         image = bool(origin) and is_image_batch(query.checkpoint, origin)
-        proof = prove_first_batch(spark, query, initial_state, image=image)
+        proof = (
+            prove_carry_over(spark, query, origin, first=0, image=image, until_caught_up=True)
+            if origin and not carried.get("differences")
+            # data files, or an accepted change of the processor's state: no old query
+            else prove_first_batch(spark, query, initial_state, image=image)
+        )
     proof["seconds"] = round(time.time() - started, 1)
     return proof
 
