@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from tests.spark.harness import (
     run_in_session,
     summary_of,
 )
+from tests.spark.test_kafka_queries import kafka_source, visits
 from tests.spark.upgrading import (
     NAME,
     PER_PAGE,
@@ -378,3 +380,38 @@ def test_the_rewrite_proves_the_new_state_and_the_new_code_goes_on_from_it(
     upgraded = _rows_from(Path(query.sink.path), lineage["to"]["sink_batch_offset"])
     expected = _rows_from(Path(load_registry(reference).query(name).sink.path), 0)
     assert upgraded and upgraded == expected
+
+
+def test_an_upgraded_kafka_query_goes_on_from_the_old_offsets(spark, s3, kafka, tmp_path):
+    """page_visits on a topic read from its beginning (``startingOffsets: earliest``), widened
+    to views per user and page: the new checkpoint's image batch holds the old last batch's
+    offsets, so the new code reads only the records produced after the upgrade, and its views
+    count every record once, the old ones through the mapped state."""
+    topic = kafka.create_topic("visits-upgrade", partitions=2)
+    old, new = visits(25), visits(10, start=25)
+    kafka.produce(topic, old)
+    source = {"source": kafka_source(topic)}
+    run_in_session(spark, upgrade_registry(tmp_path, "unsaferow", **source), NAME)
+    old_checkpoint = load_checkpoint(tmp_path / "checkpoints" / NAME)
+    read = old_checkpoint.offsets[old_checkpoint.last_committed_batch].source_offsets[0]
+    assert read == {topic: {str(p): o for p, o in kafka.offsets(topic).items()}}
+
+    registry = upgrade_registry(tmp_path, "unsaferow", **PER_PAGE, **source)
+    target = query_target(registry, NAME)
+    plan = plan_upgrade(target, run_id="upgrade-kafka")
+    backup = backup_first(target, s3.client(), "upgrade", log=lambda line: None)
+    lineage = run_upgrade(target, plan, backup=backup, run_job=job_runner(spark), log=print)
+    query = load_registry(registry).query(NAME)
+    assert query.checkpoint == plan["new"]["checkpoint"]
+    assert load_checkpoint(query.checkpoint).offsets[0].source_offsets[0] == read
+
+    kafka.produce(topic, new)
+    summary = run_in_session(spark, registry, NAME)
+    assert summary["input_rows"] == len(new), summary
+    output = read_sink(Path(query.sink.path))
+    views = {}  # each (user, page)'s last count
+    for batch in sorted(b for b in output if b >= lineage["to"]["sink_batch_offset"]):
+        views |= {(user, page): n for user, page, n in output[batch]}
+    counted = Counter((value["user_id"], value["page"]) for _, value, _ in old + new)
+    assert views == {key: counted[key] for key in views}
+    assert set(views) == {(value["user_id"], value["page"]) for _, value, _ in new}
