@@ -1,5 +1,5 @@
 """stream_code_upgrade through ``airflow dags test`` on local Spark and the embedded S3:
-page_visits' new code (views per user and page, tests/spark/user_code/upgrades.py) deployed
+page_visits' new code (views per user and page, stateops.pipelines.page_views) deployed
 on the checkpoint its old code wrote. The status says what the new code does to the state, a
 dry run prints the plan and changes nothing, a failure after the rewrite rolls back, and the
 upgrade switches the query to the rewritten checkpoint. (The rewrite's state and output, and
@@ -104,7 +104,7 @@ def test_the_status_names_the_misfit_a_dry_run_plans_and_the_upgrade_switches(
         "state 'count': Spark evolves it (removed: Spark drops its state; a rewrite",
         "state 'pages': Spark evolves it (removed: Spark drops its state; a rewrite",
         "state 'views': Spark evolves it (added: Spark starts it empty)",
-        "map it with upgrades:views_per_page and bootstrap",
+        "map it with stateops.pipelines.page_views:views_from_page_visits and bootstrap",
     ):
         assert line in log, line
     assert "dry run: the plan above is all this run does" in log

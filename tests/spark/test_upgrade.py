@@ -277,7 +277,7 @@ def test_the_cli_plans_a_rewrite_for_new_code_in_code_paths(old_default, tmp_pat
 
 
 def _views_per_page(spark, old_checkpoint: str, new_checkpoint: str) -> None:
-    """page_visits' pages per user, counted by page by hand: PageCounts' state."""
+    """page_visits' pages per user, counted by page by hand: PageViewsProcessor's state."""
     expected: dict[tuple[str, str], int] = {}
     for row in _state(spark, old_checkpoint, "pages"):
         key = (row["key"]["user_id"], row["list_element"]["page"])

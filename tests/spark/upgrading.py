@@ -17,10 +17,10 @@ from tests.spark.harness import USER_CODE, VIEWS, land, run_in_session
 
 NAME = "page_visits"
 # page_visits' new code: views per user and page (a wider key, new variables), the old state
-# mapped into it by the registry's initial_state.mapping (tests/spark/user_code/upgrades.py).
+# mapped into it by the registry's initial_state.mapping (the demo's upgrade too).
 PER_PAGE = {
     "processor": {
-        "class": "upgrades:PageCounts",
+        "class": "stateops.pipelines.page_views:PageViewsProcessor",
         "options": {},
         "time_mode": "None",
         "output_mode": "Update",
@@ -30,7 +30,7 @@ PER_PAGE = {
     "initial_state": {
         "schema": "user_id STRING, page STRING, views LONG",
         "unique_keys": True,
-        "mapping": "upgrades:views_per_page",
+        "mapping": "stateops.pipelines.page_views:views_from_page_visits",
     },
     "expectations": {},
 }

@@ -72,47 +72,6 @@ class PerPageVisits(PageVisitsProcessor):
         )
 
 
-class PageCounts(StatefulProcessor):
-    """Per user and page (a wider key): value state ``views``; the initial state's rows are
-    ``(user_id, page, views)``."""
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.views = handle.getValueState("views", "views LONG")
-
-    def handleInitialState(self, key: tuple, initialState: pd.DataFrame, timerValues) -> None:
-        self.views.update((int(initialState["views"].sum()),))
-
-    def handleInputRows(
-        self, key: tuple, rows: Iterator[pd.DataFrame], timerValues
-    ) -> Iterator[pd.DataFrame]:
-        user_id, page = key
-        seen = sum(len(chunk) for chunk in rows)
-        current = self.views.get()
-        total = (current[0] if current else 0) + seen
-        self.views.update((total,))
-        yield pd.DataFrame([(user_id, page, total)], columns=["user_id", "page", "views"])
-
-    def close(self) -> None:
-        pass
-
-
-PAGE_COUNTS_INITIAL = "user_id STRING, page STRING, views LONG"
-
-
-def views_per_page(spark: Any, old_state: dict[str, Any], **options: Any) -> Any:
-    """page_visits' list of visited pages -> views per (user, page)."""
-    from pyspark.sql import functions as F
-
-    pages = old_state["pages"]
-    return (
-        pages.select(
-            F.col("key.user_id").alias("user_id"), F.col("list_element.page").alias("page")
-        )
-        .groupBy("user_id", "page")
-        .agg(F.count("*").alias("views"))
-    )
-
-
 def pages_as_before(spark: Any, old_state: dict[str, Any], **options: Any) -> Any:
     """page_visits' pages, as its own initial state (a rename keeps the list)."""
     from pyspark.sql import functions as F
@@ -275,11 +234,8 @@ __all__ = [
     "pairs_from_dedup",
     "visits_from_group_state",
     "windows_from_aggregation",
-    "PAGE_COUNTS_INITIAL",
-    "PageCounts",
     "CountAs",
     "PerPageVisits",
     "SplitCount",
     "pages_as_before",
-    "views_per_page",
 ]
