@@ -335,8 +335,8 @@ def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_aga
         "--initial-state",
         old_checkpoint,
     )
-    proc = subprocess.Popen(
-        args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    proc = subprocess.Popen(  # a process group, killed whole, in the session's CPU share
+        args, process_group=0, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     kill_when(proc, checkpoint / "offsets" / str(last + 1))
     assert proc.returncode == -signal.SIGKILL

@@ -239,7 +239,7 @@ def test_the_cli_backs_up_repartitions_and_refuses_what_it_must_not_touch(spark,
     with stderr.open("w") as err:
         proc = subprocess.Popen(
             [str(VENV_BIN / "stateops"), *cli, "page_visits", "--partitions", "4", "--no-backup"],
-            start_new_session=True,
+            process_group=0,  # killed whole, in the session's CPU share (the kill trials')
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
@@ -387,10 +387,14 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark,
             "--partitions",
             "4",
         ]
+        # Five JVMs at once: niced, in a process group of their own (killed whole), not a
+        # session: Linux shares the CPU between sessions first (autogroups), where a nice value
+        # counts for nothing, and Spark gives the other worker's Python workers a fixed 10 s
+        # to connect back.
         proc = subprocess.Popen(
-            args,
+            ["nice", "-n", "19", *args],
             env={**os.environ, **env},
-            start_new_session=True,
+            process_group=0,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -399,9 +403,9 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark,
     for point, registry, proc in running:
         if point == "spark":
             checkpoint = Path(load_registry(registry).query(name).checkpoint)
-            kill_when(proc, checkpoint / "offsets" / str(last + 1))
+            kill_when(proc, checkpoint / "offsets" / str(last + 1), timeout=600)
         else:
-            proc.wait(timeout=300)
+            proc.wait(timeout=600)
         assert proc.returncode == -signal.SIGKILL, (point, proc.stderr.read())
         checkpoint = Path(load_registry(registry).query(name).checkpoint)
         cp, marker = load_checkpoint(checkpoint), read_repartition(checkpoint)
