@@ -15,7 +15,7 @@ WORKERS ?= auto
 # pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
 BASETEMP := build/pytest-tmp
 
-.PHONY: demo tour airflow airflow-stop test lint lock prereqs jars clean
+.PHONY: demo tour airflow airflow-stop test suite-report lint lock prereqs jars clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -56,6 +56,17 @@ airflow-stop:
 test: prereqs lint jars build/stateops.zip
 	@scripts/ensure_chromium.sh
 	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
+
+# Where the suite's time goes (benchmarks/suite_report.py): make test, recording every test's
+# time and CPU, every JVM, spark-submit and Python worker it starts, and every shared fixture
+# built; then the report, held against AGAINST (an earlier run's summary.json) if given.
+SUITE_RECORD := build/suite-record
+AGAINST ?=
+suite-report:
+	@rm -rf $(SUITE_RECORD) && mkdir -p $(SUITE_RECORD)
+	@STATEOPS_SUITE_RECORD=$(abspath $(SUITE_RECORD)) $(MAKE) --no-print-directory test; status=$$?; \
+	  $(PY) benchmarks/suite_report.py $(SUITE_RECORD) $(if $(AGAINST),--against $(AGAINST)); \
+	  exit $$status
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests benchmarks

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import suite_record
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 os.environ.setdefault("STATEOPS_HOME", str(ROOT))
@@ -540,6 +542,7 @@ TIER_BUDGET_SECONDS = {"unit": 60, "spark": 25 * 60, "dag": 8 * 60, "e2e": 7 * 6
 class _TimeGuard:
     def __init__(self) -> None:
         self.started = time.monotonic()
+        self.wall_started = time.time()
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
 
@@ -582,21 +585,57 @@ def _check_grouping(config) -> None:
 
 
 _GUARD: _TimeGuard | None = None
+_RECORDER: suite_record.Recorder | None = None  # make suite-report (tests/suite_record.py)
 
 
 def pytest_configure(config) -> None:
-    global _GUARD
+    global _GUARD, _RECORDER
     _check_grouping(config)
-    if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
+    controller = not hasattr(config, "workerinput")  # or a run without workers
+    if suite_record.RECORD:
+        if controller:
+            suite_record.install_standins(Path(suite_record.RECORD))
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        _RECORDER = suite_record.Recorder(Path(suite_record.RECORD), worker)
+    if controller:
         _GUARD = _TimeGuard()
         if "SPARK_SUBMIT_OPTS" not in os.environ:  # the workers inherit what is set here
             unit_only = config.option.markexpr.strip() == "unit"
+            started = time.monotonic()
             os.environ.update(jvm_env(None if unit_only else spark_class_archive()))
+            if _RECORDER is not None:
+                _RECORDER.write(
+                    "world", name="spark class archive", seconds=time.monotonic() - started
+                )
+
+
+def pytest_sessionfinish(session) -> None:
+    if _RECORDER is not None and _GUARD is not None:
+        workers = getattr(session.config.option, "numprocesses", None) or 1
+        _RECORDER.write("session", start=_GUARD.wall_started, end=time.time(), workers=workers)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    started = _RECORDER.test_started(item.nodeid) if _RECORDER is not None else None
+    yield
+    if _RECORDER is not None:
+        _RECORDER.test_finished(item.nodeid, started)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    started = time.monotonic()
+    yield
+    if _RECORDER is not None:
+        _RECORDER.fixture(fixturedef, time.monotonic() - started)
 
 
 def pytest_runtest_logreport(report) -> None:
     if _GUARD is not None:
         _GUARD.add(report)
+    if _RECORDER is not None and not hasattr(report, "node"):  # not a worker's, forwarded
+        _RECORDER.phase(report)
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
