@@ -42,8 +42,12 @@ def spawn_kind(program: str, args: str) -> str:
     in a Python process, Spark's launcher, the broker, a cluster part, a Python worker."""
     words = args.split()
     if program == "python":
-        module = words[words.index("-m") + 1] if "-m" in words[:-1] else (words or ["?"])[0]
-        return "python daemon" if module == "pyspark.daemon" else f"python {module}"
+        if "-m" in words[:-1]:
+            module = words[words.index("-m") + 1]
+            return "python daemon" if module == "pyspark.daemon" else f"python {module}"
+        script = Path(words[0]).name if words else "?"
+        # A spark-submit of a .py runs it with PYSPARK_PYTHON: the job's driver process.
+        return f"python driver {script}" if "spark_jobs" in words[0] else f"python {script}"
     if "org.apache.spark.launcher.Main" in words:
         return "spark launcher"
     if "org.apache.spark.deploy.SparkSubmit" in words:
@@ -92,9 +96,13 @@ def figures(counter: Counter) -> dict[str, int]:
     jvm = sum(n for k, n in counter.items() if not k.startswith("python"))
     return {
         "jvms": jvm,
-        "jobs": sum(n for k, n in counter.items() if k.startswith("job ")),
+        "jobs": sum(n for k, n in counter.items() if k.startswith("python driver ")),
         "sessions": counter["spark session"],
-        "py_workers": sum(n for k, n in counter.items() if k.startswith("python")),
+        "py_workers": sum(
+            n
+            for k, n in counter.items()
+            if k.startswith("python") and not k.startswith(("python driver", "python find_spark"))
+        ),
     }
 
 

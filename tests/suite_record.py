@@ -33,7 +33,7 @@ for a in "$@"; do
   args+=("$a")
 done
 printf '%s\\t%s\\tjava\\t%s\\n' "$(date +%s.%N)" "${PYTEST_XDIST_WORKER:-main}" \\
-  "${args[*]:0:40}" >> "SPAWNS"
+  "${args[*]}" >> "SPAWNS"
 exec "REAL" "$@"
 """
 

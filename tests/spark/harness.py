@@ -28,6 +28,7 @@ from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.core.storage import list_files, location
 from stateops.dev.sampledata import DATASETS, generate_events
+from stateops.ops.start import TRANSIENT_SPARK_ERRORS as TRANSIENT
 from stateops.spark.streaming import (
     CHECKPOINT_FILE_MANAGER,
     apply_query_conf,
@@ -118,11 +119,21 @@ class Case:
     state_reads: list[dict[str, str]]
     start: Callable = field(repr=False)  # (spark, root, checkpoint, sink) -> StreamingQuery
 
-    def run(self, spark, root: Path, checkpoint: Path, sink: Path) -> None:
+    def run(self, spark, root: Path, checkpoint: Path, sink: Path, retry: bool = True) -> None:
+        """Run it available-now to its end; once more after a transient failure of Spark's
+        (as the library's runs do: stateops.ops.start.TRANSIENT_SPARK_ERRORS)."""
         query = self.start(spark, root, checkpoint, sink)
         try:
-            query.awaitTermination(240)
-            assert query.exception() is None, query.exception()
+            try:
+                query.awaitTermination(240)
+            except Exception:  # noqa: BLE001 - the query's failure, read below
+                pass
+            error = query.exception()
+            if retry and error is not None and any(e in str(error) for e in TRANSIENT):
+                query.stop()
+                quiesce(spark)
+                return self.run(spark, root, checkpoint, sink, retry=False)
+            assert error is None, error
             assert not query.isActive, f"{self.name} did not finish within 240 s"
         finally:
             query.stop()

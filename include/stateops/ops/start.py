@@ -600,7 +600,36 @@ class _Ran:
         )
 
 
+# Spark gives a Python worker it starts on its own (not forked by its daemon: the driver-side
+# worker of a transformWithStateInPandas query, among others) a fixed 10 s to connect back; on a
+# machine busy enough that the new Python process gets too little CPU, the batch fails with this
+# and nothing of it committed. A restart runs the batch again (Spark's own recovery); a second
+# such failure in a row is the run's error.
+TRANSIENT_SPARK_ERRORS = ("Python worker failed to connect back",)
+
+
 def _run_stream(
+    spark: SparkSession,
+    query: Query,
+    stop: Callable[[], bool] | None,
+    poll_seconds: float,
+    until_batch: int | None,
+    initial_state: Any,
+) -> _Ran:
+    """:func:`_run_stream_once`, run again once after a transient failure of Spark's."""
+    ran = _run_stream_once(spark, query, stop, poll_seconds, until_batch, initial_state)
+    transient = ran.error is not None and any(e in str(ran.error) for e in TRANSIENT_SPARK_ERRORS)
+    if not transient:
+        return ran
+    print(
+        f"{query.name}: {str(ran.error).splitlines()[0]} (Spark's fixed 10 s for a Python "
+        "worker to start, on a busy machine): restarting the query once",
+        file=sys.stderr,
+    )
+    return ran.then(_run_stream_once(spark, query, stop, poll_seconds, until_batch, initial_state))
+
+
+def _run_stream_once(
     spark: SparkSession,
     query: Query,
     stop: Callable[[], bool] | None,
