@@ -114,7 +114,6 @@ def summarise(events: list[dict], spawns: list) -> dict:
     for e in events:
         if e["kind"] == "phase" and e["test"] in tests:
             tests[e["test"]]["seconds"] += e["seconds"]
-            tests[e["test"]]["outcome_" + e["when"]] = e["outcome"]
     starts = attribute(tests, spawns)
     rows = {}
     for nodeid, t in tests.items():

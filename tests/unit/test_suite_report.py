@@ -1,0 +1,81 @@
+"""The suite report's own arithmetic (benchmarks/suite_report.py): which test each JVM and
+Python start belongs to, and the figures per tier, module and shared fixture."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+_spec = importlib.util.spec_from_file_location(
+    "suite_report", ROOT / "benchmarks" / "suite_report.py"
+)
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+A, B = "tests/spark/test_a.py::test_one", "tests/unit/test_b.py::test_two"
+
+
+def _record(folder) -> None:
+    events = [
+        {"kind": "test", "worker": "gw0", "test": A, "start": 100.0, "end": 130.0, "cpu": 40.0},
+        {"kind": "test", "worker": "gw1", "test": B, "start": 100.0, "end": 101.0, "cpu": 0.5},
+        {"kind": "phase", "worker": "gw0", "test": A, "when": "setup", "seconds": 20.0},
+        {"kind": "phase", "worker": "gw0", "test": A, "when": "call", "seconds": 10.0},
+        {"kind": "phase", "worker": "gw1", "test": B, "when": "call", "seconds": 1.0},
+        {
+            "kind": "fixture",
+            "worker": "gw0",
+            "name": "written",
+            "scope": "module",
+            "where": "tests/spark/test_a.py",
+            "test": A,
+            "seconds": 19.0,
+        },
+        {"kind": "session", "worker": "main", "start": 90.0, "end": 140.0, "workers": 2},
+    ]
+    (folder / "events-gw0.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    spark_submit = "-Xmx1g org.apache.spark.deploy.SparkSubmit --master local[2] job.py"
+    (folder / "spawns.log").write_text(
+        "".join(
+            f"{t}\t{w}\t{program}\t{args}\n"
+            for t, w, program, args in [
+                (101.0, "gw0", "java", "org.apache.spark.launcher.Main x"),
+                (102.0, "gw0", "java", spark_submit),
+                (103.0, "gw0", "python", "/x/spark_jobs/run_query.py --query q"),
+                (104.0, "gw0", "python", "-m pyspark.daemon"),
+                (105.0, "gw0", "python", "-m pyspark.sql.streaming.transform_with_state_x"),
+                (100.5, "gw1", "java", "-Xmx512m kafka.Kafka server.properties"),
+                (135.0, "gw0", "java", "org.apache.spark.launcher.Main y"),  # after A ended
+            ]
+        )
+    )
+
+
+def test_each_start_goes_to_the_test_running_on_its_worker_then(tmp_path):
+    _record(tmp_path)
+    summary = report.summarise(*report.load(tmp_path))
+    a, b = summary["tests"][A], summary["tests"][B]
+    assert (a["seconds"], a["cpu"], a["jvms"], a["jobs"], a["py_workers"]) == (30.0, 40.0, 2, 1, 2)
+    assert (b["jvms"], b["jobs"], b["py_workers"]) == (1, 0, 0)
+    assert summary["outside_tests"]["jvms"] == 1
+    assert summary["wall"] == 50.0 and summary["workers"] == 2
+    assert summary["worlds"]["written (tests/spark/test_a.py)"]["builds"] == 1
+    assert summary["starts"]["kafka broker"] == 1
+
+
+def test_the_report_holds_a_run_against_an_earlier_one(tmp_path):
+    _record(tmp_path)
+    summary = report.summarise(*report.load(tmp_path))
+    earlier = json.loads(json.dumps(summary))
+    earlier["wall"] = 100.0
+    earlier["tests"][A]["seconds"] = 60.0
+    lines = report.report(summary, earlier)
+    assert lines[0].startswith("suite wall 0m50.0s on 2 worker(s), 2 tests  x0.50")
+    spark = next(line for line in lines if line.startswith("spark "))
+    assert spark.split()[1] == "1" and spark.endswith("x0.50"), spark
