@@ -545,11 +545,19 @@ class _TimeGuard:
         self.wall_started = time.time()
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
+        self.modules: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def add(self, report) -> None:
         tier = next((t for t in TIERS if t in report.keywords), "unmarked")
         self.seconds[tier] += report.duration
         self.tests[tier].add(report.nodeid)
+        self.modules[tier][report.nodeid.split("::")[0]] += report.duration
+
+    def costliest(self, tier: str) -> str:
+        """The module of ``tier`` with the most test time, and its share."""
+        module, seconds = max(self.modules[tier].items(), key=lambda kv: kv[1])
+        share = seconds / self.seconds[tier] if self.seconds[tier] else 0.0
+        return f"{module} {_minutes(seconds)} ({share:.0%})"
 
     def lines(self, workers: int) -> list[tuple[str, bool]]:
         """(line, over budget) for the terminal summary."""
@@ -565,7 +573,9 @@ class _TimeGuard:
             over = budget is not None and self.seconds[tier] > budget
             text = f"  {tier:<8} {len(self.tests[tier]):>4} tests {_minutes(self.seconds[tier]):>8}"
             text += f" of test time (budget {_minutes(budget)})" if budget else " of test time"
-            out.append((text + (": OVER BUDGET, make its proofs cheaper" if over else ""), over))
+            if over:
+                text += f": OVER BUDGET, make its proofs cheaper; most: {self.costliest(tier)}"
+            out.append((text, over))
         return out
 
 

@@ -79,3 +79,21 @@ def test_the_report_holds_a_run_against_an_earlier_one(tmp_path):
     assert lines[0].startswith("suite wall 0m50.0s on 2 worker(s), 2 tests  x0.50")
     spark = next(line for line in lines if line.startswith("spark "))
     assert spark.split()[1] == "1" and spark.endswith("x0.50"), spark
+
+
+def test_a_tier_over_its_budget_names_the_module_that_costs_most():
+    from types import SimpleNamespace
+
+    from tests.conftest import TIER_BUDGET_SECONDS, _TimeGuard
+
+    guard = _TimeGuard()
+    budget = TIER_BUDGET_SECONDS["unit"]
+    for nodeid, seconds in [("tests/unit/a.py::t1", 10.0), ("tests/unit/b.py::t2", budget)]:
+        guard.add(SimpleNamespace(nodeid=nodeid, duration=seconds, keywords={"unit": 1}))
+    [line] = [text for text, over in guard.lines(2) if over and "unit" in text]
+    assert line.endswith(
+        "OVER BUDGET, make its proofs cheaper; most: tests/unit/b.py 1m00.0s (86%)"
+    )
+    guard = _TimeGuard()
+    guard.add(SimpleNamespace(nodeid="tests/unit/a.py::t", duration=1.0, keywords={"unit": 1}))
+    assert not any(over for _, over in guard.lines(2)[1:])
