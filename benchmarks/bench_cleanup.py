@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 from bench_checkpoint_model import build_tree, timed  # noqa: E402
 
 from stateops.control.target import Target  # noqa: E402
-from stateops.core.listing import list_files  # noqa: E402
+from stateops.core.storage import list_files  # noqa: E402
 from stateops.ops.cleanup import plan_cleanup  # noqa: E402
 
 

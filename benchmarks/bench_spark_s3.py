@@ -1,7 +1,7 @@
 """Spark on S3 checkpoints: a batch on S3 against local disk, and what a cleanup saves on S3.
 
     .venv/bin/python benchmarks/bench_spark_s3.py [--batches 12] [--chunks 4] [--chunk 10]
-        [--retain 10]
+        [--retain 10] [--turns 3]
 
 page_visits (RocksDB, 4 state partitions, local[2], one landing file a batch) in this
 process's Spark session, its checkpoint written by Spark itself: on local disk or through
@@ -11,8 +11,8 @@ abortable checkpoint file manager). One run, each figure against a baseline of t
 - **a batch**: the same query over the same ``--batches`` files, once on a local checkpoint
   (the baseline) and once on S3; the time of each batch as Spark reports it
   (``durationMs.triggerExecution``), the median of each. A short warm-up run on local disk
-  goes first (the JVM's first batches are slow whatever the storage), then three runs on
-  each storage, taken in turns.
+  goes first (the JVM's first batches are slow whatever the storage), then three runs
+  (``--turns``) on each storage, taken in turns.
 - **cleanup**: the query run ``--chunks`` times, ``--chunk`` files each, on two S3
   checkpoints: one never cleaned (the baseline), one cleaned after each run (``stateops
   cleanup --retain-batches R``, as the scheduled cleanup does). Then the objects each holds
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "include"))
 
 KEY, SECRET, BUCKET = "bench", "bench-secret", "bench-spark"
 NAME = "page_visits"
-TURNS = 3  # runs per storage for the batch times
+TURNS = 3  # runs per storage for the batch times (--turns)
 
 
 def median_ms(durations: list[float]) -> float:
@@ -159,6 +159,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4, help="runs of the cleanup comparison")
     parser.add_argument("--chunk", type=int, default=10, help="batches a run")
     parser.add_argument("--retain", type=int, default=10, help="cleanup's --retain-batches")
+    parser.add_argument("--turns", type=int, default=TURNS, help="runs per storage, in turns")
     args = parser.parse_args()
 
     from stateops.control.target import Target
@@ -201,13 +202,13 @@ def main() -> None:
         # In turns, a run on each storage at a time: whatever else the machine does weighs on
         # both alike.
         timed: dict[str, list[float]] = {"local": [], "s3": []}
-        for turn in range(TURNS):
+        for turn in range(args.turns):
             for where in timed:
-                land(work, where, max(1, args.batches // TURNS), turn)
+                land(work, where, max(1, args.batches // args.turns), turn)
                 timed[where] += run(spark, registry, where)
         print(
-            f"A batch ({len(timed['s3'])} batches each in {TURNS} runs taken in turns, the same "
-            "files; page_visits, RocksDB):"
+            f"A batch ({len(timed['s3'])} batches each in {args.turns} runs taken in turns, the "
+            "same files; page_visits, RocksDB):"
         )
         print("\n".join(batch_figures(timed["local"], timed["s3"])))
 

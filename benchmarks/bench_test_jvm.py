@@ -1,7 +1,7 @@
 """A test's Spark run: the tests' JVM settings and their shared session against a plain
 spark-submit, on the job the tests run most.
 
-    .venv/bin/python benchmarks/bench_test_jvm.py [--runs 5]
+    .venv/bin/python benchmarks/bench_test_jvm.py [--runs 5] [--no-warm-up]
 
 ``spark-submit run_query.py`` of page_visits on a test-sized input (2 files of 40 events,
 2 partitions, a new checkpoint each run), in turn with ``SPARK_SUBMIT_OPTS`` empty (the
@@ -12,6 +12,8 @@ settings (``tests.spark.harness.run_in_session``: what library-level tests use).
 median wall and CPU seconds (user + system of the job's processes: the spark-submit and its
 children, or the session's JVM, its Python workers and this process) of each, and their
 ratios: CPU is what a 2-core machine running two test workers side by side runs out of.
+A warm-up run of the baseline and one in the session go first (``--no-warm-up``: none, for a
+smoke run of the script; the first figures then include what a warm-up would have taken).
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ class InSession:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each, in turn")
+    parser.add_argument(
+        "--no-warm-up", dest="warm_up", action="store_false", help="no warm-up runs first"
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
@@ -109,9 +114,11 @@ def main() -> None:
     try:
         registry = write_registry(root)
         land(root / "landing", round_=0, files=2)
-        one_run(root, registry, settings["JVM defaults (baseline)"])  # warm-up: page cache
+        if args.warm_up:  # the page cache
+            one_run(root, registry, settings["JVM defaults (baseline)"])
         session = InSession(settings["C1 + serial GC + class archive (the tests)"])
-        session.run(root, registry)  # warm-up: a worker's session has run queries before
+        if args.warm_up:  # a worker's session has run queries before
+            session.run(root, registry)
         for i in range(args.runs):
             for label, runs in results.items():
                 if label == shared:

@@ -65,7 +65,7 @@ PARTS = [
     ("export (export_state.py)", '"entries": ['),
     ("rewrite: mapping + batch 0 (bootstrap_state.py)", '"operation": "bootstrap"'),
     ("prove", ": carry-over proven"),
-    ("validate (validate_state.py), switch", ": upgraded: runs its new code"),
+    ("validate (validate_state.py), switch", " upgraded: it runs its new code on "),
 ]
 
 
