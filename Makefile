@@ -59,13 +59,18 @@ test: prereqs lint jars build/stateops.zip
 
 # Where the suite's time goes (benchmarks/suite_report.py): make test, recording every test's
 # time and CPU, every JVM, spark-submit and Python worker it starts, and every shared fixture
-# built; then the report, held against AGAINST (an earlier run's summary.json) if given.
+# built; then the report, held against the previous record (kept as build/suite-record.prev)
+# or against AGAINST, an earlier run's summary.json.
 SUITE_RECORD := build/suite-record
 AGAINST ?=
 suite-report:
-	@rm -rf $(SUITE_RECORD) && mkdir -p $(SUITE_RECORD)
+	@if [ -n "$(AGAINST)" ] && [ ! -f "$(AGAINST)" ]; then echo "error: AGAINST=$(AGAINST): no such file (an earlier run's summary.json)" >&2; exit 2; fi
+	@rm -rf $(SUITE_RECORD).prev; if [ -d $(SUITE_RECORD) ]; then mv $(SUITE_RECORD) $(SUITE_RECORD).prev; fi
+	@mkdir -p $(SUITE_RECORD)
 	@STATEOPS_SUITE_RECORD=$(abspath $(SUITE_RECORD)) $(MAKE) --no-print-directory test; status=$$?; \
-	  $(PY) benchmarks/suite_report.py $(SUITE_RECORD) $(if $(AGAINST),--against $(AGAINST)); \
+	  against="$(AGAINST)"; \
+	  if [ -z "$$against" ] && [ -f $(SUITE_RECORD).prev/summary.json ]; then against=$(SUITE_RECORD).prev/summary.json; fi; \
+	  $(PY) benchmarks/suite_report.py $(SUITE_RECORD) $${against:+--against "$$against"}; \
 	  exit $$status
 
 lint: $(VENV)/.installed

@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 TIERS = ("e2e", "dag", "spark", "unit")
+FIGURES = ("seconds", "cpu", "jvms", "jobs", "sessions", "py_workers")
 
 
 def load(folder: Path) -> tuple[list[dict], list[tuple[float, str, str, str]]]:
@@ -32,8 +33,10 @@ def load(folder: Path) -> tuple[list[dict], list[tuple[float, str, str, str]]]:
     spawn_log = folder / "spawns.log"
     for line in spawn_log.read_text().splitlines() if spawn_log.exists() else []:
         parts = line.split("\t", 3)
-        if len(parts) == 4:
+        try:  # a line two processes' appends interleaved is left out
             spawns.append((float(parts[0]), parts[1], parts[2], parts[3]))
+        except (ValueError, IndexError):
+            continue
     return events, spawns
 
 
@@ -45,8 +48,10 @@ def spawn_kind(program: str, args: str) -> str:
         if "-m" in words[:-1]:
             module = words[words.index("-m") + 1]
             return "python daemon" if module == "pyspark.daemon" else f"python {module}"
-        script = Path(words[0]).name if words else "?"
+        if not words:
+            return "python"
         # A spark-submit of a .py runs it with PYSPARK_PYTHON: the job's driver process.
+        script = Path(words[0]).name
         return f"python driver {script}" if "spark_jobs" in words[0] else f"python {script}"
     if "org.apache.spark.launcher.Main" in words:
         return "spark launcher"
@@ -162,10 +167,10 @@ def group(rows: dict[str, dict], key) -> dict[str, dict]:
     for nodeid, r in rows.items():
         g = out.setdefault(
             key(nodeid),
-            {"tests": 0, "seconds": 0.0, "cpu": 0.0, "jvms": 0, "jobs": 0, "py_workers": 0},
+            {"tests": 0, **dict.fromkeys(FIGURES, 0)},
         )
         g["tests"] += 1
-        for field in ("seconds", "cpu", "jvms", "jobs", "py_workers"):
+        for field in FIGURES:
             g[field] += r[field]
     return out
 
@@ -178,6 +183,26 @@ def _ratio(new: float, old: float | None) -> str:
     return f"  x{new / old:.2f}" if old else ""
 
 
+def _header(what: str, width: int, against: dict | None) -> str:
+    text = f"{what:<{width}}{'tests':>6}{'time':>10}{'CPU':>10}{'JVMs':>6}{'jobs':>6}"
+    text += f"{'sess':>6}{'pyw':>6}"
+    return text + ("   time, CPU / before" if against else "")
+
+
+def _row(label: str, width: int, g: dict, old: dict | None, against: dict | None) -> str:
+    """A tier's or module's figures (sess: Spark sessions, pyw: Python worker starts), and
+    with ``against``, its time and CPU as ratios to the earlier run's."""
+    text = (
+        f"{label:<{width}}{g['tests']:>6}{_m(g['seconds']):>10}{_m(g['cpu']):>10}"
+        f"{g['jvms']:>6}{g['jobs']:>6}{g['sessions']:>6}{g['py_workers']:>6}"
+    )
+    if against:
+        old = old or {}
+        text += _ratio(g["seconds"], old.get("seconds")) or "  new"
+        text += _ratio(g["cpu"], old.get("cpu"))
+    return text
+
+
 def report(summary: dict, against: dict | None) -> list[str]:
     rows = summary["tests"]
     old_rows = against["tests"] if against else {}
@@ -188,22 +213,16 @@ def report(summary: dict, against: dict | None) -> list[str]:
     wall = summary["wall"]
     old_wall = against and against.get("wall")
     out.append(
-        f"suite wall {_m(wall or 0)} on {summary['workers']} worker(s), {len(rows)} tests"
+        (f"suite wall {_m(wall)}" if wall else "suite wall unknown (the run did not finish)")
+        + f" on {summary['workers'] or '?'} worker(s), {len(rows)} tests"
         + (_ratio(wall, old_wall) if wall else "")
         + (f" (was {_m(old_wall)}, {len(old_rows)} tests)" if old_wall else "")
     )
     out.append("")
-    header = f"{'tier':<8}{'tests':>6}{'test time':>11}{'CPU':>10}{'JVMs':>6}{'jobs':>6}{'pyw':>6}"
-    out.append(header + ("   test time / before" if against else ""))
+    out.append(_header("tier", 8, against))
     for tier in (*TIERS, "other"):
-        if tier not in tiers:
-            continue
-        t, o = tiers[tier], old_tiers.get(tier, {})
-        out.append(
-            f"{tier:<8}{t['tests']:>6}{_m(t['seconds']):>11}{_m(t['cpu']):>10}"
-            f"{t['jvms']:>6}{t['jobs']:>6}{t['py_workers']:>6}"
-            + (_ratio(t["seconds"], o.get("seconds")) if against else "")
-        )
+        if tier in tiers:
+            out.append(_row(tier, 8, tiers[tier], old_tiers.get(tier), against))
     outside = summary["outside_tests"]
     out.append(f"outside tests: {outside['jvms']} JVMs, {outside['py_workers']} Python starts")
     out.append("")
@@ -227,16 +246,11 @@ def report(summary: dict, against: dict | None) -> list[str]:
         out.append(f"  {name[:70]:<71}{f['uses']:>5} uses {f['seconds']:>8.1f} s")
     out.append("")
     out.append("modules by test time")
-    out.append(f"{'module':<46}{'tests':>6}{'time':>10}{'CPU':>10}{'JVMs':>6}{'jobs':>6}{'pyw':>6}")
+    out.append(_header("module", 46, against))
     for name, m in sorted(modules.items(), key=lambda kv: -kv[1]["seconds"]):
-        if m["seconds"] < 5:
-            continue
-        o = old_modules.get(name, {})
-        out.append(
-            f"{name.removeprefix('tests/')[:45]:<46}{m['tests']:>6}{_m(m['seconds']):>10}"
-            f"{_m(m['cpu']):>10}{m['jvms']:>6}{m['jobs']:>6}{m['py_workers']:>6}"
-            + (_ratio(m["seconds"], o.get("seconds")) if against else "")
-        )
+        if m["seconds"] >= 5:
+            label = name.removeprefix("tests/")[:45]
+            out.append(_row(label, 46, m, old_modules.get(name), against))
     out.append("")
     out.append("costliest tests")
     for nodeid, r in sorted(rows.items(), key=lambda kv: -kv[1]["seconds"])[:40]:

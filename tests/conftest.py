@@ -625,6 +625,11 @@ def pytest_sessionfinish(session) -> None:
         _RECORDER.write("session", start=_GUARD.wall_started, end=time.time(), workers=workers)
 
 
+def pytest_unconfigure(config) -> None:
+    if _RECORDER is not None:
+        _RECORDER.close()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     started = _RECORDER.test_started(item.nodeid) if _RECORDER is not None else None

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import shutil
+import string
 import sys
 import time
 from pathlib import Path
@@ -33,44 +35,64 @@ for a in "$@"; do
   args+=("$a")
 done
 printf '%s\\t%s\\tjava\\t%s\\n' "$(date +%s.%N)" "${PYTEST_XDIST_WORKER:-main}" \\
-  "${args[*]}" >> "SPAWNS"
-exec "REAL" "$@"
+  "$(printf '%s' "${args[*]}" | tr '\\t\\n' '  ')" >> $SPAWNS
+exec $REAL "$@"
 """
 
 _PYTHON_STANDIN = """#!/bin/sh
 # Records a Python worker's start (Spark runs PYSPARK_PYTHON), then runs the real Python.
-printf '%s\\t%s\\tpython\\t%s\\n' "$(date +%s.%N)" "${PYTEST_XDIST_WORKER:-main}" "$*" \\
-  >> "SPAWNS"
-exec "REAL" "$@"
+printf '%s\\t%s\\tpython\\t%s\\n' "$(date +%s.%N)" "${PYTEST_XDIST_WORKER:-main}" \\
+  "$(printf '%s' "$*" | tr '\\t\\n' '  ')" >> $SPAWNS
+exec $REAL "$@"
 """
 
 
-def _standin(path: Path, template: str, spawns: Path, real: str) -> Path:
+def standin(path: Path, template: str, spawns: Path, real: str) -> Path:
+    """A script at ``path`` that appends a line to ``spawns`` and runs ``real`` with its
+    arguments (``template``: :data:`_JAVA_STANDIN` or :data:`_PYTHON_STANDIN`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(template.replace("SPAWNS", str(spawns)).replace("REAL", real))
+    script = string.Template(template).safe_substitute(
+        SPAWNS=shlex.quote(str(spawns)), REAL=shlex.quote(real)
+    )
+    path.write_text(script)
     path.chmod(0o755)
     return path
 
 
 def install_standins(folder: Path) -> None:
     """The recording ``java`` and Python in this process's environment, inherited by every
-    process the session starts (test workers, spark-submit, Airflow, the broker)."""
+    process the session starts (test workers, spark-submit, Airflow, the broker). The stand-in
+    JDK home links everything else of the real one (its lib/, its other tools)."""
     folder.mkdir(parents=True, exist_ok=True)
+    if str(folder) in os.environ.get("PYSPARK_PYTHON", ""):
+        return  # installed already: this process inherited them
     spawns = folder / "spawns.log"
-    java_home = folder / "java-home"
-    real_java = (
-        str(Path(os.environ["JAVA_HOME"], "bin", "java"))
-        if "JAVA_HOME" in os.environ
-        else shutil.which("java")
+    python = standin(
+        folder / "python" / "python",
+        _PYTHON_STANDIN,
+        spawns,
+        os.environ.get("PYSPARK_PYTHON", sys.executable),
     )
-    real_python = os.environ.get("PYSPARK_PYTHON", sys.executable)
-    if real_java is None or str(java_home) in real_java:
-        return  # no java to wrap, or wrapped already (a worker inherits the controller's)
-    _standin(java_home / "bin" / "java", _JAVA_STANDIN, spawns, real_java)
-    python = _standin(folder / "python" / "python", _PYTHON_STANDIN, spawns, real_python)
-    os.environ["JAVA_HOME"] = str(java_home)
-    os.environ["PATH"] = f"{java_home / 'bin'}{os.pathsep}{os.environ['PATH']}"
     os.environ["PYSPARK_PYTHON"] = str(python)
+    java = (
+        Path(os.environ["JAVA_HOME"], "bin", "java")
+        if "JAVA_HOME" in os.environ
+        else Path(shutil.which("java") or "")
+    )
+    if not java.is_file():
+        return  # no java: the tests that need one say so themselves
+    real_home = java.resolve().parent.parent
+    home = folder / "java-home"
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    for entry in real_home.iterdir():
+        if entry.name != "bin" and not (home / entry.name).exists():
+            (home / entry.name).symlink_to(entry)
+    for tool in (real_home / "bin").iterdir():
+        if tool.name != "java" and not (home / "bin" / tool.name).exists():
+            (home / "bin" / tool.name).symlink_to(tool)
+    standin(home / "bin" / "java", _JAVA_STANDIN, spawns, str(java.resolve()))
+    os.environ["JAVA_HOME"] = str(home)
+    os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}"
 
 
 def _descendants_cpu() -> float:
@@ -107,7 +129,7 @@ def tree_cpu() -> float:
 
 def _plain(nodeid: str) -> str:
     """A test's id without the ``@group`` that xdist's loadgroup appends."""
-    return nodeid.split("@", 1)[0]
+    return nodeid.rsplit("@", 1)[0] if "@tests." in nodeid else nodeid
 
 
 class Recorder:
@@ -117,6 +139,9 @@ class Recorder:
         self.worker = worker
         self.file = (folder / f"events-{worker}.jsonl").open("a", buffering=1)
         self.test: str | None = None
+
+    def close(self) -> None:
+        self.file.close()
 
     def write(self, kind: str, **fields) -> None:
         self.file.write(json.dumps({"kind": kind, "worker": self.worker, **fields}) + "\n")

@@ -28,7 +28,7 @@ from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.core.storage import list_files, location
 from stateops.dev.sampledata import DATASETS, generate_events
-from stateops.ops.start import TRANSIENT_SPARK_ERRORS as TRANSIENT
+from stateops.ops.start import is_transient
 from stateops.spark.streaming import (
     CHECKPOINT_FILE_MANAGER,
     apply_query_conf,
@@ -119,25 +119,34 @@ class Case:
     state_reads: list[dict[str, str]]
     start: Callable = field(repr=False)  # (spark, root, checkpoint, sink) -> StreamingQuery
 
-    def run(self, spark, root: Path, checkpoint: Path, sink: Path, retry: bool = True) -> None:
-        """Run it available-now to its end; once more after a transient failure of Spark's
-        (as the library's runs do: stateops.ops.start.TRANSIENT_SPARK_ERRORS)."""
-        query = self.start(spark, root, checkpoint, sink)
+    def run(self, spark, root: Path, checkpoint: Path, sink: Path) -> None:
+        run_to_end(spark, lambda: self.start(spark, root, checkpoint, sink), self.name)
+
+
+def run_to_end(spark, start: Callable, name: str, timeout: float = 240) -> list:
+    """Start a query with ``start()`` and wait for its available-now run to end, once more
+    after a transient failure of Spark's (as the library's runs do:
+    stateops.ops.start.is_transient); Spark's progress of the run, the query stopped and its
+    stores unloaded (:func:`quiesce`)."""
+    progress: list = []
+    for attempt in (1, 2):
+        query = start()
         try:
             try:
-                query.awaitTermination(240)
+                query.awaitTermination(timeout)
             except Exception:  # noqa: BLE001 - the query's failure, read below
                 pass
             error = query.exception()
-            if retry and error is not None and any(e in str(error) for e in TRANSIENT):
-                query.stop()
-                quiesce(spark)
-                return self.run(spark, root, checkpoint, sink, retry=False)
+            progress += query.recentProgress
+            if attempt == 1 and is_transient(error):
+                continue
             assert error is None, error
-            assert not query.isActive, f"{self.name} did not finish within 240 s"
+            assert not query.isActive, f"{name} did not finish within {timeout} s"
+            return progress
         finally:
             query.stop()
             quiesce(spark)
+    raise AssertionError("unreachable")
 
 
 def quiesce(spark) -> None:

@@ -15,7 +15,7 @@ import yaml
 from stateops.core.registry import load_registry
 from stateops.spark.streaming import apply_query_conf, start_query, use_code_paths
 from tests.conftest import TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
-from tests.spark.harness import EVENTS, USER_CODE, _registered_conf, quiesce
+from tests.spark.harness import EVENTS, USER_CODE, _registered_conf, run_to_end
 
 T0 = 1_790_000_000  # epoch s of the first event (in the past: brokers refuse the future)
 STEP = 20  # s between events: 40 events span more than one 10-minute window and watermark
@@ -124,14 +124,7 @@ def run_with_progress(spark, registry: Path, name: str, timeout: float = 240) ->
     use_code_paths(reg, spark)
     _registered_conf(spark)
     apply_query_conf(spark, query)
-    running = start_query(spark, query, available_now=True)
-    try:
-        running.awaitTermination(timeout)
-        assert running.exception() is None, running.exception()
-        assert not running.isActive, f"{name} did not finish within {timeout} s"
-        return [
-            json.loads(p.json) if hasattr(p, "json") else dict(p) for p in running.recentProgress
-        ]
-    finally:
-        running.stop()
-        quiesce(spark)
+    progress = run_to_end(
+        spark, lambda: start_query(spark, query, available_now=True), name, timeout
+    )
+    return [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in progress]

@@ -113,8 +113,9 @@ def test_a_python_worker_too_slow_for_spark_once_restarts_the_query_and_loses_no
     root, _, results, stderr = ran
     assert (root / "delayed").exists(), "the driver worker was never started slowly"
     assert (
-        "page_visits: Python worker failed to connect back. (Spark's fixed 10 s for a Python "
-        "worker to start, on a busy machine): restarting the query once"
+        "page_visits: Python worker failed to connect back. (Spark gives a Python worker it "
+        "starts itself a fixed 10 s to connect back; a busy machine can miss it): restarting "
+        "the query once"
     ) in stderr["page_visits"], stderr["page_visits"][-3000:]
     assert results["page_visits"]["status"] == "succeeded"
     assert "restarting the query" not in stderr["user_sessions"]

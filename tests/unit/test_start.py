@@ -142,3 +142,40 @@ def test_a_failed_first_start_leaves_no_checkpoint_folder_and_a_committed_one_st
     (checkpoint / "commits").mkdir(parents=True)
     (checkpoint / "commits" / "0").write_text("v1")
     assert not _discard_failed_start(query, fresh=True) and checkpoint.exists()
+
+
+TRANSIENT = "org.apache.spark.SparkException: Python worker failed to connect back."
+
+
+@pytest.mark.parametrize(
+    "attempts, runs, error, progress",
+    [
+        # A transient failure: the query runs once more, and the run is the two together.
+        ([(False, TRANSIENT, [1]), (False, None, [2, 3])], 2, None, [1, 2, 3]),
+        # Twice in a row: the second is the run's error, no third start.
+        ([(False, TRANSIENT, []), (False, TRANSIENT, [])], 2, TRANSIENT, []),
+        # Any other failure is the run's error at once.
+        ([(False, "boom", [1])], 1, "boom", [1]),
+        # A stop request was taken (continuous mode): the operator's stop stands.
+        ([(True, TRANSIENT, [1])], 1, TRANSIENT, [1]),
+    ],
+)
+def test_a_run_restarts_once_after_a_transient_spark_failure(
+    monkeypatch, tmp_path, capsys, attempts, runs, error, progress
+):
+    import stateops.ops.start as start
+
+    left = [start._Ran(stopped, err, list(p)) for stopped, err, p in attempts]
+    calls = []
+
+    def once(spark, query, stop, poll_seconds, until_batch, initial_state):
+        calls.append(initial_state)
+        return left.pop(0)
+
+    monkeypatch.setattr(start, "_run_stream_once", once)
+    query = _query(tmp_path)
+    ran = start._run_stream(None, query, None, 1.0, None, "the initial state")
+    assert (len(calls), ran.error, ran.progress) == (runs, error, progress)
+    assert calls == ["the initial state"] * runs  # batch 0 may not have committed: passed again
+    said = capsys.readouterr().err
+    assert ("restarting the query once" in said) == (runs == 2), said

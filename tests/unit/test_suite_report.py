@@ -69,16 +69,28 @@ def test_each_start_goes_to_the_test_running_on_its_worker_then(tmp_path):
     assert summary["starts"]["kafka broker"] == 1
 
 
+def test_a_damaged_spawn_line_and_a_bare_python_are_no_crash(tmp_path):
+    _record(tmp_path)
+    with (tmp_path / "spawns.log").open("a") as log:
+        log.write("101.5\tgw0\tpy")  # two appends interleaved: a line cut short
+        log.write("\n101.6\tgw0\tpython\t\n")
+    summary = report.summarise(*report.load(tmp_path))
+    assert summary["starts"]["python"] == 1 and summary["tests"][A]["py_workers"] == 3
+
+
 def test_the_report_holds_a_run_against_an_earlier_one(tmp_path):
     _record(tmp_path)
     summary = report.summarise(*report.load(tmp_path))
     earlier = json.loads(json.dumps(summary))
     earlier["wall"] = 100.0
     earlier["tests"][A]["seconds"] = 60.0
+    earlier["tests"][A]["cpu"] = 20.0
     lines = report.report(summary, earlier)
     assert lines[0].startswith("suite wall 0m50.0s on 2 worker(s), 2 tests  x0.50")
     spark = next(line for line in lines if line.startswith("spark "))
-    assert spark.split()[1] == "1" and spark.endswith("x0.50"), spark
+    assert spark.split()[1] == "1" and spark.endswith("x0.50  x2.00"), spark
+    # A run that did not finish has no wall time, and says so.
+    assert report.report({**summary, "wall": None}, None)[0].startswith("suite wall unknown")
 
 
 def test_a_tier_over_its_budget_names_the_module_that_costs_most():
@@ -97,3 +109,32 @@ def test_a_tier_over_its_budget_names_the_module_that_costs_most():
     guard = _TimeGuard()
     guard.add(SimpleNamespace(nodeid="tests/unit/a.py::t", duration=1.0, keywords={"unit": 1}))
     assert not any(over for _, over in guard.lines(2)[1:])
+
+
+@pytest.mark.parametrize("template", ["_JAVA_STANDIN", "_PYTHON_STANDIN"])
+def test_a_standin_records_the_start_and_runs_the_real_program_with_its_arguments(
+    tmp_path, template
+):
+    import subprocess
+
+    from tests import suite_record
+
+    got = tmp_path / "got"
+    real = tmp_path / "real program"  # a space in its path
+    real.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{got}"\nexit 7\n')
+    real.chmod(0o755)
+    spawns = tmp_path / "spawns 'log'"
+    program = "java" if template == "_JAVA_STANDIN" else "python"
+    standin = suite_record.standin(
+        tmp_path / "bin" / program, getattr(suite_record, template), spawns, str(real)
+    )
+    args = ["-cp", "/jars/*", "a b", "it's", "$HOME", "tab\there", "Main"]
+    proc = subprocess.run(
+        [standin, *args], env={"PATH": "/usr/bin:/bin", "PYTEST_XDIST_WORKER": "gw1"}
+    )
+    assert proc.returncode == 7  # the real program's
+    assert got.read_text().split("\n")[:-1] == args  # passed on as they were
+    when, worker, kind, logged = spawns.read_text().rstrip("\n").split("\t")
+    assert float(when) > 0 and (worker, kind) == ("gw1", program)
+    shown = "a b it's $HOME tab here Main"
+    assert logged == (shown if program == "java" else f"-cp /jars/* {shown}")  # java: no class path

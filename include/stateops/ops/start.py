@@ -616,17 +616,23 @@ def _run_stream(
     until_batch: int | None,
     initial_state: Any,
 ) -> _Ran:
-    """:func:`_run_stream_once`, run again once after a transient failure of Spark's."""
+    """:func:`_run_stream_once`, run again once after a transient failure of Spark's (not
+    after a stop request was taken: the operator asked for the query to stop)."""
     ran = _run_stream_once(spark, query, stop, poll_seconds, until_batch, initial_state)
-    transient = ran.error is not None and any(e in str(ran.error) for e in TRANSIENT_SPARK_ERRORS)
-    if not transient:
+    if ran.stopped or not is_transient(ran.error):
         return ran
     print(
-        f"{query.name}: {str(ran.error).splitlines()[0]} (Spark's fixed 10 s for a Python "
-        "worker to start, on a busy machine): restarting the query once",
+        f"{query.name}: {str(ran.error).splitlines()[0]} (Spark gives a Python worker it "
+        "starts itself a fixed 10 s to connect back; a busy machine can miss it): restarting "
+        "the query once",
         file=sys.stderr,
     )
     return ran.then(_run_stream_once(spark, query, stop, poll_seconds, until_batch, initial_state))
+
+
+def is_transient(error: Any) -> bool:
+    """Whether a query's failure is one of :data:`TRANSIENT_SPARK_ERRORS`."""
+    return error is not None and any(e in str(error) for e in TRANSIENT_SPARK_ERRORS)
 
 
 def _run_stream_once(
@@ -683,7 +689,10 @@ def _finish_planned(
     if not planned:
         return _Ran()
     print(f"{query.name}: the stop fell inside batch {planned[-1]}: finishing it", file=sys.stderr)
-    return _run_stream(spark, _one_batch(query), None, poll_seconds, planned[-1], initial_state)
+    # Once: the run that drained is itself restarted after a transient failure (_run_stream).
+    return _run_stream_once(
+        spark, _one_batch(query), None, poll_seconds, planned[-1], initial_state
+    )
 
 
 @contextmanager
