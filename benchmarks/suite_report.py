@@ -119,11 +119,13 @@ def summarise(events: list[dict], spawns: list) -> dict:
     for e in events:
         if e["kind"] == "phase" and e["test"] in tests:
             tests[e["test"]]["seconds"] += e["seconds"]
+            # The test's tier is its first tier marker, as the time guard counts it.
+            tests[e["test"]].setdefault("tier", (e.get("keywords") or [None])[0])
     starts = attribute(tests, spawns)
     rows = {}
     for nodeid, t in tests.items():
         rows[nodeid] = {
-            "tier": tier_of(nodeid),
+            "tier": t.get("tier") or tier_of(nodeid),
             "seconds": round(t["seconds"], 2),
             "cpu": t["cpu"],
             **figures(starts.get(nodeid, Counter())),
@@ -206,7 +208,10 @@ def _row(label: str, width: int, g: dict, old: dict | None, against: dict | None
 def report(summary: dict, against: dict | None) -> list[str]:
     rows = summary["tests"]
     old_rows = against["tests"] if against else {}
-    tiers, old_tiers = group(rows, lambda n: rows[n]["tier"]), group(old_rows, tier_of)
+    tiers, old_tiers = (
+        group(rows, lambda n: rows[n]["tier"]),
+        group(old_rows, lambda n: old_rows[n]["tier"]),
+    )
     modules = group(rows, module_of)
     old_modules = group(old_rows, module_of)
     out = []
