@@ -608,17 +608,10 @@ class _Ran:
 TRANSIENT_SPARK_ERRORS = ("Python worker failed to connect back",)
 
 
-def _run_stream(
-    spark: SparkSession,
-    query: Query,
-    stop: Callable[[], bool] | None,
-    poll_seconds: float,
-    until_batch: int | None,
-    initial_state: Any,
-) -> _Ran:
-    """:func:`_run_stream_once`, run again once after a transient failure of Spark's (not
-    after a stop request was taken: the operator asked for the query to stop)."""
-    ran = _run_stream_once(spark, query, stop, poll_seconds, until_batch, initial_state)
+def _run_stream(spark: SparkSession, query: Query, *args: Any) -> _Ran:
+    """:func:`_run_stream_once` (same arguments), run again once after a transient failure of
+    Spark's (not after a stop request was taken: the operator asked for the query to stop)."""
+    ran = _run_stream_once(spark, query, *args)
     if ran.stopped or not is_transient(ran.error):
         return ran
     print(
@@ -627,7 +620,7 @@ def _run_stream(
         "the query once",
         file=sys.stderr,
     )
-    return ran.then(_run_stream_once(spark, query, stop, poll_seconds, until_batch, initial_state))
+    return ran.then(_run_stream_once(spark, query, *args))
 
 
 def is_transient(error: Any) -> bool:
