@@ -650,7 +650,7 @@ def pytest_runtest_logreport(report) -> None:
     if _GUARD is not None:
         _GUARD.add(report)
     if _RECORDER is not None and not hasattr(report, "node"):  # not a worker's, forwarded
-        _RECORDER.phase(report)
+        _RECORDER.phase(report, [t for t in TIERS if t in report.keywords])
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:

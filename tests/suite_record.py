@@ -1,9 +1,9 @@
 """Where the suite's time goes: a record of one test session, for benchmarks/suite_report.py.
 
 On when ``STATEOPS_SUITE_RECORD`` names a folder (``make suite-report`` sets it). Each test
-process appends to its own ``events-<worker>.jsonl`` there: every test's phases (wall seconds,
-and the CPU seconds of the process and everything it started), every fixture set up (name,
-scope, seconds) and the test it was set up for. Stand-ins for ``java`` and for Spark's Python
+process appends to its own ``events-<worker>.jsonl`` there: every test's phases (wall
+seconds, its tier markers) and its CPU seconds (the process and everything it started), every
+fixture set up (name, scope, seconds) and the test it was set up for. Stand-ins for ``java`` and for Spark's Python
 (``JAVA_HOME``, ``PATH``, ``PYSPARK_PYTHON``) append each JVM and each Python worker started
 to ``spawns.log`` with the time and the test worker it came from (``PYTEST_XDIST_WORKER``,
 which every process a worker starts inherits), then run the real one: the report gives each
@@ -161,14 +161,14 @@ class Recorder:
         )
         self.test = None
 
-    def phase(self, report) -> None:
+    def phase(self, report, tiers: list[str]) -> None:
         self.write(
             "phase",
             test=_plain(report.nodeid),
             when=report.when,
             seconds=round(report.duration, 3),
             outcome=report.outcome,
-            keywords=[k for k in ("e2e", "dag", "spark", "unit") if k in report.keywords],
+            keywords=tiers,
         )
 
     def fixture(self, fixturedef, seconds: float) -> None:
