@@ -1,15 +1,16 @@
 """Where the suite's time goes: a record of one test session, for benchmarks/suite_report.py.
 
 On when ``STATEOPS_SUITE_RECORD`` names a folder (``make suite-report`` sets it). Each test
-process appends to its own ``events-<worker>.jsonl`` there: every test's phases (wall
-seconds, its tier markers) and its CPU seconds (the process and everything it started), every
-fixture set up (name, scope, seconds) and the test it was set up for. Stand-ins for ``java`` and for Spark's Python
-(``JAVA_HOME``, ``PATH``, ``PYSPARK_PYTHON``) append each JVM and each Python worker started
-to ``spawns.log`` with the time and the test worker it came from (``PYTEST_XDIST_WORKER``,
-which every process a worker starts inherits), then run the real one: the report gives each
-start to the test that was running on that worker at the time, including the Python workers
-that the shared Spark session of a test process starts long after it was itself started.
-Python workers that Spark's daemon forks are not separate starts: the daemon is counted.
+process appends to its own ``events-<worker>.jsonl`` there: every test's phases (wall seconds,
+its tier markers) and its CPU seconds (the process and everything it started), every fixture
+set up (name, scope, seconds) and the test it was set up for. Stand-ins for ``java`` and for
+Spark's Python (``JAVA_HOME``, ``PATH``, ``PYSPARK_PYTHON``) append each JVM and each Python
+worker started to ``spawns.log`` with the time and the test worker it came from
+(``PYTEST_XDIST_WORKER``, which every process a worker starts inherits), then run the real one:
+the report gives each start to the test that was running on that worker at the time, including
+the Python workers that the shared Spark session of a test process starts long after it was
+itself started. Python workers that Spark's daemon forks are not separate starts: the daemon is
+counted.
 """
 
 from __future__ import annotations
