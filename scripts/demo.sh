@@ -56,6 +56,9 @@ print(f"  {variable} in the state: {sum(counts)} over {table.num_rows} keys; eve
 sys.exit(0 if sum(counts) == produced else 1)
 EOF
 }
+shown() {  # lines of a command's output, indented and wrapped whole (a cut hid their advice)
+  fold -s -w 110 | sed 's/^/  /'
+}
 digest() {  # one checksum of every file of a folder (names and bytes)
   (cd "$1" && find . -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 }
@@ -155,7 +158,7 @@ migrate=(stateops migrate "$QUERY" --new-source-format kafka --new-source-topic 
 echo "${migrate[*]}  (log: $DATA/migrate.log)"
 logged migrate "${migrate[@]}"
 grep -E "^(PLAN: migration|  cutover:|  carry-over:|$QUERY: (kafka|drained|carry-over|switched)|carry-over road|transplant done|  [0-9]+ files .* starts at batch)" \
-  "$DATA/migrate.log" | cut -c1-200 | sed 's/^/  /' || true
+  "$DATA/migrate.log" | shown || true
 echo "stateops inspect $QUERY: the new checkpoint starts $NEW_TOPIC at the offsets of the cutover"
 stateops inspect "$QUERY" | grep -E "^(checkpoint|kafka|  +batch)" | sed 's/^/  /' || true
 stateops status "$QUERY" --no-backups | grep -E "kafka|$NEW_TOPIC" | sed 's/^/  /' || true
@@ -194,12 +197,12 @@ Path(dest).write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
 print(f"  {dest}: {name} with {views}:PageViewsProcessor")
 EOF
 echo "stateops status $QUERY: Spark would start the new code by dropping the old state"
-up status "$QUERY" --no-backups | grep -E "FAIL" | head -2 | cut -c1-200 | sed 's/^/  /' || true
+up status "$QUERY" --no-backups | grep -E "FAIL" | head -2 | shown || true
 echo "stateops upgrade $QUERY --dry-run: what the new code does to each state variable"
-up upgrade "$QUERY" --dry-run 2>&1 | grep -E "^  (state|key|operator)" | cut -c1-150 | sed 's/^/  /' || true
+up upgrade "$QUERY" --dry-run 2>&1 | grep -E "^  (state|key|operator)" | shown || true
 echo "stateops upgrade $QUERY  (log: $DATA/upgrade.log)"
 logged upgrade up upgrade "$QUERY"
-grep -E "^$QUERY(: carry-over proven| upgraded)" "$DATA/upgrade.log" | cut -c1-200 | sed 's/^/  /' || true
+grep -E "^$QUERY(: carry-over proven| upgraded)" "$DATA/upgrade.log" | shown || true
 produce --topic "$NEW_TOPIC" --round 3 --files 1
 echo "stateops run $QUERY with the new code  (log: $DATA/run-2.log)"
 logged run-2 up run "$QUERY"
@@ -264,7 +267,7 @@ print(json.load(sys.stdin)["last_committed_batch"])') - 2 ))
 step "Rollback to batch $to (a server-side backup first) and reprocess the 2 batches after it"
 echo "stateops rollback $S3Q --to-batch $to  (log: $DATA/s3-rollback.log)"
 logged s3-rollback s3q rollback "$S3Q" --to-batch "$to"
-grep -E "^(rollback rollback-|backup b-.* uploaded)" "$DATA/s3-rollback.log" | cut -c1-160 | sed 's/^/  /' || true
+grep -E "^(rollback rollback-|backup b-.* uploaded)" "$DATA/s3-rollback.log" | shown || true
 echo "stateops run $S3Q  (log: $DATA/s3-rerun.log)"
 logged s3-rerun s3q run "$S3Q"
 run_summary "$DATA/s3-rerun.log"
