@@ -36,7 +36,7 @@ from stateops.ops.backfill import plan_backfill, run_backfill
 from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
 from stateops.ops.repartition import run_repartition
 from stateops.spark.streaming import checkpoint_url
-from tests.conftest import spark_submit_run_query, write_registry
+from tests.conftest import S3A_BUCKET, spark_submit_run_query, write_registry
 from tests.spark.harness import (
     job_in_session,
     job_runner,
@@ -357,3 +357,30 @@ def test_spark_writes_an_s3_checkpoint_with_the_abortable_file_manager_only(spar
     assert spark.conf.get("fs.s3a.endpoint.region")  # the S3 settings came with it
     assert checkpoint_url(spark, "/tmp/q") == "/tmp/q"
     assert spark.conf.get(CHECKPOINT_FILE_MANAGER, None) is None
+
+
+def test_a_session_reads_s3_with_the_classic_stream_and_sees_files_rewritten_in_place(
+    spark, s3a_env, tmp_path
+):
+    """Our operations rewrite checkpoint files in place (a restore, a rollback, a batch run
+    again) while a session that read them lives on: each read sees the object as it now is,
+    longer or shorter, through Spark's own reader and through a plain ``FileSystem.open`` (how
+    Spark reads a checkpoint's logs and state metadata), S3A's classic stream
+    (:func:`stateops.core.s3.spark_s3_conf` says why not Hadoop 3.5's default)."""
+    key = f"{tmp_path.name}/rewritten/0"
+    url = checkpoint_url(spark, s3a_env.url(key))
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(url)
+    fs = path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+    client = s3a_env.client()
+    for version in ["v1 " + "x" * 5000, "v2 shorter", "v3 " + "y" * 20000, "v4"]:
+        client.put_object(Bucket=S3A_BUCKET, Key=key, Body=f"{version}\n".encode())
+        stream = fs.open(path)
+        try:
+            assert stream.getWrappedStream().getClass().getSimpleName() == "S3AInputStream"
+            assert bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)) == (
+                f"{version}\n".encode()
+            )
+        finally:
+            stream.close()
+        assert [row.value for row in spark.read.text(url).collect()] == [version]

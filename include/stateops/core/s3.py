@@ -111,9 +111,15 @@ def spark_s3_conf(settings: S3Settings) -> dict[str, str]:
     """``settings`` as Spark's (``spark.hadoop.fs.s3a.*``): the endpoint (path-style, plain
     http when it says so), its region, and the keys when given (else S3A's own chain: the
     environment, the instance's role). Set on the session inside the job, never on a command
-    line (where ``ps`` and the Airflow task log would show the secret)."""
+    line (where ``ps`` and the Airflow task log would show the secret).
+
+    Reads use S3A's classic stream. Hadoop 3.5's default, the analytics accelerator, is made for
+    columnar files; its file system keeps an entry for every object it read until it closes
+    (HADOOP-20058), and a streaming driver reads new log and state files every batch for as
+    long as it runs; it also once failed a read of a state metadata file under load in CI
+    ("Error accessing ...", not reproduced since)."""
     _check_endpoint(settings.endpoint_url)
-    conf = {"fs.s3a.endpoint.region": settings.region}
+    conf = {"fs.s3a.endpoint.region": settings.region, "fs.s3a.input.stream.type": "classic"}
     if settings.endpoint_url:
         https = settings.endpoint_url.startswith("https:")
         conf |= {
