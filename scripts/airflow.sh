@@ -118,18 +118,11 @@ echo "airflow standalone"
 start airflow airflow standalone
 wait_for "the Airflow API server" "http://127.0.0.1:$PORT/api/v2/version"
 # Every lifecycle DAG unpaused, once the DAG processor has stored them (a paused DAG's manual
-# runs would only queue).
-dags=$(ls dags/stream_*.py | wc -l)
-for _ in $(seq 120); do
-  [ "$(airflow dags list --output plain 2>/dev/null | grep -c '^stream_')" -ge "$dags" ] && break
-  sleep 2
-done
-# STATEOPS_UNPAUSE: the DAGs to unpause (default: all; an unpaused scheduled DAG runs once at
-# once, for its latest interval).
-unpause="${STATEOPS_UNPAUSE:-$(airflow dags list --output plain 2>/dev/null | awk '$1 ~ /^stream_/ {print $1}')}"
-for dag in $unpause; do airflow dags unpause "$dag" > /dev/null; done
-echo "$(airflow dags list --output plain 2>/dev/null | grep -c '^stream_') lifecycle DAGs;" \
-  "unpaused: $(echo $unpause)"
+# runs would only queue). STATEOPS_UNPAUSE: the DAGs to unpause (default: all; an unpaused
+# scheduled DAG runs once at once, for its latest interval). Over the REST API: an `airflow`
+# command costs seconds of CPU a call, on the cores the DAG processor is parsing with.
+python -m stateops.dev.airflow_dags "http://127.0.0.1:$PORT" "$RUN/passwords.json" \
+  --expect "$(ls dags/stream_*.py | wc -l)" --unpause "${STATEOPS_UNPAUSE:-}"
 
 cat <<EOF
 
