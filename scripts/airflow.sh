@@ -18,20 +18,24 @@ KAFKA_PORT="${STATEOPS_KAFKA_PORT:-${STATEOPS_KAFKA_BOOTSTRAP_SERVERS##*:}}"
 PASSWORD="${STATEOPS_ADMIN_PASSWORD:-admin}"
 export STATEOPS_DATA_DIR="$DATA"
 
-alive() {  # a live (not zombie) process in group $1; PID 1 here may never reap zombies
-  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {live = 1} END {exit !live}'
+members() {  # the live (not zombie) processes of session $1; PID 1 here may never reap zombies
+  ps -eo pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'
 }
+alive() { [ -n "$(members "$1")" ]; }
 stop_all() {  # newest first: Airflow (Ctrl-C, as in a terminal), then the services it uses
+  # Each component leads its own session (setsid). A signal goes to its whole session, not its
+  # process group: Airflow runs each task in a group of its own, and a task's spark-submit
+  # outlived a stop that signalled the group only.
   touch "$RUN/stopping"
   for name in airflow kafka s3 spark-worker spark-master; do
     [ -e "$RUN/$name.pid" ] || continue
     pid="$(cat "$RUN/$name.pid")"
-    [ "$name" = airflow ] && signal=INT || signal=TERM
-    kill "-$signal" -- "-$pid" 2>/dev/null || true   # each component leads its own process group
+    if [ "$name" = airflow ]; then kill -INT -- "-$pid" 2>/dev/null || true
+    else kill -TERM $(members "$pid") 2>/dev/null || true; fi
     for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
-    alive "$pid" && kill -TERM -- "-$pid" 2>/dev/null
+    alive "$pid" && kill -TERM $(members "$pid") 2>/dev/null
     for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
-    alive "$pid" && kill -KILL -- "-$pid" 2>/dev/null && echo "$name did not stop in 60 s: killed" >&2
+    alive "$pid" && kill -KILL $(members "$pid") 2>/dev/null && echo "$name did not stop in 60 s: killed" >&2
     rm -f "$RUN/$name.pid"
   done
   rm -f "$RUN/stopping"
