@@ -58,6 +58,18 @@ def _bootstrap(registry: Path, initial: Path, *extra: str):
     return proc, proc.stdout + proc.stderr  # spark-submit passes the driver's stderr on stdout
 
 
+def _bootstrap_in_session(spark, registry: Path, initial: Path) -> dict:
+    """The bootstrap job's ``main`` in the shared session, for the tests whose subject is the
+    state it leaves; its road through spark-submit (exit codes, one-line refusals) is the
+    subject of the tests that call :func:`_bootstrap`."""
+    return summary_of(
+        *job_in_session(
+            spark, "bootstrap_state.py", "--registry", str(registry), "--query", "page_visits",
+            "--initial-state", str(initial),
+        )
+    )  # fmt: skip
+
+
 def _summary(proc) -> dict:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -119,7 +131,7 @@ def test_a_start_on_an_empty_source_keeps_the_bootstrap_pending(spark, tmp_path)
     registry = write_registry(tmp_path)
     (tmp_path / "landing" / "page_visits").mkdir(parents=True)
     initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
-    summary = _summary(_bootstrap(registry, initial)[0])
+    summary = _bootstrap_in_session(spark, registry, initial)
     assert summary["bootstrap"] == "pending" and summary["last_committed_batch"] is None
     reg = load_registry(registry)
     assert reg.bootstrap_marker("page_visits").exists()
@@ -164,7 +176,7 @@ def test_bootstrap_from_a_state_export(spark, tmp_path):
     assert code == 0, out
     new = write_registry(tmp_path / "new")
     land(tmp_path / "new" / "landing", round_=1, files=1)
-    summary = _summary(_bootstrap(new, export)[0])
+    summary = _bootstrap_in_session(spark, new, export)
     assert summary["bootstrap"] == "complete"
     expected = Counter(_counts(spark, old_ckpt)) + _landed(tmp_path / "new")
     assert _counts(spark, load_registry(new).query("page_visits").checkpoint) == dict(expected)
@@ -202,17 +214,7 @@ def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
     initial = _write_json(tmp_path / "initial" / "pages.json", INITIAL)
-    boot = job_in_session(
-        spark,
-        "bootstrap_state.py",
-        "--registry",
-        str(registry),
-        "--query",
-        "page_visits",
-        "--initial-state",
-        str(initial),
-    )
-    assert summary_of(*boot)["proof"]["ok"]
+    assert _bootstrap_in_session(spark, registry, initial)["proof"]["ok"]
     query = load_registry(registry).query("page_visits")
     ckpt = Path(query.checkpoint)
     before = tree_digest(ckpt)
