@@ -1,4 +1,6 @@
-"""Bootstrap through spark-submit: refusals, validation, pending until batch 0, equality."""
+"""Bootstrap: through spark-submit, its refusals, validation, equality and the transplant; the job's
+``main`` in the shared session where the subject is the state it leaves (pending until batch 0,
+from a state export, the proof)."""
 
 from __future__ import annotations
 
