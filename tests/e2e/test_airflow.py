@@ -26,6 +26,7 @@ import pytest
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.report import checkpoint_report
+from stateops.dev.airflow_dags import api_call as _request
 from stateops.dev.s3server import free_port
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server, tree_digest
 from tests.spark.harness import read_sink
@@ -71,18 +72,6 @@ class Stack:
             text=True,
             timeout=300,
         )
-
-
-def _request(url: str, method: str = "GET", body: dict | None = None, token: str = "") -> dict:
-    request = urllib.request.Request(
-        url,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"}
-        | ({"Authorization": f"Bearer {token}"} if token else {}),
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read() or b"{}")
 
 
 def _until(what: str, check, timeout: float, log) -> object:

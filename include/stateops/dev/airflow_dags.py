@@ -20,7 +20,8 @@ import urllib.request
 PREFIX = "stream_"
 
 
-def _call(url: str, method: str = "GET", body: dict | None = None, token: str = "") -> dict:
+def api_call(url: str, method: str = "GET", body: dict | None = None, token: str = "") -> dict:
+    """One request to the Airflow REST API (JSON in and out; ``token``: a bearer token)."""
     request = urllib.request.Request(
         url,
         method=method,
@@ -34,7 +35,7 @@ def _call(url: str, method: str = "GET", body: dict | None = None, token: str = 
 
 def lifecycle_dags(base: str, token: str) -> list[str]:
     """The ``stream_*`` DAGs the API knows (the DAG processor stored them)."""
-    dags = _call(f"{base}/api/v2/dags?limit=1000&dag_id_pattern={PREFIX}", token=token)["dags"]
+    dags = api_call(f"{base}/api/v2/dags?limit=1000&dag_id_pattern={PREFIX}", token=token)["dags"]
     return sorted(d["dag_id"] for d in dags if d["dag_id"].startswith(PREFIX))
 
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     base = args.url.rstrip("/")
     with open(args.passwords_file) as f:
         login = {"username": "admin", "password": json.load(f)["admin"]}
-    token = _call(f"{base}/auth/token", "POST", login)["access_token"]
+    token = api_call(f"{base}/auth/token", "POST", login)["access_token"]
     deadline = time.monotonic() + args.timeout
     while len(listed := lifecycle_dags(base, token)) < args.expect:
         if time.monotonic() > deadline:
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     unpause = args.unpause.split() or listed
     for dag in unpause:
         try:
-            _call(f"{base}/api/v2/dags/{dag}", "PATCH", {"is_paused": False}, token)
+            api_call(f"{base}/api/v2/dags/{dag}", "PATCH", {"is_paused": False}, token)
         except urllib.error.HTTPError as e:
             print(f"error: cannot unpause {dag}: HTTP {e.code}; known: {listed}", file=sys.stderr)
             return 1
