@@ -33,9 +33,13 @@ stop_all() {  # newest first: Airflow (Ctrl-C, as in a terminal), then the servi
     if [ "$name" = airflow ]; then kill -INT -- "-$pid" 2>/dev/null || true
     else kill -TERM $(members "$pid") 2>/dev/null || true; fi
     for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
-    alive "$pid" && kill -TERM $(members "$pid") 2>/dev/null
+    # (|| true: a process may end between members and kill, which then fails under set -e)
+    if alive "$pid"; then kill -TERM $(members "$pid") 2>/dev/null || true; fi
     for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
-    alive "$pid" && kill -KILL $(members "$pid") 2>/dev/null && echo "$name did not stop in 60 s: killed" >&2
+    if alive "$pid"; then
+      kill -KILL $(members "$pid") 2>/dev/null || true
+      echo "$name did not stop in 60 s: killed" >&2
+    fi
     rm -f "$RUN/$name.pid"
   done
   rm -f "$RUN/stopping"
