@@ -27,6 +27,7 @@ import pytest
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.report import checkpoint_report
 from stateops.dev.airflow_dags import api_call as _request
+from stateops.dev.airflow_dags import api_token
 from stateops.dev.s3server import free_port
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server, tree_digest
 from tests.spark.harness import read_sink
@@ -59,8 +60,7 @@ class Stack:
         return self.log.read_text()
 
     def token(self) -> str:
-        body = {"username": "admin", "password": PASSWORD}
-        return _request(f"{self.base}/auth/token", "POST", body)["access_token"]
+        return api_token(self.base, PASSWORD)
 
     def stop(self) -> subprocess.CompletedProcess:
         """`make airflow-stop`: the script's stop, from another shell."""

@@ -33,6 +33,12 @@ def api_call(url: str, method: str = "GET", body: dict | None = None, token: str
         return json.loads(response.read() or b"{}")
 
 
+def api_token(base: str, password: str) -> str:
+    """A bearer token for the admin user of the simple auth manager."""
+    login = {"username": "admin", "password": password}
+    return api_call(f"{base}/auth/token", "POST", login)["access_token"]
+
+
 def lifecycle_dags(base: str, token: str) -> list[str]:
     """The ``stream_*`` DAGs the API knows (the DAG processor stored them)."""
     dags = api_call(f"{base}/api/v2/dags?limit=1000&dag_id_pattern={PREFIX}", token=token)["dags"]
@@ -51,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = args.url.rstrip("/")
     with open(args.passwords_file) as f:
-        login = {"username": "admin", "password": json.load(f)["admin"]}
-    token = api_call(f"{base}/auth/token", "POST", login)["access_token"]
+        token = api_token(base, json.load(f)["admin"])
     deadline = time.monotonic() + args.timeout
     while len(listed := lifecycle_dags(base, token)) < args.expect:
         if time.monotonic() > deadline:
