@@ -1,12 +1,13 @@
 """Export and bootstrap of N keys against replaying the events that built the same state.
 
     .venv/bin/python benchmarks/bench_bootstrap.py [--keys 100000] [--events-per-key 10]
+        [--partitions 8]
 
-page_visits, local[2], RocksDB, through the project's spark-submit jobs (so every figure
-includes a JVM start of a few seconds). Replay: run_query.py over all events into a new
-checkpoint. Export: export_state.py of that state. Bootstrap: bootstrap_state.py from the export
-into a new checkpoint, with one small file so that batch 0 commits.
-"""
+page_visits, local[2], RocksDB, 8 state partitions (``--partitions``), through the project's
+spark-submit jobs (so every figure includes a JVM start of a few seconds). Replay: run_query.py
+over all events into a new checkpoint. Export: export_state.py of that state. Bootstrap:
+bootstrap_state.py from the export into a new checkpoint, with one small file so that batch 0
+commits."""
 
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ def job(name: str, *args: str) -> tuple[float, str]:
     return time.perf_counter() - start, (proc.stdout.strip().splitlines() or [""])[-1]
 
 
-def registry(root: Path, checkpoint: str, landing: str) -> Path:
+def registry(root: Path, checkpoint: str, landing: str, partitions: int) -> Path:
     raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
     spec = raw["queries"]["page_visits"]
-    spec.update(checkpoint=checkpoint, shuffle_partitions=8)
+    spec.update(checkpoint=checkpoint, shuffle_partitions=partitions)
     spec["source"] = {**spec["source"], "path": landing, "options": {}}
     raw = {"data_dir": str(root), "queries": {"page_visits": spec}}
     path = root / f"{checkpoint.replace('/', '_')}.yaml"
@@ -71,29 +72,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--events-per-key", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=8, help="the query's state partitions")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
     root = Path(tempfile.mkdtemp(prefix="bench-bootstrap-"))
     try:
-        run(root, args.keys, args.events_per_key)
+        run(root, args.keys, args.events_per_key, args.partitions)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(root: Path, keys: int, per_key: int) -> None:
+def run(root: Path, keys: int, per_key: int, partitions: int) -> None:
     events = write_events(root / "landing" / "all", keys, per_key, files=4)
     (root / "landing" / "new").mkdir(parents=True)
     (root / "landing" / "new" / "one.json").write_text(
         json.dumps({"user_id": "u00000000", "page": "p1", "event_time": "2026-01-02T00:00:00Z"})
         + "\n"
     )
-    replay_reg = registry(root, "replayed", str(root / "landing" / "all"))
+    replay_reg = registry(root, "replayed", str(root / "landing" / "all"), partitions)
     replay, _ = job("run_query.py", "--registry", str(replay_reg), "--query", "page_visits")
     export, _ = job(
         "export_state.py", "--checkpoint", str(root / "replayed"), "--out", str(root / "export")
     )
-    boot_reg = registry(root, "bootstrapped", str(root / "landing" / "new"))
+    boot_reg = registry(root, "bootstrapped", str(root / "landing" / "new"), partitions)
     boot, summary = job(
         "bootstrap_state.py",
         "--registry",
@@ -104,7 +106,7 @@ def run(root: Path, keys: int, per_key: int) -> None:
         str(root / "export"),
     )
     n = keys
-    print(f"{n} keys, {events} events (page_visits, local[2], RocksDB, 8 partitions)")
+    print(f"{n} keys, {events} events (page_visits, local[2], RocksDB, {partitions} partitions)")
     rows = [
         ("replay all events", replay),
         ("export state", export),

@@ -1,14 +1,14 @@
 """Carrying the state of N keys to a new source, by both roads, against replaying every event.
 
     .venv/bin/python benchmarks/bench_migration.py [--keys 1000000] [--events-per-key 10]
-        [--new-share 100] [--pipeline counter|page_visits] [--new-partitions 8]
+        [--new-share 100] [--pipeline counter|page_visits] [--partitions 8] [--new-partitions 8]
 
-local[2], RocksDB, 8 partitions, through the project's spark-submit jobs and CLI (every figure
-includes a JVM or Python start). The pipeline: ``counter`` (default; a visit count per user,
-one value per key: stateops.pipelines.visit_counter) or ``page_visits`` (a list of pages and a
-count per user; about 3 times the per-key work). The old query is built over all but the last
-event of each key (JSON; not timed). The new source (Parquet) holds the last event of 1 in
-``--new-share`` keys: what arrives after the cutover. Timed, in one run:
+local[2], RocksDB, 8 state partitions (``--partitions``), through the project's spark-submit
+jobs and CLI (every figure includes a JVM or Python start). The pipeline: ``counter`` (default;
+a visit count per user, one value per key: stateops.pipelines.visit_counter) or ``page_visits``
+(a list of pages and a count per user; about 3 times the per-key work). The old query is built
+over all but the last event of each key (JSON; not timed). The new source (Parquet) holds the
+last event of 1 in ``--new-share`` keys: what arrives after the cutover. Timed, in one run:
 
 - replay: ``run_query.py`` over every event (old and new) into a new checkpoint (the baseline);
 - initialState road: ``export_state.py`` + ``bootstrap_state.py`` (which runs batch 0 on the
@@ -16,8 +16,9 @@ event of each key (JSON; not timed). The new source (Parquet) holds the last eve
 - transplant road: ``stateops transplant`` (the carry-over: checks and a file copy), then
   ``run_query.py`` on the new source (its first batch, proven against the old state).
 
-``--new-partitions N`` (other than 8): the new query wants N state partitions. The replay and
-the initialState road write N from the start; the transplant keeps 8 and ``run_query.py`` first
+``--new-partitions N`` (other than the old query's): the new query wants N state partitions. The
+replay and the initialState road write N from the start; the transplant keeps the old count and
+``run_query.py`` first
 has Spark repartition the new checkpoint (batch N + 1, proven), then runs the first batch.
 
 Each road's carry-over is printed with its ratio against the replay, and so is each road up to
@@ -113,11 +114,13 @@ def main() -> None:
     )
     parser.add_argument("--pipeline", choices=sorted(PIPELINE), default="counter")
     parser.add_argument(
+        "--partitions", type=int, default=8, metavar="N", help="the old query's state partitions"
+    )
+    parser.add_argument(
         "--new-partitions",
         type=int,
-        default=8,
         metavar="N",
-        help="the new query's state partitions (the old query has 8)",
+        help="the new query's state partitions (default: the old query's)",
     )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -125,13 +128,19 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-migration-"))
     try:
         run(
-            root, args.pipeline, args.keys, args.events_per_key, args.new_share, args.new_partitions
+            root,
+            args.pipeline,
+            args.keys,
+            args.events_per_key,
+            args.new_share,
+            args.partitions,
+            args.new_partitions or args.partitions,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) -> None:
+def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, old_n: int, n: int) -> None:
     landing = root / "landing"
     old_events = write_events(landing / "old", keys, per_key - 1, files=4)
     rows = new_events(keys, per_key, share)
@@ -152,11 +161,11 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) 
         for row in rows:
             out.write(json.dumps({**row, "event_time": row["event_time"].isoformat()}) + "\n")
 
-    old = registry(root, pipeline, "old.yaml", "old", landing / "old")
+    old = registry(root, pipeline, "old.yaml", "old", landing / "old", partitions=old_n)
     built, _ = job("run_query.py", "--registry", str(old), "--query", "page_visits")
     print(
         f"{keys} keys, {old_events} events in the old source, {len(rows)} in the new one "
-        f"({pipeline}, local[2], RocksDB, 8 partitions; the new query {n}); the old query "
+        f"({pipeline}, local[2], RocksDB, {old_n} partitions; the new query {n}); the old query "
         f"was built in {built:.1f} s",
         flush=True,
     )
@@ -198,7 +207,7 @@ def run(root: Path, pipeline: str, keys: int, per_key: int, share: int, n: int) 
         for name, s in (("initialState", boot_summary), ("transplant", tp_summary))
     }
     repartitioned = json.loads(tp_summary)["repartitioned"]
-    if (repartitioned is None) != (n == 8):
+    if (repartitioned is None) != (n == old_n):
         sys.exit(f"the transplanted query's repartition: {repartitioned}, expected one to {n}")
     then = "" if repartitioned is None else " + repartition"
     figures = [

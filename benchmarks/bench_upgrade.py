@@ -2,9 +2,11 @@
 replaying every event with the new code into a new checkpoint.
 
     .venv/bin/python benchmarks/bench_upgrade.py [--keys 1000000] [--events-per-key 10]
+        [--partitions 8]
 
-local[2], RocksDB, 8 partitions, through the project's CLI and spark-submit jobs (every figure
-includes a JVM or Python start; every Spark job gets a 4 GB driver). The old code: the visit
+local[2], RocksDB, 8 state partitions (``--partitions``), through the project's CLI and
+spark-submit jobs (every figure includes a JVM or Python start; every Spark job gets a 4 GB
+driver). The old code: the visit
 counter (value state ``count``, ``visits LONG`` per user: stateops.pipelines.visit_counter, as
 bench_migration's ``counter``), built over every event (JSON; not timed). The new code
 (benchmarks/user_code/counter_upgrade.py, on the registry's ``code_paths``): ``count`` gains a
@@ -109,6 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--events-per-key", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=8, help="the query's state partitions")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))
@@ -117,26 +120,27 @@ def main() -> None:
     try:
         port = free_port()
         server = start_s3_server(root / "s3", ["bench"], KEY, SECRET, port)
-        run(root, args.keys, args.events_per_key, f"http://127.0.0.1:{port}")
+        run(root, args.keys, args.events_per_key, args.partitions, f"http://127.0.0.1:{port}")
     finally:
         if server is not None:
             stop_server(server)
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(root: Path, keys: int, per_key: int, endpoint: str) -> None:
+def run(root: Path, keys: int, per_key: int, partitions: int, endpoint: str) -> None:
     load = os.getloadavg()[0]
     landing = root / "landing"
     events = write_events(landing, keys, per_key, files=4)
-    old = registry(root, "counter", "old.yaml", "old", landing)
+    old = registry(root, "counter", "old.yaml", "old", landing, partitions=partitions)
     built, _ = job("run_query.py", "--registry", str(old), "--query", "page_visits")
     print(
-        f"{keys} keys, {events} events (visit counter, local[2], RocksDB, 8 partitions); the "
-        f"old code's query was built in {built:.1f} s",
+        f"{keys} keys, {events} events (visit counter, local[2], RocksDB, {partitions} "
+        f"partitions); the old code's query was built in {built:.1f} s",
         flush=True,
     )
 
-    new = with_new_code(registry(root, "counter", "new.yaml", "replayed", landing), "s3://bench")
+    new = registry(root, "counter", "new.yaml", "replayed", landing, partitions=partitions)
+    new = with_new_code(new, "s3://bench")
     replay, _ = job("run_query.py", "--registry", str(new), "--query", "page_visits")
     print(f"replay: {replay:.1f} s", flush=True)
 
