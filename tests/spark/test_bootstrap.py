@@ -1,6 +1,7 @@
 """Bootstrap: through spark-submit, its refusals, validation, equality and the transplant; the job's
 ``main`` in the shared session where the subject is the state it leaves (pending until batch 0,
-from a state export, the proof)."""
+from a state export, the proof). The old query the carry-overs start from is built once
+(:func:`old`); each test takes a copy of its checkpoint."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ from tests.conftest import (
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import job_in_session, kill_when, land, run_in_session, summary_of
+from tests.spark.harness import (
+    copy_checkpoint,
+    job_in_session,
+    kill_when,
+    land,
+    run_in_session,
+    summary_of,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -88,6 +96,23 @@ def _landed(root: Path) -> Counter:
         for p in (root / "landing" / "page_visits").glob("*.json")
         for line in p.read_text().splitlines()
     )
+
+
+@pytest.fixture(scope="module")
+def old(spark, tmp_path_factory) -> Path:
+    """The folder of an old page_visits query on 2 state partitions, run over round 0 (2
+    files): its registry's data_dir, landing beside it. Read only: tests copy its checkpoint
+    (:func:`old_checkpoint`)."""
+    root = tmp_path_factory.mktemp("bootstrap-old")
+    land(root / "landing", round_=0, files=2)
+    run_in_session(spark, write_registry(root), "page_visits")
+    return root
+
+
+def old_checkpoint(old: Path, tmp_path: Path) -> str:
+    """A copy of :func:`old`'s checkpoint of the test's own."""
+    source = Path(load_registry(old / "registry.yaml").query("page_visits").checkpoint)
+    return str(copy_checkpoint(source, tmp_path / "old-checkpoint"))
 
 
 def test_bootstrap_equals_initial_state_plus_batch_0(spark, tmp_path):
@@ -166,11 +191,8 @@ def test_null_and_repeated_keys_are_refused_by_name(tmp_path):
     assert not reg.bootstrap_marker("page_visits").exists()
 
 
-def test_bootstrap_from_a_state_export(spark, tmp_path):
-    old = write_registry(tmp_path / "old")
-    land(tmp_path / "old" / "landing", round_=0, files=2)
-    run_in_session(spark, old, "page_visits")
-    old_ckpt = load_registry(old).query("page_visits").checkpoint
+def test_bootstrap_from_a_state_export(spark, tmp_path, old):
+    old_ckpt = old_checkpoint(old, tmp_path)
     export = tmp_path / "export"
     code, out = job_in_session(
         spark, "export_state.py", "--checkpoint", old_ckpt, "--out", str(export)
@@ -282,25 +304,22 @@ def test_values_of_the_wrong_type_and_a_processor_misfit_are_refused(tmp_path):
 
 @pytest.mark.parametrize("partitions", [2, 3])
 def test_bootstrap_from_a_checkpoint_transplants_it_and_repartitions_where_the_count_changed(
-    spark, tmp_path, partitions
+    spark, tmp_path, partitions, old
 ):
     """Its state files are transplanted; where the query wants 3 partitions and the old state
     has 2, the start has Spark repartition the new checkpoint (batch N + 1) before its first
     batch (N + 2), which is proven against the old state. The counts are the old query's plus
     the new input either way, and the old checkpoint is left as it was. (Where the transplant
     does not apply, the state goes by export: tests/spark/test_initial_state_road.py.)"""
-    old = write_registry(tmp_path / "old")
-    land(tmp_path / "old" / "landing", round_=0, files=2)
-    run_in_session(spark, old, "page_visits")
-    old_checkpoint = load_registry(old).query("page_visits").checkpoint
-    before = tree_digest(Path(old_checkpoint))
+    old_ckpt = old_checkpoint(old, tmp_path)
+    before = tree_digest(Path(old_ckpt))
     new = write_registry(tmp_path / "new", page_visits={"shuffle_partitions": partitions})
     land(tmp_path / "new" / "landing", round_=1, files=1)
-    proc, output = _bootstrap(new, Path(old_checkpoint))
+    proc, output = _bootstrap(new, Path(old_ckpt))
     summary = _summary(proc)
     assert summary["carry_over"] == "transplant", output[-3000:]
     assert summary["bootstrap"] == "complete" and summary["proof"]["ok"], summary["proof"]
-    last = load_checkpoint(old_checkpoint).last_committed_batch
+    last = load_checkpoint(old_ckpt).last_committed_batch
     cp = load_checkpoint(load_registry(new).query("page_visits").checkpoint)
     if partitions == 2:
         assert summary["repartitioned"] is None and cp.repartition_batches() == {}
@@ -313,20 +332,19 @@ def test_bootstrap_from_a_checkpoint_transplants_it_and_repartitions_where_the_c
         assert f"then Spark's repartition writes batch {last + 1}" in output
     assert cp.partitions(cp.last_committed_batch) == partitions
     assert verify_checkpoint(cp.root)["ok"]
-    assert tree_digest(Path(old_checkpoint)) == before
-    expected = _landed(tmp_path / "old") + _landed(tmp_path / "new")
+    assert tree_digest(Path(old_ckpt)) == before
+    expected = _landed(old) + _landed(tmp_path / "new")
     assert _counts(spark, load_registry(new).query("page_visits").checkpoint) == expected
 
 
-def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_again(spark, tmp_path):
+def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_again(
+    spark, tmp_path, old
+):
     """kill -9 of the bootstrap job in the middle of Spark's repartition of the transplanted
     state (its offsets written, not its commit): the next start undoes that write, repartitions
     again, runs the first batch and proves it, to the counts of a run never killed."""
-    old = write_registry(tmp_path / "old")
-    land(tmp_path / "old" / "landing", round_=0, files=2)
-    run_in_session(spark, old, "page_visits")
-    old_checkpoint = load_registry(old).query("page_visits").checkpoint
-    last = load_checkpoint(old_checkpoint).last_committed_batch
+    old_ckpt = old_checkpoint(old, tmp_path)
+    last = load_checkpoint(old_ckpt).last_committed_batch
     new = write_registry(tmp_path / "new", page_visits={"shuffle_partitions": 3})
     land(tmp_path / "new" / "landing", round_=1, files=1)
     checkpoint = Path(load_registry(new).query("page_visits").checkpoint)
@@ -337,7 +355,7 @@ def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_aga
         "--query",
         "page_visits",
         "--initial-state",
-        old_checkpoint,
+        old_ckpt,
     )
     proc = subprocess.Popen(  # a process group, killed whole, in the session's CPU share
         args, process_group=0, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -357,5 +375,5 @@ def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_aga
     assert verify_checkpoint(checkpoint)["ok"]
     undone = [r for r in read_audit(checkpoint) if r.get("result") == "undone"]
     assert len(undone) == 1, "the killed start's repartition was undone, then done again"
-    expected = _landed(tmp_path / "old") + _landed(tmp_path / "new")
+    expected = _landed(old) + _landed(tmp_path / "new")
     assert _counts(spark, str(checkpoint)) == expected
