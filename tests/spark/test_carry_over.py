@@ -3,7 +3,8 @@
 The roads a source migration takes: the old query stops at a cutover, and the query starts on
 the new source with its state, exported and bootstrapped (initialState) or transplanted.
 Sessions open at the cutover must close on the new source exactly as they would have in one
-query that kept running on one source.
+query that kept running on one source. The reference and the old query are built once per
+timeout (:func:`before_the_cutover`); both roads only read them.
 """
 
 from __future__ import annotations
@@ -66,33 +67,50 @@ def _add_late_event(path: Path) -> None:
     os.utime(path, (mtime, mtime))
 
 
+@pytest.fixture(scope="module")
+def before_the_cutover(spark, tmp_path_factory):
+    """``timeout -> (whole, old)``, each built once: the registries of the reference query (one
+    source, stopped at the cutover and started again) and of the old query (round 0 only)."""
+    built: dict[int, tuple[Path, Path]] = {}
+
+    def get(timeout: int) -> tuple[Path, Path]:
+        if timeout not in built:
+            root = tmp_path_factory.mktemp(f"carry-over-{timeout}")
+            timed = {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": timeout}}}
+            # The reference. (Each available-now run ends with a no-data batch that fires the
+            # timers due at its watermark before the next input arrives; one run over both
+            # rounds would fire them in the same batch as that input, after it: with a 300 s
+            # timeout, other sessions.)
+            whole = write_registry(root / "whole", user_sessions=timed)
+            land(root / "whole" / "landing", round_=0, files=3)
+            run_in_session(spark, whole, "user_sessions")
+            land(root / "whole" / "landing", round_=1, files=3)
+            _add_late_event(root / "whole" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
+            run_in_session(spark, whole, "user_sessions")
+            # The same events split at a cutover: round 0 on the old source.
+            old = write_registry(root / "old", user_sessions=timed)
+            land(root / "old" / "landing", round_=0, files=3)
+            run_in_session(spark, old, "user_sessions")
+            built[timeout] = whole, old
+        return built[timeout]
+
+    return get
+
+
 # Each road gets a late event the old watermark drops, which its proof must drop too
 # (tests/spark/test_initial_state_road.py: late events in the first two batches, and a cutover).
 @pytest.mark.parametrize(
     "road, timeout", [("initial_state", 1800), ("initial_state", 300), ("transplant", 300)]
 )
 def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
-    spark, tmp_path, road, timeout
+    spark, tmp_path, road, timeout, before_the_cutover
 ):
     timed = {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": timeout}}}
-    # The reference: one query on one source, stopped at the cutover and started again. (Each
-    # available-now run ends with a no-data batch that fires the timers due at its watermark
-    # before the next input arrives; one run over both rounds would fire them in the same
-    # batch as that input, after it: with a 300 s timeout, other sessions.)
-    whole = write_registry(tmp_path / "whole", user_sessions=timed)
-    land(tmp_path / "whole" / "landing", round_=0, files=3)
-    run_in_session(spark, whole, "user_sessions")
-    land(tmp_path / "whole" / "landing", round_=1, files=3)
-    _add_late_event(tmp_path / "whole" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
-    run_in_session(spark, whole, "user_sessions")
-
-    # The same events split at a cutover: round 0 on the old source, round 1 on the new one.
-    old = write_registry(tmp_path / "old", user_sessions=timed)
-    land(tmp_path / "old" / "landing", round_=0, files=3)
-    run_in_session(spark, old, "user_sessions")
+    whole, old = before_the_cutover(timeout)
     old_checkpoint = Path(load_registry(old).query("user_sessions").checkpoint)
     last = load_checkpoint(old_checkpoint).last_committed_batch
     before = tree_digest(old_checkpoint)
+    # Round 1 on the new source.
     new = write_registry(tmp_path / "new", user_sessions=timed)
     land(tmp_path / "new" / "landing", round_=1, files=3)
     _add_late_event(tmp_path / "new" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
