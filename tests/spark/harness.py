@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -28,6 +29,7 @@ from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
 from stateops.core.storage import list_files, location
 from stateops.dev.sampledata import DATASETS, generate_events
+from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.start import is_transient
 from stateops.spark.streaming import (
     CHECKPOINT_FILE_MANAGER,
@@ -538,6 +540,37 @@ def copy_checkpoint(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest)
     relocate_checkpoint(dest)
     return dest
+
+
+def repoint(checkpoint: Path, old: Path, new: Path) -> None:
+    """``checkpoint``, copied from a data folder ``old`` into ``new`` with its input, made to
+    name its own files: transformWithState's metadata and the file source's log (which names
+    the files it read by absolute path) move from ``old`` to ``new``."""
+    relocate_checkpoint(checkpoint)
+    for log in (checkpoint / "sources").rglob("*"):
+        if log.is_file() and not log.name.endswith(".crc"):
+            text = log.read_text().replace(str(old), str(new))
+            write_checkpoint_file(checkpoint, str(log.relative_to(checkpoint)), text)
+
+
+def round_0(spark, tmp_path_factory, case: Case, files: int, root: Path) -> None:
+    """``root``'s landing (``files`` files of round 0), ``ck-original`` (``case`` run over
+    them) and ``out-original``: copies of a template Spark writes once per test run, shared by
+    the modules and test workers that start from the same checkpoint (built under a lock)."""
+    base = tmp_path_factory.getbasetemp()
+    shelf = (base.parent if base.name.startswith("popen-gw") else base) / "round-0-shelf"
+    shelf.mkdir(exist_ok=True)
+    template = shelf / f"{case.name}-{files}"
+    with open(shelf / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (template / "done").exists():
+            shutil.rmtree(template, ignore_errors=True)
+            land(template / "landing", round_=0, files=files)
+            case.run(spark, template, template / "ck-original", template / "out-original")
+            (template / "done").touch()
+    for part in ("landing", "ck-original", "out-original"):
+        shutil.copytree(template / part, root / part)
+    repoint(root / "ck-original", template, root)
 
 
 def kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 240) -> None:

@@ -27,6 +27,7 @@ from tests.spark.harness import (
     last_committed,
     read_sink,
     read_state,
+    round_0,
 )
 
 pytestmark = pytest.mark.spark
@@ -60,8 +61,7 @@ def story(request, spark, s3, tmp_path_factory) -> Story:
     original, copy, earlier = root / "ck-original", root / "ck-copy", root / "ck-earlier"
     restored = root / "ck-restored"
 
-    land(root / "landing", round_=0, files=6)
-    case.run(spark, root, original, root / "out-original")
+    round_0(spark, tmp_path_factory, case, 6, root)  # landing, ck-original, out-original
     round0_out = read_sink(root / "out-original")
     round0_state = read_state(spark, original, case.state_reads)
     before = load_checkpoint(original)

@@ -46,6 +46,7 @@ from tests.spark.harness import (
     read_sink,
     read_state,
     registered_query,
+    round_0,
 )
 
 pytestmark = pytest.mark.spark
@@ -132,17 +133,12 @@ class Story:
     round0_state: list
 
 
-_BUILT: dict[str, Path] = {}
-
-
 def built(spark, tmp_path_factory, case: Case) -> Path:
-    """The case's checkpoint after round 0, written by Spark once per module."""
-    if case.name not in _BUILT:
-        root = tmp_path_factory.mktemp(f"s3-{case.name}")
-        land(root / "landing", round_=0, files=6)
-        case.run(spark, root, root / "ck-original", root / "out-original")
-        _BUILT[case.name] = root
-    return _BUILT[case.name]
+    """A folder with the case's checkpoint after round 0 (6 files), as test_checkpoint_model
+    starts from it (:func:`round_0`)."""
+    root = tmp_path_factory.mktemp(f"s3-{case.name}")
+    round_0(spark, tmp_path_factory, case, 6, root)
+    return root
 
 
 def without_location(report: dict) -> dict:

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from stateops.core.files import relocate_checkpoint
-from stateops.ops.carry import write_checkpoint_file
 from tests.conftest import TEST_SPARK_CONF, TEST_STATE_STORE, write_registry
-from tests.spark.harness import USER_CODE, VIEWS, land, run_in_session
+from tests.spark.harness import USER_CODE, VIEWS, land, repoint, run_in_session
 
 NAME = "page_visits"
 # page_visits' new code: views per user and page (a wider key, new variables), the old state
@@ -82,11 +80,6 @@ def with_new_code(old: Path, root: Path, encoding: str, query: str = NAME, **ent
     source logs and transformWithState's metadata name files by absolute path)."""
     shutil.copytree(old, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("registry.yaml"))
     for checkpoint in (root / "checkpoints").iterdir():
-        if checkpoint.suffix == ".audit" or not (checkpoint / "metadata").exists():
-            continue
-        relocate_checkpoint(checkpoint)
-        for log in (checkpoint / "sources").rglob("*"):
-            if log.is_file() and not log.name.endswith(".crc"):
-                text = log.read_text().replace(str(old), str(root))
-                write_checkpoint_file(checkpoint, str(log.relative_to(checkpoint)), text)
+        if checkpoint.suffix != ".audit" and (checkpoint / "metadata").exists():
+            repoint(checkpoint, old, root)
     return upgrade_registry(root, encoding, query, **entry)
