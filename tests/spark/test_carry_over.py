@@ -67,6 +67,11 @@ def _add_late_event(path: Path) -> None:
     os.utime(path, (mtime, mtime))
 
 
+def _timed(timeout: int) -> dict:
+    """user_sessions' registry entry with sessions timing out after ``timeout`` seconds."""
+    return {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": timeout}}}
+
+
 @pytest.fixture(scope="module")
 def before_the_cutover(spark, tmp_path_factory):
     """``timeout -> (whole, old)``, each built once: the registries of the reference query (one
@@ -76,19 +81,18 @@ def before_the_cutover(spark, tmp_path_factory):
     def get(timeout: int) -> tuple[Path, Path]:
         if timeout not in built:
             root = tmp_path_factory.mktemp(f"carry-over-{timeout}")
-            timed = {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": timeout}}}
             # The reference. (Each available-now run ends with a no-data batch that fires the
             # timers due at its watermark before the next input arrives; one run over both
             # rounds would fire them in the same batch as that input, after it: with a 300 s
             # timeout, other sessions.)
-            whole = write_registry(root / "whole", user_sessions=timed)
+            whole = write_registry(root / "whole", user_sessions=_timed(timeout))
             land(root / "whole" / "landing", round_=0, files=3)
             run_in_session(spark, whole, "user_sessions")
             land(root / "whole" / "landing", round_=1, files=3)
             _add_late_event(root / "whole" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
             run_in_session(spark, whole, "user_sessions")
             # The same events split at a cutover: round 0 on the old source.
-            old = write_registry(root / "old", user_sessions=timed)
+            old = write_registry(root / "old", user_sessions=_timed(timeout))
             land(root / "old" / "landing", round_=0, files=3)
             run_in_session(spark, old, "user_sessions")
             built[timeout] = whole, old
@@ -105,13 +109,12 @@ def before_the_cutover(spark, tmp_path_factory):
 def test_open_sessions_carry_over_and_close_like_a_query_that_kept_running(
     spark, tmp_path, road, timeout, before_the_cutover
 ):
-    timed = {"processor": {**PROCESSOR, "options": {"session_timeout_seconds": timeout}}}
     whole, old = before_the_cutover(timeout)
     old_checkpoint = Path(load_registry(old).query("user_sessions").checkpoint)
     last = load_checkpoint(old_checkpoint).last_committed_batch
     before = tree_digest(old_checkpoint)
     # Round 1 on the new source.
-    new = write_registry(tmp_path / "new", user_sessions=timed)
+    new = write_registry(tmp_path / "new", user_sessions=_timed(timeout))
     land(tmp_path / "new" / "landing", round_=1, files=3)
     _add_late_event(tmp_path / "new" / "landing" / "user_sessions" / FIRST_OF_ROUND_1)
     new_checkpoint = load_registry(new).query("user_sessions").checkpoint
