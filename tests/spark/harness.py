@@ -556,12 +556,13 @@ def repoint(checkpoint: Path, old: Path, new: Path) -> None:
 def round_0(spark, tmp_path_factory, case: Case, files: int, root: Path) -> None:
     """``root``'s landing (``files`` files of round 0), ``ck-original`` (``case`` run over
     them) and ``out-original``: copies of a template Spark writes once per test run, shared by
-    the modules and test workers that start from the same checkpoint (built under a lock)."""
+    the modules and test workers that start from the same checkpoint (built under a lock of its
+    own: two workers build two templates at once)."""
     base = tmp_path_factory.getbasetemp()
     shelf = (base.parent if base.name.startswith("popen-gw") else base) / "round-0-shelf"
     shelf.mkdir(exist_ok=True)
     template = shelf / f"{case.name}-{files}"
-    with open(shelf / ".lock", "w") as lock:
+    with open(shelf / f"{template.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not (template / "done").exists():
             shutil.rmtree(template, ignore_errors=True)
