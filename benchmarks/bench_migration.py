@@ -1,7 +1,7 @@
 """Carrying the state of N keys to a new source, by both roads, against replaying every event.
 
     .venv/bin/python benchmarks/bench_migration.py [--keys 1000000] [--events-per-key 10]
-        [--new-share 100] [--pipeline counter|page_visits] [--partitions 8] [--new-partitions 8]
+        [--new-share 100] [--pipeline counter|page_visits] [--partitions 8] [--new-partitions N]
 
 local[2], RocksDB, 8 state partitions (``--partitions``), through the project's spark-submit
 jobs and CLI (every figure includes a JVM or Python start). The pipeline: ``counter`` (default;
@@ -18,8 +18,8 @@ last event of 1 in ``--new-share`` keys: what arrives after the cutover. Timed, 
 
 ``--new-partitions N`` (other than the old query's): the new query wants N state partitions. The
 replay and the initialState road write N from the start; the transplant keeps the old count and
-``run_query.py`` first
-has Spark repartition the new checkpoint (batch N + 1, proven), then runs the first batch.
+``run_query.py`` first has Spark repartition the new checkpoint (batch N + 1, proven), then runs
+the first batch.
 
 Each road's carry-over is printed with its ratio against the replay, and so is each road up to
 a proven first batch on the new source.
