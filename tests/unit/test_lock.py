@@ -13,6 +13,8 @@ from stateops.control.lock import (
     QueryLock,
     force_release,
     hold_query,
+    holder_gone,
+    process_start,
     read_hold,
     read_lock,
     release_hold,
@@ -100,6 +102,33 @@ def test_a_lock_whose_holder_process_died_is_taken_at_once(tmp_path):
     assert held is not None and not held.expired
     with QueryLock(path, "q", "cleanup") as lock:
         assert read_lock(path).token == lock.token
+
+
+def test_a_holder_whose_pid_now_names_another_process_is_gone(tmp_path):
+    """The PID of a killed holder, given by Linux to a process started since (within minutes
+    on a busy host), does not keep its lock: the lock also names when its holder started."""
+    path = tmp_path / "q.lock"
+    with QueryLock(path, "q", "run"):
+        held = read_lock(path)
+    live = subprocess.Popen(["sleep", "60"])  # the PID's new owner
+    try:
+        started = process_start(live.pid)
+        assert started is not None and started > held.holder_started
+        owner = held.owner.rpartition(":")[0] + f":{live.pid}"
+        path.write_text(json.dumps({**held.__dict__, "owner": owner}))
+        assert holder_gone(read_lock(path)), "the lock's holder started before this process"
+        with QueryLock(path, "q", "cleanup") as lock:
+            assert read_lock(path).token == lock.token
+        # The same PID and start time: the holder itself, alive; a lock written before locks
+        # named their holder's start (no start): its PID alone decides.
+        for start in (started, None):
+            path.write_text(json.dumps({**held.__dict__, "owner": owner, "holder_started": start}))
+            assert not holder_gone(read_lock(path))
+            with pytest.raises(LockHeldError):
+                QueryLock(path, "q", "cleanup").acquire()
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_a_hold_admits_only_its_own_run_until_released(tmp_path):

@@ -3,7 +3,9 @@
 The lock is a JSON file (owner, run id, operation, expiry). Reads and writes of it happen under
 an exclusive ``flock`` on a guard file beside it, so taking over an expired lock is atomic too.
 A holder that crashes stops renewing; once ``expires_at`` passes, the next taker wins. On
-the holder's own host a taker sees at once that its process is gone (``kill -9``) and wins.
+the holder's own host a taker sees at once that its process is gone (``kill -9``) and wins:
+no process has its PID, or the one that has it started after the lock's holder did (Linux
+hands a dead process's PID to a new one, within minutes on a busy host: 32768 by default).
 
 An operation made of several processes (a migration: one Airflow task per step) puts a *hold*
 on the query (``<lock>.hold``): while it lasts, only locks taken with the holding run's id are
@@ -38,6 +40,7 @@ __all__ = [
     "holder_pid",
     "lock_state",
     "new_run_id",
+    "process_start",
     "read_hold",
     "read_lock",
     "release_hold",
@@ -54,6 +57,7 @@ class LockInfo:
     token: str
     acquired_at: float
     expires_at: float
+    holder_started: int | None = None  # the holder's process start (process_start), if known
 
     @property
     def expired(self) -> bool:
@@ -211,8 +215,20 @@ def holder_pid(held: LockInfo) -> tuple[str, int] | None:
     return (host, int(pid)) if host and pid.isdigit() else None
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``, field 22):
+    with the PID, it names one process for good. None where there is no such process or no
+    ``/proc`` (not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])  # fields after the name start at field 3
+
+
 def holder_gone(held: LockInfo) -> bool:
-    """The holder was a process on this host that no longer exists (killed, crashed)."""
+    """The holder was a process on this host that no longer exists (killed, crashed): no
+    process has its PID, or the one that has it is another (it started at another time)."""
     where = holder_pid(held)
     if where is None or where[0] != socket.gethostname():
         return False
@@ -221,8 +237,9 @@ def holder_gone(held: LockInfo) -> bool:
     except ProcessLookupError:
         return True
     except PermissionError:
-        return False
-    return False
+        pass
+    started = process_start(where[1])
+    return None not in (held.holder_started, started) and started != held.holder_started
 
 
 class QueryLock:
@@ -256,6 +273,7 @@ class QueryLock:
             token=self.token,
             acquired_at=acquired_at,
             expires_at=time.time() + self.ttl,
+            holder_started=process_start(os.getpid()),
         )
         tmp = self.path.with_name(f".{self.path.name}.{self.token}.tmp")
         tmp.write_text(json.dumps(asdict(info)), encoding="utf-8")
