@@ -542,6 +542,14 @@ def copy_checkpoint(src: Path, dest: Path) -> Path:
     return dest
 
 
+def copy_query(src: Path, dest: Path, name: str) -> None:
+    """Registry ``dest``'s query ``name`` starts where registry ``src``'s is: its checkpoint
+    and its output copied."""
+    old, new = load_registry(src).query(name), load_registry(dest).query(name)
+    copy_checkpoint(Path(old.checkpoint), Path(new.checkpoint))
+    shutil.copytree(old.sink.path, new.sink.path)
+
+
 def repoint(checkpoint: Path, old: Path, new: Path) -> None:
     """``checkpoint``, copied from a data folder ``old`` into ``new`` with its input, made to
     name its own files: transformWithState's metadata and the file source's log (which names

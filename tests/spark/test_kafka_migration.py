@@ -26,6 +26,7 @@ from stateops.ops.migration import plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import (
     PAGE_VISITS_READS,
+    copy_query,
     job_runner,
     read_sink,
     read_state,
@@ -95,11 +96,31 @@ def control(spark, kafka, tmp_path_factory):
     return state_and_output(spark, path)
 
 
-def old_on_topic(spark, kafka, root: Path, label: str) -> Path:
+def read_old(spark, kafka, root: Path, label: str) -> Path:
+    """The old query (its registry under ``root``) has read topic ``C-LABEL-old``, which holds
+    the events before the cutover."""
     topic = kafka.create_topic(f"C-{label}-old", **KEEP)
-    path = registry(root, kafka_source(topic) | {"options": {"startingOffsets": "earliest"}})
+    path = registry(root, old_source(topic))
     kafka.produce(topic, OLD)
     run_in_session(spark, path, NAME)
+    return path
+
+
+def old_source(topic: str) -> dict:
+    return kafka_source(topic) | {"options": {"startingOffsets": "earliest"}}
+
+
+@pytest.fixture(scope="module")
+def old_read(spark, kafka, tmp_path_factory) -> Path:
+    """:func:`read_old` once for the tests that migrate from its topic without writing to it:
+    each starts from a copy (:func:`old_on_topic`)."""
+    return read_old(spark, kafka, tmp_path_factory.mktemp("old"), "shared")
+
+
+def old_on_topic(old_read: Path, root: Path) -> Path:
+    """A copy of the old query under ``root``: its registry, checkpoint and output."""
+    path = registry(root, old_source(load_registry(old_read).query(NAME).source.topic))
+    copy_query(old_read, path, NAME)
     return path
 
 
@@ -123,9 +144,9 @@ def migrate(spark, path: Path, spec: dict, road: str, cutover: str = CUTOVER_TEX
 
 @pytest.mark.parametrize("road", ["transplant", "initial_state"])
 def test_topic_to_topic_equals_one_topic_restarted_at_the_cutover(
-    spark, kafka, tmp_path, control, road
+    spark, kafka, tmp_path, control, old_read, road
 ):
-    path = old_on_topic(spark, kafka, tmp_path, road)
+    path = old_on_topic(old_read, tmp_path)
     topic = new_topic(kafka, road)
     at_cutover = kafka.offsets(topic, CUTOVER)
     assert sum(at_cutover.values()) == len(STALE)  # the stale records come first
@@ -170,8 +191,10 @@ def test_folder_to_topic_equals_one_topic_restarted_at_the_cutover(spark, kafka,
     assert state_and_output(spark, path) == control
 
 
-def test_topic_to_folder_equals_one_topic_restarted_at_the_cutover(spark, kafka, tmp_path, control):
-    path = old_on_topic(spark, kafka, tmp_path, "to-folder")
+def test_topic_to_folder_equals_one_topic_restarted_at_the_cutover(
+    spark, tmp_path, control, old_read
+):
+    path = old_on_topic(old_read, tmp_path)
     folder = tmp_path / "landing_v2"
     folder.mkdir()
     (folder / "part-0.json").write_text("".join(json.dumps(v) + "\n" for _, v, _ in NEW))
@@ -185,8 +208,8 @@ def test_topic_to_folder_equals_one_topic_restarted_at_the_cutover(spark, kafka,
     assert state_and_output(spark, path) == control
 
 
-def test_refusals_change_nothing(spark, kafka, tmp_path, monkeypatch):
-    path = old_on_topic(spark, kafka, tmp_path, "refusals")
+def test_refusals_change_nothing(kafka, tmp_path, old_read, monkeypatch):
+    path = old_on_topic(old_read, tmp_path)
     checkpoints = tmp_path / "checkpoints"
     before = tree_digest(checkpoints)
     target = query_target(path, NAME)
@@ -239,7 +262,8 @@ def test_refusals_change_nothing(spark, kafka, tmp_path, monkeypatch):
 
 
 def test_records_left_on_the_old_topic_after_the_drain_are_refused(spark, kafka, tmp_path):
-    path = old_on_topic(spark, kafka, tmp_path, "unread")
+    # Its own old topic: it writes to it.
+    path = read_old(spark, kafka, tmp_path, "unread")
     old_topic = load_registry(path).query(NAME).source.topic
     topic = new_topic(kafka, "unread")
     drained = {}

@@ -39,7 +39,7 @@ from stateops.ops.repartition import run_repartition
 from stateops.ops.restore import format_restore_plan, plan_restore, restore_backup, run_restore
 from tests.conftest import tree_digest
 from tests.spark.harness import (
-    copy_checkpoint,
+    copy_query,
     job_in_session,
     run_in_session,
     state_and_output,
@@ -93,12 +93,6 @@ class Story:
     done: dict[str, object] = field(default_factory=dict)  # operation -> its result
     after: dict[str, tuple] = field(default_factory=dict)  # operation -> (state, output)
     continued: dict[str, tuple] = field(default_factory=dict)  # after round 1: both
-
-
-def copy_query(control: Path, dest: Path, name: str) -> None:
-    old, new = load_registry(control).query(name), load_registry(dest).query(name)
-    copy_checkpoint(Path(old.checkpoint), Path(new.checkpoint))
-    shutil.copytree(old.sink.path, new.sink.path)
 
 
 def operate(spark, s3, registry: Path, name: str, op: str) -> object:

@@ -35,6 +35,7 @@ from stateops.spark.repartition import store_states
 from tests.conftest import VENV_BIN, run_cli, tree_digest
 from tests.spark.harness import (
     copy_checkpoint,
+    copy_query,
     job_in_session,
     kill_when,
     land,
@@ -104,13 +105,6 @@ def misplaced(spark, registry: Path, name: str, partitions: int) -> dict[str, in
     checkpoint = load_registry(registry).query(name).checkpoint
     stores = store_states(spark, checkpoint, last_committed(Path(checkpoint)), partitions)
     return {store: s["misplaced"] for store, s in stores.items() if s["misplaced"]}
-
-
-def copy_query(src: Path, dest: Path, name: str) -> None:
-    """``dest``'s ``name`` starts where ``src``'s is (checkpoint and output)."""
-    old, new = load_registry(src).query(name), load_registry(dest).query(name)
-    copy_checkpoint(Path(old.checkpoint), Path(new.checkpoint))
-    shutil.copytree(old.sink.path, new.sink.path)
 
 
 # Both reference processors, a built-in aggregation, a stream-stream join and a session
