@@ -65,6 +65,11 @@ def kafka_source(topic: str) -> dict:
     return {"format": "kafka", "topic": topic, "schema": SCHEMA}
 
 
+def from_earliest(topic: str) -> dict:
+    """A query's source reading ``topic`` from its first record."""
+    return kafka_source(topic) | {"options": {"startingOffsets": "earliest"}}
+
+
 def registry(root: Path, source: dict) -> Path:
     path = write_registry(root, **{NAME: {"source": source}})
     raw = yaml.safe_load(path.read_text())
@@ -88,7 +93,7 @@ def control(spark, kafka, tmp_path_factory):
     """One topic, read to the cutover, then (restarted) on."""
     root = tmp_path_factory.mktemp("control")
     topic = kafka.create_topic("C-control", **KEEP)
-    path = registry(root, kafka_source(topic) | {"options": {"startingOffsets": "earliest"}})
+    path = registry(root, from_earliest(topic))
     kafka.produce(topic, OLD)
     run_in_session(spark, path, NAME)
     kafka.produce(topic, NEW)
@@ -100,14 +105,10 @@ def read_old(spark, kafka, root: Path, label: str) -> Path:
     """The old query (its registry under ``root``) has read topic ``C-LABEL-old``, which holds
     the events before the cutover."""
     topic = kafka.create_topic(f"C-{label}-old", **KEEP)
-    path = registry(root, old_source(topic))
+    path = registry(root, from_earliest(topic))
     kafka.produce(topic, OLD)
     run_in_session(spark, path, NAME)
     return path
-
-
-def old_source(topic: str) -> dict:
-    return kafka_source(topic) | {"options": {"startingOffsets": "earliest"}}
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def old_read(spark, kafka, tmp_path_factory) -> Path:
 
 def old_on_topic(old_read: Path, root: Path) -> Path:
     """A copy of the old query under ``root``: its registry, checkpoint and output."""
-    path = registry(root, old_source(load_registry(old_read).query(NAME).source.topic))
+    path = registry(root, from_earliest(load_registry(old_read).query(NAME).source.topic))
     copy_query(old_read, path, NAME)
     return path
 
