@@ -535,8 +535,8 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
     assert got == want, what
 
 
-def test_the_readme_table_of_every_cli_command_walks(s3, checkpoint, tmp_path, capsys, monkeypatch):
-    """Every row of README "Every CLI command" run as its synopsis says, by a query's name
+def test_the_cli_table_of_every_command_walks(s3, checkpoint, tmp_path, capsys, monkeypatch):
+    """Every row of docs/cli.md "Every CLI command" run as its synopsis says, by a query's name
     (a dry run where the row has one; the two Spark runs without one, export and run, have
     their own tests): exit 0, JSON where the row says so, what it says about this checkpoint
     (:func:`_says`), and a dry run's plan first says DRY RUN and last what cannot be undone,

@@ -351,7 +351,8 @@ def _refuse_immovable(query: Query, carry_over: str) -> None:
     if not query.movable:
         raise RegistryError(
             f"query {query.name}: no initial_state.from_export in the registry, so its "
-            "processor cannot take carried-over state; add one (see the README) and trigger again"
+            "processor cannot take carried-over state; add one (docs/carry-over.md) and trigger "
+            "again"
         )
     if query.transform is not None and carry_over == "initial_state":
         raise StateOpsError(
