@@ -508,7 +508,7 @@ def _code_errors(registry: Registry) -> dict[str, str]:
     errors = {}
     for query in registry.queries.values():
         try:
-            check_code(registry, query)
+            check_code(query)
         except StateOpsError as err:
             errors[query.name] = one_line(err)
     return errors

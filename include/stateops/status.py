@@ -98,7 +98,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             # Snapshot groups as the checkpoint model and the cleanup count them: by the
             # query's own minDeltasForSnapshot.
             _checkpoint_part(status, cp, query.state_store.min_deltas_for_snapshot)
-            status["code"] = _code_part(status, registry, query, cp)
+            status["code"] = _code_part(status, query, cp)
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
     try:
@@ -227,15 +227,10 @@ def _last_run(registry: Registry, name: str) -> dict[str, Any] | None:
     return {k: run.get(k) for k in keys}
 
 
-def _code_part(
-    status: dict[str, Any], registry: Registry, query: Any, cp: Checkpoint
-) -> list[dict[str, Any]]:
+def _code_part(status: dict[str, Any], query: Any, cp: Checkpoint) -> list[dict[str, Any]]:
     """The deployed code's changes against the checkpoint's state; a state schema or code the
     check cannot read is an error of the status (a WARN), not a crash."""
-    from stateops.spark.streaming import use_code_paths  # sys.path only: no Spark
-
     try:
-        use_code_paths(registry)
         return [asdict(c) for c in check_code_change(cp, query)]
     except (StateOpsError, ValueError, KeyError, TypeError, OSError) as err:
         status["errors"].append(

@@ -68,12 +68,20 @@ class Migration:
     and round 1 as Parquet in the new source's folder, for query ``name``."""
 
     def __init__(
-        self, spark, tmp_path: Path, name: str, s3, approval: str = "none", **entry
+        self,
+        spark,
+        tmp_path: Path,
+        name: str,
+        s3,
+        approval: str = "none",
+        code_paths: tuple[Path, ...] = (),
+        **entry,
     ) -> None:
         self.root, self.name = tmp_path, name
         self.path = write_registry(tmp_path, **{name: {"approval": approval, **entry}})
         self.edit_registry(
-            backups={"url": f"s3://backups/{tmp_path.name}", "conn_id": "aws_default"}
+            backups={"url": f"s3://backups/{tmp_path.name}", "conn_id": "aws_default"},
+            code_paths=[str(p) for p in code_paths],
         )
         conn = {
             "conn_type": "aws",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from stateops.ops.backup import backup_first
 from stateops.ops.migration import plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import (
+    USER_CODE,
     V2_STATE_STORE,
     job_runner,
     land,
@@ -66,15 +68,22 @@ def _cli_args(m: Migration, road: str = "auto") -> list[str]:
 def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     spark, s3, tmp_path, monkeypatch
 ):
+    """The processor is the user's own (tests/spark/user_code/my_visits.py), found through the
+    registry's ``code_paths`` only: every step that imports it, by either road, applies them."""
     whole = uninterrupted(spark, tmp_path, "page_visits")
-    m = Migration(spark, tmp_path, "page_visits", s3)
+    mine = {"class": "my_visits:MyVisits", "options": {"max_pages": 1000}}
+    m = Migration(spark, tmp_path, "page_visits", s3, code_paths=(USER_CODE,), processor=mine)
     old = Path(m.query().checkpoint)
     before = tree_digest(m.root / "checkpoints")
+    # Not importable here but through the registry (the old run in this process imported it).
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(USER_CODE)])
+    monkeypatch.delitem(sys.modules, "my_visits")
 
-    dry = run_cli(*_cli_args(m), "--dry-run")
-    assert dry.returncode == 0, dry.stderr
-    assert "DRY RUN: nothing changed: migration of page_visits" in dry.stderr
-    assert json.loads(dry.stdout)["carry_over"]["road"] == "transplant"
+    for road in ("transplant", "initial_state"):
+        dry = run_cli(*_cli_args(m, road), "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "DRY RUN: nothing changed: migration of page_visits" in dry.stderr
+        assert json.loads(dry.stdout)["carry_over"]["road"] == road
     assert tree_digest(m.root / "checkpoints") == before
     assert read_hold(load_registry(m.path).lock_path("page_visits")) is None
 

@@ -73,8 +73,8 @@ def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
     assert (proc.returncode, proc.stderr) == (141, "")
 
 
-def test_the_readme_table_lists_every_command_as_the_parser_has_it():
-    """README "Every CLI command": one row per command, its `--json` and `--dry-run` columns
+def test_the_cli_table_lists_every_command_as_the_parser_has_it():
+    """docs/cli.md "Every CLI command": one row per command, its `--json` and `--dry-run` columns
     and the options its synopsis shows as the parser has them; the walk with a real
     checkpoint is tests/spark/test_backup.py."""
     rows = cli_table()
@@ -129,10 +129,10 @@ def test_queries_imports_each_querys_code_and_binds_its_options_as_run_does(tmp_
             "code_paths?",
             "",
         ),
-        (
+        (  # a misspelt name in a module that imports: the name is wrong, not code_paths
             "error: query idle_sessions: transform.function "
-            "'stateops.pipelines.idle_sessions:no_such_function' cannot be imported (",
-            "",
+            "'stateops.pipelines.idle_sessions:no_such_function': ",
+            "has no 'no_such_function' (it defines: build, visit_row, visits); check the name",
         ),
         (
             "error: query page_counts_too: transform.options do not fit "
@@ -287,7 +287,7 @@ def test_generate_for_a_registry_without_the_sample_queries_says_where_to_write(
 
 
 def test_a_failed_operation_exits_1_and_a_refusal_2(monkeypatch, capsys):
-    """The README's exit codes: 1 when the operation failed after its plan held (a Spark job,
+    """The exit codes of docs/cli.md: 1 when the operation failed after its plan held (a Spark job,
     a proof: :class:`OperationFailed`), 2 for a refusal; one line on stderr either way."""
     from stateops import cli
     from stateops.core.errors import OperationFailed, StateOpsError

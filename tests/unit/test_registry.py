@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import sys
+import zipfile
+
 import pytest
 import yaml
 
@@ -271,3 +274,64 @@ def test_code_paths_are_relative_to_the_registry_file_and_survive_a_derived_regi
     assert registry.code_paths == [tmp_path / "jobs"]
     derived = derived_registry(registry, "page_visits", {}, tmp_path / "elsewhere" / "r.yaml")
     assert load_registry(derived).code_paths == [tmp_path / "jobs"]
+
+
+def _own_processor(r: dict, ref: str) -> None:
+    r["code_paths"] = ["jobs"]
+    r["queries"]["page_visits"]["processor"]["class"] = ref
+
+
+def test_a_query_imports_its_code_from_its_registry_s_code_paths_wherever_it_is_loaded(
+    tmp_path, monkeypatch
+):
+    """No caller puts code_paths on sys.path first: loading the code does (the migration's
+    schema check and proof import the processor as the run does)."""
+    from stateops.spark.streaming import load_processor
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "mine_a.py").write_text(
+        "from stateops.pipelines.page_visits import PageVisitsProcessor\n\n\n"
+        "class Mine(PageVisitsProcessor):\n    pass\n"
+    )
+    (jobs / "mine_b.py").write_text("import not_installed_anywhere\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test
+    for module in ("mine_a", "mine_b"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    path = _registry_with(tmp_path, lambda r: _own_processor(r, "mine_a:Mine"))
+    query = load_registry(path).query("page_visits")
+    copied = query.model_copy(update={"checkpoint": str(tmp_path / "elsewhere")})
+    assert type(load_processor(copied)).__name__ == "Mine"
+
+    # A module that is there but imports what is not: not a code_paths problem.
+    path = _registry_with(tmp_path, lambda r: _own_processor(r, "mine_b:Mine"))
+    with pytest.raises(RegistryError) as err:
+        load_processor(load_registry(path).query("page_visits"))
+    assert "mine_b:Mine fails to load: No module named 'not_installed_anywhere'; install" in str(
+        err.value
+    )
+    # A misspelt class in a module that imports: the name, not code_paths.
+    path = _registry_with(tmp_path, lambda r: _own_processor(r, "mine_a:Mne"))
+    with pytest.raises(RegistryError) as err:
+        load_processor(load_registry(path).query("page_visits"))
+    assert f"{jobs / 'mine_a.py'} has no 'Mne' (it defines: Mine); check the name" in str(err.value)
+
+
+def test_code_shipped_to_executors_is_named_by_what_it_holds(tmp_path):
+    """Spark refuses a second file of one name with other bytes: a session that ships code
+    again after it changed ships it under another name; the same code, the same name."""
+    from stateops.spark.streaming import _zipped
+
+    code = tmp_path / "code"
+    (code / "__pycache__").mkdir(parents=True)
+    (code / "mine.py").write_text("X = 1\n")
+    (code / "__pycache__" / "mine.cpython-311.pyc").write_bytes(b"compiled")
+    first = _zipped(code, tmp_path, "code0-code")
+    (code / "__pycache__" / "other.cpython-311.pyc").write_bytes(b"a cache changes nothing")
+    assert _zipped(code, tmp_path, "code0-code") == first
+    (code / "mine.py").write_text("X = 2\n")
+    changed = _zipped(code, tmp_path, "code0-code")
+    assert changed != first and changed.name.startswith("code0-code-")
+    with zipfile.ZipFile(changed) as archive:
+        assert archive.namelist() == ["mine.py"]
+        assert archive.read("mine.py") == b"X = 2\n"

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from stateops.core.errors import RegistryError
 from stateops.core.steps import SOURCE_FORMATS
@@ -315,6 +323,14 @@ class Query(_Model):
     """Whether a second person approves its irreversible steps (migration, code upgrade,
     backfill, restore over its checkpoint, repartition) in Airflow first; unset: a migration
     and an upgrade ask, the others do not."""
+    _code_paths: tuple[Path, ...] = PrivateAttr(default=())
+
+    @property
+    def code_paths(self) -> tuple[Path, ...]:
+        """Its registry's ``code_paths`` (where its ``transform.function`` or
+        ``processor.class`` may live): kept by copies of the query, so whatever imports its
+        code (:func:`stateops.spark.streaming.load_processor`, ...) finds it."""
+        return self._code_paths
 
     def needs_approval(self, operation: str) -> bool:
         """Whether ``operation`` (stateops.control.approval.OPERATIONS) waits for an approval."""
@@ -792,12 +808,11 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             first = err.errors()[0]
             field_path = ".".join(str(p) for p in first["loc"])
             raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
+    code_paths = _code_paths(path, raw.get("code_paths"))
+    for query in queries.values():
+        query._code_paths = tuple(code_paths)
     return Registry(
-        path=path,
-        data_dir=data_dir,
-        queries=queries,
-        code_paths=_code_paths(path, raw.get("code_paths")),
-        **sections,
+        path=path, data_dir=data_dir, queries=queries, code_paths=code_paths, **sections
     )
 
 

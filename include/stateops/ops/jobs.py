@@ -55,7 +55,7 @@ def _run_query_preflight(args: Namespace) -> tuple[Target, datetime | None]:
     rollback, a damaged checkpoint."""
     target = query_target(args.registry, args.query)
     registry, query = target.require_registry(), target.require_query("")
-    check_code(registry, query)
+    check_code(query)
     require_topics(query)
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
     refuse_unrunnable(registry, query)

@@ -326,11 +326,8 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
     """Preflight of a code upgrade of ``target``'s query (its registry entry holds the new
     code): the check's changes, and, where one needs a rewrite, everything the rewrite needs,
     checked without changing anything."""
-    from stateops.spark.streaming import use_code_paths
-
     registry = target.require_registry()
     query = target.require_query("upgrade a registered query: give its name")
-    use_code_paths(registry)  # the check imports the new processor: it may be the user's own
     cp = migration._sound_checkpoint(query)
     changes = check_code_change(cp, query)
     spec = query.initial_state

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib
 import inspect
+import io
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,9 +125,7 @@ def use_code_paths(registry: Registry, spark: SparkSession | None = None) -> Non
     """The registry's ``code_paths`` on ``sys.path`` here (the driver), and with ``spark``,
     each shipped to the executors as a zip (Python workers import the user's functions that
     Spark pickles by reference, such as an ``applyInPandasWithState`` function)."""
-    for folder in reversed(registry.code_paths):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
+    _on_sys_path(registry.code_paths)
     if spark is None or not registry.code_paths:
         return
     # The Python workers Spark starts on the driver (transformWithState runs a processor's
@@ -135,17 +136,43 @@ def use_code_paths(registry: Registry, spark: SparkSession | None = None) -> Non
     shipped = Path(tempfile.mkdtemp(prefix="stateops-code-"))
     atexit.register(shutil.rmtree, shipped, True)  # served to executors until the driver ends
     for n, folder in enumerate(registry.code_paths):
-        spark.sparkContext.addPyFile(
-            shutil.make_archive(str(shipped / f"code{n}-{folder.name}"), "zip", folder)
-        )
+        spark.sparkContext.addPyFile(str(_zipped(folder, shipped, f"code{n}-{folder.name}")))
+
+
+def _zipped(folder: Path, into: Path, stem: str) -> Path:
+    """``folder``'s files (bytecode caches left out) as ``into/STEM-HASH.zip``, named by what
+    it holds: Spark refuses a second file of the same name with other bytes, as when a session
+    ships code again after a file in the folder changed."""
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                entry = zipfile.ZipInfo(path.relative_to(folder).as_posix())  # dated 1980
+                archive.writestr(entry, path.read_bytes(), zipfile.ZIP_DEFLATED)
+    zipped = into / f"{stem}-{hashlib.sha256(data.getvalue()).hexdigest()[:12]}.zip"
+    zipped.write_bytes(data.getvalue())
+    return zipped
+
+
+def _on_sys_path(folders: Sequence[Path]) -> None:
+    for folder in reversed(folders):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
 
 
 def _imported(query: Query, field: str, ref: str) -> Any:
-    """``module:attribute`` named by the registry's ``field``, imported."""
+    """``module:attribute`` named by the registry's ``field``, imported: the one place that
+    imports the user's code, from the registry's ``code_paths`` first."""
+    _on_sys_path(query.code_paths)
     module_name, _, attr = ref.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not module_name.startswith(err.name):
+            raise RegistryError(  # the module is there; something it imports is not
+                f"query {query.name}: {ref} fails to load: {err}; install it where the query "
+                "runs, or put its folder in the registry's code_paths"
+            ) from err
         raise RegistryError(
             f"query {query.name}: {field} {ref!r} cannot be imported ({err}); is its folder "
             "in the registry's code_paths?"
@@ -154,6 +181,18 @@ def _imported(query: Query, field: str, ref: str) -> Any:
         raise RegistryError(
             f"query {query.name}: {ref} fails to load: {type(err).__name__}: {err}"
         ) from err
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        own = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and getattr(v, "__module__", None) == module_name
+        ]
+        raise RegistryError(
+            f"query {query.name}: {field} {ref!r}: {module.__file__} has no {attr!r} (it "
+            f"defines: {', '.join(sorted(own)) or 'no class or function'}); check the name"
+        ) from None
 
 
 def load_function(query: Query, field: str, ref: str) -> Callable[..., Any]:
@@ -197,7 +236,7 @@ def uses_kafka(query: Query) -> bool:
     return query.sink.kafka or any(s.kafka for s in query.inputs.values())
 
 
-def check_code(registry: Registry, query: Query) -> None:
+def check_code(query: Query) -> None:
     """The query's own code imports and takes its options, and Spark has the connectors it
     needs: checked without Spark, before a job starts."""
     from stateops.spark.jobs import SPARK_JARS, require_s3_jars, spark_jars
@@ -208,7 +247,6 @@ def check_code(registry: Registry, query: Query) -> None:
             f"{SPARK_JARS}: run `make jars` (it fetches it with mvn)"
         )
     require_s3_jars([query.checkpoint, query.sink.path], f"query {query.name}")
-    use_code_paths(registry)
     if query.transform is not None:
         load_transform(query)
     else:
