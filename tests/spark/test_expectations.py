@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from stateops.core.registry import load_registry
 from stateops.spark.expectations import format_validation, leaking_keys, validate_state
 from stateops.spark.streaming import apply_query_conf, start_query
 from tests.conftest import ROOT, write_registry
-from tests.spark.harness import land
+from tests.spark.harness import USER_CODE, land
 
 pytestmark = pytest.mark.spark
 
@@ -149,3 +150,39 @@ def test_ttl_state_is_checked_against_the_batch_time(spark, tmp_path):
         ("count", "value_ttlExpirationMs"),
         ("pages", "list_element_ttlExpirationMs"),
     ]
+
+
+@pytest.mark.parametrize("name", ["deduped_counts", "chained_windows"])
+def test_two_operators_stores_each_keep_their_own_row_count_history(spark, tmp_path, name):
+    """Both operators' stores are named ``default``: each store's row count is held to its own
+    at the last validation, not to the other operator's."""
+    registry = write_registry(tmp_path)
+    raw = yaml.safe_load(registry.read_text())
+    raw["code_paths"] = [str(USER_CODE)]
+    raw["queries"][name] = {
+        **raw["queries"]["page_counts"],
+        "transform": {"function": f"shapes:{name}", "output_mode": "append"},
+        "sink": {"format": "parquet", "path": f"output/{name}"},
+        "checkpoint": f"checkpoints/{name}",
+    }
+    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+    query = load_registry(registry).query(name)
+    land(tmp_path / "landing", round_=0, files=2)
+    _run(spark, query)
+    first = validate_state(spark, query)
+    assert first["ok"], format_validation(first)
+    rows = {(v["operator_id"], v["variable"]): v["rows"] for v in first["variables"]}
+    assert set(rows) == {(0, "default"), (1, "default")} and len(set(rows.values())) == 2, rows
+
+    land(tmp_path / "landing", round_=1, files=1)
+    _run(spark, query)
+    second = validate_state(spark, query)
+    assert second["ok"], format_validation(second)
+    factor = query.expectations.row_change_factor
+    for v in second["variables"]:
+        (bounds,) = [e["bounds"] for e in v["expectations"] if e["bounds"]]
+        previous = rows[(v["operator_id"], v["variable"])]
+        assert bounds == [math.floor(previous / factor), math.ceil(previous * factor)], v
+    assert "ok     operator 1 default: expect_table_row_count_to_be_between" in format_validation(
+        second
+    )

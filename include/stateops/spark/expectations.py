@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,9 @@ from stateops.core.formats import OffsetEntry
 from stateops.core.registry import Query
 from stateops.core.storage import S3Path, file_names, write_file
 from stateops.spark.export import read_state_variable, state_reads
+
+Store = tuple[int, str]
+"""A state store or variable: ``(operator id, store name or state variable)``."""
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -82,10 +86,21 @@ def last_validation(
     return path, json.loads(path.read_text(encoding="utf-8"))
 
 
-def _previous_rows(audit: Path, batch: int) -> dict[str, int]:
-    """Rows per variable at the latest validation of an earlier batch ({} if none)."""
+def _previous_rows(audit: Path, batch: int, reads: list[dict[str, Any]]) -> dict[Store, int]:
+    """Rows per store or variable (``(operator, name)``: two operators' stores are both
+    ``default``) of ``reads`` at the latest validation of an earlier batch ({} if none). A
+    result written before it recorded operators names stores only: trusted where the name is
+    one store's, then and now."""
     last = last_validation(audit, before=batch)
-    return {v["variable"]: int(v["rows"]) for v in last[1].get("variables", [])} if last else {}
+    found = last[1].get("variables", []) if last else []
+    rows = {(v["operator_id"], v["variable"]): int(v["rows"]) for v in found if "operator_id" in v}
+    unique_then = Counter(v["variable"] for v in found)
+    unique_now = Counter(r["variable"] for r in reads)
+    for v in found:
+        if "operator_id" not in v and unique_then[v["variable"]] == unique_now[v["variable"]] == 1:
+            op = next(r["operator_id"] for r in reads if r["variable"] == v["variable"])
+            rows[(op, v["variable"])] = int(v["rows"])
+    return rows
 
 
 def _expired_keys(df: DataFrame, query: Query, watermark_ms: int) -> DataFrame:
@@ -128,17 +143,20 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     cp.restart_files(batch)
     offsets = cp.offsets[batch]
     audit = audit_dir(query.checkpoint)
-    previous_rows = _previous_rows(audit, batch)
+    reads = state_reads(spark, query.checkpoint, batch)
+    previous_rows = _previous_rows(audit, batch, reads)
     ctx = gx.get_context(mode="file", project_root_dir=str(gx_root(query.checkpoint).parent))
     # GX draws a progress bar per metric, which floods task logs.
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     source = ctx.data_sources.add_or_update_spark(name="state")
     variables = []
-    for read in state_reads(spark, query.checkpoint, batch):
-        name = f"{query.name}.op{read['operator_id']}.{read['variable']}"
+    for read in reads:
+        store = (read["operator_id"], read["variable"])
+        name = f"{query.name}.op{store[0]}.{store[1]}"
         raw = read_state_variable(spark, query.checkpoint, batch, read)
-        checks = _variable_checks(query, read, raw, previous_rows.get(read["variable"]), offsets)
-        variables.append(_run_checks(ctx, source, name, read["variable"], checks))
+        checks = _variable_checks(query, read, raw, previous_rows.get(store), offsets)
+        checked = _run_checks(ctx, source, name, read["variable"], checks)
+        variables.append({"operator_id": read["operator_id"], **checked})
     ctx.build_data_docs()
     docs = data_docs_path(query)
     result = {
@@ -254,7 +272,12 @@ def _run_checks(ctx: Any, source: Any, name: str, variable: str, checks: list) -
 
 def format_validation(result: dict[str, Any]) -> str:
     lines = []
+    operators = {v.get("operator_id") for v in result["variables"]}
     for var in result["variables"]:
+        # Two operators' stores share names (``default``): named by operator where there are.
+        store = var["variable"]
+        if len(operators) > 1:
+            store = f"operator {var['operator_id']} {store}"
         for e in var["expectations"]:
             mark = "ok    " if e["success"] else "FAILED"
             extra = "" if e["success"] else f": {e['unexpected_count']} unexpected"
@@ -262,7 +285,7 @@ def format_validation(result: dict[str, Any]) -> str:
                 low, high = e["bounds"]
                 extra = f": {e['observed']} rows, the last validation allows {low}..{high}"
             column = f"({e['column']})" if e["column"] else ""
-            lines.append(f"{mark} {var['variable']}: {e['expectation']}{column}{extra}")
+            lines.append(f"{mark} {store}: {e['expectation']}{column}{extra}")
     verdict = "OK" if result["ok"] else "FAILED"
     lines.append(
         f"{verdict}: state of {result['query']} after batch {result['batch_id']}; "

@@ -53,3 +53,27 @@ def views_near_events(spark: Any, inputs: dict[str, Any], within: str = "1 minut
             f"AND view_time + interval {within}"
         ),
     )
+
+
+def deduped_counts(spark: Any, inputs: dict[str, Any], delay: str = "10 minutes") -> Any:
+    """Two stateful operators, both stores ``default``: views deduplicated (within the
+    watermark), then counted per page and 10-minute window (append)."""
+    from pyspark.sql import functions as F
+
+    views = inputs["source"].withWatermark("event_time", delay)
+    unique = views.dropDuplicates(["user_id", "page", "event_time"])
+    counted = unique.groupBy(F.window("event_time", "10 minutes").alias("w"), "page").count()
+    return counted.select(F.col("w.start").alias("window_start"), "page", "count")
+
+
+def chained_windows(spark: Any, inputs: dict[str, Any], delay: str = "10 minutes") -> Any:
+    """Two chained windowed aggregations: views per page per 10 minutes, then the busiest
+    10 minutes of each hour (append)."""
+    from pyspark.sql import functions as F
+
+    views = inputs["source"].withWatermark("event_time", delay)
+    tens = views.groupBy(F.window("event_time", "10 minutes").alias("w"), "page").count()
+    hours = tens.groupBy(F.window(F.window_time("w"), "1 hour").alias("h"), "page").agg(
+        F.max("count").alias("busiest")
+    )
+    return hours.select(F.col("h.start").alias("hour_start"), "page", "busiest")
