@@ -300,6 +300,20 @@ def job_runner(spark) -> Callable[[str, str, list[str]], None]:
     return run_job
 
 
+def in_session(spark) -> Callable[[dict], None]:
+    """``submit`` for :func:`stateops.ops.repartition.run_repartition`: the repartition job's
+    main in the shared session."""
+    from stateops.core.steps import REPARTITION_STATE
+
+    def submit(plan: dict) -> None:
+        code, out = job_in_session(
+            spark, REPARTITION_STATE, "--checkpoint", plan["checkpoint"], "--run-id", plan["run_id"]
+        )
+        assert code == 0, out
+
+    return submit
+
+
 def summary_of(code: int, stdout: str) -> dict:
     """The summary a job printed last, once it succeeded."""
     assert code == 0, stdout[-3000:]

@@ -32,7 +32,6 @@ from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.report import checkpoint_report
 from stateops.core.sources import kafka_offsets
-from stateops.core.steps import REPARTITION_STATE
 from stateops.ops.backup import backup_checkpoint
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.repartition import run_repartition
@@ -40,7 +39,7 @@ from stateops.ops.restore import format_restore_plan, plan_restore, restore_back
 from tests.conftest import tree_digest
 from tests.spark.harness import (
     copy_query,
-    job_in_session,
+    in_session,
     run_in_session,
     state_and_output,
 )
@@ -60,18 +59,6 @@ quiet = lambda _: None  # noqa: E731
 # The events are stamped weeks ago (brokers refuse the future): the broker's default 7-day
 # retention would delete them within seconds (its check runs every 5 s).
 KEEP = {"retention.ms": "-1"}
-
-
-def in_session(spark):
-    """``submit`` for :func:`run_repartition`: the job's main in the shared session."""
-
-    def submit(plan: dict) -> None:
-        code, out = job_in_session(
-            spark, REPARTITION_STATE, "--checkpoint", plan["checkpoint"], "--run-id", plan["run_id"]
-        )
-        assert code == 0, out
-
-    return submit
 
 
 def held_and_written(spark, registry: Path, name: str) -> tuple:

@@ -26,7 +26,6 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.report import checkpoint_report
-from stateops.core.steps import REPARTITION_STATE
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.repartition import plan_repartition, proof_path, run_repartition
@@ -36,7 +35,7 @@ from tests.conftest import VENV_BIN, run_cli, tree_digest
 from tests.spark.harness import (
     copy_checkpoint,
     copy_query,
-    job_in_session,
+    in_session,
     kill_when,
     land,
     last_committed,
@@ -61,18 +60,6 @@ def registry_with(root: Path, partitions: int, landing: Path | None = None) -> P
         entry["shuffle_partitions"] = partitions
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
-
-
-def in_session(spark):
-    """``submit`` for :func:`run_repartition`: the job's main in the shared session."""
-
-    def submit(plan: dict) -> None:
-        code, out = job_in_session(
-            spark, REPARTITION_STATE, "--checkpoint", plan["checkpoint"], "--run-id", plan["run_id"]
-        )
-        assert code == 0, out
-
-    return submit
 
 
 def repartition(spark, registry: Path, name: str, partitions: int) -> dict:

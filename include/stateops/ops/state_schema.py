@@ -150,7 +150,18 @@ def operator_state(cp: Checkpoint, batch: int) -> tuple[dict, dict[str, Any]]:
     families: dict[str, Any] = {}
     for rel in refs:
         families.update(read_state_schema(cp.root / rel))
-    return props, families
+    with_ttl = {n for n, v in user_variables(props).items() if v.get("ttlEnabled")}
+    return props, {n: _without_ttl(f) if n in with_ttl else f for n, f in families.items()}
+
+
+def _without_ttl(family: dict[str, Any]) -> dict[str, Any]:
+    """A variable with TTL as its code declares it: Spark stores each of its values (a list's
+    elements, a map's values) wrapped as ``{value: <the declared fields>, ttlExpirationMs}``."""
+    value = family["value"]
+    if [name for name, _ in value] != ["value", "ttlExpirationMs"]:
+        return family
+    declared = json.loads(value[0][1])["fields"]
+    return {**family, "value": [(f["name"], type_name(f["type"])) for f in declared]}
 
 
 def user_variables(props: dict[str, Any]) -> dict[str, dict[str, Any]]:
