@@ -495,8 +495,8 @@ def cmd_queries(args: argparse.Namespace) -> int:
             f"  {'':<16} checkpoint {q.checkpoint} ({q.state_store.provider}, "
             f"{q.shuffle_partitions} partitions)"
         )
-        if switch := registry.switched(q.name):
-            print(f"  {'':<16} source and checkpoint switched by a migration: {switch}")
+        if note := registry.switch_note(q.name):
+            print(f"  {'':<16} {note}")
     return 2 if errors else 0
 
 

@@ -22,7 +22,7 @@ from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import OperationFailed, StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.migration import plan_migration, run_migration
+from stateops.ops.migration import format_migration_plan, plan_migration, run_migration
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import (
     PAGE_VISITS_READS,
@@ -118,9 +118,15 @@ def old_read(spark, kafka, tmp_path_factory) -> Path:
     return read_old(spark, kafka, tmp_path_factory.mktemp("old"), "shared")
 
 
+# A cap no batch here reaches: a migration carries the old source's options to the new.
+CAP = {"maxOffsetsPerTrigger": 10_000}
+
+
 def old_on_topic(old_read: Path, root: Path) -> Path:
-    """A copy of the old query under ``root``: its registry, checkpoint and output."""
-    path = registry(root, from_earliest(load_registry(old_read).query(NAME).source.topic))
+    """A copy of the old query under ``root``: its registry (the source capped by ``CAP``),
+    checkpoint and output."""
+    source = from_earliest(load_registry(old_read).query(NAME).source.topic)
+    path = registry(root, source | {"options": source["options"] | CAP})
     copy_query(old_read, path, NAME)
     return path
 
@@ -152,11 +158,18 @@ def test_topic_to_topic_equals_one_topic_restarted_at_the_cutover(
     at_cutover = kafka.offsets(topic, CUTOVER)
     assert sum(at_cutover.values()) == len(STALE)  # the stale records come first
 
-    lineage = migrate(spark, path, kafka_source(topic) | {"start": "cutover"}, road)
+    spec = kafka_source(topic) | {"start": "cutover"}
+    plan = plan_migration(query_target(path, NAME), spec, "", "mig-plan", CUTOVER_TEXT, road)
+    assert (
+        "  new source options: startingOffsets=earliest (the old source's); "
+        "maxOffsetsPerTrigger=10000 (the old source's)\n"
+    ) in format_migration_plan(plan, dry_run=True)
+    lineage = migrate(spark, path, spec, road)
 
     assert lineage["carry_over"] == road
     query = load_registry(path).query(NAME)
     assert query.source.topic == topic
+    assert query.source.options["maxOffsetsPerTrigger"] == CAP["maxOffsetsPerTrigger"]
     new = load_checkpoint(query.checkpoint)
     if road == "transplant":  # the cutover's offsets are written into the new checkpoint
         first = min(b for b in new.offsets if b in new.commits and b + 1 in new.offsets)

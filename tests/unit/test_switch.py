@@ -48,15 +48,75 @@ def test_a_second_switch_keeps_what_the_file_declares_and_the_history(tmp_path):
     assert load_registry(path).query("page_visits").checkpoint == str(tmp_path / "v3")
 
 
-def test_editing_the_registry_file_wins_over_an_old_switch(tmp_path):
+def _edit(path: Path, edit) -> None:
+    raw = yaml.safe_load(path.read_text())
+    edit(raw["queries"]["page_visits"])
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def test_edits_of_a_switched_entry_apply_over_the_switch(tmp_path):
+    """An option, the trigger or the schema edited in the file after a switch: the query stays
+    on its new source and checkpoint, with the edit."""
+    path = write_registry(tmp_path)
+    moved = {**NEW_SOURCE, "options": {"maxFilesPerTrigger": 1, "pathGlobFilter": "*.parquet"}}
+    write_switch(load_registry(path), "page_visits", moved, str(tmp_path / "v2"), {})
+
+    def edit(entry: dict) -> None:
+        entry["source"]["options"]["maxFilesPerTrigger"] = 5
+        entry["trigger"] = {"processing_time": "30 seconds"}
+
+    _edit(path, edit)
+    q = load_registry(path).query("page_visits")
+    assert (q.checkpoint, q.source.path) == (str(tmp_path / "v2"), NEW_SOURCE["path"])
+    assert q.source.options == {"maxFilesPerTrigger": 5, "pathGlobFilter": "*.parquet"}
+    assert q.source.schema_ == NEW_SOURCE["schema"]  # the file's old schema was not edited
+    assert q.trigger.processing_time == "30 seconds"
+
+    # Removed from the entry: removed from the switched source too.
+    _edit(path, lambda entry: entry["source"].pop("options"))
+    q = load_registry(path).query("page_visits")
+    assert q.source.options == {"pathGlobFilter": "*.parquet"}
+
+    # A next switch (a second migration) starts from the entry as it is now.
+    write_switch(load_registry(path), "page_visits", moved, str(tmp_path / "v3"), {})
+    q = load_registry(path).query("page_visits")
+    assert (q.checkpoint, q.source.options) == (str(tmp_path / "v3"), moved["options"])
+
+
+def test_an_edit_that_contradicts_the_switch_is_refused_and_one_that_adopts_it_runs(tmp_path):
     path = write_registry(tmp_path)
     write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
-    raw = yaml.safe_load(path.read_text())
-    raw["queries"]["page_visits"]["checkpoint"] = "checkpoints/page_visits-edited"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    _edit(path, lambda entry: entry.update(checkpoint="checkpoints/page_visits-edited"))
+    with pytest.raises(RegistryError) as err:
+        load_registry(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert (
+        f"queries.page_visits: the entry reads json {tmp_path}/landing/page_visits on " in message
+    )
+    assert f"runs it on parquet {NEW_SOURCE['path']} on {tmp_path / 'v2'}" in message
+    assert "to adopt the switch, or put back the ones it switched from and undo" in message
+
+    def adopt(entry: dict) -> None:
+        entry["source"] = NEW_SOURCE
+        entry["checkpoint"] = str(tmp_path / "v2")
+
+    _edit(path, adopt)
     q = load_registry(path).query("page_visits")
-    assert q.checkpoint == str(tmp_path / "checkpoints" / "page_visits-edited")
-    assert q.source.format == "json"
+    assert (q.checkpoint, q.source.format) == (str(tmp_path / "v2"), "parquet")
+
+
+def test_a_repartitioned_query_keeps_its_count_through_edits_and_is_not_called_migrated(
+    tmp_path,
+):
+    path = write_registry(tmp_path)
+    write_partitions(load_registry(path), "page_visits", 8, {"run": "r-1"})
+    _edit(path, lambda entry: entry["source"]["options"].update(maxFilesPerTrigger=3))
+    q = load_registry(path).query("page_visits")
+    assert (q.shuffle_partitions, q.source.options["maxFilesPerTrigger"]) == (8, 3)
+    out = run_cli("--registry", str(path), "queries", check=True).stdout
+    assert "switched by a migration" not in out
+    assert "8 partitions since a repartition (the entry says 2)" in out
 
 
 def test_a_damaged_or_invalid_switch_is_a_clear_error(tmp_path):
@@ -122,3 +182,25 @@ def test_a_recorded_partition_count_follows_until_the_file_changes_its_count(tmp
     assert edited.shuffle_partitions == 5 and edited.checkpoint == str(tmp_path / "v2")
     write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v3"), {})
     assert load_registry(path).query("page_visits").shuffle_partitions == 5
+
+
+def test_a_migration_carries_the_options_the_new_source_can_take():
+    from stateops.core.registry import Source
+    from stateops.ops.migration import carried_options
+
+    schema = NEW_SOURCE["schema"]
+    kafka = Source.model_validate(
+        {"format": "kafka", "topic": "t", "schema": schema, "options": {"maxOffsetsPerTrigger": 9}}
+    )
+    files = Source.model_validate(
+        {
+            "format": "json",
+            "path": "/in",
+            "schema": schema,
+            "options": {"maxFilesPerTrigger": 2, "pathGlobFilter": "*.json", "multiLine": True},
+        }
+    )
+    assert carried_options(kafka, "kafka") == {"maxOffsetsPerTrigger": 9}
+    assert carried_options(files, "json") == dict(files.options)
+    assert carried_options(files, "parquet") == {"maxFilesPerTrigger": 2}
+    assert carried_options(files, "kafka") == carried_options(kafka, "json") == {}

@@ -324,6 +324,7 @@ class Query(_Model):
     backfill, restore over its checkpoint, repartition) in Airflow first; unset: a migration
     and an upgrade ask, the others do not."""
     _code_paths: tuple[Path, ...] = PrivateAttr(default=())
+    _declared: dict | None = PrivateAttr(default=None)
 
     @property
     def code_paths(self) -> tuple[Path, ...]:
@@ -535,6 +536,9 @@ class Registry(_Model):
     on ``sys.path`` in the driver, shipped to the executors."""
     backups: Backups = Backups()
     cleanup: Cleanup = Cleanup()
+    derived_from: Path | None = None
+    """The user's registry a run's own registry was written from (:func:`derived_registry`):
+    its entry already says where the query runs, so no switch applies to it."""
 
     @property
     def state_dir(self) -> Path:
@@ -572,14 +576,24 @@ class Registry(_Model):
         """Where a migration records the query's current source and checkpoint."""
         return _switch_path(self.data_dir, name)
 
-    def switched(self, name: str) -> Path | None:
-        """The switch record that query ``name`` runs on now (a migration moved its source
-        and checkpoint, and the registry file still declares what was there before), or None."""
+    def switch_note(self, name: str) -> str | None:
+        """What query ``name``'s switch changes about its entry, in words with the switch's
+        file (None: nothing)."""
         path = self.switch_path(name)
-        if not path.exists():
+        if not path.exists() or self.derived_from:
             return None
-        current = json.loads(path.read_text(encoding="utf-8"))["current"]
-        return path if current["checkpoint"] == self.queries[name].checkpoint else None
+        switch = json.loads(path.read_text(encoding="utf-8"))
+        query, said = self.queries[name], []
+        moved = _where(switch["current"]) != _where(switch["declared"])
+        if moved and _normal(query.checkpoint) == _normal(switch["current"]["checkpoint"]):
+            said.append("source and checkpoint switched by a migration or code upgrade")
+        counted = switch.get("partitions")
+        if counted and query.shuffle_partitions == counted["current"]:
+            said.append(
+                f"{counted['current']} partitions since a repartition (the entry says "
+                f"{counted['declared']})"
+            )
+        return f"{'; '.join(said)}: {path}" if said else None
 
     def data_path(self, path: str) -> str:
         """``path`` as the user wrote it, under this registry's ``data_dir`` (:func:`data_path`)."""
@@ -606,44 +620,39 @@ def write_switch(
 ) -> Path:
     """Record that ``name`` now runs on ``checkpoint`` with ``source`` as its input
     ``input_name`` (a migration's switch), its output numbered from ``sink_batch_offset`` (see
-    :class:`Sink`).
+    :class:`Sink`); the partition count a repartition recorded goes on applying.
 
-    The registry file is not edited: the switch is kept beside the data and applies while the
-    file still declares what was there before the first switch. The partition count is kept
-    apart (``partitions``) and applies while the file still says the count it said: editing
-    the count in the file must not undo a migration (:func:`write_partitions` records it).
+    The registry file is not edited: the switch is kept beside the data with what the file
+    declares now, and applies while the file still reads from there (:func:`_switched`).
     ``lineage`` is appended to the switch's history.
     """
+    registry = _users_registry(registry)
     query = registry.query(name)
-    previous = _read_switch(registry, name)
-    here = placement(query)
-    current = previous.get("current") or {}
-    applied = {k: current.get(k) for k in here} == here
     moved = query.with_input(input_name, Source.model_validate(source))
-    switch = {
-        "declared": previous["declared"] if applied else here,
-        "current": placement(moved)
-        | {"checkpoint": _normal(checkpoint), "sink_batch_offset": sink_batch_offset},
+    current = placement(moved) | {
+        "checkpoint": _normal(checkpoint),
+        "sink_batch_offset": sink_batch_offset,
     }
-    return _save_switch(registry, name, switch, previous, lineage, _partitions(query, previous))
+    return _save_switch(registry, query, current, lineage, query.shuffle_partitions)
 
 
 def write_partitions(registry: Registry, name: str, count: int, lineage: dict) -> Path:
     """Record that ``name``'s state now has ``count`` partitions (a repartition, or a rollback
     to before one): the query's ``shuffle_partitions`` while the file still says the count it
     says now. Where it runs stays as it is."""
+    registry = _users_registry(registry)
     query = registry.query(name)
-    previous = _read_switch(registry, name)
-    here = placement(query)
-    switch = {
-        "declared": previous.get("declared", here),
-        "current": previous.get("current", here | {"sink_batch_offset": query.sink.batch_offset}),
+    current = placement(query) | {
+        "checkpoint": _normal(query.checkpoint),
+        "sink_batch_offset": query.sink.batch_offset,
     }
-    counted = _partitions(query, previous)
-    declared = counted["declared"] if counted else query.shuffle_partitions
-    return _save_switch(
-        registry, name, switch, previous, lineage, {"declared": declared, "current": count}
-    )
+    return _save_switch(registry, query, current, lineage, count)
+
+
+def _users_registry(registry: Registry) -> Registry:
+    """The user's registry that ``registry`` was derived from (a run's own), else itself: a
+    switch is recorded against the user's entry."""
+    return load_registry(registry.derived_from) if registry.derived_from else registry
 
 
 def _read_switch(registry: Registry, name: str) -> dict:
@@ -651,24 +660,20 @@ def _read_switch(registry: Registry, name: str) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
-def _partitions(query: Query, previous: dict) -> dict | None:
-    """The recorded count, while it applies (the file's count was not edited since)."""
-    counted = previous.get("partitions")
-    return counted if counted and query.shuffle_partitions == counted["current"] else None
-
-
 def _save_switch(
-    registry: Registry,
-    name: str,
-    switch: dict,
-    previous: dict,
-    lineage: dict,
-    partitions: dict | None,
+    registry: Registry, query: Query, current: dict, lineage: dict, count: int
 ) -> Path:
+    """The switch of ``query`` (as it runs now): ``current``, against what its entry in the
+    file declares now (``declared``: edits of the entry from here on apply over ``current``),
+    and its partition count ``count`` against the file's."""
+    previous = _read_switch(registry, query.name)
+    assert query._declared is not None, "a query of a registry file"
+    declared = query._declared
+    switch = {"declared": declared, "current": current}
+    if count != declared["shuffle_partitions"]:
+        switch["partitions"] = {"declared": declared["shuffle_partitions"], "current": count}
     switch["history"] = [*previous.get("history", []), lineage]
-    if partitions:
-        switch["partitions"] = partitions
-    path = registry.switch_path(name)
+    path = registry.switch_path(query.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
@@ -702,6 +707,7 @@ def derived_registry(
         data_dir=str(registry.data_dir),
         queries={name: entry},
         code_paths=[str(p) for p in registry.code_paths],
+        derived_from=str(registry.derived_from or registry.path),
     )
     path = Path(dest)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -718,33 +724,93 @@ def _switch_path(data_dir: Path, name: str) -> Path:
     return data_dir / "_stateops" / "switch" / f"{name}.json"
 
 
-def _switched(query: Query, data_dir: Path) -> Query:
-    """The query on the source and checkpoint a migration switched it to.
+def _switched(query: Query, path: Path, data_dir: Path) -> Query:
+    """``query`` (its entry in registry file ``path``) where its switch says it runs: the
+    source and checkpoint a migration or upgrade moved it to, the partition count a
+    repartition gave it.
 
-    The switch applies while the registry file still declares what it switched from: edit the
-    file's source or checkpoint and the file wins again.
+    The switch holds what the entry declared when it was written. Edits of the entry since
+    then apply over the switch (an option, a schema, the trigger, ...). An entry that reads
+    from where the switch moved the query adopts the switch. An entry that reads from
+    anywhere else contradicts it, and is refused.
     """
-    path = _switch_path(data_dir, query.name)
-    if not path.exists():
+    switch_file = _switch_path(data_dir, query.name)
+    if not switch_file.exists():
         return query
     try:
-        switch = json.loads(path.read_text(encoding="utf-8"))
+        switch = json.loads(switch_file.read_text(encoding="utf-8"))
         declared, current = switch["declared"], switch["current"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise RegistryError(f"{path}: unreadable migration switch ({err})") from None
-    if placement(query) != declared:
-        return query
+        raise RegistryError(f"{switch_file}: unreadable migration switch ({err})") from None
     try:
+        here = placement(query)
         data = query.model_dump(by_alias=True)
-        data.update({k: current[k] for k in ("source", "sources") if k in current})
+        if _where(here) == _where(declared):
+            for field in ("source", "sources"):
+                if field in current:
+                    data[field] = _merged(declared.get(field), current[field], here.get(field))
+            data["checkpoint"] = str(current["checkpoint"])
+            data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
+        elif _where(here) == _where(current):  # the entry adopted the switch
+            if not query.sink.batch_offset:
+                data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
+        else:
+            raise RegistryError(
+                f"{path}: queries.{query.name}: the entry reads {_where_text(here)}, but "
+                f"{switch_file} runs it on {_where_text(current)} (switched from "
+                f"{_where_text(declared)}): write that source and checkpoint into the entry to "
+                "adopt the switch, or put back the ones it switched from and undo the switch "
+                "(docs/backfill-migration.md#after-the-switch-what-the-query-runs-on)"
+            )
         counted = switch.get("partitions")
         if counted and query.shuffle_partitions == counted["declared"]:
             data["shuffle_partitions"] = int(counted["current"])
-        data["checkpoint"] = str(current["checkpoint"])
-        data["sink"]["batch_offset"] = int(current.get("sink_batch_offset", 0))
         return Query.model_validate(data)
     except (ValidationError, KeyError, TypeError) as err:
-        raise RegistryError(f"{path}: invalid migration switch ({err})") from None
+        raise RegistryError(f"{switch_file}: invalid migration switch ({err})") from None
+
+
+_WHERE = ("format", "path", "topic", "topics", "bootstrap_servers")
+
+
+def _inputs(placed: dict) -> dict[str, dict]:
+    return {"source": placed["source"]} if placed.get("source") else placed.get("sources", {})
+
+
+def _where(placed: dict) -> dict:
+    """Where a placement (:func:`placement`) reads and keeps its state: each input's format,
+    folder or topics and brokers, and the checkpoint (not its options or schema)."""
+    return {
+        "checkpoint": _normal(placed["checkpoint"]),
+        **{n: {k: s.get(k) or None for k in _WHERE} for n, s in _inputs(placed).items()},
+    }
+
+
+def _where_text(placed: dict) -> str:
+    reads = (f"{s['format']} {Source.model_validate(s).where}" for s in _inputs(placed).values())
+    return f"{'; '.join(reads)} on {placed['checkpoint']}"
+
+
+_UNSET = object()
+
+
+def _merged(base: Any, ours: Any, theirs: Any) -> Any:
+    """``ours`` (the switch's) with what ``theirs`` (the entry now) changed since ``base``
+    (the entry when the switch was written): key by key, into nested mappings."""
+    if not (isinstance(base, dict) and isinstance(ours, dict) and isinstance(theirs, dict)):
+        return ours if theirs == base else theirs
+    out = dict(ours)
+    for key in base.keys() | theirs.keys():
+        was, now = base.get(key, _UNSET), theirs.get(key, _UNSET)
+        if was == now:
+            continue
+        if now is _UNSET:
+            out.pop(key, None)
+        elif key in out and was is not _UNSET:
+            out[key] = _merged(was, out[key], now)
+        else:
+            out[key] = now
+    return out
 
 
 def _read_yaml(text: str) -> object:
@@ -776,7 +842,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         raise RegistryError(_yaml_error(path, err)) from err
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
-    unknown = set(raw) - {"data_dir", "code_paths", "queries", "backups", "cleanup"}
+    unknown = set(raw) - {"data_dir", "code_paths", "queries", "backups", "cleanup", "derived_from"}
     if unknown:
         raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     raw_data_dir = raw.get("data_dir", "data")
@@ -799,7 +865,11 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             field_path = ".".join(str(p).removesuffix("_") for p in (name, *first["loc"]))
             message = str(first["msg"]).removeprefix("Value error, ")
             raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
-        queries[name] = _switched(_resolve_paths(query, data_dir), data_dir)
+        resolved = _resolve_paths(query, data_dir)
+        queries[name] = resolved if raw.get("derived_from") else _switched(resolved, path, data_dir)
+        queries[name]._declared = placement(resolved) | {
+            "shuffle_partitions": resolved.shuffle_partitions
+        }
     sections = {}
     for section, model in (("backups", Backups), ("cleanup", Cleanup)):
         try:
@@ -812,7 +882,12 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     for query in queries.values():
         query._code_paths = tuple(code_paths)
     return Registry(
-        path=path, data_dir=data_dir, queries=queries, code_paths=code_paths, **sections
+        path=path,
+        data_dir=data_dir,
+        queries=queries,
+        code_paths=code_paths,
+        derived_from=raw.get("derived_from"),
+        **sections,
     )
 
 

@@ -473,12 +473,13 @@ def _new_source(
     files."""
     spec = {k: v for k, v in spec.items() if v not in (None, "")}
     spec.setdefault("schema", current.schema_)
+    given = spec.pop("options", None) or {}
     path = str(spec.get("path", ""))
     inputs = []
     if path:
         spec["path"] = registry.data_path(path)
     if path and "://" not in path:
-        inputs = _input_files(Path(spec["path"]), spec.get("options") or {})
+        inputs = _input_files(Path(spec["path"]), given)
     if spec.get("format", "auto") == "auto":
         spec["format"] = (
             _files_format(Path(spec["path"]), inputs)
@@ -492,6 +493,9 @@ def _new_source(
             "new_source_path: a kafka source reads a topic, not a folder: give "
             "new_source_topic (--new-source-topic) and leave the folder empty"
         )
+    spec["options"] = carried_options(current, spec["format"]) | given
+    if inputs and spec["options"] != given:  # a glob carried from the old source
+        inputs = _input_files(Path(spec["path"]), spec["options"])
     try:
         return Source.model_validate(spec), inputs
     except ValidationError as err:
@@ -655,6 +659,7 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
             f"  old checkpoint {old['checkpoint']} (last committed batch "
             f"{old['last_committed_batch']}, verifies clean){running}",
             f"  new checkpoint {new['checkpoint']}",
+            f"  new source options: {_options(plan)}",
             f"  cutover: {plan['cutover']}",
             f"  carry-over: {_road(plan['carry_over'])}",
             "  then: drain the old source, back up, carry the state over, prove, switch",
@@ -663,9 +668,38 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
     )
 
 
+# The options a file source of another format takes as they are: how much a batch reads.
+_FILE_LIMITS = ("maxFilesPerTrigger", "maxBytesPerTrigger", "maxFileAge", "latestFirst")
+
+
+def carried_options(current: Source, new_format: str) -> dict[str, Any]:
+    """The current source's options the new source of ``new_format`` keeps (the form's own
+    options are added over them): all of them in the same format; for files of another
+    format, the limits of a batch only (a glob or a parser's option is the old format's)."""
+    if new_format == current.format:
+        return dict(current.options)
+    if current.kafka or new_format == "kafka":
+        return {}
+    return {k: v for k, v in current.options.items() if k in _FILE_LIMITS}
+
+
 def _where(source: dict[str, Any]) -> str:
     """A source of a plan as a person reads it: ``json /data/in`` or ``kafka topic t``."""
     return f"{source['format']} {Source.model_validate(source).where}"
+
+
+def _options(plan: dict[str, Any]) -> str:
+    """The new source's options, each said where it comes from (the old source's carried)."""
+    old, new = plan["old"]["source"].get("options") or {}, plan["new"]["source"]["options"]
+    shown = [
+        f"{k}={v}" + (" (the old source's)" if old.get(k) == v else "") for k, v in new.items()
+    ]
+    dropped = sorted(set(old) - set(new))
+    if dropped:
+        shown.append(
+            f"not carried to a {plan['new']['source']['format']} source: {', '.join(dropped)}"
+        )
+    return "; ".join(shown) or "none"
 
 
 def _new_input(plan: dict[str, Any]) -> str:
