@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stateops.control.audit import read_audit
 from stateops.control.target import Target, query_target
@@ -65,6 +66,26 @@ def test_a_rollback_is_refused_when_the_checkpoint_moved_on_since_its_plan(spark
     )
     assert dry["changes"] == ["expectations.row_change_factor: 10.0 -> 5.0"]
     assert sorted(tmp_path.rglob("*")) == everything
+
+    # Issue 54: what the reprocessing run would refuse, the plan refuses first (here, code that
+    # does not fit the state: a TTL added), changing nothing; with overrides as in the file.
+    ttl = {"class": "tests.spark.leaky:VisitsWithTtl", "time_mode": "ProcessingTime"}
+    for overrides in ({"processor": ttl}, None):
+        if overrides is None:
+            raw = yaml.safe_load(path.read_text())
+            raw["queries"]["page_visits"]["processor"].update(ttl)
+            path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        before = tree_digest(tmp_path)
+        with pytest.raises(StateOpsError, match="^page_visits: its code does not fit the state in"):
+            plan_backfill(
+                query_target(path, "page_visits"),
+                "r3",
+                to_batch=1,
+                dry_run=False,
+                overrides=overrides,
+                log=lines.append,
+            )
+        assert tree_digest(tmp_path) == before
 
 
 KILLED = """

@@ -58,6 +58,7 @@ from stateops.ops.rollback import (
     run_rollback,
 )
 from stateops.ops.start import read_summary, summary_line
+from stateops.ops.upgrade import refuse_what_a_run_refuses
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
@@ -157,14 +158,16 @@ def plan_backfill(
     )
     if not dry_run:
         refuse_unconfirmed_rewrite(plan, rewrite_output)
-    path, changes = str(registry.path), []
+    path, reprocessed = str(registry.path), query
     if overrides:
         path = str(registry.state_dir / "backfill" / safe_run_id(run_id) / "registry.yaml")
-        with tempfile.TemporaryDirectory() as scratch:  # a dry run writes nothing
-            written = registry_with_overrides(
-                registry, query.name, overrides, path if not dry_run else Path(scratch) / "r.yaml"
-            )
-            changes = logic_changes(query, load_registry(written).query(query.name))
+        with tempfile.TemporaryDirectory() as scratch:  # written where it belongs once it holds
+            written = registry_with_overrides(registry, query.name, overrides, f"{scratch}/r.yaml")
+            reprocessed = load_registry(written).query(query.name)
+    changes = logic_changes(query, reprocessed) if overrides else []
+    refuse_what_a_run_refuses(reprocessed)  # before the rollback, not after it
+    if overrides and not dry_run:
+        registry_with_overrides(registry, query.name, overrides, path)
     then = (
         f"reprocess {query.name} after batch {to_batch} with available-now "
         f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "

@@ -23,7 +23,6 @@ from stateops.core.access import refuse_unwritable
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
-from stateops.core.sources import require_topics
 from stateops.core.times import parse_past_time
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
@@ -34,9 +33,8 @@ from stateops.ops.start import (
     run_start,
     write_summary,
 )
-from stateops.ops.upgrade import refuse_incompatible_code
+from stateops.ops.upgrade import refuse_what_a_run_refuses
 from stateops.spark.jobs import Job
-from stateops.spark.streaming import check_code
 
 __all__ = [
     "BOOTSTRAP_JOB",
@@ -55,12 +53,10 @@ def _run_query_preflight(args: Namespace) -> tuple[Target, datetime | None]:
     rollback, a damaged checkpoint."""
     target = query_target(args.registry, args.query)
     registry, query = target.require_registry(), target.require_query("")
-    check_code(query)
-    require_topics(query)
+    refuse_what_a_run_refuses(query)
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
     refuse_unrunnable(registry, query)
     checkpoint_state(query.checkpoint)
-    refuse_incompatible_code(query)
     return target, cutover
 
 

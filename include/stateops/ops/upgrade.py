@@ -63,6 +63,7 @@ __all__ = [
     "plan_command",
     "plan_upgrade",
     "refuse_incompatible_code",
+    "refuse_what_a_run_refuses",
     "rewrites",
     "run_upgrade",
 ]
@@ -302,6 +303,19 @@ def first_of(changes: list[Change]) -> str:
 def plan_command(name: str) -> str:
     """The command that plans ``name``'s code upgrade (shown wherever a change is found)."""
     return f"`stateops upgrade {name} --dry-run`"
+
+
+def refuse_what_a_run_refuses(query: Query) -> None:
+    """What a run refuses of ``query`` itself before Spark, whatever its checkpoint's batches:
+    its code that does not load, a topic that does not exist or a broker that does not answer,
+    code that does not fit its state. A plan that changes the checkpoint for a run to follow
+    (a backfill's) refuses them before its first change."""
+    from stateops.core.sources import require_topics
+    from stateops.spark.streaming import check_code
+
+    check_code(query)
+    require_topics(query)
+    refuse_incompatible_code(query)
 
 
 def refuse_incompatible_code(query: Query) -> None:
