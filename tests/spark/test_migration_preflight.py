@@ -239,11 +239,24 @@ def test_where_the_transplant_does_not_apply_auto_falls_back_and_transplant_is_r
     assert tree_digest(data) == before
 
 
-def test_a_query_without_carry_over_support_is_refused(tmp_path):
-    path = write_registry(tmp_path, page_visits={"initial_state": None})
+def test_a_processor_without_initial_state_moves_by_transplant_only(data):
+    """No ``initial_state.from_export`` (as a code upgrade with ``initial_state.mapping``
+    leaves an entry): the transplant still moves its state; the initialState road alone is
+    refused, in one line, changing nothing."""
+    raw = yaml.safe_load((data / "registry.yaml").read_text())
+    raw["queries"]["page_visits"]["initial_state"] = None
+    path = data / "no-initial-state.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     target = query_target(path, "page_visits")
-    with pytest.raises(StateOpsError, match=r"no initial_state.from_export in the registry"):
-        plan_migration(target, _source(), "", "manual__x")
+    before = tree_digest(data)
+    with pytest.raises(
+        StateOpsError, match=r"^carry_over: query page_visits: no initial_state.from_export"
+    ):
+        plan_migration(target, _source(), "", "manual__x", carry_over="initial_state")
+    plan = plan_migration(target, _source(), "", "manual__auto")
+    assert plan["carry_over"]["road"] == "transplant", plan["carry_over"]
+    assert tree_digest(data) == before
+    path.unlink()
 
 
 def test_a_cutover_time_drains_exactly_the_files_before_it(spark, tmp_path):

@@ -206,9 +206,7 @@ def plan_migration(
     runs_as = _runs_as(query, source_name, source, new)
     last = cp.last_committed_batch
     refusals = transplant_refusals(cp, runs_as, last)
-    road = choose_road(
-        carry_over, refusals, lambda line: None, transform=query.transform is not None
-    )
+    road = _carry_road(query, carry_over, refusals, lambda line: None)
     differences = carry_differences(cp, runs_as) if road == "initial_state" else []
     repartition = repartition_from(cp, runs_as, last) if road == "transplant" else None
     refuse_differences(name, differences, accept_differences, _ACCEPT)
@@ -345,15 +343,28 @@ def _check_new_topic(
     return sum(len(ps) for ps in partitions.values())
 
 
+_NO_EXPORT = (
+    "no initial_state.from_export in the registry, so its processor cannot take carried-over "
+    "state by initialState; add one (docs/carry-over.md) and trigger again"
+)
+
+
+def _carry_road(query: Query, choice: str, refusals: list[str], log: Callable[[str], None]) -> str:
+    """The road the state takes (:func:`stateops.ops.transplant.choose_road`), refused where
+    it is ``initial_state`` and the processor takes no carried-over state."""
+    road = choose_road(choice, refusals, log, transform=query.transform is not None)
+    if road == "initial_state" and not query.movable:
+        why = f"the transplant does not apply ({'; '.join(refusals)}) and " if refusals else ""
+        raise RegistryError(f"query {query.name}: {why}{_NO_EXPORT}")
+    return road
+
+
 def _refuse_immovable(query: Query, carry_over: str) -> None:
-    """Refuse, before anything else is checked, a query whose state a migration cannot carry
-    (``Query.movable``), or a road it cannot take, saying why."""
-    if not query.movable:
-        raise RegistryError(
-            f"query {query.name}: no initial_state.from_export in the registry, so its "
-            "processor cannot take carried-over state; add one (docs/carry-over.md) and trigger "
-            "again"
-        )
+    """Refuse, before anything else is checked, a road the query cannot take, saying why (the
+    transplant needs no ``initial_state.from_export``: :func:`_carry_road` refuses the
+    initialState road where it is chosen for want of the transplant)."""
+    if carry_over == "initial_state" and not query.movable:
+        raise RegistryError(f"query {query.name}: {_NO_EXPORT}")
     if query.transform is not None and carry_over == "initial_state":
         raise StateOpsError(
             f"carry_over initial_state is for processors (handleInitialState); {query.name} "
@@ -798,11 +809,8 @@ def settle_migration(
     last = cp.last_committed_batch
     _refuse_unread(query.inputs[plan["source_name"]], cp, last)
     runs_as, start = _started(_planned_query(query, plan), plan)
-    road = choose_road(
-        plan["carry_over"]["choice"],
-        transplant_refusals(cp, runs_as, last),
-        log,
-        transform=query.transform is not None,
+    road = _carry_road(
+        query, plan["carry_over"]["choice"], transplant_refusals(cp, runs_as, last), log
     )
     if road == "initial_state":
         refuse_differences(
