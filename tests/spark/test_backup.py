@@ -15,7 +15,7 @@ import yaml
 from stateops import cli
 from stateops.control.markers import rollback_marker
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.registry import load_registry
 from stateops.core.report import checkpoint_report
 from stateops.core.verify import verify_checkpoint
@@ -37,7 +37,7 @@ from tests.conftest import (
     tree_digest,
     write_registry,
 )
-from tests.spark.harness import land, read_state, run_in_session
+from tests.spark.harness import copy_checkpoint, land, read_state, run_in_session
 
 pytestmark = pytest.mark.spark
 
@@ -131,6 +131,49 @@ def test_a_corrupted_object_is_named_and_restore_changes_nothing(s3, checkpoint,
     with pytest.raises(StateOpsError, match=f"objects/{victim['sha256']} is corrupt"):
         restore_backup(url, tmp_path / "restored", client, log=lambda _: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "no staging folder left"
+
+
+def test_a_damaged_state_file_is_refused_by_backup_and_export_changing_nothing(
+    s3, checkpoint, tmp_path, monkeypatch
+):
+    """A flipped byte in a state file (its .crc sidecar disagrees): verify reports it, and so
+    do backup and export, before they write anything; a backup taken of it before this check
+    is named by `backups verify` (restore would refuse it)."""
+    from stateops.ops import backup as backup_module
+
+    registry, ckpt = checkpoint
+    damaged = copy_checkpoint(ckpt, tmp_path / "damaged")
+    cp = load_checkpoint(damaged)
+    victim = next(
+        rel
+        for rel in cp.restart_files(cp.last_committed_batch)
+        if rel.startswith("state/")
+        and cp.sizes[rel]
+        and f"{Path(rel).parent}/.{Path(rel).name}.crc" in cp.sizes
+    )
+    data = bytearray((damaged / victim).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (damaged / victim).write_bytes(bytes(data))
+    assert any(f["path"] == victim for f in verify_checkpoint(damaged)["findings"])
+    before, client = tree_digest(damaged), s3.client()
+
+    with pytest.raises(CheckpointError, match=f"^backup of .*: {victim} is damaged \\(checksum"):
+        backup_checkpoint(damaged, "s3://backups/damaged", client, log=lambda _: None)
+    assert not (s3.root / "backups" / "damaged").exists()
+    out = tmp_path / "export"
+    refused = run_cli("export", str(damaged), "--out", str(out))
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith(f"error: export of {damaged}: {victim} is damaged")
+    assert len(refused.stderr.splitlines()) == 1 and not out.exists()
+    assert tree_digest(damaged) == before
+
+    # A backup of it taken without the check (as before it existed): named by its verify.
+    monkeypatch.setattr(backup_module, "refuse_damaged", lambda *args: None)
+    taken = backup_checkpoint(damaged, "s3://backups/damaged", client, log=lambda _: None)
+    report = verify_backup(f"s3://backups/damaged/{taken['backup_id']}", client)
+    (problem,) = report["problems"]
+    assert not report["ok"] and problem.startswith(f"{victim}: checksum mismatch in bytes ")
+    assert problem.endswith("(it was damaged when it was backed up)")
 
 
 def test_manifest_paths_that_escape_the_target_are_refused(s3, tmp_path):

@@ -25,7 +25,14 @@ from stateops.core.formats import hadoop_crc
 from stateops.core.sources import offsets_backwards
 from stateops.core.storage import S3Path, location
 
-__all__ = ["Finding", "format_findings", "require_sound", "verify_checkpoint", "verify_crc"]
+__all__ = [
+    "Finding",
+    "format_findings",
+    "refuse_damaged",
+    "require_sound",
+    "verify_checkpoint",
+    "verify_crc",
+]
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,12 @@ def _checksum_findings(cp: Checkpoint) -> list[Finding]:
             )
             continue
         pairs.append((data_rel, rel))
+    findings += [Finding("error", rel, problem) for rel, problem in _crc_problems(cp, pairs)]
+    return findings
+
+
+def _crc_problems(cp: Checkpoint, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``(file, problem)`` for each ``(file, its .crc sidecar)`` of ``cp`` that do not match."""
 
     def check(pair: tuple[str, str]) -> str | None:  # reads overlap: S3 answers slowly
         try:
@@ -212,10 +225,27 @@ def _checksum_findings(cp: Checkpoint) -> list[Finding]:
             return f"unreadable ({err})"
 
     with ThreadPoolExecutor(8) as pool:
-        for (data_rel, _), problem in zip(pairs, pool.map(check, pairs), strict=True):
-            if problem:
-                findings.append(Finding("error", data_rel, problem))
-    return findings
+        found = zip(pairs, pool.map(check, pairs), strict=True)
+        return [(data_rel, problem) for (data_rel, _), problem in found if problem]
+
+
+def refuse_damaged(cp: Checkpoint, rels: list[str], what: str) -> None:
+    """Refuse ``what`` where one of ``cp``'s files ``rels`` does not match its checksum
+    sidecar (a flipped byte, a truncated file): one line naming it and what to do."""
+    pairs = []
+    for rel in rels:
+        parent, _, name = rel.rpartition("/")
+        sidecar = f"{parent}/.{name}.crc" if parent else f".{name}.crc"
+        if sidecar in cp.sizes:
+            pairs.append((rel, sidecar))
+    problems = _crc_problems(cp, pairs)
+    if problems:
+        rel, problem = problems[0]
+        raise CheckpointError(
+            f"{what}: {rel} is damaged ({problem}; {len(problems)} damaged files in all); "
+            f"nothing was done: `stateops verify {cp.root}` lists them; restore a backup "
+            "taken before the damage"
+        )
 
 
 def format_findings(result: dict[str, Any]) -> str:

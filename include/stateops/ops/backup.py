@@ -34,6 +34,7 @@ from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
 from stateops.core.staging import new_stamp
 from stateops.core.storage import S3Path, open_stream, same_endpoint
+from stateops.core.verify import refuse_damaged, verify_crc
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
@@ -180,6 +181,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
 
     started = time.time()
     rels = cp.restart_files(n)
+    refuse_damaged(cp, rels, f"backup of {cp.root} batch {n}")  # it would not restore
     with ThreadPoolExecutor(workers) as pool:  # an S3 checkpoint's reads overlap
         digests = list(pool.map(lambda rel: file_sha256(cp.root / rel), rels))
     files = [
@@ -374,12 +376,32 @@ def verify_backup(url: str, client: Any) -> dict[str, Any]:
             problems.append(f"s3://{loc.bucket}/{key}: {s3_error(err, 'get')}")
         except BotoCoreError as err:
             raise s3_error(err, f"verify {url}") from None
+    if not problems:
+        problems = _damaged_files(manifest, loc, client)
     return {
         "backup_id": manifest["backup_id"],
         "objects": len({f["sha256"] for f in manifest["files"]}),
         "ok": not problems,
         "problems": problems,
     }
+
+
+def _damaged_files(manifest: dict[str, Any], loc: S3Location, client: Any) -> list[str]:
+    """The files of a backup that do not match their checksum sidecar (backed up damaged:
+    restore would refuse them), each a line."""
+    by_path = {f["path"]: f["sha256"] for f in manifest["files"]}
+
+    def body(sha: str) -> bytes:
+        return client.get_object(Bucket=loc.bucket, Key=loc.key("objects", sha))["Body"].read()
+
+    problems = []
+    for path, sha in sorted(by_path.items()):
+        parent, _, name = path.rpartition("/")
+        sidecar = by_path.get(f"{parent}/.{name}.crc" if parent else f".{name}.crc")
+        problem = sidecar and verify_crc(body(sha), body(sidecar))
+        if problem:
+            problems.append(f"{path}: {problem} (it was damaged when it was backed up)")
+    return problems
 
 
 def _age_seconds(text: str) -> float:

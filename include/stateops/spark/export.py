@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.formats import parse_offsets
 from stateops.core.staging import has_entries
 from stateops.core.storage import in_s3, location
+from stateops.core.verify import refuse_damaged
 from stateops.spark.streaming import checkpoint_url
 
 if TYPE_CHECKING:
@@ -188,6 +190,7 @@ def check_export(
         raise CheckpointError(f"{checkpoint}: no committed batch yet: there is no state to export")
     files = cp.restart_files(batch)  # the batch is committed and its state files are all there
     refuse_unreadable(f"export of {checkpoint}", [cp.root / rel for rel in files])
+    refuse_damaged(cp, files, f"export of {checkpoint}")
     if in_s3(out):
         raise StateOpsError(
             f"{out}: an export goes to a local folder (its manifest is a local file); export "
@@ -216,6 +219,18 @@ def export_state(
     """
     cp, batch = check_export(checkpoint, out, batch)
     out = Path(out)
+    existed = out.exists()
+    try:
+        manifest = _export(spark, cp, batch, out)
+    except BaseException:  # no partial export left behind: the folder is as it was
+        shutil.rmtree(out, ignore_errors=True)
+        if existed:
+            out.mkdir()
+        raise
+    return manifest
+
+
+def _export(spark: SparkSession, cp: Checkpoint, batch: int, out: Path) -> dict[str, Any]:
     entries = []
     for read in state_reads(spark, str(cp.root), batch):
         df = read_ordered_state(spark, str(cp.root), batch, read).drop("partition_id")
