@@ -204,6 +204,9 @@ def test_repartition_keeps_the_state_or_refuses_the_hdfs_store_in_one_line(story
     if SHAPES[story.name] == "page_counts":  # the HDFS-backed store
         assert isinstance(done, StateOpsError), done
         assert "Spark repartitions RocksDB state only" in str(done) and "\n" not in str(done)
+        # The replay it advises is a topic's (a folder's was advised): read from the first.
+        assert "with its topics still holding every record from the first" in str(done)
+        assert "`startingOffsets: earliest`" in str(done) and "input file" not in str(done)
     else:
         assert isinstance(done, dict) and done["proof"]["ok"], done
         assert (done["partitions_before"], done["partitions"]) == (2, 3)

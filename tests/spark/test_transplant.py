@@ -130,6 +130,24 @@ def test_the_cli_refuses_in_one_line_and_writes_nothing(page_visits, tmp_path):
         )
 
 
+def test_another_registered_query_s_checkpoint_is_refused(page_visits, tmp_path):
+    """page_counts is a transform: nothing but Spark's restart (after a batch is planned)
+    would have caught page_visits' state under it."""
+    registry = page_visits / "registry.yaml"
+    old = Path(load_registry(registry).query("page_visits").checkpoint)
+    before = tree_digest(old)
+    new = tmp_path / "new"
+    proc = run_cli(
+        "--registry", str(registry), "transplant", str(old), str(new), "--query", "page_counts"
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: {old} is query page_visits's checkpoint, not page_counts's: a transplant "
+        "carries a query's own state; give --query page_visits\n"
+    )
+    assert not new.exists() and tree_digest(old) == before
+
+
 def test_a_new_source_at_a_url_is_kept_as_it_is(page_visits, tmp_path):
     """``--source-path s3a://b/x`` names the new source as it is (it was taken as a folder
     under data_dir: ``<data_dir>/s3a:/b/x``); the dry run's plan names it."""

@@ -39,7 +39,7 @@ from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpo
 from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError, one_line
 from stateops.core.formats import EXTRA_KEY_FIELDS
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
-from stateops.core.registry import Registry, write_partitions
+from stateops.core.registry import Query, Registry, write_partitions
 from stateops.core.storage import S3Path, location
 from stateops.core.verify import error_summary, verify_checkpoint
 
@@ -76,10 +76,12 @@ def plan_repartition(target: Target, partitions: int) -> dict[str, Any]:
     """What a repartition of ``target``'s checkpoint to ``partitions`` would do, or a one-line
     refusal that changes nothing. A repartition a killed run left behind is part of the plan:
     it is undone first."""
-    return _plan(target.checkpoint, partitions)
+    return _plan(target.checkpoint, partitions, target.query)
 
 
-def _plan(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]:
+def _plan(
+    checkpoint: str | os.PathLike[str], partitions: int, query: Query | None = None
+) -> dict[str, Any]:
     if partitions < 1 or partitions > MAX_PARTITIONS:
         raise StateOpsError(
             f"--partitions {partitions}: give a number of state partitions from 1 to "
@@ -108,7 +110,7 @@ def _plan(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]
         raise StateOpsError(
             f"{cp.root}: the state already has {partitions} partitions; nothing to change"
         )
-    unsupported = repartition_unsupported(cp)
+    unsupported = repartition_unsupported(cp, query)
     if unsupported:
         raise CheckpointError(f"{cp.root}: {unsupported}")
     if pending is None:
@@ -139,8 +141,9 @@ def _plan(checkpoint: str | os.PathLike[str], partitions: int) -> dict[str, Any]
     }
 
 
-def repartition_unsupported(cp: Checkpoint) -> str | None:
-    """Why the repartition cannot take ``cp``'s state (None: it can)."""
+def repartition_unsupported(cp: Checkpoint, query: Query | None = None) -> str | None:
+    """Why the repartition cannot take ``cp``'s state (None: it can), with the replay that
+    would rebuild it for ``query``'s sources."""
     if cp.format_version != 1:
         # Spark 4.2's repartition loads each store without its checkpoint id, reading the file
         # names as v1 (NumberFormatException on "<version>_<id>"): seen here, not Spark's claim.
@@ -152,7 +155,7 @@ def repartition_unsupported(cp: Checkpoint) -> str | None:
         if op.operator_name not in EXTRA_KEY_FIELDS:
             return (
                 f"operator {op.operator_id} ({op.operator_name}): Spark 4.2's repartition "
-                f"takes only {', '.join(EXTRA_KEY_FIELDS)}; {_replay('')}"
+                f"takes only {', '.join(EXTRA_KEY_FIELDS)}; {_replay('', query)}"
             )
     for op in cp.operators:
         if op.provider != "rocksdb":
@@ -162,18 +165,29 @@ def repartition_unsupported(cp: Checkpoint) -> str | None:
                 f"operator {op.operator_id} ({op.operator_name}) keeps its state in "
                 f"{op.provider}: Spark repartitions RocksDB state only; no operation moves "
                 "state to another store, so "
-                + _replay(" and `state_store: {provider: rocksdb}` (repartitionable from then on)")
+                + _replay(
+                    " and `state_store: {provider: rocksdb}` (repartitionable from then on)", query
+                )
             )
     return None
 
 
-def _replay(also: str) -> str:
-    """The one road to another partition count where Spark's repartition cannot go."""
+def _replay(also: str, query: Query | None) -> str:
+    """The one road to another partition count where Spark's repartition cannot go: for
+    ``query``'s sources (a topic or a folder; None: not known, a folder's is said)."""
+    if query is not None and any(source.kafka for source in query.inputs.values()):
+        held, start, first = (
+            "with its topics still holding every record from the first (a record that "
+            "retention deleted is not replayed, and the rebuilt state would differ)",
+            ", `startingOffsets: earliest`",
+            "record",
+        )
+    else:
+        held, start, first = "with every input file still in its source folder", "", "file"
     return (
-        "replay the source instead: with every input file still in its source folder, give "
-        "the query in the registry a new `checkpoint` folder, a new `sink.path` and the "
-        f"`shuffle_partitions` you want{also}, then `stateops run QUERY` rebuilds its state "
-        "from the first file"
+        f"replay the source instead: {held}, give the query in the registry a new "
+        f"`checkpoint` folder, a new `sink.path` and the `shuffle_partitions` you "
+        f"want{also}{start}, then `stateops run QUERY` rebuilds its state from the first {first}"
     )
 
 

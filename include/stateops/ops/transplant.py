@@ -137,7 +137,7 @@ def transplant_refusals(cp: Checkpoint, query: Query, batch: int | None = None) 
             f"v{query.state_store.checkpoint_format} (state_store.checkpoint_format)"
         )
     old_partitions = repartition_from(cp, query, batch)
-    unsupported = old_partitions and repartition_unsupported(cp)
+    unsupported = old_partitions and repartition_unsupported(cp, query)
     if unsupported:
         reasons.append(
             f"the old state has {old_partitions} partitions, the query "
@@ -391,6 +391,12 @@ def run_transplant(
     from stateops.ops.pending import mark_transplant  # pending -> carry -> this module
 
     registry = target.require_registry()
+    if query and target.query is not None and target.query.name != query:
+        # Nothing but Spark's restart would catch it for a transform, after a batch is planned.
+        raise StateOpsError(
+            f"{target.checkpoint} is query {target.query.name}'s checkpoint, not {query}'s: a "
+            f"transplant carries a query's own state; give --query {target.query.name}"
+        )
     owner = (
         registry.query(query)
         if query
