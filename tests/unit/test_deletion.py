@@ -62,6 +62,13 @@ def test_the_plan_reads_as_what_goes_and_what_stays():
         "  undo:         stateops restore s3://b/page_visits/BACKUP_ID --to /data/ck --replace "
         "(the backup this run prints)",
     ]
+    # An S3 checkpoint cannot be replaced in one step: the undo restores beside it.
+    on_s3 = format_plan({**_rollback_plan(), "checkpoint": "s3://ck/page_visits"}, dry_run=True)
+    assert on_s3.splitlines()[-1] == (
+        "  undo:         stateops restore s3://b/page_visits/BACKUP_ID --to "
+        "s3://ck/page_visits-restored, then point the query's checkpoint there (the backup this "
+        "run prints)"
+    )
     real = format_plan(_rollback_plan(), dry_run=False)
     assert real.splitlines()[0] == "PLAN: rollback of /data/ck" and "deletes 3 files" in real
     no_backup = format_plan({**_rollback_plan(), "backup_to": None}, dry_run=True)

@@ -39,7 +39,7 @@ from stateops.core.checkpoint import Checkpoint
 from stateops.core.errors import CheckpointError
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.report import format_bytes
-from stateops.core.storage import S3Path, delete_files, location
+from stateops.core.storage import S3Path, delete_files, in_s3, location
 
 __all__ = [
     "CATEGORIES",
@@ -321,7 +321,7 @@ def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
     return plan_tail(
         irreversible="nothing: the backup holds the checkpoint as it is now",
         backup=f"to {backup_to}, before anything changes",
-        undo=f"stateops restore {backup_to}/BACKUP_ID --to {checkpoint} --replace (the "
+        undo=f"stateops restore {backup_to}/BACKUP_ID {restore_over(checkpoint)} (the "
         "backup this run prints)"
         + (
             f", and the sink's batch folders back from {sink['path']}/_rolled_back/RUN_ID"
@@ -331,10 +331,19 @@ def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
     )
 
 
+def restore_over(checkpoint: str) -> str:
+    """The options of a ``stateops restore`` that puts a backup back in ``checkpoint``'s
+    place: over it (moved aside), or, for S3 (no rename: restore refuses to replace a prefix),
+    into a new prefix that the query is then pointed at."""
+    if in_s3(checkpoint):
+        return f"--to {checkpoint.rstrip('/')}-restored, then point the query's checkpoint there"
+    return f"--to {checkpoint} --replace"
+
+
 def _cleanup_backup(checkpoint: str, backups: dict[str, Any] | None) -> dict[str, str]:
     """A cleanup takes no backup: its plan names the latest one of the query (``backups``:
     :func:`stateops.ops.cleanup.latest_backup`), from which deleted files come back."""
-    restore = f"--to {checkpoint} --replace"
+    restore = restore_over(checkpoint)
     if backups is None:  # not a registered query's checkpoint: no backup location known
         return {
             "backup": f"none (take one first to keep older restarts: stateops backup {checkpoint})",
