@@ -39,7 +39,7 @@ def _statuses() -> list[dict[str, Any]]:
         client, error = None, f"backups: connection {registry.backups.conn_id!r}: {err}"
     else:
         error = None
-    statuses = [query_status(registry, name, client) for name in registry.queries]
+    statuses = [query_status(registry, name, client) for name in registry.names]
     for s in statuses:
         s["errors"] += [error] if error else []
     return statuses

@@ -470,7 +470,7 @@ def _option(text: str) -> tuple[str, str]:
 
 def cmd_queries(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
-    errors = _code_errors(registry)
+    errors = registry.invalid | _code_errors(registry)
     for error in errors.values():  # one line each on stderr (exit 2), then the listing
         print(f"error: {error}", file=sys.stderr)
     if args.json:
@@ -482,7 +482,8 @@ def cmd_queries(args: argparse.Namespace) -> int:
                     "queries": [
                         _query_json(registry, q) | {"error": errors.get(q.name)}
                         for q in registry.queries.values()
-                    ],
+                    ]
+                    + [{"name": n, "error": error} for n, error in registry.invalid.items()],
                 },
                 indent=1,
             )
@@ -497,6 +498,8 @@ def cmd_queries(args: argparse.Namespace) -> int:
         )
         if note := registry.switch_note(q.name):
             print(f"  {'':<16} {note}")
+    for name in registry.invalid:
+        print(f"  {name:<16} refused: its entry is invalid (the error above); it cannot run")
     return 2 if errors else 0
 
 
@@ -529,7 +532,7 @@ def _query_json(registry: Registry, q: Query) -> dict[str, Any]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
-    names = [args.query] if args.query else list(registry.queries)
+    names = [args.query] if args.query else registry.names
     client = None if args.no_backups else _s3(args)
     statuses = [query_status(registry, name, client) for name in names]
     if args.json:

@@ -26,7 +26,7 @@ from stateops.core.errors import StateOpsError, one_line
 from stateops.core.kafka import Offsets
 from stateops.core.registry import Registry
 from stateops.core.report import checkpoint_report, format_bytes
-from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, retention
+from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, require_topics, retention
 from stateops.core.storage import location
 from stateops.ops.backup import list_backups
 from stateops.ops.upgrade import (
@@ -69,28 +69,15 @@ _SCHEDULES = {
 def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[str, Any]:
     """What an operator asks of a query's state. ``s3_client`` lists the backups (None: not
     listed). A part that cannot be read is reported in ``errors`` and left empty; the rest is
-    still shown."""
+    still shown. A query whose registry entry is refused is a FAIL that says why."""
+    if name in registry.invalid:
+        return _status(name, {}, "its registry entry is refused", "unknown") | {
+            "health": {"verdict": "FAIL", "reasons": [registry.invalid[name]]}
+        }
     target = query_target(registry, name)
     query = target.require_query(name)
-    status: dict[str, Any] = {
-        "query": name,
-        "sources": query.inputs_brief,
-        "inputs": query.inputs_text,
-        "checkpoint": query.checkpoint,
-        "last_committed_batch": None,
-        "committed_at": None,
-        "operators": [],
-        "code": [],  # the deployed code against the checkpoint's state: Change, as dicts
-        "kafka": [],
-        "last_run": None,
-        "last_cleanup": None,
-        "backups": [],
-        "backups_listed": s3_client is not None,
-        "last_validation": None,
-        "lineage": [],
-        "unfinished_backfill": None,
-        "errors": [],
-    }
+    status = _status(name, query.inputs_brief, query.inputs_text, query.checkpoint)
+    status["backups_listed"] = s3_client is not None
     cp = None
     if location(query.checkpoint).exists():
         try:
@@ -133,8 +120,37 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             status["backups"] = list_backups(where, s3_client)
         except StateOpsError as err:
             status["errors"].append(f"backups: {err}")
+    if status["last_committed_batch"] is None:
+        try:
+            require_topics(query)
+        except StateOpsError as err:
+            status["refused"] = one_line(err)
     status["health"] = health(registry, query, status, cp, listed=s3_client is not None)
     return status
+
+
+def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str, Any]:
+    """A status with nothing read yet."""
+    return {
+        "query": name,
+        "sources": sources,
+        "inputs": inputs,
+        "checkpoint": checkpoint,
+        "last_committed_batch": None,
+        "committed_at": None,
+        "operators": [],
+        "code": [],  # the deployed code against the checkpoint's state: Change, as dicts
+        "kafka": [],
+        "last_run": None,
+        "last_cleanup": None,
+        "backups": [],
+        "backups_listed": False,
+        "last_validation": None,
+        "lineage": [],
+        "unfinished_backfill": None,
+        "refused": None,  # never run: why a run refuses to start it (a topic, a broker)
+        "errors": [],
+    }
 
 
 def health(
@@ -207,7 +223,9 @@ def health(
         warn.append(_planned_batch(query.name, cp.uncommitted_batches[0], cp.last_committed_batch))
     if status["unfinished_backfill"]:
         warn.append(status["unfinished_backfill"])
-    if status["last_committed_batch"] is None:
+    if status.get("refused"):
+        fail.append(f"no committed batch yet, and a run refuses to start it: {status['refused']}")
+    elif status["last_committed_batch"] is None:
         warn.append("no committed batch yet (stream_start runs it)")
     elif cp is not None:
         warn += _waiting_input(query, cp, now)

@@ -215,12 +215,16 @@ def not_a_dry_run(needless: Callable[[Any], str | None] | None = None) -> Any:
 
 
 def registered_queries(
-    registry: Registry | None = None, where: Callable[[Query], bool] = lambda query: True
+    registry: Registry | None = None,
+    where: Callable[[Query], bool] = lambda query: True,
+    refused: bool = False,
 ) -> list[str]:
     """Names of the registered queries ``where`` takes, e.g. ``lambda q: q.movable`` (pass
-    ``registry`` when the DAG file already read it)."""
-    queries = (registry or load_registry()).queries.values()
-    return sorted(q.name for q in queries if where(q))
+    ``registry`` when the DAG file already read it); with ``refused``, the entries the
+    registry refuses too (their tasks fail with the refusal, the others run)."""
+    registry = registry or load_registry()
+    names = [q.name for q in registry.queries.values() if where(q)]
+    return sorted(names + (list(registry.invalid) if refused else []))
 
 
 def spark_job_operator(

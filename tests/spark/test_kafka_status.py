@@ -235,3 +235,35 @@ def test_status_with_the_broker_down_is_one_line_and_the_rest_is_shown(written, 
     assert "  kafka source    topic a-status-visits, lag unknown (the error below)" in out, out
     [error] = [line for line in out.splitlines() if line.startswith("  error: ")]
     assert error.startswith(f"  error: kafka source: Kafka at {dead} does not answer"), error
+
+
+def test_status_of_a_never_run_query_says_why_a_run_refuses_it(kafka, tmp_path):
+    """Not 'no committed batch yet' alone: its topic is missing (or its broker is down), and
+    the run refuses it at once; a topic that is there is the plain WARN."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    topic = kafka.create_topic("a-status-never-run")
+    for given, says in (
+        (source("a-status-no-such-topic"), "topic 'a-status-no-such-topic' does not exist"),
+        (source(topic, bootstrap_servers=dead), f"Kafka at {dead} does not answer"),
+    ):
+        registry = write_registry(tmp_path, page_visits={"source": given})
+        proc = run_cli(
+            "status",
+            "page_visits",
+            "--registry",
+            str(registry),
+            "--no-backups",
+            "--json",
+            env={"STATEOPS_KAFKA_TIMEOUT": "2"},
+        )
+        assert proc.returncode == 1, proc.stderr
+        health = json.loads(proc.stdout)[0]["health"]
+        assert health["verdict"] == "FAIL", health
+        (reason,) = [r for r in health["reasons"] if "a run refuses to start it" in r]
+        assert says in reason, reason
+    registry = write_registry(tmp_path, page_visits={"source": source(topic)})
+    status = query_status(load_registry(registry), "page_visits")
+    assert status["refused"] is None
+    assert "no committed batch yet (stream_start runs it)" in status["health"]["reasons"]

@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+import json
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import yaml
 
 from stateops.core.errors import RegistryError
 from stateops.core.registry import PROVIDER_CLASSES, load_registry, schema_columns
-from tests.conftest import ROOT, write_registry
+from tests.conftest import ROOT, run_cli, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -22,11 +24,22 @@ def _registry_with(tmp_path, mutate) -> str:
 
 
 def _refused_in_one_line(tmp_path, mutate, expected: str) -> None:
-    """The registry ``mutate`` leaves is refused in one line that says ``expected``."""
-    with pytest.raises(RegistryError) as err:
-        load_registry(_registry_with(tmp_path, mutate))
-    assert expected in str(err.value)
-    assert "\n" not in str(err.value)
+    """What ``mutate`` breaks is refused in one line that says ``expected``: a top-level field
+    when the registry loads; an entry when its query is asked for, the others loading (one
+    typo stops one query)."""
+    path = _registry_with(tmp_path, mutate)
+    try:
+        registry = load_registry(path)
+    except RegistryError as err:
+        message = str(err)
+    else:
+        ((name, message),) = registry.invalid.items()
+        with pytest.raises(RegistryError) as err:
+            registry.query(name)
+        assert str(err.value) == message
+        assert len(registry.queries) == len(yaml.safe_load(Path(path).read_text())["queries"]) - 1
+    assert expected in message
+    assert "\n" not in message
 
 
 def test_project_registry_loads_the_reference_pipelines(tmp_path, monkeypatch):
@@ -335,3 +348,20 @@ def test_code_shipped_to_executors_is_named_by_what_it_holds(tmp_path):
     with zipfile.ZipFile(changed) as archive:
         assert archive.namelist() == ["mine.py"]
         assert archive.read("mine.py") == b"X = 2\n"
+
+
+def test_one_invalid_entry_stops_its_query_only(tmp_path):
+    """A typo in one entry: every other query loads and runs; the entry's query is refused in
+    the one line that names it, and `stateops queries` lists it with that line (exit 2)."""
+    path = _registry_with(
+        tmp_path, lambda r: r["queries"]["page_counts"].update(shuffle_partitions="four")
+    )
+    registry = load_registry(path)
+    assert "page_counts" not in registry.queries and "page_visits" in registry.queries
+    assert set(registry.invalid) == {"page_counts"}
+    proc = run_cli("--registry", path, "queries", "--json")
+    assert proc.returncode == 2
+    (error,) = proc.stderr.splitlines()
+    assert error.startswith("error: ") and "queries.page_counts.shuffle_partitions" in error
+    listed = {q["name"]: q["error"] for q in json.loads(proc.stdout)["queries"]}
+    assert listed["page_visits"] is None and listed["page_counts"] == error.removeprefix("error: ")

@@ -88,7 +88,7 @@ def test_an_edit_that_contradicts_the_switch_is_refused_and_one_that_adopts_it_r
     write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
     _edit(path, lambda entry: entry.update(checkpoint="checkpoints/page_visits-edited"))
     with pytest.raises(RegistryError) as err:
-        load_registry(path)
+        load_registry(path).query("page_visits")
     message = str(err.value)
     assert "\n" not in message
     assert (
@@ -124,14 +124,14 @@ def test_a_damaged_or_invalid_switch_is_a_clear_error(tmp_path):
     switch = write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
     switch.write_text("{not json")
     with pytest.raises(RegistryError, match="page_visits.json: unreadable migration switch"):
-        load_registry(path)
+        load_registry(path).query("page_visits")
     switch.unlink()
     write_switch(load_registry(path), "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
     bad = json.loads(switch.read_text())
     bad["current"]["source"]["schema"] = "page STRING"  # no user_id: the key column
     switch.write_text(json.dumps(bad))
     with pytest.raises(RegistryError, match="invalid migration switch"):
-        load_registry(path)
+        load_registry(path).query("page_visits")
 
 
 def test_stateops_queries_shows_where_a_switched_query_runs(tmp_path):

@@ -350,9 +350,10 @@ class Query(_Model):
 
     @property
     def movable(self) -> bool:
-        """Whether a migration can carry its state to a new source: a processor that takes
-        carried-over state (``initial_state.from_export``), or a transform (its built-in
-        operators' state moves by transplant, one source at a time)."""
+        """Whether a migration may carry its state by the initialState road: a processor
+        that takes carried-over state (``initial_state.from_export``); a transform (its
+        built-in operators' state moves by transplant, one source at a time). The transplant
+        needs neither."""
         if self.transform is not None:
             return True
         return self.initial_state is not None and bool(self.initial_state.from_export)
@@ -531,6 +532,9 @@ class Registry(_Model):
     path: Path
     data_dir: Path
     queries: dict[str, Query]
+    invalid: dict[str, str] = {}
+    """The entries refused, each with its one-line reason: the other queries load and run (a
+    typo in one entry stops that query only); asking for one of these raises its reason."""
     code_paths: list[Path] = []
     """Folders of the users' own query code (``transform.function``, ``processor.class``):
     on ``sys.path`` in the driver, shipped to the executors."""
@@ -545,7 +549,14 @@ class Registry(_Model):
         """Where locks, stop markers and run summaries live."""
         return self.data_dir / "_stateops"
 
+    @property
+    def names(self) -> list[str]:
+        """Every query the file names, its refused entries (:attr:`invalid`) last."""
+        return [*self.queries, *self.invalid]
+
     def query(self, name: str) -> Query:
+        if name in self.invalid:
+            raise RegistryError(self.invalid[name])
         try:
             return self.queries[name]
         except KeyError:
@@ -713,7 +724,7 @@ def derived_registry(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     try:
-        load_registry(path)
+        load_registry(path).query(name)
     except RegistryError:
         path.unlink()
         raise
@@ -850,26 +861,12 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         raise RegistryError(f"{path}: data_dir: expected a folder path, got {raw_data_dir!r}")
     data_dir = Path(os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw_data_dir)
     data_dir = data_dir.resolve()
-    queries = {}
+    queries, invalid = {}, {}
     for name, spec in raw["queries"].items():
-        if not isinstance(spec, dict):
-            raise RegistryError(f"{path}: queries.{name}: expected a mapping")
-        if "name" in spec:
-            raise RegistryError(
-                f"{path}: queries.{name}.name: a query's name is its key; remove it"
-            )
-        try:
-            query = Query.model_validate({"name": name, **spec})
-        except ValidationError as err:
-            first = err.errors()[0]
-            field_path = ".".join(str(p).removesuffix("_") for p in (name, *first["loc"]))
-            message = str(first["msg"]).removeprefix("Value error, ")
-            raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
-        resolved = _resolve_paths(query, data_dir)
-        queries[name] = resolved if raw.get("derived_from") else _switched(resolved, path, data_dir)
-        queries[name]._declared = placement(resolved) | {
-            "shuffle_partitions": resolved.shuffle_partitions
-        }
+        try:  # one entry refused: its query alone cannot run
+            queries[name] = _entry(path, data_dir, name, spec, bool(raw.get("derived_from")))
+        except RegistryError as err:
+            invalid[str(name)] = str(err)
     sections = {}
     for section, model in (("backups", Backups), ("cleanup", Cleanup)):
         try:
@@ -885,10 +882,31 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         path=path,
         data_dir=data_dir,
         queries=queries,
+        invalid=invalid,
         code_paths=code_paths,
         derived_from=raw.get("derived_from"),
         **sections,
     )
+
+
+def _entry(path: Path, data_dir: Path, name: str, spec: object, derived: bool) -> Query:
+    """Query ``name`` of registry file ``path`` (its entry ``spec``), validated, its paths
+    resolved, where its switch says it runs (a derived registry's entry already says it)."""
+    if not isinstance(spec, dict):
+        raise RegistryError(f"{path}: queries.{name}: expected a mapping")
+    if "name" in spec:
+        raise RegistryError(f"{path}: queries.{name}.name: a query's name is its key; remove it")
+    try:
+        query = Query.model_validate({"name": name, **spec})
+    except ValidationError as err:
+        first = err.errors()[0]
+        field_path = ".".join(str(p).removesuffix("_") for p in (name, *first["loc"]))
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
+    resolved = _resolve_paths(query, data_dir)
+    entry = resolved if derived else _switched(resolved, path, data_dir)
+    entry._declared = placement(resolved) | {"shuffle_partitions": resolved.shuffle_partitions}
+    return entry
 
 
 def _code_paths(path: Path, raw: object) -> list[Path]:
