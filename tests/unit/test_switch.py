@@ -204,3 +204,31 @@ def test_a_migration_carries_the_options_the_new_source_can_take():
     assert carried_options(files, "json") == dict(files.options)
     assert carried_options(files, "parquet") == {"maxFilesPerTrigger": 2}
     assert carried_options(files, "kafka") == carried_options(kafka, "json") == {}
+
+
+def test_an_upgrade_after_a_migration_is_undone_back_to_the_migration(tmp_path):
+    """The undo an upgrade prints after an earlier migration: it removed the switch file, which
+    also held the migration (the query went back to its pre-migration checkpoint); now it puts
+    back the switch the upgrade replaced."""
+    from stateops.ops.migration import undo_recipe
+
+    path = write_registry(tmp_path)
+    registry = load_registry(path)
+    assert registry.switch_before("page_visits", "m-1") is None  # nothing to replace yet
+    write_switch(registry, "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {"run_id": "m-1"})
+    registry = load_registry(path)
+    before = registry.switch_before("page_visits", "manual__u:1")
+    upgraded = registry.query("page_visits").source.model_dump(by_alias=True)
+    write_switch(registry, "page_visits", upgraded, str(tmp_path / "v3"), {"run_id": "manual__u:1"})
+    assert load_registry(path).query("page_visits").checkpoint == str(tmp_path / "v3")
+    plan = {
+        "query": "page_visits",
+        "switch_file": str(registry.switch_path("page_visits")),
+        "switch_before": str(before),
+        "old": {"checkpoint": str(tmp_path / "v2")},
+    }
+    assert f"move {before} over {plan['switch_file']}, run stateops unretire" in undo_recipe(plan)
+    before.replace(plan["switch_file"])  # the undo, as it says
+    q = load_registry(path).query("page_visits")
+    assert (q.checkpoint, q.source.path) == (str(tmp_path / "v2"), NEW_SOURCE["path"])
+    assert "remove " in undo_recipe({**plan, "switch_before": None})

@@ -587,6 +587,13 @@ class Registry(_Model):
         """Where a migration records the query's current source and checkpoint."""
         return _switch_path(self.data_dir, name)
 
+    def switch_before(self, name: str, run_id: str) -> Path | None:
+        """Where run ``run_id`` keeps the switch of ``name`` it replaces (its undo puts it
+        back), or None where there is no switch to replace yet."""
+        if not self.switch_path(name).exists():
+            return None
+        return self.switch_path(name).with_name(f"{name}.before-{_file_name(run_id)}.json")
+
     def switch_note(self, name: str) -> str | None:
         """What query ``name``'s switch changes about its entry, in words with the switch's
         file (None: nothing)."""
@@ -685,6 +692,9 @@ def _save_switch(
         switch["partitions"] = {"declared": declared["shuffle_partitions"], "current": count}
     switch["history"] = [*previous.get("history", []), lineage]
     path = registry.switch_path(query.name)
+    before = lineage.get("run_id") and registry.switch_before(query.name, lineage["run_id"])
+    if before and not before.exists():  # the switch this run replaces, for its undo
+        before.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
@@ -729,6 +739,11 @@ def derived_registry(
         path.unlink()
         raise
     return path
+
+
+def _file_name(run_id: str) -> str:
+    """A run id usable as a file name (Airflow's hold ``:`` and ``+``)."""
+    return re.sub(r"[^\w.-]", "_", run_id)
 
 
 def _switch_path(data_dir: Path, name: str) -> Path:

@@ -232,6 +232,7 @@ def plan_migration(
         "export": str(work / "export"),
         "backup_to": target.backup_location(),
         "switch_file": str(registry.switch_path(name)),
+        "switch_before": str(registry.switch_before(name, run_id) or "") or None,
         "cutover": cutover,
         "carry_over": {
             "choice": carry_over,
@@ -731,8 +732,12 @@ def _new_input(plan: dict[str, Any]) -> str:
 def undo_recipe(plan: dict[str, Any]) -> str:
     """How a person undoes ``plan``'s migration after its switch (the plan's ``undo`` line and
     the DAG's last step say it)."""
+    before = plan.get("switch_before")  # the switch an earlier migration or upgrade wrote
+    put_back = (
+        f"move {before} over {plan['switch_file']}" if before else (f"remove {plan['switch_file']}")
+    )
     return (
-        f"stop {plan['query']}, remove {plan['switch_file']}, run stateops unretire "
+        f"stop {plan['query']}, {put_back}, run stateops unretire "
         f"{plan['old']['checkpoint']}, and move the new checkpoint's output aside"
     )
 
