@@ -28,7 +28,7 @@ from stateops.ops.upgrade import (
     run_upgrade,
 )
 from stateops.spark.streaming import apply_query_conf, start_query, use_code_paths
-from tests.conftest import run_cli
+from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import (
     VIEWS,
     digest,
@@ -274,6 +274,22 @@ def test_the_cli_plans_a_rewrite_for_new_code_in_code_paths(old_default, tmp_pat
     plan = json.loads(proc.stdout.strip().splitlines()[-1])
     assert plan["rewrite"], proc.stderr
     assert "state 'count': needs a state rewrite" in proc.stderr
+
+
+def test_the_dry_run_refuses_a_rewrite_into_ttl_state_as_the_upgrade_would(old_default, tmp_path):
+    """Issue 54: the dry run passed new code with a TTL, which the rewrite's proof then refused
+    after stopping, backing up and exporting the query."""
+    ttl = _new_processor("tests.spark.leaky:VisitsWithTtl", "ProcessingTime", max_pages=1000)
+    registry = with_new_code(old_default, tmp_path, "unsaferow", **ttl)
+    before = tree_digest(tmp_path)
+    proc = run_cli("--registry", str(registry), "upgrade", NAME, "--dry-run")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: query {NAME}: state 'count', 'pages' has a TTL, and the rewrite's proof "
+        "cannot simulate expiry by processing time: a rewrite into state with a TTL is not "
+        "supported; nothing was changed"
+    )
+    assert tree_digest(tmp_path) == before
 
 
 def _views_per_page(spark, old_checkpoint: str, new_checkpoint: str) -> None:

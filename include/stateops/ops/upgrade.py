@@ -366,6 +366,13 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
             "old_state, **options)) in the registry: it maps the old state to the new code's "
             "initial state"
         )
+    with_ttl = sorted(n for n, v in declared_state(query).items() if v["ttl"])
+    if with_ttl:  # what the rewrite's proof refuses, after the stop, backup and export
+        raise StateOpsError(
+            f"query {query.name}: state {', '.join(map(repr, with_ttl))} has a TTL, and the "
+            "rewrite's proof cannot simulate expiry by processing time: a rewrite into state "
+            "with a TTL is not supported; nothing was changed"
+        )
     new = migration._new_checkpoint(registry, query, new_checkpoint)
     lock = refuse_unholdable(target.lock_file, query.name, run_id)
     work = registry.state_dir / "upgrade" / (run_id or "plan")
