@@ -109,7 +109,7 @@ from stateops_airflow.tasks import (
     say,
 )
 
-QUERIES = registered_queries(where=lambda q: q.movable)
+QUERIES = registered_queries()  # by transplant, or initialState where from_export allows
 
 
 @dag(

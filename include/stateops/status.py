@@ -26,7 +26,7 @@ from stateops.core.errors import StateOpsError, one_line
 from stateops.core.kafka import Offsets
 from stateops.core.registry import Registry
 from stateops.core.report import checkpoint_report, format_bytes
-from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, require_topics, retention
+from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, retention
 from stateops.core.storage import location
 from stateops.ops.backup import list_backups
 from stateops.ops.upgrade import (
@@ -35,6 +35,7 @@ from stateops.ops.upgrade import (
     check_code_change,
     first_of,
     plan_command,
+    refuse_what_a_run_refuses,
 )
 from stateops.spark.expectations import data_docs_path, last_validation
 
@@ -110,10 +111,10 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
         name, records, running.run_id if running else None
     )
     status["last_validation"] = v = _last_validation(query)
-    if v and len(status["operators"]) == 1:  # rows per state variable, read by the validation
-        op = status["operators"][0]
-        op["state_rows"] = sum(x["rows"] for x in v["variables"].values())
-        op["rows_as_of_batch"] = v["batch_id"]
+    for op in status["operators"] if v else []:  # rows per store, read by the validation
+        rows = [x["rows"] for x in v["variables"].values() if x["operator"] == op["operator_id"]]
+        if rows:
+            op["state_rows"], op["rows_as_of_batch"] = sum(rows), v["batch_id"]
     if s3_client is not None:
         try:
             where = target.backup_location()
@@ -122,7 +123,7 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             status["errors"].append(f"backups: {err}")
     if status["last_committed_batch"] is None:
         try:
-            require_topics(query)
+            refuse_what_a_run_refuses(query)
         except StateOpsError as err:
             status["refused"] = one_line(err)
     status["health"] = health(registry, query, status, cp, listed=s3_client is not None)
@@ -474,11 +475,18 @@ def _last_validation(query: Any) -> dict[str, Any] | None:
         return None
     path, result = last
     docs = data_docs_path(query)
+    stores = result["variables"]
+    many = len({v.get("operator_id", 0) for v in stores}) > 1  # two stores may be `default`
     return {
         "batch_id": result["batch_id"],
         "ok": result["ok"],
         "variables": {
-            v["variable"]: {"rows": v["rows"], "ok": v["ok"]} for v in result["variables"]
+            (f"operator {v['operator_id']} " if many else "") + v["variable"]: {
+                "rows": v["rows"],
+                "ok": v["ok"],
+                "operator": v.get("operator_id", 0),  # a result before operators were named
+            }
+            for v in stores
         },
         "file": str(path),
         "data_docs": str(docs) if docs.exists() else None,

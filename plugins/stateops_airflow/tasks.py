@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
@@ -224,7 +225,9 @@ def registered_queries(
     registry refuses too (their tasks fail with the refusal, the others run)."""
     registry = registry or load_registry()
     names = [q.name for q in registry.queries.values() if where(q)]
-    return sorted(names + (list(registry.invalid) if refused else []))
+    if refused:  # those whose name itself was refused cannot name a task
+        names += [n for n in registry.invalid if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+    return sorted(names)
 
 
 def spark_job_operator(

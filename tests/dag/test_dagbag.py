@@ -197,7 +197,7 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
     assert dag.schedule is None and dag.max_active_runs == 1
     params = dag.params
     assert params["dry_run"] is True
-    # Processors with initial_state.from_export and the one-source transforms (by transplant).
+    # Every query: by transplant, or by initialState where a processor has from_export.
     assert set(params.get_param("query").schema["enum"]) == QUERIES
     assert params.get_param("new_source_format").schema["enum"] == [
         "auto",

@@ -13,6 +13,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.spark.expectations import format_validation, leaking_keys, validate_state
 from stateops.spark.streaming import apply_query_conf, start_query
+from stateops.status import query_status
 from tests.conftest import ROOT, write_registry
 from tests.spark.harness import USER_CODE, land
 
@@ -186,3 +187,13 @@ def test_two_operators_stores_each_keep_their_own_row_count_history(spark, tmp_p
     assert "ok     operator 1 default: expect_table_row_count_to_be_between" in format_validation(
         second
     )
+    # status names them apart too, each operator with its own store's rows
+    status = query_status(load_registry(registry), name)
+    now = {(v["operator_id"], v["variable"]): v["rows"] for v in second["variables"]}
+    assert {k: x["rows"] for k, x in status["last_validation"]["variables"].items()} == {
+        f"operator {op} {store}": rows for (op, store), rows in now.items()
+    }
+    assert [op["state_rows"] for op in status["operators"]] == [
+        now[(0, "default")],
+        now[(1, "default")],
+    ]

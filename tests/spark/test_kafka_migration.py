@@ -161,8 +161,8 @@ def test_topic_to_topic_equals_one_topic_restarted_at_the_cutover(
     spec = kafka_source(topic) | {"start": "cutover"}
     plan = plan_migration(query_target(path, NAME), spec, "", "mig-plan", CUTOVER_TEXT, road)
     assert (
-        "  new source options: startingOffsets=earliest (the old source's); "
-        "maxOffsetsPerTrigger=10000 (the old source's)\n"
+        "  new source options: maxOffsetsPerTrigger=10000 (the old source's); not carried: "
+        "startingOffsets (the migration starts the new topic)\n"
     ) in format_migration_plan(plan, dry_run=True)
     lineage = migrate(spark, path, spec, road)
 

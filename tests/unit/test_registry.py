@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import zipfile
@@ -337,6 +338,8 @@ def test_code_shipped_to_executors_is_named_by_what_it_holds(tmp_path):
 
     code = tmp_path / "code"
     (code / "__pycache__").mkdir(parents=True)
+    (code / "ns").mkdir()  # a namespace package: no __init__.py
+    (code / "ns" / "deep.py").write_text("Y = 1\n")
     (code / "mine.py").write_text("X = 1\n")
     (code / "__pycache__" / "mine.cpython-311.pyc").write_bytes(b"compiled")
     first = _zipped(code, tmp_path, "code0-code")
@@ -346,8 +349,15 @@ def test_code_shipped_to_executors_is_named_by_what_it_holds(tmp_path):
     changed = _zipped(code, tmp_path, "code0-code")
     assert changed != first and changed.name.startswith("code0-code-")
     with zipfile.ZipFile(changed) as archive:
-        assert archive.namelist() == ["mine.py"]
+        assert archive.namelist() == ["mine.py", "ns/", "ns/deep.py"]
         assert archive.read("mine.py") == b"X = 2\n"
+    sys.path.insert(0, str(changed))  # imported from the zip as the executors import it
+    try:
+        assert importlib.import_module("ns.deep").Y == 1
+    finally:
+        sys.path.remove(str(changed))
+        sys.modules.pop("ns.deep", None)
+        sys.modules.pop("ns", None)
 
 
 def test_one_invalid_entry_stops_its_query_only(tmp_path):

@@ -118,6 +118,16 @@ def test_a_repartitioned_query_keeps_its_count_through_edits_and_is_not_called_m
     assert "switched by a migration" not in out
     assert "8 partitions since a repartition (the entry says 2)" in out
 
+    # It pins no place: the checkpoint restored elsewhere (an S3 undo) and the entry pointed
+    # there is where the query runs, with its count.
+    _edit(path, lambda entry: entry.update(checkpoint="checkpoints/page_visits-restored"))
+    q = load_registry(path).query("page_visits")
+    assert q.checkpoint == str(tmp_path / "checkpoints" / "page_visits-restored")
+    assert q.shuffle_partitions == 8
+    _edit(path, lambda entry: entry.update(shuffle_partitions=8))  # the count adopted
+    out = run_cli("--registry", str(path), "queries", check=True).stdout
+    assert "partitions since a repartition" not in out
+
 
 def test_a_damaged_or_invalid_switch_is_a_clear_error(tmp_path):
     path = write_registry(tmp_path)
@@ -190,7 +200,12 @@ def test_a_migration_carries_the_options_the_new_source_can_take():
 
     schema = NEW_SOURCE["schema"]
     kafka = Source.model_validate(
-        {"format": "kafka", "topic": "t", "schema": schema, "options": {"maxOffsetsPerTrigger": 9}}
+        {
+            "format": "kafka",
+            "topic": "t",
+            "schema": schema,
+            "options": {"maxOffsetsPerTrigger": 9, "startingTimestamp": 1},  # the start: not
+        }
     )
     files = Source.model_validate(
         {
@@ -228,7 +243,7 @@ def test_an_upgrade_after_a_migration_is_undone_back_to_the_migration(tmp_path):
         "old": {"checkpoint": str(tmp_path / "v2")},
     }
     assert f"move {before} over {plan['switch_file']}, run stateops unretire" in undo_recipe(plan)
-    before.replace(plan["switch_file"])  # the undo, as it says
+    Path(before).replace(plan["switch_file"])  # the undo, as it says
     q = load_registry(path).query("page_visits")
     assert (q.checkpoint, q.source.path) == (str(tmp_path / "v2"), NEW_SOURCE["path"])
     assert "remove " in undo_recipe({**plan, "switch_before": None})

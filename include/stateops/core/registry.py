@@ -587,12 +587,12 @@ class Registry(_Model):
         """Where a migration records the query's current source and checkpoint."""
         return _switch_path(self.data_dir, name)
 
-    def switch_before(self, name: str, run_id: str) -> Path | None:
+    def switch_before(self, name: str, run_id: str) -> str | None:
         """Where run ``run_id`` keeps the switch of ``name`` it replaces (its undo puts it
         back), or None where there is no switch to replace yet."""
         if not self.switch_path(name).exists():
             return None
-        return self.switch_path(name).with_name(f"{name}.before-{_file_name(run_id)}.json")
+        return str(self.switch_path(name).with_name(f"{name}.before-{_file_name(run_id)}.json"))
 
     def switch_note(self, name: str) -> str | None:
         """What query ``name``'s switch changes about its entry, in words with the switch's
@@ -605,11 +605,10 @@ class Registry(_Model):
         moved = _where(switch["current"]) != _where(switch["declared"])
         if moved and _normal(query.checkpoint) == _normal(switch["current"]["checkpoint"]):
             said.append("source and checkpoint switched by a migration or code upgrade")
-        counted = switch.get("partitions")
-        if counted and query.shuffle_partitions == counted["current"]:
+        counted, said_count = switch.get("partitions"), query._declared["shuffle_partitions"]
+        if counted and query.shuffle_partitions == counted["current"] != said_count:
             said.append(
-                f"{counted['current']} partitions since a repartition (the entry says "
-                f"{counted['declared']})"
+                f"{counted['current']} partitions since a repartition (the entry says {said_count})"
             )
         return f"{'; '.join(said)}: {path}" if said else None
 
@@ -693,8 +692,8 @@ def _save_switch(
     switch["history"] = [*previous.get("history", []), lineage]
     path = registry.switch_path(query.name)
     before = lineage.get("run_id") and registry.switch_before(query.name, lineage["run_id"])
-    if before and not before.exists():  # the switch this run replaces, for its undo
-        before.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    if before and not Path(before).exists():  # the switch this run replaces, for its undo
+        Path(before).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
@@ -758,7 +757,8 @@ def _switched(query: Query, path: Path, data_dir: Path) -> Query:
     The switch holds what the entry declared when it was written. Edits of the entry since
     then apply over the switch (an option, a schema, the trigger, ...). An entry that reads
     from where the switch moved the query adopts the switch. An entry that reads from
-    anywhere else contradicts it, and is refused.
+    anywhere else contradicts it, and is refused. A switch that moved nothing (a
+    repartition's count, a migration rolled back) pins no place: only its count applies.
     """
     switch_file = _switch_path(data_dir, query.name)
     if not switch_file.exists():
@@ -771,7 +771,9 @@ def _switched(query: Query, path: Path, data_dir: Path) -> Query:
     try:
         here = placement(query)
         data = query.model_dump(by_alias=True)
-        if _where(here) == _where(declared):
+        if _where(current) == _where(declared):  # it moved nothing (a count, a switch undone)
+            pass  # the entry's own place, wherever it is now
+        elif _where(here) == _where(declared):
             for field in ("source", "sources"):
                 if field in current:
                     data[field] = _merged(declared.get(field), current[field], here.get(field))
@@ -869,6 +871,8 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
     unknown = set(raw) - {"data_dir", "code_paths", "queries", "backups", "cleanup", "derived_from"}
+    if not isinstance(raw.get("derived_from", ""), str):
+        raise RegistryError(f"{path}: derived_from: the registry file a run's own was written from")
     if unknown:
         raise RegistryError(f"{path}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     raw_data_dir = raw.get("data_dir", "data")

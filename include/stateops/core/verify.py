@@ -30,6 +30,7 @@ __all__ = [
     "format_findings",
     "refuse_damaged",
     "require_sound",
+    "sidecar",
     "verify_checkpoint",
     "verify_crc",
 ]
@@ -197,6 +198,12 @@ def _version_findings(cp: Checkpoint) -> list[Finding]:
     return findings
 
 
+def sidecar(rel: str) -> str:
+    """The Hadoop checksum sidecar of file ``rel``: ``DIR/.NAME.crc``."""
+    parent, _, name = rel.rpartition("/")
+    return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
+
+
 def _checksum_findings(cp: Checkpoint) -> list[Finding]:
     findings = []
     pairs = []
@@ -232,12 +239,7 @@ def _crc_problems(cp: Checkpoint, pairs: list[tuple[str, str]]) -> list[tuple[st
 def refuse_damaged(cp: Checkpoint, rels: list[str], what: str) -> None:
     """Refuse ``what`` where one of ``cp``'s files ``rels`` does not match its checksum
     sidecar (a flipped byte, a truncated file): one line naming it and what to do."""
-    pairs = []
-    for rel in rels:
-        parent, _, name = rel.rpartition("/")
-        sidecar = f"{parent}/.{name}.crc" if parent else f".{name}.crc"
-        if sidecar in cp.sizes:
-            pairs.append((rel, sidecar))
+    pairs = [(rel, sidecar(rel)) for rel in rels if sidecar(rel) in cp.sizes]
     problems = _crc_problems(cp, pairs)
     if problems:
         rel, problem = problems[0]

@@ -34,7 +34,7 @@ from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
 from stateops.core.staging import new_stamp
 from stateops.core.storage import S3Path, open_stream, same_endpoint
-from stateops.core.verify import refuse_damaged, verify_crc
+from stateops.core.verify import refuse_damaged, sidecar, verify_crc
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
@@ -389,6 +389,8 @@ def verify_backup(url: str, client: Any) -> dict[str, Any]:
 def _damaged_files(manifest: dict[str, Any], loc: S3Location, client: Any) -> list[str]:
     """The files of a backup that do not match their checksum sidecar (backed up damaged:
     restore would refuse them), each a line."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     by_path = {f["path"]: f["sha256"] for f in manifest["files"]}
 
     def body(sha: str) -> bytes:
@@ -396,9 +398,11 @@ def _damaged_files(manifest: dict[str, Any], loc: S3Location, client: Any) -> li
 
     problems = []
     for path, sha in sorted(by_path.items()):
-        parent, _, name = path.rpartition("/")
-        sidecar = by_path.get(f"{parent}/.{name}.crc" if parent else f".{name}.crc")
-        problem = sidecar and verify_crc(body(sha), body(sidecar))
+        crc = by_path.get(sidecar(path))
+        try:
+            problem = crc and verify_crc(body(sha), body(crc))
+        except (BotoCoreError, ClientError) as err:
+            raise s3_error(err, f"verify s3://{loc.bucket}/{loc.key('objects', sha)}") from None
         if problem:
             problems.append(f"{path}: {problem} (it was damaged when it was backed up)")
     return problems

@@ -53,10 +53,10 @@ def _run_query_preflight(args: Namespace) -> tuple[Target, datetime | None]:
     rollback, a damaged checkpoint."""
     target = query_target(args.registry, args.query)
     registry, query = target.require_registry(), target.require_query("")
-    refuse_what_a_run_refuses(query)
     cutover = None if args.cutover == "drain" else parse_past_time(args.cutover, "cutover")
-    refuse_unrunnable(registry, query)
+    refuse_unrunnable(registry, query)  # the checkpoint's own refusals say the most
     checkpoint_state(query.checkpoint)
+    refuse_what_a_run_refuses(query)
     return target, cutover
 
 

@@ -232,7 +232,7 @@ def plan_migration(
         "export": str(work / "export"),
         "backup_to": target.backup_location(),
         "switch_file": str(registry.switch_path(name)),
-        "switch_before": str(registry.switch_before(name, run_id) or "") or None,
+        "switch_before": registry.switch_before(name, run_id),
         "cutover": cutover,
         "carry_over": {
             "choice": carry_over,
@@ -686,10 +686,12 @@ _FILE_LIMITS = ("maxFilesPerTrigger", "maxBytesPerTrigger", "maxFileAge", "lates
 
 def carried_options(current: Source, new_format: str) -> dict[str, Any]:
     """The current source's options the new source of ``new_format`` keeps (the form's own
-    options are added over them): all of them in the same format; for files of another
-    format, the limits of a batch only (a glob or a parser's option is the old format's)."""
+    options are added over them): all of them in the same format, but where a topic starts
+    (the migration sets that: a ``startingTimestamp`` would win over it); for files of
+    another format, the limits of a batch only (a glob or a parser's option is the old
+    format's)."""
     if new_format == current.format:
-        return dict(current.options)
+        return {k: v for k, v in current.options.items() if not k.startswith("starting")}
     if current.kafka or new_format == "kafka":
         return {}
     return {k: v for k, v in current.options.items() if k in _FILE_LIMITS}
@@ -708,9 +710,8 @@ def _options(plan: dict[str, Any]) -> str:
     ]
     dropped = sorted(set(old) - set(new))
     if dropped:
-        shown.append(
-            f"not carried to a {plan['new']['source']['format']} source: {', '.join(dropped)}"
-        )
+        starts = " (the migration starts the new topic)" if plan["new"].get("start") else ""
+        shown.append(f"not carried: {', '.join(dropped)}{starts}")
     return "; ".join(shown) or "none"
 
 

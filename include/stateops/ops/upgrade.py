@@ -398,7 +398,7 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
         "mapping": spec.mapping or "initial_state.from_export",
         "backup_to": target.backup_location(),
         "switch_file": str(registry.switch_path(query.name)),
-        "switch_before": str(registry.switch_before(query.name, run_id) or "") or None,
+        "switch_before": registry.switch_before(query.name, run_id),
         "cutover": "drain",
         "carry_over": {"choice": "initial_state", "road": "rewrite", "accepted": True},
         "running": None if lock is None else lock.run_id,

@@ -146,9 +146,13 @@ def _zipped(folder: Path, into: Path, stem: str) -> Path:
     data = io.BytesIO()
     with zipfile.ZipFile(data, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(folder.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                entry = zipfile.ZipInfo(path.relative_to(folder).as_posix())  # dated 1980
-                archive.writestr(entry, path.read_bytes(), zipfile.ZIP_DEFLATED)
+            if "__pycache__" in path.parts:
+                continue
+            name = path.relative_to(folder).as_posix()  # dated 1980 (ZipInfo's default)
+            if path.is_dir():  # zipimport finds a package without __init__.py by its entry
+                archive.writestr(zipfile.ZipInfo(f"{name}/"), b"")
+            elif path.is_file():
+                archive.writestr(zipfile.ZipInfo(name), path.read_bytes(), zipfile.ZIP_DEFLATED)
     zipped = into / f"{stem}-{hashlib.sha256(data.getvalue()).hexdigest()[:12]}.zip"
     zipped.write_bytes(data.getvalue())
     return zipped
@@ -168,7 +172,7 @@ def _imported(query: Query, field: str, ref: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        if err.name is None or not module_name.startswith(err.name):
+        if err.name != module_name and not module_name.startswith(f"{err.name}."):
             raise RegistryError(  # the module is there; something it imports is not
                 f"query {query.name}: {ref} fails to load: {err}; install it where the query "
                 "runs, or put its folder in the registry's code_paths"
