@@ -207,10 +207,28 @@ def test_verify_names_offsets_that_go_back_and_a_lost_partition(written, tmp_pat
     ), proc.stdout
 
 
-def test_status_with_the_broker_down_is_one_line_and_the_rest_is_shown(written, tmp_path):
-    with socket.socket() as s:  # a port nothing listens on
+def dead_broker() -> str:
+    """host:port of a port nothing listens on."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def status_of(registry: Path, *args: str):
+    """``stateops status page_visits`` without backups, brokers given 2 s to answer."""
+    return run_cli(
+        "status",
+        "page_visits",
+        "--registry",
+        str(registry),
+        "--no-backups",
+        *args,
+        env={"STATEOPS_KAFKA_TIMEOUT": "2"},
+    )
+
+
+def test_status_with_the_broker_down_is_one_line_and_the_rest_is_shown(written, tmp_path):
+    dead = dead_broker()
     checkpoint = tmp_path / "ckpt"
     shutil.copytree(written["checkpoint"], checkpoint)
     registry = write_registry(
@@ -220,14 +238,7 @@ def test_status_with_the_broker_down_is_one_line_and_the_rest_is_shown(written, 
             "checkpoint": str(checkpoint),
         },
     )
-    proc = run_cli(
-        "status",
-        "page_visits",
-        "--registry",
-        str(registry),
-        "--no-backups",
-        env={"STATEOPS_KAFKA_TIMEOUT": "2"},
-    )
+    proc = status_of(registry)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     out = proc.stdout
     last = max(written["batches"])
@@ -240,24 +251,14 @@ def test_status_with_the_broker_down_is_one_line_and_the_rest_is_shown(written, 
 def test_status_of_a_never_run_query_says_why_a_run_refuses_it(kafka, tmp_path):
     """Not 'no committed batch yet' alone: its topic is missing (or its broker is down), and
     the run refuses it at once; a topic that is there is the plain WARN."""
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    dead = dead_broker()
     topic = kafka.create_topic("a-status-never-run")
     for given, says in (
         (source("a-status-no-such-topic"), "topic 'a-status-no-such-topic' does not exist"),
         (source(topic, bootstrap_servers=dead), f"Kafka at {dead} does not answer"),
     ):
         registry = write_registry(tmp_path, page_visits={"source": given})
-        proc = run_cli(
-            "status",
-            "page_visits",
-            "--registry",
-            str(registry),
-            "--no-backups",
-            "--json",
-            env={"STATEOPS_KAFKA_TIMEOUT": "2"},
-        )
+        proc = status_of(registry, "--json")
         assert proc.returncode == 1, proc.stderr
         health = json.loads(proc.stdout)[0]["health"]
         assert health["verdict"] == "FAIL", health
