@@ -1,8 +1,9 @@
 """Synthetic checkpoint trees in Spark's HDFS-provider layout, for the benchmarks.
 
 Offsets, commits and a file-source log with valid entries (the checkpoint model parses them),
-one operator with per-partition state folders, and a fake ``.crc`` sidecar beside each log
-file. What goes into the state files is up to the benchmark.
+one operator with per-partition state folders, and the ``.crc`` sidecar Hadoop writes beside
+each log file (a backup refuses a file its sidecar does not match). What goes into the state
+files is up to the benchmark.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from stateops.core.formats import hadoop_crc
+
 
 def write_log(path: Path, text: str) -> None:
     path.write_text(text)
-    (path.parent / f".{path.name}.crc").write_bytes(b"crc\x00\x00\x00\x02\x00")
+    (path.parent / f".{path.name}.crc").write_bytes(hadoop_crc(text.encode()))
 
 
 def start_tree(root: Path, partitions: int) -> None:
