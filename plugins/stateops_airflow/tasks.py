@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, one_line
-from stateops.core.registry import Query, Registry, load_registry, registry_path
+from stateops.core.registry import NAME_PATTERN, Query, Registry, load_registry, registry_path
 from stateops.core.times import TIME_PATTERN  # a form's time field: real dates only
 from stateops.spark.jobs import (
     PY_FILES,
@@ -226,7 +226,7 @@ def registered_queries(
     registry = registry or load_registry()
     names = [q.name for q in registry.queries.values() if where(q)]
     if refused:  # those whose name itself was refused cannot name a task
-        names += [n for n in registry.invalid if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+        names += [n for n in registry.invalid if re.fullmatch(NAME_PATTERN, n)]
     return sorted(names)
 
 

@@ -18,7 +18,6 @@ import fcntl
 import getpass
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stateops.core.errors import LockHeldError
+from stateops.core.steps import safe_run_id
 
 __all__ = [
     "LockInfo",
@@ -334,11 +334,6 @@ def force_release(path: Path) -> LockInfo | None:
         path.unlink(missing_ok=True)
         _hold_path(path).unlink(missing_ok=True)
     return held
-
-
-def safe_run_id(run_id: str) -> str:
-    """A run id usable as a file name (Airflow's contain ``:`` and ``+``)."""
-    return re.sub(r"[^\w.-]", "_", run_id)
 
 
 def new_run_id(operation: str) -> str:

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from stateops.core.errors import RegistryError
-from stateops.core.steps import SOURCE_FORMATS
+from stateops.core.steps import SOURCE_FORMATS, safe_run_id
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -51,7 +51,9 @@ PROVIDER_CLASSES = {
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
 }
 
-_Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+"""A query's (or a source's) name: an identifier, usable in task ids and file names."""
+_Name = Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
 # module:attribute, a class or function of the user's code.
 _FUNCTION_REF = r"^[\w.]+:[A-Za-z_]\w*$"
 
@@ -101,6 +103,11 @@ class Source(_Model):
     def where(self) -> str:
         """Where it reads, as a person reads it: the folder, or ``kafka topic a,b``."""
         return f"topic {','.join(self.subscribed)}" if self.kafka else self.path
+
+    @property
+    def text(self) -> str:
+        """The source as a person reads it: ``json /landing/x``, ``kafka topic a,b``."""
+        return f"{self.format} {self.where}"
 
     @property
     def reader_options(self) -> dict[str, str]:
@@ -396,8 +403,8 @@ class Query(_Model):
     def inputs_text(self) -> str:
         """The sources as a person reads them: ``json /landing/x``, or by name when several."""
         if self.source is not None:
-            return f"{self.source.format} {self.source.where}"
-        return "; ".join(f"{n}: {s.format} {s.where}" for n, s in self.sources.items())
+            return self.source.text
+        return "; ".join(f"{n}: {s.text}" for n, s in self.sources.items())
 
     @property
     def inputs_brief(self) -> dict[str, dict[str, Any]]:
@@ -592,7 +599,7 @@ class Registry(_Model):
         back), or None where there is no switch to replace yet."""
         if not self.switch_path(name).exists():
             return None
-        return str(self.switch_path(name).with_name(f"{name}.before-{_file_name(run_id)}.json"))
+        return str(self.switch_path(name).with_name(f"{name}.before-{safe_run_id(run_id)}.json"))
 
     def switch_note(self, name: str) -> str | None:
         """What query ``name``'s switch changes about its entry, in words with the switch's
@@ -740,11 +747,6 @@ def derived_registry(
     return path
 
 
-def _file_name(run_id: str) -> str:
-    """A run id usable as a file name (Airflow's hold ``:`` and ``+``)."""
-    return re.sub(r"[^\w.-]", "_", run_id)
-
-
 def _switch_path(data_dir: Path, name: str) -> Path:
     return data_dir / "_stateops" / "switch" / f"{name}.json"
 
@@ -815,7 +817,7 @@ def _where(placed: dict) -> dict:
 
 
 def _where_text(placed: dict) -> str:
-    reads = (f"{s['format']} {Source.model_validate(s).where}" for s in _inputs(placed).values())
+    reads = (Source.model_validate(s).text for s in _inputs(placed).values())
     return f"{'; '.join(reads)} on {placed['checkpoint']}"
 
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "safe_run_id",
     "BACKFILL_STEPS",
     "BOOTSTRAP",
     "BOOTSTRAP_STATE",
@@ -147,3 +148,8 @@ def fill(step: Step, fields: Mapping[str, Any]) -> Step:
         elif value is not True:
             args.append(str(value))
     return job, registry, args
+
+
+def safe_run_id(run_id: str) -> str:
+    """A run id usable as a file name (Airflow's contain ``:`` and ``+``)."""
+    return re.sub(r"[^\w.-]", "_", run_id)

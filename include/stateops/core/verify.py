@@ -21,7 +21,7 @@ from typing import Any
 
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, NotACheckpointError
-from stateops.core.formats import hadoop_crc
+from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.sources import offsets_backwards
 from stateops.core.storage import S3Path, location
 
@@ -30,7 +30,6 @@ __all__ = [
     "format_findings",
     "refuse_damaged",
     "require_sound",
-    "sidecar",
     "verify_checkpoint",
     "verify_crc",
 ]
@@ -198,12 +197,6 @@ def _version_findings(cp: Checkpoint) -> list[Finding]:
     return findings
 
 
-def sidecar(rel: str) -> str:
-    """The Hadoop checksum sidecar of file ``rel``: ``DIR/.NAME.crc``."""
-    parent, _, name = rel.rpartition("/")
-    return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
-
-
 def _checksum_findings(cp: Checkpoint) -> list[Finding]:
     findings = []
     pairs = []
@@ -239,7 +232,7 @@ def _crc_problems(cp: Checkpoint, pairs: list[tuple[str, str]]) -> list[tuple[st
 def refuse_damaged(cp: Checkpoint, rels: list[str], what: str) -> None:
     """Refuse ``what`` where one of ``cp``'s files ``rels`` does not match its checksum
     sidecar (a flipped byte, a truncated file): one line naming it and what to do."""
-    pairs = [(rel, sidecar(rel)) for rel in rels if sidecar(rel) in cp.sizes]
+    pairs = [(rel, crc_sidecar(rel)) for rel in rels if crc_sidecar(rel) in cp.sizes]
     problems = _crc_problems(cp, pairs)
     if problems:
         rel, problem = problems[0]

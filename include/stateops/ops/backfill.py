@@ -158,16 +158,17 @@ def plan_backfill(
     )
     if not dry_run:
         refuse_unconfirmed_rewrite(plan, rewrite_output)
-    path, reprocessed = str(registry.path), query
+    path, reprocessed, text = str(registry.path), query, None
     if overrides:
         path = str(registry.state_dir / "backfill" / safe_run_id(run_id) / "registry.yaml")
-        with tempfile.TemporaryDirectory() as scratch:  # written where it belongs once it holds
+        with tempfile.TemporaryDirectory() as scratch:  # moved where it belongs once it holds
             written = registry_with_overrides(registry, query.name, overrides, f"{scratch}/r.yaml")
-            reprocessed = load_registry(written).query(query.name)
+            reprocessed, text = load_registry(written).query(query.name), written.read_text()
     changes = logic_changes(query, reprocessed) if overrides else []
     refuse_what_a_run_refuses(reprocessed)  # before the rollback, not after it
-    if overrides and not dry_run:
-        registry_with_overrides(registry, query.name, overrides, path)
+    if text is not None and not dry_run:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
     then = (
         f"reprocess {query.name} after batch {to_batch} with available-now "
         f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "

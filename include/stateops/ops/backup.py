@@ -29,12 +29,13 @@ from stateops.control import faults
 from stateops.control.audit import append_audit
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, s3_error
+from stateops.core.formats import crc_sidecar
 from stateops.core.plans import BackupFirst
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
 from stateops.core.staging import new_stamp
 from stateops.core.storage import S3Path, open_stream, same_endpoint
-from stateops.core.verify import refuse_damaged, sidecar, verify_crc
+from stateops.core.verify import refuse_damaged, verify_crc
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
@@ -398,7 +399,7 @@ def _damaged_files(manifest: dict[str, Any], loc: S3Location, client: Any) -> li
 
     problems = []
     for path, sha in sorted(by_path.items()):
-        crc = by_path.get(sidecar(path))
+        crc = by_path.get(crc_sidecar(path))
         try:
             problem = crc and verify_crc(body(sha), body(crc))
         except (BotoCoreError, ClientError) as err:

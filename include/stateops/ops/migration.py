@@ -699,7 +699,7 @@ def carried_options(current: Source, new_format: str) -> dict[str, Any]:
 
 def _where(source: dict[str, Any]) -> str:
     """A source of a plan as a person reads it: ``json /data/in`` or ``kafka topic t``."""
-    return f"{source['format']} {Source.model_validate(source).where}"
+    return Source.model_validate(source).text
 
 
 def _options(plan: dict[str, Any]) -> str:
