@@ -36,6 +36,7 @@ from stateops.spark.streaming import (
     apply_query_conf,
     checkpoint_url,
     query_frame,
+    quiesce,
     start_query,
     write_batch,
 )
@@ -149,26 +150,6 @@ def run_to_end(spark, start: Callable, name: str, timeout: float = 240) -> list:
             query.stop()
             quiesce(spark)
     raise AssertionError("unreachable")
-
-
-def quiesce(spark) -> None:
-    """Unload this JVM's state stores and wait for their maintenance to finish.
-
-    A stopped query's stores stay loaded, and their maintenance thread (every 200 ms in the
-    tests) goes on uploading snapshots into the checkpoint: a copy or listing taken later would
-    race with it. A finished spark-submit job leaves nothing behind; this makes the in-process
-    session do the same. The next query loads its stores and restarts maintenance.
-    """
-    jvm = spark._jvm
-    store = (
-        jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
-        .getField("MODULE$")
-        .get(None)
-    )  # the Scala object: its package-private methods too
-    # First let running maintenance finish without holding the providers' lock (work in
-    # flight needs it to unload: StateStore.stop() alone waits on it for minutes), then unload.
-    store.stopMaintenanceTaskWithoutLock()
-    store.stop()
 
 
 def _builtin_conf(spark, provider: str) -> None:

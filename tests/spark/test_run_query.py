@@ -17,6 +17,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from tests.conftest import (
     ROOT,
+    log_trouble,
     run_cli,
     run_query_command,
     spark_submit_run_query,
@@ -55,9 +56,13 @@ def ran(tmp_path_factory):
         "processor"
     ]
     # A 10-minute timeout: sessions close both ways (is_last and the timer) in three files.
+    # State store maintenance every 50 ms: a run's end meets it running (the log's test).
     registry = write_registry(
         root,
-        user_sessions={"processor": {**processor, "options": {"session_timeout_seconds": 600}}},
+        user_sessions={
+            "processor": {**processor, "options": {"session_timeout_seconds": 600}},
+            "spark_conf": {"spark.sql.streaming.stateStore.maintenanceInterval": "50ms"},
+        },
     )
     land(root / "landing", round_=0, files=3)
     results, stderr = {}, {}
@@ -119,6 +124,15 @@ def test_a_python_worker_too_slow_for_spark_once_restarts_the_query_and_loses_no
     ) in stderr["page_visits"], stderr["page_visits"][-3000:]
     assert results["page_visits"]["status"] == "succeeded"
     assert "restarting the query" not in stderr["user_sessions"]
+
+
+def test_a_successful_run_ends_without_errors_in_its_log(ran):
+    """The state stores' maintenance (every 50 ms here) used to race with the end of the
+    driver: "SparkEnv not active, cannot do maintenance on StateStores", RocksDB's MANIFEST
+    errors, on runs that succeeded."""
+    _, _, results, stderr = ran
+    assert results["user_sessions"]["status"] == "succeeded"
+    assert log_trouble(stderr["user_sessions"]) == [], stderr["user_sessions"][-3000:]
 
 
 def test_user_sessions_keep_no_expired_session_and_lose_no_event(ran, spark):

@@ -77,7 +77,23 @@ def job_main(
     except StateOpsError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    finally:
+        _quiesce_active_session()
     return job.report(args, result)
+
+
+def _quiesce_active_session() -> None:
+    """The job's state stores unloaded before its process ends (:func:`quiesce`), if it
+    started Spark at all."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark.sql import SparkSession
+
+    from stateops.spark.streaming import quiesce
+
+    spark = SparkSession.getActiveSession()
+    if spark is not None:
+        quiesce(spark)
 
 
 def job_path(job: str) -> Path:
