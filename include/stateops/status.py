@@ -221,7 +221,11 @@ def health(
         if part["close"]:
             warn.append(f"kafka {part['source']}: {RETENTION_CLOSE}: " + "; ".join(part["close"]))
     if cp is not None and cp.uncommitted_batches and state != "held":
-        warn.append(_planned_batch(query.name, cp.uncommitted_batches[0], cp.last_committed_batch))
+        planned = cp.uncommitted_batches[0]
+        if _failed_at(run, query.checkpoint, planned, cp.last_committed_batch):
+            warn.append(_planned_by_failed_run(query.name, planned, cp.last_committed_batch))
+        else:
+            warn.append(_planned_batch(query.name, planned, cp.last_committed_batch))
     if status["unfinished_backfill"]:
         warn.append(status["unfinished_backfill"])
     if status.get("refused"):
@@ -242,7 +246,15 @@ def _last_run(registry: Registry, name: str) -> dict[str, Any] | None:
     if not summary.exists():
         return None
     run = json.loads(summary.read_text())
-    keys = ("status", "operation", "started_at", "last_committed_batch", "checkpoint", "error")
+    keys = (
+        "status",
+        "operation",
+        "started_at",
+        "last_committed_batch",
+        "uncommitted_batches",
+        "checkpoint",
+        "error",
+    )
     return {k: run.get(k) for k in keys}
 
 
@@ -347,6 +359,26 @@ def _committed(cp: Checkpoint | None, batch: int | None, topics: list[str]) -> O
 def _planned_batch(name: str, batch: int, last: int | None) -> str:
     drop = f" (or drop it: stateops rollback {name} --to-batch {last})" if last is not None else ""
     return f"{interrupted_batch(batch)}: stateops run {name} finishes it{drop}"
+
+
+def _failed_at(run: dict[str, Any] | None, checkpoint: str, planned: int, last: int | None) -> bool:
+    """The last run failed on this checkpoint as it is now, leaving batch ``planned``."""
+    return (
+        run is not None
+        and run["status"] == "failed"
+        and run.get("checkpoint") == checkpoint
+        and run.get("last_committed_batch") == last
+        and planned in (run.get("uncommitted_batches") or [])
+    )
+
+
+def _planned_by_failed_run(name: str, batch: int, last: int | None) -> str:
+    drop = f": drop it with stateops rollback {name} --to-batch {last}" if last is not None else ""
+    return (
+        f"batch {batch} is planned but not committed: the last run planned it and failed "
+        f"(above), and a run fails the same way until that is mended{drop}, or run it once "
+        "mended"
+    )
 
 
 def unfinished_backfill(

@@ -3,17 +3,21 @@ byte-identical (a transplant that applies: tests/spark/test_carry_over.py)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
-from stateops.core.errors import StateOpsError
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.errors import STATE_OF_OTHER_CODE, StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.transplant import TransplantRefused, transplant_checkpoint
 from stateops.pipelines.page_visits import PageVisitsProcessor
+from stateops.status import query_status
 from tests.conftest import run_cli, tree_digest, write_registry
-from tests.spark.harness import V2_STATE_STORE, land, run_in_session
+from tests.spark.harness import USER_CODE, V2_STATE_STORE, job_in_session, land, run_in_session
 
 pytestmark = pytest.mark.spark
 
@@ -165,3 +169,60 @@ def test_a_new_source_at_a_url_is_kept_as_it_is(page_visits, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert " on json s3a://b/x (" in proc.stderr, proc.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_a_transform_run_on_another_query_s_state_says_why_and_status_advises_no_run(
+    spark, tmp_path
+):
+    """An unregistered checkpoint of another query, transplanted under a transform: only
+    Spark's restart knows a transform's operators. Its refusal is the run's one line with the
+    cause, and the status no longer advises the run that fails again."""
+    counts = write_registry(tmp_path / "counts")
+    land(tmp_path / "counts" / "landing", round_=0, files=2)
+    run_in_session(spark, counts, "page_counts")
+    old = tmp_path / "old"  # a checkpoint no registry names
+    shutil.copytree(load_registry(counts).query("page_counts").checkpoint, old)
+
+    registry = write_registry(
+        tmp_path / "views",
+        page_counts={"transform": {"function": "shapes:first_views", "output_mode": "append"}},
+    )
+    raw = yaml.safe_load(registry.read_text())
+    raw["code_paths"] = [str(USER_CODE)]
+    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+    land(tmp_path / "views" / "landing", round_=1, files=1)
+    new = load_registry(registry).query("page_counts").checkpoint
+    run_cli(
+        "--registry",
+        str(registry),
+        "transplant",
+        str(old),
+        new,
+        "--query",
+        "page_counts",
+        check=True,
+    )
+    last = load_checkpoint(new).last_committed_batch
+
+    code, out = job_in_session(
+        spark, "run_query.py", "--registry", str(registry), "--query", "page_counts"
+    )
+    assert code == 1, out[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["uncommitted_batches"] == [last + 1], summary
+    assert summary["error"] == (
+        "[STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA] Streaming stateful operator "
+        "name does not match with the operator in state metadata. This likely to happen when "
+        "user adds/removes/changes stateful operator of existing streaming query. Stateful "
+        "operators in the metadata: [(OperatorId: 0 -> OperatorName: stateStoreSave)]; "
+        "Stateful operators in current batch: [(OperatorId: 0 -> OperatorName: "
+        f"dedupeWithinWatermark)]: {STATE_OF_OTHER_CODE}"
+    )
+    reasons = query_status(load_registry(registry), "page_counts")["health"]["reasons"]
+    assert reasons[0] == f"the last run failed: {summary['error']}", reasons
+    assert not any("stateops run page_counts finishes it" in r for r in reasons), reasons
+    assert (
+        f"batch {last + 1} is planned but not committed: the last run planned it and failed "
+        "(above), and a run fails the same way until that is mended: drop it with stateops "
+        f"rollback page_counts --to-batch {last}, or run it once mended"
+    ) in reasons, reasons

@@ -147,6 +147,29 @@ def test_a_query_that_failed_in_python_code_names_the_python_exception():
     assert query_error_line(plain) == "[STREAM_FAILED] Query terminated"
 
 
+def test_spark_s_refusal_of_the_state_for_the_code_names_both_schemas_and_what_to_do():
+    """As Spark 4.2 said it for a transform whose aggregation gained a column (run by hand);
+    its advice to switch the schema check off is not passed on."""
+    from stateops.core.errors import STATE_OF_OTHER_CODE, query_error_line
+
+    spark_said = (
+        "[STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE] Provided value schema does not match "
+        "existing state value schema.\nPlease check number and type of fields.\nExisting "
+        "value_schema=StructType(StructField(count,LongType,false)) and new value_schema="
+        "StructType(StructField(count,LongType,false),StructField(max,StringType,true)).\nIf "
+        "you want to force running the query without schema validation, please set "
+        "spark.sql.streaming.stateStore.stateSchemaCheck to false.\nHowever, please note that "
+        "running the query with incompatible schema could cause non-deterministic behavior. "
+        "SQLSTATE: XXKST\n=== Streaming Query ===\nIdentifier: uc\n"
+    )
+    assert query_error_line(spark_said) == (
+        "[STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE] Provided value schema does not match "
+        "existing state value schema. Existing value_schema=StructType(StructField(count,"
+        "LongType,false)) and new value_schema=StructType(StructField(count,LongType,false),"
+        f"StructField(max,StringType,true)): {STATE_OF_OTHER_CODE}"
+    )
+
+
 # Spark's S3A faults as Spark 4.2 with hadoop-aws 3.5.0 said them against SeaweedFS (the first
 # line of each Py4JJavaError; tests/spark/test_s3_refusals.py raises them for real).
 _S3A_SAID = {

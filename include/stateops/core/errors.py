@@ -127,13 +127,38 @@ _PYTHON_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)): (.*
 _WRAPPERS = {"PythonException", "Py4JJavaError", "StreamingQueryException", "SparkException"}
 
 
+# Spark's refusals, on restart, of a checkpoint's state for the query's code.
+_STATE_OF_OTHER_CODE = re.compile(
+    r"\[(STATE_STORE_(KEY|VALUE)_SCHEMA_NOT_COMPATIBLE|STATE_STORE_COLUMN_FAMILY_SCHEMA_"
+    r"INCOMPATIBLE|STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION|STREAMING_STATEFUL_OPERATOR_"
+    r"NOT_MATCH_IN_STATE_METADATA)\]"
+)
+# The lines of those refusals that say nothing about this state (and one that advises
+# running without the check: never).
+_SPARK_BOILERPLATE = ("Please check", "If you want to force", "However, please note")
+STATE_OF_OTHER_CODE = (
+    "the checkpoint's state was written by other code than the query's (its code changed, or "
+    "the checkpoint was carried over from another query): deploy the code that wrote it, or "
+    "run the query on a new checkpoint; for a processor, stateops upgrade QUERY --dry-run "
+    "says how to carry the state over"
+)
+
+
 def query_error_line(error: object) -> str:
     """A failed query's error in one line: Spark's first line, and where the failure was in
     Python code (Spark passes on its traceback), the Python exception that ended it; an S3
-    fault of Spark's S3A connector as :func:`spark_s3_error` says it."""
+    fault of Spark's S3A connector as :func:`spark_s3_error` says it; Spark's refusal of the
+    checkpoint's state for the query's code with the state's and the code's schemas or
+    operators, and what to do."""
     s3 = spark_s3_error(str(error))
     if s3 is not None:
         return str(s3)
+    other_code = _STATE_OF_OTHER_CODE.search(str(error))
+    if other_code is not None:
+        said = str(error)[other_code.start() :].split("\n\n", 1)[0].split("\n=== ", 1)[0]
+        kept = [line for line in said.splitlines() if not line.startswith(_SPARK_BOILERPLATE)]
+        spark = re.sub(r"\s*SQLSTATE: \w+\s*$", "", one_line(" ".join(kept)))
+        return f"{spark.rstrip('.')}: {STATE_OF_OTHER_CODE}"
     lines = str(error).splitlines()
     first = lines[0].strip() if lines else ""
     if "Traceback (most recent call last)" not in str(error):
