@@ -142,6 +142,19 @@ def test_a_batch_that_was_never_committed(checkpoint):
     assert tree_digest(checkpoint) == before
 
 
+def test_a_batch_that_cleanup_removed_says_so(damaged):
+    for log in ("commits", "offsets"):  # what the cleanup of batch 0 removes from the logs
+        for name in ("0", ".0.crc"):
+            (damaged / log / name).unlink()
+    before = tree_digest(damaged)
+    _assert_one_line_error(
+        run_cli("inspect", str(damaged), "--files-for-batch", "0"),
+        "batch 0 is older than the oldest retained batch (1): cleanup removed it; pick a later "
+        "batch, or restore an older backup",
+    )
+    assert tree_digest(damaged) == before
+
+
 def test_planned_but_uncommitted_batch_and_gaps_are_reported(damaged):
     (damaged / "commits" / "4").unlink()
     (damaged / "offsets" / "1").unlink()

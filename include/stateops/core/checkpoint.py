@@ -487,17 +487,26 @@ class Checkpoint:
             )
         return needed
 
+    def require_committed(self, batch: int, older: str) -> None:
+        """Refuse a ``batch`` that is not a committed batch here; one that cleanup removed says
+        so, and ``older`` (what to do instead)."""
+        if self.commits and batch < min(self.commits):
+            raise CheckpointError(
+                f"{self.root}: batch {batch} is older than the oldest retained batch "
+                f"({min(self.commits)}): cleanup removed it; {older}"
+            )
+        if batch not in self.commits or batch not in self.offsets:
+            raise CheckpointError(
+                f"{self.root}: batch {batch} is not a committed batch (last committed batch: "
+                f"{self.last_committed_batch}); pick a batch listed by `stateops inspect`"
+            )
+
     def restart_requirements(self, batch: int) -> tuple[list[str], list[str]]:
         """(files present that a restart after ``batch`` needs, with sidecars; needed but missing).
 
         Raises :class:`CheckpointError` when ``batch`` is not a committed batch.
         """
-        if batch not in self.commits or batch not in self.offsets:
-            committed = self.last_committed_batch
-            raise CheckpointError(
-                f"{self.root}: batch {batch} is not a committed batch "
-                f"(last committed batch: {committed}); pick a batch listed by `stateops inspect`"
-            )
+        self.require_committed(batch, "pick a later batch, or restore an older backup")
         needed = ["metadata", f"offsets/{batch}", f"commits/{batch}"]
         missing: list[str] = []
         # On restart Spark reads the previous batch's offsets as the committed start offsets.

@@ -83,17 +83,7 @@ def plan_rollback(target: Target, to_batch: int) -> dict[str, Any]:
     pending = refuse_pending_rollback(cp.root, to_batch)
     refuse_gaps(cp)
     last = cp.last_committed_batch
-    if cp.commits and to_batch < min(cp.commits):
-        raise CheckpointError(
-            f"{cp.root}: batch {to_batch} is older than the oldest retained batch "
-            f"({min(cp.commits)}): cleanup removed it; roll back to a later batch, or restore "
-            "an older backup"
-        )
-    if to_batch not in cp.commits:
-        raise CheckpointError(
-            f"{cp.root}: batch {to_batch} is not a committed batch (last committed batch: "
-            f"{last}); pick a batch listed by `stateops inspect`"
-        )
+    cp.require_committed(to_batch, "roll back to a later batch, or restore an older backup")
     keep = set(restart_set(cp, to_batch, "roll back to a later batch, or restore an older backup"))
     delete: dict[str, str] = {}
     for log, batches in (("commits", cp.commits), ("offsets", cp.offsets)):
