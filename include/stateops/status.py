@@ -221,11 +221,7 @@ def health(
         if part["close"]:
             warn.append(f"kafka {part['source']}: {RETENTION_CLOSE}: " + "; ".join(part["close"]))
     if cp is not None and cp.uncommitted_batches and state != "held":
-        planned = cp.uncommitted_batches[0]
-        if _failed_at(run, query.checkpoint, planned, cp.last_committed_batch):
-            warn.append(_planned_by_failed_run(query.name, planned, cp.last_committed_batch))
-        else:
-            warn.append(_planned_batch(query.name, planned, cp.last_committed_batch))
+        warn.append(_planned(query, cp, run))
     if status["unfinished_backfill"]:
         warn.append(status["unfinished_backfill"])
     if status.get("refused"):
@@ -361,19 +357,21 @@ def _planned_batch(name: str, batch: int, last: int | None) -> str:
     return f"{interrupted_batch(batch)}: stateops run {name} finishes it{drop}"
 
 
-def _failed_at(run: dict[str, Any] | None, checkpoint: str, planned: int, last: int | None) -> bool:
-    """The last run failed on this checkpoint as it is now, leaving batch ``planned``."""
-    return (
+def _planned(query: Any, cp: Checkpoint, run: dict[str, Any] | None) -> str:
+    """What to do about the checkpoint's planned batch; one the last run planned and failed
+    on is not run again as it is."""
+    batch, last = cp.uncommitted_batches[0], cp.last_committed_batch
+    failed_here = (
         run is not None
         and run["status"] == "failed"
-        and run.get("checkpoint") == checkpoint
+        and run.get("checkpoint") == query.checkpoint
         and run.get("last_committed_batch") == last
-        and planned in (run.get("uncommitted_batches") or [])
+        and batch in (run.get("uncommitted_batches") or [])
     )
-
-
-def _planned_by_failed_run(name: str, batch: int, last: int | None) -> str:
-    drop = f": drop it with stateops rollback {name} --to-batch {last}" if last is not None else ""
+    if not failed_here:
+        return _planned_batch(query.name, batch, last)
+    rollback = f"stateops rollback {query.name} --to-batch {last}"
+    drop = f": drop it with {rollback}" if last is not None else ""
     return (
         f"batch {batch} is planned but not committed: the last run planned it and failed "
         f"(above), and a run fails the same way until that is mended{drop}, or run it once "

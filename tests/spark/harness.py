@@ -31,12 +31,12 @@ from stateops.core.storage import list_files, location
 from stateops.dev.sampledata import DATASETS, generate_events
 from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.start import is_transient
+from stateops.spark.jobs import quiesce
 from stateops.spark.streaming import (
     CHECKPOINT_FILE_MANAGER,
     apply_query_conf,
     checkpoint_url,
     query_frame,
-    quiesce,
     start_query,
     write_batch,
 )

@@ -40,7 +40,6 @@ __all__ = [
     "query_frame",
     "read_source",
     "progress_summary",
-    "quiesce",
     "spark_session",
     "start_query",
     "use_code_paths",
@@ -80,28 +79,6 @@ CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 ABORTABLE_FILE_MANAGER = (
     "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
 )
-
-
-def quiesce(spark: SparkSession) -> None:
-    """Unload this JVM's state stores and wait for their maintenance to finish.
-
-    A stopped query's stores stay loaded, and their maintenance thread goes on uploading
-    snapshots into the checkpoint. At the end of a job it races with the JVM's shutdown (seen:
-    "SparkEnv not active, cannot do maintenance on StateStores", RocksDB's "MANIFEST" errors
-    on close, an empty file in a RocksDB zip); in a session that lives on (the tests'), a copy
-    or listing taken later races with it. The next query loads its stores and restarts
-    maintenance. Only this JVM's: an executor on a cluster node ends its own at its shutdown.
-    """
-    jvm = spark._jvm
-    store = (
-        jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
-        .getField("MODULE$")
-        .get(None)
-    )  # the Scala object: its package-private methods too
-    # First let running maintenance finish without holding the providers' lock (work in
-    # flight needs it to unload: StateStore.stop() alone waits on it for minutes), then unload.
-    store.stopMaintenanceTaskWithoutLock()
-    store.stop()
 
 
 def use_s3(spark: SparkSession) -> None:
