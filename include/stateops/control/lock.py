@@ -1,34 +1,55 @@
 """One lock per managed query, shared by every lifecycle operation (DAGs and CLI alike).
 
-The lock is a JSON file (owner, run id, operation, expiry). Reads and writes of it happen under
-an exclusive ``flock`` on a guard file beside it, so taking over an expired lock is atomic too.
-A holder that crashes stops renewing; once ``expires_at`` passes, the next taker wins. On
-the holder's own host a taker sees at once that its process is gone (``kill -9``) and wins:
-no process has its PID, or the one that has it started after the lock's holder did (Linux
-hands a dead process's PID to a new one, within minutes on a busy host: 32768 by default).
+The lock is a record (owner, run id, operation, expiry) in the query's *lease*, kept in one of
+two places (the registry's ``control``):
+
+- a local folder (the default: one host): the lock a JSON file, its hold another beside it,
+  each read-modify-write under an exclusive ``flock`` on a guard file, so taking over an
+  expired lock is atomic too;
+- an S3 prefix (``control: s3://BUCKET/PREFIX``: a fleet, whose hosts share no disk): one
+  object holding the lock, the hold and an epoch, changed only by conditional writes
+  (``If-None-Match: *`` to create it, ``If-Match: <etag>`` to replace the version read), so
+  of two writers that read the same version one wins and the other reads again. A store that
+  ignores the conditions is refused before first use (:func:`require_conditional_writes`).
+  A lock's age there is judged by the store's clock, never a client's.
+
+A holder that crashes stops renewing; once the lock expires, the next taker wins. On the
+holder's own machine (its host name, boot and PID namespace) a taker sees at once that its
+process is gone (``kill -9``) and wins: no process has its PID, or the one that has it started
+after the lock's holder did (Linux hands a dead process's PID to a new one, within minutes on
+a busy host: 32768 by default). A takeover bumps the lease's epoch and changes the token, so a
+holder that was taken over fails its next renewal (``lost``).
 
 An operation made of several processes (a migration: one Airflow task per step) puts a *hold*
-on the query (``<lock>.hold``): while it lasts, only locks taken with the holding run's id are
-granted, so each step takes the lock for its own work and nothing else gets in between.
+on the query: while it lasts, only locks taken with the holding run's id are granted, so each
+step takes the lock for its own work and nothing else gets in between.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import functools
 import getpass
 import json
 import os
+import random
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stateops.core.errors import LockHeldError
+from stateops.core.errors import LockHeldError, StateOpsError
 from stateops.core.steps import safe_run_id
+from stateops.core.storage import S3Path
+
+# Where a query's lease lives: a local lock file (its hold and guard beside it), or the
+# object of an S3 control store.
+Place = Path | S3Path
 
 __all__ = [
     "LockInfo",
@@ -44,7 +65,9 @@ __all__ = [
     "read_hold",
     "read_lock",
     "release_hold",
+    "require_conditional_writes",
     "safe_run_id",
+    "this_machine",
 ]
 
 
@@ -58,21 +81,32 @@ class LockInfo:
     acquired_at: float
     expires_at: float
     holder_started: int | None = None  # the holder's process start (process_start), if known
+    ttl_seconds: float | None = None  # on S3, expiry is judged by the store's clock with it
+    machine: str | None = None  # the holder's boot and PID namespace (this_machine), if known
 
     @property
     def expired(self) -> bool:
         return time.time() >= self.expires_at
 
 
-def read_lock(path: Path) -> LockInfo | None:
-    """The current lock, or None when nobody holds it (an unreadable file counts as free)."""
-    try:
-        return LockInfo(**json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
-        return None
+@dataclass(frozen=True)
+class _Lease:
+    """What one read of a lease's place gives: the lock and the hold (as written: an expired
+    one included), the epoch (S3: bumped by each new holder and each forced release), and
+    the version read (S3: the ETag; None: no object)."""
+
+    lock: LockInfo | None = None
+    hold: LockInfo | None = None
+    epoch: int = 0
+    version: str | None = None
 
 
-def live_lock(path: Path) -> LockInfo | None:
+def read_lock(path: Place) -> LockInfo | None:
+    """The current lock, or None when nobody holds it (an unreadable one counts as free)."""
+    return _read(path).lock
+
+
+def live_lock(path: Place) -> LockInfo | None:
     """The lock while its holder holds it (not expired, its process not known to be gone)."""
     held = read_lock(path)
     return None if held is None or held.expired or holder_gone(held) else held
@@ -110,18 +144,21 @@ def _hold_path(path: Path) -> Path:
     return path.with_name(path.name + ".hold")
 
 
-def read_hold(path: Path) -> LockInfo | None:
+def read_hold(path: Place) -> LockInfo | None:
     """The hold on the query of lock ``path``, or None (an expired hold counts as none)."""
-    held = read_lock(_hold_path(path))
-    return None if held is None or held.expired else held
+    return _live_hold(_read(path))
+
+
+def _live_hold(lease: _Lease) -> LockInfo | None:
+    return None if lease.hold is None or lease.hold.expired else lease.hold
 
 
 def _until(info: LockInfo) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.expires_at))
 
 
-def _refuse_hold(path: Path, query: str, run_id: str) -> None:
-    hold = read_hold(path)
+def _refuse_hold(lease: _Lease, query: str, run_id: str) -> None:
+    hold = _live_hold(lease)
     if hold and hold.run_id != run_id:
         raise LockHeldError(
             f"query {query!r} is held by {hold.operation} (run {hold.run_id}) until "
@@ -130,11 +167,16 @@ def _refuse_hold(path: Path, query: str, run_id: str) -> None:
         )
 
 
-def refuse_unholdable(path: Path, query: str, run_id: str) -> LockInfo | None:
+def refuse_unholdable(path: Place, query: str, run_id: str) -> LockInfo | None:
     """Raise LockHeldError unless ``run_id`` may hold the query; returns a live query run's
     lock (a run does not block a hold: the holder stops it)."""
-    _refuse_hold(path, query, run_id)
-    held = live_lock(path)
+    return _refuse_unholdable(_read(path), query, run_id)
+
+
+def _refuse_unholdable(lease: _Lease, query: str, run_id: str) -> LockInfo | None:
+    _refuse_hold(lease, query, run_id)
+    held = lease.lock
+    held = None if held is None or held.expired or holder_gone(held) else held
     if held and held.operation != "run" and held.run_id != run_id:
         raise LockHeldError(
             f"query {query!r} is locked by {held.operation} (run {held.run_id}, "
@@ -144,40 +186,163 @@ def refuse_unholdable(path: Path, query: str, run_id: str) -> LockInfo | None:
 
 
 def hold_query(
-    path: Path, query: str, operation: str, run_id: str, ttl_seconds: float = 6 * 3600
+    path: Place, query: str, operation: str, run_id: str, ttl_seconds: float = 6 * 3600
 ) -> LockInfo:
     """Hold the query for ``run_id`` (taken again by the same run: renewed).
 
     Refused while another run holds it, or while an operation other than a query run holds the
     lock (a run may go on: the holder stops it, then takes the lock with its own run id).
     """
-    with _guarded(path):
-        refuse_unholdable(path, query, run_id)
-        now = time.time()
-        info = LockInfo(
-            query=query,
-            operation=operation,
-            run_id=run_id,
-            owner=f"{getpass.getuser()}@{socket.gethostname()}",
-            token=run_id,
-            acquired_at=now,
-            expires_at=now + ttl_seconds,
-        )
-        target = _hold_path(path)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(asdict(info)), encoding="utf-8")
-        os.replace(tmp, target)
+    now = time.time()
+    info = LockInfo(
+        query=query,
+        operation=operation,
+        run_id=run_id,
+        owner=f"{getpass.getuser()}@{socket.gethostname()}",
+        token=run_id,
+        acquired_at=now,
+        expires_at=now + ttl_seconds,
+    )
+
+    def decide(lease: _Lease) -> _Lease:
+        _refuse_unholdable(lease, query, run_id)
+        return dataclasses.replace(lease, hold=info)
+
+    _change(path, decide)
     return info
 
 
-def release_hold(path: Path, run_id: str) -> bool:
+def release_hold(path: Place, run_id: str) -> bool:
     """End ``run_id``'s hold; False when it held none."""
-    with _guarded(path):
-        held = read_lock(_hold_path(path))
-        if held is None or held.run_id != run_id:
-            return False
-        _hold_path(path).unlink()
-    return True
+    released = []
+
+    def decide(lease: _Lease) -> _Lease | None:
+        released[:] = [lease.hold is not None and lease.hold.run_id == run_id]
+        return dataclasses.replace(lease, hold=None) if released[0] else None
+
+    _change(path, decide)
+    return released[0]
+
+
+# -- the lease's two places ---------------------------------------------------------------------
+_ATTEMPTS = 50  # conditional writes lost to other writers before giving up
+
+
+def _change(path: Place, decide: Callable[[_Lease], _Lease | None]) -> _Lease:
+    """Read the lease at ``path``, let ``decide`` say what it becomes (None: unchanged; it may
+    raise to refuse), and write that, unless another writer changed it since the read: then
+    read and decide again. Returns the lease as it now is."""
+    if not isinstance(path, S3Path):
+        with _guarded(path):
+            lease = _read_files(path)
+            new = decide(lease)
+            if new is None:
+                return lease
+            _write_files(path, lease, new)
+            return new
+    require_conditional_writes(path)
+    for _ in range(_ATTEMPTS):
+        lease = _read_object(path)
+        new = decide(lease)
+        if new is None:
+            return lease
+        body = {
+            "epoch": new.epoch,
+            "lock": new.lock and asdict(new.lock),
+            "hold": new.hold and asdict(new.hold),
+            "write": uuid.uuid4().hex,  # each write its own ETag, whatever else it repeats
+        }
+        if path.write_if(json.dumps(body).encode(), lease.version):
+            return new
+        time.sleep(random.uniform(0.01, 0.1))
+    raise LockHeldError(
+        f"{path}: {_ATTEMPTS} other writers changed the lease first; try again in a minute"
+    )
+
+
+def _read(path: Place) -> _Lease:
+    return _read_object(path) if isinstance(path, S3Path) else _read_files(path)
+
+
+def _lock_from(raw: object) -> LockInfo | None:
+    try:
+        return LockInfo(**raw) if raw else None
+    except TypeError:
+        return None
+
+
+def _read_files(path: Path) -> _Lease:
+    """The lock and hold files (unreadable: none)."""
+
+    def one(file: Path) -> LockInfo | None:
+        try:
+            return _lock_from(json.loads(file.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+
+    return _Lease(one(path), one(_hold_path(path)))
+
+
+def _write_files(path: Path, old: _Lease, new: _Lease) -> None:
+    for file, before, after in ((path, old.lock, new.lock), (_hold_path(path), old.hold, new.hold)):
+        if after == before:
+            continue
+        if after is None:
+            file.unlink(missing_ok=True)
+            continue
+        tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps(asdict(after)), encoding="utf-8")
+        os.replace(tmp, file)
+
+
+def _read_object(path: S3Path) -> _Lease:
+    """The lease object, its lock's expiry judged by the store's clock: the lock expires
+    ``ttl_seconds`` after the object was last written (a write of the hold only makes it
+    look younger: the safe side)."""
+    data, version, age = path.read_versioned()
+    if data is None:
+        return _Lease()
+    try:
+        raw = json.loads(data)
+        lock, hold, epoch = _lock_from(raw.get("lock")), _lock_from(raw.get("hold")), raw["epoch"]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise StateOpsError(
+            f"{path}: the lease object is unreadable; stateops lock release <query> writes a "
+            "new one"
+        ) from None
+    if lock is not None and lock.ttl_seconds is not None:
+        lock = dataclasses.replace(lock, expires_at=time.time() - age + lock.ttl_seconds)
+    return _Lease(lock, hold, int(epoch), version)
+
+
+_PROBED: set[tuple[str, str]] = set()
+
+
+def require_conditional_writes(path: S3Path) -> None:
+    """Refuse, in one line, an S3 store that does not honour conditional writes (some accept
+    the headers and ignore them: a lock on it would always be granted). Probed once per
+    process and bucket: a create over an object that exists must fail, and so must a write
+    over a version that is not the object's."""
+    key = (path._client.endpoint, path.bucket)
+    if key in _PROBED:
+        return
+    probe = path.parent / f"_probe-{uuid.uuid4().hex}"
+    try:
+        honoured = (
+            probe.write_if(b"1", None)
+            and not probe.write_if(b"2", None)
+            and not probe.write_if(b"3", '"0123456789abcdef0123456789abcdef"')
+        )
+    finally:
+        probe.unlink(missing_ok=True)
+    if not honoured:
+        raise StateOpsError(
+            f"the S3 store at {path._client.endpoint} ignores conditional writes (a second "
+            f"create of {probe} with If-None-Match: * was accepted), so a lease kept there "
+            "would exclude nothing: point the registry's control at a store that honours "
+            "them (AWS S3, MinIO, SeaweedFS), or leave control out on one host"
+        )
+    _PROBED.add(key)
 
 
 @contextmanager
@@ -226,11 +391,26 @@ def process_start(pid: int) -> int | None:
     return int(stat.rpartition(")")[2].split()[19])  # fields after the name start at field 3
 
 
+@functools.cache
+def this_machine() -> str | None:
+    """This process's boot and PID namespace (``boot_id:pidns inode``): two processes with one
+    PID are one only on the same machine, in the same PID namespace (containers that share a
+    host name need not). None where Linux's ``/proc`` does not say."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return None
+
+
 def holder_gone(held: LockInfo) -> bool:
-    """The holder was a process on this host that no longer exists (killed, crashed): no
-    process has its PID, or the one that has it is another (it started at another time)."""
+    """The holder was a process on this machine (its host name, and where it recorded them,
+    its boot and PID namespace) that no longer exists (killed, crashed): no process has its
+    PID, or the one that has it is another (it started at another time)."""
     where = holder_pid(held)
     if where is None or where[0] != socket.gethostname():
+        return False
+    if held.machine is not None and held.machine != this_machine():
         return False
     try:
         os.kill(where[1], 0)
@@ -247,13 +427,13 @@ class QueryLock:
 
     def __init__(
         self,
-        path: Path,
+        path: Place,
         query: str,
         operation: str,
         run_id: str | None = None,
         ttl_seconds: float = 600.0,
     ) -> None:
-        self.path = Path(path)
+        self.path = path if isinstance(path, S3Path) else Path(path)
         self.query = query
         self.operation = operation
         self.run_id = run_id or new_run_id(operation)
@@ -261,11 +441,13 @@ class QueryLock:
         self.token = uuid.uuid4().hex
         self.lost = False
         """Set when a renewal finds the lock gone or taken over: the holder should stop."""
+        self.epoch = 0
+        """The lease's epoch this holder took it at (S3; the local files keep none)."""
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
-    def _write(self, acquired_at: float) -> None:
-        info = LockInfo(
+    def _info(self, acquired_at: float) -> LockInfo:
+        return LockInfo(
             query=self.query,
             operation=self.operation,
             run_id=self.run_id,
@@ -274,22 +456,25 @@ class QueryLock:
             acquired_at=acquired_at,
             expires_at=time.time() + self.ttl,
             holder_started=process_start(os.getpid()),
+            ttl_seconds=self.ttl,
+            machine=this_machine(),
         )
-        tmp = self.path.with_name(f".{self.path.name}.{self.token}.tmp")
-        tmp.write_text(json.dumps(asdict(info)), encoding="utf-8")
-        os.replace(tmp, self.path)
 
     def acquire(self) -> None:
-        with _guarded(self.path):
-            _refuse_hold(self.path, self.query, self.run_id)
-            held = read_lock(self.path)
+        def decide(lease: _Lease) -> _Lease:
+            _refuse_hold(lease, self.query, self.run_id)
+            held = lease.lock
             if held and not held.expired and not holder_gone(held) and held.token != self.token:
                 raise LockHeldError(
                     f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "
                     f"{held.owner}) until {_until(held)}; "
                     f"wait for it to finish, or if it is dead: stateops lock release {self.query}"
                 )
-            self._write(acquired_at=time.time())
+            ours = held is not None and held.token == self.token
+            epoch = lease.epoch if ours else lease.epoch + 1
+            return dataclasses.replace(lease, lock=self._info(time.time()), epoch=epoch)
+
+        self.epoch = _change(self.path, decide).epoch
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, daemon=True)
         self._renewer.start()
@@ -298,25 +483,29 @@ class QueryLock:
         while not self._stop.wait(self.ttl / 3):
             try:
                 self.renew()
-            except OSError:
+            except (OSError, StateOpsError):
                 self.lost = True
 
     def renew(self) -> None:
-        with _guarded(self.path):
-            held = read_lock(self.path)
-            if held and held.token == self.token:
-                self._write(acquired_at=held.acquired_at)
-            else:
+        def decide(lease: _Lease) -> _Lease | None:
+            held = lease.lock
+            if held is None or held.token != self.token:
                 self.lost = True
+                return None
+            return dataclasses.replace(lease, lock=self._info(held.acquired_at))
+
+        _change(self.path, decide)
 
     def release(self) -> None:
         self._stop.set()
         if self._renewer:
             self._renewer.join()
-        with _guarded(self.path):
-            held = read_lock(self.path)
-            if held and held.token == self.token:
-                self.path.unlink()
+
+        def decide(lease: _Lease) -> _Lease | None:
+            mine = lease.lock is not None and lease.lock.token == self.token
+            return dataclasses.replace(lease, lock=None) if mine else None
+
+        _change(self.path, decide)
 
     def __enter__(self) -> QueryLock:
         self.acquire()
@@ -326,14 +515,18 @@ class QueryLock:
         self.release()
 
 
-def force_release(path: Path) -> LockInfo | None:
-    """Remove a lock and any hold whatever their owner (an operator's decision); returns what
-    was there (the lock, else the hold)."""
-    with _guarded(path):
-        held = read_lock(path) or read_lock(_hold_path(path))
-        path.unlink(missing_ok=True)
-        _hold_path(path).unlink(missing_ok=True)
-    return held
+def force_release(path: Place) -> LockInfo | None:
+    """Remove a lock and any hold whatever their owner (an operator's decision; on S3 the epoch
+    moves on, so a holder still running fails its next renewal); returns what was there (the
+    lock, else the hold)."""
+    was: list[LockInfo | None] = [None]
+
+    def decide(lease: _Lease) -> _Lease:
+        was[0] = lease.lock or lease.hold
+        return _Lease(epoch=lease.epoch + 1, version=lease.version)
+
+    _change(path, decide)
+    return was[0]
 
 
 def new_run_id(operation: str) -> str:

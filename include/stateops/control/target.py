@@ -20,7 +20,7 @@ from stateops.control.markers import refuse_retired
 from stateops.core.checkpoint import require_checkpoint_dir
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
-from stateops.core.storage import S3Path
+from stateops.core.storage import S3Path, location
 
 __all__ = ["Target", "checkpoint_target", "query_target", "resolve_target"]
 
@@ -75,12 +75,12 @@ class Target:
         return QueryLock(path, holder, operation, run_id)
 
     @property
-    def lock_file(self) -> Path:
+    def lock_file(self) -> Path | S3Path:
         """Where that lock lives (its hold beside it): what ``stateops lock`` and the status
         read."""
         return self._lock_place()[0]
 
-    def _lock_place(self) -> tuple[Path, str]:
+    def _lock_place(self) -> tuple[Path | S3Path, str]:
         """The lock file and the name it is taken under: a registered query's, else one beside
         an unregistered checkpoint's audit log, once the path is known to be a checkpoint (a
         mistyped path must not get a ``.audit`` folder beside it)."""
@@ -88,13 +88,17 @@ class Target:
             return self.registry.lock_path(self.query.name), self.query.name
         root = require_checkpoint_dir(self.checkpoint)
         if isinstance(root, S3Path):
-            # S3 has no lock primitive: the deployment's own state folder holds it, as for a
-            # registered query (docs/checkpoints-on-s3.md).
+            # Where the registered queries' leases are (the control store, else the state
+            # folder): a lock beside an S3 checkpoint would need conditional writes on its
+            # store, which the control store is probed for (docs/checkpoints-on-s3.md).
             if self.registry is None:
                 raise StateOpsError(
-                    f"{root}: an S3 checkpoint's lock lives in the registry's state folder, and "
+                    f"{root}: an S3 checkpoint's lock lives with the registry's leases, and "
                     "no registry is readable; pass --registry or set STATEOPS_REGISTRY"
                 )
+            if self.registry.control:
+                control = location(self.registry.control.rstrip("/"))
+                return control / "_checkpoints" / root.bucket / root.key / "lease.json", str(root)
             path = self.registry.state_dir / "locks" / "s3" / root.bucket / f"{root.key}.lock"
             return path, str(root)
         return audit_dir(root) / "lifecycle.lock", str(root)

@@ -25,6 +25,7 @@ from pydantic import (
 
 from stateops.core.errors import RegistryError
 from stateops.core.steps import SOURCE_FORMATS, safe_run_id
+from stateops.core.storage import S3Path, location
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -547,6 +548,9 @@ class Registry(_Model):
     on ``sys.path`` in the driver, shipped to the executors."""
     backups: Backups = Backups()
     cleanup: Cleanup = Cleanup()
+    control: str | None = Field(None, pattern=r"^s3://[^/]+(/.*)?$")
+    """Where the queries' leases live when the hosts that operate them share no disk (an S3
+    prefix, through the checkpoint connection); None: under ``data_dir`` (one host)."""
     derived_from: Path | None = None
     """The user's registry a run's own registry was written from (:func:`derived_registry`):
     its entry already says where the query runs, so no switch applies to it."""
@@ -577,7 +581,10 @@ class Registry(_Model):
         resolved = _normal(checkpoint)
         return next((q for q in self.queries.values() if _normal(q.checkpoint) == resolved), None)
 
-    def lock_path(self, name: str) -> Path:
+    def lock_path(self, name: str) -> Path | S3Path:
+        """Where query ``name``'s lease (its lock and hold) lives: :mod:`stateops.control.lock`."""
+        if self.control:
+            return location(f"{self.control.rstrip('/')}/{name}/lease.json")
         return self.state_dir / "locks" / f"{name}.lock"
 
     def stop_marker(self, name: str) -> Path:
@@ -872,7 +879,8 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         raise RegistryError(_yaml_error(path, err)) from err
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
-    unknown = set(raw) - {"data_dir", "code_paths", "queries", "backups", "cleanup", "derived_from"}
+    known = {"data_dir", "code_paths", "queries", "backups", "cleanup", "control", "derived_from"}
+    unknown = set(raw) - known
     if not isinstance(raw.get("derived_from", ""), str):
         raise RegistryError(f"{path}: derived_from: the registry file a run's own was written from")
     if unknown:
@@ -896,6 +904,12 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             first = err.errors()[0]
             field_path = ".".join(str(p) for p in first["loc"])
             raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
+    control = raw.get("control")
+    if control is not None and not re.fullmatch(r"s3://[^/]+(/.*)?", str(control)):
+        raise RegistryError(
+            f"{path}: control: expected s3://BUCKET/PREFIX (where the leases of hosts that "
+            f"share no disk live), got {control!r}; leave it out on one host"
+        )
     code_paths = _code_paths(path, raw.get("code_paths"))
     for query in queries.values():
         query._code_paths = tuple(code_paths)
@@ -905,6 +919,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         queries=queries,
         invalid=invalid,
         code_paths=code_paths,
+        control=control,
         derived_from=raw.get("derived_from"),
         **sections,
     )

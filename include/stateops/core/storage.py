@@ -168,6 +168,9 @@ def _xml_key(raw: bytes) -> str:
 _CLIENTS: dict[Any, _Client] = {}
 _LOCK = threading.Lock()
 _REQUESTS = [0]
+# A forked process (Airflow's LocalExecutor and Celery workers fork their tasks) makes its own
+# clients: a parent's open connections are not to be shared.
+os.register_at_fork(after_in_child=_CLIENTS.clear)
 
 
 def _count(**_: Any) -> None:
@@ -303,6 +306,41 @@ class S3Path:
 
     def write_text(self, text: str, encoding: str = "utf-8") -> int:
         return self.write_bytes(text.encode(encoding))
+
+    # -- compare and swap (the control store: stateops.control.lock) -------------------------
+    def read_versioned(self) -> tuple[bytes | None, str | None, float]:
+        """The object's bytes, its version (ETag) and its age by the store's own clock (the
+        answer's ``Date`` less the object's ``LastModified``: no client clock enters); (None,
+        None, 0.0) where there is no object."""
+        from email.utils import parsedate_to_datetime
+
+        try:
+            got = self._client.call(f"read {self}", "get_object", Bucket=self.bucket, Key=self.key)
+        except FileNotFoundError:
+            return None, None, 0.0
+        said = parsedate_to_datetime(got["ResponseMetadata"]["HTTPHeaders"]["date"])
+        age = max((said - got["LastModified"]).total_seconds(), 0.0)
+        return got["Body"].read(), got["ETag"], age
+
+    def write_if(self, data: bytes, version: str | None) -> bool:
+        """Write ``data`` only over version ``version`` of the object (``If-Match``), or
+        where there is none yet (``version`` None: ``If-None-Match: *``); False when another
+        writer came first (412, or 409 for a write at the same moment; 404: the object went)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from stateops.core.errors import s3_error
+
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            self._client.s3.put_object(Bucket=self.bucket, Key=self.key, Body=data, **condition)
+        except ClientError as err:
+            if err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (404, 409, 412):
+                return False
+            raise s3_error(err, f"write {self} at {self._client.endpoint}") from err
+        except BotoCoreError as err:
+            raise s3_error(err, f"write {self} at {self._client.endpoint}") from err
+        self._cache.pop(self.key, None)
+        return True
 
     def unlink(self, missing_ok: bool = False) -> None:
         """S3 deletes a missing key without complaint; ``missing_ok=False`` checks first."""

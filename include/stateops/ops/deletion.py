@@ -376,7 +376,9 @@ def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
     """Refuse, before the lock, the backup, the marker or any deletion, a plan this process
     could not carry out to the end: a read-only checkpoint, sink or audit folder."""
     root = location(plan["checkpoint"])
-    write = [lock.path, lock.path.with_name(lock.path.name + ".guard")]
+    write: list[Path | S3Path] = []
+    if isinstance(lock.path, Path):  # a lease in an S3 control store: written by CAS
+        write += [lock.path, lock.path.with_name(lock.path.name + ".guard")]
     delete: list[Path | S3Path] = []
     if isinstance(root, Path):  # S3 answers only by trying: a refusal there comes at once
         write.append(audit_dir(root) / "audit.jsonl")

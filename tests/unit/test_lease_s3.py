@@ -1,0 +1,156 @@
+"""The lease in an S3 control store (``control: s3://...``): the lock and the hold as one object
+changed only by conditional writes, on the SeaweedFS endpoint Spark writes checkpoints to;
+refused on an endpoint that ignores the conditions (rclone's). The same rules as the local
+files (tests/unit/test_lock.py), which the first tests here repeat on S3."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+import uuid
+
+import pytest
+
+from stateops.control.lock import (
+    QueryLock,
+    force_release,
+    hold_query,
+    read_hold,
+    read_lock,
+    release_hold,
+    require_conditional_writes,
+)
+from stateops.core.errors import LockHeldError, StateOpsError
+from stateops.core.storage import location
+from tests.conftest import write_registry
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def lease(s3a_env, request):
+    """A lease object no other test uses."""
+    return location(s3a_env.url(f"control/{request.node.name}-{uuid.uuid4().hex[:6]}/lease.json"))
+
+
+def _body(lease) -> dict:
+    return json.loads(lease.read_bytes())
+
+
+def test_a_second_holder_is_refused_and_a_release_leaves_a_tombstone(lease):
+    with QueryLock(lease, "q", "cleanup", run_id="run-1") as first:
+        assert read_lock(lease).run_id == "run-1" and first.epoch == 1
+        with pytest.raises(LockHeldError, match=r"locked by cleanup \(run run-1"):
+            QueryLock(lease, "q", "backup", run_id="run-2").acquire()
+    assert read_lock(lease) is None
+    assert _body(lease)["lock"] is None and _body(lease)["epoch"] == 1  # no DELETE
+    with QueryLock(lease, "q", "backup", run_id="run-2") as second:
+        assert second.epoch == 2
+
+
+def test_expiry_is_judged_by_the_store_s_clock_and_a_taken_over_holder_loses(lease):
+    crashed = QueryLock(lease, "q", "rollback", ttl_seconds=1.0)
+    crashed.acquire()
+    crashed._stop.set()  # a crash: no more renewals, no release
+    assert not read_lock(lease).expired
+    time.sleep(2.5)  # S3's Last-Modified is in whole seconds
+    assert read_lock(lease).expired
+    with QueryLock(lease, "q", "run", run_id="new") as lock:
+        assert read_lock(lease).token == lock.token and lock.epoch == crashed.epoch + 1
+        crashed.renew()
+        assert crashed.lost, "a renewal after a takeover must fail"
+        crashed.release()  # a late release of the old holder removes nothing
+        assert read_lock(lease).token == lock.token
+
+
+def test_a_forced_release_moves_the_epoch_on_and_its_holder_loses(lease):
+    holder = QueryLock(lease, "q", "run", run_id="run-1")
+    holder.acquire()
+    try:
+        assert force_release(lease).run_id == "run-1"
+        assert read_lock(lease) is None and _body(lease)["epoch"] == holder.epoch + 1
+        holder.renew()
+        assert holder.lost
+    finally:
+        holder.release()
+
+
+def test_a_hold_admits_only_its_run_on_any_host(lease):
+    hold_query(lease, "q", "migration", "mig-1")
+    with pytest.raises(LockHeldError, match=r"held by migration \(run mig-1\)"):
+        QueryLock(lease, "q", "cleanup", run_id="cleanup-1").acquire()
+    with QueryLock(lease, "q", "run", run_id="mig-1"):  # a step of the holding run
+        assert read_hold(lease).run_id == "mig-1" and read_lock(lease).run_id == "mig-1"
+    assert not release_hold(lease, "mig-2") and release_hold(lease, "mig-1")
+    assert read_hold(lease) is None
+
+
+def _race(url: str, rounds: int, barrier, results) -> None:
+    """One contender: at each round, all start together; the winner holds, then releases."""
+    place = location(url)
+    for _ in range(rounds):
+        barrier.wait(60)
+        try:
+            lock = QueryLock(place, "q", "race")
+            lock.acquire()
+        except LockHeldError:
+            results.put(None)
+            barrier.wait(60)
+            continue
+        results.put(lock.epoch)
+        barrier.wait(60)  # the others have tried
+        lock.release()
+
+
+def test_exactly_one_of_many_processes_wins_each_epoch(lease):
+    contenders, rounds = 6, 4
+    barrier, results = multiprocessing.Barrier(contenders), multiprocessing.Queue()
+    procs = [
+        multiprocessing.Process(target=_race, args=(str(lease), rounds, barrier, results))
+        for _ in range(contenders)
+    ]
+    for p in procs:
+        p.start()
+    won = [results.get(timeout=120) for _ in range(contenders * rounds)]
+    for p in procs:
+        p.join(60)
+    epochs = sorted(e for e in won if e is not None)
+    assert epochs == list(range(1, rounds + 1)), won  # one winner a round, a new epoch each
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_in_one_line(s3, monkeypatch):
+    """rclone's S3 server accepts If-None-Match and If-Match and ignores them."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    place = location("s3://backups/control/q/lease.json")
+    with pytest.raises(StateOpsError) as refused:
+        require_conditional_writes(place)
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith(f"the S3 store at {s3.endpoint} ignores")
+    assert "would exclude nothing: point the registry's control at a store" in said
+    with pytest.raises(StateOpsError, match="ignores conditional writes"):
+        QueryLock(place, "q", "run").acquire()
+    assert not place.exists() and not place.parent.exists(), "the probe left nothing"
+
+
+def test_a_registry_with_a_control_store_keeps_its_leases_there(s3a_env, tmp_path):
+    import yaml
+
+    from stateops.control.target import query_target
+    from stateops.core.registry import load_registry
+
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["control"] = s3a_env.url(f"fleet-{uuid.uuid4().hex[:6]}")
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    registry = load_registry(path)
+    target = query_target(registry, "page_visits")
+    assert str(target.lock_file) == f"{raw['control']}/page_visits/lease.json"
+    with target.lock("cleanup", "c-1"):
+        assert read_lock(registry.lock_path("page_visits")).run_id == "c-1"
+        assert not (tmp_path / "_stateops" / "locks").exists()
+    raw["control"] = "/shared/locks"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(StateOpsError, match=r"control: expected s3://BUCKET/PREFIX"):
+        load_registry(path)
