@@ -104,6 +104,15 @@ SMOKES: dict[str, dict[str, Smoke]] = {
                 r"^stateops backup \(\+1 batch\) .* \d+ objects, .* reused$",
             ),
         ),
+        # SeaweedFS, no JVM.
+        "bench_lease.py": Smoke(
+            ("--cycles", "3"),
+            120,
+            (
+                r"^local lock file \(baseline\) +\d+\.\d+ ms +1\.0x$",
+                rf"^S3 control store +\d+\.\d+ ms +{RATIO} +\d+ requests$",
+            ),
+        ),
         "bench_s3_cleanup.py": Smoke(
             ("--files", "2000", "--retain", "1", "--runs", "1"),
             120,
