@@ -496,6 +496,21 @@ class QueryLock:
 
         _change(self.path, decide)
 
+    def check(self) -> None:
+        """Raise :class:`LockHeldError` (and set ``lost``) unless this holder still holds the
+        lease as it took it: a driver calls it before each batch writes state or output, so a
+        run whose lease was taken over or force-released writes nothing more."""
+        held = None if self.lost else read_lock(self.path)
+        if held is not None and held.token == self.token:  # a takeover draws a new token
+            return
+        self.lost = True
+        by = f"{held.operation} (run {held.run_id}, {held.owner})" if held else "nobody now"
+        raise LockHeldError(
+            f"query {self.query!r}: the lease this {self.operation} (run {self.run_id}) took "
+            f"is no longer its own (held by {by}): it writes nothing more; see stateops lock "
+            f"show {self.query} and stateops status {self.query}"
+        )
+
     def release(self) -> None:
         self._stop.set()
         if self._renewer:

@@ -250,10 +250,12 @@ def run_start(
     it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
     their number, the trigger a long one, and the query stops once that batch commits.
     """
+    from stateops.spark.streaming import fenced
+
     registry = target.require_registry()
     query = target.require_query("run a registered query: give its name")
     run_id = run_id or new_run_id(operation)
-    with target.lock(operation, run_id) as lock:
+    with target.lock(operation, run_id) as lock, fenced(query.name, lock.check):
         start = _begin(registry, query, mode, run_id, operation, prepare, cutover)
         ran = _run_started(start, poll_seconds)
         end = _end(registry, start, ran)

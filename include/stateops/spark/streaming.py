@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -13,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "start_query",
     "use_code_paths",
     "write_batch",
+    "fenced",
     "writing",
 ]
 
@@ -318,9 +320,30 @@ def query_frame(
 _WRITING: set[str] = set()
 
 
+# The check of each running query's lease (:func:`fenced`), by query name: called before a
+# batch writes anything.
+_FENCES: dict[str, Callable[[], None]] = {}
+
+
+@contextlib.contextmanager
+def fenced(name: str, check: Callable[[], None]) -> Iterator[None]:
+    """While this lasts, every batch of query ``name`` in this driver calls ``check`` before it
+    writes state or output (the stateful operators run inside the sink's write), and fails
+    when it raises: a run whose lease was taken over writes nothing more."""
+    _FENCES[name] = check
+    try:
+        yield
+    finally:
+        _FENCES.pop(name, None)
+
+
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
     """Idempotent per batch id for a folder: a re-run of a batch replaces its folder instead of
-    adding to it. A Kafka sink is at least once: a re-run writes the batch's records again."""
+    adding to it. A Kafka sink is at least once: a re-run writes the batch's records again.
+    First the run's lease is checked (:func:`fenced`)."""
+    fence = _FENCES.get(query.name)
+    if fence is not None:
+        fence()
     _WRITING.add(query.name)
     sink = query.sink
     try:
