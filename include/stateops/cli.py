@@ -625,12 +625,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from stateops.control.lock import live_lock
     from stateops.control.markers import request_stop
     from stateops.control.target import query_target
 
     target = query_target(args.registry, args.query)
-    marker = request_stop(target.require_registry(), target.name)
-    print(f"stop requested: {marker} (the running query stops after its current batch)")
+    held = live_lock(target.lock_file)
+    if held is None:
+        print(f"{target.name}: no run holds its lease (see stateops status): nothing to stop")
+        return 0
+    if held.operation != "run":
+        raise StateOpsError(
+            f"{target.name} is locked by {held.operation} (run {held.run_id}), not by a run of "
+            "the query: it ends by itself; nothing to stop"
+        )
+    marker = request_stop(target.require_registry(), target.name, held)
+    print(
+        f"stop requested of run {held.run_id} ({held.owner}): {marker} (it stops after its "
+        "current batch)"
+    )
     return 0
 
 

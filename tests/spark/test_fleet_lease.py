@@ -1,10 +1,13 @@
-"""A run's lease in the S3 control store, seen from the driver (issue 55): a run holds its
-query's lease while it runs, another host sees it and is refused, and a driver whose lease was
-force-released (``stateops lock release`` on another host) or taken over writes nothing more:
-its next batch fails before the sink's write, which is where the stateful operators run."""
+"""A run's lease in the S3 control store, seen from two hosts (issue 55): two data folders
+that share nothing but the control store, the checkpoint, the input and the sink, as two
+Airflow workers would. The run on host A holds its query's lease; host B sees it and is
+refused; B's ``stateops stop`` reaches A's driver, which stops after its current batch; and a
+driver whose lease B force-released (``stateops lock release``) writes nothing more: its next
+batch fails before the sink's write, which is where the stateful operators run."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -16,54 +19,101 @@ import yaml
 from stateops.control.lock import QueryLock, force_release, read_lock
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import LockHeldError
-from stateops.core.registry import load_registry
-from tests.conftest import write_registry
+from stateops.core.registry import Registry, load_registry
+from tests.conftest import run_cli, write_registry
 from tests.spark.harness import job_in_session, land, read_sink
 
 pytestmark = pytest.mark.spark
 NAME = "page_counts"  # Spark's own aggregation on the HDFS-backed store
 
 
-def test_a_driver_whose_lease_was_released_elsewhere_writes_nothing_more(spark, s3a_env, tmp_path):
-    path = write_registry(tmp_path, page_counts={"trigger": {"processing_time": "1 second"}})
-    raw = yaml.safe_load(path.read_text())
-    raw["control"] = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    registry = load_registry(path)
-    lease, query = registry.lock_path(NAME), registry.query(NAME)
-    land(tmp_path / "landing", round_=0, files=1)
+@pytest.fixture
+def hosts(s3a_env, tmp_path) -> tuple[Path, Path]:
+    """Host A's and host B's registry files: their own data folders (locks, markers, run
+    summaries), one control store, and the query's checkpoint, input and sink where both see
+    them."""
+    shared = tmp_path / "shared"
+    control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
+    files = []
+    for host in ("a", "b"):
+        path = write_registry(tmp_path / host)
+        raw = yaml.safe_load(path.read_text())
+        entry = raw["queries"][NAME]
+        entry["trigger"] = {"processing_time": "1 second"}
+        entry["source"]["path"] = str(shared / "landing" / "page_visits")
+        entry["checkpoint"] = str(shared / "checkpoint")
+        entry["sink"]["path"] = str(shared / "output")
+        raw["control"] = control
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        files.append(path)
+    land(shared / "landing", round_=0, files=1)
+    return files[0], files[1]
+
+
+def running(spark, registry: Path) -> tuple[threading.Thread, dict]:
+    """Host A's continuous run of the query, in the shared session, once its first batch has
+    committed; its (exit code, output) lands in the dict when it ends."""
     ran: dict = {}
 
     def run() -> None:
         ran["result"] = job_in_session(
-            spark, "run_query.py", "--registry", str(path), "--query", NAME,
+            spark, "run_query.py", "--registry", str(registry), "--query", NAME,
             "--mode", "continuous", "--run-id", "driver-1", "--poll-seconds", "0.2",
         )  # fmt: skip
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    commits = Path(query.checkpoint) / "commits"
+    commits = Path(load_registry(registry).query(NAME).checkpoint) / "commits"
     deadline = time.monotonic() + 180
     while not (commits / "0").exists() and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert (commits / "0").exists(), "the first batch did not commit"
+    assert (commits / "0").exists(), f"the first batch did not commit: {ran}"
+    return thread, ran
 
-    # Another host sees the run's lease in the control store, and is refused.
+
+def _state(registry: Registry) -> tuple[int | None, dict]:
+    query = registry.query(NAME)
+    return load_checkpoint(query.checkpoint).last_committed_batch, read_sink(Path(query.sink.path))
+
+
+def test_a_stop_from_another_host_reaches_the_driver(spark, s3a_env, hosts):
+    a, b = hosts
+    thread, ran = running(spark, a)
+    # B sees A's run in the control store: its cleanup is refused, its stop reaches it.
+    cleanup = run_cli("--registry", str(b), "cleanup", NAME, env=s3a_env.env())
+    assert cleanup.returncode == 2 and "locked by run (run driver-1" in cleanup.stderr
+    stop = run_cli("--registry", str(b), "stop", NAME, env=s3a_env.env(), check=True)
+    assert stop.stdout.startswith("stop requested of run driver-1 (")
+    thread.join(120)
+    assert not thread.is_alive(), "the run on host A did not stop"
+    code, out = ran["result"]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and summary["stopped_by_marker"] is True, out[-3000:]
+    assert read_lock(load_registry(b).lock_path(NAME)) is None, "the run released its lease"
+    assert not load_registry(b).stop_marker(NAME).exists(), "the driver took the request"
+    # A stop with no run to take it is said so, and left nowhere for a later run to find.
+    idle = run_cli("--registry", str(b), "stop", NAME, env=s3a_env.env(), check=True)
+    assert "no run holds its lease" in idle.stdout
+    assert not load_registry(b).stop_marker(NAME).exists()
+
+
+def test_a_driver_whose_lease_was_released_elsewhere_writes_nothing_more(spark, hosts):
+    a, b = hosts
+    thread, ran = running(spark, a)
+    lease = load_registry(b).lock_path(NAME)
     assert read_lock(lease).run_id == "driver-1"
     with pytest.raises(LockHeldError, match=r"locked by run \(run driver-1"):
-        QueryLock(lease, NAME, "cleanup", run_id="other-host").acquire()
+        QueryLock(lease, NAME, "cleanup", run_id="host-b").acquire()
 
-    # An operator on that host forces it free and takes it; then new input lands.
+    # An operator on host B forces the lease free and takes it; then new input lands.
     force_release(lease)
-    with QueryLock(lease, NAME, "rollback", run_id="other-host"):
-        committed = load_checkpoint(query.checkpoint).last_committed_batch
-        output = read_sink(Path(query.sink.path))
-        land(tmp_path / "landing", round_=1, files=1)
+    with QueryLock(lease, NAME, "rollback", run_id="host-b"):
+        before = _state(load_registry(b))
+        land(load_registry(b).data_dir.parent / "shared" / "landing", round_=1, files=1)
         thread.join(120)
         assert not thread.is_alive(), "the fenced run did not end"
         code, out = ran["result"]
         assert code == 1, out[-3000:]
-        assert "is no longer its own (held by rollback (run other-host" in out, out[-3000:]
-        assert load_checkpoint(query.checkpoint).last_committed_batch == committed
-        assert read_sink(Path(query.sink.path)) == output, "the fenced driver wrote output"
-        assert read_lock(lease).run_id == "other-host", "its release took another's lease"
+        assert "is no longer its own (held by rollback (run host-b" in out, out[-3000:]
+        assert _state(load_registry(b)) == before, "the fenced driver committed or wrote"
+        assert read_lock(lease).run_id == "host-b", "its release took another's lease"

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.control.lock import new_run_id
+from stateops.control.lock import live_lock, new_run_id
 from stateops.control.markers import request_stop
 from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
@@ -119,7 +119,9 @@ def continuous(spark, registry: Path, name: str, until_batch: int) -> dict:
     deadline = time.monotonic() + 180
     while not commit.exists() and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.3)
-    request_stop(reg, name)
+    held = live_lock(reg.lock_path(name))
+    if held is not None:  # else the run ended by itself: its summary says why
+        request_stop(reg, name, held)
     thread.join(120)
     assert not thread.is_alive(), f"{name}: the continuous run did not stop"
     return summary_of(*ran["result"])

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from stateops.control import faults
 from stateops.control.audit import audit_dir
+from stateops.control.lock import LockInfo
 from stateops.core.errors import CheckpointError
 from stateops.core.registry import Registry
 from stateops.core.storage import S3Path
@@ -48,7 +50,7 @@ __all__ = [
     "retired_marker",
     "request_stop",
     "rollback_marker",
-    "stop_requested",
+    "take_stop",
     "withdraw_stop",
     "write_carry_over",
     "write_retired",
@@ -80,23 +82,38 @@ def _read_json(path: Path | S3Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{path}: unreadable marker ({err}); see the audit log") from None
 
 
-def request_stop(registry: Registry, name: str) -> Path:
+def request_stop(registry: Registry, name: str, holder: LockInfo) -> Path | S3Path:
+    """Ask the run that holds query ``name``'s lease (``holder``: the lock it took) to stop
+    after its current batch: a request addressed to that run's token, beside the lease (in
+    the control store where the registry names one), so the driver sees it on whichever host
+    it runs, and a later run never takes it for its own."""
     marker = registry.stop_marker(name)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    record = {"token": holder.token, "run_id": holder.run_id, "at": time.time()}
+    _write_json(marker, record)
     return marker
 
 
-def stop_requested(registry: Registry, name: str) -> bool:
-    return registry.stop_marker(name).exists()
+def take_stop(registry: Registry, name: str, token: str) -> bool:
+    """Whether a stop is requested of the run holding lock ``token``; the request is taken
+    (removed) when it is, and when it was addressed to another run (stale: that run is over,
+    as the lease is this one's)."""
+    marker = registry.stop_marker(name)
+    try:
+        record = _read_json(marker)
+    except CheckpointError:
+        record = {}  # unreadable: nobody's
+    if record is None:
+        return False
+    marker.unlink(missing_ok=True)
+    return record.get("token") == token
 
 
 def withdraw_stop(registry: Registry, name: str) -> bool:
     """Remove the query's stop request; True if there was one."""
-    try:
-        registry.stop_marker(name).unlink()
-    except FileNotFoundError:
+    marker = registry.stop_marker(name)
+    if not marker.exists():
         return False
+    marker.unlink(missing_ok=True)
     return True
 
 

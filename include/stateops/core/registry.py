@@ -587,7 +587,10 @@ class Registry(_Model):
             return location(f"{self.control.rstrip('/')}/{name}/lease.json")
         return self.state_dir / "locks" / f"{name}.lock"
 
-    def stop_marker(self, name: str) -> Path:
+    def stop_marker(self, name: str) -> Path | S3Path:
+        """Where a stop request to query ``name``'s running query goes (beside its lease)."""
+        if self.control:
+            return location(f"{self.control.rstrip('/')}/{name}/stop.json")
         return self.state_dir / "control" / name / "stop"
 
     def bootstrap_marker(self, name: str) -> Path:

@@ -955,7 +955,7 @@ def stop_running_query(
         return None
     if held.operation != "run":
         raise LockHeldError(f"query {name!r} is locked by {held.operation} (run {held.run_id})")
-    marker = request_stop(registry, name)
+    marker = request_stop(registry, name, held)
     log(f"{name}: stopping run {held.run_id} after its current batch ({marker})")
     deadline = time.monotonic() + timeout_seconds
     while (current := live_lock(path)) is not None and current.token == held.token:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import new_run_id
-from stateops.control.markers import clear_carry_over, refuse_retired, withdraw_stop
+from stateops.control.lock import QueryLock, new_run_id
+from stateops.control.markers import clear_carry_over, refuse_retired, take_stop
 from stateops.control.target import Target
 from stateops.core.checkpoint import interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line, query_error_line
@@ -256,7 +256,7 @@ def run_start(
     query = target.require_query("run a registered query: give its name")
     run_id = run_id or new_run_id(operation)
     with target.lock(operation, run_id) as lock, fenced(query.name, lock.check):
-        start = _begin(registry, query, mode, run_id, operation, prepare, cutover)
+        start = _begin(registry, query, mode, lock, operation, prepare, cutover)
         ran = _run_started(start, poll_seconds)
         end = _end(registry, start, ran)
         summary = _summary(start, ran, end, run_id=run_id, mode=mode, lock_lost=lock.lost)
@@ -290,17 +290,20 @@ def _begin(
     registry: Registry,
     query: Query,
     mode: str,
-    run_id: str,
+    lock: QueryLock,
     operation: str,
     prepare: Callable[[SparkSession], dict[str, Any]] | None,
     cutover: datetime | None,
 ) -> _Start:
     """Before the run, under the lock: the refusals, the checkpoint's last batch, a cutover's
-    one batch, a stale stop request removed, the Spark session, ``prepare``, and the state
+    one batch, the Spark session, ``prepare``, and the state
     carried over (repartitioned first where a transplant needs it)."""
     from stateops.spark.streaming import build_session, use_code_paths
 
-    stop = functools.partial(withdraw_stop, registry, query.name) if mode == "continuous" else None
+    run_id = lock.run_id
+    # Only a stop addressed to this run's lease stops it (a stale one is taken and ignored).
+    stop = functools.partial(take_stop, registry, query.name, lock.token)
+    stop = stop if mode == "continuous" else None
     refuse_unrunnable(registry, query, undo=True)
     fresh = not occupied(query.checkpoint)
     before, _ = checkpoint_state(query.checkpoint)
@@ -319,8 +322,6 @@ def _begin(
     if cutover is not None:
         query, pending, until_batch = _cutover_run(query, cutover, first)
         stop = None
-    if stop is not None and stop():
-        print(f"removed a stale stop request of {query.name}", file=sys.stderr)
     spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
     use_code_paths(registry, spark)
     prepared = prepare(spark) if prepare else None
