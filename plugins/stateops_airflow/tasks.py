@@ -103,6 +103,7 @@ def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
         _publish_kafka_connection()
         try:
             with domain_errors():
+                _refuse_unshared_control()
                 return func(*args, **kwargs)
         except LockHeldError as err:
             raise AirflowException(one_line(err)) from None
@@ -110,6 +111,22 @@ def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
             raise AirflowFailException(one_line(err)) from None
 
     return wrapper
+
+
+def _refuse_unshared_control(deploy_mode: str | None = None) -> None:
+    """Refuse a task on a fleet (an executor that runs tasks on other hosts, a driver in
+    cluster mode) while the registry keeps its leases on local disk
+    (:func:`stateops.control.topology.refuse_unshared_control`)."""
+    from airflow.configuration import conf
+
+    from stateops.control.topology import refuse_unshared_control
+
+    try:
+        registry = load_registry()
+    except StateOpsError:
+        return  # the task's own reading of the registry says what is wrong with it
+    executor = conf.get("core", "executor", fallback=None)
+    refuse_unshared_control(registry, executor, deploy_mode)
 
 
 @functools.cache
@@ -137,8 +154,23 @@ class StateOpsSparkSubmitOperator(SparkSubmitOperator):
     (``preflight`` in the job file) passed on the rendered arguments: a refusal costs no JVM."""
 
     def execute(self, context: Any) -> None:
+        one_line_errors(_refuse_unshared_control)(self._driver_deploy_mode())
         one_line_errors(preflight_job)(self.application, self.application_args or [])
         super().execute(context)
+
+    def _driver_deploy_mode(self) -> str | None:
+        """Where the driver runs: the operator's deploy mode, the Spark conf's, else the
+        connection's (``deploy-mode`` in its extra), as the provider's hook resolves it."""
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        given = self._deploy_mode or (self.conf or {}).get("spark.submit.deployMode")
+        if given:
+            return given
+        try:
+            return BaseHook.get_connection(self._conn_id).extra_dejson.get("deploy-mode")
+        except AirflowNotFoundException:
+            return None
 
 
 def query_param(queries: list[str], description: str) -> Any:
