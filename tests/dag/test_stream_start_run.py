@@ -82,17 +82,32 @@ def _airflow(
     )
 
 
+def _failed_tasks(log: str) -> set[str]:
+    """The tasks of an ``airflow dags test`` log whose state became failed."""
+    parts = re.split(r"\[DAG TEST\] starting task_id=(\w+)", log)
+    tasks = zip(parts[1::2], parts[2::2], strict=True)
+    return {task for task, said in tasks if "new_state=failed" in said}
+
+
 def test_airflow_dags_test_stream_start_runs_every_registered_query(kafka, tmp_path):
     """The processors and the transforms (an aggregation on the HDFS store, group state), and
-    a processor reading a topic (the operator hands Spark its Kafka connector)."""
+    a processor reading a topic (the operator hands Spark its Kafka connector); an entry the
+    registry refuses (a typo) fails its own task in one line, and stops no other query."""
     topic = kafka.create_topic("dag-start-visits", partitions=2)
     kafka.produce(topic, visits(80))
     path = write_registry(tmp_path, with_kafka=True, kafka_visits={"source": kafka_source(topic)})
+    raw = yaml.safe_load(path.read_text())
+    typo = {**raw["queries"]["page_visits"], "trigger": {"processing_time": "ten seconds"}}
+    raw["queries"]["typo_visits"] = {**typo, "checkpoint": "checkpoints/typo_visits"}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     registry = load_registry(path)
+    assert set(registry.invalid) == {"typo_visits"}
     land(tmp_path / "landing", round_=0, files=2)
     run = _airflow(tmp_path, "dags", "test", "stream_start")
     log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-5000:]
+    assert _failed_tasks(log) == {"run_typo_visits"}, log[-5000:]
+    assert registry.invalid["typo_visits"] in log, log[-5000:]
+    assert not (tmp_path / "checkpoints" / "typo_visits").exists()
     assert set(registry.queries) == {
         "user_sessions",
         "page_visits",
