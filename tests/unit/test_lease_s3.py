@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+import yaml
 
 from stateops.control.lock import (
     QueryLock,
@@ -22,6 +23,7 @@ from stateops.control.lock import (
     require_conditional_writes,
 )
 from stateops.core.errors import LockHeldError, StateOpsError
+from stateops.core.registry import load_registry
 from stateops.core.storage import location
 from tests.conftest import write_registry
 
@@ -135,10 +137,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused_in_one_line(s3, monk
 
 
 def test_a_registry_with_a_control_store_keeps_its_leases_there(s3a_env, tmp_path):
-    import yaml
-
     from stateops.control.target import query_target
-    from stateops.core.registry import load_registry
 
     path = write_registry(tmp_path)
     raw = yaml.safe_load(path.read_text())
@@ -154,3 +153,40 @@ def test_a_registry_with_a_control_store_keeps_its_leases_there(s3a_env, tmp_pat
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(StateOpsError, match=r"control: expected s3://BUCKET/PREFIX"):
         load_registry(path)
+
+
+def test_a_stop_request_is_taken_only_by_the_run_it_names(lease, tmp_path):
+    """A request left for an earlier run (its token) never stops a later one: it is taken
+    (removed) and ignored; one addressed to the holder is taken and honoured."""
+    from stateops.control.markers import request_stop, take_stop
+
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["control"] = str(lease.parent.parent)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    registry = load_registry(path)
+    place = registry.lock_path("page_visits")
+    with QueryLock(place, "page_visits", "run", run_id="earlier") as earlier:
+        marker = request_stop(registry, "page_visits", read_lock(place))
+        assert str(marker).startswith("s3://") and marker.exists()
+    with QueryLock(place, "page_visits", "run", run_id="later") as later:
+        assert not take_stop(registry, "page_visits", later.token)
+        assert not marker.exists(), "the stale request was taken"
+        request_stop(registry, "page_visits", read_lock(place))
+        assert take_stop(registry, "page_visits", later.token) and not marker.exists()
+    assert earlier.token != later.token
+
+
+def test_an_unreachable_control_store_is_one_line_naming_it(tmp_path, monkeypatch):
+    from stateops.dev.s3server import free_port
+
+    port = free_port()  # nothing listens there
+    monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.delenv("STATEOPS_CHECKPOINT_CONN_ID", raising=False)
+    place = location("s3://control/fleet/q/lease.json")
+    with pytest.raises(StateOpsError) as refused:
+        QueryLock(place, "q", "cleanup").acquire()
+    said = str(refused.value)
+    assert "\n" not in said and f"127.0.0.1:{port}" in said, said
