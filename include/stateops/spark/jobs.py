@@ -88,11 +88,15 @@ def _quiesce_active_session() -> None:
     started Spark at all."""
     if "pyspark" not in sys.modules:
         return
+    from py4j.protocol import Py4JError
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.getActiveSession()
-    if spark is not None:
-        quiesce(spark)
+    try:
+        spark = SparkSession.getActiveSession()
+        if spark is not None:
+            quiesce(spark)
+    except Py4JError:
+        pass  # the JVM is gone (the job's error says why): no stores left to unload
 
 
 def quiesce(spark: Any) -> None:
