@@ -27,7 +27,7 @@ from stateops.core.registry import load_registry
 from stateops.core.storage import location
 from tests.conftest import write_registry
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.spark  # no JVM: the tier whose workers already run SeaweedFS
 
 
 @pytest.fixture
