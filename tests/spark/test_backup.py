@@ -561,10 +561,13 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
         case ("unretire",):  # the walk's checkpoint holds no retirement: nothing lifted
             got = doc["lifted"], "nothing to lift" in err
             want = None, True
-        case ("stop",):
-            marker = out.removeprefix("stop requested: ").split(" (")[0]
-            got = out.startswith("stop requested: "), os.path.isfile(marker)
-            want = True, True
+        case ("stop",):  # nothing runs: said, and no request left for a later run to take
+            marker = cp.root.parent.parent / "_stateops" / "control" / "page_visits" / "stop"
+            got = out, marker.exists()
+            want = (
+                "page_visits: no run holds its lease (see stateops status): nothing to stop\n",
+                False,
+            )
         case ("lock", "show"):
             got, want = (doc,), ({"query": "page_visits", "state": None, "lock": None},)
         case ("lock", "release"):
