@@ -108,7 +108,11 @@ def read_lock(path: Place) -> LockInfo | None:
 
 def live_lock(path: Place) -> LockInfo | None:
     """The lock while its holder holds it (not expired, its process not known to be gone)."""
-    held = read_lock(path)
+    return _alive(read_lock(path))
+
+
+def _alive(held: LockInfo | None) -> LockInfo | None:
+    """``held`` while its holder holds it (not expired, its process not known to be gone)."""
     return None if held is None or held.expired or holder_gone(held) else held
 
 
@@ -175,8 +179,7 @@ def refuse_unholdable(path: Place, query: str, run_id: str) -> LockInfo | None:
 
 def _refuse_unholdable(lease: _Lease, query: str, run_id: str) -> LockInfo | None:
     _refuse_hold(lease, query, run_id)
-    held = lease.lock
-    held = None if held is None or held.expired or holder_gone(held) else held
+    held = _alive(lease.lock)
     if held and held.operation != "run" and held.run_id != run_id:
         raise LockHeldError(
             f"query {query!r} is locked by {held.operation} (run {held.run_id}, "
@@ -463,14 +466,14 @@ class QueryLock:
     def acquire(self) -> None:
         def decide(lease: _Lease) -> _Lease:
             _refuse_hold(lease, self.query, self.run_id)
-            held = lease.lock
-            if held and not held.expired and not holder_gone(held) and held.token != self.token:
+            held = _alive(lease.lock)
+            if held and held.token != self.token:
                 raise LockHeldError(
                     f"query {self.query!r} is locked by {held.operation} (run {held.run_id}, "
                     f"{held.owner}) until {_until(held)}; "
                     f"wait for it to finish, or if it is dead: stateops lock release {self.query}"
                 )
-            ours = held is not None and held.token == self.token
+            ours = lease.lock is not None and lease.lock.token == self.token
             epoch = lease.epoch if ours else lease.epoch + 1
             return dataclasses.replace(lease, lock=self._info(time.time()), epoch=epoch)
 

@@ -20,7 +20,7 @@ from stateops.control.markers import refuse_retired
 from stateops.core.checkpoint import require_checkpoint_dir
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
-from stateops.core.storage import S3Path, location
+from stateops.core.storage import S3Path
 
 __all__ = ["Target", "checkpoint_target", "query_target", "resolve_target"]
 
@@ -97,8 +97,8 @@ class Target:
                     "no registry is readable; pass --registry or set STATEOPS_REGISTRY"
                 )
             if self.registry.control:
-                control = location(self.registry.control.rstrip("/"))
-                return control / "_checkpoints" / root.bucket / root.key / "lease.json", str(root)
+                place = ("_checkpoints", root.bucket, root.key, "lease.json")
+                return self.registry.control_place(*place), str(root)
             path = self.registry.state_dir / "locks" / "s3" / root.bucket / f"{root.key}.lock"
             return path, str(root)
         return audit_dir(root) / "lifecycle.lock", str(root)

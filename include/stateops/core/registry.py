@@ -548,7 +548,7 @@ class Registry(_Model):
     on ``sys.path`` in the driver, shipped to the executors."""
     backups: Backups = Backups()
     cleanup: Cleanup = Cleanup()
-    control: str | None = Field(None, pattern=r"^s3://[^/]+(/.*)?$")
+    control: str | None = None
     """Where the queries' leases live when the hosts that operate them share no disk (an S3
     prefix, through the checkpoint connection); None: under ``data_dir`` (one host)."""
     derived_from: Path | None = None
@@ -581,16 +581,20 @@ class Registry(_Model):
         resolved = _normal(checkpoint)
         return next((q for q in self.queries.values() if _normal(q.checkpoint) == resolved), None)
 
+    def control_place(self, *parts: str) -> S3Path:
+        """``parts`` under the control store (the registry names one)."""
+        return location("/".join([self.control.rstrip("/"), *parts]))
+
     def lock_path(self, name: str) -> Path | S3Path:
         """Where query ``name``'s lease (its lock and hold) lives: :mod:`stateops.control.lock`."""
         if self.control:
-            return location(f"{self.control.rstrip('/')}/{name}/lease.json")
+            return self.control_place(name, "lease.json")
         return self.state_dir / "locks" / f"{name}.lock"
 
     def stop_marker(self, name: str) -> Path | S3Path:
         """Where a stop request to query ``name``'s running query goes (beside its lease)."""
         if self.control:
-            return location(f"{self.control.rstrip('/')}/{name}/stop.json")
+            return self.control_place(name, "stop.json")
         return self.state_dir / "control" / name / "stop"
 
     def bootstrap_marker(self, name: str) -> Path:
