@@ -34,7 +34,7 @@ from stateops_airflow.tasks import (
     registered_queries,
 )
 
-REGISTRY = load_registry()  # read once at parse time: the schedule and the task per query
+REGISTRY = load_registry(switched=False)  # at parse time: the schedule and a task per query
 
 
 @dag(

@@ -384,7 +384,9 @@ def unfinished_backfill(
 ) -> str | None:
     """Why the last backfill of ``name`` is unfinished (killed or failed after its rollback),
     with what it had done and how to go on; None when it finished, or a successful run of the
-    query came after its rollback (its reprocessing, or a run that did the same).
+    query with the backfill's logic came after its rollback (its reprocessing, or a run that
+    did the same). A run with other logic (the query's own, on a host that did not see the
+    backfill's registry) reprocessed its batches otherwise: said so, with the way back.
     ``records``: the checkpoint's audit records, oldest first (a backfill writes one as each
     of its steps completes: ``rolled back``, then ``succeeded``, or ``failed``); ``running``:
     the run id of the live lock's holder (a backfill that holds it is not unfinished yet)."""
@@ -402,12 +404,22 @@ def unfinished_backfill(
         ),
         None,
     )
-    if i is None or any(
-        r["operation"] == "run" and r["result"] == "succeeded" for r in records[i + 1 :]
-    ):
+    if i is None:
         return None
     rolled = records[i]
+    runs = [r for r in records[i + 1 :] if r["operation"] == "run" and r["result"] == "succeeded"]
+    wanted = rolled.get("logic")  # None: a record from before runs recorded their logic
+    if any(wanted is None or r.get("logic") == wanted for r in runs):
+        return None
     error = f": {last['error']}" if last.get("error") else ""
+    if runs:
+        return (
+            f"backfill run {last['run_id']} did not finish ({last['result']}{error}): it rolled "
+            f"back to batch {rolled['batch_after']} (backup {rolled.get('backup_id')}), and run "
+            f"{runs[0]['run_id']} then processed those batches with other logic than the "
+            f"backfill's ({'; '.join(rolled.get('changes') or [])}): backfill again to "
+            "reprocess them with its changes (stateops backfill, or the stream_backfill DAG)"
+        )
     registry = f" --registry {rolled['registry']}" if rolled.get("changes") else ""
     return (
         f"backfill run {last['run_id']} did not finish ({last['result']}{error}): it rolled "

@@ -122,7 +122,7 @@ def _refuse_unshared_control(deploy_mode: str | None = None) -> None:
     from stateops.control.topology import refuse_unshared_control
 
     try:
-        registry = load_registry()
+        registry = load_registry(switched=False)
     except StateOpsError:
         return  # the task's own reading of the registry says what is wrong with it
     executor = conf.get("core", "executor", fallback=None)
@@ -255,7 +255,7 @@ def registered_queries(
     """Names of the registered queries ``where`` takes, e.g. ``lambda q: q.movable`` (pass
     ``registry`` when the DAG file already read it); with ``refused``, the entries the
     registry refuses too (their tasks fail with the refusal, the others run)."""
-    registry = registry or load_registry()
+    registry = registry or load_registry(switched=False)  # at parse time: no control store
     names = [q.name for q in registry.queries.values() if where(q)]
     if refused:  # those whose name itself was refused cannot name a task
         names += [n for n in registry.invalid if re.fullmatch(NAME_PATTERN, n)]

@@ -31,10 +31,9 @@ from typing import Any
 import pytest
 
 from stateops.control.audit import read_audit
-from stateops.control.markers import rollback_marker
+from stateops.control.markers import carry_over_marker, rollback_marker
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.files import relocate_checkpoint
-from stateops.core.registry import load_registry
 from stateops.core.s3 import parse_s3_url
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import backup_checkpoint, read_manifests, verify_backup
@@ -508,7 +507,7 @@ class Transplant(Operation):
             problems.append(f"beside the new checkpoint: {_siblings(new)}, control {siblings}")
         if load_checkpoint(new).query_id == load_checkpoint(old).query_id:
             problems.append("the new checkpoint kept the old query id")
-        marker = load_registry(registry).bootstrap_marker("page_visits")
+        marker = carry_over_marker(new)
         record = json.loads(marker.read_text()) if marker.exists() else {}
         if (record.get("checkpoint"), record.get("batch")) != (str(new), self.world.last):
             problems.append(f"the first batch is not marked for its proof: {record}")

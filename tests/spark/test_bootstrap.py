@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from stateops.control.audit import read_audit
-from stateops.control.markers import read_repartition
+from stateops.control.markers import carry_over_marker, read_repartition
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.verify import verify_checkpoint
@@ -127,7 +127,7 @@ def test_bootstrap_equals_initial_state_plus_batch_0(spark, tmp_path):
     assert proof["ok"] and proof["sample"] == "all keys"
     assert set(proof["variables"]) == {"pages", "count"}
     reg = load_registry(registry)
-    assert not reg.bootstrap_marker("page_visits").exists()
+    assert not carry_over_marker(reg.query("page_visits").checkpoint).exists()
     expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
     assert _counts(spark, reg.query("page_visits").checkpoint) == dict(expected)
     pages = spark.read.format("statestore").option("stateVarName", "pages")
@@ -161,12 +161,12 @@ def test_a_start_on_an_empty_source_keeps_the_bootstrap_pending(spark, tmp_path)
     summary = _bootstrap_in_session(spark, registry, initial)
     assert summary["bootstrap"] == "pending" and summary["last_committed_batch"] is None
     reg = load_registry(registry)
-    assert reg.bootstrap_marker("page_visits").exists()
+    assert carry_over_marker(reg.query("page_visits").checkpoint).exists()
     # The scheduled start passes the initial state again, and batch 0 commits it.
     land(tmp_path / "landing", round_=0, files=1)
     start = run_in_session(spark, registry, "page_visits")
     assert start["bootstrap"] == "complete" and start["last_committed_batch"] == 0
-    assert not reg.bootstrap_marker("page_visits").exists()
+    assert not carry_over_marker(reg.query("page_visits").checkpoint).exists()
     expected = Counter(r["user_id"] for r in INITIAL) + _landed(tmp_path)
     assert _counts(spark, reg.query("page_visits").checkpoint) == dict(expected)
 
@@ -188,7 +188,7 @@ def test_null_and_repeated_keys_are_refused_by_name(tmp_path):
     assert "1 keys appear more than once: u00001 (2 rows)" in error
     reg = load_registry(registry)
     assert not Path(reg.query("page_visits").checkpoint).exists()
-    assert not reg.bootstrap_marker("page_visits").exists()
+    assert not carry_over_marker(reg.query("page_visits").checkpoint).exists()
 
 
 def test_bootstrap_from_a_state_export(spark, tmp_path, old):

@@ -5,10 +5,12 @@ tests/spark/test_bootstrap.py; the export's differences: test_carry.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from stateops.control.markers import read_carry_over, write_carry_over
+from stateops.control.audit import audit_dir
+from stateops.control.markers import carry_over_marker, read_carry_over, write_carry_over
 from stateops.control.target import query_target
 from stateops.core.errors import RegistryError, StateOpsError
 from stateops.core.registry import load_registry
@@ -54,16 +56,18 @@ def test_an_export_without_its_manifest_or_its_variable_is_refused(registry, tmp
         )  # found by its manifest
 
 
-def test_a_carry_over_waits_for_its_own_batch_on_its_own_checkpoint(registry):
+def test_a_carry_over_waits_for_its_own_batch_beside_its_own_checkpoint(registry):
     query = registry.query("user_sessions")
     record = {"road": "transplant", "checkpoint": query.checkpoint, "batch": 4}
-    write_carry_over(registry, "user_sessions", record)
-    assert pending_carry_over(registry, query, 4) == record
-    assert pending_carry_over(registry, query, 5) is None, "batch 5 committed: settled"
-    assert read_carry_over(registry, "user_sessions") is None
-    write_carry_over(registry, "user_sessions", {**record, "checkpoint": "/elsewhere"})
-    assert pending_carry_over(registry, query, 4) is None, "the query moved to another checkpoint"
-    assert read_carry_over(registry, "user_sessions") is None
+    write_carry_over(query.checkpoint, record)
+    assert carry_over_marker(query.checkpoint) == audit_dir(query.checkpoint) / "carry_over.json"
+    assert pending_carry_over(query, 4) == record
+    assert pending_carry_over(query, 5) is None, "batch 5 committed: settled"
+    assert read_carry_over(query.checkpoint) is None
+    moved = query.model_copy(update={"checkpoint": str(Path(query.checkpoint).parent / "new")})
+    write_carry_over(query.checkpoint, record)
+    assert pending_carry_over(moved, 4) is None, "the query moved: its new checkpoint awaits none"
+    assert read_carry_over(query.checkpoint) == record, "the marker stays with its checkpoint"
 
 
 def test_a_transplant_that_repartitions_waits_through_the_repartition_batch(registry):
@@ -76,8 +80,8 @@ def test_a_transplant_that_repartitions_waits_through_the_repartition_batch(regi
         "first": 6,
         "partitions": 3,
     }
-    write_carry_over(registry, "user_sessions", record)
-    assert pending_carry_over(registry, query, 4) == record, "to repartition, then batch 6"
-    assert pending_carry_over(registry, query, 5) == record, "repartitioned, batch 6 to run"
-    assert pending_carry_over(registry, query, 6) is None, "batch 6 committed: settled"
-    assert read_carry_over(registry, "user_sessions") is None
+    write_carry_over(query.checkpoint, record)
+    assert pending_carry_over(query, 4) == record, "to repartition, then batch 6"
+    assert pending_carry_over(query, 5) == record, "repartitioned, batch 6 to run"
+    assert pending_carry_over(query, 6) is None, "batch 6 committed: settled"
+    assert read_carry_over(query.checkpoint) is None

@@ -102,7 +102,7 @@ def test_a_lock_whose_holder_was_killed_is_a_warning_at_the_next_check(tmp_path,
     ]
 
 
-def test_an_unfinished_backfill_is_said_until_it_or_a_run_after_it_finishes():
+def test_an_unfinished_backfill_is_said_until_it_or_a_run_with_its_logic_finishes():
     def record(operation: str, result: str, run_id: str = "bf-1", **more) -> dict:
         return {"operation": operation, "result": result, "run_id": run_id, **more}
 
@@ -131,6 +131,22 @@ def test_an_unfinished_backfill_is_said_until_it_or_a_run_after_it_finishes():
     )
     assert unfinished_backfill("q", [rolled, record("backfill", "succeeded")]) is None
     assert unfinished_backfill("q", [record("run", "succeeded", "r0")]) is None
+    # Its logic recorded: only a run with the backfill's logic finishes it; a run with the
+    # query's own (a host that did not see the backfill's registry) is said.
+    with_logic = {**rolled, "logic": "backfilled"}
+    assert (
+        unfinished_backfill(
+            "q", [with_logic, record("run", "succeeded", "bf-1", logic="backfilled")]
+        )
+        is None
+    )
+    said = unfinished_backfill("q", [with_logic, record("run", "succeeded", "r3", logic="own")])
+    assert said == (
+        "backfill run bf-1 did not finish (rolled back): it rolled back to batch 4 (backup b-9), "
+        "and run r3 then processed those batches with other logic than the backfill's "
+        '(watermark.delay: "10 minutes" -> "1 hour"): backfill again to reprocess them with '
+        "its changes (stateops backfill, or the stream_backfill DAG)"
+    )
 
 
 def test_code_that_does_not_fit_the_state_or_drops_mapped_state_fails(tmp_path):

@@ -4,6 +4,7 @@ checkpoints: tests/spark/test_run_query.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime
 
@@ -57,16 +58,22 @@ def test_a_missing_source_folder_is_named(tmp_path):
         files_before(query, CUTOVER)
 
 
-def test_a_task_reads_only_the_summary_its_own_run_wrote(tmp_path):
+def test_a_task_reads_only_the_summary_its_own_run_wrote(tmp_path, monkeypatch):
     registry = load_registry(write_registry(tmp_path / "data"))
-    with pytest.raises(
-        StateOpsError, match="is from run None, not 'start-1': the Spark job did not"
-    ):
+    with pytest.raises(StateOpsError, match="no summary of run 'start-1': the Spark job did not"):
         read_summary(registry, "page_visits", "start-1")
     write_summary(registry, {"query": "page_visits", "run_id": "start-1", "batches_run": 2})
-    assert read_summary(registry, "page_visits", "start-1")["batches_run"] == 2
-    with pytest.raises(StateOpsError, match="is from run 'start-1', not 'start-2'"):
-        read_summary(registry, "page_visits", "start-2")
+    write_summary(registry, {"query": "page_visits", "run_id": "start-2", "batches_run": 3})
+    assert read_summary(registry, "page_visits", "start-1")["batches_run"] == 2, "by run id"
+    latest = json.loads(registry.run_summary_path("page_visits").read_text())
+    assert latest["run_id"] == "start-2", "the status reads the latest"
+    with pytest.raises(StateOpsError, match="no summary of run 'start-3'"):
+        read_summary(registry, "page_visits", "start-3")
+    monkeypatch.setattr("stateops.ops.start.KEPT_SUMMARIES", 2)
+    write_summary(registry, {"query": "page_visits", "run_id": "start-3", "batches_run": 4})
+    with pytest.raises(StateOpsError, match="no summary of run 'start-1'"):
+        read_summary(registry, "page_visits", "start-1")  # the oldest beyond the kept ones
+    assert read_summary(registry, "page_visits", "start-2")["batches_run"] == 3
 
 
 def _proof(ok: bool) -> dict:

@@ -55,6 +55,6 @@ def test_a_control_store_or_a_shared_folder_allows_a_fleet(local, tmp_path, monk
     raw = yaml.safe_load(path.read_text())
     raw["control"] = "s3://control/prefix"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    refuse_unshared_control(load_registry(path), "CeleryExecutor", "cluster")
+    refuse_unshared_control(load_registry(path, switched=False), "CeleryExecutor", "cluster")
     monkeypatch.setenv("STATEOPS_SHARED_DATA_DIR", "posix")
     refuse_unshared_control(local, "CeleryExecutor", "cluster")

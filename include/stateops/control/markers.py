@@ -3,8 +3,9 @@ reads and writes each of them; the operations call these functions, never the fi
 
 - **stop** (``Registry.stop_marker``): asks a continuous run to stop after its current batch
   (``stateops stop``, a migration's drain); the run removes it when it stops.
-- **carry-over** (``Registry.bootstrap_marker``): carried-over state (a bootstrap's initial
-  state, a transplant) awaiting its first batch, whose run then proves it.
+- **carry-over** (``<checkpoint>.audit/carry_over.json``): carried-over state (a bootstrap's
+  initial state, a transplant) awaiting the checkpoint's first batch, whose run then proves
+  it. Beside the checkpoint it describes, so a start on any host sees it.
 - **rollback** (``<checkpoint>.audit/rollback.json``): a rollback under way; the query refuses
   to start until a rollback run has finished it.
 - **repartition** (``<checkpoint>.audit/repartition.json``): a repartition under way, with
@@ -37,6 +38,7 @@ from stateops.core.registry import Registry
 from stateops.core.storage import S3Path
 
 __all__ = [
+    "carry_over_marker",
     "clear_carry_over",
     "clear_repartition",
     "read_repartition",
@@ -117,19 +119,21 @@ def withdraw_stop(registry: Registry, name: str) -> bool:
     return True
 
 
-def write_carry_over(registry: Registry, name: str, record: dict[str, Any]) -> None:
-    _write_json(registry.bootstrap_marker(name), record)
+def carry_over_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:
+    return audit_dir(checkpoint) / "carry_over.json"
 
 
-def read_carry_over(registry: Registry, name: str) -> dict[str, Any] | None:
-    return _read_json(registry.bootstrap_marker(name))
+def write_carry_over(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    _write_json(carry_over_marker(checkpoint), record)
 
 
-def clear_carry_over(registry: Registry, name: str, checkpoint: str | None = None) -> None:
-    """Settle the query's pending carry-over (only the one on ``checkpoint``, if given)."""
-    record = read_carry_over(registry, name)
-    if record is not None and checkpoint in (None, record.get("checkpoint")):
-        registry.bootstrap_marker(name).unlink(missing_ok=True)
+def read_carry_over(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
+    return _read_json(carry_over_marker(checkpoint))
+
+
+def clear_carry_over(checkpoint: str | os.PathLike[str]) -> None:
+    """Settle the checkpoint's pending carry-over."""
+    carry_over_marker(checkpoint).unlink(missing_ok=True)
 
 
 def rollback_marker(checkpoint: str | os.PathLike[str]) -> Path:

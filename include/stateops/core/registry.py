@@ -6,9 +6,11 @@ Relative paths in the file are resolved against ``data_dir`` (itself relative to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,9 +25,9 @@ from pydantic import (
     model_validator,
 )
 
-from stateops.core.errors import RegistryError
-from stateops.core.steps import SOURCE_FORMATS, safe_run_id
-from stateops.core.storage import S3Path, location
+from stateops.core.errors import RegistryError, StateOpsError
+from stateops.core.steps import OVERRIDABLE, SOURCE_FORMATS, safe_run_id
+from stateops.core.storage import S3Path, location, write_file
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -341,6 +343,14 @@ class Query(_Model):
         code (:func:`stateops.spark.streaming.load_processor`, ...) finds it."""
         return self._code_paths
 
+    @property
+    def logic(self) -> str:
+        """A digest of what a backfill may change about the query (``OVERRIDABLE``: its
+        logic and checks): two runs with one digest process their input alike."""
+        fields = self.model_dump(by_alias=True, include=set(OVERRIDABLE))
+        text = json.dumps(fields, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
     def needs_approval(self, operation: str) -> bool:
         """Whether ``operation`` (stateops.control.approval.OPERATIONS) waits for an approval."""
         # Unset: the operations that switch the query to a new checkpoint ask.
@@ -583,7 +593,7 @@ class Registry(_Model):
 
     def control_place(self, *parts: str) -> S3Path:
         """``parts`` under the control store (the registry names one)."""
-        return location("/".join([self.control.rstrip("/"), *parts]))
+        return _control_place(self.control, *parts)
 
     def lock_path(self, name: str) -> Path | S3Path:
         """Where query ``name``'s lease (its lock and hold) lives: :mod:`stateops.control.lock`."""
@@ -597,31 +607,44 @@ class Registry(_Model):
             return self.control_place(name, "stop.json")
         return self.state_dir / "control" / name / "stop"
 
-    def bootstrap_marker(self, name: str) -> Path:
-        """Present while a bootstrap of the query waits for batch 0 to commit."""
-        return self.state_dir / "bootstrap" / f"{name}.json"
+    def run_summary_path(self, name: str, run_id: str | None = None) -> Path | S3Path:
+        """The summary of query ``name``'s run ``run_id`` (None: of its latest run), which the
+        Spark job writes and a task on another host may read: in the control store where the
+        registry names one (:func:`stateops.ops.start.write_summary`)."""
+        runs = self.control_place(name, "runs") if self.control else self.state_dir / "runs" / name
+        return runs / (f"{safe_run_id(run_id)}.json" if run_id else "latest.json")
 
-    def run_summary_path(self, name: str) -> Path:
-        return self.state_dir / "runs" / name / "latest.json"
+    def run_registry_path(self, name: str, operation: str, run_id: str) -> Path | S3Path:
+        """Where run ``run_id`` of ``operation`` (a migration, an upgrade, a backfill with
+        overrides) keeps the registry its Spark steps run with (:func:`derived_registry`): in
+        the control store where the registry names one (a later step may run on any host),
+        else under ``data_dir``."""
+        run = safe_run_id(run_id)
+        if self.control:
+            return self.control_place(name, "work", run, "registry.yaml")
+        return self.state_dir / operation / run / "registry.yaml"
 
-    def switch_path(self, name: str) -> Path:
-        """Where a migration records the query's current source and checkpoint."""
-        return _switch_path(self.data_dir, name)
+    def switch_path(self, name: str) -> Path | S3Path:
+        """Where a migration records the query's current source and checkpoint: in the
+        control store where the registry names one (every host sees it), else under
+        ``data_dir``."""
+        return _switch_path(self.data_dir, self.control, name)
 
     def switch_before(self, name: str, run_id: str) -> str | None:
         """Where run ``run_id`` keeps the switch of ``name`` it replaces (its undo puts it
         back), or None where there is no switch to replace yet."""
-        if not self.switch_path(name).exists():
+        switch = self.switch_path(name)
+        if not switch.exists():
             return None
-        return str(self.switch_path(name).with_name(f"{name}.before-{safe_run_id(run_id)}.json"))
+        return str(switch.with_name(f"{name}.before-{safe_run_id(run_id)}.json"))
 
     def switch_note(self, name: str) -> str | None:
         """What query ``name``'s switch changes about its entry, in words with the switch's
         file (None: nothing)."""
         path = self.switch_path(name)
-        if not path.exists() or self.derived_from:
+        switch = None if self.derived_from else _switch_record(path)[0]
+        if switch is None:
             return None
-        switch = json.loads(path.read_text(encoding="utf-8"))
         query, said = self.queries[name], []
         moved = _where(switch["current"]) != _where(switch["declared"])
         if moved and _normal(query.checkpoint) == _normal(switch["current"]["checkpoint"]):
@@ -693,9 +716,25 @@ def _users_registry(registry: Registry) -> Registry:
     return load_registry(registry.derived_from) if registry.derived_from else registry
 
 
-def _read_switch(registry: Registry, name: str) -> dict:
-    path = registry.switch_path(name)
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+def _switch_record(path: Path | S3Path) -> tuple[dict | None, str | None]:
+    """The switch at ``path`` and its version in the control store (S3's ETag; None on local
+    disk, where the query's lock alone keeps writers apart), or (None, None): none."""
+    if isinstance(path, S3Path):
+        raw, version, _ = path.read_versioned()
+    else:
+        try:
+            raw, version = path.read_bytes(), None
+        except (FileNotFoundError, NotADirectoryError):
+            raw = None
+    if raw is None:
+        return None, None
+    try:
+        switch = json.loads(raw)
+    except ValueError as err:
+        raise RegistryError(f"{path}: unreadable migration switch ({err})") from None
+    if not isinstance(switch, dict):
+        raise RegistryError(f"{path}: unreadable migration switch (not a mapping)")
+    return switch, version
 
 
 def _save_switch(
@@ -704,20 +743,31 @@ def _save_switch(
     """The switch of ``query`` (as it runs now): ``current``, against what its entry in the
     file declares now (``declared``: edits of the entry from here on apply over ``current``),
     and its partition count ``count`` against the file's."""
-    previous = _read_switch(registry, query.name)
+    path = registry.switch_path(query.name)
+    previous, version = _switch_record(path)
+    previous = previous or {}
     assert query._declared is not None, "a query of a registry file"
     declared = query._declared
     switch = {"declared": declared, "current": current}
     if count != declared["shuffle_partitions"]:
         switch["partitions"] = {"declared": declared["shuffle_partitions"], "current": count}
     switch["history"] = [*previous.get("history", []), lineage]
-    path = registry.switch_path(query.name)
-    before = lineage.get("run_id") and registry.switch_before(query.name, lineage["run_id"])
-    if before and not Path(before).exists():  # the switch this run replaces, for its undo
-        Path(before).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    text = json.dumps(switch, indent=1, default=str)
+    run_id = lineage.get("run_id")
+    before = previous and run_id and registry.switch_before(query.name, run_id)
+    if before and not location(before).exists():  # the switch this run replaces, for its undo
+        location(before).write_text(json.dumps(previous, indent=1, default=str))
+    if isinstance(path, S3Path):  # compare and swap: over the version read, or a first one
+        if not path.write_if(text.encode("utf-8"), version):
+            raise StateOpsError(
+                f"{path}: the switch of {query.name} changed while this run wrote it (another "
+                f"migration, upgrade or repartition of it at once?); nothing was switched: see "
+                f"stateops status {query.name}, then run again"
+            )
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(switch, indent=1, default=str), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
 
@@ -734,13 +784,15 @@ def placement(query: Query) -> dict:
 
 def derived_registry(
     registry: Registry, name: str, changes: dict, dest: str | os.PathLike[str]
-) -> Path:
+) -> Path | S3Path:
     """Write a registry holding only query ``name`` as it is now (a switch applied), with
     ``changes`` replacing fields of its entry.
 
     The same data folder, so the same lock, markers and run summaries as the user's registry
     (a backfill or migration step runs under the caller's lock); validated before anyone runs
-    with it: an invalid change is a RegistryError and nothing is left behind.
+    with it: an invalid change is a RegistryError and nothing is written. ``dest`` is in the
+    control store where the registry names one (:meth:`Registry.run_registry_path`): the run's
+    later steps read it on any host.
     """
     entry = registry.query(name).model_dump(by_alias=True, exclude={"name"}) | changes
     raw = _read_yaml(registry.path.read_text(encoding="utf-8"))
@@ -750,22 +802,27 @@ def derived_registry(
         code_paths=[str(p) for p in registry.code_paths],
         derived_from=str(registry.derived_from or registry.path),
     )
-    path = Path(dest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    try:
-        load_registry(path).query(name)
-    except RegistryError:
-        path.unlink()
-        raise
+    text = yaml.safe_dump(raw, sort_keys=False)
+    with tempfile.TemporaryDirectory() as scratch:  # validated before it is written
+        check = Path(scratch) / "registry.yaml"
+        check.write_text(text, encoding="utf-8")
+        load_registry(check).query(name)
+    path = location(dest)
+    write_file(path, text)
     return path
 
 
-def _switch_path(data_dir: Path, name: str) -> Path:
+def _control_place(control: str, *parts: str) -> S3Path:
+    return location("/".join([control.rstrip("/"), *parts]))
+
+
+def _switch_path(data_dir: Path, control: str | None, name: str) -> Path | S3Path:
+    if control:
+        return _control_place(control, name, "switch.json")
     return data_dir / "_stateops" / "switch" / f"{name}.json"
 
 
-def _switched(query: Query, path: Path, data_dir: Path) -> Query:
+def _switched(query: Query, path: Path, switch_file: Path | S3Path) -> Query:
     """``query`` (its entry in registry file ``path``) where its switch says it runs: the
     source and checkpoint a migration or upgrade moved it to, the partition count a
     repartition gave it.
@@ -776,13 +833,12 @@ def _switched(query: Query, path: Path, data_dir: Path) -> Query:
     anywhere else contradicts it, and is refused. A switch that moved nothing (a
     repartition's count, a migration rolled back) pins no place: only its count applies.
     """
-    switch_file = _switch_path(data_dir, query.name)
-    if not switch_file.exists():
+    switch, _ = _switch_record(switch_file)
+    if switch is None:
         return query
     try:
-        switch = json.loads(switch_file.read_text(encoding="utf-8"))
         declared, current = switch["declared"], switch["current"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (KeyError, TypeError) as err:
         raise RegistryError(f"{switch_file}: unreadable migration switch ({err})") from None
     try:
         here = placement(query)
@@ -871,12 +927,37 @@ def _read_yaml(text: str) -> object:
 
 
 def registry_path(path: str | os.PathLike[str] | None = None) -> Path:
-    """The registry file: ``path``, else ``STATEOPS_REGISTRY``, else the project's."""
-    return Path(path or os.environ.get("STATEOPS_REGISTRY") or DEFAULT_REGISTRY).resolve()
+    """The registry file: ``path``, else ``STATEOPS_REGISTRY``, else the project's. A run's
+    own registry in the control store (``s3://...``: :func:`derived_registry`) is read into a
+    local copy, which is what this returns."""
+    given = str(path or os.environ.get("STATEOPS_REGISTRY") or DEFAULT_REGISTRY)
+    if given.startswith(("s3://", "s3a://")):
+        return _fetched(location(given))
+    return Path(given).resolve()
 
 
-def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
-    """Read and validate the registry; errors name the bad field."""
+def _fetched(place: S3Path) -> Path:
+    """A local copy of the registry object at ``place``, rewritten whole at each reading."""
+    try:
+        text = place.read_text()
+    except FileNotFoundError:
+        raise RegistryError(
+            f"{place}: no such registry (a run's own registry is written by its plan step)"
+        ) from None
+    digest = hashlib.sha256(str(place).encode()).hexdigest()[:16]
+    copy = Path(tempfile.gettempdir()) / "stateops-registries" / f"{digest}.yaml"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    tmp = copy.with_name(f"{copy.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, copy)
+    return copy
+
+
+def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool = True) -> Registry:
+    """Read and validate the registry; errors name the bad field. Each query is where its
+    switch says it runs (:func:`_switched`); ``switched=False`` reads no switch, for a DAG
+    file's parse, which needs only the names and shapes of the queries (a switch changes
+    neither) and must not call the control store (benchmarks/bench_dag_parse.py)."""
     path = registry_path(path)
     try:
         raw = _read_yaml(path.read_text(encoding="utf-8"))
@@ -897,10 +978,18 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
         raise RegistryError(f"{path}: data_dir: expected a folder path, got {raw_data_dir!r}")
     data_dir = Path(os.environ.get("STATEOPS_DATA_DIR") or path.parent / raw_data_dir)
     data_dir = data_dir.resolve()
+    control = raw.get("control")
+    if control is not None and not re.fullmatch(r"s3://[^/]+(/.*)?", str(control)):
+        raise RegistryError(
+            f"{path}: control: expected s3://BUCKET/PREFIX (where the leases of hosts that "
+            f"share no disk live), got {control!r}; leave it out on one host"
+        )
+    switched = switched and not raw.get("derived_from")  # a run's own: its entry says where
     queries, invalid = {}, {}
     for name, spec in raw["queries"].items():
         try:  # one entry refused: its query alone cannot run
-            queries[name] = _entry(path, data_dir, name, spec, bool(raw.get("derived_from")))
+            switch = _switch_path(data_dir, control, str(name)) if switched else None
+            queries[name] = _entry(path, data_dir, name, spec, switch)
         except RegistryError as err:
             invalid[str(name)] = str(err)
     sections = {}
@@ -911,12 +1000,6 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
             first = err.errors()[0]
             field_path = ".".join(str(p) for p in first["loc"])
             raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
-    control = raw.get("control")
-    if control is not None and not re.fullmatch(r"s3://[^/]+(/.*)?", str(control)):
-        raise RegistryError(
-            f"{path}: control: expected s3://BUCKET/PREFIX (where the leases of hosts that "
-            f"share no disk live), got {control!r}; leave it out on one host"
-        )
     code_paths = _code_paths(path, raw.get("code_paths"))
     for query in queries.values():
         query._code_paths = tuple(code_paths)
@@ -932,9 +1015,11 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     )
 
 
-def _entry(path: Path, data_dir: Path, name: str, spec: object, derived: bool) -> Query:
+def _entry(
+    path: Path, data_dir: Path, name: str, spec: object, switch: Path | S3Path | None
+) -> Query:
     """Query ``name`` of registry file ``path`` (its entry ``spec``), validated, its paths
-    resolved, where its switch says it runs (a derived registry's entry already says it)."""
+    resolved, where its switch (at ``switch``; None: none applies) says it runs."""
     if not isinstance(spec, dict):
         raise RegistryError(f"{path}: queries.{name}: expected a mapping")
     if "name" in spec:
@@ -947,7 +1032,7 @@ def _entry(path: Path, data_dir: Path, name: str, spec: object, derived: bool) -
         message = str(first["msg"]).removeprefix("Value error, ")
         raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
     resolved = _resolve_paths(query, data_dir)
-    entry = resolved if derived else _switched(resolved, path, data_dir)
+    entry = resolved if switch is None else _switched(resolved, path, switch)
     entry._declared = placement(resolved) | {"shuffle_partitions": resolved.shuffle_partitions}
     return entry
 

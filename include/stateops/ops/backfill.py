@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import new_run_id, safe_run_id
+from stateops.control.lock import new_run_id
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
@@ -46,7 +46,7 @@ from stateops.core.sources import (
     within,
 )
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
-from stateops.core.storage import S3Path, list_files, location
+from stateops.core.storage import S3Path, list_files, location, write_file
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.deletion import plan_digest
@@ -160,15 +160,14 @@ def plan_backfill(
         refuse_unconfirmed_rewrite(plan, rewrite_output)
     path, reprocessed, text = str(registry.path), query, None
     if overrides:
-        path = str(registry.state_dir / "backfill" / safe_run_id(run_id) / "registry.yaml")
+        path = str(registry.run_registry_path(query.name, "backfill", run_id))
         with tempfile.TemporaryDirectory() as scratch:  # moved where it belongs once it holds
             written = registry_with_overrides(registry, query.name, overrides, f"{scratch}/r.yaml")
             reprocessed, text = load_registry(written).query(query.name), written.read_text()
     changes = logic_changes(query, reprocessed) if overrides else []
     refuse_what_a_run_refuses(reprocessed)  # before the rollback, not after it
     if text is not None and not dry_run:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text, encoding="utf-8")
+        write_file(location(path), text)
     then = (
         f"reprocess {query.name} after batch {to_batch} with available-now "
         f"(registry {path}; {'; '.join(changes) or 'the same logic'}), "
@@ -186,6 +185,7 @@ def plan_backfill(
         "delete": plan["delete"],
         "digest": plan_digest(plan),
         "changes": changes,
+        "logic": reprocessed.logic,
         "backup_to": plan["backup_to"],
         "kafka": plan["kafka"],
         "rewrites": plan["rewrites"],
@@ -228,6 +228,7 @@ def rollback_for_backfill(
         rollback_run_id=done["run_id"],
         registry=plan["registry"],
         changes=plan.get("changes", []),
+        logic=plan.get("logic"),
     )
     rolled = {
         "run_id": done["run_id"],

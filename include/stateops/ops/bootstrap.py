@@ -2,8 +2,9 @@
 
 Spark applies ``initialState`` only to the first batch of a new checkpoint and ignores it,
 silently, once a batch has committed; and an available-now start on an empty source commits
-nothing. So a bootstrap is *pending* until batch 0 commits: a marker in the registry's state
-folder names the initial state, and every start of the query passes it again until then. The
+nothing. So a bootstrap is *pending* until batch 0 commits: a marker beside the checkpoint
+(``<checkpoint>.audit/carry_over.json``, so a start on any host sees it) names the initial
+state, and every start of the query passes it again until then. The
 same marker names a transplanted checkpoint (:mod:`stateops.ops.transplant`) until its first batch
 commits, so that batch's state is proven against the old checkpoint's.
 """
@@ -340,7 +341,7 @@ def prepare_bootstrap(
             }
     if plan.get("differences"):
         marker["differences"] = plan["differences"]  # accepted by the operator
-    write_carry_over(registry, query.name, marker)
+    write_carry_over(query.checkpoint, marker)
     return record | {"processor_fit_keys": fit_keys}
 
 
@@ -414,7 +415,7 @@ def run_bootstrap(
         with target.lock("bootstrap", run_id):
             old, new = plan["initial_state"], plan["checkpoint"]
             result = transplant_checkpoint(old, new, query, start=_kafka_start(query), log=log)
-            mark_transplant(registry, query.name, result)
+            mark_transplant(result)
     else:
         prepare = partial(prepare_bootstrap, registry=registry, plan=plan)
     return run_start(target, run_id=run_id, operation="bootstrap", prepare=prepare)

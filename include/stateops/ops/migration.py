@@ -227,7 +227,7 @@ def plan_migration(
             "source": source.model_dump(by_alias=True),
             "start": _start(source, source_spec),
             "checkpoint": str(new),
-            "registry": str(work / "registry.yaml"),
+            "registry": str(registry.run_registry_path(name, OPERATION, run_id or "plan")),
         },
         "export": str(work / "export"),
         "backup_to": target.backup_location(),
@@ -931,7 +931,7 @@ def transplant_for_migration(
         start=settled.get("start"),
         log=log,
     )
-    mark_transplant(new_registry, plan["query"], result)
+    mark_transplant(result)
     return result
 
 
@@ -1210,7 +1210,7 @@ def roll_back_migration(
             f"moved the new checkpoint's output {sink['folders']} aside to "
             f"{query.sink.path}/_rolled_back/"
         )
-    clear_carry_over(registry, name, str(new))  # it belonged to the moved checkpoint
+    clear_carry_over(new)  # it belonged to the moved checkpoint
     if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
         log(f"{name}: hold of run {plan['run_id']} released")
     if old["checkpoint"]:

@@ -20,7 +20,7 @@ from stateops.control.markers import (
     write_carry_over,
 )
 from stateops.core.errors import StateOpsError
-from stateops.core.registry import Query, Registry
+from stateops.core.registry import Query
 from stateops.ops.carry import finish_image_batch
 
 __all__ = ["killed_repartition", "mark_transplant", "pending_carry_over", "refuse_pending_rollback"]
@@ -54,15 +54,14 @@ def refuse_pending_rollback(
     return pending
 
 
-def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -> None:
+def mark_transplant(transplant: dict[str, Any]) -> None:
     """A transplanted checkpoint awaits its first batch, whose state is then proven against
     the old checkpoint's (``transplant``: what ``transplant_checkpoint`` returned). That is
     batch N + 1; where the partition count changes, the start first has Spark repartition the
     state (batch N + 1, ``partitions``) and the first batch is N + 2."""
     repartition = transplant.get("repartition")
     write_carry_over(
-        registry,
-        name,
+        transplant["new"],
         {
             "road": "transplant",
             "checkpoint": transplant["new"],
@@ -74,37 +73,30 @@ def mark_transplant(registry: Registry, name: str, transplant: dict[str, Any]) -
     )
 
 
-def killed_repartition(registry: Registry, query: Query) -> dict[str, Any] | None:
+def killed_repartition(query: Query) -> dict[str, Any] | None:
     """The marker of the repartition a killed start of a transplanted checkpoint left (see
     :func:`mark_transplant`), which the next start undoes and does again; else None."""
-    carried, marker = read_carry_over(registry, query.name), read_repartition(query.checkpoint)
-    if (
-        carried
-        and marker
-        and carried.get("partitions")
-        and carried.get("checkpoint") == query.checkpoint
-        and marker["batch"] == carried["batch"] + 1
-    ):
+    carried, marker = read_carry_over(query.checkpoint), read_repartition(query.checkpoint)
+    if carried and marker and carried.get("partitions") and marker["batch"] == carried["batch"] + 1:
         return marker
     return None
 
 
-def pending_carry_over(
-    registry: Registry, query: Query, last_committed: int | None
-) -> dict[str, Any] | None:
+def pending_carry_over(query: Query, last_committed: int | None) -> dict[str, Any] | None:
     """The carried-over state awaiting its first batch on this start, or None: a bootstrap's
     initial state until batch 0 commits, a transplant until its first batch commits (N + 1,
-    or N + 2 after a repartition)."""
-    record = read_carry_over(registry, query.name)
+    or N + 2 after a repartition). The marker lies beside the checkpoint it describes
+    (:func:`stateops.control.markers.carry_over_marker`), so whichever host starts the query
+    sees it."""
+    record = read_carry_over(query.checkpoint)
     if record is None:
         return None
     batch = record.get("batch")
     awaiting = [batch] if batch is None else range(batch, record.get("first", batch + 1))
-    if last_committed not in awaiting or record.get("checkpoint") != query.checkpoint:
-        same = record.get("checkpoint") == query.checkpoint
-        if last_committed == 0 and same and record.get("origin"):
+    if last_committed not in awaiting:
+        if last_committed == 0 and record.get("origin"):
             # Stopped between the image batch's commit and its watermark: finish it first.
             finish_image_batch(query.checkpoint, record["origin"])
-        clear_carry_over(registry, query.name)  # settled (or the query moved elsewhere)
+        clear_carry_over(query.checkpoint)  # settled
         return None
     return record

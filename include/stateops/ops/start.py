@@ -26,7 +26,7 @@ from stateops.core.checkpoint import interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
-from stateops.core.storage import location, remove_all
+from stateops.core.storage import S3Path, location, remove_all, write_file
 from stateops.ops.pending import killed_repartition, pending_carry_over, refuse_pending_rollback
 from stateops.ops.repartition import proof_path, repartition_locked, undo_repartition_locked
 
@@ -411,6 +411,7 @@ def _summary(
         "started_at": datetime.fromtimestamp(start.started, UTC).isoformat(timespec="seconds"),
         "duration_seconds": round(time.time() - start.started, 1),
         "checkpoint": start.query.checkpoint,
+        "logic": start.query.logic,
         "last_committed_batch_before": start.before,
         "last_committed_batch": end["after"],
         "uncommitted_batches": end["uncommitted"],
@@ -472,7 +473,7 @@ def _carried(
     DataFrame, on the initialState road) or None."""
     from stateops.spark.initial_state import read_initial_state
 
-    carried = pending_carry_over(registry, query, before)
+    carried = pending_carry_over(query, before)
     if carried and "initial_state" in carried:
         return carried, read_initial_state(
             spark, query, carried["initial_state"], carried["format"]
@@ -488,7 +489,7 @@ def refuse_unrunnable(registry: Registry, query: Query, *, undo: bool = False) -
     (:func:`stateops.ops.pending.killed_repartition`): the next start repartitions again,
     having undone it first (``undo``, under the lock)."""
     refuse_retired(query.checkpoint)
-    killed = killed_repartition(registry, query) is not None
+    killed = killed_repartition(query) is not None
     if killed and undo:
         undo_repartition_locked(query.checkpoint, log=_stderr)
     refuse_pending_rollback(query.checkpoint, redone=killed)
@@ -535,7 +536,7 @@ def _settle(
         return None, None, error
     if not committed:
         return "pending", None, error
-    clear_carry_over(registry, query.name)
+    clear_carry_over(query.checkpoint)
     if error:
         return "complete", None, error
     proof = _prove(spark, query, carried, initial_state)
@@ -556,6 +557,7 @@ def _audit(summary: dict[str, Any]) -> None:
         batches_run=summary["batches_run"],
         bootstrap=summary["bootstrap"],
         proof=None if proof is None else proof["ok"],
+        logic=summary.get("logic"),
     )
 
 
@@ -821,20 +823,43 @@ def _proof_summary(proof: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def write_summary(registry: Registry, summary: dict[str, Any], path: str | None = None) -> Path:
-    target = Path(path) if path else registry.run_summary_path(summary["query"])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+KEPT_SUMMARIES = 20
+"""Run summaries kept per query by run id (the latest one is kept besides, for the status)."""
+
+
+def write_summary(
+    registry: Registry, summary: dict[str, Any], path: str | None = None
+) -> Path | S3Path:
+    """The run's summary, where a task on any host reads it by run id (:func:`read_summary`),
+    and as the query's latest (``stateops status``); or at ``path`` alone. The summaries of
+    the runs before the last :data:`KEPT_SUMMARIES` are removed (the index lists them)."""
+    text = json.dumps(summary, indent=2) + "\n"
+    if path:
+        write_file(Path(path), text)
+        return Path(path)
+    name, run_id = summary["query"], summary["run_id"]
+    target = registry.run_summary_path(name, run_id)
+    write_file(target, text)
+    index = target.with_name("index.json")
+    try:
+        runs = json.loads(index.read_text(encoding="utf-8"))["runs"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        runs = []  # none yet, or unreadable: it is rebuilt from this run on
+    runs = [run_id, *(r for r in runs if r != run_id)]
+    for gone in runs[KEPT_SUMMARIES:]:
+        registry.run_summary_path(name, gone).unlink(missing_ok=True)
+    write_file(index, json.dumps({"runs": runs[:KEPT_SUMMARIES]}))
+    write_file(registry.run_summary_path(name), text)
     return target
 
 
 def read_summary(registry: Registry, query: str, run_id: str) -> dict[str, Any]:
-    """The summary the Spark job of run ``run_id`` wrote; refused if it is from another run."""
-    path = registry.run_summary_path(query)
-    summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    if summary.get("run_id") != run_id:
+    """The summary the Spark job of run ``run_id`` wrote (:func:`write_summary`)."""
+    path = registry.run_summary_path(query, run_id)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         raise StateOpsError(
-            f"{path} is from run {summary.get('run_id')!r}, not {run_id!r}: the Spark job did not "
-            "write its summary; read the spark-submit task's log"
-        )
-    return summary
+            f"{path}: no summary of run {run_id!r}: the Spark job did not write its summary; "
+            "read the spark-submit task's log"
+        ) from None

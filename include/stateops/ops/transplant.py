@@ -429,7 +429,7 @@ def run_transplant(
         )
     with target.lock("transplant", run_id):
         result = transplant_checkpoint(target.checkpoint, new, runs_as, batch, start=start, log=log)
-        mark_transplant(registry, owner.name, result)
+        mark_transplant(result)
     log(
         f"next: run {owner.name} on {new} ({runs_as.inputs_text}); its first "
         f"batch, {result['first']}, is proven against the state of {target.checkpoint}"

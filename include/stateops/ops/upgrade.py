@@ -392,7 +392,7 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
             "source": source,
             "start": None,
             "checkpoint": str(new),
-            "registry": str(work / "registry.yaml"),
+            "registry": str(registry.run_registry_path(query.name, OPERATION, run_id or "plan")),
         },
         "export": str(work / "export"),
         "mapping": spec.mapping or "initial_state.from_export",
