@@ -109,8 +109,10 @@ SMOKES: dict[str, dict[str, Smoke]] = {
             ("--cycles", "3"),
             120,
             (
-                r"^local lock file \(baseline\) +\d+\.\d+ ms +1\.0x$",
-                rf"^S3 control store +\d+\.\d+ ms +{RATIO} +\d+ requests$",
+                r"^lease, local lock file +\d+\.\d+ ms +1\.0x$",
+                rf"^lease, S3 control store +\d+\.\d+ ms +{RATIO} +\d+ requests$",
+                r"^records \(\d+ queries\), local +\d+\.\d+ ms +1\.0x$",
+                rf"^records \(\d+ queries\), S3 +\d+\.\d+ ms +{RATIO} +\d+ requests$",
             ),
         ),
         "bench_s3_cleanup.py": Smoke(
