@@ -1,0 +1,138 @@
+"""The DAGs on a fleet, rehearsed (issue 55): every task of an ``airflow dags test`` run gets
+its own empty data folder (tests/dag/fleet/airflow_local_settings.py), as under the
+KubernetesExecutor, and its Spark job inherits it. The query's input, checkpoint and sink are
+where every host sees them, and the registry names an S3 control store (the embedded
+SeaweedFS): the lease, the run summary a Spark job hands to the task after it, and a backfill's
+registry with its overrides go through it. Without the control store the same run fails where
+a task reads what another wrote (the test's control: the rehearsal does separate the tasks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.control.audit import read_audit
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
+from stateops.ops.backup import list_backups
+from tests.conftest import ROOT, S3_KEY, S3_SECRET, write_registry
+from tests.dag.test_stream_start_run import OUTPUT_COLUMNS, _airflow, _failed_tasks
+from tests.spark.harness import land, read_sink, run_in_session
+
+pytestmark = pytest.mark.dag
+NAME = "page_visits"
+REHEARSAL = ROOT / "tests" / "dag" / "fleet"
+
+
+def _fleet_registry(tmp_path: Path, control: str | None, backups: str) -> Path:
+    """A registry of ``NAME`` alone whose places are absolute (a host's own data folder holds
+    none of them), with ``control`` (None: none) and backups at ``backups``."""
+    path = write_registry(tmp_path)
+    query = load_registry(path).query(NAME)
+    raw = yaml.safe_load(path.read_text())
+    entry = raw["queries"][NAME]
+    entry["source"]["path"] = query.source.path
+    entry["checkpoint"] = query.checkpoint
+    entry["sink"]["path"] = query.sink.path
+    raw["queries"] = {NAME: entry}
+    raw["backups"] = {"url": backups, "conn_id": "aws_default"}
+    if control:
+        raw["control"] = control
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _on_the_fleet(tmp_path: Path, s3a, *args: str):
+    """``airflow ARGS`` with each task on its own "host" (a data folder under ``hosts/``)."""
+    hosts = tmp_path / "hosts"
+    hosts.mkdir(exist_ok=True)
+    conn = {
+        "conn_type": "aws",
+        "login": S3_KEY,
+        "password": S3_SECRET,
+        "extra": {"endpoint_url": s3a.endpoint},
+    }
+    env = {
+        **s3a.env(),
+        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn),
+        "STATEOPS_FLEET_HOSTS": str(hosts),
+        "PYTHONPATH": os.pathsep.join([str(REHEARSAL), os.environ.get("PYTHONPATH", "")]),
+    }
+    run = _airflow(tmp_path, *args, env=env)
+    return run, run.stdout + run.stderr, sorted(hosts.iterdir())
+
+
+def _local_records(hosts: list[Path]) -> list[str]:
+    """What the hosts kept of the lifecycle's records in their own folders (none should:
+    another host could not read them)."""
+    kept = ("runs", "switch", "locks", "control", "backfill", "bootstrap")
+    return [str(p) for h in hosts for k in kept for p in (h / "_stateops" / k).glob("**/*")]
+
+
+def test_stream_start_and_a_backfill_with_overrides_run_with_every_task_on_its_own_host(
+    spark, s3a_env, tmp_path
+):
+    s3a = s3a_env  # this process reads the control store too
+    control = s3a.url(f"fleet-{uuid.uuid4().hex[:8]}")
+    path = _fleet_registry(tmp_path, control, s3a.url(f"backups-{uuid.uuid4().hex[:8]}"))
+    land(tmp_path / "landing", round_=0, files=2)
+
+    run, log, hosts = _on_the_fleet(tmp_path, s3a, "dags", "test", "stream_start")
+    assert run.returncode == 0, log[-5000:]
+    assert {h.name.rsplit("-", 1)[0] for h in hosts} >= {f"run_{NAME}", f"record_{NAME}"}
+    registry = load_registry(path)  # from here, as a bastion that shares no folder either
+    summary = json.loads(registry.run_summary_path(NAME).read_text())
+    assert str(registry.run_summary_path(NAME)).startswith(control)
+    assert summary["status"] == "succeeded" and f"{NAME}: succeeded" in log
+    assert summary["last_committed_batch"] == 1  # one landing file a batch
+    assert _local_records(hosts) == []
+
+    # A backfill whose reprocessing runs with overrides: planned on one host, rolled back on
+    # another, reprocessed on a third (its registry read from the control store).
+    query = registry.query(NAME)
+    land(tmp_path / "landing", round_=1, files=2)
+    run_in_session(spark, path, NAME)
+    before = load_checkpoint(query.checkpoint)
+    cutoff = before.input_files(2)[0]["timestamp"] / 1000
+    when = datetime.fromtimestamp(cutoff, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    overrides = {"processor": {"options": {"max_pages": 2}}}
+    conf = {"query": NAME, "input_before": when, "overrides": overrides, "dry_run": False}
+    run, log, hosts = _on_the_fleet(
+        tmp_path, s3a, "dags", "test", "stream_backfill", "--conf", json.dumps(conf)
+    )
+    assert run.returncode == 0, log[-5000:]
+    planned = {h.name.rsplit("-", 1)[0] for h in hosts}
+    assert {"plan", "rollback", "reprocess"} <= planned, planned
+    assert f"{control}/{NAME}/work/" in log  # the reprocessing's registry, on every host
+    records = read_audit(query.checkpoint)
+    reprocessed = [r for r in records if r["operation"] == "run"][-1]
+    rolled = next(r for r in reversed(records) if r.get("result") == "rolled back")
+    assert reprocessed["logic"] == rolled["logic"] != query.logic, "run with the overrides"
+    assert records[-1]["operation"] == "backfill" and records[-1]["result"] == "succeeded"
+    assert load_checkpoint(query.checkpoint).last_committed_batch == before.last_committed_batch
+    distinct = OUTPUT_COLUMNS.index("distinct_pages")
+    rows = read_sink(Path(query.sink.path))
+    assert max(r[distinct] for b in (2, 3) for r in rows[b]) <= 2  # the new logic's output
+    backups = list_backups(f"{registry.backups.url}/{NAME}", s3a.client())
+    assert [b["batch_id"] for b in backups] == [before.last_committed_batch]
+    assert _local_records(hosts) == []
+
+
+def test_without_a_control_store_the_rehearsal_fails_where_a_task_reads_another_s_folder(
+    s3a, tmp_path
+):
+    """The control: the same stream_start with the run summary in the run task's own folder
+    fails at the task that reads it on another host."""
+    _fleet_registry(tmp_path, None, s3a.url(f"backups-{uuid.uuid4().hex[:8]}"))
+    land(tmp_path / "landing", round_=0, files=1)
+    run, log, _ = _on_the_fleet(tmp_path, s3a, "dags", "test", "stream_start")
+    assert run.returncode != 0
+    assert _failed_tasks(log) == {f"record_{NAME}"}, log[-5000:]
+    assert "no summary of run 'manual__" in log
