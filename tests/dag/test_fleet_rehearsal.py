@@ -25,6 +25,7 @@ from stateops.ops.backup import list_backups
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, write_registry
 from tests.dag.test_stream_start_run import OUTPUT_COLUMNS, _airflow, _failed_tasks
 from tests.spark.harness import land, read_sink, run_in_session
+from tests.spark.migrations import Migration, assert_migrated, uninterrupted
 
 pytestmark = pytest.mark.dag
 NAME = "page_visits"
@@ -49,8 +50,9 @@ def _fleet_registry(tmp_path: Path, control: str | None, backups: str) -> Path:
     return path
 
 
-def _on_the_fleet(tmp_path: Path, s3a, *args: str):
-    """``airflow ARGS`` with each task on its own "host" (a data folder under ``hosts/``)."""
+def _on_the_fleet(tmp_path: Path, s3a, *args: str, env: dict[str, str] | None = None):
+    """``airflow ARGS`` with each task on its own "host" (a data folder under ``hosts/``),
+    backups on ``s3a`` unless ``env`` names another connection."""
     hosts = tmp_path / "hosts"
     hosts.mkdir(exist_ok=True)
     conn = {
@@ -62,11 +64,13 @@ def _on_the_fleet(tmp_path: Path, s3a, *args: str):
     env = {
         **s3a.env(),
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn),
+        **(env or {}),
         "STATEOPS_FLEET_HOSTS": str(hosts),
         "PYTHONPATH": os.pathsep.join([str(REHEARSAL), os.environ.get("PYTHONPATH", "")]),
     }
+    before = set(hosts.iterdir())
     run = _airflow(tmp_path, *args, env=env)
-    return run, run.stdout + run.stderr, sorted(hosts.iterdir())
+    return run, run.stdout + run.stderr, sorted(set(hosts.iterdir()) - before)
 
 
 def _local_records(hosts: list[Path]) -> list[str]:
@@ -123,6 +127,53 @@ def test_stream_start_and_a_backfill_with_overrides_run_with_every_task_on_its_o
     backups = list_backups(f"{registry.backups.url}/{NAME}", s3a.client())
     assert [b["batch_id"] for b in backups] == [before.last_committed_batch]
     assert _local_records(hosts) == []
+
+
+def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_new_query(
+    spark, s3, s3a_env, tmp_path
+):
+    """The migration DAG (transplant road) with each step on its own host: its own registry
+    and the first batch's summary go through the control store; its switch is written there;
+    the next scheduled stream_start, on yet other hosts, runs the new query on the new
+    checkpoint; the state and output equal an uninterrupted run's."""
+    whole = uninterrupted(spark, tmp_path, NAME)
+    m = Migration(spark, tmp_path, NAME, s3)
+    control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
+    query = m.query()
+    raw = yaml.safe_load(m.path.read_text())
+    entry = raw["queries"][NAME]  # where every host sees them
+    entry["source"]["path"] = query.source.path
+    entry["checkpoint"] = query.checkpoint
+    entry["sink"]["path"] = query.sink.path
+    m.edit_registry(queries={NAME: entry}, control=control)
+    new_source = tmp_path / "landing_v2" / NAME
+    conf = m.conf(new_source_path=str(new_source))
+    last = sorted(new_source.iterdir())[-1]
+    held_back = tmp_path / last.name
+    os.replace(last, held_back)  # arrives after the switch: for the next scheduled run
+    run, migrated, hosts = _on_the_fleet(
+        tmp_path,
+        s3a_env,
+        "dags",
+        "test",
+        "stream_source_migration",
+        "--conf",
+        json.dumps(conf),
+        env=m.env,
+    )
+    assert run.returncode == 0, migrated[-8000:]
+    steps = {h.name.rsplit("-", 1)[0] for h in hosts}
+    assert {"drain", "transplant", "first_batch", "switch"} <= steps, steps
+    switch = load_registry(m.path).switch_path(NAME)
+    assert str(switch).startswith(control) and switch.exists()
+    assert _local_records(hosts) == []
+
+    os.replace(held_back, last)
+    run, log, hosts = _on_the_fleet(tmp_path, s3a_env, "dags", "test", "stream_start", env=m.env)
+    assert run.returncode == 0, log[-5000:]
+    summary = json.loads(load_registry(m.path).run_summary_path(NAME).read_text())
+    assert summary["checkpoint"] == query.checkpoint + ".v2" and summary["batches_run"] > 0
+    assert_migrated(spark, m, whole, migrated, "transplant")
 
 
 def test_without_a_control_store_the_rehearsal_fails_where_a_task_reads_another_s_folder(
