@@ -4,12 +4,13 @@
 # The project itself is mounted at /opt/stateops, not copied.
 FROM python:3.11.7-slim-bookworm
 
-# Maven: docker-compose's airflow-init fetches Spark's jars (Kafka's connector, and S3A with
-# the AWS SDK bundle and the abortable checkpoint file manager for s3a:// checkpoints) into the
-# mounted project's build/jars with scripts/fetch_jars.sh, as `make jars` does on a machine;
-# Maven's own settings say where artifacts come from.
+# Maven and a JDK: docker-compose's airflow-init fetches Spark's jars (Kafka's connector, and
+# S3A with the AWS SDK bundle) into the mounted project's build/jars with scripts/fetch_jars.sh
+# and compiles the project's checkpoint file manager for s3a:// checkpoints beside them
+# (scripts/build_checkpoint_jar.sh), as `make jars` does on a machine; Maven's own settings say
+# where artifacts come from.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps curl maven \
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless procps curl maven \
     && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
 

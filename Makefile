@@ -36,9 +36,10 @@ build/stateops.zip: $(VENV)/.installed $(shell find include/stateops -name '*.py
 
 # Maven artifacts (maven/*/pom.xml) fetched by the machine's mvn into build/jars/, once:
 # Spark's Kafka connector and S3 connector (handed to every spark-submit) and the embedded
-# broker's jars.
+# broker's jars; then the project's S3 checkpoint file manager, compiled by javac beside them.
 jars: $(VENV)/.installed
 	@PY=$(PY) scripts/fetch_jars.sh spark broker s3
+	@PY=$(PY) scripts/build_checkpoint_jar.sh
 
 # The short story on Kafka (under 10 minutes on 2 cores); `make tour`: the whole lifecycle tour.
 demo: prereqs jars $(VENV)/.installed build/stateops.zip

@@ -17,6 +17,9 @@ else
     echo "missing: Java 17 or newer for Spark 4 (found: $(java -version 2>&1 | head -1))"; missing=1
   fi
 fi
+if ! command -v javac >/dev/null; then
+  echo "missing: javac (a JDK 17 compiles the project's S3 checkpoint file manager): apt-get install openjdk-17-jdk-headless"; missing=1
+fi
 if ! command -v mvn >/dev/null; then
   echo "missing: mvn (Maven fetches Spark's Kafka connector and the Kafka broker): apt-get install maven"; missing=1
 fi

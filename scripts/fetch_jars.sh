@@ -4,8 +4,9 @@
 #   spark:  Spark's Kafka connector at the installed PySpark's version, minus every jar PySpark
 #           already ships (two builds of one library on a class path fail at run time).
 #   broker: the embedded Kafka broker's jars, in a folder of their own.
-#   s3:     Hadoop's S3A connector at PySpark's own Hadoop version, the AWS SDK bundle it was
-#           built with (about 500 MB) and Spark's abortable checkpoint file manager.
+#   s3:     Hadoop's S3A connector at PySpark's own Hadoop version and the AWS SDK bundle it
+#           was built with (about 500 MB); the project's checkpoint file manager is compiled
+#           beside them (scripts/build_checkpoint_jar.sh).
 # Each set is fetched once: a stamp beside the jars says it is complete and which pom made it.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -349,13 +349,14 @@ def test_spark_submit_runs_a_query_on_an_s3_checkpoint(s3a_env, tmp_path):
     assert load_checkpoint(url).last_committed_batch == 1  # a batch per landed file
 
 
-def test_spark_writes_an_s3_checkpoint_with_the_abortable_file_manager_only(spark):
-    """S3 has no rename: an s3a:// checkpoint gets the abortable file manager; a local one
-    Spark's default (the abortable one refuses a file system without abortable streams)."""
-    from stateops.spark.streaming import ABORTABLE_FILE_MANAGER, CHECKPOINT_FILE_MANAGER
+def test_spark_writes_an_s3_checkpoint_with_the_project_s_file_manager_only(spark):
+    """S3 has no rename: an s3a:// checkpoint gets the project's file manager (one PUT a
+    file, conditional for the logs: tests/spark/test_s3_guard.py); a local one Spark's default
+    (the project's refuses a file system without conditional create)."""
+    from stateops.spark.streaming import CHECKPOINT_FILE_MANAGER, S3_FILE_MANAGER
 
     assert checkpoint_url(spark, "s3://bucket/q") == "s3a://bucket/q"
-    assert spark.conf.get(CHECKPOINT_FILE_MANAGER) == ABORTABLE_FILE_MANAGER
+    assert spark.conf.get(CHECKPOINT_FILE_MANAGER) == S3_FILE_MANAGER
     assert spark.conf.get("fs.s3a.endpoint.region")  # the S3 settings came with it
     assert checkpoint_url(spark, "/tmp/q") == "/tmp/q"
     assert spark.conf.get(CHECKPOINT_FILE_MANAGER, None) is None

@@ -55,7 +55,7 @@ def test_the_s3_jars_match_pysparks_hadoop_and_bring_no_other_cloud():
 def test_the_prerequisites_name_a_missing_mvn_in_one_line(tmp_path):
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    for tool in ("python3", "java", "sed", "head", "bash", "env"):
+    for tool in ("python3", "java", "javac", "sed", "head", "bash", "env"):
         found = shutil.which(tool)
         assert found, tool
         (bin_ / tool).symlink_to(Path(found).resolve())
@@ -71,3 +71,14 @@ def test_the_prerequisites_name_a_missing_mvn_in_one_line(tmp_path):
         "missing: mvn (Maven fetches Spark's Kafka connector and the Kafka broker): "
         "apt-get install maven"
     ], proc.stdout
+    (bin_ / "javac").unlink()  # a JRE only: the S3 checkpoint file manager cannot be built
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "check_prereqs.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_)},
+    )
+    assert (
+        "missing: javac (a JDK 17 compiles the project's S3 checkpoint file manager): "
+        "apt-get install openjdk-17-jdk-headless"
+    ) in proc.stdout.splitlines(), proc.stdout

@@ -74,13 +74,14 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
 
 
 # S3 has no rename: Spark's default checkpoint file manager commits each log file by one (a
-# copy and a delete on S3A, where a reader may see neither); this one writes it with a single
-# PUT that a failure aborts (spark-hadoop-cloud; build/jars/s3). It refuses a file system
-# without abortable streams, so it is set for an s3a:// checkpoint only.
+# copy and a delete on S3A, where a reader may see neither). The project's writes each file with
+# a single PUT at close, a log file only where none exists (If-None-Match: a second driver on
+# the checkpoint fails), and fails the write when the upload fails; Spark's abortable manager,
+# which does the rest, logs and swallows both (spark_jobs/java/stateops/, compiled into
+# build/jars/s3 by `make jars`). It refuses a file system without conditional create, so it is
+# set for an s3a:// checkpoint only.
 CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
-ABORTABLE_FILE_MANAGER = (
-    "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
-)
+S3_FILE_MANAGER = "stateops.ConditionalCheckpointFileManager"
 
 
 def use_s3(spark: SparkSession) -> None:
@@ -98,12 +99,12 @@ def use_s3(spark: SparkSession) -> None:
 
 def checkpoint_url(spark: SparkSession, checkpoint: str | os.PathLike[str]) -> str:
     """How Spark names ``checkpoint`` (``s3a://`` for S3), with ``spark`` set for it: on S3 the
-    S3 settings (:func:`use_s3`) and the abortable checkpoint file manager, elsewhere Spark's
+    S3 settings (:func:`use_s3`) and the project's S3 checkpoint file manager, elsewhere Spark's
     default manager. Call it before Spark reads or writes a checkpoint."""
     url = spark_url(checkpoint)
     if url.startswith("s3a://"):
         use_s3(spark)
-        spark.conf.set(CHECKPOINT_FILE_MANAGER, ABORTABLE_FILE_MANAGER)
+        spark.conf.set(CHECKPOINT_FILE_MANAGER, S3_FILE_MANAGER)
     else:
         spark.conf.unset(CHECKPOINT_FILE_MANAGER)
     return url
