@@ -6,7 +6,7 @@
 page_visits (RocksDB, 4 state partitions, local[2], one landing file a batch) in this
 process's Spark session, its checkpoint written by Spark itself: on local disk or through
 ``s3a://`` on the embedded S3 endpoint (SeaweedFS on loopback, started and stopped here; the
-abortable checkpoint file manager). One run, each figure against a baseline of the same run:
+project's checkpoint file manager). One run, each figure against a baseline of the same run:
 
 - **a batch**: the same query over the same ``--batches`` files, once on a local checkpoint
   (the baseline) and once on S3; the time of each batch as Spark reports it
