@@ -32,17 +32,23 @@ NAME = "page_visits"
 REHEARSAL = ROOT / "tests" / "dag" / "fleet"
 
 
-def _fleet_registry(tmp_path: Path, control: str | None, backups: str) -> Path:
-    """A registry of ``NAME`` alone whose places are absolute (a host's own data folder holds
-    none of them), with ``control`` (None: none) and backups at ``backups``."""
-    path = write_registry(tmp_path)
+def _placed(path: Path) -> dict:
+    """``NAME``'s entry in registry file ``path`` with its input, checkpoint and sink as
+    absolute paths: where every host sees them (a host's own data folder holds none)."""
     query = load_registry(path).query(NAME)
-    raw = yaml.safe_load(path.read_text())
-    entry = raw["queries"][NAME]
+    entry = yaml.safe_load(path.read_text())["queries"][NAME]
     entry["source"]["path"] = query.source.path
     entry["checkpoint"] = query.checkpoint
     entry["sink"]["path"] = query.sink.path
-    raw["queries"] = {NAME: entry}
+    return entry
+
+
+def _fleet_registry(tmp_path: Path, control: str | None, backups: str) -> Path:
+    """A registry of ``NAME`` alone (:func:`_placed`), with ``control`` (None: none) and
+    backups at ``backups``."""
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"] = {NAME: _placed(path)}
     raw["backups"] = {"url": backups, "conn_id": "aws_default"}
     if control:
         raw["control"] = control
@@ -140,12 +146,7 @@ def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_n
     m = Migration(spark, tmp_path, NAME, s3)
     control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
     query = m.query()
-    raw = yaml.safe_load(m.path.read_text())
-    entry = raw["queries"][NAME]  # where every host sees them
-    entry["source"]["path"] = query.source.path
-    entry["checkpoint"] = query.checkpoint
-    entry["sink"]["path"] = query.sink.path
-    m.edit_registry(queries={NAME: entry}, control=control)
+    m.edit_registry(queries={NAME: _placed(m.path)}, control=control)
     new_source = tmp_path / "landing_v2" / NAME
     conf = m.conf(new_source_path=str(new_source))
     last = sorted(new_source.iterdir())[-1]

@@ -634,9 +634,7 @@ class Registry(_Model):
         """Where run ``run_id`` keeps the switch of ``name`` it replaces (its undo puts it
         back), or None where there is no switch to replace yet."""
         switch = self.switch_path(name)
-        if not switch.exists():
-            return None
-        return str(switch.with_name(f"{name}.before-{safe_run_id(run_id)}.json"))
+        return str(_before(switch, name, run_id)) if switch.exists() else None
 
     def switch_note(self, name: str) -> str | None:
         """What query ``name``'s switch changes about its entry, in words with the switch's
@@ -754,9 +752,9 @@ def _save_switch(
     switch["history"] = [*previous.get("history", []), lineage]
     text = json.dumps(switch, indent=1, default=str)
     run_id = lineage.get("run_id")
-    before = previous and run_id and registry.switch_before(query.name, run_id)
-    if before and not location(before).exists():  # the switch this run replaces, for its undo
-        location(before).write_text(json.dumps(previous, indent=1, default=str))
+    before = _before(path, query.name, run_id) if previous and run_id else None
+    if before and not before.exists():  # the switch this run replaces, for its undo
+        before.write_text(json.dumps(previous, indent=1, default=str))
     if isinstance(path, S3Path):  # compare and swap: over the version read, or a first one
         if not path.write_if(text.encode("utf-8"), version):
             raise StateOpsError(
@@ -810,6 +808,11 @@ def derived_registry(
     path = location(dest)
     write_file(path, text)
     return path
+
+
+def _before(switch: Path | S3Path, name: str, run_id: str) -> Path | S3Path:
+    """Beside ``switch``: the switch run ``run_id`` replaced (read once, not looked up again)."""
+    return switch.with_name(f"{name}.before-{safe_run_id(run_id)}.json")
 
 
 def _control_place(control: str, *parts: str) -> S3Path:
