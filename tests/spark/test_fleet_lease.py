@@ -71,6 +71,26 @@ def running(spark, registry: Path) -> tuple[threading.Thread, dict]:
     return thread, ran
 
 
+def _between_batches(checkpoint: Path, quiet: float = 3.0) -> None:
+    """Once the checkpoint's last planned batch is committed and nothing more was planned for
+    ``quiet`` seconds (the no-data batch that a watermark's advance runs included)."""
+
+    def last(log: str) -> int:
+        return max(
+            (int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit()), default=-1
+        )
+
+    seen, since, deadline = None, time.monotonic(), time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = (last("offsets"), last("commits"))
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif now[0] == now[1] and time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the run never rested between batches: {seen}")
+
+
 def _state(registry: Registry) -> tuple[int | None, dict]:
     query = registry.query(NAME)
     return load_checkpoint(query.checkpoint).last_committed_batch, read_sink(Path(query.sink.path))
@@ -105,7 +125,9 @@ def test_a_driver_whose_lease_was_released_elsewhere_writes_nothing_more(spark, 
     with pytest.raises(LockHeldError, match=r"locked by run \(run driver-1"):
         QueryLock(lease, NAME, "cleanup", run_id="host-b").acquire()
 
-    # An operator on host B forces the lease free and takes it; then new input lands.
+    # Once A's driver is between batches, an operator on host B forces the lease free and
+    # takes it; then new input lands.
+    _between_batches(Path(load_registry(b).query(NAME).checkpoint))
     force_release(lease)
     with QueryLock(lease, NAME, "rollback", run_id="host-b"):
         before = _state(load_registry(b))
@@ -117,3 +139,28 @@ def test_a_driver_whose_lease_was_released_elsewhere_writes_nothing_more(spark, 
         assert "is no longer its own (held by rollback (run host-b" in out, out[-3000:]
         assert _state(load_registry(b)) == before, "the fenced driver committed or wrote"
         assert read_lock(lease).run_id == "host-b", "its release took another's lease"
+
+
+def _released(value: int, lease: str) -> int:
+    """A row's value, once the lease at ``lease`` is force-released (in a Python worker, while
+    the batch writes)."""
+    force_release(Path(lease))
+    return value
+
+
+def test_a_batch_whose_lease_is_lost_while_it_writes_fails_uncommitted(spark, tmp_path):
+    """The lease is checked after the sink's write too: a batch whose lease an operator
+    released while it wrote fails, before Spark could commit it."""
+    from pyspark.sql import functions as F
+
+    from stateops.spark.streaming import fenced, write_batch
+
+    registry = load_registry(write_registry(tmp_path))
+    query, lease = registry.query(NAME), registry.lock_path(NAME)
+    release = F.udf(lambda v: _released(v, str(lease)), "long")
+    batch = spark.range(1).select(release("id").alias("id"))
+    with QueryLock(lease, NAME, "run", run_id="writer") as lock, fenced(NAME, lock.check):
+        with pytest.raises(LockHeldError, match=r"lease this run \(run writer\) took is no longer"):
+            write_batch(batch, 7, query)
+    assert list(read_sink(Path(query.sink.path)).values()) == [[(0,)]], "the write came first"
+    assert read_lock(lease) is None, "its release took nothing"

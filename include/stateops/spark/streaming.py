@@ -341,10 +341,12 @@ def fenced(name: str, check: Callable[[], None]) -> Iterator[None]:
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
     """Idempotent per batch id for a folder: a re-run of a batch replaces its folder instead of
     adding to it. A Kafka sink is at least once: a re-run writes the batch's records again.
-    First the run's lease is checked (:func:`fenced`)."""
-    fence = _FENCES.get(query.name)
-    if fence is not None:
-        fence()
+
+    The run's lease is checked (:func:`fenced`) before the write and again after it: a batch
+    whose lease was lost while it wrote fails before Spark commits it, and whoever holds the
+    lease now finds it uncommitted (its folder is replaced when it runs again)."""
+    fence = _FENCES.get(query.name, lambda: None)
+    fence()
     _WRITING.add(query.name)
     sink = query.sink
     try:
@@ -361,6 +363,7 @@ def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
             df.write.mode("overwrite").format(sink.format).save(
                 f"{spark_url(sink.path)}/batch_id={sink.folder_batch(batch_id)}"
             )
+        fence()
     finally:
         _WRITING.discard(query.name)
 
