@@ -10,6 +10,7 @@ import pytest
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError
+from stateops.core.storage import list_files, location
 from stateops.spark.export import MANIFEST, export_state, state_checksum
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import ALL_CASES, join_case, land
@@ -149,6 +150,19 @@ def test_refusals_change_nothing(spark, written, tmp_path):
         export_state(spark, str(ckpt), tmp_path / "full")
     assert tree_digest(ckpt) == before
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
+
+
+def test_an_export_into_an_s3_prefix_that_holds_something_is_refused(
+    spark, written, s3a_env, tmp_path
+):
+    ckpt = written["page_visits-rocksdb"]
+    full = location(s3a_env.url(f"{tmp_path.name}/full"))
+    (full / "keep.txt").write_text("mine")
+    with pytest.raises(
+        CheckpointError, match=r"full: not empty; export into a new or empty prefix"
+    ):
+        export_state(spark, str(ckpt), full)
+    assert list_files(full) == {"keep.txt": 4}
 
 
 def test_cli_export_through_spark_submit(written, tmp_path):

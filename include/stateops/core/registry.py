@@ -614,15 +614,20 @@ class Registry(_Model):
         runs = self.control_place(name, "runs") if self.control else self.state_dir / "runs" / name
         return runs / (f"{safe_run_id(run_id)}.json" if run_id else "latest.json")
 
-    def run_registry_path(self, name: str, operation: str, run_id: str) -> Path | S3Path:
-        """Where run ``run_id`` of ``operation`` (a migration, an upgrade, a backfill with
-        overrides) keeps the registry its Spark steps run with (:func:`derived_registry`): in
-        the control store where the registry names one (a later step may run on any host),
-        else under ``data_dir``."""
+    def work_path(self, name: str, operation: str, run_id: str) -> Path | S3Path:
+        """The folder of run ``run_id`` of ``operation`` on query ``name``: what one step
+        writes and a later one reads (a migration's export, the registry its Spark steps run
+        with). In the control store where the registry names one (a later step may run on any
+        host), else under ``data_dir``."""
         run = safe_run_id(run_id)
         if self.control:
-            return self.control_place(name, "work", run, "registry.yaml")
-        return self.state_dir / operation / run / "registry.yaml"
+            return self.control_place(name, "work", run)
+        return self.state_dir / operation / run
+
+    def run_registry_path(self, name: str, operation: str, run_id: str) -> Path | S3Path:
+        """Where run ``run_id`` of ``operation`` (a migration, an upgrade, a backfill with
+        overrides) keeps the registry its Spark steps run with (:func:`derived_registry`)."""
+        return self.work_path(name, operation, run_id) / "registry.yaml"
 
     def switch_path(self, name: str) -> Path | S3Path:
         """Where a migration records the query's current source and checkpoint: in the

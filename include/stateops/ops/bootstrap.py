@@ -11,7 +11,6 @@ commits, so that batch's state is proven against the old checkpoint's.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -38,7 +37,7 @@ from stateops.ops.transplant import (
     transplant_checkpoint,
     transplant_refusals,
 )
-from stateops.spark.export import MANIFEST
+from stateops.spark.export import MANIFEST, read_manifest
 from stateops.spark.initial_state import (
     check_initial_types,
     read_raw_initial_state,
@@ -99,7 +98,7 @@ def plan_bootstrap(
         accept_differences,
         "run it again with --accept-differences (the DAG: accept_differences on)",
     )
-    export = f"{query.name}-{uuid.uuid4().hex[:8]}"
+    work = registry.work_path(query.name, "bootstrap", uuid.uuid4().hex[:8])
     return {
         "query": query.name,
         "checkpoint": str(path),
@@ -111,7 +110,7 @@ def plan_bootstrap(
         "road": road,
         "road_note": note,
         "differences": differences,
-        "export": str(registry.state_dir / "bootstrap" / "exports" / export),
+        "export": str(work / "export"),
     }
 
 
@@ -210,21 +209,16 @@ def _initial_format(src: Path | S3Path, fmt: str | None) -> str:
         fmt = fmt or Path(src.name).suffix.lstrip(".") or "parquet"
     if fmt not in FORMATS:
         raise StateOpsError(f"{src}: unknown initial state format {fmt!r} ({', '.join(FORMATS)})")
-    if isinstance(src, S3Path) and fmt != "checkpoint":
-        raise StateOpsError(
-            f"{src}: an initial state in S3 is read from a checkpoint only, not from {fmt}; "
-            "copy it to a local folder (or bootstrap from the checkpoint it was exported from)"
-        )
     return fmt
 
 
-def _check_export(source: Path, query: Query) -> None:
+def _check_export(source: Path | S3Path, query: Query) -> None:
     """What Spark would refuse later, checked before it starts: a readable manifest that
     lists the variable ``initial_state.from_export`` reads, and that variable's folder."""
     assert query.initial_state is not None
     manifest_path = source / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = read_manifest(source)
         entries = manifest["entries"]
         variables = {e["variable"]: e["path"] for e in entries}
     except FileNotFoundError:
@@ -250,12 +244,12 @@ def _check_export(source: Path, query: Query) -> None:
         )
 
 
-def initial_state_differences(export: str | Path, query: Query) -> list[str]:
+def initial_state_differences(export: str | Path | S3Path, query: Query) -> list[str]:
     """Why bootstrapping ``query`` from state export ``export`` would not go on as the
     exported query would have (empty: it would): an export that does not record its list
     order or watermarks (made by an older version), and the differences between the
     exported checkpoint's state and the processor's, while that checkpoint is readable."""
-    manifest = json.loads((Path(export) / MANIFEST).read_text(encoding="utf-8"))
+    manifest = read_manifest(export)
     reasons = []
     if "watermark" not in manifest:
         reasons.append(
@@ -330,7 +324,7 @@ def prepare_bootstrap(
     record = {k: plan[k] for k in ("initial_state", "format", "checkpoint")} | {"rows": rows}
     marker = {"road": "initial_state", **record}
     if plan["format"] == "export":
-        manifest = json.loads((Path(plan["initial_state"]) / MANIFEST).read_text("utf-8"))
+        manifest = read_manifest(plan["initial_state"])
         if "watermark" in manifest:  # the new checkpoint continues from the exported batch
             marker["origin"] = {
                 "checkpoint": manifest["checkpoint"],

@@ -149,10 +149,6 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _work_dir(registry: Registry, run_id: str) -> Path:
-    return registry.state_dir / "migration" / safe_run_id(run_id)
-
-
 def default_checkpoint(query: Query) -> Path | S3Path:
     """``<checkpoint>.v2`` beside the old one (``.v3`` after that, ...): the first free one
     (in S3, a prefix beside the old one)."""
@@ -211,7 +207,7 @@ def plan_migration(
     repartition = repartition_from(cp, runs_as, last) if road == "transplant" else None
     refuse_differences(name, differences, accept_differences, _ACCEPT)
     lock = refuse_unholdable(_lock_file(target, run_id), name, run_id)
-    work = _work_dir(registry, run_id or "plan")
+    work = registry.work_path(name, OPERATION, run_id or "plan")
     return {
         "query": name,
         "run_id": run_id,

@@ -375,7 +375,7 @@ def plan_upgrade(target: Target, new_checkpoint: str = "", run_id: str = "") -> 
         )
     new = migration._new_checkpoint(registry, query, new_checkpoint)
     lock = refuse_unholdable(target.lock_file, query.name, run_id)
-    work = registry.state_dir / "upgrade" / (run_id or "plan")
+    work = registry.work_path(query.name, OPERATION, run_id or "plan")
     name = next(iter(query.inputs))
     source = query.inputs[name].model_dump(by_alias=True)
     return plan | {

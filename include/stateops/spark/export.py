@@ -6,7 +6,9 @@ an order-independent checksum, so two exports of the same state compare equal wh
 partitioning or row order. List state is exported one row per element with its position in
 the list (``list_position``, 0 first): the order is part of the state (a session's events,
 in the order they arrived), so it is part of the checksum too. The manifest also records the
-batch's watermarks, which a carry-over continues from. Spark-side: PySpark is imported lazily.
+batch's watermarks, which a carry-over continues from. An export is a local folder or an S3
+prefix (on a fleet, the host that bootstraps from it is not the one that exported it).
+Spark-side: PySpark is imported lazily.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,10 +25,10 @@ from stateops.core.access import refuse_unreadable, refuse_unwritable
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.formats import parse_offsets
-from stateops.core.staging import has_entries
-from stateops.core.storage import in_s3, location
+from stateops.core.staging import has_entries, occupied
+from stateops.core.storage import S3Path, location, remove_all
 from stateops.core.verify import refuse_damaged
-from stateops.spark.streaming import checkpoint_url
+from stateops.spark.streaming import checkpoint_url, data_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -38,6 +39,8 @@ __all__ = [
     "batch_watermarks",
     "check_export",
     "export_state",
+    "read_exported",
+    "read_manifest",
     "read_ordered_state",
     "read_state_variable",
     "state_checksum",
@@ -48,6 +51,19 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 POSITION = "list_position"
+
+
+def read_manifest(export: str | os.PathLike[str] | S3Path) -> dict[str, Any]:
+    """The manifest of the export at ``export`` (a folder or an S3 prefix);
+    ``FileNotFoundError`` where it has none."""
+    return json.loads((location(export) / MANIFEST).read_text(encoding="utf-8"))
+
+
+def read_exported(
+    spark: SparkSession, export: str | os.PathLike[str] | S3Path, entry: dict[str, Any]
+) -> DataFrame:
+    """The rows of a manifest's ``entry`` in the export at ``export``, read by Spark."""
+    return spark.read.parquet(data_url(spark, location(export) / entry["path"]))
 
 
 def state_checksum(df: DataFrame) -> tuple[int, str]:
@@ -191,12 +207,11 @@ def check_export(
     files = cp.restart_files(batch)  # the batch is committed and its state files are all there
     refuse_unreadable(f"export of {checkpoint}", [cp.root / rel for rel in files])
     refuse_damaged(cp, files, f"export of {checkpoint}")
-    if in_s3(out):
-        raise StateOpsError(
-            f"{out}: an export goes to a local folder (its manifest is a local file); export "
-            "there, then copy it to S3 if it must live there"
-        )
-    out = Path(out)
+    out = location(out)
+    if isinstance(out, S3Path):
+        if occupied(out):
+            raise CheckpointError(f"{out}: not empty; export into a new or empty prefix")
+        return cp, batch
     try:
         is_dir = stat.S_ISDIR(out.stat().st_mode)
     except FileNotFoundError:
@@ -210,7 +225,7 @@ def check_export(
 
 
 def export_state(
-    spark: SparkSession, checkpoint: str, out: str | Path, batch: int | None = None
+    spark: SparkSession, checkpoint: str, out: str | Path | S3Path, batch: int | None = None
 ) -> dict[str, Any]:
     """Export the state after committed ``batch`` (default: the last) to ``out``; the manifest.
 
@@ -218,25 +233,26 @@ def export_state(
     non-empty ``out``; the manifest is written last, so an export without one is incomplete.
     """
     cp, batch = check_export(checkpoint, out, batch)
-    out = Path(out)
-    existed = out.exists()
+    out = location(out)
+    existed = isinstance(out, Path) and out.exists()
     try:
         manifest = _export(spark, cp, batch, out)
     except BaseException:  # no partial export left behind: the folder is as it was
-        shutil.rmtree(out, ignore_errors=True)
+        if isinstance(out, S3Path) or out.exists():
+            remove_all(out)
         if existed:
             out.mkdir()
         raise
     return manifest
 
 
-def _export(spark: SparkSession, cp: Checkpoint, batch: int, out: Path) -> dict[str, Any]:
+def _export(spark: SparkSession, cp: Checkpoint, batch: int, out: Path | S3Path) -> dict[str, Any]:
     entries = []
     for read in state_reads(spark, str(cp.root), batch):
         df = read_ordered_state(spark, str(cp.root), batch, read).drop("partition_id")
         folder = f"op{read['operator_id']}/{re.sub(r'[^A-Za-z0-9_.-]', '_', read['variable'])}"
-        df.write.parquet(str(out / folder))
-        rows, checksum = state_checksum(spark.read.parquet(str(out / folder)))
+        df.write.parquet(data_url(spark, out / folder))
+        rows, checksum = state_checksum(spark.read.parquet(data_url(spark, out / folder)))
         entries.append(
             {
                 "operator_id": read["operator_id"],

@@ -4,15 +4,14 @@ repeated keys) before Spark applies it with batch 0."""
 
 from __future__ import annotations
 
-import json
 import operator
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query
-from stateops.spark.export import MANIFEST
+from stateops.spark.export import read_exported, read_manifest
+from stateops.spark.streaming import data_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,17 +39,17 @@ def read_raw_initial_state(spark: SparkSession, query: Query, source: str, fmt: 
             df = _mapped(spark, query, exported_state(spark, source))
             return df.select(*[F.col(f.name) for f in schema])
         if fmt == "export":
-            manifest = json.loads((Path(source) / MANIFEST).read_text(encoding="utf-8"))
             variable = spec.from_export["variable"]
-            entry = next((e for e in manifest["entries"] if e["variable"] == variable), None)
+            entries = read_manifest(source)["entries"]
+            entry = next((e for e in entries if e["variable"] == variable), None)
             if entry is None:
                 raise StateOpsError(f"{source}: the export has no state variable {variable!r}")
-            df = spark.read.parquet(str(Path(source) / entry["path"]))
+            df = read_exported(spark, source, entry)
             return df.select(*[F.expr(spec.from_export[f.name]).alias(f.name) for f in schema])
         reader = spark.read.format(fmt)
         if fmt == "csv":  # every column as text: the type check below names bad values
             reader = reader.option("header", "true")
-        df = reader.load(source)
+        df = reader.load(data_url(spark, source))
         if spec.position and spec.position not in df.columns:
             df = df.withColumn(spec.position, F.lit(None))  # no recorded order: null
         return df.select(*[F.col(f.name) for f in schema])
@@ -65,15 +64,14 @@ def exported_state(spark: SparkSession, export: str) -> dict[str, DataFrame]:
     """A state export's variables (a built-in operator's store: ``default``) by name, each as
     the export wrote it (a list's elements with their ``list_position``); where two operators
     have a variable of the same name, both are named ``op<operator id>.<name>``."""
-    manifest = json.loads((Path(export) / MANIFEST).read_text(encoding="utf-8"))
-    entries = manifest["entries"]
+    entries = read_manifest(export)["entries"]
     names = [e["variable"] for e in entries]
     return {
         (
             e["variable"]
             if names.count(e["variable"]) == 1
             else f"op{e['operator_id']}.{e['variable']}"
-        ): spark.read.parquet(str(Path(export) / e["path"]))
+        ): read_exported(spark, export, e)
         for e in entries
     }
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import audit_dir
@@ -37,8 +36,9 @@ from stateops.core.registry import Query
 from stateops.core.sources import kafka_offsets
 from stateops.core.storage import write_file
 from stateops.spark.export import (
-    MANIFEST,
     batch_watermarks,
+    read_exported,
+    read_manifest,
     read_ordered_state,
     state_checksum,
     state_checksums,
@@ -497,11 +497,8 @@ def _old_state(
         export = origin.get("export")
         if not export:
             raise
-        manifest = json.loads((Path(export) / MANIFEST).read_text(encoding="utf-8"))
-        frames = {
-            e["variable"]: spark.read.parquet(str(Path(export) / e["path"]))
-            for e in manifest["entries"]
-        }
+        manifest = read_manifest(export)
+        frames = {e["variable"]: read_exported(spark, export, e) for e in manifest["entries"]}
         return frames, manifest["watermark"], f"the export {export} (its checkpoint is gone)"
     frames = {
         read["variable"]: read_ordered_state(spark, str(cp.root), batch, read).drop("partition_id")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.core.errors import RegistryError
 from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query, Registry, Source
-from stateops.core.storage import in_s3, spark_url
+from stateops.core.storage import S3Path, in_s3, spark_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -32,6 +32,7 @@ __all__ = [
     "build_session",
     "check_code",
     "checkpoint_url",
+    "data_url",
     "use_s3",
     "clock_driven",
     "uses_kafka",
@@ -97,13 +98,21 @@ def use_s3(spark: SparkSession) -> None:
         spark.conf.set(key.removeprefix("spark.hadoop."), value)
 
 
+def data_url(spark: SparkSession, path: str | os.PathLike[str] | S3Path) -> str:
+    """How Spark names ``path``, a folder or file of data (an export, an initial state), with
+    ``spark`` set to reach it where it is in S3 (:func:`use_s3`)."""
+    url = spark_url(path)
+    if url.startswith("s3a://"):
+        use_s3(spark)
+    return url
+
+
 def checkpoint_url(spark: SparkSession, checkpoint: str | os.PathLike[str]) -> str:
     """How Spark names ``checkpoint`` (``s3a://`` for S3), with ``spark`` set for it: on S3 the
     S3 settings (:func:`use_s3`) and the project's S3 checkpoint file manager, elsewhere Spark's
     default manager. Call it before Spark reads or writes a checkpoint."""
-    url = spark_url(checkpoint)
+    url = data_url(spark, checkpoint)
     if url.startswith("s3a://"):
-        use_s3(spark)
         spark.conf.set(CHECKPOINT_FILE_MANAGER, S3_FILE_MANAGER)
     else:
         spark.conf.unset(CHECKPOINT_FILE_MANAGER)
