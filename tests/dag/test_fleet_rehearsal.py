@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateops.control.audit import read_audit
+from stateops.control.audit import audit_dir, read_audit
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
+from stateops.core.storage import location
 from stateops.ops.backup import list_backups
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, write_registry
 from tests.dag.test_stream_start_run import OUTPUT_COLUMNS, _airflow, _failed_tasks
 from tests.spark.harness import land, read_sink, run_in_session
 from tests.spark.migrations import Migration, assert_migrated, uninterrupted
+from tests.spark.upgrading import PER_PAGE, run_old_code, with_new_code
 
 pytestmark = pytest.mark.dag
 NAME = "page_visits"
@@ -82,7 +84,7 @@ def _on_the_fleet(tmp_path: Path, s3a, *args: str, env: dict[str, str] | None = 
 def _local_records(hosts: list[Path]) -> list[str]:
     """What the hosts kept of the lifecycle's records in their own folders (none should:
     another host could not read them)."""
-    kept = ("runs", "switch", "locks", "control", "backfill", "bootstrap")
+    kept = ("runs", "switch", "locks", "control", "backfill", "bootstrap", "migration", "upgrade")
     return [str(p) for h in hosts for k in kept for p in (h / "_stateops" / k).glob("**/*")]
 
 
@@ -135,20 +137,30 @@ def test_stream_start_and_a_backfill_with_overrides_run_with_every_task_on_its_o
     assert _local_records(hosts) == []
 
 
+# Each road's steps, each on a host of its own: on the initialState road the export is written
+# on one host, validated on another and bootstrapped from on a third (its job runs the new
+# checkpoint's batch 0), and the proof, on a fourth, reads what they left.
+ROAD_STEPS = {
+    "transplant": {"drain", "transplant", "first_batch", "prove", "switch"},
+    "initial_state": {"drain", "export", "validate_export", "bootstrap", "prove", "switch"},
+}
+
+
+@pytest.mark.parametrize("road", ROAD_STEPS)
 def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_new_query(
-    spark, s3, s3a_env, tmp_path
+    spark, s3, s3a_env, tmp_path, road
 ):
-    """The migration DAG (transplant road) with each step on its own host: its own registry
-    and the first batch's summary go through the control store; its switch is written there;
-    the next scheduled stream_start, on yet other hosts, runs the new query on the new
-    checkpoint; the state and output equal an uninterrupted run's."""
+    """The migration DAG with each step on its own host: its own registry, its export and
+    the first batch's summary go through the control store; its switch is written there; the
+    next scheduled stream_start, on yet other hosts, runs the new query on the new checkpoint;
+    the state and output equal an uninterrupted run's."""
     whole = uninterrupted(spark, tmp_path, NAME)
     m = Migration(spark, tmp_path, NAME, s3)
     control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
     query = m.query()
     m.edit_registry(queries={NAME: _placed(m.path)}, control=control)
     new_source = tmp_path / "landing_v2" / NAME
-    conf = m.conf(new_source_path=str(new_source))
+    conf = m.conf(new_source_path=str(new_source), carry_over=road)
     last = sorted(new_source.iterdir())[-1]
     held_back = tmp_path / last.name
     os.replace(last, held_back)  # arrives after the switch: for the next scheduled run
@@ -164,7 +176,7 @@ def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_n
     )
     assert run.returncode == 0, migrated[-8000:]
     steps = {h.name.rsplit("-", 1)[0] for h in hosts}
-    assert {"drain", "transplant", "first_batch", "switch"} <= steps, steps
+    assert ROAD_STEPS[road] <= steps, steps
     switch = load_registry(m.path).switch_path(NAME)
     assert str(switch).startswith(control) and switch.exists()
     assert _local_records(hosts) == []
@@ -174,7 +186,77 @@ def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_n
     assert run.returncode == 0, log[-5000:]
     summary = json.loads(load_registry(m.path).run_summary_path(NAME).read_text())
     assert summary["checkpoint"] == query.checkpoint + ".v2" and summary["batches_run"] > 0
-    assert_migrated(spark, m, whole, migrated, "transplant")
+    assert_migrated(spark, m, whole, migrated, road)
+    lineage = json.loads((audit_dir(summary["checkpoint"]) / "lineage.json").read_text())
+    assert lineage["export"].startswith(f"{control}/{NAME}/work/"), lineage["export"]
+
+
+def test_a_bootstrap_from_an_initial_state_in_s3_runs_with_every_task_on_its_own_host(
+    s3a_env, tmp_path
+):
+    """stream_bootstrap with each task on its own host, from data files in S3 (where every
+    host reads them): planned on one, validated and started on another, its batch 0 recorded
+    and its state verified and validated on others."""
+    control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
+    path = _fleet_registry(tmp_path, control, s3a_env.url(f"backups-{uuid.uuid4().hex[:8]}"))
+    land(tmp_path / "landing", round_=0, files=1)
+    initial = location(f"{control}-initial/visits.json")
+    row = {"user_id": "u90001", "page": "help", "visited_at": "2025-12-29T08:00:00Z"}
+    initial.write_text(json.dumps(row) + "\n")
+
+    conf = {"query": NAME, "initial_state": str(initial), "dry_run": False}
+    run, log, hosts = _on_the_fleet(
+        tmp_path, s3a_env, "dags", "test", "stream_bootstrap", "--conf", json.dumps(conf)
+    )
+    assert run.returncode == 0, log[-5000:]
+    steps = {h.name.rsplit("-", 1)[0] for h in hosts}
+    assert {"plan", "bootstrap", "record", "verify_state"} <= steps, steps
+    summary = json.loads(load_registry(path).run_summary_path(NAME).read_text())
+    assert summary["operation"] == "bootstrap" and summary["bootstrap"] == "complete", summary
+    assert summary["prepared"]["rows"] == 1 and summary["prepared"]["initial_state"] == str(initial)
+    assert f"OK: state of {NAME} after batch 0; Data Docs: " in log  # validated on its own host
+    assert _local_records(hosts) == []
+
+
+def test_a_code_upgrade_rewrites_on_one_host_and_the_next_run_on_another_runs_the_new_code(
+    spark, s3, s3a_env, tmp_path
+):
+    """stream_code_upgrade with each step on its own host: the export is written on one host
+    and rewritten from on another (through the control store), the switch is recorded there,
+    and the next scheduled stream_start, elsewhere, runs the new code on the new checkpoint."""
+    old = run_old_code(spark, tmp_path / "old", "unsaferow")
+    path = with_new_code(old, tmp_path / "data", "unsaferow", **PER_PAGE)
+    control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
+    raw = yaml.safe_load(path.read_text())
+    raw.update(queries={NAME: _placed(path)}, control=control)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    before = load_registry(path).query(NAME).checkpoint
+    conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET}
+    env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn | {"extra": {"endpoint_url": s3.endpoint}})}
+
+    conf = {"query": NAME, "dry_run": False}
+    run, log, hosts = _on_the_fleet(
+        tmp_path / "data", s3a_env, "dags", "test", "stream_code_upgrade", "--conf",
+        json.dumps(conf), env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, log[-8000:]
+    steps = {h.name.rsplit("-", 1)[0] for h in hosts}
+    assert {"backup", "export", "rewrite", "prove", "switch"} <= steps, steps
+    query = load_registry(path).query(NAME)
+    assert query.checkpoint == f"{before}.v2"
+    lineage = json.loads((audit_dir(query.checkpoint) / "lineage.json").read_text())
+    assert lineage["export"].startswith(f"{control}/{NAME}/work/"), lineage["export"]
+    assert location(lineage["export"]).is_dir(), "the export the rewrite read is in the store"
+    assert _local_records(hosts) == []
+
+    land(tmp_path / "data" / "landing", round_=1, files=1)
+    run, log, hosts = _on_the_fleet(
+        tmp_path / "data", s3a_env, "dags", "test", "stream_start", env=env
+    )
+    assert run.returncode == 0, log[-5000:]
+    summary = json.loads(load_registry(path).run_summary_path(NAME).read_text())
+    assert summary["checkpoint"] == query.checkpoint and summary["batches_run"] > 0, summary
+    assert summary["logic"] == query.logic, "the new code ran"
 
 
 def test_without_a_control_store_the_rehearsal_fails_where_a_task_reads_another_s_folder(

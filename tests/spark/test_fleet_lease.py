@@ -8,6 +8,7 @@ batch fails before the sink's write, which is where the stateful operators run."
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import uuid
@@ -20,8 +21,9 @@ from stateops.control.lock import QueryLock, force_release, read_lock
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import LockHeldError
 from stateops.core.registry import Registry, load_registry
-from tests.conftest import run_cli, write_registry
-from tests.spark.harness import job_in_session, land, read_sink
+from stateops.core.storage import location
+from tests.conftest import run_cli, run_query_command, write_registry
+from tests.spark.harness import job_in_session, land, read_sink, read_state, run_in_session
 
 pytestmark = pytest.mark.spark
 NAME = "page_counts"  # Spark's own aggregation on the HDFS-backed store
@@ -164,3 +166,67 @@ def test_a_batch_whose_lease_is_lost_while_it_writes_fails_uncommitted(spark, tm
             write_batch(batch, 7, query)
     assert list(read_sink(Path(query.sink.path)).values()) == [[(0,)]], "the write came first"
     assert read_lock(lease) is None, "its release took nothing"
+
+
+def test_two_drivers_started_at_once_on_an_s3_checkpoint_one_runs_and_kafka_gets_each_batch_once(
+    spark, kafka, s3a_env, tmp_path
+):
+    """Two spark-submits of one query that reads and writes Kafka, its checkpoint and control
+    store in S3, started at once (two workers' retries of one task): one runs, the other is
+    refused by the lease before it reads anything. The sink topic and the state then hold each
+    batch once: what the same query run alone writes."""
+    from tests.spark.test_kafka_rollback import READS, entry, read_topic, visits
+
+    tag = uuid.uuid4().hex[:8]
+    source = kafka.create_topic(f"two-drivers-in-{tag}", partitions=2, **{"retention.ms": "-1"})
+    kafka.produce(source, visits(60))  # 6 batches of 10
+    registries, sinks = {}, {}
+    for side in ("both", "alone"):
+        sinks[side] = kafka.create_topic(f"two-drivers-{side}-{tag}", partitions=2)
+        path = write_registry(tmp_path / side, page_visits=entry(tmp_path, source, sinks[side]))
+        raw = yaml.safe_load(path.read_text())
+        raw["queries"]["page_visits"]["trigger"] = {"processing_time": "1 second"}
+        if side == "both":
+            raw["queries"]["page_visits"]["checkpoint"] = s3a_env.url(f"two-drivers-{tag}/cp")
+            raw["control"] = s3a_env.url(f"fleet-{tag}")
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        registries[side] = path
+    run_in_session(spark, registries["alone"], "page_visits", "--mode", "available-now")
+    alone = load_registry(registries["alone"]).query("page_visits").checkpoint
+    last = load_checkpoint(alone).last_committed_batch
+
+    logs = {run_id: tmp_path / f"{run_id}.log" for run_id in ("driver-1", "driver-2")}
+    drivers = {
+        run_id: subprocess.Popen(
+            run_query_command(
+                registries["both"], "page_visits", "--mode", "continuous", "--run-id", run_id
+            ),
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for run_id, log in logs.items()
+    }
+    try:
+        both = load_registry(registries["both"]).query("page_visits").checkpoint
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (
+            location(both).exists() and load_checkpoint(both).last_committed_batch == last
+        ):
+            time.sleep(1)
+        ended = {r: p for r, p in drivers.items() if p.poll() is not None}
+        assert len(ended) == 1, f"not exactly one driver ended: {sorted(ended)}"
+        (loser,) = ended
+        (winner,) = set(drivers) - {loser}
+        said = logs[loser].read_text()
+        assert ended[loser].returncode == 2 and f"locked by run (run {winner}" in said, said[-3000:]
+        assert load_checkpoint(both).last_committed_batch == last, "the winner ran every batch"
+        stop = run_cli("--registry", str(registries["both"]), "stop", "page_visits")
+        assert stop.returncode == 0, stop.stderr
+        assert drivers[winner].wait(120) == 0, logs[winner].read_text()[-3000:]
+    finally:
+        for driver in drivers.values():
+            driver.kill()
+    assert read_topic(kafka, sinks["both"], {}, kafka.offsets(sinks["both"])) == read_topic(
+        kafka, sinks["alone"], {}, kafka.offsets(sinks["alone"])
+    )
+    assert read_state(spark, both, READS) == read_state(spark, alone, READS)
