@@ -11,17 +11,19 @@ name of its own and imports absolutely.
 from __future__ import annotations
 
 import html
-from pathlib import Path
+import mimetypes
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from airflow.api_fastapi.core_api.security import requires_authenticated
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.core.report import format_bytes
+from stateops.core.storage import S3Path
 from stateops.spark.expectations import data_docs_path
 from stateops.status import describe_cleanup, query_status
 from stateops_airflow.forms import FormCheck
@@ -60,15 +62,26 @@ def status_page() -> str:
 
 
 @app.get("/docs/{query}/{path:path}")
-def data_docs(query: str, path: str) -> FileResponse:
-    """A query's Great Expectations Data Docs (static files, inside their own folder only)."""
+def data_docs(query: str, path: str) -> Response:
+    """A query's Great Expectations Data Docs (static files, inside their own folder only): a
+    local folder, or for a checkpoint in S3 its prefix there (any host's validations)."""
+    missing = HTTPException(404, f"no such Data Docs file: {path}")
     try:
-        root = data_docs_path(load_registry().query(query)).parent.resolve()
+        root = data_docs_path(load_registry().query(query)).parent
     except StateOpsError as err:
         raise HTTPException(404, str(err)) from None
+    if isinstance(root, S3Path):
+        if ".." in PurePosixPath(path).parts:
+            raise missing
+        try:
+            body = (root / path).read_bytes()
+        except (FileNotFoundError, StateOpsError):
+            raise missing from None
+        return Response(body, media_type=mimetypes.guess_type(path)[0] or "text/plain")
+    root = root.resolve()
     file = (root / path).resolve()
     if not file.is_relative_to(root) or not file.is_file():
-        raise HTTPException(404, f"no such Data Docs file: {path}")
+        raise missing
     return FileResponse(file)
 
 

@@ -7,11 +7,12 @@ landed input: one with local checkpoints and sinks, one with the checkpoints in 
 sink in S3 too). The shapes: a processor (transformWithStateInPandas, RocksDB), an
 aggregation on the HDFS-backed store and a stream-stream join on RocksDB. Both go through the
 same chain of jobs, in-process in the shared session (the one spark-submit proof is the last
-test): run available-now, export, ``verify --data`` (Great Expectations), a continuous run
-stopped gracefully, a repartition, a backfill's rollback and reprocessing, a bootstrap from
-the export. After each step, each test compares the two sides through Spark's own readers:
-the state (``statestore``, through :func:`stateops.spark.streaming.checkpoint_url`) and the
-sinks, and asserts there is something to compare.
+test): run available-now, export (the S3 side's into S3), ``verify --data`` (Great
+Expectations), a continuous run stopped gracefully, a repartition, a backfill's rollback and
+reprocessing, a bootstrap from the export (the S3 side's read from S3). After each step,
+each test compares the two sides through Spark's own readers: the state (``statestore``,
+through :func:`stateops.spark.streaming.checkpoint_url`) and the sinks, and asserts there is
+something to compare.
 """
 
 from __future__ import annotations
@@ -130,9 +131,10 @@ def continuous(spark, registry: Path, name: str, until_batch: int) -> dict:
 class World:
     """Both sides' registries and what each step left on them."""
 
-    def __init__(self, root: Path, registries: dict[str, Path]) -> None:
+    def __init__(self, root: Path, registries: dict[str, Path], exports: dict[str, str]) -> None:
         self.root = root
         self.registries = registries
+        self.exports = exports  # where each side's export step writes, by side
         self.steps: dict[str, dict] = {}
 
     def step(self, name: str, each: Callable[[str, Path], object], after: Callable) -> None:
@@ -177,7 +179,8 @@ def build_world(spark, s3a, root: Path) -> World:
             raw["queries"][S3_SINK]["sink"]["path"] = f"s3a{prefix[2:]}/output/{S3_SINK}"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         registries[side] = path
-    world = World(root, registries)
+    exports = {"local": str(root / "exports"), "s3": f"{s3a.url(root.name)}/exports"}
+    world = World(root, registries, exports)
     scratch = root / "scratch"
     scratch.mkdir()
     snap = lambda side, reg: snapshot(spark, reg, scratch)  # noqa: E731
@@ -196,7 +199,7 @@ def build_world(spark, s3a, root: Path) -> World:
         for name in QUERIES:
             code, stdout = job_in_session(
                 spark, "export_state.py", "--registry", str(reg), "--checkpoint", name,
-                "--out", str(root / "exports" / side / name),
+                "--out", f"{exports[side]}/{name}",
             )  # fmt: skip
             out[name] = summary_of(code, stdout)
         return out
@@ -261,16 +264,17 @@ def build_world(spark, s3a, root: Path) -> World:
     world.step("backfill", backfill, lambda side, reg: snapshot(spark, reg, scratch, (S3_SINK,)))
 
     def bootstrap(side, reg):
-        # page_visits into a new checkpoint on each side, from the local export of the S3 or
-        # the local checkpoint (the export step's). It reads the same sources, so it goes on
-        # from the exported batch's positions: a run over the input that batch had not read.
+        # page_visits into a new checkpoint on each side, from that side's export (the S3
+        # side's read from S3, as a bootstrap on another host than the export's reads it). It
+        # reads the same sources, so it goes on from the exported batch's positions: a run
+        # over the input that batch had not read.
         raw = yaml.safe_load(reg.read_text())
         entry = raw["queries"][NAME]
         entry["checkpoint"] = entry["checkpoint"] + "-bootstrapped"
         entry["sink"]["path"] = str(root / side / "output" / "bootstrapped")
         reg.write_text(yaml.safe_dump(raw, sort_keys=False))
         target, plan = preflight_bootstrap(
-            str(reg), NAME, str(root / "exports" / side / NAME), None, "auto", False
+            str(reg), NAME, f"{exports[side]}/{NAME}", None, "auto", False
         )
         return run_bootstrap(target, plan, run_id=new_run_id("bootstrap"), log=quiet)["status"]
 
@@ -296,6 +300,9 @@ def test_export_of_an_s3_checkpoint_equals_the_local_export(world):
             {k: v for k, v in step["done"][side][name].items() if k != "query_id"} for side in SIDES
         )
         assert s3 == local and any(e["rows"] for e in local["entries"]), name
+        manifest = location(world.exports["s3"]) / name / "manifest.json"  # the export in S3
+        entries = json.loads(manifest.read_text())["entries"]
+        assert [{k: e[k] for k in local["entries"][0]} for e in entries] == local["entries"]
 
 
 def test_verify_data_reads_the_state_from_s3_as_from_local(world):
@@ -305,7 +312,47 @@ def test_verify_data_reads_the_state_from_s3_as_from_local(world):
         assert code == s3_code == 0, (local, s3)
         assert s3["checkpoint"].startswith("s3://") and s3["results_file"].startswith("s3://")
         assert comparable(s3) == comparable(local) and local["variables"], name
-        assert Path(s3["data_docs"]).is_file(), s3["data_docs"]  # GX's docs: a local folder
+        assert Path(local["data_docs"]).is_file(), local["data_docs"]  # beside the checkpoint
+        assert s3["data_docs"].startswith("s3://") and location(s3["data_docs"]).exists(), s3
+
+
+def test_the_data_docs_of_an_s3_checkpoint_list_every_host_s_validations(
+    spark, world, monkeypatch, tmp_path
+):
+    """A validation on another host (its own, empty, local GX folder) builds the Data Docs in
+    S3 over the project the world's validation published: its index lists both runs."""
+    first = steps_done(world, "verify-data")["done"]["s3"][NAME][1]
+    docs = location(first["data_docs"])
+    results = docs.parent.parent.parent / "validations"  # GX's uncommitted/validations
+
+    def runs() -> set[str]:  # the run times of the validation results kept there
+        keys = [k.split("/__none__/") for k in list_files(results)]
+        return {key[1].split("/")[0] for key in keys if len(key) == 2}
+
+    before = runs()
+    raw = yaml.safe_load(world.registries["s3"].read_text())
+    raw["queries"][NAME]["checkpoint"] = first["checkpoint"]  # the one the world validated
+    registry = world.registries["s3"].with_name("validate-again.yaml")
+    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.setenv("STATEOPS_GX_HOME", str(tmp_path / "another-host"))
+    code, out = job_in_session(
+        spark, "validate_state.py", "--registry", str(registry), "--query", NAME, "--json"
+    )
+    assert code == 0, out[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["data_docs"] == first["data_docs"]
+    after, index = runs(), docs.read_text()
+    assert before and before < after and all(run in index for run in after), (before, after)
+
+    # The Streaming state view serves them from S3, inside their own prefix only.
+    from fastapi import HTTPException
+
+    from stateops_ui_plugin import data_docs
+
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
+    assert data_docs(NAME, "index.html").body == docs.read_bytes()
+    for outside in ("../../validations/batch-0.json", "no-such-page.html"):
+        with pytest.raises(HTTPException, match="no such Data Docs file"):
+            data_docs(NAME, outside)
 
 
 def test_a_continuous_run_on_s3_stops_gracefully_as_locally(world):

@@ -25,7 +25,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError
 from stateops.core.formats import OffsetEntry
 from stateops.core.registry import Query
-from stateops.core.storage import S3Path, file_names, write_file
+from stateops.core.storage import S3Path, file_names, list_files, prefetch, publish, write_file
 from stateops.spark.export import read_state_variable, state_reads
 
 Store = tuple[int, str]
@@ -145,7 +145,10 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     audit = audit_dir(query.checkpoint)
     reads = state_reads(spark, query.checkpoint, batch)
     previous_rows = _previous_rows(audit, batch, reads)
-    ctx = gx.get_context(mode="file", project_root_dir=str(gx_root(query.checkpoint).parent))
+    project, shared = gx_root(query.checkpoint), shared_project(query.checkpoint)
+    if shared is not None:
+        _pull(shared, project)
+    ctx = gx.get_context(mode="file", project_root_dir=str(project.parent))
     # GX draws a progress bar per metric, which floods task logs.
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     source = ctx.data_sources.add_or_update_spark(name="state")
@@ -158,6 +161,8 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         checked = _run_checks(ctx, source, name, read["variable"], checks)
         variables.append({"operator_id": read["operator_id"], **checked})
     ctx.build_data_docs()
+    if shared is not None:
+        publish(project, shared)
     docs = data_docs_path(query)
     result = {
         "query": query.name,
@@ -306,9 +311,10 @@ def leaking_keys(result: dict[str, Any]) -> int:
 
 def gx_root(checkpoint: str) -> Path:
     """Great Expectations' project (its context and Data Docs) for ``checkpoint``: in its
-    audit folder, or for a checkpoint in S3, where GX can only write local files, in a local
-    folder named after the checkpoint's URL (``STATEOPS_GX_HOME``, default
-    ``~/.cache/stateops/gx``). The validation results themselves stay in the audit prefix."""
+    audit folder, or for a checkpoint in S3, where GX can only write local files, the local
+    copy of its :func:`shared_project` in a folder named after the checkpoint's URL
+    (``STATEOPS_GX_HOME``, default ``~/.cache/stateops/gx``). The validation results
+    themselves stay in the audit prefix."""
     audit = audit_dir(checkpoint)
     if isinstance(audit, Path):
         return audit / "gx"
@@ -316,5 +322,26 @@ def gx_root(checkpoint: str) -> Path:
     return Path(home) / audit.bucket / audit.key / "gx"
 
 
-def data_docs_path(query: Query) -> Path:
-    return gx_root(query.checkpoint) / "uncommitted" / "data_docs" / "local_site" / "index.html"
+def shared_project(checkpoint: str) -> S3Path | None:
+    """Where the Great Expectations project of a checkpoint in S3 is kept between validations,
+    beside its results (``<checkpoint>.audit/gx/``): each validation, on whichever host, works
+    on a local copy (:func:`gx_root`) pulled from there and publishes it back, so the Data Docs
+    there list every validation. None for a local checkpoint (its project is beside it)."""
+    audit = audit_dir(checkpoint)
+    return audit / "gx" if isinstance(audit, S3Path) else None
+
+
+def _pull(shared: S3Path, local: Path) -> None:
+    """The files of the project at ``shared`` into ``local`` (read at once, in parallel)."""
+    rels = list(list_files(shared))
+    prefetch(shared, rels)
+    for rel in rels:
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes((shared / rel).read_bytes())
+
+
+def data_docs_path(query: Query) -> Path | S3Path:
+    """The index page of the query's Data Docs: in its shared project for a checkpoint in S3
+    (:func:`shared_project`), else beside the checkpoint."""
+    project = shared_project(query.checkpoint) or gx_root(query.checkpoint)
+    return project / "uncommitted" / "data_docs" / "local_site" / "index.html"
