@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,13 +21,14 @@ import pytest
 import yaml
 
 from stateops.control.audit import audit_dir, read_audit
+from stateops.control.lock import read_lock
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import location
 from stateops.ops.backup import list_backups
 from tests.conftest import ROOT, S3_KEY, S3_SECRET, write_registry
 from tests.dag.test_stream_start_run import OUTPUT_COLUMNS, _airflow, _failed_tasks
-from tests.spark.harness import land, read_sink, run_in_session
+from tests.spark.harness import job_in_session, land, read_sink, run_in_session
 from tests.spark.migrations import Migration, assert_migrated, uninterrupted
 from tests.spark.upgrading import PER_PAGE, run_old_code, with_new_code
 
@@ -79,6 +82,25 @@ def _on_the_fleet(tmp_path: Path, s3a, *args: str, env: dict[str, str] | None = 
     before = set(hosts.iterdir())
     run = _airflow(tmp_path, *args, env=env)
     return run, run.stdout + run.stderr, sorted(set(hosts.iterdir()) - before)
+
+
+def _running(spark, registry: Path, run_id: str) -> Future:
+    """``NAME`` run continuously as ``run_id`` in this process's session (a host of its own),
+    once it holds its lease and has committed a batch; its (exit code, output) when it ends."""
+    driver = ThreadPoolExecutor(1).submit(
+        job_in_session, spark, "run_query.py", "--registry", str(registry), "--query", NAME,
+        "--mode", "continuous", "--run-id", run_id, "--poll-seconds", "0.5",
+    )  # fmt: skip
+    query = load_registry(registry).query(NAME)
+    before = load_checkpoint(query.checkpoint).last_committed_batch
+    deadline = time.monotonic() + 120
+    while not driver.done() and time.monotonic() < deadline:
+        held = read_lock(load_registry(registry).lock_path(NAME))
+        if held and held.run_id == run_id:
+            if load_checkpoint(query.checkpoint).last_committed_batch != before:
+                return driver
+        time.sleep(0.5)
+    raise AssertionError(f"{run_id} did not start: {driver.result() if driver.done() else ''}")
 
 
 def _local_records(hosts: list[Path]) -> list[str]:
@@ -150,9 +172,10 @@ ROAD_STEPS = {
 def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_new_query(
     spark, s3, s3a_env, tmp_path, road
 ):
-    """The migration DAG with each step on its own host: its own registry, its export and
-    the first batch's summary go through the control store; its switch is written there; the
-    next scheduled stream_start, on yet other hosts, runs the new query on the new checkpoint;
+    """The migration DAG with each step on its own host, the old query running on yet another:
+    the stop step reaches its driver through the control store; the run's own registry, its
+    export and the first batch's summary go through the store; its switch is written there;
+    the next scheduled stream_start, on other hosts, runs the new query on the new checkpoint;
     the state and output equal an uninterrupted run's."""
     whole = uninterrupted(spark, tmp_path, NAME)
     m = Migration(spark, tmp_path, NAME, s3)
@@ -164,6 +187,7 @@ def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_n
     last = sorted(new_source.iterdir())[-1]
     held_back = tmp_path / last.name
     os.replace(last, held_back)  # arrives after the switch: for the next scheduled run
+    old_run = _running(spark, m.path, "old-driver")
     run, migrated, hosts = _on_the_fleet(
         tmp_path,
         s3a_env,
@@ -175,6 +199,8 @@ def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_n
         env=m.env,
     )
     assert run.returncode == 0, migrated[-8000:]
+    code, out = old_run.result(timeout=60)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["stopped_by_marker"], out
     steps = {h.name.rsplit("-", 1)[0] for h in hosts}
     assert ROAD_STEPS[road] <= steps, steps
     switch = load_registry(m.path).switch_path(NAME)
