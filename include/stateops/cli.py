@@ -696,7 +696,7 @@ def _checkpoint_commands(sub: Any) -> None:
 
     p = sub.add_parser("export", help="state at a committed batch as Parquet + manifest (Spark)")
     p.add_argument("checkpoint", help=TARGET)
-    p.add_argument("--out", required=True, help="a new or empty folder")
+    p.add_argument("--out", required=True, help="a new or empty folder, or S3 prefix")
     p.add_argument("--batch", type=int, help="a committed batch (default: the last)")
     _master(p)
     p.set_defaults(func=cmd_export)

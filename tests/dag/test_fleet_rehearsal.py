@@ -87,12 +87,12 @@ def _on_the_fleet(tmp_path: Path, s3a, *args: str, env: dict[str, str] | None = 
 def _running(spark, registry: Path, run_id: str) -> Future:
     """``NAME`` run continuously as ``run_id`` in this process's session (a host of its own),
     once it holds its lease and has committed a batch; its (exit code, output) when it ends."""
+    query = load_registry(registry).query(NAME)
+    before = load_checkpoint(query.checkpoint).last_committed_batch
     driver = ThreadPoolExecutor(1).submit(
         job_in_session, spark, "run_query.py", "--registry", str(registry), "--query", NAME,
         "--mode", "continuous", "--run-id", run_id, "--poll-seconds", "0.5",
     )  # fmt: skip
-    query = load_registry(registry).query(NAME)
-    before = load_checkpoint(query.checkpoint).last_committed_batch
     deadline = time.monotonic() + 120
     while not driver.done() and time.monotonic() < deadline:
         held = read_lock(load_registry(registry).lock_path(NAME))
@@ -160,8 +160,8 @@ def test_stream_start_and_a_backfill_with_overrides_run_with_every_task_on_its_o
 
 
 # Each road's steps, each on a host of its own: on the initialState road the export is written
-# on one host, validated on another and bootstrapped from on a third (its job runs the new
-# checkpoint's batch 0), and the proof, on a fourth, reads what they left.
+# on one host and bootstrapped from on another (its job runs the new checkpoint's batch 0),
+# after the old state's validation on a third; the proof, on a fourth, reads what they left.
 ROAD_STEPS = {
     "transplant": {"drain", "transplant", "first_batch", "prove", "switch"},
     "initial_state": {"drain", "export", "validate_export", "bootstrap", "prove", "switch"},

@@ -350,7 +350,8 @@ def test_the_data_docs_of_an_s3_checkpoint_list_every_host_s_validations(
 
     monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
     assert data_docs(NAME, "index.html").body == docs.read_bytes()
-    for outside in ("../../validations/batch-0.json", "no-such-page.html"):
+    assert (results / ".ge_store_backend_id").exists()  # outside the docs: never served
+    for outside in ("../../validations/.ge_store_backend_id", "no-such-page.html"):
         with pytest.raises(HTTPException, match="no such Data Docs file"):
             data_docs(NAME, outside)
 

@@ -131,8 +131,8 @@ def _validate_preflight(args: Namespace) -> Query:
         load_checkpoint(query.checkpoint).restart_files(args.batch)  # committed, files there
     from stateops.spark.expectations import gx_root
 
-    # Great Expectations keeps its context and Data Docs in the audit folder (a local one for
-    # a checkpoint in S3).
+    # Great Expectations keeps its context and Data Docs in the audit folder (for a checkpoint
+    # in S3, a local copy of the project kept in its audit prefix).
     refuse_unwritable(f"validation of {query.name}", write=[gx_root(query.checkpoint)])
     return query
 

@@ -331,15 +331,16 @@ _WRITING: set[str] = set()
 
 
 # The check of each running query's lease (:func:`fenced`), by query name: called before a
-# batch writes anything.
+# batch writes anything and again after its sink's write.
 _FENCES: dict[str, Callable[[], None]] = {}
 
 
 @contextlib.contextmanager
 def fenced(name: str, check: Callable[[], None]) -> Iterator[None]:
     """While this lasts, every batch of query ``name`` in this driver calls ``check`` before it
-    writes state or output (the stateful operators run inside the sink's write), and fails
-    when it raises: a run whose lease was taken over writes nothing more."""
+    writes state or output (the stateful operators run inside the sink's write) and after
+    that write, and fails when it raises: a run whose lease was taken over writes nothing
+    more, and a batch whose lease was lost while it wrote is not committed."""
     _FENCES[name] = check
     try:
         yield
