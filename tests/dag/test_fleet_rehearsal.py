@@ -61,21 +61,20 @@ def _fleet_registry(tmp_path: Path, control: str | None, backups: str) -> Path:
     return path
 
 
-def _on_the_fleet(tmp_path: Path, s3a, *args: str, env: dict[str, str] | None = None):
+def _on_the_fleet(tmp_path: Path, s3a, *args: str, backups: str | None = None):
     """``airflow ARGS`` with each task on its own "host" (a data folder under ``hosts/``),
-    backups on ``s3a`` unless ``env`` names another connection."""
+    the connection aws_default (backups) on endpoint ``backups``, else on ``s3a``."""
     hosts = tmp_path / "hosts"
     hosts.mkdir(exist_ok=True)
     conn = {
         "conn_type": "aws",
         "login": S3_KEY,
         "password": S3_SECRET,
-        "extra": {"endpoint_url": s3a.endpoint},
+        "extra": {"endpoint_url": backups or s3a.endpoint},
     }
     env = {
         **s3a.env(),
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn),
-        **(env or {}),
         "STATEOPS_FLEET_HOSTS": str(hosts),
         "PYTHONPATH": os.pathsep.join([str(REHEARSAL), os.environ.get("PYTHONPATH", "")]),
     }
@@ -196,7 +195,7 @@ def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_n
         "stream_source_migration",
         "--conf",
         json.dumps(conf),
-        env=m.env,
+        backups=s3.endpoint,
     )
     assert run.returncode == 0, migrated[-8000:]
     code, out = old_run.result(timeout=60)
@@ -208,7 +207,9 @@ def test_a_migration_switches_on_one_host_and_the_next_run_on_another_runs_the_n
     assert _local_records(hosts) == []
 
     os.replace(held_back, last)
-    run, log, hosts = _on_the_fleet(tmp_path, s3a_env, "dags", "test", "stream_start", env=m.env)
+    run, log, hosts = _on_the_fleet(
+        tmp_path, s3a_env, "dags", "test", "stream_start", backups=s3.endpoint
+    )
     assert run.returncode == 0, log[-5000:]
     summary = json.loads(load_registry(m.path).run_summary_path(NAME).read_text())
     assert summary["checkpoint"] == query.checkpoint + ".v2" and summary["batches_run"] > 0
@@ -257,13 +258,11 @@ def test_a_code_upgrade_rewrites_on_one_host_and_the_next_run_on_another_runs_th
     raw.update(queries={NAME: _placed(path)}, control=control)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     before = load_registry(path).query(NAME).checkpoint
-    conn = {"conn_type": "aws", "login": S3_KEY, "password": S3_SECRET}
-    env = {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn | {"extra": {"endpoint_url": s3.endpoint}})}
 
     conf = {"query": NAME, "dry_run": False}
     run, log, hosts = _on_the_fleet(
         tmp_path / "data", s3a_env, "dags", "test", "stream_code_upgrade", "--conf",
-        json.dumps(conf), env=env,
+        json.dumps(conf), backups=s3.endpoint,
     )  # fmt: skip
     assert run.returncode == 0, log[-8000:]
     steps = {h.name.rsplit("-", 1)[0] for h in hosts}
@@ -277,7 +276,7 @@ def test_a_code_upgrade_rewrites_on_one_host_and_the_next_run_on_another_runs_th
 
     land(tmp_path / "data" / "landing", round_=1, files=1)
     run, log, hosts = _on_the_fleet(
-        tmp_path / "data", s3a_env, "dags", "test", "stream_start", env=env
+        tmp_path / "data", s3a_env, "dags", "test", "stream_start", backups=s3.endpoint
     )
     assert run.returncode == 0, log[-5000:]
     summary = json.loads(load_registry(path).run_summary_path(NAME).read_text())

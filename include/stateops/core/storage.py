@@ -54,6 +54,7 @@ __all__ = [
     "same_endpoint",
     "spark_url",
     "unfinished",
+    "upload",
     "request_count",
     "walk",
     "write_file",
@@ -483,9 +484,20 @@ def publish(staging: Path, target: S3Path, each: Callable[[str], None] = lambda 
     (target / _PUBLISHING).write_bytes(b"")
     rels = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
     last = [rel for rel in rels if rel in ("metadata", ".metadata.crc")]
+    upload(staging, target, [rel for rel in rels if rel not in last], each)
+    for rel in last:  # metadata after its checksum, one at a time
+        upload(staging, target, [rel], each)
+    (target / _PUBLISHING).unlink(missing_ok=True)
+
+
+def upload(
+    local: Path, target: S3Path, rels: Iterable[str], each: Callable[[str], None] = lambda rel: None
+) -> None:
+    """Upload the files ``rels`` of the local folder ``local`` to the same names under
+    ``target``, many at once; ``each(rel)`` after a file."""
 
     def put(rel: str) -> None:
-        with (staging / rel).open("rb") as body:
+        with (local / rel).open("rb") as body:
             dest = target / rel
             target._client.call(
                 f"write {dest}", "put_object", Bucket=dest.bucket, Key=dest.key, Body=body
@@ -493,10 +505,7 @@ def publish(staging: Path, target: S3Path, each: Callable[[str], None] = lambda 
         each(rel)
 
     with ThreadPoolExecutor(_WORKERS) as pool:
-        list(pool.map(put, [rel for rel in rels if rel not in last]))
-    for rel in last:
-        put(rel)
-    (target / _PUBLISHING).unlink(missing_ok=True)
+        list(pool.map(put, rels))
 
 
 def unfinished(target: S3Path) -> bool:

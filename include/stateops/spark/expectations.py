@@ -25,7 +25,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError
 from stateops.core.formats import OffsetEntry
 from stateops.core.registry import Query
-from stateops.core.storage import S3Path, file_names, list_files, prefetch, publish, write_file
+from stateops.core.storage import S3Path, file_names, list_files, prefetch, upload, write_file
 from stateops.spark.export import read_state_variable, state_reads
 
 Store = tuple[int, str]
@@ -146,8 +146,7 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
     reads = state_reads(spark, query.checkpoint, batch)
     previous_rows = _previous_rows(audit, batch, reads)
     project, shared = gx_root(query.checkpoint), shared_project(query.checkpoint)
-    if shared is not None:
-        _pull(shared, project)
+    pulled = _pull(shared, project) if shared is not None else {}
     ctx = gx.get_context(mode="file", project_root_dir=str(project.parent))
     # GX draws a progress bar per metric, which floods task logs.
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -161,8 +160,8 @@ def validate_state(spark: SparkSession, query: Query, batch: int | None = None) 
         checked = _run_checks(ctx, source, name, read["variable"], checks)
         variables.append({"operator_id": read["operator_id"], **checked})
     ctx.build_data_docs()
-    if shared is not None:
-        publish(project, shared)
+    if shared is not None:  # what this validation wrote, beside what others did
+        upload(project, shared, _changed(project, pulled))
     docs = data_docs_path(query)
     result = {
         "query": query.name,
@@ -331,13 +330,22 @@ def shared_project(checkpoint: str) -> S3Path | None:
     return audit / "gx" if isinstance(audit, S3Path) else None
 
 
-def _pull(shared: S3Path, local: Path) -> None:
-    """The files of the project at ``shared`` into ``local`` (read at once, in parallel)."""
+def _pull(shared: S3Path, local: Path) -> dict[str, bytes]:
+    """The files of the project at ``shared`` into ``local`` (read at once, in parallel);
+    returns what it wrote, by name."""
     rels = list(list_files(shared))
     prefetch(shared, rels)
-    for rel in rels:
+    pulled = {rel: (shared / rel).read_bytes() for rel in rels}
+    for rel, data in pulled.items():
         (local / rel).parent.mkdir(parents=True, exist_ok=True)
-        (local / rel).write_bytes((shared / rel).read_bytes())
+        (local / rel).write_bytes(data)
+    return pulled
+
+
+def _changed(project: Path, pulled: dict[str, bytes]) -> list[str]:
+    """The files of ``project`` that are not as :func:`_pull` wrote them."""
+    rels = (str(p.relative_to(project)) for p in project.rglob("*") if p.is_file())
+    return [rel for rel in rels if pulled.get(rel) != (project / rel).read_bytes()]
 
 
 def data_docs_path(query: Query) -> Path | S3Path:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.core.errors import RegistryError
 from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query, Registry, Source
-from stateops.core.storage import S3Path, in_s3, spark_url
+from stateops.core.storage import S3Path, spark_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -427,8 +427,8 @@ def start_query(
     available-now trigger, or on a processing-time trigger (the query's own, or
     ``processing_time``)."""
     location = checkpoint_url(spark, query.checkpoint)
-    if in_s3(query.sink.path):
-        use_s3(spark)
+    if query.sink.path:  # Spark set to reach a sink in S3 (write_batch names it)
+        data_url(spark, query.sink.path)
     out = frame if frame is not None else query_frame(spark, query, initial_state)
     writer = (
         out.writeStream.queryName(query.name)
