@@ -24,12 +24,13 @@ from stateops.control.audit import read_audit
 from stateops.control.lock import new_run_id
 from stateops.control.target import Target
 from stateops.core.checkpoint import has_commit, load_checkpoint
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
 from stateops.core.formats import crc_sidecar
 from stateops.core.registry import load_registry
 from stateops.core.report import checkpoint_report
 from stateops.core.s3 import S3Settings, s3_client
+from stateops.core.storage import location
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import backup_checkpoint
 from stateops.ops.cleanup import run_cleanup
@@ -398,3 +399,32 @@ def test_a_throttling_endpoint_gives_one_line_and_a_second_run_completes(
     run_cleanup(at(url, tmp_path), RETAIN, run_id=new_run_id("cleanup"), log=quiet)
     from_s3 = s3_env.download(BUCKET, tmp_path.name, tmp_path / "from-s3")
     assert contents(from_s3) == _cleaned_locally(local)
+
+
+def test_a_log_file_deleted_between_the_listing_and_its_read_is_listed_again(uploaded, monkeypatch):
+    """Another host's cleanup deletes a log file after this reader listed it and before it
+    read it (an S3 listing and its reads are no snapshot): the reader lists again and sees the
+    checkpoint as it now is; one whose listings never settle is refused in one line."""
+    import stateops.core.checkpoint as model
+
+    _, url = uploaded
+    first = load_checkpoint(url)
+    doomed = f"offsets/{min(first.offsets)}"
+    listings, walk = [], model.walk
+
+    def walk_then_delete(root):
+        listed = walk(root)
+        if not listings:  # the cleanup elsewhere, just after the first listing
+            (location(url) / doomed).unlink()
+        listings.append(listed)
+        return listed
+
+    monkeypatch.setattr(model, "walk", walk_then_delete)
+    again = load_checkpoint(url)
+    assert len(listings) == 2 and min(first.offsets) not in again.offsets
+    assert again.last_committed_batch == first.last_committed_batch
+
+    stale = listings[0]  # a listing that keeps naming the deleted file
+    monkeypatch.setattr(model, "walk", lambda root: stale)
+    with pytest.raises(CheckpointError, match=r"its files were deleted while they were read"):
+        load_checkpoint(url)

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -637,6 +638,12 @@ def require_checkpoint_dir(path: str | os.PathLike[str] | S3Path) -> Path | S3Pa
     return root
 
 
+# How many times a checkpoint in S3 is listed again when a file it listed is gone by the time
+# it is read: a cleanup or rollback on another host deleting while it is read (an S3 listing
+# and its reads are not one snapshot, as a local folder's are not either).
+_LISTINGS = 3
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read a checkpoint directory into a :class:`Checkpoint`.
 
@@ -644,19 +651,30 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     offsets/commits/metadata file is corrupt.
     """
     root = require_checkpoint_dir(path)
-    sizes, dirs = walk(root)
-    has_logs = any(p.startswith(("offsets/", "commits/")) for p in sizes)
-    if "metadata" not in sizes:
-        if has_logs or any(p.startswith("state/") for p in sizes):
-            raise CheckpointError(
-                f"{root / 'metadata'}: missing, so the query id is lost; "
-                "restore the checkpoint from a backup"
+    for attempt in range(_LISTINGS):
+        sizes, dirs = walk(root)
+        has_logs = any(p.startswith(("offsets/", "commits/")) for p in sizes)
+        if "metadata" not in sizes:
+            if has_logs or any(p.startswith("state/") for p in sizes):
+                raise CheckpointError(
+                    f"{root / 'metadata'}: missing, so the query id is lost; "
+                    "restore the checkpoint from a backup"
+                )
+            raise NotACheckpointError(
+                f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
             )
-        raise NotACheckpointError(
-            f"{root}: not a Spark checkpoint (no metadata file, no offsets/ or commits/)"
-        )
-    offset_files, commit_files = _batch_files(dirs, "offsets"), _batch_files(dirs, "commits")
-    prefetch(root, ["metadata", *offset_files.values(), *commit_files.values()])
+        offset_files, commit_files = _batch_files(dirs, "offsets"), _batch_files(dirs, "commits")
+        try:
+            prefetch(root, ["metadata", *offset_files.values(), *commit_files.values()])
+            break
+        except FileNotFoundError as err:  # listed, then deleted before it was read
+            if attempt == _LISTINGS - 1:
+                raise CheckpointError(
+                    f"{root}: its files were deleted while they were read ({err.filename}): "
+                    "another process changes it (a cleanup or a rollback?); try again once "
+                    "it ends"
+                ) from None
+            time.sleep(0.2 * (attempt + 1))  # let the deleting requests finish
     query_id = read_query_id(root / "metadata")
     offsets = {b: parse_offsets(root / rel, b) for b, rel in offset_files.items()}
     commits = {b: parse_commit(root / rel) for b, rel in commit_files.items()}
