@@ -10,7 +10,7 @@ import pytest
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError
-from stateops.core.storage import list_files, location
+from stateops.core.storage import begin_unfinished, list_files, location, unfinished
 from stateops.spark.export import MANIFEST, export_state, state_checksum
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import ALL_CASES, join_case, land
@@ -165,9 +165,39 @@ def test_an_export_into_an_s3_prefix_that_holds_something_is_refused(
     assert list_files(full) == {"keep.txt": 4}
 
 
+def test_an_export_killed_half_way_is_done_again_when_its_step_runs_again(
+    spark, written, s3a_env, tmp_path
+):
+    """A worker lost in the middle of a migration's export (SIGKILL after the first state
+    variable) leaves part of an export in its run's work folder; the step run again, on any
+    host, empties it and exports the whole state, where a folder of someone else's stays
+    refused."""
+    ckpt = str(written["page_visits-rocksdb"])
+    out = location(s3a_env.url(f"{tmp_path.name}/work/export"))
+    killed = run_cli("export", ckpt, "--out", str(out), env={"STATEOPS_KILL_AT": "export:1"})
+    assert killed.returncode != 0
+    left = list_files(out)
+    assert any(rel.endswith(".parquet") for rel in left) and MANIFEST not in left, left
+    again = run_cli("export", ckpt, "--out", str(out))
+    assert again.returncode == 0, again.stderr[-3000:]
+    whole = export_state(spark, ckpt, tmp_path / "whole")
+    exported = json.loads((out / MANIFEST).read_text())
+    assert [(e["path"], e["rows"], e["checksum"]) for e in exported["entries"]] == [
+        (e["path"], e["rows"], e["checksum"]) for e in whole["entries"]
+    ]
+    parts = {rel for rel in left if rel.endswith(".parquet")}  # named by the killed write
+    assert not parts & set(list_files(out)), "the killed export's files were left"
+    local = tmp_path / "local"  # what a kill leaves in a local folder: the same marker
+    begin_unfinished(local)
+    (local / "op0").mkdir()
+    (local / "op0" / "part-0.parquet").write_text("half")
+    assert export_state(spark, ckpt, local)["entries"] == whole["entries"]
+    assert not (local / "op0" / "part-0.parquet").exists() and not unfinished(local)
+
+
 def test_cli_export_through_spark_submit(written, tmp_path):
     proc = run_cli("export", str(written["user_sessions-rocksdb"]), "--out", str(tmp_path / "e"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {e["variable"] for e in summary["entries"]} == {"timers", "events"}
     bad = run_cli(

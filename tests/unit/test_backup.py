@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stateops.core.errors import StateOpsError
-from stateops.ops.backup import safe_relative_path, split_backup_url
+from stateops.core.storage import safe_relative_path
+from stateops.ops.backup import split_backup_url
 
 pytestmark = pytest.mark.unit
 
@@ -22,11 +23,13 @@ def test_a_backup_url_ends_in_a_backup_id_or_latest():
         split_backup_url("s3://backups/prod/page_visits")
 
 
-@pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "state/../../x", "state\\0\\1.zip"])
+@pytest.mark.parametrize(
+    "path", ["", "/etc/passwd", "../x", "./../x", "state/../../x", "state\\0\\1.zip", "a\\..\\b"]
+)
 def test_a_manifest_path_that_leaves_the_target_is_refused(path):
     with pytest.raises(StateOpsError, match="escapes the restore target"):
-        safe_relative_path(path)
+        safe_relative_path(path, "the restore target")
 
 
 def test_a_manifest_path_inside_the_target_is_kept():
-    assert str(safe_relative_path("state/0/1/2.zip")) == "state/0/1/2.zip"
+    assert str(safe_relative_path("state/0/1/2.zip", "the restore target")) == "state/0/1/2.zip"

@@ -621,7 +621,7 @@ class Registry(_Model):
         host), else under ``data_dir``."""
         run = safe_run_id(run_id)
         if self.control:
-            return self.control_place(name, "work", run)
+            return self.control_place(name, "work", operation, run)
         return self.state_dir / operation / run
 
     def run_registry_path(self, name: str, operation: str, run_id: str) -> Path | S3Path:

@@ -37,11 +37,11 @@ _STAMP = r"\d{8}T\d{6}(\d{6})?Z"
 
 def has_entries(path: str | os.PathLike[str] | S3Path) -> bool:
     """A folder with something in it (False: missing, a file, or an empty folder); an S3
-    prefix with objects under it, but an unfinished publish's (:func:`storage.publish`)."""
+    prefix with objects under it; but not what a killed writer left
+    (:func:`storage.unfinished`: the next one empties it)."""
     path = location(path)
-    if isinstance(path, S3Path):
-        return path.is_dir() and not unfinished(path)
-    return path.is_dir() and any(path.iterdir())
+    filled = path.is_dir() and (isinstance(path, S3Path) or any(path.iterdir()))
+    return filled and not unfinished(path)
 
 
 def occupied(path: str | os.PathLike[str] | S3Path) -> bool:

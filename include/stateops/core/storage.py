@@ -40,9 +40,11 @@ from stateops.core.listing import local_files
 
 __all__ = [
     "S3Path",
+    "begin_unfinished",
     "copy_to_local",
     "delete_files",
     "delete_keys",
+    "end_unfinished",
     "file_names",
     "in_s3",
     "list_files",
@@ -51,6 +53,7 @@ __all__ = [
     "prefetch",
     "publish",
     "remove_all",
+    "safe_relative_path",
     "same_endpoint",
     "spark_url",
     "unfinished",
@@ -473,21 +476,43 @@ def same_endpoint(path: S3Path, client: Any) -> bool:
 _PUBLISHING = ".stateops-publishing"
 
 
+def begin_unfinished(target: Path | S3Path) -> None:
+    """Mark ``target`` (a folder or an S3 prefix that holds nothing, or what a killed writer
+    left) as being written: a marker goes in first, :func:`end_unfinished` takes it out once
+    the result is whole. What a killed writer left (:func:`unfinished`) is emptied first: it
+    is ours to redo, and a marked prefix counts as empty
+    (:func:`stateops.core.staging.has_entries`)."""
+    if unfinished(target):
+        remove_all(target)
+    if isinstance(target, Path):
+        target.mkdir(parents=True, exist_ok=True)
+    (target / _PUBLISHING).write_bytes(b"")
+
+
+def end_unfinished(target: Path | S3Path) -> None:
+    """``target`` is whole: see :func:`begin_unfinished`."""
+    (target / _PUBLISHING).unlink(missing_ok=True)
+
+
+def unfinished(target: Path | S3Path) -> bool:
+    """Whether ``target`` holds a result whose writer was killed before it finished
+    (:func:`begin_unfinished`)."""
+    marker = target / _PUBLISHING
+    return marker.is_file() if isinstance(marker, Path) else marker._is_object()
+
+
 def publish(staging: Path, target: S3Path, each: Callable[[str], None] = lambda rel: None) -> None:
     """Upload the checkpoint built in the local folder ``staging`` into the prefix ``target``,
     which holds nothing or an unfinished publish: the prefix is a checkpoint only once it is
-    whole. A marker object goes first, ``metadata`` (what makes a prefix a checkpoint) last,
-    then the marker is removed; a prefix with the marker is an unfinished publish
-    (:func:`unfinished`), which the next publish empties first. ``each(rel)`` after a file."""
-    if unfinished(target):
-        remove_all(target)  # a killed publish: ours to redo
-    (target / _PUBLISHING).write_bytes(b"")
+    whole. ``metadata`` (what makes a prefix a checkpoint) goes last, inside
+    :func:`begin_unfinished` and :func:`end_unfinished`. ``each(rel)`` after a file."""
+    begin_unfinished(target)
     rels = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
     last = [rel for rel in rels if rel in ("metadata", ".metadata.crc")]
     upload(staging, target, [rel for rel in rels if rel not in last], each)
     for rel in last:  # metadata after its checksum, one at a time
         upload(staging, target, [rel], each)
-    (target / _PUBLISHING).unlink(missing_ok=True)
+    end_unfinished(target)
 
 
 def upload(
@@ -506,11 +531,6 @@ def upload(
 
     with ThreadPoolExecutor(_WORKERS) as pool:
         list(pool.map(put, rels))
-
-
-def unfinished(target: S3Path) -> bool:
-    """Whether ``target`` holds a publish that was killed before it finished."""
-    return (target / _PUBLISHING)._is_object()
 
 
 def copy_to_local(source: Path | S3Path, dest: Path) -> None:
@@ -574,3 +594,12 @@ def _delete_batch(root: S3Path, keys: list[str]) -> int:
     for key in keys:
         root._cache.pop(key, None)
     return len(keys)
+
+
+def safe_relative_path(path: str, within: str) -> PurePosixPath:
+    """A relative path read from outside (a manifest's, an S3 key's) that stays inside
+    ``within`` (what it is joined to, for the refusal), or a one-line refusal naming it."""
+    p = PurePosixPath(path)
+    if not path or p.is_absolute() or "\\" in path or ".." in p.parts:
+        raise StateOpsError(f"path {path!r} escapes {within}: refused")
+    return p

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control import faults
@@ -50,7 +50,6 @@ __all__ = [
     "read_manifest",
     "read_manifests",
     "run_backup",
-    "safe_relative_path",
     "split_backup_url",
     "transfer_manager",
     "verify_backup",
@@ -330,14 +329,6 @@ def _file_entry(entry: Any) -> bool:
         and isinstance(entry.get("size"), int)
         and not isinstance(entry.get("size"), bool)
     )
-
-
-def safe_relative_path(path: str) -> PurePosixPath:
-    """A manifest path that stays inside the restore target, or a refusal naming it."""
-    p = PurePosixPath(path)
-    if not path or p.is_absolute() or "\\" in path or ".." in p.parts:
-        raise StateOpsError(f"manifest path {path!r} escapes the restore target: refused")
-    return p
 
 
 def read_manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:

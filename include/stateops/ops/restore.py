@@ -35,12 +35,11 @@ from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, parse_s3_url
 from stateops.core.sources import kafka_unreadable, offsets_entry_sources
 from stateops.core.staging import Staging, has_entries, remove_stale_staging, stale_staging
-from stateops.core.storage import S3Path, list_files, location, publish
+from stateops.core.storage import S3Path, list_files, location, publish, safe_relative_path
 from stateops.core.verify import verify_checkpoint
 from stateops.ops.backup import (
     file_sha256,
     find_manifest,
-    safe_relative_path,
     split_backup_url,
     transfer_manager,
 )
@@ -190,7 +189,7 @@ def _plan(
 
     manifest = find_manifest(client, loc, wanted)
     for f in manifest["files"]:
-        safe_relative_path(f["path"])
+        safe_relative_path(f["path"], "the restore target")
     backup_id, backup_qid = manifest["backup_id"], manifest.get("query_id")
     other = target_id is not None and backup_qid is not None and target_id != str(backup_qid)
     done = (
@@ -435,7 +434,7 @@ def _download(
     with manager:
         futures = []
         for f in manifest["files"]:
-            dest = staging / safe_relative_path(f["path"])
+            dest = staging / safe_relative_path(f["path"], "the restore target")
             dest.parent.mkdir(parents=True, exist_ok=True)
             key = loc.key("objects", f["sha256"])
             futures.append((manager.download(loc.bucket, key, str(dest)), dest, key, f))

@@ -25,7 +25,15 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError
 from stateops.core.formats import OffsetEntry
 from stateops.core.registry import Query
-from stateops.core.storage import S3Path, file_names, list_files, prefetch, upload, write_file
+from stateops.core.storage import (
+    S3Path,
+    file_names,
+    list_files,
+    prefetch,
+    safe_relative_path,
+    upload,
+    write_file,
+)
 from stateops.spark.export import read_state_variable, state_reads
 
 Store = tuple[int, str]
@@ -332,8 +340,10 @@ def shared_project(checkpoint: str) -> S3Path | None:
 
 def _pull(shared: S3Path, local: Path) -> dict[str, bytes]:
     """The files of the project at ``shared`` into ``local`` (read at once, in parallel);
-    returns what it wrote, by name."""
+    returns what it wrote, by name. A key that would land outside ``local`` is refused."""
     rels = list(list_files(shared))
+    for rel in rels:
+        safe_relative_path(rel, f"the Great Expectations project at {shared}")
     prefetch(shared, rels)
     pulled = {rel: (shared / rel).read_bytes() for rel in rels}
     for rel, data in pulled.items():

@@ -21,12 +21,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stateops.control import faults
 from stateops.core.access import refuse_unreadable, refuse_unwritable
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.formats import parse_offsets
 from stateops.core.staging import has_entries, occupied
-from stateops.core.storage import S3Path, location, remove_all
+from stateops.core.storage import (
+    S3Path,
+    begin_unfinished,
+    end_unfinished,
+    location,
+    remove_all,
+)
 from stateops.core.verify import refuse_damaged
 from stateops.spark.streaming import checkpoint_url, data_url
 
@@ -230,19 +237,21 @@ def export_state(
     """Export the state after committed ``batch`` (default: the last) to ``out``; the manifest.
 
     Refuses (before Spark reads anything, see :func:`check_export`) an uncommitted batch or a
-    non-empty ``out``; the manifest is written last, so an export without one is incomplete.
+    non-empty ``out``, but what an export killed there left (it is emptied and done again);
+    the manifest is written last, so an export without one is incomplete.
     """
     cp, batch = check_export(checkpoint, out, batch)
     out = location(out)
-    existed = isinstance(out, Path) and out.exists()
+    existed = isinstance(out, Path) and out.is_dir()
+    begin_unfinished(out)  # a killed export's leftovers (a retry of its run) are emptied first
     try:
         manifest = _export(spark, cp, batch, out)
     except BaseException:  # no partial export left behind: the folder is as it was
-        if isinstance(out, S3Path) or out.exists():
-            remove_all(out)
+        remove_all(out)
         if existed:
             out.mkdir()
         raise
+    end_unfinished(out)
     return manifest
 
 
@@ -251,7 +260,10 @@ def _export(spark: SparkSession, cp: Checkpoint, batch: int, out: Path | S3Path)
     for read in state_reads(spark, str(cp.root), batch):
         df = read_ordered_state(spark, str(cp.root), batch, read).drop("partition_id")
         folder = f"op{read['operator_id']}/{re.sub(r'[^A-Za-z0-9_.-]', '_', read['variable'])}"
-        df.write.parquet(data_url(spark, out / folder))
+        # out holds nothing, or a killed export's leftovers (check_export): emptied, but an S3
+        # server with folders of its own (SeaweedFS) may still show the folder as there
+        df.write.mode("overwrite").parquet(data_url(spark, out / folder))
+        faults.point("export")
         rows, checksum = state_checksum(spark.read.parquet(data_url(spark, out / folder)))
         entries.append(
             {
