@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stateops.core.errors import as_domain_error
 from stateops.dev.s3server import free_port
@@ -90,6 +91,33 @@ def test_a_missing_bucket_is_refused_in_one_line(s3a_env, written, no_jvm, tmp_p
     proc = run_cli("--registry", str(registry), "export", url, "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "NoSuchBucket" in proc.stderr and no_jvm() == []
+
+
+@pytest.mark.parametrize("fault", ["no-s3-jars", "wrong-secret"])
+def test_a_bootstrap_into_a_local_checkpoint_with_its_control_store_in_s3_is_refused_first(
+    s3a_env, no_jvm, fault, tmp_path
+):
+    """Its checkpoint and initial state are local, but a bootstrap from a checkpoint exports
+    it into its run's work folder in the control store, through Spark: refused before a JVM,
+    not inside the job."""
+    registry = write_registry(tmp_path)
+    raw = yaml.safe_load(registry.read_text())
+    registry.write_text(yaml.safe_dump({**raw, "control": s3a_env.url(f"{tmp_path.name}/c")}))
+    land(tmp_path / "files", round_=0, files=1)
+    env, says = FAULTS[fault]
+    proc = run_cli(
+        "--registry",
+        str(registry),
+        "bootstrap",
+        NAME,
+        "--initial-state",
+        str(tmp_path / "files"),
+        env=env(tmp_path),
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert all(s in lines[0] for s in says) and "/c" in lines[0], lines[0]
+    assert no_jvm() == []
 
 
 @pytest.mark.parametrize("fault", ["wrong-secret", "endpoint-down"])

@@ -229,18 +229,22 @@ def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 def spark_s3_locations(args: Namespace) -> list[str]:
-    """The S3 locations a job's parsed arguments name: the checkpoint and sink of ``--query``,
-    the checkpoint of ``--checkpoint`` (a path or a query's name), ``--out`` and
-    ``--initial-state``. A name that does not resolve is left to the job's own preflight,
-    which says why."""
+    """The S3 locations a job's parsed arguments name: the checkpoint and sink of ``--query``
+    (and, for a bootstrap, its registry's control store: it exports a checkpoint into its
+    run's work folder there), the checkpoint of ``--checkpoint`` (a path or a query's name),
+    ``--out`` and ``--initial-state``. A name that does not resolve is left to the job's own
+    preflight, which says why."""
     from stateops.core.registry import checkpoint_of, load_registry
 
     registry = getattr(args, "registry", None)
     found: list[str] = []
     with contextlib.suppress(StateOpsError):
         if name := getattr(args, "query", None):
-            query = load_registry(registry).query(name)
+            loaded = load_registry(registry)
+            query = loaded.query(name)
             found += [query.checkpoint, query.sink.path or ""]
+            if getattr(args, "initial_state", None):
+                found.append(loaded.control or "")
     with contextlib.suppress(StateOpsError):
         if target := getattr(args, "checkpoint", None):
             found.append(checkpoint_of(target, registry)[0])
