@@ -130,6 +130,8 @@ def test_the_checkpoint_format_is_set_for_every_query_and_v2_is_for_rocksdb(tmp_
         ),
         (lambda r: r.update(extra=1), "unknown top-level field(s): extra"),
         (lambda r: r.update(data_dir=None), "data_dir: expected a folder path"),
+        (lambda r: r.update(lease_seconds=5), "lease_seconds: expected seconds from 10 to 86400"),
+        (lambda r: r.update(lease_seconds="1m"), "got '1m'"),
         (
             lambda r: r["queries"]["page_visits"].update(name="other"),
             "queries.page_visits.name: a query's name is its key",

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from stateops.control.audit import audit_dir
-from stateops.control.lock import QueryLock, force_release, hold_query, release_hold
+from stateops.control.lock import (
+    QueryLock,
+    force_release,
+    hold_query,
+    read_lock,
+    release_hold,
+)
 from stateops.control.target import SPARK_MIN_DELTAS, Target, query_target, resolve_target
 from stateops.core.errors import NotACheckpointError, RegistryError, StateOpsError
 from stateops.core.registry import load_registry
@@ -81,6 +87,21 @@ def test_the_lock_is_the_querys_else_beside_the_checkpoints_audit_log(tmp_path):
     with pytest.raises(NotACheckpointError):
         Target(str(typo), None, None).lock("rollback", "rollback-1")
     assert sorted(p.name for p in typo.parent.iterdir()) == ["ck"], "no .audit beside a typo"
+
+
+def test_the_lease_lasts_as_the_registry_says_else_ten_minutes(tmp_path):
+    """A shorter lease lets a host take over sooner from a holder that died elsewhere."""
+    path = write_registry(tmp_path / "data")
+    assert query_target(path, "page_visits").lock("run", None).ttl == 600
+    path.write_text(path.read_text() + "lease_seconds: 45\n")
+    lock = query_target(path, "page_visits").lock("run", "run-1")
+    lock.acquire()
+    try:
+        info = read_lock(lock.path)
+        assert lock.ttl == info.ttl_seconds == 45
+        assert info.expires_at - info.acquired_at == pytest.approx(45, abs=5)
+    finally:
+        lock.release()
 
 
 def _files(folder: Path) -> list[str]:

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stateops.core.errors import LockHeldError, StateOpsError
+from stateops.core.registry import LEASE_SECONDS
 from stateops.core.steps import safe_run_id
 from stateops.core.storage import S3Path
 
@@ -434,7 +435,7 @@ class QueryLock:
         query: str,
         operation: str,
         run_id: str | None = None,
-        ttl_seconds: float = 600.0,
+        ttl_seconds: float = LEASE_SECONDS,
     ) -> None:
         self.path = path if isinstance(path, S3Path) else Path(path)
         self.query = query

@@ -19,7 +19,13 @@ from stateops.control.lock import QueryLock
 from stateops.control.markers import refuse_retired
 from stateops.core.checkpoint import require_checkpoint_dir
 from stateops.core.errors import StateOpsError
-from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
+from stateops.core.registry import (
+    LEASE_SECONDS,
+    Query,
+    Registry,
+    checkpoint_of,
+    load_registry,
+)
 from stateops.core.storage import S3Path
 
 __all__ = ["Target", "checkpoint_target", "query_target", "resolve_target"]
@@ -72,7 +78,8 @@ class Target:
         if operation not in READS_ONLY:
             refuse_retired(self.checkpoint)
         path, holder = self._lock_place()
-        return QueryLock(path, holder, operation, run_id)
+        ttl = self.registry.lease_seconds if self.registry else LEASE_SECONDS
+        return QueryLock(path, holder, operation, run_id, ttl_seconds=ttl)
 
     @property
     def lock_file(self) -> Path | S3Path:

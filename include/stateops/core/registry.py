@@ -31,6 +31,7 @@ from stateops.core.storage import S3Path, location, write_file
 
 __all__ = [
     "DEFAULT_REGISTRY",
+    "LEASE_SECONDS",
     "Query",
     "Registry",
     "checkpoint_of",
@@ -56,6 +57,9 @@ PROVIDER_CLASSES = {
 
 NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 """A query's (or a source's) name: an identifier, usable in task ids and file names."""
+# A query's lease outlives its holder's last renewal by this (the registry's lease_seconds).
+LEASE_SECONDS = 600.0
+MIN_LEASE_SECONDS = 10
 _Name = Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
 # module:attribute, a class or function of the user's code.
 _FUNCTION_REF = r"^[\w.]+:[A-Za-z_]\w*$"
@@ -561,6 +565,10 @@ class Registry(_Model):
     control: str | None = None
     """Where the queries' leases live when the hosts that operate them share no disk (an S3
     prefix, through the checkpoint connection); None: under ``data_dir`` (one host)."""
+    lease_seconds: float = LEASE_SECONDS
+    """How long a query's lease (:class:`stateops.control.lock.QueryLock`) outlives its
+    holder's last renewal (renewed every third of it): how soon a host takes over the lease
+    of a holder that died on another host, where its process cannot be looked at."""
     derived_from: Path | None = None
     """The user's registry a run's own registry was written from (:func:`derived_registry`):
     its entry already says where the query runs, so no switch applies to it."""
@@ -975,7 +983,10 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         raise RegistryError(_yaml_error(path, err)) from err
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
-    known = {"data_dir", "code_paths", "queries", "backups", "cleanup", "control", "derived_from"}
+    known = {
+        *("data_dir", "code_paths", "queries", "backups", "cleanup", "control", "derived_from"),
+        "lease_seconds",
+    }
     unknown = set(raw) - known
     if not isinstance(raw.get("derived_from", ""), str):
         raise RegistryError(f"{path}: derived_from: the registry file a run's own was written from")
@@ -991,6 +1002,14 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         raise RegistryError(
             f"{path}: control: expected s3://BUCKET/PREFIX (where the leases of hosts that "
             f"share no disk live), got {control!r}; leave it out on one host"
+        )
+    lease_seconds = raw.get("lease_seconds", LEASE_SECONDS)
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+        lease_seconds = None
+    if lease_seconds is None or not MIN_LEASE_SECONDS <= lease_seconds <= 86400:
+        raise RegistryError(
+            f"{path}: lease_seconds: expected seconds from {MIN_LEASE_SECONDS} to 86400 (how "
+            f"long a lease outlives its holder's last renewal), got {raw['lease_seconds']!r}"
         )
     switched = switched and not raw.get("derived_from")  # a run's own: its entry says where
     queries, invalid = {}, {}
@@ -1018,6 +1037,7 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         invalid=invalid,
         code_paths=code_paths,
         control=control,
+        lease_seconds=lease_seconds,
         derived_from=raw.get("derived_from"),
         **sections,
     )
