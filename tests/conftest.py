@@ -148,11 +148,9 @@ def run_cli(
 
 
 # Spark's known harmless traces (docs/limits.md): RocksDB maintenance on a fresh checkpoint
-# lists a partition's state folder before the first batch has written it; the maintenance
+# lists a partition's state folder before the first batch has written it; and the maintenance
 # task that fires while the job's end unloads the stores (Spark stops the maintenance pool
-# before the task that submits to it); and what a stop inside a trigger interrupts, where a
-# clock-driven run's drain finds no gap between triggers on a busy machine (docs/running.md):
-# Hadoop's shell command setting the next offsets file's mode, and a broadcast being stored.
+# before the task that submits to it).
 _HARMLESS = re.compile(
     r"Ignoring error while performing maintenance operations.*\n"
     r"java\.io\.FileNotFoundException: File \S+/state/\d+/\d+ does not exist"
@@ -160,20 +158,32 @@ _HARMLESS = re.compile(
     r"java\.util\.concurrent\.RejectedExecutionException: .*\n"
     r"(?:\s+at .*\n)*?\s+at org\.apache\.spark\.sql\.execution\.streaming\.state\."
     r"StateStore\$MaintenanceThreadPool\.execute"
-    r"|WARN Shell: Interrupted while joining on: .*\njava\.lang\.InterruptedException\n"
+)
+# And what a stop inside a trigger interrupts, only in a log whose drain said it had to stop
+# there (a clock-driven run that finds no gap between triggers on a busy machine,
+# docs/running.md): Hadoop's shell command setting the next offsets file's mode, and a
+# broadcast being stored.
+_INTERRUPTED = re.compile(
+    r"WARN Shell: Interrupted while joining on: .*\njava\.lang\.InterruptedException\n"
     r"|ERROR TorrentBroadcast: Store broadcast broadcast_\d+ fail, remove all pieces"
 )
 
 
-def log_trouble(output: str) -> list[str]:
-    """The records of a job's log that a successful run must not print (a record is a
-    timestamped line with the stack trace under it): errors and exceptions, but for Spark's
-    known harmless ones."""
+def log_trouble(output: str, said: str = "") -> list[str]:
+    """The records of a job's log ``output`` that a successful run must not print (a record is
+    a timestamped line with the stack trace under it): errors and exceptions, but for Spark's
+    known harmless ones. ``said``: the driver's own output where it is not in ``output``
+    (under spark-submit it arrives on stdout, Spark's log on stderr)."""
+    from stateops.ops.start import STOP_INSIDE_TRIGGER
+
     records = re.split(r"\n(?=\d\d:\d\d:\d\d )", output)
+    stopped_inside = STOP_INSIDE_TRIGGER in output + said
     return [
         record
         for record in records
-        if re.search(r" ERROR |Exception\b|Error\b", record) and not _HARMLESS.search(record)
+        if re.search(r" ERROR |Exception\b|Error\b", record)
+        and not _HARMLESS.search(record)
+        and not (stopped_inside and _INTERRUPTED.search(record))
     ]
 
 

@@ -107,7 +107,7 @@ def test_the_code_check_reads_ttl_state_as_spark_restarts_it(ran, query_copy):
     run = run_cli("--registry", str(query_copy), "run", NAME, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "TransformWithStateInPySparkStateServer" not in run.stderr  # a WARN per new key
-    assert log_trouble(run.stderr) == [], run.stderr[-4000:]
+    assert log_trouble(run.stderr, said=run.stdout) == [], run.stderr[-4000:]
     after = last_committed(Path(load_registry(query_copy).query(NAME).checkpoint))
     assert after > cp.last_committed_batch
 

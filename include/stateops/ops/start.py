@@ -153,6 +153,11 @@ def _read_nothing(progress: dict[str, Any]) -> bool:
     return all(s["startOffset"] == s["endOffset"] for s in progress["sources"])
 
 
+# What a drain says when it stops inside a trigger: what that stop interrupts in Spark may log
+# a trace (docs/limits.md); the batch it left planned is finished by the next run.
+STOP_INSIDE_TRIGGER = "no gap between triggers: stopped inside the trigger after batch"
+
+
 def _stop_between_batches(streaming: StreamingQuery, query: Query) -> None:
     """Stop in a gap between triggers. Where none comes (batches back to back, each slower
     than the interval), as soon as a batch has committed (its progress event is new: the next
@@ -171,6 +176,7 @@ def _stop_between_batches(streaming: StreamingQuery, query: Query) -> None:
             break
         event = _event(streaming)
         if time.monotonic() > give_up and event != seen and not writing(query):
+            print(f"{query.name}: {STOP_INSIDE_TRIGGER} {event[0]}", file=sys.stderr)
             break
         seen = event
         time.sleep(0.01)
