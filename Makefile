@@ -15,7 +15,7 @@ WORKERS ?= auto
 # pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
 BASETEMP := build/pytest-tmp
 
-.PHONY: demo tour airflow airflow-stop test suite-report lint lock prereqs jars clean
+.PHONY: demo tour airflow airflow-stop fleet fleet-stop test suite-report lint lock prereqs jars clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -53,6 +53,19 @@ airflow: prereqs jars $(VENV)/.installed build/stateops.zip
 
 airflow-stop:
 	@scripts/airflow.sh stop
+
+# The production shape on loopback (scripts/fleet.sh): Postgres, Celery with Redis and two
+# workers that share no folder, a Spark standalone cluster, Kafka and S3. What it adds to the
+# environment (requirements-fleet.txt) is installed on its first use.
+$(VENV)/.fleet-installed: $(VENV)/.installed requirements-fleet.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-fleet.txt
+	touch $@
+
+fleet: prereqs jars $(VENV)/.fleet-installed build/stateops.zip
+	@scripts/fleet.sh
+
+fleet-stop:
+	@scripts/fleet.sh stop
 
 test: prereqs lint jars build/stateops.zip
 	@scripts/ensure_chromium.sh
