@@ -7,6 +7,7 @@
 # another shell) stops all of it.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/sessions.sh"
 cd "$STATEOPS_HOME"
 
 DATA="${STATEOPS_DATA_DIR:-$STATEOPS_HOME/data}"
@@ -18,30 +19,10 @@ KAFKA_PORT="${STATEOPS_KAFKA_PORT:-${STATEOPS_KAFKA_BOOTSTRAP_SERVERS##*:}}"
 PASSWORD="${STATEOPS_ADMIN_PASSWORD:-admin}"
 export STATEOPS_DATA_DIR="$DATA"
 
-members() {  # the live (not zombie) processes of session $1; PID 1 here may never reap zombies
-  ps -eo pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'
-}
-alive() { [ -n "$(members "$1")" ]; }
 stop_all() {  # newest first: Airflow (Ctrl-C, as in a terminal), then the services it uses
-  # Each component leads its own session (setsid). A signal goes to its whole session, not its
-  # process group: Airflow runs each task in a group of its own, and a task's spark-submit
-  # outlived a stop that signalled the group only.
   touch "$RUN/stopping"
-  for name in airflow kafka s3 spark-worker spark-master; do
-    [ -e "$RUN/$name.pid" ] || continue
-    pid="$(cat "$RUN/$name.pid")"
-    if [ "$name" = airflow ]; then kill -INT -- "-$pid" 2>/dev/null || true
-    else kill -TERM $(members "$pid") 2>/dev/null || true; fi
-    for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
-    # (|| true: a process may end between members and kill, which then fails under set -e)
-    if alive "$pid"; then kill -TERM $(members "$pid") 2>/dev/null || true; fi
-    for _ in $(seq 30); do alive "$pid" || break; sleep 1; done
-    if alive "$pid"; then
-      kill -KILL $(members "$pid") 2>/dev/null || true
-      echo "$name did not stop in 60 s: killed" >&2
-    fi
-    rm -f "$RUN/$name.pid"
-  done
+  stop_session airflow INT
+  for name in kafka s3 spark-worker spark-master; do stop_session "$name"; done
   rm -f "$RUN/stopping"
 }
 
@@ -58,19 +39,6 @@ if compgen -G "$RUN/*.pid" > /dev/null; then
 fi
 mkdir -p "$RUN"
 
-start() {  # start NAME COMMAND...: in its own process group, output to $RUN/NAME.log
-  local name="$1"; shift
-  setsid "$@" > "$RUN/$name.log" 2>&1 < /dev/null &
-  echo $! > "$RUN/$name.pid"
-}
-wait_for() {  # wait_for WHAT URL: until the URL answers (any HTTP status)
-  for _ in $(seq 180); do
-    curl -s -o /dev/null "$2" && return 0
-    sleep 1
-  done
-  echo "error: $1 did not come up ($2); logs in $RUN" >&2
-  exit 1
-}
 trap 'echo; echo "stopping..."; stop_all; echo "stopped"' EXIT
 trap 'exit 130' INT TERM
 
@@ -95,12 +63,7 @@ export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$KAFKA_PORT"
 export AIRFLOW_CONN_KAFKA_DEFAULT="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
 echo "Kafka broker $STATEOPS_KAFKA_BOOTSTRAP_SERVERS (storage and log in $DATA/kafka)"
 start kafka python -m stateops.dev.kafka --dir "$DATA/kafka" --port "$KAFKA_PORT"
-for _ in $(seq 300); do
-  grep -q "^Kafka broker" "$RUN/kafka.log" && break
-  kill -0 "$(cat "$RUN/kafka.pid")" 2>/dev/null || break
-  sleep 0.2
-done
-grep -q "^Kafka broker" "$RUN/kafka.log" || { tail -5 "$RUN/kafka.log" >&2; exit 1; }
+wait_until kafka 60 grep -q "^Kafka broker" "$RUN/kafka.log"
 # The registry's Kafka queries read their topics: sample page views into each new one.
 for topic in $(python -c 'from stateops.core.registry import load_registry
 print(*sorted({t for q in load_registry().queries.values() for s in q.inputs.values()
@@ -124,7 +87,7 @@ printf '{"admin": "%s"}\n' "$PASSWORD" > "$RUN/passwords.json"
 airflow db migrate > "$RUN/db-migrate.log" 2>&1
 echo "airflow standalone"
 start airflow airflow standalone
-wait_for "the Airflow API server" "http://127.0.0.1:$PORT/api/v2/version"
+wait_until airflow 180 curl -s -o /dev/null "http://127.0.0.1:$PORT/api/v2/version"
 # Every lifecycle DAG unpaused, once the DAG processor has stored them (a paused DAG's manual
 # runs would only queue). STATEOPS_UNPAUSE: the DAGs to unpause (default: all; an unpaused
 # scheduled DAG runs once at once, for its latest interval). Over the REST API: an `airflow`
@@ -143,14 +106,4 @@ cat <<EOF
 
 Ctrl-C (or \`make airflow-stop\` in another shell) stops everything.
 EOF
-while sleep 5; do
-  [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }   # make airflow-stop is at work
-  for pidfile in "$RUN"/*.pid; do
-    [ -e "$pidfile" ] || continue
-    if ! kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; then
-      [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }
-      echo "$(basename "$pidfile" .pid) stopped unexpectedly; logs in $RUN" >&2
-      exit 1
-    fi
-  done
-done
+watch_sessions

@@ -8,6 +8,7 @@
 # (stateops.dev.fleet). `make fleet-stop` (or Ctrl-C) stops every process it started.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/sessions.sh"
 cd "$STATEOPS_HOME"
 
 FLEET="${STATEOPS_FLEET_DIR:-$STATEOPS_HOME/build/fleet}"
@@ -24,34 +25,19 @@ PASSWORD="${STATEOPS_ADMIN_PASSWORD:-admin}"
 WORKERS="w1 w2"
 # Stopped newest first: the workers (a warm shutdown ends their tasks), then what they use.
 ORDER="worker-w2 worker-w1 triggerer dag-processor scheduler api-server kafka s3
-  spark-worker-2 spark-worker-1 spark-master redis postgres"
+  spark-worker-2 spark-worker-1 spark-master redis"   # and Postgres, last
 
-members() {  # the live (not zombie) processes of session $1
-  ps -eo pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'
-}
-alive() { [ -n "$(members "$1")" ]; }
 as_postgres() {  # Postgres refuses to run as root: as the postgres user where we are root
   if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 stop_all() {
   touch "$RUN/stopping"
-  for name in $ORDER; do
-    [ -e "$RUN/$name.pid" ] || continue
-    pid="$(cat "$RUN/$name.pid")"
-    if [ "$name" = postgres ]; then  # pg_ctl's daemon, not a session of ours
-      as_postgres "$PG_BIN/pg_ctl" -D "$PG/data" -m fast -w -t 60 stop > /dev/null 2>&1 \
-        || kill -QUIT "$pid" 2>/dev/null || true
-      rm -f "$RUN/$name.pid"
-      continue
-    fi
-    kill -TERM $(members "$pid") 2>/dev/null || true
-    for _ in $(seq 60); do alive "$pid" || break; sleep 1; done
-    if alive "$pid"; then
-      kill -KILL $(members "$pid") 2>/dev/null || true
-      echo "$name did not stop in 60 s: killed" >&2
-    fi
-    rm -f "$RUN/$name.pid"
-  done
+  for name in $ORDER; do stop_session "$name"; done
+  if [ -e "$RUN/postgres.pid" ]; then  # pg_ctl's daemon, not a session of ours
+    as_postgres "$PG_BIN/pg_ctl" -D "$PG/data" -m fast -w -t 60 stop > /dev/null 2>&1 \
+      || kill -QUIT "$(cat "$RUN/postgres.pid")" 2>/dev/null || true
+    rm -f "$RUN/postgres.pid"
+  fi
   rm -f "$RUN/stopping"
 }
 
@@ -89,22 +75,6 @@ for port in "$PORT" "$PG_PORT" "$REDIS_PORT" "$SPARK_PORT" "$S3_PORT" "$KAFKA_PO
 done
 mkdir -p "$RUN"
 
-start() {  # start NAME COMMAND...: its own session, output to $RUN/NAME.log
-  local name="$1"; shift
-  setsid "$@" > "$RUN/$name.log" 2>&1 < /dev/null &
-  echo $! > "$RUN/$name.pid"
-}
-wait_until() {  # wait_until NAME SECONDS COMMAND...: until COMMAND succeeds; NAME must live
-  local name="$1" seconds="$2"; shift 2
-  for _ in $(seq "$seconds"); do
-    "$@" > /dev/null 2>&1 && return 0
-    if [ -e "$RUN/$name.pid" ] && ! alive "$(cat "$RUN/$name.pid")"; then break; fi
-    sleep 1
-  done
-  echo "error: $name did not come up; the end of $RUN/$name.log:" >&2
-  tail -15 "$RUN/$name.log" >&2
-  exit 1
-}
 trap 'echo; echo "stopping..."; stop_all; echo "stopped"' EXIT
 trap 'exit 130' INT TERM
 
@@ -229,15 +199,4 @@ cat <<EOF
 
 Ctrl-C (or \`make fleet-stop\` in another shell) stops everything.
 EOF
-while sleep 5; do
-  [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }
-  for pidfile in "$RUN"/*.pid; do
-    [ -e "$pidfile" ] || continue
-    [ "$(basename "$pidfile")" = postgres.pid ] && continue  # pg_ctl's daemon: no session
-    if ! alive "$(cat "$pidfile" 2>/dev/null)"; then
-      [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }
-      echo "$(basename "$pidfile" .pid) stopped unexpectedly; logs in $RUN" >&2
-      exit 1
-    fi
-  done
-done
+watch_sessions

@@ -1004,9 +1004,8 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
             f"share no disk live), got {control!r}; leave it out on one host"
         )
     lease_seconds = raw.get("lease_seconds", LEASE_SECONDS)
-    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
-        lease_seconds = None
-    if lease_seconds is None or not MIN_LEASE_SECONDS <= lease_seconds <= 86400:
+    number = isinstance(lease_seconds, int | float) and not isinstance(lease_seconds, bool)
+    if not number or not MIN_LEASE_SECONDS <= lease_seconds <= 86400:
         raise RegistryError(
             f"{path}: lease_seconds: expected seconds from {MIN_LEASE_SECONDS} to 86400 (how "
             f"long a lease outlives its holder's last renewal), got {raw['lease_seconds']!r}"
