@@ -18,6 +18,7 @@ something to compare.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import traceback
@@ -147,8 +148,10 @@ class World:
             self.steps[name] = {side: after(side, reg) for side, reg in self.registries.items()} | {
                 "done": done
             }
-        except Exception:  # noqa: BLE001 - the step's test fails with it
-            self.steps[name] = {"error": traceback.format_exc()[-4000:]}
+        except Exception as err:  # noqa: BLE001 - the step's test fails with it
+            # Spark's error from the JVM: its causes too (a state reader's message hides them)
+            causes = re.findall(r"^Caused by: .*$", getattr(err, "_stackTrace", "") or "", re.M)
+            self.steps[name] = {"error": traceback.format_exc()[-4000:] + "\n".join(causes)}
         self.steps[name]["seconds"] = round(time.monotonic() - started, 1)
         print(f"STEP {name}: {self.steps[name]['seconds']} s", flush=True)
 
