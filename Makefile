@@ -67,8 +67,9 @@ fleet: prereqs jars $(VENV)/.fleet-installed build/stateops.zip
 fleet-stop:
 	@scripts/fleet.sh stop
 
-test: prereqs lint jars build/stateops.zip
-	@scripts/ensure_chromium.sh
+# The fleet's tests (tests/e2e/test_fleet.py) run make fleet: its packages are the tests' too.
+test: prereqs lint jars build/stateops.zip $(VENV)/.fleet-installed
+	@scripts/ensure_test_packages.sh
 	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
 # Where the suite's time goes (benchmarks/suite_report.py): make test, recording every test's

@@ -173,13 +173,25 @@ start scheduler airflow scheduler
 start dag-processor airflow dag-processor
 # (no log server: it would listen on every interface, on one fixed port for both workers)
 start triggerer airflow triggerer --skip-serve-logs
+# As root, each worker is a host of its own name: its own UTS and mount namespaces, with its
+# name in its own /etc/hosts. A lease names its holder by host name, and only a holder on the
+# taker's own host can be seen dead at once; on another host it is taken over when its lease
+# expires, as on a real fleet. (Without root both keep this host's name; Airflow still shows
+# each worker's own name, through the hostname callable.)
+isolated=()
+if [ "$(id -u)" -eq 0 ] && unshare --uts --mount true 2> /dev/null; then
+  isolated=(unshare --uts --mount sh -c \
+    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' sh)
+fi
 for host in $WORKERS; do
   echo "Celery worker $host: data, home and temp in $FLEET/hosts/$host (queues default, $host)"
   root="$FLEET/hosts/$host"
   rm -rf "$root" && mkdir -p "$root/data" "$root/home" "$root/tmp"
+  printf '127.0.0.1 localhost %s\n::1 localhost\n' "$host" > "$root/etc-hosts"
   (cd "$root" && STATEOPS_FLEET_HOST="$host" STATEOPS_DATA_DIR="$root/data" HOME="$root/home" \
-    TMPDIR="$root/tmp" start "worker-$host" airflow celery worker --celery-hostname "$host" \
-    --queues "default,$host" --skip-serve-logs)
+    TMPDIR="$root/tmp" start "worker-$host" \
+    ${isolated[@]+"${isolated[@]}" "$host" "$root/etc-hosts"} \
+    airflow celery worker --celery-hostname "$host" --queues "default,$host" --skip-serve-logs)
 done
 for host in $WORKERS; do
   wait_until "worker-$host" 180 grep -q "celery@$host ready" "$RUN/worker-$host.log"
@@ -197,6 +209,7 @@ cat <<EOF
   Kafka broker  $STATEOPS_KAFKA_BOOTSTRAP_SERVERS
   Registry      $STATEOPS_REGISTRY     Logs: $RUN
 
-Ctrl-C (or \`make fleet-stop\` in another shell) stops everything.
+Ctrl-C (or \`make fleet-stop\` in another shell) stops everything. A worker lost is a host
+lost: its tasks are retried on the other one, and the rest of the fleet goes on.
 EOF
-watch_sessions
+watch_sessions "worker-w1 worker-w2"

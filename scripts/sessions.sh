@@ -44,14 +44,24 @@ stop_session() {  # stop_session NAME [INT]: TERM (INT: Ctrl-C to its group, as 
   rm -f "$RUN/$name.pid"
 }
 
-watch_sessions() {  # until a stop ($RUN/stopping: exit 0) or a process of ours ends (exit 1)
+watch_sessions() {  # watch_sessions [NAMES]: until a stop ($RUN/stopping: exit 0) or a
+  # process of ours ends (exit 1); one of NAMES (those the rest can do without) is only said,
+  # once (its pid file stays: what is left of its session is stopped with the rest)
+  local spare=" ${1:-} " said=" " name
   while sleep 5; do
     [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }   # the stop command is at work
     for pidfile in "$RUN"/*.pid; do
       [ -e "$pidfile" ] || continue
       if ! kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; then
         [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }
-        echo "$(basename "$pidfile" .pid) stopped unexpectedly; logs in $RUN" >&2
+        name="$(basename "$pidfile" .pid)"
+        [ "${said/ $name /}" != "$said" ] && continue
+        if [ "${spare/ $name /}" != "$spare" ]; then
+          echo "$name stopped; the rest goes on (its log: $RUN/$name.log)" >&2
+          said="$said$name "
+          continue
+        fi
+        echo "$name stopped unexpectedly; logs in $RUN" >&2
         exit 1
       fi
     done

@@ -1,0 +1,392 @@
+"""`make fleet`, the production shape (issue 56), as a platform team uses it: the script behind
+it (scripts/fleet.sh) starts Postgres, Redis, Airflow with the CeleryExecutor and two workers
+that share no folder (each, as root, a host of its own name), a Spark standalone master with
+two workers, Kafka and S3, all on free loopback ports; the tests drive it through the REST API
+and check the outcome from outside: the checkpoint and the sink in S3, the topic's offsets.
+
+The tests run in file order on one fleet: it is up; the scheduled ``stream_start`` runs on one
+worker and its next run on the other, which goes on from the state the first left in S3; a
+worker is killed (SIGKILL, the host lost) in the middle of a run: the task is retried on the
+other worker, which takes the lease over once it has expired, and the state is exact; then
+`make fleet-stop` leaves no process.
+
+A task is steered to a worker with Celery's remote control (``cancel_consumer``): the DAGs are
+the same as on any deployment.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.kafka import broker_offsets, kafka_settings
+from stateops.dev.airflow_dags import api_call as _request
+from stateops.dev.airflow_dags import api_token
+from stateops.dev.s3server import free_port
+from tests.conftest import ROOT
+from tests.e2e.test_airflow import _alive, _until
+
+pytestmark = pytest.mark.e2e
+
+PASSWORD = "stateops-fleet-admin"
+HOSTS = ("w1", "w2")
+QUERY = "kafka_visits"
+TOPIC = "page-visits"
+BUCKET = "stateops-fleet"
+CHECKPOINT = f"s3://{BUCKET}/checkpoints/{QUERY}"
+# The manual DAGs only: stream_start is unpaused by its test (its first run is the scheduled
+# one), cleanup and backup stay paused (their runs would take the query's lock beside a test's).
+UNPAUSE = "stream_source_migration stream_backfill stream_bootstrap stream_restore"
+LEASE_SECONDS = 30  # the fault test's: a lost host's lease is taken over after it
+PORTS = ("PORT", "PG_PORT", "REDIS_PORT", "SPARK_PORT", "SPARK_UI_PORT", "S3_PORT", "KAFKA_PORT")
+
+
+@dataclass
+class Fleet:
+    dir: Path
+    env: dict[str, str]
+    proc: subprocess.Popen
+    log: Path
+    port: dict[str, int]
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port['PORT']}"
+
+    @property
+    def run(self) -> Path:
+        return self.dir / "run"
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def token(self) -> str:
+        return api_token(self.base, PASSWORD)
+
+    def celery(self):
+        from celery import Celery
+
+        return Celery(broker=f"redis://127.0.0.1:{self.port['REDIS_PORT']}/0")
+
+    def only(self, host: str) -> None:
+        """Only ``host`` takes tasks from the shared queue (``default``): the next task lands
+        there. Celery's remote control, as an operator drains a host."""
+        app = self.celery()
+        app.control.add_consumer("default", destination=[f"celery@{host}"], reply=True)
+        others = [f"celery@{h}" for h in HOSTS if h != host]
+        app.control.cancel_consumer("default", destination=others, reply=True)
+        queues = app.control.inspect(timeout=10).active_queues() or {}
+        taking = sorted(w for w, qs in queues.items() if "default" in {q["name"] for q in qs})
+        assert taking == [f"celery@{host}"], queues
+
+    def trigger(self, dag: str, conf: dict | None = None) -> str:
+        url = f"{self.base}/api/v2/dags/{dag}"
+        run = _request(
+            f"{url}/dagRuns", "POST", {"logical_date": None, "conf": conf or {}}, token=self.token()
+        )
+        return f"{url}/dagRuns/{run['dag_run_id']}"
+
+    def finished(self, run_url: str, timeout: float = 900) -> tuple[str, dict[str, dict]]:
+        state = _until(
+            f"{run_url} did not finish",
+            lambda: (
+                (s := _request(run_url, token=self.token())["state"]) in ("success", "failed") and s
+            ),
+            timeout,
+            self.output,
+        )
+        return state, self.tasks(run_url)
+
+    def tasks(self, run_url: str) -> dict[str, dict]:
+        tis = _request(f"{run_url}/taskInstances", token=self.token())["task_instances"]
+        return {t["task_id"]: t for t in tis}
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        """``stateops ARGS`` from a third host (a bastion): the fleet's registry, its S3 and
+        Kafka, a data folder of its own."""
+        env = {**self.env, "STATEOPS_DATA_DIR": str(self.dir / "bastion")}
+        return subprocess.run(
+            ["stateops", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    def produce(self, round_: int) -> int:
+        out = subprocess.run(
+            ["python", "-m", "stateops.dev.sampledata", "--topic", TOPIC, "--users", "40",
+             "--round", str(round_)],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.split()[0])  # "N page_visits events (round R) to ..."
+
+    def stop(self) -> subprocess.CompletedProcess:
+        """`make fleet-stop`: the script's stop, from another shell."""
+        return subprocess.run(
+            ["scripts/fleet.sh", "stop"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    # Under /tmp, readable by the postgres user (a pytest folder is its owner's only).
+    folder = Path(tempfile.mkdtemp(prefix="stateops-fleet-"))
+    folder.chmod(0o755)
+    port = {name: free_port() for name in PORTS}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        # the test session's endpoints and folders: the script draws its own, as for a newcomer
+        if not k.startswith(("AIRFLOW_CONN_", "STATEOPS_S3_", "STATEOPS_KAFKA_"))
+        and k not in ("AIRFLOW_HOME", "STATEOPS_REGISTRY", "STATEOPS_DATA_DIR")
+    }
+    env |= {
+        "STATEOPS_FLEET_DIR": str(folder),
+        "STATEOPS_ADMIN_PASSWORD": PASSWORD,
+        "STATEOPS_UNPAUSE": UNPAUSE,
+        # A task whose worker is lost is failed (and retried) after a minute, not five.
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+        **{f"STATEOPS_FLEET_{name}": str(p) for name, p in port.items()},
+        # what the tests' own clients (the CLI, boto3, Kafka) reach: the fleet's
+        "STATEOPS_S3_ENDPOINT_URL": f"http://127.0.0.1:{port['S3_PORT']}",
+        "STATEOPS_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port['KAFKA_PORT']}",
+        "STATEOPS_REGISTRY": str(folder / "registry.yaml"),
+    }
+    log = folder / "make-fleet.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["scripts/fleet.sh"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    fleet = Fleet(folder, env, proc, log, port)
+
+    def ready() -> bool:
+        if proc.poll() is not None:  # said at once, not after the timeout
+            raise AssertionError(f"make fleet exited {proc.returncode}:\n{fleet.output()[-5000:]}")
+        return "stops everything" in fleet.output()
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:  # this process's clients: the fleet's
+            for name in ("STATEOPS_S3_ENDPOINT_URL", "STATEOPS_KAFKA_BOOTSTRAP_SERVERS"):
+                mp.setenv(name, env[name])
+            _until("make fleet did not say it is ready", ready, 420, fleet.output)
+            yield fleet
+    finally:
+        if proc.poll() is None:
+            fleet.stop()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        keep = Path(os.environ.get("STATEOPS_HOME", ROOT)) / "build" / "test-artifacts" / "fleet"
+        shutil.rmtree(keep, ignore_errors=True)
+        shutil.copytree(folder / "run", keep, ignore=shutil.ignore_patterns("*.pid", "*.rdb"))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sink_rows() -> dict[int, list[dict]]:
+    """The query's output in S3, by batch."""
+    s3 = boto3.client(
+        "s3", endpoint_url=os.environ["STATEOPS_S3_ENDPOINT_URL"], region_name="us-east-1"
+    )
+    rows: dict[int, list[dict]] = collections.defaultdict(list)
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix=f"output/{QUERY}/batch_id="
+    )
+    for obj in (o for page in pages for o in page.get("Contents", [])):
+        if obj["Key"].endswith(".parquet"):
+            batch = int(obj["Key"].split("batch_id=")[1].split("/")[0])
+            body = s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read()
+            rows[batch] += pq.read_table(io.BytesIO(body)).to_pylist()
+    return rows
+
+
+def _visits_in_topic() -> collections.Counter:
+    """Each user's events in the topic, read with a Kafka consumer from the beginning."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    settings = kafka_settings()
+    ends = broker_offsets(settings, {TOPIC: [0, 1]}, "latest")[TOPIC]
+    consumer = Consumer(
+        settings.client_config() | {"group.id": "stateops-test", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in ends])
+    seen: collections.Counter = collections.Counter()
+    left = sum(ends.values())
+    try:
+        while left:
+            message = consumer.poll(10)
+            assert message is not None, f"the topic's records ended {left} short of its end"
+            seen[json.loads(message.value())["user_id"]] += 1
+            left -= 1
+    finally:
+        consumer.close()
+    return seen
+
+
+def assert_exact() -> int:
+    """The checkpoint's committed offsets are the topic's end, and each user's visit count in
+    the sink's latest row (Update mode: the state's count) is that user's events in the topic:
+    nothing read twice, nothing lost. Returns the last committed batch."""
+    cp = load_checkpoint(CHECKPOINT)
+    last = cp.last_committed_batch
+    ends = broker_offsets(kafka_settings(), {TOPIC: [0, 1]}, "latest")
+    [committed] = cp.kafka_offsets(last).values()  # read up to, by the last batch
+    assert committed == ends, (committed, ends)
+    latest: dict[str, tuple[int, int]] = {}
+    for batch, rows in _sink_rows().items():
+        for row in rows:
+            if row["user_id"] not in latest or latest[row["user_id"]][0] < batch:
+                latest[row["user_id"]] = (batch, row["visits"])
+    counted = {user: visits for user, (_, visits) in latest.items()}
+    assert counted == dict(_visits_in_topic()), "the state's counts are not the topic's"
+    return last
+
+
+def test_the_fleet_is_up_with_both_workers_registered(fleet):
+    out = fleet.output()
+    assert f"Airflow UI    {fleet.base}   (login: admin / {PASSWORD})" in out, out
+    assert "Workers       celery@w1 celery@w2 " in out, out
+    pongs = fleet.celery().control.ping(timeout=10)
+    assert sorted(name for reply in pongs for name in reply) == ["celery@w1", "celery@w2"]
+    # Airflow's metadata is in Postgres: the lifecycle DAGs are rows there.
+    dags = subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-p", str(fleet.port["PG_PORT"]), "-U", "airflow", "-qAt",
+         "-c", "select dag_id from dag where dag_id like 'stream_%' order by 1", "airflow"],
+        env={**fleet.env, "PGPASSWORD": "airflow"}, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert dags.stdout.split() == sorted(p.stem for p in (ROOT / "dags").glob("stream_*.py"))
+    master = _request(f"http://127.0.0.1:{fleet.port['SPARK_UI_PORT']}/json/")
+    assert master["status"] == "ALIVE" and len(master["workers"]) == 2, master
+    # Each worker a host of its own: its own data folder, empty, and (as root) its own name.
+    for host in HOSTS:
+        assert not any((fleet.dir / "hosts" / host / "data").iterdir()), host
+    registry = yaml.safe_load((fleet.dir / "registry.yaml").read_text())
+    assert registry["control"] == f"s3://{BUCKET}/control", registry
+    assert list(registry["queries"]) == [QUERY]
+
+
+def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3(fleet):
+    """The first, scheduled, ``stream_start`` runs on w1; w2, which has never seen the query,
+    runs the next from where the first stopped: the checkpoint and the lease are in S3."""
+    fleet.only("w1")
+    _request(
+        f"{fleet.base}/api/v2/dags/stream_start",
+        "PATCH",
+        {"is_paused": False},
+        token=fleet.token(),
+    )
+    runs = f"{fleet.base}/api/v2/dags/stream_start/dagRuns"
+    [scheduled] = _until(
+        "the scheduler did not start stream_start",
+        lambda: _request(runs, token=fleet.token())["dag_runs"],
+        120,
+        fleet.output,
+    )
+    assert scheduled["run_type"] == "scheduled", scheduled
+    state, tasks = fleet.finished(f"{runs}/{scheduled['dag_run_id']}")
+    assert state == "success", tasks
+    assert {t["hostname"] for t in tasks.values()} == {"w1"}, tasks
+    first = assert_exact()
+
+    produced = fleet.produce(round_=1)
+    fleet.only("w2")
+    run_url = fleet.trigger("stream_start")
+    state, tasks = fleet.finished(run_url)
+    assert state == "success", tasks
+    assert {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
+    last = assert_exact()
+    assert last > first and produced > 0
+    summary = _request(
+        f"{run_url}/taskInstances/record_{QUERY}/xcomEntries/return_value", token=fleet.token()
+    )["value"]
+    summary = json.loads(summary) if isinstance(summary, str) else summary
+    assert summary["last_committed_batch"] == last, summary
+    # only the new records' batches, the first right after the first run's last
+    assert (summary["first_batch_id"], summary["last_batch_id"]) == (first + 1, last), summary
+    assert summary["input_rows"] == produced, summary
+
+
+def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(fleet):
+    """w1 is killed (its whole session, as a host lost) while its run writes batches: the
+    lease names w1's driver until it expires (the status says so), the scheduler fails the
+    task and retries it on w2, which takes the lease over and finishes: the state is exact."""
+    path = fleet.dir / "registry.yaml"
+    registry = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**registry, "lease_seconds": LEASE_SECONDS}, sort_keys=False))
+    before = load_checkpoint(CHECKPOINT).last_committed_batch
+    fleet.produce(round_=2), fleet.produce(round_=3)  # batches enough to be killed in
+    fleet.only("w1")
+    run_url = fleet.trigger("stream_start")
+    _until(
+        "w1's run committed no batch",
+        lambda: (load_checkpoint(CHECKPOINT).last_committed_batch or -1) > before,
+        600,
+        fleet.output,
+    )
+    assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "w1's run ended first"
+    fleet.only("w2")  # the retry's host (w1 still takes its own queue only)
+    worker = int((fleet.run / "worker-w1.pid").read_text())
+    sessions = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True)
+    for pid, sid in (line.split() for line in sessions.stdout.splitlines()):
+        if int(sid) == worker:
+            os.kill(int(pid), signal.SIGKILL)
+    _until("w1 lived on", lambda: not _alive({worker}), 30, fleet.output)
+
+    def lock() -> dict:
+        shown = fleet.cli("lock", "show", QUERY, "--json")
+        assert shown.returncode == 0, shown.stderr
+        return json.loads(shown.stdout)
+
+    # Seen from a third host, the dead driver's lease holds until it expires: nothing on
+    # another host can tell a lost holder from a slow one (as root, w1 is a host of its own).
+    dead = lock()
+    assert dead["lock"]["operation"] == "run", dead
+    if os.geteuid() == 0:
+        assert "@w1:" in dead["lock"]["owner"] and dead["state"] == "held", dead
+        _until("the dead run's lease did not expire", lambda: lock()["state"] == "expired",
+               LEASE_SECONDS + 30, fleet.output)  # fmt: skip
+        status = fleet.cli("status", QUERY, "--json", "--no-backups")
+        [shown] = json.loads(status.stdout)
+        said = f"run (run id {run_url.rsplit('/', 1)[1]}) left the lock expired"
+        assert any(said in r for r in shown["health"]["reasons"]), shown["health"]
+    state, tasks = fleet.finished(run_url)
+    run = tasks[f"run_{QUERY}"]
+    assert state == "success", tasks
+    assert run["hostname"] == "w2" and run["try_number"] >= 2, run
+    assert assert_exact() > before
+    assert lock()["state"] is None, "the retry did not release the lease it took over"
+
+
+def test_make_fleet_stop_stops_everything(fleet):
+    sessions = {fleet.proc.pid, *(int(p.read_text()) for p in fleet.run.glob("*.pid"))}
+    stopped = fleet.stop()
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+    assert fleet.proc.wait(timeout=60) == 0, fleet.output()[-3000:]
+    deadline = time.time() + 30
+    while (left := _alive(sessions)) and time.time() < deadline:
+        time.sleep(2)
+    assert not left, f"processes left after make fleet-stop: {left}"
+    assert not list(fleet.run.glob("*.pid")), "pid files left"
