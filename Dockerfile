@@ -1,4 +1,4 @@
-# One image for Airflow and for the Spark master and worker of docker-compose.yaml: the same
+# One image for Airflow and for the Spark master and workers of docker-compose.yaml: the same
 # Python, PySpark (whose spark-class runs the standalone cluster: the Spark of requirements.txt)
 # and libraries on the driver and the executors, as transformWithStateInPandas needs.
 # The project itself is mounted at /opt/stateops, not copied.
@@ -14,9 +14,12 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
 
-COPY requirements.txt /tmp/requirements.txt
-# The pinned set `make test` runs with, plus the drivers of Airflow's Postgres metadata database.
-RUN pip install --no-cache-dir -r /tmp/requirements.txt psycopg2-binary==2.9.13 asyncpg==0.32.0
+COPY requirements.txt requirements-fleet.txt /tmp/
+# The pinned set `make test` runs with, and what `make fleet` adds to it: Airflow's
+# CeleryExecutor with Redis, the drivers of its Postgres metadata database (new packages only,
+# so --no-deps changes nothing the first set installed).
+RUN pip install --no-cache-dir -r /tmp/requirements.txt \
+    && pip install --no-cache-dir --no-deps -r /tmp/requirements-fleet.txt
 
 RUN useradd --uid 50000 --gid 0 --create-home stateops
 USER 50000

@@ -1,7 +1,9 @@
 """docker-compose.yaml and its Dockerfile, checked without Docker (Docker cannot run here): the
 file parses, every image is pinned, mounted paths exist, published ports do not clash, the
-Airflow services are all there on one metadata database, and the environment matches what the
-code reads (connections, data folder, the S3 endpoint and its bucket)."""
+Airflow services are all there on one metadata database with the CeleryExecutor, the
+environment matches what the code reads (connections, the S3 endpoint and its bucket), and the
+topology is the one `make fleet` starts as processes (scripts/fleet.sh), which the fleet's
+tests run (tests/e2e/test_fleet.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import pytest
 import yaml
 
 from stateops.core.registry import load_registry
-from stateops.core.s3 import parse_s3_url
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -25,7 +26,9 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 AIRFLOW = ["airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
-SPARK = ["spark-master", "spark-worker"]
+WORKERS = ["airflow-worker-w1", "airflow-worker-w2"]  # the Celery workers: the tasks' hosts
+SPARK = ["spark-master", "spark-worker-1", "spark-worker-2"]
+FLEET_SH = (ROOT / "scripts" / "fleet.sh").read_text()
 CODE = [ROOT / d for d in ("include", "plugins", "dags", "spark_jobs", "scripts")]
 
 
@@ -61,38 +64,101 @@ def test_every_image_is_pinned_and_spark_is_the_pinned_pyspark():
     # Spark runs from PySpark's own spark-class in the image that installs requirements.txt:
     # the cluster's Spark is the pinned one, and the executors' Python is the driver's.
     assert "pip install --no-cache-dir -r /tmp/requirements.txt" in DOCKERFILE
-    assert "COPY requirements.txt /tmp/requirements.txt" in DOCKERFILE
+    assert "pip install --no-cache-dir --no-deps -r /tmp/requirements-fleet.txt" in DOCKERFILE
+    assert "COPY requirements.txt requirements-fleet.txt /tmp/" in DOCKERFILE
     requirements = (ROOT / "requirements.txt").read_text()
     assert "pyspark==4.2.0" in requirements and "apache-airflow==3.3.2" in requirements
-    images = {SERVICES[s]["image"] for s in AIRFLOW + SPARK + ["airflow-init"]}
+    images = {SERVICES[s]["image"] for s in AIRFLOW + WORKERS + SPARK + ["airflow-init"]}
     assert len(images) == 1, images
     for service in SPARK:
         assert _command(service).startswith("spark-class org.apache.spark.deploy."), service
 
 
-def test_airflow_runs_every_component_on_postgres_with_local_executor():
-    commands = {s: _command(s) for s in AIRFLOW}
+def test_airflow_runs_every_component_on_postgres_with_the_celery_executor():
+    commands = {s: _command(s) for s in AIRFLOW + WORKERS}
     assert commands == {
         "airflow-apiserver": "airflow api-server --port 8080",
         "airflow-scheduler": "airflow scheduler",
         "airflow-dag-processor": "airflow dag-processor",
         "airflow-triggerer": "airflow triggerer",
+        "airflow-worker-w1": "airflow celery worker --celery-hostname w1 --queues default,w1",
+        "airflow-worker-w2": "airflow celery worker --celery-hostname w2 --queues default,w2",
     }
     assert SERVICES["postgres"]["image"].startswith("postgres:")
-    for service in AIRFLOW:
+    assert SERVICES["redis"]["image"].startswith("redis:")
+    for service in AIRFLOW + WORKERS:
         env = SERVICES[service]["environment"]
-        assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
         db = urlparse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
         assert (db.scheme, db.hostname) == ("postgresql+psycopg2", "postgres")
         assert db.username == SERVICES["postgres"]["environment"]["POSTGRES_USER"]
+        backend = urlparse(env["AIRFLOW__CELERY__RESULT_BACKEND"])
+        assert (backend.scheme, backend.hostname) == ("db+postgresql+psycopg2", "postgres")
+        broker = urlparse(env["AIRFLOW__CELERY__BROKER_URL"])
+        assert (broker.scheme, broker.hostname) == ("redis", "redis")
         api = urlparse(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
         assert (api.hostname, api.port) == ("airflow-apiserver", 8080)
         assert SERVICES[service]["depends_on"]["airflow-init"]["condition"] == (
             "service_completed_successfully"
         )
-    assert "psycopg2-binary==" in DOCKERFILE and "asyncpg==" in DOCKERFILE
     assert "airflow db migrate" in _command("airflow-init")
     assert "python -m zipfile -c build/stateops.zip include/stateops" in _command("airflow-init")
+
+
+def _fleet_sh_exports() -> dict[str, str]:
+    return dict(re.findall(r"^export (AIRFLOW__\w+)=\"?([^\"\n]*)\"?$", FLEET_SH, re.M))
+
+
+def test_compose_runs_the_topology_that_make_fleet_runs_as_processes():
+    """One topology, two forms: each part of scripts/fleet.sh is a service here, with the same
+    settings where a setting is not the machine's (ports and names on loopback)."""
+    hosts = re.search(r'^WORKERS="([^"]+)"$', FLEET_SH, re.M).group(1).split()
+    assert [SERVICES[s]["hostname"] for s in WORKERS] == hosts
+    assert 'airflow celery worker --celery-hostname "$host" --queues "default,$host"' in FLEET_SH
+    for service, host in zip(WORKERS, hosts, strict=True):
+        assert _command(service).endswith(f"--celery-hostname {host} --queues default,{host}")
+        assert SERVICES[service]["networks"]["default"]["aliases"] == [host]  # drivers' address
+    # The workers share no folder: each its own data volume; nothing mounts the host's ./data.
+    data = SERVICES["airflow-worker-w1"]["environment"]["STATEOPS_DATA_DIR"]
+    volumes = [
+        next(v.split(":")[0] for v in SERVICES[s]["volumes"] if v.split(":")[1] == data)
+        for s in WORKERS
+    ]
+    assert len(set(volumes)) == len(WORKERS) and all(v in COMPOSE["volumes"] for v in volumes)
+    for name, service in SERVICES.items():
+        assert not [v for v in service.get("volumes", []) if v.startswith("./data")], name
+    # Airflow's settings: every one fleet.sh exports, but where it is this machine's.
+    machine = {  # loopback ports, and one machine's name that both workers share
+        "AIRFLOW__API__HOST", "AIRFLOW__API__PORT", "AIRFLOW__API__BASE_URL",
+        "AIRFLOW__CORE__HOSTNAME_CALLABLE",
+    }  # fmt: skip
+    exported = _fleet_sh_exports()
+    secrets = set(re.findall(r"export (AIRFLOW__\w+)=", FLEET_SH)) - set(exported)
+    env = SERVICES["airflow-scheduler"]["environment"]
+    assert set(exported) - machine <= set(env), set(exported) - machine - set(env)
+    assert secrets <= set(env), secrets - set(env)  # drawn once per fleet folder by fleet.sh
+    for key in ("AIRFLOW__CORE__EXECUTOR", "AIRFLOW__CELERY__WORKER_CONCURRENCY"):
+        assert env[key] == exported[key], key
+    for key in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__BROKER_URL",
+                "AIRFLOW__CELERY__RESULT_BACKEND"):  # fmt: skip
+        assert urlparse(env[key]).scheme == urlparse(exported[key]).scheme, key
+    # Spark: a master and as many workers, each of the same size.
+    workers = re.search(r"^for n in ([\d ]+); do\n  SPARK_WORKER_DIR", FLEET_SH, re.M).group(1)
+    assert len(SPARK) - 1 == len(workers.split())
+    size = re.search(r"(--cores \d+ \\?\s*--memory \w+)", FLEET_SH).group(1)
+    for service in SPARK[1:]:
+        assert " ".join(size.replace("\\", "").split()) in _command(service), service
+    # The registry, its bucket and the sample data: made the same way.
+    bucket = re.search(r"^BUCKET=(\S+)$", FLEET_SH, re.M).group(1)
+    assert "stateops.dev.fleet registry" in FLEET_SH
+    init = _command("airflow-init")
+    assert (
+        f'python -m stateops.dev.fleet registry registry.yaml "$$STATEOPS_REGISTRY" {bucket}'
+        in init
+    )
+    assert f"mc mb --ignore-existing local/{bucket}" in SERVICES["minio-init"]["entrypoint"]
+    assert re.search(r"stateops\.dev\.sampledata --topic \S+ --users 40 --if-missing", FLEET_SH)
+    assert "stateops.dev.sampledata --topic page-visits --users 40 --if-missing" in init
 
 
 def test_mounted_paths_exist_and_ports_do_not_clash():
@@ -100,8 +166,8 @@ def test_mounted_paths_exist_and_ports_do_not_clash():
     for name, service in SERVICES.items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
-            if source.startswith("."):  # ./data is the data folder, made on first use
-                assert (ROOT / source).exists() or source == "./data", f"{name}: {source}"
+            if source.startswith("."):
+                assert (ROOT / source).exists(), f"{name}: {source}"
             else:
                 assert source in COMPOSE["volumes"], f"{name}: named volume {source}"
         published += [port.rsplit(":", 1)[0] for port in service.get("ports", [])]
@@ -124,11 +190,13 @@ def test_the_environment_is_what_the_code_reads():
     for name in [*env, *re.findall(r"\b(STATEOPS_\w+)=", DOCKERFILE)]:
         if name.startswith("STATEOPS_"):
             assert _read_by_code(name), f"{name} is set but nothing reads it"
-    # Checkpoints are files: the driver (scheduler) and executors (worker) see the same paths.
-    data = env["STATEOPS_DATA_DIR"]
-    for service in ["airflow-scheduler", *SPARK]:
-        assert f"./data:{data}" in SERVICES[service]["volumes"], service
-    assert SERVICES["airflow-scheduler"]["hostname"] == "airflow-scheduler"
+    # The registry every Airflow process reads: the file airflow-init writes to the config
+    # volume (the fleet's: the control store and the checkpoints in S3).
+    config = env["STATEOPS_REGISTRY"].rsplit("/", 1)[0]
+    for service in AIRFLOW + WORKERS:
+        assert f"stateops-config:{config}:ro" in SERVICES[service]["volumes"], service
+    assert f"stateops-config:{config}" in SERVICES["airflow-init"]["volumes"]
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"].startswith(config + "/")
 
     # Connections: the ids the code uses, pointing at the services.
     registry = load_registry(ROOT / "registry.yaml")
@@ -137,7 +205,8 @@ def test_the_environment_is_what_the_code_reads():
     spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
     assert spark["host"] == "spark://spark-master"
     assert f"--port {spark['port']}" in _command("spark-master")
-    assert f"spark://spark-master:{spark['port']}" in _command("spark-worker")
+    for service in SPARK[1:]:
+        assert f"spark://spark-master:{spark['port']}" in _command(service)
     aws = json.loads(env[f"AIRFLOW_CONN_{registry.backups.conn_id.upper()}"])
     minio = SERVICES["minio"]["environment"]
     assert (aws["login"], aws["password"]) == (
@@ -154,10 +223,8 @@ def test_minio_is_the_backup_endpoint_the_code_reads():
     assert minio["environment"]["MINIO_ROOT_PASSWORD"] == env["AWS_SECRET_ACCESS_KEY"]
     port = re.search(r":(\d+)$", env["STATEOPS_S3_ENDPOINT_URL"]).group(1)
     assert f"127.0.0.1:{port}:9000" in minio["ports"]
-    bucket = parse_s3_url(load_registry(ROOT / "registry.yaml").backups.url).bucket
     init = SERVICES["minio-init"]["entrypoint"]
-    assert f"mc mb --ignore-existing local/{bucket}" in init
-    assert "mc mb --ignore-existing local/stateops-checkpoints" in init  # checkpoints in S3
+    assert "mc mb --ignore-existing local/stateops-fleet" in init  # the fleet's registry's
     assert f"{env['AWS_ACCESS_KEY_ID']} {env['AWS_SECRET_ACCESS_KEY']}" in init
     airflow = SERVICES["airflow-scheduler"]["environment"]
     conn_id = load_registry(ROOT / "registry.yaml").backups.conn_id
@@ -189,7 +256,7 @@ def test_kafka_is_one_kraft_node_the_airflow_services_and_the_executors_reach():
     assert kafka["hostname"] == "kafka"
     # Inside: the Airflow tasks (connection and environment) and the Spark executors.
     internal = advertised[env["KAFKA_INTER_BROKER_LISTENER_NAME"]]
-    for service in AIRFLOW + ["airflow-init"]:
+    for service in AIRFLOW + WORKERS + ["airflow-init"]:
         airflow = SERVICES[service]["environment"]
         conn = json.loads(airflow["AIRFLOW_CONN_KAFKA_DEFAULT"])
         assert conn["conn_type"] == "kafka"
@@ -256,7 +323,7 @@ def test_spark_gets_its_s3_jars_from_the_image_mvn_on_the_same_path_everywhere()
     from stateops.spark.jobs import PROJECT_ROOT, S3_JARS
 
     home = re.search(r"STATEOPS_HOME=(\S+)", DOCKERFILE).group(1)
-    for service in ["airflow-init", *AIRFLOW, *SPARK]:
+    for service in ["airflow-init", *AIRFLOW, *WORKERS, *SPARK]:
         mounts = [v for v in SERVICES[service]["volumes"] if v.startswith("./:")]
         assert mounts and mounts[0].split(":")[1] == home, service
     assert S3_JARS.relative_to(PROJECT_ROOT).as_posix() == "build/jars/s3"
@@ -267,7 +334,7 @@ def test_every_service_that_runs_spark_has_the_s3_settings_of_minio(monkeypatch)
     from stateops.core.s3 import checkpoint_settings, spark_s3_conf
 
     minio = SERVICES["minio"]["environment"]
-    for service in [*AIRFLOW, *SPARK]:
+    for service in [*AIRFLOW, *WORKERS, *SPARK]:
         env = SERVICES[service]["environment"]
         for key in [k for k in os.environ if k.startswith(("AIRFLOW_CONN_", "STATEOPS_", "AWS_"))]:
             monkeypatch.delenv(key)
