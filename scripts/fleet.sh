@@ -116,7 +116,9 @@ wait_until redis 30 redis-cli -p "$REDIS_PORT" ping
 
 echo "Spark standalone master spark://127.0.0.1:$SPARK_PORT and two workers (1 core each)"
 export SPARK_LOCAL_IP=127.0.0.1
-start spark-master spark-class org.apache.spark.deploy.master.Master --host 127.0.0.1 \
+# One core per application unless it asks for more: a continuous query leaves the other core
+# to the jobs of an operation on it (the migration's drain, export, first batch).
+SPARK_MASTER_OPTS="-Dspark.deploy.defaultCores=1" start spark-master spark-class org.apache.spark.deploy.master.Master --host 127.0.0.1 \
   --port "$SPARK_PORT" --webui-port "${STATEOPS_FLEET_SPARK_UI_PORT:-8181}"
 for n in 1 2; do
   SPARK_WORKER_DIR="$FLEET/spark-worker-$n" start "spark-worker-$n" spark-class \

@@ -34,7 +34,8 @@ import pytest
 import yaml
 
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.kafka import broker_offsets, kafka_settings
+from stateops.core.kafka import broker_offsets, kafka_settings, topic_partitions
+from stateops.core.registry import load_registry
 from stateops.dev.airflow_dags import api_call as _request
 from stateops.dev.airflow_dags import api_token
 from stateops.dev.s3server import free_port
@@ -47,8 +48,8 @@ PASSWORD = "stateops-fleet-admin"
 HOSTS = ("w1", "w2")
 QUERY = "kafka_visits"
 TOPIC = "page-visits"
+NEW_TOPIC = "page-visits-v2"  # the migration's new source
 BUCKET = "stateops-fleet"
-CHECKPOINT = f"s3://{BUCKET}/checkpoints/{QUERY}"
 # The manual DAGs only: stream_start is unpaused by its test (its first run is the scheduled
 # one), cleanup and backup stay paused (their runs would take the query's lock beside a test's).
 UNPAUSE = "stream_source_migration stream_backfill stream_bootstrap stream_restore"
@@ -124,14 +125,64 @@ class Fleet:
             ["stateops", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
         )
 
-    def produce(self, round_: int) -> int:
+    @property
+    def registry(self) -> Path:
+        return self.dir / "registry.yaml"
+
+    def edit_entry(self, **changes) -> None:
+        """Change the query's registry entry (None: remove a key), as an operator would."""
+        raw = yaml.safe_load(self.registry.read_text())
+        entry = raw["queries"][QUERY]
+        for key, value in changes.items():
+            entry.pop(key, None) if value is None else entry.update({key: value})
+        self.registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    def query(self):
+        """The query as every host sees it now (a switch in the control store moves it)."""
+        return load_registry(self.registry).query(QUERY)
+
+    def produce(self, round_: int, topic: str | None = None) -> int:
+        """A round of sample page views into the query's topic (or ``topic``)."""
+        topic = topic or next(iter(self.query().source.subscribed))
         out = subprocess.run(
-            ["python", "-m", "stateops.dev.sampledata", "--topic", TOPIC, "--users", "40",
+            ["python", "-m", "stateops.dev.sampledata", "--topic", topic, "--users", "40",
              "--round", str(round_)],
             cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         return int(out.stdout.split()[0])  # "N page_visits events (round R) to ..."
+
+    def approve(self, run_url: str, task: str) -> dict:
+        """Approve ``task``'s required action over REST once the run waits for it; returns
+        what it asked."""
+        _until(
+            f"{task} did not wait for an answer",
+            lambda: (
+                _request(f"{run_url}/taskInstances/{task}", token=self.token())["state"]
+                == "awaiting_input"
+            ),
+            600,
+            self.output,
+        )
+        # As tests/e2e/test_airflow.py's: an answer before the scheduler has heard that the
+        # parked process ended fails the step (Airflow 3.3); a person is slower than that.
+        dag, run_id = run_url.split("/dags/")[1].split("/dagRuns/")
+        heard = f"TaskInstance Finished: dag_id={dag}, task_id={task}, run_id={run_id},"
+        _until(
+            f"the scheduler did not hear that {task} was parked",
+            lambda: heard in (self.run / "scheduler.log").read_text(),
+            120,
+            self.output,
+        )
+        details = f"{run_url}/taskInstances/{task}/-1/hitlDetails"
+        asked = _request(details, token=self.token())
+        _request(
+            details,
+            "PATCH",
+            {"chosen_options": ["Approve"], "params_input": {}},
+            token=self.token(),
+        )
+        return asked
 
     def stop(self) -> subprocess.CompletedProcess:
         """`make fleet-stop`: the script's stop, from another shell."""
@@ -206,39 +257,45 @@ def fleet():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _sink_rows() -> dict[int, list[dict]]:
-    """The query's output in S3, by batch."""
+def _sink_rows(sink: str) -> dict[int, list[dict]]:
+    """The rows of the sink at ``sink`` (s3://...), by batch."""
     s3 = boto3.client(
         "s3", endpoint_url=os.environ["STATEOPS_S3_ENDPOINT_URL"], region_name="us-east-1"
     )
+    bucket, prefix = sink.removeprefix("s3://").split("/", 1)
     rows: dict[int, list[dict]] = collections.defaultdict(list)
     pages = s3.get_paginator("list_objects_v2").paginate(
-        Bucket=BUCKET, Prefix=f"output/{QUERY}/batch_id="
+        Bucket=bucket, Prefix=f"{prefix}/batch_id="
     )
     for obj in (o for page in pages for o in page.get("Contents", [])):
         if obj["Key"].endswith(".parquet"):
             batch = int(obj["Key"].split("batch_id=")[1].split("/")[0])
-            body = s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read()
+            body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
             rows[batch] += pq.read_table(io.BytesIO(body)).to_pylist()
     return rows
 
 
-def _visits_in_topic() -> collections.Counter:
-    """Each user's events in the topic, read with a Kafka consumer from the beginning."""
+def _ends(topic: str) -> dict:
+    settings = kafka_settings()
+    return broker_offsets(settings, topic_partitions(settings, [topic]), "latest")
+
+
+def _visits_in(topics: list[str]) -> collections.Counter:
+    """Each user's events in ``topics``, read with a Kafka consumer from their beginning."""
     from confluent_kafka import Consumer, TopicPartition
 
-    settings = kafka_settings()
-    ends = broker_offsets(settings, {TOPIC: [0, 1]}, "latest")[TOPIC]
     consumer = Consumer(
-        settings.client_config() | {"group.id": "stateops-test", "enable.auto.commit": False}
+        kafka_settings().client_config()
+        | {"group.id": "stateops-test", "enable.auto.commit": False}
     )
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in ends])
     seen: collections.Counter = collections.Counter()
-    left = sum(ends.values())
+    ends = {t: p for topic in topics for t, p in _ends(topic).items()}
+    consumer.assign([TopicPartition(t, p, 0) for t, ps in ends.items() for p in ps])
+    left = sum(o for ps in ends.values() for o in ps.values())
     try:
         while left:
             message = consumer.poll(10)
-            assert message is not None, f"the topic's records ended {left} short of its end"
+            assert message is not None, f"the topics' records ended {left} short of their end"
             seen[json.loads(message.value())["user_id"]] += 1
             left -= 1
     finally:
@@ -246,22 +303,23 @@ def _visits_in_topic() -> collections.Counter:
     return seen
 
 
-def assert_exact() -> int:
-    """The checkpoint's committed offsets are the topic's end, and each user's visit count in
-    the sink's latest row (Update mode: the state's count) is that user's events in the topic:
-    nothing read twice, nothing lost. Returns the last committed batch."""
-    cp = load_checkpoint(CHECKPOINT)
+def assert_exact(fleet: Fleet, topics: tuple[str, ...] = (TOPIC,)) -> int:
+    """The query's checkpoint has read its topic to the end, and each user's visit count in
+    the sink's latest row (Update mode: the state's count) is that user's events in
+    ``topics``, every topic the query has read: nothing read twice, nothing lost, nothing
+    dropped at a carry-over. Returns the last committed batch."""
+    query = fleet.query()
+    cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
-    ends = broker_offsets(kafka_settings(), {TOPIC: [0, 1]}, "latest")
     [committed] = cp.kafka_offsets(last).values()  # read up to, by the last batch
-    assert committed == ends, (committed, ends)
+    assert committed == _ends(topics[-1]), committed
     latest: dict[str, tuple[int, int]] = {}
-    for batch, rows in _sink_rows().items():
+    for batch, rows in _sink_rows(query.sink.path).items():
         for row in rows:
             if row["user_id"] not in latest or latest[row["user_id"]][0] < batch:
                 latest[row["user_id"]] = (batch, row["visits"])
     counted = {user: visits for user, (_, visits) in latest.items()}
-    assert counted == dict(_visits_in_topic()), "the state's counts are not the topic's"
+    assert counted == dict(_visits_in(list(topics))), "the state's counts are not the topics'"
     return last
 
 
@@ -309,7 +367,7 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
     state, tasks = fleet.finished(f"{runs}/{scheduled['dag_run_id']}")
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w1"}, tasks
-    first = assert_exact()
+    first = assert_exact(fleet)
 
     produced = fleet.produce(round_=1)
     fleet.only("w2")
@@ -317,7 +375,7 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
     state, tasks = fleet.finished(run_url)
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
-    last = assert_exact()
+    last = assert_exact(fleet)
     assert last > first and produced > 0
     summary = _request(
         f"{run_url}/taskInstances/record_{QUERY}/xcomEntries/return_value", token=fleet.token()
@@ -329,20 +387,94 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
     assert summary["input_rows"] == produced, summary
 
 
+def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_runs_the_new_one(
+    fleet,
+):
+    """A continuous run of the query on the Spark cluster, started from a third host; the
+    migration to another topic, triggered over REST and approved twice, runs on w1: its stop
+    step reaches the driver through the control store (it stops gracefully), the old topic is
+    drained, the state carried over and the switch written to the store; the next run, on w2,
+    runs the new query on the new checkpoint and the new topic, and the state is exact."""
+    fleet.produce(round_=4, topic=NEW_TOPIC)  # the new source has input: the proof needs it
+    fleet.produce(round_=2)  # the old source gets records the continuous run reads
+    fleet.edit_entry(approval=None)  # a migration asks for approval (the sample says none)
+    old = fleet.query()
+    spark = f"spark://127.0.0.1:{fleet.port['SPARK_PORT']}"
+    bastion = {**fleet.env, "STATEOPS_DATA_DIR": str(fleet.dir / "bastion")}
+    running_log = fleet.dir / "continuous.log"
+    with open(running_log, "w") as out:
+        running = subprocess.Popen(
+            ["stateops", "run", QUERY, "--mode", "continuous", "--master", spark],
+            cwd=ROOT, env=bastion, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        _until(
+            "the continuous run did not read the old topic to its end",
+            lambda: (
+                load_checkpoint(old.checkpoint).kafka_offsets(
+                    load_checkpoint(old.checkpoint).last_committed_batch
+                )[0]
+                == _ends(TOPIC)
+            ),
+            600,
+            running_log.read_text,
+        )
+        fleet.produce(round_=3)  # read by the migration's drain, or by the run before its stop
+        fleet.only("w1")
+        conf = {
+            "query": QUERY,
+            "new_source_format": "kafka",
+            "new_source_topic": NEW_TOPIC,
+            "new_source_start": "earliest",
+            "dry_run": False,
+        }
+        run_url = fleet.trigger("stream_source_migration", conf)
+        asked = fleet.approve(run_url, "approve_stop")
+        assert asked["subject"].startswith(f"Approve the migration of {QUERY}: stop it"), asked
+        fleet.approve(run_url, "approve_switch")
+        state, tasks = fleet.finished(run_url)
+        assert state == "success", {t: i["state"] for t, i in tasks.items()}
+        ran = {i["hostname"] for i in tasks.values() if i["state"] == "success"}
+        assert ran == {"w1"}, tasks
+        assert running.wait(timeout=120) == 0, running_log.read_text()[-5000:]
+    finally:
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+    assert '"stopped_by_marker": true' in running_log.read_text(), running_log.read_text()[-3000:]
+    new = fleet.query()  # read by this host from the switch in the control store
+    assert new.checkpoint != old.checkpoint and new.source.subscribed == [NEW_TOPIC], new
+    assert new.checkpoint.startswith(f"s3://{BUCKET}/"), new.checkpoint
+
+    fleet.produce(round_=5, topic=NEW_TOPIC)
+    fleet.only("w2")
+    run_url = fleet.trigger("stream_start")
+    state, tasks = fleet.finished(run_url)
+    assert state == "success", tasks
+    assert {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
+    summary = _request(
+        f"{run_url}/taskInstances/record_{QUERY}/xcomEntries/return_value", token=fleet.token()
+    )["value"]
+    summary = json.loads(summary) if isinstance(summary, str) else summary
+    assert summary["checkpoint"] == new.checkpoint and summary["batches_run"] > 0, summary
+    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) == summary["last_committed_batch"]
+
+
 def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(fleet):
     """w1 is killed (its whole session, as a host lost) while its run writes batches: the
     lease names w1's driver until it expires (the status says so), the scheduler fails the
     task and retries it on w2, which takes the lease over and finishes: the state is exact."""
-    path = fleet.dir / "registry.yaml"
-    registry = yaml.safe_load(path.read_text())
-    path.write_text(yaml.safe_dump({**registry, "lease_seconds": LEASE_SECONDS}, sort_keys=False))
-    before = load_checkpoint(CHECKPOINT).last_committed_batch
-    fleet.produce(round_=2), fleet.produce(round_=3)  # batches enough to be killed in
+    registry = yaml.safe_load(fleet.registry.read_text())
+    fleet.registry.write_text(
+        yaml.safe_dump({**registry, "lease_seconds": LEASE_SECONDS}, sort_keys=False)
+    )
+    checkpoint = fleet.query().checkpoint
+    before = load_checkpoint(checkpoint).last_committed_batch
+    fleet.produce(round_=6), fleet.produce(round_=7)  # batches enough to be killed in
     fleet.only("w1")
     run_url = fleet.trigger("stream_start")
     _until(
         "w1's run committed no batch",
-        lambda: (load_checkpoint(CHECKPOINT).last_committed_batch or -1) > before,
+        lambda: (load_checkpoint(checkpoint).last_committed_batch or -1) > before,
         600,
         fleet.output,
     )
@@ -376,7 +508,7 @@ def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(flee
     run = tasks[f"run_{QUERY}"]
     assert state == "success", tasks
     assert run["hostname"] == "w2" and run["try_number"] >= 2, run
-    assert assert_exact() > before
+    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
     assert lock()["state"] is None, "the retry did not release the lease it took over"
 
 

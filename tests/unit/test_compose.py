@@ -148,6 +148,8 @@ def test_compose_runs_the_topology_that_make_fleet_runs_as_processes():
     size = re.search(r"(--cores \d+ \\?\s*--memory \w+)", FLEET_SH).group(1)
     for service in SPARK[1:]:
         assert " ".join(size.replace("\\", "").split()) in _command(service), service
+    cores = re.search(r'SPARK_MASTER_OPTS="([^"]+)" start spark-master', FLEET_SH).group(1)
+    assert SERVICES["spark-master"]["environment"]["SPARK_MASTER_OPTS"] == cores
     # The registry, its bucket and the sample data: made the same way.
     bucket = re.search(r"^BUCKET=(\S+)$", FLEET_SH, re.M).group(1)
     assert "stateops.dev.fleet registry" in FLEET_SH
