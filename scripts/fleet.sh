@@ -211,7 +211,7 @@ cat <<EOF
   Kafka broker  $STATEOPS_KAFKA_BOOTSTRAP_SERVERS
   Registry      $STATEOPS_REGISTRY     Logs: $RUN
 
-Ctrl-C (or \`make fleet-stop\` in another shell) stops everything. A worker lost is a host
-lost: its tasks are retried on the other one, and the rest of the fleet goes on.
+Ctrl-C (or \`make fleet-stop\` in another shell) stops everything. A worker lost (Celery's or
+Spark's) is a host lost: its work is retried on the other one, and the rest goes on.
 EOF
-watch_sessions "worker-w1 worker-w2"
+watch_sessions "worker-w1 worker-w2 spark-worker-1 spark-worker-2"

@@ -459,6 +459,75 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
     assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) == summary["last_committed_batch"]
 
 
+def _kill_session(leader: int) -> None:
+    """SIGKILL every process of the session ``leader`` leads: a host lost."""
+    sessions = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True)
+    for pid, sid in (line.split() for line in sessions.stdout.splitlines()):
+        if int(sid) == leader:
+            os.kill(int(pid), signal.SIGKILL)
+    _until(f"session {leader} lived on", lambda: not _alive({leader}), 30, str)
+
+
+def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_nothing(fleet):
+    """A run on w1; the scheduled cleanup starts on w2 while it runs and is refused, naming
+    w1's run (it retries later); the Spark worker that runs the run's executor is killed:
+    Spark runs its tasks again on the other worker, and the state is exact."""
+    checkpoint = fleet.query().checkpoint
+    before = load_checkpoint(checkpoint).last_committed_batch
+    for round_ in (6, 7, 8, 9):  # batches enough for a cleanup to start and a worker to die in
+        fleet.produce(round_=round_)
+    fleet.only("w1")
+    run_url = fleet.trigger("stream_start")
+    _until(
+        "w1's run committed no batch",
+        lambda: (load_checkpoint(checkpoint).last_committed_batch or -1) > before,
+        600,
+        fleet.output,
+    )
+    fleet.only("w2")
+    cleanup = f"{fleet.base}/api/v2/dags/stream_snapshot_cleanup"
+    _request(cleanup, "PATCH", {"is_paused": False}, token=fleet.token())  # its schedule: now
+    [scheduled] = _until(
+        "the scheduler did not start the cleanup",
+        lambda: _request(f"{cleanup}/dagRuns", token=fleet.token())["dag_runs"],
+        120,
+        fleet.output,
+    )
+    cleanup_url = f"{cleanup}/dagRuns/{scheduled['dag_run_id']}"
+    task = f"{cleanup_url}/taskInstances/cleanup_{QUERY}"
+    refused = _until(
+        "the cleanup was not refused while the run held the query",
+        lambda: (ti := _request(task, token=fleet.token()))["state"] == "up_for_retry" and ti,
+        300,
+        fleet.output,
+    )
+    assert refused["hostname"] == "w2", refused
+    assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "the run ended first"
+    logs = Path(fleet.dir / "airflow" / "logs")
+    [log] = logs.rglob(f"run_id={scheduled['dag_run_id']}/task_id=cleanup_{QUERY}/attempt=1.log")
+    assert f"locked by run (run {run_url.rsplit('/', 1)[1]}" in log.read_text(), log.read_text()
+    _request(cleanup, "PATCH", {"is_paused": True}, token=fleet.token())
+    _request(cleanup_url, "PATCH", {"state": "failed"}, token=fleet.token())  # no retry later
+
+    # The Spark worker that runs the run's executor, lost.
+    def busy() -> int | None:
+        for n in (1, 2):
+            ui = f"http://127.0.0.1:{fleet.port['SPARK_UI_PORT'] + n}/json/"
+            if _request(ui)["executors"]:
+                return n
+        return None
+
+    n = _until("no Spark worker runs the run's executor", busy, 120, fleet.output)
+    _kill_session(int((fleet.run / f"spark-worker-{n}.pid").read_text()))
+    state, tasks = fleet.finished(run_url)
+    assert state == "success", tasks
+    run = tasks[f"run_{QUERY}"]
+    assert (run["hostname"], run["try_number"]) == ("w1", 1), run  # Spark retried, not Airflow
+    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
+    master = _request(f"http://127.0.0.1:{fleet.port['SPARK_UI_PORT']}/json/")
+    assert [w["state"] for w in master["workers"]].count("ALIVE") == 1, master
+
+
 def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(fleet):
     """w1 is killed (its whole session, as a host lost) while its run writes batches: the
     lease names w1's driver until it expires (the status says so), the scheduler fails the
@@ -469,7 +538,7 @@ def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(flee
     )
     checkpoint = fleet.query().checkpoint
     before = load_checkpoint(checkpoint).last_committed_batch
-    fleet.produce(round_=6), fleet.produce(round_=7)  # batches enough to be killed in
+    fleet.produce(round_=10), fleet.produce(round_=11)  # batches enough to be killed in
     fleet.only("w1")
     run_url = fleet.trigger("stream_start")
     _until(
@@ -480,12 +549,7 @@ def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(flee
     )
     assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "w1's run ended first"
     fleet.only("w2")  # the retry's host (w1 still takes its own queue only)
-    worker = int((fleet.run / "worker-w1.pid").read_text())
-    sessions = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True)
-    for pid, sid in (line.split() for line in sessions.stdout.splitlines()):
-        if int(sid) == worker:
-            os.kill(int(pid), signal.SIGKILL)
-    _until("w1 lived on", lambda: not _alive({worker}), 30, fleet.output)
+    _kill_session(int((fleet.run / "worker-w1.pid").read_text()))
 
     def lock() -> dict:
         shown = fleet.cli("lock", "show", QUERY, "--json")
