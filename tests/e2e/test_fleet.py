@@ -25,7 +25,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import boto3
@@ -64,6 +65,8 @@ class Fleet:
     proc: subprocess.Popen
     log: Path
     port: dict[str, int]
+    # What the stories took here, in seconds: build/test-artifacts/fleet/figures.json
+    figures: dict[str, float] = field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -102,7 +105,11 @@ class Fleet:
         )
         return f"{url}/dagRuns/{run['dag_run_id']}"
 
-    def finished(self, run_url: str, timeout: float = 900) -> tuple[str, dict[str, dict]]:
+    def finished(
+        self, run_url: str, figure: str | None = None, timeout: float = 900
+    ) -> tuple[str, dict[str, dict]]:
+        """The run's end state and its tasks, once it ended; ``figure``: its time (Airflow's
+        start to end) goes into the fleet's figures under that name."""
         state = _until(
             f"{run_url} did not finish",
             lambda: (
@@ -111,6 +118,9 @@ class Fleet:
             timeout,
             self.output,
         )
+        if figure:
+            run = _request(run_url, token=self.token())
+            self.figures[figure] = _seconds(run["start_date"], run["end_date"])
         return state, self.tasks(run_url)
 
     def tasks(self, run_url: str) -> dict[str, dict]:
@@ -242,7 +252,11 @@ def fleet():
         with pytest.MonkeyPatch.context() as mp:  # this process's clients: the fleet's
             for name in ("STATEOPS_S3_ENDPOINT_URL", "STATEOPS_KAFKA_BOOTSTRAP_SERVERS"):
                 mp.setenv(name, env[name])
+            started = time.monotonic()
             _until("make fleet did not say it is ready", ready, 420, fleet.output)
+            fleet.figures["make fleet: up, both workers registered"] = round(
+                time.monotonic() - started, 1
+            )
             yield fleet
     finally:
         if proc.poll() is None:
@@ -254,14 +268,29 @@ def fleet():
         keep = Path(os.environ.get("STATEOPS_HOME", ROOT)) / "build" / "test-artifacts" / "fleet"
         shutil.rmtree(keep, ignore_errors=True)
         shutil.copytree(folder / "run", keep, ignore=shutil.ignore_patterns("*.pid", "*.rdb"))
+        (keep / "figures.json").write_text(json.dumps(fleet.figures, indent=1) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _seconds(start: str, end: str) -> float:
+    return round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 1)
+
+
+def _s3():
+    return boto3.client(
+        "s3", endpoint_url=os.environ["STATEOPS_S3_ENDPOINT_URL"], region_name="us-east-1"
+    )
+
+
+def _commit_time(checkpoint: str, batch: int) -> datetime:
+    """When ``batch``'s commit file was written to ``checkpoint`` (s3://...)."""
+    bucket, prefix = checkpoint.removeprefix("s3://").split("/", 1)
+    return _s3().head_object(Bucket=bucket, Key=f"{prefix}/commits/{batch}")["LastModified"]
 
 
 def _sink_rows(sink: str) -> dict[int, list[dict]]:
     """The rows of the sink at ``sink`` (s3://...), by batch."""
-    s3 = boto3.client(
-        "s3", endpoint_url=os.environ["STATEOPS_S3_ENDPOINT_URL"], region_name="us-east-1"
-    )
+    s3 = _s3()
     bucket, prefix = sink.removeprefix("s3://").split("/", 1)
     rows: dict[int, list[dict]] = collections.defaultdict(list)
     pages = s3.get_paginator("list_objects_v2").paginate(
@@ -364,7 +393,9 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
         fleet.output,
     )
     assert scheduled["run_type"] == "scheduled", scheduled
-    state, tasks = fleet.finished(f"{runs}/{scheduled['dag_run_id']}")
+    state, tasks = fleet.finished(
+        f"{runs}/{scheduled['dag_run_id']}", "stream_start, first run (w1)"
+    )
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w1"}, tasks
     first = assert_exact(fleet)
@@ -372,7 +403,7 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
     produced = fleet.produce(round_=1)
     fleet.only("w2")
     run_url = fleet.trigger("stream_start")
-    state, tasks = fleet.finished(run_url)
+    state, tasks = fleet.finished(run_url, "stream_start, next run (w2)")
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
     last = assert_exact(fleet)
@@ -432,7 +463,7 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
         asked = fleet.approve(run_url, "approve_stop")
         assert asked["subject"].startswith(f"Approve the migration of {QUERY}: stop it"), asked
         fleet.approve(run_url, "approve_switch")
-        state, tasks = fleet.finished(run_url)
+        state, tasks = fleet.finished(run_url, "migration, with its two approvals (w1)")
         assert state == "success", {t: i["state"] for t, i in tasks.items()}
         ran = {i["hostname"] for i in tasks.values() if i["state"] == "success"}
         assert ran == {"w1"}, tasks
@@ -444,11 +475,17 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
     new = fleet.query()  # read by this host from the switch in the control store
     assert new.checkpoint != old.checkpoint and new.source.subscribed == [NEW_TOPIC], new
     assert new.checkpoint.startswith(f"s3://{BUCKET}/"), new.checkpoint
+    last_old = load_checkpoint(old.checkpoint).last_committed_batch
+    first_new = min(b for b in load_checkpoint(new.checkpoint).commits if b > last_old)
+    downtime = _commit_time(new.checkpoint, first_new) - _commit_time(old.checkpoint, last_old)
+    fleet.figures["migration downtime: old query's last commit to new query's first"] = (
+        downtime.total_seconds()
+    )
 
     fleet.produce(round_=5, topic=NEW_TOPIC)
     fleet.only("w2")
     run_url = fleet.trigger("stream_start")
-    state, tasks = fleet.finished(run_url)
+    state, tasks = fleet.finished(run_url, "stream_start, after the migration (w2)")
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
     summary = _request(
@@ -519,7 +556,7 @@ def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_n
 
     n = _until("no Spark worker runs the run's executor", busy, 120, fleet.output)
     _kill_session(int((fleet.run / f"spark-worker-{n}.pid").read_text()))
-    state, tasks = fleet.finished(run_url)
+    state, tasks = fleet.finished(run_url, "stream_start, a Spark worker lost in it (w1)")
     assert state == "success", tasks
     run = tasks[f"run_{QUERY}"]
     assert (run["hostname"], run["try_number"]) == ("w1", 1), run  # Spark retried, not Airflow
@@ -549,6 +586,7 @@ def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(flee
     )
     assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "w1's run ended first"
     fleet.only("w2")  # the retry's host (w1 still takes its own queue only)
+    killed = datetime.now().astimezone()
     _kill_session(int((fleet.run / "worker-w1.pid").read_text()))
 
     def lock() -> dict:
@@ -572,13 +610,21 @@ def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(flee
     run = tasks[f"run_{QUERY}"]
     assert state == "success", tasks
     assert run["hostname"] == "w2" and run["try_number"] >= 2, run
+    fleet.figures["w1 lost in a run: the kill to the retry's start on w2"] = _seconds(
+        killed.isoformat(), run["start_date"]
+    )
+    fleet.figures["w1 lost in a run: the kill to the run's end"] = _seconds(
+        killed.isoformat(), run["end_date"]
+    )
     assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
     assert lock()["state"] is None, "the retry did not release the lease it took over"
 
 
 def test_make_fleet_stop_stops_everything(fleet):
     sessions = {fleet.proc.pid, *(int(p.read_text()) for p in fleet.run.glob("*.pid"))}
+    started = time.monotonic()
     stopped = fleet.stop()
+    fleet.figures["make fleet-stop"] = round(time.monotonic() - started, 1)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
     assert fleet.proc.wait(timeout=60) == 0, fleet.output()[-3000:]
     deadline = time.time() + 30
