@@ -59,6 +59,10 @@ class Stack:
     def output(self) -> str:
         return self.log.read_text()
 
+    @property
+    def scheduler_log(self) -> Path:
+        return self.run_dir / "airflow.log"  # make airflow's standalone output
+
     def token(self) -> str:
         return api_token(self.base, PASSWORD)
 
@@ -368,28 +372,28 @@ def test_bad_form_values_are_refused_before_a_run_with_the_field_named(stack):
     assert tree_digest(checkpoint) == before
 
 
-def _awaiting(stack: Stack, run_url: str, task: str, token: str) -> dict:
-    """The approval request of ``task``, once the run waits for it."""
+def _awaiting(run_url: str, task: str, token: str, scheduler_log: Path, log) -> dict:
+    """The approval request of ``task``, once the run waits for it (``scheduler_log``: the
+    scheduler's output; ``log``: what to show if it does not come)."""
     _until(
         f"{task} did not wait for an answer",
         lambda: (
             _request(f"{run_url}/taskInstances/{task}", token=token)["state"] == "awaiting_input"
         ),
         600,
-        stack.output,
+        log,
     )
     # Airflow 3.3 fails a step answered before the scheduler has heard from the executor that
     # the parked process ended ("finished with state success, but the task instance's state
     # attribute is queued": Marking task as FAILED); on a loaded machine that took 5 s. A person
     # is slower than that; a test answering at once waits for the scheduler's line.
-    run_id = run_url.rsplit("/", 1)[1]
-    scheduler = stack.migration.root / "_stateops" / "airflow" / "airflow.log"
-    heard = f"TaskInstance Finished: dag_id={DAG}, task_id={task}, run_id={run_id},"
+    dag, run_id = run_url.split("/dags/")[1].split("/dagRuns/")
+    heard = f"TaskInstance Finished: dag_id={dag}, task_id={task}, run_id={run_id},"
     _until(
         f"the scheduler did not hear that {task} was parked",
-        lambda: heard in scheduler.read_text(),
+        lambda: heard in scheduler_log.read_text(),
         120,
-        stack.output,
+        log,
     )
     return _request(f"{run_url}/taskInstances/{task}/-1/hitlDetails", token=token)
 
@@ -417,7 +421,7 @@ def test_a_migration_rejected_over_rest_changes_nothing(stack):
         f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()}, token=token
     )
     run_url = f"{dag_url}/dagRuns/{run['dag_run_id']}"
-    asked = _awaiting(stack, run_url, "approve_stop", token)
+    asked = _awaiting(run_url, "approve_stop", token, stack.scheduler_log, stack.output)
     assert asked["options"] == ["Approve", "Reject"], asked
     assert asked["subject"].startswith("Approve the migration of user_sessions: stop it"), asked
     body = asked["body"]
@@ -464,7 +468,7 @@ def test_rest_api_triggers_the_migration_approved_in_the_browser_and_it_succeeds
             ("approve_stop", "stop it, drain its old source"),
             ("approve_switch", "its carried state proven"),
         ]:
-            asked = _awaiting(stack, run_url, gate, token)
+            asked = _awaiting(run_url, gate, token, stack.scheduler_log, stack.output)
             assert says in asked["subject"], asked
             page.goto(
                 f"{stack.base}/dags/{DAG}/runs/{run['dag_run_id']}/tasks/{gate}/required_actions"

@@ -41,7 +41,7 @@ from stateops.dev.airflow_dags import api_call as _request
 from stateops.dev.airflow_dags import api_token
 from stateops.dev.s3server import free_port
 from tests.conftest import ROOT
-from tests.e2e.test_airflow import _alive, _until
+from tests.e2e.test_airflow import _alive, _awaiting, _until
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,9 @@ BUCKET = "stateops-fleet"
 # The manual DAGs only: stream_start is unpaused by its test (its first run is the scheduled
 # one), cleanup and backup stay paused (their runs would take the query's lock beside a test's).
 UNPAUSE = "stream_source_migration stream_backfill stream_bootstrap stream_restore"
-LEASE_SECONDS = 30  # the fault test's: a lost host's lease is taken over after it
+# The fault test's: a lost host's lease is taken over after it. Its retry comes later anyway
+# (the heartbeat timeout, then the DAG's retry delay), and a third host reads it held first.
+LEASE_SECONDS = 60
 PORTS = ("PORT", "PG_PORT", "REDIS_PORT", "SPARK_PORT", "SPARK_UI_PORT", "S3_PORT", "KAFKA_PORT")
 
 
@@ -91,12 +93,16 @@ class Fleet:
         """Only ``host`` takes tasks from the shared queue (``default``): the next task lands
         there. Celery's remote control, as an operator drains a host."""
         app = self.celery()
-        app.control.add_consumer("default", destination=[f"celery@{host}"], reply=True)
         others = [f"celery@{h}" for h in HOSTS if h != host]
-        app.control.cancel_consumer("default", destination=others, reply=True)
-        queues = app.control.inspect(timeout=10).active_queues() or {}
-        taking = sorted(w for w, qs in queues.items() if "default" in {q["name"] for q in qs})
-        assert taking == [f"celery@{host}"], queues
+
+        def steered() -> bool:  # asked again until seen: a busy worker may miss a broadcast
+            app.control.add_consumer("default", destination=[f"celery@{host}"])
+            app.control.cancel_consumer("default", destination=others)
+            queues = app.control.inspect(timeout=5).active_queues() or {}
+            taking = [w for w, qs in queues.items() if "default" in {q["name"] for q in qs}]
+            return len(queues) == len(HOSTS) and taking == [f"celery@{host}"]
+
+        _until(f"only {host} did not take the shared queue", steered, 120, self.output)
 
     def trigger(self, dag: str, conf: dict | None = None) -> str:
         url = f"{self.base}/api/v2/dags/{dag}"
@@ -165,32 +171,13 @@ class Fleet:
     def approve(self, run_url: str, task: str) -> dict:
         """Approve ``task``'s required action over REST once the run waits for it; returns
         what it asked."""
-        _until(
-            f"{task} did not wait for an answer",
-            lambda: (
-                _request(f"{run_url}/taskInstances/{task}", token=self.token())["state"]
-                == "awaiting_input"
-            ),
-            600,
-            self.output,
-        )
-        # As tests/e2e/test_airflow.py's: an answer before the scheduler has heard that the
-        # parked process ended fails the step (Airflow 3.3); a person is slower than that.
-        dag, run_id = run_url.split("/dags/")[1].split("/dagRuns/")
-        heard = f"TaskInstance Finished: dag_id={dag}, task_id={task}, run_id={run_id},"
-        _until(
-            f"the scheduler did not hear that {task} was parked",
-            lambda: heard in (self.run / "scheduler.log").read_text(),
-            120,
-            self.output,
-        )
-        details = f"{run_url}/taskInstances/{task}/-1/hitlDetails"
-        asked = _request(details, token=self.token())
+        token = self.token()
+        asked = _awaiting(run_url, task, token, self.run / "scheduler.log", self.output)
         _request(
-            details,
+            f"{run_url}/taskInstances/{task}/-1/hitlDetails",
             "PATCH",
             {"chosen_options": ["Approve"], "params_input": {}},
-            token=self.token(),
+            token=token,
         )
         return asked
 
@@ -356,8 +343,15 @@ def test_the_fleet_is_up_with_both_workers_registered(fleet):
     out = fleet.output()
     assert f"Airflow UI    {fleet.base}   (login: admin / {PASSWORD})" in out, out
     assert "Workers       celery@w1 celery@w2 " in out, out
-    pongs = fleet.celery().control.ping(timeout=10)
-    assert sorted(name for reply in pongs for name in reply) == ["celery@w1", "celery@w2"]
+    _until(
+        "both Celery workers did not answer a ping",
+        lambda: (
+            sorted(n for reply in fleet.celery().control.ping(timeout=5) for n in reply)
+            == ["celery@w1", "celery@w2"]
+        ),
+        60,
+        fleet.output,
+    )
     # Airflow's metadata is in Postgres: the lifecycle DAGs are rows there.
     dags = subprocess.run(
         ["psql", "-h", "127.0.0.1", "-p", str(fleet.port["PG_PORT"]), "-U", "airflow", "-qAt",
