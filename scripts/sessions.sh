@@ -55,14 +55,12 @@ watch_sessions() {  # watch_sessions [NAMES]: until a stop ($RUN/stopping: exit 
       if ! kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; then
         [ -e "$RUN/stopping" ] && { trap - EXIT; exit 0; }
         name="$(basename "$pidfile" .pid)"
-        [ "${said/ $name /}" != "$said" ] && continue
-        if [ "${spare/ $name /}" != "$spare" ]; then
-          echo "$name stopped; the rest goes on (its log: $RUN/$name.log)" >&2
-          said="$said$name "
-          continue
-        fi
-        echo "$name stopped unexpectedly; logs in $RUN" >&2
-        exit 1
+        case "$said" in *" $name "*) continue ;; esac
+        case "$spare" in
+          *" $name "*) echo "$name stopped; the rest goes on (its log: $RUN/$name.log)" >&2
+                       said="$said$name " ;;
+          *) echo "$name stopped unexpectedly; logs in $RUN" >&2; exit 1 ;;
+        esac
       fi
     done
   done

@@ -17,7 +17,6 @@ the same as on any deployment.
 from __future__ import annotations
 
 import collections
-import io
 import json
 import os
 import shutil
@@ -28,20 +27,22 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
-import boto3
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.kafka import broker_offsets, kafka_settings, topic_partitions
 from stateops.core.registry import load_registry
+from stateops.core.sources import topic_offsets
+from stateops.core.storage import location
 from stateops.dev.airflow_dags import api_call as _request
 from stateops.dev.airflow_dags import api_token
 from stateops.dev.s3server import free_port
 from tests.conftest import ROOT
 from tests.e2e.test_airflow import _alive, _awaiting, _until
+from tests.spark.harness import read_sink
+from tests.spark.test_kafka_rollback import read_topic
 
 pytestmark = pytest.mark.e2e
 
@@ -116,18 +117,17 @@ class Fleet:
     ) -> tuple[str, dict[str, dict]]:
         """The run's end state and its tasks, once it ended; ``figure``: its time (Airflow's
         start to end) goes into the fleet's figures under that name."""
-        state = _until(
+        run = _until(
             f"{run_url} did not finish",
             lambda: (
-                (s := _request(run_url, token=self.token())["state"]) in ("success", "failed") and s
+                (r := _request(run_url, token=self.token()))["state"] in ("success", "failed") and r
             ),
             timeout,
             self.output,
         )
         if figure:
-            run = _request(run_url, token=self.token())
             self.figures[figure] = _seconds(run["start_date"], run["end_date"])
-        return state, self.tasks(run_url)
+        return run["state"], self.tasks(run_url)
 
     def tasks(self, run_url: str) -> dict[str, dict]:
         tis = _request(f"{run_url}/taskInstances", token=self.token())["task_instances"]
@@ -136,21 +136,31 @@ class Fleet:
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         """``stateops ARGS`` from a third host (a bastion): the fleet's registry, its S3 and
         Kafka, a data folder of its own."""
-        env = {**self.env, "STATEOPS_DATA_DIR": str(self.dir / "bastion")}
         return subprocess.run(
-            ["stateops", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+            ["stateops", *args],
+            cwd=ROOT,
+            env=self.bastion,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
+
+    @property
+    def bastion(self) -> dict[str, str]:
+        """The environment of a third host: the fleet's, with a data folder of its own."""
+        return {**self.env, "STATEOPS_DATA_DIR": str(self.dir / "bastion")}
 
     @property
     def registry(self) -> Path:
         return self.dir / "registry.yaml"
 
-    def edit_entry(self, **changes) -> None:
-        """Change the query's registry entry (None: remove a key), as an operator would."""
+    def edit(self, entry: dict | None = None, **top) -> None:
+        """Change the registry's top-level keys ``top`` and the query's ``entry`` (a value of
+        None removes the key), as an operator would."""
         raw = yaml.safe_load(self.registry.read_text())
-        entry = raw["queries"][QUERY]
-        for key, value in changes.items():
-            entry.pop(key, None) if value is None else entry.update({key: value})
+        for mapping, changes in ((raw, top), (raw["queries"][QUERY], entry or {})):
+            for key, value in changes.items():
+                mapping.pop(key, None) if value is None else mapping.update({key: value})
         self.registry.write_text(yaml.safe_dump(raw, sort_keys=False))
 
     def query(self):
@@ -263,60 +273,24 @@ def _seconds(start: str, end: str) -> float:
     return round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 1)
 
 
-def _s3():
-    return boto3.client(
-        "s3", endpoint_url=os.environ["STATEOPS_S3_ENDPOINT_URL"], region_name="us-east-1"
+def _commit_time(checkpoint: str, batch: int) -> float:
+    """When ``batch``'s commit file was written to ``checkpoint`` (epoch seconds)."""
+    return (location(checkpoint) / "commits" / str(batch)).stat().st_mtime
+
+
+def _ends(topic: str) -> dict[int, int]:
+    """The topic's end offset per partition."""
+    return topic_offsets([topic], None, "latest")[topic]
+
+
+def _visits_in(topics: tuple[str, ...]) -> collections.Counter:
+    """Each user's events in ``topics``, read from their beginning to their end."""
+    broker = SimpleNamespace(bootstrap_servers=os.environ["STATEOPS_KAFKA_BOOTSTRAP_SERVERS"])
+    return collections.Counter(
+        json.loads(value)["user_id"]
+        for t in topics
+        for value in read_topic(broker, t, {}, _ends(t))
     )
-
-
-def _commit_time(checkpoint: str, batch: int) -> datetime:
-    """When ``batch``'s commit file was written to ``checkpoint`` (s3://...)."""
-    bucket, prefix = checkpoint.removeprefix("s3://").split("/", 1)
-    return _s3().head_object(Bucket=bucket, Key=f"{prefix}/commits/{batch}")["LastModified"]
-
-
-def _sink_rows(sink: str) -> dict[int, list[dict]]:
-    """The rows of the sink at ``sink`` (s3://...), by batch."""
-    s3 = _s3()
-    bucket, prefix = sink.removeprefix("s3://").split("/", 1)
-    rows: dict[int, list[dict]] = collections.defaultdict(list)
-    pages = s3.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=f"{prefix}/batch_id="
-    )
-    for obj in (o for page in pages for o in page.get("Contents", [])):
-        if obj["Key"].endswith(".parquet"):
-            batch = int(obj["Key"].split("batch_id=")[1].split("/")[0])
-            body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
-            rows[batch] += pq.read_table(io.BytesIO(body)).to_pylist()
-    return rows
-
-
-def _ends(topic: str) -> dict:
-    settings = kafka_settings()
-    return broker_offsets(settings, topic_partitions(settings, [topic]), "latest")
-
-
-def _visits_in(topics: list[str]) -> collections.Counter:
-    """Each user's events in ``topics``, read with a Kafka consumer from their beginning."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        kafka_settings().client_config()
-        | {"group.id": "stateops-test", "enable.auto.commit": False}
-    )
-    seen: collections.Counter = collections.Counter()
-    ends = {t: p for topic in topics for t, p in _ends(topic).items()}
-    consumer.assign([TopicPartition(t, p, 0) for t, ps in ends.items() for p in ps])
-    left = sum(o for ps in ends.values() for o in ps.values())
-    try:
-        while left:
-            message = consumer.poll(10)
-            assert message is not None, f"the topics' records ended {left} short of their end"
-            seen[json.loads(message.value())["user_id"]] += 1
-            left -= 1
-    finally:
-        consumer.close()
-    return seen
 
 
 def assert_exact(fleet: Fleet, topics: tuple[str, ...] = (TOPIC,)) -> int:
@@ -328,14 +302,11 @@ def assert_exact(fleet: Fleet, topics: tuple[str, ...] = (TOPIC,)) -> int:
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
     [committed] = cp.kafka_offsets(last).values()  # read up to, by the last batch
-    assert committed == _ends(topics[-1]), committed
-    latest: dict[str, tuple[int, int]] = {}
-    for batch, rows in _sink_rows(query.sink.path).items():
-        for row in rows:
-            if row["user_id"] not in latest or latest[row["user_id"]][0] < batch:
-                latest[row["user_id"]] = (batch, row["visits"])
-    counted = {user: visits for user, (_, visits) in latest.items()}
-    assert counted == dict(_visits_in(list(topics))), "the state's counts are not the topics'"
+    assert committed == {topics[-1]: _ends(topics[-1])}, committed
+    counted = {}  # user -> visits, batch by batch: the last batch's row wins
+    for _, rows in sorted(read_sink(location(query.sink.path)).items()):
+        counted |= {row[0]: row[1] for row in rows}  # output: user_id, visits, ...
+    assert counted == dict(_visits_in(topics)), "the state's counts are not the topics'"
     return last
 
 
@@ -422,24 +393,25 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
     runs the new query on the new checkpoint and the new topic, and the state is exact."""
     fleet.produce(round_=4, topic=NEW_TOPIC)  # the new source has input: the proof needs it
     fleet.produce(round_=2)  # the old source gets records the continuous run reads
-    fleet.edit_entry(approval=None)  # a migration asks for approval (the sample says none)
+    fleet.edit({"approval": None})  # a migration asks for approval (the sample says none)
     old = fleet.query()
     spark = f"spark://127.0.0.1:{fleet.port['SPARK_PORT']}"
-    bastion = {**fleet.env, "STATEOPS_DATA_DIR": str(fleet.dir / "bastion")}
     running_log = fleet.dir / "continuous.log"
     with open(running_log, "w") as out:
         running = subprocess.Popen(
             ["stateops", "run", QUERY, "--mode", "continuous", "--master", spark],
-            cwd=ROOT, env=bastion, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=fleet.bastion,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _until(
             "the continuous run did not read the old topic to its end",
             lambda: (
-                load_checkpoint(old.checkpoint).kafka_offsets(
-                    load_checkpoint(old.checkpoint).last_committed_batch
-                )[0]
-                == _ends(TOPIC)
+                (cp := load_checkpoint(old.checkpoint)).kafka_offsets(cp.last_committed_batch)[0]
+                == {TOPIC: _ends(TOPIC)}
             ),
             600,
             running_log.read_text,
@@ -472,9 +444,7 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
     last_old = load_checkpoint(old.checkpoint).last_committed_batch
     first_new = min(b for b in load_checkpoint(new.checkpoint).commits if b > last_old)
     downtime = _commit_time(new.checkpoint, first_new) - _commit_time(old.checkpoint, last_old)
-    fleet.figures["migration downtime: old query's last commit to new query's first"] = (
-        downtime.total_seconds()
-    )
+    fleet.figures["migration downtime: old query's last commit to new query's first"] = downtime
 
     fleet.produce(round_=5, topic=NEW_TOPIC)
     fleet.only("w2")
@@ -490,22 +460,12 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
     assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) == summary["last_committed_batch"]
 
 
-def _kill_session(leader: int) -> None:
-    """SIGKILL every process of the session ``leader`` leads: a host lost."""
-    sessions = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True)
-    for pid, sid in (line.split() for line in sessions.stdout.splitlines()):
-        if int(sid) == leader:
-            os.kill(int(pid), signal.SIGKILL)
-    _until(f"session {leader} lived on", lambda: not _alive({leader}), 30, str)
-
-
-def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_nothing(fleet):
-    """A run on w1; the scheduled cleanup starts on w2 while it runs and is refused, naming
-    w1's run (it retries later); the Spark worker that runs the run's executor is killed:
-    Spark runs its tasks again on the other worker, and the state is exact."""
+def _writing_on_w1(fleet: Fleet, rounds: tuple[int, ...]) -> tuple[str, int]:
+    """``rounds`` produced and a ``stream_start`` triggered on w1, once its run has committed
+    a batch: (its run's URL, the last committed batch before it)."""
     checkpoint = fleet.query().checkpoint
     before = load_checkpoint(checkpoint).last_committed_batch
-    for round_ in (6, 7, 8, 9):  # batches enough for a cleanup to start and a worker to die in
+    for round_ in rounds:
         fleet.produce(round_=round_)
     fleet.only("w1")
     run_url = fleet.trigger("stream_start")
@@ -515,6 +475,22 @@ def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_n
         600,
         fleet.output,
     )
+    return run_url, before
+
+
+def _kill_session(leader: int) -> None:
+    """SIGKILL every process of the session ``leader`` leads: a host lost."""
+    for process in _alive({leader}):
+        os.kill(int(process.split()[0]), signal.SIGKILL)
+    _until(f"session {leader} lived on", lambda: not _alive({leader}), 30, str)
+
+
+def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_nothing(fleet):
+    """A run on w1; the scheduled cleanup starts on w2 while it runs and is refused, naming
+    w1's run (it retries later); the Spark worker that runs the run's executor is killed:
+    Spark runs its tasks again on the other worker, and the state is exact."""
+    # batches enough for a cleanup to start and a worker to die in
+    run_url, before = _writing_on_w1(fleet, rounds=(6, 7, 8, 9))
     fleet.only("w2")
     cleanup = f"{fleet.base}/api/v2/dags/stream_snapshot_cleanup"
     _request(cleanup, "PATCH", {"is_paused": False}, token=fleet.token())  # its schedule: now
@@ -563,21 +539,8 @@ def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(flee
     """w1 is killed (its whole session, as a host lost) while its run writes batches: the
     lease names w1's driver until it expires (the status says so), the scheduler fails the
     task and retries it on w2, which takes the lease over and finishes: the state is exact."""
-    registry = yaml.safe_load(fleet.registry.read_text())
-    fleet.registry.write_text(
-        yaml.safe_dump({**registry, "lease_seconds": LEASE_SECONDS}, sort_keys=False)
-    )
-    checkpoint = fleet.query().checkpoint
-    before = load_checkpoint(checkpoint).last_committed_batch
-    fleet.produce(round_=10), fleet.produce(round_=11)  # batches enough to be killed in
-    fleet.only("w1")
-    run_url = fleet.trigger("stream_start")
-    _until(
-        "w1's run committed no batch",
-        lambda: (load_checkpoint(checkpoint).last_committed_batch or -1) > before,
-        600,
-        fleet.output,
-    )
+    fleet.edit(lease_seconds=LEASE_SECONDS)
+    run_url, before = _writing_on_w1(fleet, rounds=(10, 11))  # batches enough to be killed in
     assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "w1's run ended first"
     fleet.only("w2")  # the retry's host (w1 still takes its own queue only)
     killed = datetime.now().astimezone()

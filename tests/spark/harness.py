@@ -27,7 +27,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint
 from stateops.core.registry import PROVIDER_CLASSES, Query, load_registry
-from stateops.core.storage import list_files, location
+from stateops.core.storage import S3Path, list_files, location
 from stateops.dev.sampledata import DATASETS, generate_events
 from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.start import is_transient
@@ -60,18 +60,20 @@ def land(landing_root: Path, round_: int, files: int) -> None:
             os.utime(p, (_mtime[0], _mtime[0]))
 
 
-def read_sink(path: Path) -> dict[int, list[tuple]]:
-    """Per-batch output rows, sorted, from a ``batch_id=N`` sink folder."""
+def read_sink(path: Path | S3Path) -> dict[int, list[tuple]]:
+    """Per-batch output rows, sorted, from a ``batch_id=N`` sink folder, local or in S3."""
     out: dict[int, list[tuple]] = {}
     if not path.exists():
         return out
-    for batch_dir in path.glob("batch_id=*"):
-        parts = sorted(batch_dir.glob("*.parquet"))
-        rows = []
-        for part in parts:
-            rows += [tuple(r.values()) for r in pq.read_table(part).to_pylist()]
-        out[int(batch_dir.name.split("=")[1])] = sorted(rows, key=repr)
-    return out
+    for rel in list_files(path):
+        folder, _, name = rel.partition("/")
+        if not folder.startswith("batch_id=") or "/" in name:
+            continue
+        rows = out.setdefault(int(folder.split("=")[1]), [])
+        if name.endswith(".parquet"):
+            table = pq.read_table(io.BytesIO((path / rel).read_bytes()))
+            rows += [tuple(r.values()) for r in table.to_pylist()]
+    return {batch: sorted(rows, key=repr) for batch, rows in out.items()}
 
 
 def read_state(spark, checkpoint: str | Path, reads: list[dict[str, str]]) -> list[list[str]]:
