@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stateops.core.checkpoint import load_checkpoint
+from stateops.core.formats import crc_sidecar
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import ALL_CASES, aggregation_case, land
 
@@ -125,6 +126,19 @@ def test_a_state_version_left_by_a_crashed_batch(written, tmp_path):
     assert [
         p for p, problem in _errors(result) if "beyond the last committed batch" in problem
     ] == [stray]
+
+
+def test_a_write_interrupted_by_a_stop_is_a_warning_not_a_fault(written, tmp_path):
+    """A stop or a crash in the middle of Spark's atomic write leaves its temporary file (and
+    a sidecar it never finished): Spark ignores both, so the checkpoint is sound."""
+    ckpt = _damaged(written, "aggregation-hdfs", tmp_path)
+    cp = load_checkpoint(ckpt)
+    temp = f"offsets/.{cp.last_committed_batch + 1}.0c4d9a43-6f0e-4b8e-9d6c-3c2f1b7a5e10.tmp"
+    (ckpt / temp).write_bytes((ckpt / "offsets" / str(cp.last_committed_batch)).read_bytes()[:9])
+    (ckpt / crc_sidecar(temp)).write_bytes(b"")
+    rc, result = _verify(ckpt)
+    assert (rc, result["ok"]) == (0, True), result
+    assert [(f["severity"], f["path"]) for f in result["findings"]] == [("warning", temp)]
 
 
 def test_not_a_checkpoint_is_bad_input(tmp_path):

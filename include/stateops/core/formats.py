@@ -31,6 +31,7 @@ __all__ = [
     "read_rocksdb_zip_metadata",
     "read_text",
     "schema_file_refs",
+    "spark_temp_file",
 ]
 
 
@@ -65,6 +66,17 @@ def hadoop_crc(data: bytes, bytes_per_checksum: int = 512) -> bytes:
 def crc_sidecar(rel: str) -> str:
     parent, _, name = rel.rpartition("/")
     return f"{parent}/.{name}.crc" if parent else f".{name}.crc"
+
+
+_SPARK_TEMP = re.compile(r"\..+\.[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\.tmp")
+
+
+def spark_temp_file(rel: str) -> bool:
+    """Whether ``rel`` is the temporary file of Spark's atomic checkpoint write
+    (``.NAME.UUID.tmp``, renamed to NAME when the write completes). A stop or a crash in the
+    middle of a write can leave one behind, with a partial ``.crc`` sidecar; Spark never
+    reads it."""
+    return bool(_SPARK_TEMP.fullmatch(rel.rpartition("/")[2]))
 
 
 def read_rocksdb_zip_metadata(path: Path) -> dict:

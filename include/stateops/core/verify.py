@@ -3,7 +3,8 @@
 Checks: the offsets/commits chains (no gaps, every commit planned, at most one batch in
 flight); ``metadata`` present and readable; every file a restart after the last committed batch
 needs is present, including the SST files each needed RocksDB ``N.zip`` lists; every ``.crc``
-sidecar matches its file (Hadoop's checksum file format); no state version beyond the last
+sidecar matches its file (Hadoop's checksum file format), but that of a temporary file an
+interrupted write left (a warning: Spark ignores it); no state version beyond the last
 committed batch + 1, except that of the one batch in flight; a Kafka source's offsets never go
 back nor lose a partition from one batch to the next.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, NotACheckpointError
-from stateops.core.formats import crc_sidecar, hadoop_crc
+from stateops.core.formats import crc_sidecar, hadoop_crc, spark_temp_file
 from stateops.core.sources import offsets_backwards
 from stateops.core.storage import S3Path, location
 
@@ -198,7 +199,11 @@ def _version_findings(cp: Checkpoint) -> list[Finding]:
 
 
 def _checksum_findings(cp: Checkpoint) -> list[Finding]:
-    findings = []
+    findings = [
+        Finding("warning", rel, "temporary file of an interrupted write (Spark ignores it)")
+        for rel in cp.sizes
+        if spark_temp_file(rel)
+    ]
     pairs = []
     for rel in cp.sizes:
         parent, _, name = rel.rpartition("/")
@@ -209,6 +214,8 @@ def _checksum_findings(cp: Checkpoint) -> list[Finding]:
             findings.append(
                 Finding("warning", rel, f"checksum sidecar of a missing file {data_rel}")
             )
+            continue
+        if spark_temp_file(data_rel):  # its sidecar is as partial as it is
             continue
         pairs.append((data_rel, rel))
     findings += [Finding("error", rel, problem) for rel, problem in _crc_problems(cp, pairs)]
