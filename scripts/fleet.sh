@@ -41,10 +41,86 @@ stop_all() {
   rm -f "$RUN/stopping"
 }
 
+# As root, each worker is a host of its own name: its own UTS and mount namespaces, with its
+# name in its own /etc/hosts. A lease names its holder by host name, and only a holder on the
+# taker's own host can be seen dead at once; on another host it is taken over when its lease
+# expires, as on a real fleet. (Without root both keep this host's name; Airflow still shows
+# each worker's own name, through the hostname callable.)
+start_worker() {  # start_worker HOST: a Celery worker on an empty host of that name
+  local host="$1" root="$FLEET/hosts/$1" isolated=()
+  if [ "$(id -u)" -eq 0 ] && unshare --uts --mount true 2> /dev/null; then
+    isolated=(unshare --uts --mount sh -c \
+      'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' sh)
+  fi
+  echo "Celery worker $host: data, home and temp in $root (queues default, $host)"
+  rm -rf "$root" && mkdir -p "$root/data" "$root/home" "$root/tmp"
+  printf '127.0.0.1 localhost %s\n::1 localhost\n' "$host" > "$root/etc-hosts"
+  (cd "$root" && STATEOPS_FLEET_HOST="$host" STATEOPS_DATA_DIR="$root/data" HOME="$root/home" \
+    TMPDIR="$root/tmp" start "worker-$host" \
+    ${isolated[@]+"${isolated[@]}" "$host" "$root/etc-hosts"} \
+    airflow celery worker --celery-hostname "$host" --queues "default,$host" --skip-serve-logs)
+}
+
+# The broker keeps its queues in an append-only file: a restart loses no queued task.
+start_redis() {
+  start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$RUN" \
+    --save "" --appendonly yes
+  wait_until redis 30 redis-cli -p "$REDIS_PORT" ping
+}
+
+fleet_env() {  # what every process of the fleet sees: the endpoints, the registry, and
+  # Airflow, configured by its environment only (with the secrets drawn for this folder)
+  source "$FLEET/secrets.env"
+  export SPARK_LOCAL_IP=127.0.0.1
+  export STATEOPS_S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
+  export AIRFLOW_CONN_AWS_DEFAULT="{\"conn_type\":\"aws\",\"login\":\"$AWS_ACCESS_KEY_ID\",\"password\":\"$AWS_SECRET_ACCESS_KEY\",\"extra\":{\"endpoint_url\":\"$STATEOPS_S3_ENDPOINT_URL\"}}"
+  export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$KAFKA_PORT"
+  export AIRFLOW_CONN_KAFKA_DEFAULT="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
+  export STATEOPS_REGISTRY="$FLEET/registry.yaml"
+  export AIRFLOW_HOME="$FLEET/airflow"
+  export AIRFLOW__CORE__EXECUTOR=CeleryExecutor
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="postgresql+psycopg2://airflow:airflow@127.0.0.1:$PG_PORT/airflow"
+  export AIRFLOW__CELERY__BROKER_URL="redis://127.0.0.1:$REDIS_PORT/0"
+  # (+psycopg2: SQLAlchemy 2.1 would pick psycopg 3 for a plain postgresql:// URL)
+  export AIRFLOW__CELERY__RESULT_BACKEND="db+postgresql+psycopg2://airflow:airflow@127.0.0.1:$PG_PORT/airflow"
+  export AIRFLOW__CELERY__WORKER_CONCURRENCY=2
+  export AIRFLOW__API__HOST=127.0.0.1
+  export AIRFLOW__API__PORT="$PORT"
+  export AIRFLOW__API__BASE_URL="http://127.0.0.1:$PORT"
+  export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$PORT/execution/"
+  export AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="${AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT:-30}"
+  export AIRFLOW__CORE__HOSTNAME_CALLABLE=stateops.dev.fleet.hostname
+  export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
+  export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$RUN/passwords.json"
+  export AIRFLOW_CONN_SPARK_DEFAULT="{\"conn_type\":\"spark\",\"host\":\"spark://127.0.0.1\",\"port\":$SPARK_PORT}"
+}
+
 PG_BIN="$(dirname "$(command -v pg_ctl 2>/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | tail -1 || echo /nonexistent/pg_ctl)")"
 if [ "${1:-}" = "stop" ]; then
   [ -d "$RUN" ] && stop_all
   echo "stopped"
+  exit 0
+fi
+# A part of a running fleet again: `worker w1` puts a new, empty host in a lost worker's
+# place; `redis` restarts the broker (the workers reconnect, queued tasks are kept).
+if [ "${1:-}" = worker ] || [ "${1:-}" = redis ]; then
+  if ! [ -e "$RUN/api-server.pid" ] || ! alive "$(cat "$RUN/api-server.pid")"; then
+    echo "error: the fleet is not running; start it: make fleet" >&2; exit 2
+  fi
+  fleet_env
+  if [ "$1" = redis ]; then
+    stop_session redis && start_redis
+    echo "Redis restarted on 127.0.0.1:$REDIS_PORT"
+    exit 0
+  fi
+  host="${2:-}"
+  case " $WORKERS " in *" $host "*) ;; *) echo "error: no worker '$host'; the fleet's: $WORKERS" >&2; exit 2 ;; esac
+  if [ -e "$RUN/worker-$host.pid" ] && alive "$(cat "$RUN/worker-$host.pid")"; then
+    echo "error: worker $host is running; stop it first (or make fleet-stop)" >&2; exit 2
+  fi
+  start_worker "$host"
+  wait_until "worker-$host" 180 grep -q "celery@$host ready" "$RUN/worker-$host.log"
+  echo "celery@$host is back: an empty host of that name, taking its queues again"
   exit 0
 fi
 
@@ -75,9 +151,6 @@ for port in "$PORT" "$PG_PORT" "$REDIS_PORT" "$SPARK_PORT" "$S3_PORT" "$KAFKA_PO
 done
 mkdir -p "$RUN"
 
-trap 'echo; echo "stopping..."; stop_all; echo "stopped"' EXIT
-trap 'exit 130' INT TERM
-
 # Secrets the api-server and every worker share, drawn once for this fleet folder.
 if [ ! -s "$FLEET/secrets.env" ]; then
   umask 077
@@ -89,7 +162,12 @@ print(f"export AIRFLOW__CORE__FERNET_KEY={base64.urlsafe_b64encode(os.urandom(32
 EOF
   umask 022
 fi
-source "$FLEET/secrets.env"
+fleet_env
+printf '{"admin": "%s"}\n' "$PASSWORD" > "$RUN/passwords.json"
+
+trap 'echo; echo "stopping..."; stop_all; echo "stopped"' EXIT
+trap 'exit 130' INT TERM
+
 
 echo "PostgreSQL on 127.0.0.1:$PG_PORT (Airflow's metadata database, in $PG)"
 mkdir -p "$PG"
@@ -110,12 +188,9 @@ if [ -z "$(psql_admin -c "select 1 from pg_roles where rolname = 'airflow'")" ];
 fi
 
 echo "Redis on 127.0.0.1:$REDIS_PORT (the Celery broker)"
-start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
-  --dir "$RUN"
-wait_until redis 30 redis-cli -p "$REDIS_PORT" ping
+start_redis
 
 echo "Spark standalone master spark://127.0.0.1:$SPARK_PORT and two workers (1 core each)"
-export SPARK_LOCAL_IP=127.0.0.1
 # One core per application unless it asks for more: a continuous query leaves the other core
 # to the jobs of an operation on it (the migration's drain, export, first batch).
 SPARK_MASTER_OPTS="-Dspark.deploy.defaultCores=1" start spark-master spark-class org.apache.spark.deploy.master.Master --host 127.0.0.1 \
@@ -126,19 +201,14 @@ for n in 1 2; do
     --memory 2g --webui-port "$(( ${STATEOPS_FLEET_SPARK_UI_PORT:-8181} + n ))"
 done
 
-export STATEOPS_S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
-export AIRFLOW_CONN_AWS_DEFAULT="{\"conn_type\":\"aws\",\"login\":\"$AWS_ACCESS_KEY_ID\",\"password\":\"$AWS_SECRET_ACCESS_KEY\",\"extra\":{\"endpoint_url\":\"$STATEOPS_S3_ENDPOINT_URL\"}}"
 echo "S3 endpoint $STATEOPS_S3_ENDPOINT_URL (bucket $BUCKET: checkpoints, sinks, control store)"
 start s3 python -m stateops.dev.s3server "$FLEET/s3" --port "$S3_PORT" --bucket "$BUCKET"
 wait_until s3 120 grep -q "^S3 endpoint" "$RUN/s3.log"
 
-export STATEOPS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$KAFKA_PORT"
-export AIRFLOW_CONN_KAFKA_DEFAULT="{\"conn_type\":\"kafka\",\"extra\":{\"bootstrap.servers\":\"$STATEOPS_KAFKA_BOOTSTRAP_SERVERS\"}}"
 echo "Kafka broker $STATEOPS_KAFKA_BOOTSTRAP_SERVERS"
 start kafka python -m stateops.dev.kafka --dir "$FLEET/kafka" --port "$KAFKA_PORT"
 wait_until kafka 120 grep -q "^Kafka broker" "$RUN/kafka.log"
 
-export STATEOPS_REGISTRY="$FLEET/registry.yaml"
 queries="$(python -m stateops.dev.fleet registry "$STATEOPS_HOME/registry.yaml" "$STATEOPS_REGISTRY" "$BUCKET")"
 echo "Registry $STATEOPS_REGISTRY: $queries, state in s3://$BUCKET/"
 for topic in $(python -c 'from stateops.core.registry import load_registry
@@ -147,24 +217,6 @@ print(*sorted({t for q in load_registry().queries.values() for s in q.inputs.val
   python -m stateops.dev.sampledata --topic "$topic" --users 40 --if-missing | sed 's/^/  /'
 done
 
-# Airflow, configured by its environment only (every process below inherits it).
-export AIRFLOW_HOME="$FLEET/airflow"
-export AIRFLOW__CORE__EXECUTOR=CeleryExecutor
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="postgresql+psycopg2://airflow:airflow@127.0.0.1:$PG_PORT/airflow"
-export AIRFLOW__CELERY__BROKER_URL="redis://127.0.0.1:$REDIS_PORT/0"
-# (+psycopg2: SQLAlchemy 2.1 would pick psycopg 3 for a plain postgresql:// URL)
-export AIRFLOW__CELERY__RESULT_BACKEND="db+postgresql+psycopg2://airflow:airflow@127.0.0.1:$PG_PORT/airflow"
-export AIRFLOW__CELERY__WORKER_CONCURRENCY=2
-export AIRFLOW__API__HOST=127.0.0.1
-export AIRFLOW__API__PORT="$PORT"
-export AIRFLOW__API__BASE_URL="http://127.0.0.1:$PORT"
-export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$PORT/execution/"
-export AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="${AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT:-30}"
-export AIRFLOW__CORE__HOSTNAME_CALLABLE=stateops.dev.fleet.hostname
-export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
-export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$RUN/passwords.json"
-printf '{"admin": "%s"}\n' "$PASSWORD" > "$RUN/passwords.json"
-export AIRFLOW_CONN_SPARK_DEFAULT="{\"conn_type\":\"spark\",\"host\":\"spark://127.0.0.1\",\"port\":$SPARK_PORT}"
 mkdir -p "$AIRFLOW_HOME"
 airflow db migrate > "$RUN/db-migrate.log" 2>&1 || { tail -15 "$RUN/db-migrate.log" >&2; exit 1; }
 
@@ -175,26 +227,7 @@ start scheduler airflow scheduler
 start dag-processor airflow dag-processor
 # (no log server: it would listen on every interface, on one fixed port for both workers)
 start triggerer airflow triggerer --skip-serve-logs
-# As root, each worker is a host of its own name: its own UTS and mount namespaces, with its
-# name in its own /etc/hosts. A lease names its holder by host name, and only a holder on the
-# taker's own host can be seen dead at once; on another host it is taken over when its lease
-# expires, as on a real fleet. (Without root both keep this host's name; Airflow still shows
-# each worker's own name, through the hostname callable.)
-isolated=()
-if [ "$(id -u)" -eq 0 ] && unshare --uts --mount true 2> /dev/null; then
-  isolated=(unshare --uts --mount sh -c \
-    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' sh)
-fi
-for host in $WORKERS; do
-  echo "Celery worker $host: data, home and temp in $FLEET/hosts/$host (queues default, $host)"
-  root="$FLEET/hosts/$host"
-  rm -rf "$root" && mkdir -p "$root/data" "$root/home" "$root/tmp"
-  printf '127.0.0.1 localhost %s\n::1 localhost\n' "$host" > "$root/etc-hosts"
-  (cd "$root" && STATEOPS_FLEET_HOST="$host" STATEOPS_DATA_DIR="$root/data" HOME="$root/home" \
-    TMPDIR="$root/tmp" start "worker-$host" \
-    ${isolated[@]+"${isolated[@]}" "$host" "$root/etc-hosts"} \
-    airflow celery worker --celery-hostname "$host" --queues "default,$host" --skip-serve-logs)
-done
+for host in $WORKERS; do start_worker "$host"; done
 for host in $WORKERS; do
   wait_until "worker-$host" 180 grep -q "celery@$host ready" "$RUN/worker-$host.log"
 done
@@ -212,6 +245,8 @@ cat <<EOF
   Registry      $STATEOPS_REGISTRY     Logs: $RUN
 
 Ctrl-C (or \`make fleet-stop\` in another shell) stops everything. A worker lost (Celery's or
-Spark's) is a host lost: its work is retried on the other one, and the rest goes on.
+Spark's) is a host lost: its work is retried on the other one, and the rest goes on;
+\`scripts/fleet.sh worker w1\` puts a new, empty host in a lost Celery worker's place, and
+\`scripts/fleet.sh redis\` restarts a lost broker (queued tasks are kept).
 EOF
-watch_sessions "worker-w1 worker-w2 spark-worker-1 spark-worker-2"
+watch_sessions "worker-w1 worker-w2 spark-worker-1 spark-worker-2 redis"

@@ -106,7 +106,7 @@ def test_airflow_runs_every_component_on_postgres_with_the_celery_executor():
 
 
 def _fleet_sh_exports() -> dict[str, str]:
-    return dict(re.findall(r"^export (AIRFLOW__\w+)=\"?([^\"\n]*)\"?$", FLEET_SH, re.M))
+    return dict(re.findall(r"^ *export (AIRFLOW__\w+)=\"?([^\"\n]*)\"?$", FLEET_SH, re.M))
 
 
 def test_compose_runs_the_topology_that_make_fleet_runs_as_processes():
@@ -148,6 +148,10 @@ def test_compose_runs_the_topology_that_make_fleet_runs_as_processes():
     size = re.search(r"(--cores \d+ \\?\s*--memory \w+)", FLEET_SH).group(1)
     for service in SPARK[1:]:
         assert " ".join(size.replace("\\", "").split()) in _command(service), service
+    # Redis: its queues kept across a restart, in both.
+    redis = re.search(r"(--save \S+ --appendonly \w+)", FLEET_SH).group(1)
+    assert _command("redis").endswith(redis) and redis.endswith("yes"), redis
+    assert SERVICES["redis"]["volumes"][0].endswith(":/data")  # the image's working folder
     cores = re.search(r'SPARK_MASTER_OPTS="([^"]+)" start spark-master', FLEET_SH).group(1)
     assert SERVICES["spark-master"]["environment"]["SPARK_MASTER_OPTS"] == cores
     # The registry, its bucket and the sample data: made the same way.
