@@ -1200,10 +1200,12 @@ def roll_back_migration(
     query = load_registry(registry.path).query(name)  # on the old checkpoint again
     old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
     sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
-    if sink["folders"]:  # the new checkpoint's output (its batches come after the old ones)
+    # The output after the old checkpoint's last commit: the new checkpoint's batches, or the
+    # old one's batch in flight when a step was lost (its next run writes it again).
+    if sink["folders"]:
         execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
         log(
-            f"moved the new checkpoint's output {sink['folders']} aside to "
+            f"moved the output after batch {old_last} {sink['folders']} aside to "
             f"{query.sink.path}/_rolled_back/"
         )
     clear_carry_over(new)  # it belonged to the moved checkpoint
