@@ -6,9 +6,13 @@ and check the outcome from outside: the checkpoint and the sink in S3, the topic
 
 The tests run in file order on one fleet: it is up; the scheduled ``stream_start`` runs on one
 worker and its next run on the other, which goes on from the state the first left in S3; a
-worker is killed (SIGKILL, the host lost) in the middle of a run: the task is retried on the
-other worker, which takes the lease over once it has expired, and the state is exact; then
-`make fleet-stop` leaves no process.
+migration stops a continuous query and switches it; a Spark worker is lost in a run, and the
+scheduled cleanup is refused beside it; a Celery worker is killed (SIGKILL, the host lost) in
+the middle of a backfill's reprocessing: the task is retried on the other worker, which takes
+the lease over once it has expired, and the state is exact; a new host takes its place; it is
+killed again in a migration's drain, which the other rolls back; Redis is restarted in a run;
+a code upgrade rewrites the state on one worker and the next run on the other runs the new
+code; then `make fleet-stop` leaves no process.
 
 A task is steered to a worker with Celery's remote control (``cancel_consumer``): the DAGs are
 the same as on any deployment.
@@ -32,6 +36,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from stateops.control.audit import read_audit
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.sources import topic_offsets
@@ -43,6 +48,7 @@ from tests.conftest import ROOT
 from tests.e2e.test_airflow import _alive, _awaiting, _until
 from tests.spark.harness import read_sink
 from tests.spark.test_kafka_rollback import read_topic
+from tests.spark.upgrading import PER_PAGE
 
 pytestmark = pytest.mark.e2e
 
@@ -93,13 +99,20 @@ class Fleet:
     def only(self, host: str) -> None:
         """Only ``host`` takes tasks from the shared queue (``default``): the next task lands
         there. Celery's remote control, as an operator drains a host."""
-        app = self.celery()
+        from kombu.exceptions import OperationalError
+        from redis.exceptions import ConnectionError as BrokerDropped
+
         others = [f"celery@{h}" for h in HOSTS if h != host]
 
-        def steered() -> bool:  # asked again until seen: a busy worker may miss a broadcast
-            app.control.add_consumer("default", destination=[f"celery@{host}"])
-            app.control.cancel_consumer("default", destination=others)
-            queues = app.control.inspect(timeout=5).active_queues() or {}
+        def steered() -> bool:  # asked again until seen: a busy worker may miss a broadcast,
+            # and a broker just restarted drops the connections it had
+            with self.celery() as app:
+                try:
+                    app.control.add_consumer("default", destination=[f"celery@{host}"])
+                    app.control.cancel_consumer("default", destination=others)
+                    queues = app.control.inspect(timeout=5).active_queues() or {}
+                except (BrokerDropped, OperationalError):
+                    return False
             taking = [w for w, qs in queues.items() if "default" in {q["name"] for q in qs}]
             return len(queues) == len(HOSTS) and taking == [f"celery@{host}"]
 
@@ -264,7 +277,9 @@ def fleet():
                 proc.kill()
         keep = Path(os.environ.get("STATEOPS_HOME", ROOT)) / "build" / "test-artifacts" / "fleet"
         shutil.rmtree(keep, ignore_errors=True)
-        shutil.copytree(folder / "run", keep, ignore=shutil.ignore_patterns("*.pid", "*.rdb"))
+        shutil.copytree(
+            folder / "run", keep, ignore=shutil.ignore_patterns("*.pid", "*.rdb", "appendonlydir")
+        )
         (keep / "figures.json").write_text(json.dumps(fleet.figures, indent=1) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -283,14 +298,10 @@ def _ends(topic: str) -> dict[int, int]:
     return topic_offsets([topic], None, "latest")[topic]
 
 
-def _visits_in(topics: tuple[str, ...]) -> collections.Counter:
-    """Each user's events in ``topics``, read from their beginning to their end."""
+def _events(topics: tuple[str, ...]) -> list[dict]:
+    """The events in ``topics``, read from their beginning to their end."""
     broker = SimpleNamespace(bootstrap_servers=os.environ["STATEOPS_KAFKA_BOOTSTRAP_SERVERS"])
-    return collections.Counter(
-        json.loads(value)["user_id"]
-        for t in topics
-        for value in read_topic(broker, t, {}, _ends(t))
-    )
+    return [json.loads(value) for t in topics for value in read_topic(broker, t, {}, _ends(t))]
 
 
 def assert_exact(fleet: Fleet, topics: tuple[str, ...] = (TOPIC,)) -> int:
@@ -306,7 +317,8 @@ def assert_exact(fleet: Fleet, topics: tuple[str, ...] = (TOPIC,)) -> int:
     counted = {}  # user -> visits, batch by batch: the last batch's row wins
     for _, rows in sorted(read_sink(location(query.sink.path)).items()):
         counted |= {row[0]: row[1] for row in rows}  # output: user_id, visits, ...
-    assert counted == dict(_visits_in(topics)), "the state's counts are not the topics'"
+    visits = collections.Counter(event["user_id"] for event in _events(topics))
+    assert counted == dict(visits), "the state's counts are not the topics'"
     return last
 
 
@@ -485,6 +497,18 @@ def _kill_session(leader: int) -> None:
     _until(f"session {leader} lived on", lambda: not _alive({leader}), 30, str)
 
 
+def _back(fleet: Fleet, host: str) -> None:
+    """A new, empty host in the lost ``host``'s place (`scripts/fleet.sh worker HOST`), which
+    takes tasks again."""
+    back = subprocess.run(
+        ["scripts/fleet.sh", "worker", host],
+        cwd=ROOT, env=fleet.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert back.returncode == 0 and f"celery@{host} is back" in back.stdout, back.stderr
+    assert not any((fleet.dir / "hosts" / host / "data").iterdir()), f"{host}'s host is not new"
+    fleet.only(host)
+
+
 def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_nothing(fleet):
     """A run on w1; the scheduled cleanup starts on w2 while it runs and is refused, naming
     w1's run (it retries later); the Spark worker that runs the run's executor is killed:
@@ -535,14 +559,45 @@ def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_n
     assert [w["state"] for w in master["workers"]].count("ALIVE") == 1, master
 
 
-def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(fleet):
-    """w1 is killed (its whole session, as a host lost) while its run writes batches: the
-    lease names w1's driver until it expires (the status says so), the scheduler fails the
-    task and retries it on w2, which takes the lease over and finishes: the state is exact."""
-    fleet.edit(lease_seconds=LEASE_SECONDS)
-    run_url, before = _writing_on_w1(fleet, rounds=(10, 11))  # batches enough to be killed in
-    assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "w1's run ended first"
+def _records_read(checkpoint: str, batch: int) -> int:
+    """How many records of its topic the query had read once ``batch`` ended."""
+    [offsets] = load_checkpoint(checkpoint).kafka_offsets(batch).values()
+    return sum(o for partitions in offsets.values() for o in partitions.values())
+
+
+def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_other(fleet):
+    """A backfill triggered and approved over REST, planned and rolled back on w1; w1 is
+    killed (its whole session, as a host lost) while the reprocessing writes batches. Seen
+    from a third host, the lease names w1's driver until it expires, then the status says the
+    lease expired and the backfill did not reprocess; the scheduler retries the reprocessing on
+    w2, which takes the lease over and finishes the backfill: the state is exact. Then a new,
+    empty host takes w1's place (`scripts/fleet.sh worker w1`)."""
+    fleet.edit({"approval": "required"}, lease_seconds=LEASE_SECONDS)  # unset: none asked
+    checkpoint = fleet.query().checkpoint
+    last = load_checkpoint(checkpoint).last_committed_batch
+    # far enough back that the reprocessing runs a dozen batches (250 records each)
+    to_batch = max(
+        b
+        for b in load_checkpoint(checkpoint).commits
+        if _records_read(checkpoint, last) - _records_read(checkpoint, b) >= 3000
+    )
+    fleet.only("w1")
+    conf = {"query": QUERY, "to_batch": to_batch, "dry_run": False}
+    run_url = fleet.trigger("stream_backfill", conf)
+    asked = fleet.approve(run_url, "approve")
+    said = f"Approve the backfill of {QUERY}: roll it back to batch {to_batch} and reprocess"
+    assert asked["subject"].startswith(said), asked
+    _until(
+        "w1's reprocessing committed no batch",
+        lambda: (
+            fleet.tasks(run_url)["reprocess"]["state"] == "running"
+            and (load_checkpoint(checkpoint).last_committed_batch or -1) > to_batch
+        ),
+        600,
+        fleet.output,
+    )
     fleet.only("w2")  # the retry's host (w1 still takes its own queue only)
+    assert fleet.tasks(run_url)["reprocess"]["state"] == "running", "w1's reprocessing ended first"
     killed = datetime.now().astimezone()
     _kill_session(int((fleet.run / "worker-w1.pid").read_text()))
 
@@ -551,30 +606,165 @@ def test_a_worker_lost_in_a_run_its_retry_takes_the_lease_over_on_the_other(flee
         assert shown.returncode == 0, shown.stderr
         return json.loads(shown.stdout)
 
+    def status() -> dict:
+        shown = fleet.cli("status", QUERY, "--json", "--no-backups")
+        [query] = json.loads(shown.stdout)
+        return query
+
     # Seen from a third host, the dead driver's lease holds until it expires: nothing on
     # another host can tell a lost holder from a slow one (as root, w1 is a host of its own).
+    run_id = run_url.rsplit("/", 1)[1]
     dead = lock()
-    assert dead["lock"]["operation"] == "run", dead
+    assert (dead["lock"]["operation"], dead["lock"]["run_id"]) == ("run", run_id), dead
     if os.geteuid() == 0:
         assert "@w1:" in dead["lock"]["owner"] and dead["state"] == "held", dead
+        assert status()["unfinished_backfill"] is None  # its reprocessing holds the query
         _until("the dead run's lease did not expire", lambda: lock()["state"] == "expired",
                LEASE_SECONDS + 30, fleet.output)  # fmt: skip
-        status = fleet.cli("status", QUERY, "--json", "--no-backups")
-        [shown] = json.loads(status.stdout)
-        said = f"run (run id {run_url.rsplit('/', 1)[1]}) left the lock expired"
-        assert any(said in r for r in shown["health"]["reasons"]), shown["health"]
+        shown = status()
+        reasons = shown["health"]["reasons"]
+        assert any(f"run (run id {run_id}) left the lock expired" in r for r in reasons), reasons
+        said = f"backfill run {run_id} did not finish (rolled back)"
+        assert (shown["unfinished_backfill"] or "").startswith(said), shown
     state, tasks = fleet.finished(run_url)
-    run = tasks[f"run_{QUERY}"]
-    assert state == "success", tasks
-    assert run["hostname"] == "w2" and run["try_number"] >= 2, run
-    fleet.figures["w1 lost in a run: the kill to the retry's start on w2"] = _seconds(
-        killed.isoformat(), run["start_date"]
+    assert state == "success", {t: i["state"] for t, i in tasks.items()}
+    reprocess = tasks["reprocess"]
+    assert (reprocess["hostname"], tasks["rollback"]["hostname"]) == ("w2", "w1"), tasks
+    assert reprocess["try_number"] >= 2, reprocess
+    fleet.figures["w1 lost in a backfill: the kill to the retry's start on w2"] = _seconds(
+        killed.isoformat(), reprocess["start_date"]
     )
-    fleet.figures["w1 lost in a run: the kill to the run's end"] = _seconds(
-        killed.isoformat(), run["end_date"]
+    fleet.figures["w1 lost in a backfill: the kill to the backfill's end"] = _seconds(
+        killed.isoformat(), tasks["validate_state"]["end_date"]
     )
-    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
+    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) >= last
     assert lock()["state"] is None, "the retry did not release the lease it took over"
+    assert status()["unfinished_backfill"] is None
+    audit = [r for r in read_audit(checkpoint) if r["operation"] == "backfill"]
+    assert [r["result"] for r in audit[-2:]] == ["rolled back", "succeeded"], audit
+
+    _back(fleet, "w1")
+
+
+def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_other(fleet):
+    """A migration (to a third topic) approved over REST on w1; w1 is killed while the drain
+    step's driver reads the query's topic. The step fails for good (a migration's steps do not
+    retry), and ``roll_back`` runs on w2: it waits until the dead driver's lease expires,
+    then releases the migration's hold. The query stays on its checkpoint and topic, and the
+    next run, on w2, goes on from what the drain committed: the state is exact."""
+    third = "page-visits-v3"
+    fleet.produce(round_=12, topic=third)  # the new source exists and has records
+    for round_ in (13, 14, 15):  # the drain has batches to run: it is killed in them
+        fleet.produce(round_=round_)
+    query = fleet.query()
+    before = load_checkpoint(query.checkpoint).last_committed_batch
+    fleet.only("w1")
+    conf = {
+        "query": QUERY,
+        "new_source_format": "kafka",
+        "new_source_topic": third,
+        "new_source_start": "earliest",
+        "dry_run": False,
+    }
+    run_url = fleet.trigger("stream_source_migration", conf)
+    run_id = run_url.rsplit("/", 1)[1]
+    fleet.approve(run_url, "approve_stop")
+    _until(
+        "w1's drain committed no batch",
+        lambda: (
+            fleet.tasks(run_url)["drain"]["state"] == "running"
+            and (load_checkpoint(query.checkpoint).last_committed_batch or -1) > before
+        ),
+        600,
+        fleet.output,
+    )
+    fleet.only("w2")  # where roll_back runs
+    assert fleet.tasks(run_url)["drain"]["state"] == "running", "w1's drain ended first"
+    killed = datetime.now().astimezone()
+    _kill_session(int((fleet.run / "worker-w1.pid").read_text()))
+    # Seen from a third host meanwhile: the migration holds the query.
+    [shown] = json.loads(fleet.cli("status", QUERY, "--json", "--no-backups").stdout)
+    held = f"migration (run id {run_id}) holds the query"
+    assert any(held in r for r in shown["health"]["reasons"]), shown["health"]
+
+    state, tasks = fleet.finished(run_url)
+    assert state == "failed", {t: i["state"] for t, i in tasks.items()}
+    assert (tasks["drain"]["state"], tasks["drain"]["hostname"]) == ("failed", "w1"), tasks
+    assert tasks["drain"]["try_number"] == 1, tasks["drain"]  # no retry: roll_back instead
+    undo = tasks["roll_back"]
+    assert (undo["state"], undo["hostname"]) == ("success", "w2"), undo
+    assert tasks["approve_switch"]["state"] in ("upstream_failed", "skipped"), tasks
+    fleet.figures["w1 lost in a migration's drain: the kill to its roll back's end"] = _seconds(
+        killed.isoformat(), undo["end_date"]
+    )
+    after = fleet.query()  # nothing switched: the same checkpoint and topic, no hold, no lock
+    assert (after.checkpoint, after.source.subscribed) == (query.checkpoint, [NEW_TOPIC]), after
+    [shown] = json.loads(fleet.cli("status", QUERY, "--json", "--no-backups").stdout)
+    assert not [r for r in shown["health"]["reasons"] if run_id in r], shown["health"]
+    audit = [r for r in read_audit(query.checkpoint) if r.get("run_id") == run_id]
+    assert audit[-1]["result"] == "rolled back", audit
+
+    run_url = fleet.trigger("stream_start")
+    state, tasks = fleet.finished(run_url, "stream_start, after a migration rolled back (w2)")
+    assert state == "success" and tasks[f"run_{QUERY}"]["hostname"] == "w2", tasks
+    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
+    _back(fleet, "w1")
+
+
+def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
+    """The broker restarted (`scripts/fleet.sh redis`) while a run's task runs on w1: the
+    workers reconnect, the run's next task goes through the new broker, and the run succeeds
+    with the state exact."""
+    run_url, before = _writing_on_w1(fleet, rounds=(16, 17))
+    assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "the run ended first"
+    restarted = subprocess.run(
+        ["scripts/fleet.sh", "redis"],
+        cwd=ROOT, env=fleet.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert restarted.returncode == 0 and "Redis restarted" in restarted.stdout, restarted.stderr
+    # Reconnected, a worker consumes the queues it started with but those remote control
+    # cancelled once (cancel_consumer deselects them; add_consumer does not select them
+    # again): neither takes the shared queue now. Steered again, as an operator would.
+    fleet.only("w1")
+    state, tasks = fleet.finished(run_url, "stream_start, Redis restarted in it (w1)")
+    assert state == "success", tasks
+    assert {t["hostname"] for t in tasks.values()} == {"w1"}, tasks  # record_ came after it
+    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
+    fleet.only("w2")  # both workers take orders through the new broker
+
+
+def test_a_code_upgrade_approved_over_rest_rewrites_on_w1_and_w2_runs_the_new_code(fleet):
+    """The query's new code (views per user and page: a wider key, which Spark cannot keep
+    state for) deployed in the registry; stream_code_upgrade triggered and approved twice over
+    REST rewrites the state on w1 into a new checkpoint and switches; the next run, on w2,
+    runs the new code there: each (user, page) count it emits is that pair's records in every
+    topic the query has read, the old code's state carried over whole."""
+    old = fleet.query()
+    fleet.edit(PER_PAGE)
+    fleet.only("w1")
+    run_url = fleet.trigger("stream_code_upgrade", {"query": QUERY, "dry_run": False})
+    asked = fleet.approve(run_url, "approve_stop")
+    assert asked["subject"].startswith(f"Approve the upgrade of {QUERY}: stop it"), asked
+    fleet.approve(run_url, "approve_switch")
+    state, tasks = fleet.finished(run_url, "code upgrade, with its two approvals (w1)")
+    assert state == "success", {t: i["state"] for t, i in tasks.items()}
+    assert {i["hostname"] for i in tasks.values() if i["state"] == "success"} == {"w1"}, tasks
+    new = fleet.query()  # read by this host from the switch in the control store
+    assert new.checkpoint == f"{old.checkpoint}.v2" and new.logic != old.logic, new
+
+    fleet.produce(round_=18)
+    fleet.only("w2")
+    run_url = fleet.trigger("stream_start")
+    state, tasks = fleet.finished(run_url, "stream_start, after the upgrade (w2)")
+    assert state == "success" and {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
+    cp = load_checkpoint(new.checkpoint)
+    [committed] = cp.kafka_offsets(cp.last_committed_batch).values()
+    assert committed == {NEW_TOPIC: _ends(NEW_TOPIC)}, committed
+    views = {}  # (user, page) -> views, from the new code's rows (3 columns), the last wins
+    for _, rows in sorted(read_sink(location(new.sink.path)).items()):
+        views |= {(row[0], row[1]): row[2] for row in rows if len(row) == 3}
+    records = collections.Counter((e["user_id"], e["page"]) for e in _events((TOPIC, NEW_TOPIC)))
+    assert views and {pair: records[pair] for pair in views} == views
 
 
 def test_make_fleet_stop_stops_everything(fleet):
