@@ -61,6 +61,8 @@ start_worker() {  # start_worker HOST: a Celery worker on an empty host of that 
     airflow celery worker --celery-hostname "$host" --queues "default,$host" --skip-serve-logs)
 }
 
+worker_ready() { wait_until "worker-$1" 180 grep -q "celery@$1 ready" "$RUN/worker-$1.log"; }
+
 # The broker keeps its queues in an append-only file: a restart loses no queued task.
 start_redis() {
   start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$RUN" \
@@ -104,7 +106,7 @@ fi
 # A part of a running fleet again: `worker w1` puts a new, empty host in a lost worker's
 # place; `redis` restarts the broker (the workers reconnect, queued tasks are kept).
 if [ "${1:-}" = worker ] || [ "${1:-}" = redis ]; then
-  if ! [ -e "$RUN/api-server.pid" ] || ! alive "$(cat "$RUN/api-server.pid")"; then
+  if ! running api-server; then
     echo "error: the fleet is not running; start it: make fleet" >&2; exit 2
   fi
   fleet_env
@@ -115,11 +117,11 @@ if [ "${1:-}" = worker ] || [ "${1:-}" = redis ]; then
   fi
   host="${2:-}"
   case " $WORKERS " in *" $host "*) ;; *) echo "error: no worker '$host'; the fleet's: $WORKERS" >&2; exit 2 ;; esac
-  if [ -e "$RUN/worker-$host.pid" ] && alive "$(cat "$RUN/worker-$host.pid")"; then
+  if running "worker-$host"; then
     echo "error: worker $host is running; stop it first (or make fleet-stop)" >&2; exit 2
   fi
   start_worker "$host"
-  wait_until "worker-$host" 180 grep -q "celery@$host ready" "$RUN/worker-$host.log"
+  worker_ready "$host"
   echo "celery@$host is back: an empty host of that name, taking its queues again"
   exit 0
 fi
@@ -228,9 +230,7 @@ start dag-processor airflow dag-processor
 # (no log server: it would listen on every interface, on one fixed port for both workers)
 start triggerer airflow triggerer --skip-serve-logs
 for host in $WORKERS; do start_worker "$host"; done
-for host in $WORKERS; do
-  wait_until "worker-$host" 180 grep -q "celery@$host ready" "$RUN/worker-$host.log"
-done
+for host in $WORKERS; do worker_ready "$host"; done
 python -m stateops.dev.airflow_dags "http://127.0.0.1:$PORT" "$RUN/passwords.json" \
   --expect "$(ls dags/stream_*.py | wc -l)" --unpause "${STATEOPS_UNPAUSE:-}"
 

@@ -7,6 +7,7 @@ members() {  # the live (not zombie) processes of session $1; PID 1 here may nev
   ps -eo pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'
 }
 alive() { [ -n "$(members "$1")" ]; }
+running() { [ -e "$RUN/$1.pid" ] && alive "$(cat "$RUN/$1.pid")"; }  # running NAME
 
 start() {  # start NAME COMMAND...: in a session of its own, output to $RUN/NAME.log
   local name="$1"; shift

@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from stateops.control.audit import read_audit
-from stateops.core.checkpoint import load_checkpoint
+from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.sources import topic_offsets
 from stateops.core.storage import location
@@ -202,16 +202,28 @@ class Fleet:
         )
         return asked
 
-    def stop(self) -> subprocess.CompletedProcess:
-        """`make fleet-stop`: the script's stop, from another shell."""
+    def script(self, *args: str) -> subprocess.CompletedProcess:
+        """``scripts/fleet.sh ARGS`` from another shell: ``stop`` (`make fleet-stop`),
+        ``worker HOST``, ``redis``."""
         return subprocess.run(
-            ["scripts/fleet.sh", "stop"],
+            ["scripts/fleet.sh", *args],
             cwd=ROOT,
             env=self.env,
             capture_output=True,
             text=True,
             timeout=600,
         )
+
+    def lock(self) -> dict:
+        """`stateops lock show` of the query, from the bastion."""
+        shown = self.cli("lock", "show", QUERY, "--json")
+        assert shown.returncode == 0, shown.stderr
+        return json.loads(shown.stdout)
+
+    def status(self) -> dict:
+        """`stateops status` of the query, from the bastion."""
+        [query] = json.loads(self.cli("status", QUERY, "--json", "--no-backups").stdout)
+        return query
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +280,7 @@ def fleet():
             yield fleet
     finally:
         if proc.poll() is None:
-            fleet.stop()
+            fleet.script("stop")
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -498,10 +510,7 @@ def _kill_session(leader: int) -> None:
 def _back(fleet: Fleet, host: str) -> None:
     """A new, empty host in the lost ``host``'s place (`scripts/fleet.sh worker HOST`), which
     takes tasks again."""
-    back = subprocess.run(
-        ["scripts/fleet.sh", "worker", host],
-        cwd=ROOT, env=fleet.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    back = fleet.script("worker", host)
     assert back.returncode == 0 and f"celery@{host} is back" in back.stdout, back.stderr
     assert not any((fleet.dir / "hosts" / host / "data").iterdir()), f"{host}'s host is not new"
     fleet.only(host)
@@ -557,10 +566,30 @@ def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_n
     assert [w["state"] for w in master["workers"]].count("ALIVE") == 1, master
 
 
-def _records_read(checkpoint: str, batch: int) -> int:
-    """How many records of its topic the query had read once ``batch`` ended."""
-    [offsets] = load_checkpoint(checkpoint).kafka_offsets(batch).values()
+def _records_read(cp: Checkpoint, batch: int) -> int:
+    """How many records of its topic the query of ``cp`` had read once ``batch`` ended."""
+    [offsets] = cp.kafka_offsets(batch).values()
     return sum(o for partitions in offsets.values() for o in partitions.values())
+
+
+def _lose_w1_in(fleet: Fleet, run_url: str, task: str, checkpoint: str, past: int) -> datetime:
+    """Once ``task`` of the run runs on w1 and has committed a batch after ``past`` to
+    ``checkpoint``: w2 takes the shared queue and w1 is killed with its whole session (a host
+    lost), ``task`` still running. Returns when."""
+    _until(
+        f"w1's {task} committed no batch",
+        lambda: (
+            fleet.tasks(run_url)[task]["state"] == "running"
+            and (load_checkpoint(checkpoint).last_committed_batch or -1) > past
+        ),
+        600,
+        fleet.output,
+    )
+    fleet.only("w2")  # the next task's host (w1 still takes its own queue only)
+    assert fleet.tasks(run_url)[task]["state"] == "running", f"w1's {task} ended first"
+    killed = datetime.now().astimezone()
+    _kill_session(int((fleet.run / "worker-w1.pid").read_text()))
+    return killed
 
 
 def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_other(fleet):
@@ -572,54 +601,29 @@ def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_oth
     empty host takes w1's place (`scripts/fleet.sh worker w1`)."""
     fleet.edit({"approval": "required"}, lease_seconds=LEASE_SECONDS)  # unset: none asked
     checkpoint = fleet.query().checkpoint
-    last = load_checkpoint(checkpoint).last_committed_batch
+    cp = load_checkpoint(checkpoint)
+    last = cp.last_committed_batch
     # far enough back that the reprocessing runs a dozen batches (250 records each)
-    to_batch = max(
-        b
-        for b in load_checkpoint(checkpoint).commits
-        if _records_read(checkpoint, last) - _records_read(checkpoint, b) >= 3000
-    )
+    to_batch = max(b for b in cp.commits if _records_read(cp, last) - _records_read(cp, b) >= 3000)
     fleet.only("w1")
     conf = {"query": QUERY, "to_batch": to_batch, "dry_run": False}
     run_url = fleet.trigger("stream_backfill", conf)
     asked = fleet.approve(run_url, "approve")
     said = f"Approve the backfill of {QUERY}: roll it back to batch {to_batch} and reprocess"
     assert asked["subject"].startswith(said), asked
-    _until(
-        "w1's reprocessing committed no batch",
-        lambda: (
-            fleet.tasks(run_url)["reprocess"]["state"] == "running"
-            and (load_checkpoint(checkpoint).last_committed_batch or -1) > to_batch
-        ),
-        600,
-        fleet.output,
-    )
-    fleet.only("w2")  # the retry's host (w1 still takes its own queue only)
-    assert fleet.tasks(run_url)["reprocess"]["state"] == "running", "w1's reprocessing ended first"
-    killed = datetime.now().astimezone()
-    _kill_session(int((fleet.run / "worker-w1.pid").read_text()))
-
-    def lock() -> dict:
-        shown = fleet.cli("lock", "show", QUERY, "--json")
-        assert shown.returncode == 0, shown.stderr
-        return json.loads(shown.stdout)
-
-    def status() -> dict:
-        shown = fleet.cli("status", QUERY, "--json", "--no-backups")
-        [query] = json.loads(shown.stdout)
-        return query
+    killed = _lose_w1_in(fleet, run_url, "reprocess", checkpoint, past=to_batch)
 
     # Seen from a third host, the dead driver's lease holds until it expires: nothing on
     # another host can tell a lost holder from a slow one (as root, w1 is a host of its own).
     run_id = run_url.rsplit("/", 1)[1]
-    dead = lock()
+    dead = fleet.lock()
     assert (dead["lock"]["operation"], dead["lock"]["run_id"]) == ("run", run_id), dead
     if os.geteuid() == 0:
         assert "@w1:" in dead["lock"]["owner"] and dead["state"] == "held", dead
-        assert status()["unfinished_backfill"] is None  # its reprocessing holds the query
-        _until("the dead run's lease did not expire", lambda: lock()["state"] == "expired",
+        assert fleet.status()["unfinished_backfill"] is None  # its reprocessing holds the query
+        _until("the dead run's lease did not expire", lambda: fleet.lock()["state"] == "expired",
                LEASE_SECONDS + 30, fleet.output)  # fmt: skip
-        shown = status()
+        shown = fleet.status()
         reasons = shown["health"]["reasons"]
         assert any(f"run (run id {run_id}) left the lock expired" in r for r in reasons), reasons
         said = f"backfill run {run_id} did not finish (rolled back)"
@@ -636,8 +640,8 @@ def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_oth
         killed.isoformat(), tasks["validate_state"]["end_date"]
     )
     assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) >= last
-    assert lock()["state"] is None, "the retry did not release the lease it took over"
-    assert status()["unfinished_backfill"] is None
+    assert fleet.lock()["state"] is None, "the retry did not release the lease it took over"
+    assert fleet.status()["unfinished_backfill"] is None
     audit = [r for r in read_audit(checkpoint) if r["operation"] == "backfill"]
     assert [r["result"] for r in audit[-2:]] == ["rolled back", "succeeded"], audit
 
@@ -667,23 +671,11 @@ def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_oth
     run_url = fleet.trigger("stream_source_migration", conf)
     run_id = run_url.rsplit("/", 1)[1]
     fleet.approve(run_url, "approve_stop")
-    _until(
-        "w1's drain committed no batch",
-        lambda: (
-            fleet.tasks(run_url)["drain"]["state"] == "running"
-            and (load_checkpoint(query.checkpoint).last_committed_batch or -1) > before
-        ),
-        600,
-        fleet.output,
-    )
-    fleet.only("w2")  # where roll_back runs
-    assert fleet.tasks(run_url)["drain"]["state"] == "running", "w1's drain ended first"
-    killed = datetime.now().astimezone()
-    _kill_session(int((fleet.run / "worker-w1.pid").read_text()))
+    killed = _lose_w1_in(fleet, run_url, "drain", query.checkpoint, past=before)  # roll_back: w2
     # Seen from a third host meanwhile: the migration holds the query.
-    [shown] = json.loads(fleet.cli("status", QUERY, "--json", "--no-backups").stdout)
+    reasons = fleet.status()["health"]["reasons"]
     held = f"migration (run id {run_id}) holds the query"
-    assert any(held in r for r in shown["health"]["reasons"]), shown["health"]
+    assert any(held in r for r in reasons), reasons
 
     state, tasks = fleet.finished(run_url)
     assert state == "failed", {t: i["state"] for t, i in tasks.items()}
@@ -697,8 +689,8 @@ def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_oth
     )
     after = fleet.query()  # nothing switched: the same checkpoint and topic, no hold, no lock
     assert (after.checkpoint, after.source.subscribed) == (query.checkpoint, [NEW_TOPIC]), after
-    [shown] = json.loads(fleet.cli("status", QUERY, "--json", "--no-backups").stdout)
-    assert not [r for r in shown["health"]["reasons"] if run_id in r], shown["health"]
+    reasons = fleet.status()["health"]["reasons"]
+    assert not [r for r in reasons if run_id in r], reasons
     audit = [r for r in read_audit(query.checkpoint) if r.get("run_id") == run_id]
     assert audit[-1]["result"] == "rolled back", audit
 
@@ -715,10 +707,7 @@ def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
     with the state exact."""
     run_url, before = _writing_on_w1(fleet, rounds=(16, 17))
     assert fleet.tasks(run_url)[f"run_{QUERY}"]["state"] == "running", "the run ended first"
-    restarted = subprocess.run(
-        ["scripts/fleet.sh", "redis"],
-        cwd=ROOT, env=fleet.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    restarted = fleet.script("redis")
     assert restarted.returncode == 0 and "Redis restarted" in restarted.stdout, restarted.stderr
     # Reconnected, a worker consumes the queues it started with but those remote control
     # cancelled once (cancel_consumer deselects them; add_consumer does not select them
@@ -734,7 +723,7 @@ def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
 def test_make_fleet_stop_stops_everything(fleet):
     sessions = {fleet.proc.pid, *(int(p.read_text()) for p in fleet.run.glob("*.pid"))}
     started = time.monotonic()
-    stopped = fleet.stop()
+    stopped = fleet.script("stop")
     fleet.figures["make fleet-stop"] = round(time.monotonic() - started, 1)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
     assert fleet.proc.wait(timeout=60) == 0, fleet.output()[-3000:]
