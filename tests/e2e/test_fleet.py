@@ -11,7 +11,8 @@ scheduled cleanup is refused beside it; a Celery worker is killed (SIGKILL, the 
 the middle of a backfill's reprocessing: the task is retried on the other worker, which takes
 the lease over once it has expired, and the state is exact; a new host takes its place; it is
 killed again in a migration's drain, which the other rolls back; Redis is restarted in a run;
-then `make fleet-stop` leaves no process.
+a code upgrade rewrites the state on one worker and the next run on the other runs the new
+code; then `make fleet-stop` leaves no process.
 
 A task is steered to a worker with Celery's remote control (``cancel_consumer``): the DAGs are
 the same as on any deployment.
@@ -47,10 +48,12 @@ from stateops.core.storage import location
 from stateops.dev.airflow_dags import api_call as _request
 from stateops.dev.airflow_dags import api_token
 from stateops.dev.s3server import free_port
+from stateops.ops.migration import default_checkpoint
 from tests.conftest import ROOT
 from tests.e2e.test_airflow import _alive, _awaiting, _until
 from tests.spark.harness import read_sink
 from tests.spark.test_kafka_rollback import read_topic
+from tests.spark.upgrading import PER_PAGE
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +65,9 @@ NEW_TOPIC = "page-visits-v2"  # the migration's new source
 BUCKET = "stateops-fleet"
 # The manual DAGs only: stream_start is unpaused by its test (its first run is the scheduled
 # one), cleanup and backup stay paused (their runs would take the query's lock beside a test's).
-UNPAUSE = "stream_source_migration stream_backfill stream_bootstrap stream_restore"
+UNPAUSE = (
+    "stream_source_migration stream_code_upgrade stream_backfill stream_bootstrap stream_restore"
+)
 # The fault test's: a lost host's lease is taken over after it. Its retry comes later anyway
 # (the heartbeat timeout, then the DAG's retry delay), and a third host reads it held first.
 LEASE_SECONDS = 60
@@ -732,6 +737,42 @@ def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
     assert {t["hostname"] for t in tasks.values()} == {"w1"}, tasks  # record_ came after it
     assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
     fleet.only("w2")  # both workers take orders through the new broker
+
+
+@STORY
+def test_a_code_upgrade_approved_over_rest_rewrites_on_w1_and_w2_runs_the_new_code(fleet):
+    """The query's new code (views per user and page: a wider key, which Spark cannot keep
+    state for) deployed in the registry; stream_code_upgrade triggered and approved twice over
+    REST rewrites the state on w1 into a new checkpoint and switches; the next run, on w2,
+    runs the new code there: each (user, page) count it emits is that pair's records in every
+    topic the query has read, the old code's state carried over whole."""
+    old = fleet.query()
+    planned = str(default_checkpoint(old))  # the first free name: taken once it is written
+    fleet.edit(PER_PAGE)
+    fleet.only("w1")
+    run_url = fleet.trigger("stream_code_upgrade", {"query": QUERY, "dry_run": False})
+    asked = fleet.approve(run_url, "approve_stop")
+    assert asked["subject"].startswith(f"Approve the upgrade of {QUERY}: stop it"), asked
+    fleet.approve(run_url, "approve_switch")
+    state, tasks = fleet.finished(run_url, "code upgrade, with its two approvals (w1)")
+    assert state == "success", {t: i["state"] for t, i in tasks.items()}
+    assert {i["hostname"] for i in tasks.values() if i["state"] == "success"} == {"w1"}, tasks
+    new = fleet.query()  # read by this host from the switch in the control store
+    assert new.checkpoint == planned and new.logic != old.logic, new
+
+    fleet.produce(round_=18)
+    fleet.only("w2")
+    run_url = fleet.trigger("stream_start")
+    state, tasks = fleet.finished(run_url, "stream_start, after the upgrade (w2)")
+    assert state == "success" and {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
+    cp = load_checkpoint(new.checkpoint)
+    [committed] = cp.kafka_offsets(cp.last_committed_batch).values()
+    assert committed == {NEW_TOPIC: _ends(NEW_TOPIC)}, committed
+    views = {}  # (user, page) -> views, from the new code's rows (3 columns), the last wins
+    for _, rows in sorted(read_sink(location(new.sink.path)).items()):
+        views |= {(row[0], row[1]): row[2] for row in rows if len(row) == 3}
+    records = collections.Counter((e["user_id"], e["page"]) for e in _events((TOPIC, NEW_TOPIC)))
+    assert views and {pair: records[pair] for pair in views} == views
 
 
 def test_make_fleet_stop_stops_everything(fleet):
