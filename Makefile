@@ -74,10 +74,9 @@ test: prereqs lint jars build/stateops.zip $(VENV)/.fleet-installed
 
 # The fleet's stories and faults too (tests/e2e/test_fleet.py whole, about 30 minutes on 2
 # cores): make test runs only the fleet's start, first runs and stop, since the rest is more
-# than CI's limit leaves the suite.
-test-fleet: prereqs jars build/stateops.zip $(VENV)/.fleet-installed
-	@scripts/ensure_test_packages.sh
-	@source scripts/env.sh && STATEOPS_FLEET_STORIES=1 $(PY) -m pytest -p no:xdist --basetemp=$(BASETEMP)-fleet tests/e2e/test_fleet.py $(PYTEST_ARGS)
+# than CI's limit leaves the suite. The module runs in order on one fleet: one process.
+test-fleet:
+	@STATEOPS_FLEET_STORIES=1 $(MAKE) --no-print-directory test WORKERS=0 PYTEST_ARGS="tests/e2e/test_fleet.py $(PYTEST_ARGS)"
 
 # Where the suite's time goes (benchmarks/suite_report.py): make test, recording every test's
 # time and CPU, every JVM, spark-submit and Python worker it starts, and every shared fixture
