@@ -2,9 +2,10 @@
 ### stream_start
 
 Runs every registered streaming query with `available-now` (process everything that has
-landed, then stop), one Spark job per query through `spark-submit` on the `spark_default`
-connection, then records each job's run summary (batches run, input rows, last committed
-batch, state rows per operator) as the task's return value.
+landed, then stop) on the registry's `start.schedule` (every 30 minutes), one Spark job per
+query through `spark-submit` on the `spark_default` connection, then records each job's run
+summary (batches run, input rows, last committed batch, state rows per operator) as the
+task's return value.
 
 Each job takes its query's lifecycle lock, so a cleanup or rollback of the same query waits
 or fails instead of racing it. The queries come from the registry (`registry.yaml`).
@@ -16,6 +17,7 @@ from datetime import timedelta
 
 from airflow.sdk import dag, get_current_context, task
 
+from stateops.core.registry import load_registry
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     registered_queries,
@@ -23,17 +25,19 @@ from stateops_airflow.tasks import (
     run_summary,
 )
 
+REGISTRY = load_registry(switched=False)  # at parse time: the schedule and a task per query
+
 
 @dag(
     dag_id="stream_start",
-    schedule=timedelta(minutes=30),
+    schedule=REGISTRY.start.timetable,
     **LIFECYCLE_DAG,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     tags=["stateops", "streaming", "start"],
     doc_md=__doc__,
 )
 def stream_start() -> None:
-    for query in registered_queries(refused=True):  # a refused entry's task fails, alone
+    for query in registered_queries(REGISTRY, refused=True):  # a refused entry's task fails, alone
 
         @task(task_id=f"record_{query}")
         def record(query: str = query) -> dict:

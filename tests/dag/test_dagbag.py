@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, write_registry
 
@@ -91,6 +93,21 @@ def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
         assert args[args.index("--mode") + 1] == "available-now"
         assert args[args.index("--run-id") + 1] == "{{ run_id }}"
         assert Path(args[args.index("--registry") + 1]).name == "registry.yaml"
+
+
+def test_stream_start_runs_on_the_registry_schedule(dagbag, tmp_path, monkeypatch):
+    """Every 30 minutes after the last run by default (the first at once when unpaused), or
+    the registry's ``start.schedule``: a duration, or a cron expression for Airflow."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    assert dagbag.dags["stream_start"].schedule == timedelta(minutes=30)
+    for schedule, expected in (("2 hours", timedelta(hours=2)), ("*/5 * * * *", "*/5 * * * *")):
+        registry = write_registry(tmp_path / schedule.replace(" ", "_").replace("*/", ""))
+        raw = yaml.safe_load(registry.read_text())
+        registry.write_text(yaml.safe_dump({**raw, "start": {"schedule": schedule}}))
+        monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
+        bag = DagBag(dag_folder=str(ROOT / "dags" / "stream_start.py"))
+        assert bag.import_errors == {} and bag.dags["stream_start"].schedule == expected
 
 
 def test_stream_bootstrap_form_and_order(dagbag):

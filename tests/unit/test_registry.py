@@ -133,6 +133,10 @@ def test_the_checkpoint_format_is_set_for_every_query_and_v2_is_for_rocksdb(tmp_
         (lambda r: r.update(lease_seconds=5), "lease_seconds: expected seconds from 10 to 86400"),
         (lambda r: r.update(lease_seconds="1m"), "got '1m'"),
         (
+            lambda r: r.update(start={"schedule": "every half hour"}),
+            "start.schedule: expected a duration (30 minutes, 2 hours) or a cron expression",
+        ),
+        (
             lambda r: r["queries"]["page_visits"].update(name="other"),
             "queries.page_visits.name: a query's name is its key",
         ),

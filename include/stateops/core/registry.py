@@ -11,6 +11,7 @@ import json
 import os
 import re
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -146,6 +147,7 @@ class Source(_Model):
         return self
 
 
+_DURATION = r"\d+ (second|minute|hour|day)s?"
 _UNITS_MS = {"second": 1_000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
 
 
@@ -156,7 +158,7 @@ def _duration_ms(text: str) -> int:
 
 class Watermark(_Model):
     column: str
-    delay: str = Field(pattern=r"^\d+ (second|minute|hour|day)s?$")
+    delay: str = Field(pattern=rf"^{_DURATION}$")
 
     @property
     def delay_ms(self) -> int:
@@ -543,6 +545,30 @@ class Backups(_Model):
         return f"{self.url.rstrip('/')}/{query}"
 
 
+def _schedule(value: str) -> str:
+    if not re.fullmatch(rf"{_DURATION}|@\w+|\S+( \S+){{4,5}}", value):
+        raise ValueError(
+            "expected a duration (30 minutes, 2 hours) or a cron expression or preset "
+            f"(*/30 * * * *, @hourly), got {value!r}"
+        )
+    return value
+
+
+class Start(_Model):
+    """The scheduled runs of every query (DAG stream_start)."""
+
+    schedule: Annotated[str, AfterValidator(_schedule)] = "30 minutes"
+    """Every N seconds, minutes, hours or days after the last run (the first at once when
+    the DAG is unpaused), or a cron expression or preset (``@hourly``) for Airflow."""
+
+    @property
+    def timetable(self) -> str | timedelta:
+        """The schedule as Airflow's ``@dag(schedule=...)`` takes it."""
+        if re.fullmatch(_DURATION, self.schedule):
+            return timedelta(milliseconds=_duration_ms(self.schedule))
+        return self.schedule
+
+
 class Cleanup(_Model):
     """Scheduled snapshot-group cleanup (DAG stream_snapshot_cleanup)."""
 
@@ -560,6 +586,7 @@ class Registry(_Model):
     code_paths: list[Path] = []
     """Folders of the users' own query code (``transform.function``, ``processor.class``):
     on ``sys.path`` in the driver, shipped to the executors."""
+    start: Start = Start()
     backups: Backups = Backups()
     cleanup: Cleanup = Cleanup()
     control: str | None = None
@@ -984,8 +1011,8 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
     known = {
-        *("data_dir", "code_paths", "queries", "backups", "cleanup", "control", "derived_from"),
-        "lease_seconds",
+        *("data_dir", "code_paths", "queries", "start", "backups", "cleanup", "control"),
+        *("derived_from", "lease_seconds"),
     }
     unknown = set(raw) - known
     if not isinstance(raw.get("derived_from", ""), str):
@@ -1019,13 +1046,14 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         except RegistryError as err:
             invalid[str(name)] = str(err)
     sections = {}
-    for section, model in (("backups", Backups), ("cleanup", Cleanup)):
+    for section, model in (("start", Start), ("backups", Backups), ("cleanup", Cleanup)):
         try:
             sections[section] = model.model_validate(raw.get(section) or {})
         except ValidationError as err:
             first = err.errors()[0]
             field_path = ".".join(str(p) for p in first["loc"])
-            raise RegistryError(f"{path}: {section}.{field_path}: {first['msg']}") from None
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise RegistryError(f"{path}: {section}.{field_path}: {message}") from None
     code_paths = _code_paths(path, raw.get("code_paths"))
     for query in queries.values():
         query._code_paths = tuple(code_paths)
