@@ -60,6 +60,14 @@ def run_benchmark(name: str, smoke: Smoke) -> str:
 
 SMOKES: dict[str, dict[str, Smoke]] = {
     "unit": {
+        # Its whole run is make airflow and make fleet, one after the other, each through the
+        # stories (20 minutes and more): what it drives is tests/e2e/test_fleet.py's Fleet,
+        # which that module runs in every suite; here, that it still imports what it uses.
+        "bench_fleet.py": Smoke(
+            ("--help",),
+            60,
+            (r"^usage: bench_fleet\.py \[-h\] \[--only \{single,fleet\}\]$",),
+        ),
         "bench_checkpoint_model.py": Smoke(
             ("--files", "2000"),
             60,
