@@ -24,9 +24,9 @@ from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line
 from stateops.core.kafka import Offsets
-from stateops.core.registry import Registry
+from stateops.core.registry import HealthLimits, Registry
 from stateops.core.report import checkpoint_report, format_bytes
-from stateops.core.sources import RETENTION_WARN_SHARE, kafka_lag, retention
+from stateops.core.sources import kafka_lag, retention
 from stateops.core.storage import location
 from stateops.ops.backup import list_backups
 from stateops.ops.upgrade import (
@@ -41,7 +41,6 @@ from stateops.spark.expectations import data_docs_path, last_validation
 
 __all__ = [
     "LINEAGE_OPERATIONS",
-    "STALE_INPUT",
     "code_fit",
     "describe_cleanup",
     "format_status",
@@ -52,19 +51,13 @@ __all__ = [
 
 # The operations that change where a query's state came from (shown as its lineage).
 LINEAGE_OPERATIONS = ("bootstrap", "migration", "upgrade", "rollback", "restore", "backfill")
-# Input landed this long ago and still not read says the query is not being run: twice
-# stream_start's schedule (30 minutes).
-STALE_INPUT = timedelta(hours=1)
-RETENTION_CLOSE = (
-    f"the broker's earliest retained offset is close to the committed one (within "
-    f"{RETENTION_WARN_SHARE:.0%} of the records it retains; the next deleted segment may pass it)"
-)
-# A backup older than twice its schedule says the scheduled backups stopped.
-_SCHEDULES = {
-    "@hourly": timedelta(hours=1),
-    "@daily": timedelta(days=1),
-    "@weekly": timedelta(weeks=1),
-}
+
+
+def _retention_close(share: float) -> str:
+    return (
+        f"the broker's earliest retained offset is close to the committed one (within "
+        f"{share:.0%} of the records it retains; the next deleted segment may pass it)"
+    )
 
 
 def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[str, Any]:
@@ -89,8 +82,9 @@ def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[s
             status["code"] = _code_part(status, query, cp)
         except StateOpsError as err:
             status["errors"].append(f"checkpoint: {err}")
+    limits = registry.health_limits(query)
     try:
-        status["kafka"] = _kafka_part(status, query, cp)
+        status["kafka"] = _kafka_part(status, query, cp, limits.retention_margin)
     except StateOpsError as err:  # an unreadable sources/<i>/0: the rest is still shown
         status["kafka"] = []
         status["errors"].append(f"kafka: {err}")
@@ -171,6 +165,7 @@ def health(
     else OK; with one reason per finding. ``cp``: the checkpoint :func:`query_status` read
     (None when it could not)."""
     now = now or datetime.now(UTC)
+    limits = registry.health_limits(query)
     fail: list[str] = [e for e in status["errors"] if e.startswith("checkpoint: ")]
     warn: list[str] = [e for e in status["errors"] if not e.startswith("checkpoint: ")]
     root = query.checkpoint
@@ -208,18 +203,8 @@ def health(
         warn.append(
             f"{hold.operation} (run id {hold.run_id}) holds the query (other operations wait)"
         )
-    for part in status.get("kafka", []):  # retention passed, or is about to pass, its offsets
-        if part["lost"]:
-            fail.append(_lost(part))
-        if part["ahead"]:
-            fail.append(
-                f"kafka {part['source']}: the offsets committed by batch "
-                f"{part['committed_batch']} are past the broker's end "
-                f"({', '.join(part['ahead'])}): the topic was recreated or truncated; a restart "
-                "fails, or skips records; restore a backup or migrate to the topic as it is"
-            )
-        if part["close"]:
-            warn.append(f"kafka {part['source']}: {RETENTION_CLOSE}: " + "; ".join(part["close"]))
+    for part in status.get("kafka", []):
+        _kafka_findings(query.name, part, limits, fail, warn)
     if cp is not None and cp.uncommitted_batches and state != "held":
         warn.append(_planned(query, cp, run))
     if status["unfinished_backfill"]:
@@ -229,9 +214,9 @@ def health(
     elif status["last_committed_batch"] is None:
         warn.append("no committed batch yet (stream_start runs it)")
     elif cp is not None:
-        warn += _waiting_input(query, cp, now)
+        warn += _waiting_input(query, cp, now, limits.input_waiting)
     if listed and status["last_committed_batch"] is not None:
-        warn += _backup_age(registry, status["backups"], now)
+        warn += _backup_age(registry, status["backups"], now, limits.backup_within)
     verdict = "FAIL" if fail else "WARN" if warn else "OK"
     return {"verdict": verdict, "reasons": fail + warn}
 
@@ -289,9 +274,12 @@ def _lost(part: dict[str, Any]) -> str:
     )
 
 
-def _kafka_part(status: dict[str, Any], query: Any, cp: Checkpoint | None) -> list[dict[str, Any]]:
+def _kafka_part(
+    status: dict[str, Any], query: Any, cp: Checkpoint | None, close: float
+) -> list[dict[str, Any]]:
     """Per Kafka source: its committed offsets (the last committed batch's; before any, those
-    it started at), the broker's end and earliest offsets, the lag and the retention margin.
+    it started at), the broker's end and earliest offsets, the lag and the retention margin
+    (``close``: the share of the retained records that is close to their earliest).
     A broker that does not answer is one error naming its bootstrap servers; the rest of the
     status is still read."""
     parts = []
@@ -322,7 +310,7 @@ def _kafka_part(status: dict[str, Any], query: Any, cp: Checkpoint | None) -> li
         except StateOpsError as err:
             status["errors"].append(f"kafka {name}: {err}")
             continue
-        kept = retention(lag)
+        kept = retention(lag, close)
         part.update(
             end=lag.end,
             earliest=lag.earliest,
@@ -430,8 +418,35 @@ def unfinished_backfill(
     )
 
 
-def _waiting_input(query: Any, cp: Checkpoint, now: datetime) -> list[str]:
-    """Input files landed more than STALE_INPUT ago and not read yet, per file source."""
+def _kafka_findings(
+    name: str, part: dict[str, Any], limits: HealthLimits, fail: list[str], warn: list[str]
+) -> None:
+    """A Kafka source's findings (:func:`_kafka_part`'s ``part``) into ``fail`` and ``warn``:
+    retention passed, or is about to pass, its committed offsets; the offsets are past the
+    topic's end; it is further behind than its limit."""
+    if part["lost"]:
+        fail.append(_lost(part))
+    if part["ahead"]:
+        fail.append(
+            f"kafka {part['source']}: the offsets committed by batch "
+            f"{part['committed_batch']} are past the broker's end "
+            f"({', '.join(part['ahead'])}): the topic was recreated or truncated; a restart "
+            "fails, or skips records; restore a backup or migrate to the topic as it is"
+        )
+    if part["close"]:
+        close = _retention_close(limits.retention_margin)
+        warn.append(f"kafka {part['source']}: {close}: " + "; ".join(part["close"]))
+    if limits.lag_records and (part["lag_total"] or 0) > limits.lag_records:
+        fail.append(
+            f"kafka {part['source']}: {part['lag_total']} records behind the end of "
+            f"{', '.join(part['topics'])}, more than health.lag_records "
+            f"({limits.lag_records}): the query does not keep up or is not run; stateops "
+            f"status {name} shows each partition, stateops run {name} reads them"
+        )
+
+
+def _waiting_input(query: Any, cp: Checkpoint, now: datetime, allowed: timedelta) -> list[str]:
+    """Input files landed more than ``allowed`` ago and not read yet, per file source."""
     reasons = []
     for i, (name, source) in enumerate(query.inputs.items()):
         folder = Path(source.path)
@@ -444,23 +459,28 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime) -> list[str]:
             if f.is_file() and not f.name.startswith((".", "_")) and str(f) not in seen
         ]
         oldest = min(waiting, default=None)
-        if oldest is not None and now - datetime.fromtimestamp(oldest, UTC) > STALE_INPUT:
+        if oldest is not None and now - datetime.fromtimestamp(oldest, UTC) > allowed:
             age = _age(now - datetime.fromtimestamp(oldest, UTC))
             files = f"{len(waiting)} input file" + "s" * (len(waiting) != 1)
             reasons.append(
                 f"{files} of {name} landed and not read, the oldest {age} ago "
-                f"(allowed: {_age(STALE_INPUT)})"
+                f"(allowed: {_age(allowed)})"
             )
     return reasons
 
 
-def _backup_age(registry: Registry, backups: list[dict[str, Any]], now: datetime) -> list[str]:
-    every = _SCHEDULES.get(registry.backups.schedule)
+def _backup_age(
+    registry: Registry, backups: list[dict[str, Any]], now: datetime, within: timedelta | None
+) -> list[str]:
+    """No backup, or none newer than ``within`` (None: any age will do)."""
     if not backups:
         return ["no backup yet (stream_checkpoint_backup takes them)"]
     last = max(datetime.fromisoformat(b["created_at"]) for b in backups)
-    if every is not None and now - last > 2 * every:
-        return [f"the last backup is {_age(now - last)} old (schedule {registry.backups.schedule})"]
+    if within is not None and now - last > within:
+        return [
+            f"the last backup is {_age(now - last)} old (schedule {registry.backups.schedule}, "
+            f"allowed: {_age(within)})"
+        ]
     return []
 
 

@@ -13,13 +13,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stateops.control.lock import QueryLock
 from stateops.control.markers import rollback_marker
-from stateops.core.registry import load_registry
+from stateops.core.registry import HealthLimits, load_registry
 from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.upgrade import EVOLVES, LOST, REWRITE, UNCHANGED, Change
-from stateops.status import _backup_age, code_fit, query_status, unfinished_backfill
+from stateops.status import _backup_age, code_fit, health, query_status, unfinished_backfill
 from tests.conftest import run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -44,12 +45,89 @@ def test_a_query_that_never_ran_is_warn_and_an_interrupted_rollback_is_fail(tmp_
 
 def test_backups_missing_or_older_than_twice_their_schedule_warn(tmp_path):
     registry = load_registry(write_registry(tmp_path))  # backups.schedule @daily
+    within = registry.health_limits(registry.query("page_visits")).backup_within
+    assert within == timedelta(days=2)
     now = datetime(2026, 11, 25, 12, tzinfo=UTC)
     backup = {"created_at": (now - timedelta(hours=30)).isoformat()}
-    assert _backup_age(registry, [], now) == ["no backup yet (stream_checkpoint_backup takes them)"]
-    assert _backup_age(registry, [backup], now) == []
+    assert _backup_age(registry, [], now, within) == [
+        "no backup yet (stream_checkpoint_backup takes them)"
+    ]
+    assert _backup_age(registry, [backup], now, within) == []
     old = {"created_at": (now - timedelta(days=3)).isoformat()}
-    assert _backup_age(registry, [old], now) == ["the last backup is 3 days old (schedule @daily)"]
+    assert _backup_age(registry, [old], now, within) == [
+        "the last backup is 3 days old (schedule @daily, allowed: 2 days)"
+    ]
+    assert _backup_age(registry, [old], now, None) == []  # a schedule of no known period
+
+
+def _edited(path: Path, **top) -> Path:
+    raw = yaml.safe_load(path.read_text())
+    raw.update(top)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_health_thresholds_follow_the_schedules_unless_the_registry_or_the_query_sets_them(
+    tmp_path,
+):
+    """Defaults from the schedules (input may wait two stream_start runs, a backup be two
+    backup periods old); the registry's health: over them; a query's own over the registry's,
+    its lag_records 0 lifting the registry's limit."""
+    path = write_registry(
+        tmp_path, page_visits={"health": {"input_waiting": "3 hours", "lag_records": 0}}
+    )
+    registry = load_registry(path)
+    sessions, visits = registry.query("user_sessions"), registry.query("page_visits")
+    assert registry.health_limits(sessions) == HealthLimits(
+        input_waiting=timedelta(hours=1),  # start.schedule 30 minutes
+        lag_records=None,
+        retention_margin=0.1,
+        backup_within=timedelta(days=2),  # backups.schedule @daily
+    )
+    assert registry.health_limits(visits).input_waiting == timedelta(hours=3)
+
+    raw_backups = yaml.safe_load(path.read_text())["backups"]
+    registry = load_registry(
+        _edited(
+            path,
+            start={"schedule": "2 hours"},
+            backups=raw_backups | {"schedule": "0 3 * * *"},
+            health={"lag_records": 5000, "retention_margin": 0.25},
+        )
+    )
+    assert registry.health_limits(registry.query("user_sessions")) == HealthLimits(
+        timedelta(hours=4), 5000, 0.25, None
+    )
+    assert registry.health_limits(registry.query("page_visits")) == HealthLimits(
+        timedelta(hours=3), None, 0.25, None
+    )
+    registry = load_registry(
+        _edited(path, start={"schedule": "*/10 * * * *"}, health={"backup_within": "36 hours"})
+    )
+    limits = registry.health_limits(registry.query("user_sessions"))
+    assert (limits.input_waiting, limits.backup_within) == (timedelta(hours=1), timedelta(hours=36))
+
+
+def test_a_kafka_source_behind_more_than_its_lag_limit_fails_naming_it(tmp_path):
+    """health.lag_records: a source further behind its topics' end fails, saying how far, the
+    limit and the commands; at the limit, or without one, the lag is no finding."""
+    path = write_registry(tmp_path, page_visits={"health": {"lag_records": 100}})
+    registry = load_registry(path)
+    query = registry.query("page_visits")
+    status = query_status(registry, "page_visits")
+    part = {"source": "source", "topics": ["visits"], "lag_total": 100, "lost": [], "ahead": []}
+    status["kafka"] = [part | {"close": []}]
+    assert health(registry, query, status, None, listed=False)["verdict"] == "WARN"  # no commit
+    status["kafka"] = [part | {"close": [], "lag_total": 101}]
+    verdict = health(registry, query, status, None, listed=False)
+    assert verdict["verdict"] == "FAIL"
+    assert verdict["reasons"][0] == (
+        "kafka source: 101 records behind the end of visits, more than health.lag_records "
+        "(100): the query does not keep up or is not run; stateops status page_visits shows "
+        "each partition, stateops run page_visits reads them"
+    )
+    other = registry.query("user_sessions")
+    assert health(registry, other, status, None, listed=False)["verdict"] == "WARN"
 
 
 def _hold(path, operation: str, ready) -> None:

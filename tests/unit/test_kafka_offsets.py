@@ -57,3 +57,11 @@ def test_retention_close_to_a_committed_offset_is_under_a_tenth_of_what_is_retai
 ):
     kept = retention(lag(committed, earliest, end))
     assert not kept.lost and bool(kept.close) is close, kept
+
+
+def test_how_close_is_close_is_the_querys_retention_margin():
+    """health.retention_margin: 3 of 30 retained records is close under a 20% margin."""
+    assert not retention(lag(13, 10, 40)).close
+    assert retention(lag(13, 10, 40), share=0.2).close == [
+        "t[0] committed offset 13 is 3 records ahead of the earliest retained 10 (30 retained)"
+    ]

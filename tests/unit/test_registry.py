@@ -137,6 +137,14 @@ def test_the_checkpoint_format_is_set_for_every_query_and_v2_is_for_rocksdb(tmp_
             "start.schedule: expected a duration (30 minutes, 2 hours) or a cron expression",
         ),
         (
+            lambda r: r.update(health={"input_waiting": "soon"}),
+            "health.input_waiting: expected a duration (90 minutes, 2 hours, 1 day), got 'soon'",
+        ),
+        (
+            lambda r: r["queries"]["page_visits"].update(health={"retention_margin": 1.5}),
+            "queries.page_visits.health.retention_margin: Input should be less than 1",
+        ),
+        (
             lambda r: r["queries"]["page_visits"].update(name="other"),
             "queries.page_visits.name: a query's name is its key",
         ),

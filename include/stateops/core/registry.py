@@ -11,6 +11,7 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -154,6 +155,59 @@ _UNITS_MS = {"second": 1_000, "minute": 60_000, "hour": 3_600_000, "day": 86_400
 def _duration_ms(text: str) -> int:
     number, unit = text.split()
     return int(number) * _UNITS_MS[unit.rstrip("s")]
+
+
+def _timedelta(duration: str) -> timedelta:
+    return timedelta(milliseconds=_duration_ms(duration))
+
+
+def _as_duration(value: str) -> str:
+    if not re.fullmatch(_DURATION, value):
+        raise ValueError(f"expected a duration (90 minutes, 2 hours, 1 day), got {value!r}")
+    return value
+
+
+_Duration = Annotated[str, AfterValidator(_as_duration)]
+# The backup schedules whose period is known: a backup older than twice it is a finding.
+_PRESET_PERIODS = {
+    "@hourly": timedelta(hours=1),
+    "@daily": timedelta(days=1),
+    "@weekly": timedelta(weeks=1),
+}
+# A Kafka source's committed offset this close to the broker's earliest (a share of the
+# records the partition still retains) is WARNed: retention deletes whole log segments, so
+# the next one to go may well hold it. 10%: with a week's retention, less than about 17 hours
+# of records to spare.
+RETENTION_MARGIN = 0.10
+
+
+class Health(_Model):
+    """The thresholds of the health rules (`stateops status`, the Streaming state view): the
+    registry's top-level ``health:`` for every query, a query's own ``health:`` over it. Unset
+    fields take the top level's, then the defaults (:meth:`Registry.health_limits`)."""
+
+    input_waiting: _Duration | None = None
+    """Input files landed this long ago and not read: WARN (default: twice
+    ``start.schedule`` when it is a duration, else 1 hour)."""
+    lag_records: int | None = Field(None, ge=0)
+    """A Kafka source more than this many records behind its topics' end: FAIL (default and
+    0: no limit)."""
+    retention_margin: float | None = Field(None, gt=0, lt=1)
+    """A Kafka source's committed offset within this share of the records a partition retains
+    of the earliest retained one: WARN (default 0.1)."""
+    backup_within: _Duration | None = None
+    """No backup newer than this: WARN (default: twice ``backups.schedule`` when it is
+    @hourly, @daily or @weekly, else no limit)."""
+
+
+@dataclass(frozen=True)
+class HealthLimits:
+    """A query's health thresholds, resolved (:meth:`Registry.health_limits`)."""
+
+    input_waiting: timedelta
+    lag_records: int | None
+    retention_margin: float
+    backup_within: timedelta | None
 
 
 class Watermark(_Model):
@@ -335,6 +389,8 @@ class Query(_Model):
     state_store: StateStore = StateStore()
     shuffle_partitions: int = Field(4, ge=1)
     spark_conf: dict[str, str] = {}
+    health: Health = Health()
+    """Its health rules' thresholds, over the registry's ``health:``."""
     approval: Literal["required", "none"] | None = None
     """Whether a second person approves its irreversible steps (migration, code upgrade,
     backfill, restore over its checkpoint, repartition) in Airflow first; unset: a migration
@@ -565,7 +621,7 @@ class Start(_Model):
     def timetable(self) -> str | timedelta:
         """The schedule as Airflow's ``@dag(schedule=...)`` takes it."""
         if re.fullmatch(_DURATION, self.schedule):
-            return timedelta(milliseconds=_duration_ms(self.schedule))
+            return _timedelta(self.schedule)
         return self.schedule
 
 
@@ -589,6 +645,7 @@ class Registry(_Model):
     start: Start = Start()
     backups: Backups = Backups()
     cleanup: Cleanup = Cleanup()
+    health: Health = Health()
     control: str | None = None
     """Where the queries' leases live when the hosts that operate them share no disk (an S3
     prefix, through the checkpoint connection); None: under ``data_dir`` (one host)."""
@@ -599,6 +656,31 @@ class Registry(_Model):
     derived_from: Path | None = None
     """The user's registry a run's own registry was written from (:func:`derived_registry`):
     its entry already says where the query runs, so no switch applies to it."""
+
+    def health_limits(self, query: Query) -> HealthLimits:
+        """``query``'s health thresholds: its own ``health:``, else the registry's, else the
+        defaults (some follow the schedules: input may wait two of stream_start's runs, a
+        backup two of the backup's)."""
+        own, every = query.health, self.health
+
+        def pick(field: str) -> Any:
+            value = getattr(own, field)
+            return value if value is not None else getattr(every, field)
+
+        start = self.start.timetable
+        waiting = pick("input_waiting")
+        if waiting:
+            input_waiting = _timedelta(waiting)
+        else:  # a cron schedule's period is not one number
+            input_waiting = 2 * start if isinstance(start, timedelta) else timedelta(hours=1)
+        within = pick("backup_within")
+        period = _PRESET_PERIODS.get(self.backups.schedule)
+        return HealthLimits(
+            input_waiting=input_waiting,
+            lag_records=pick("lag_records") or None,
+            retention_margin=pick("retention_margin") or RETENTION_MARGIN,
+            backup_within=_timedelta(within) if within else 2 * period if period else None,
+        )
 
     @property
     def state_dir(self) -> Path:
@@ -1011,7 +1093,8 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
     known = {
-        *("data_dir", "code_paths", "queries", "start", "backups", "cleanup", "control"),
+        *("data_dir", "code_paths", "queries", "start", "backups", "cleanup", "health"),
+        "control",
         *("derived_from", "lease_seconds"),
     }
     unknown = set(raw) - known
@@ -1046,7 +1129,8 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         except RegistryError as err:
             invalid[str(name)] = str(err)
     sections = {}
-    for section, model in (("start", Start), ("backups", Backups), ("cleanup", Cleanup)):
+    models = {"start": Start, "backups": Backups, "cleanup": Cleanup, "health": Health}
+    for section, model in models.items():
         try:
             sections[section] = model.model_validate(raw.get(section) or {})
         except ValidationError as err:

@@ -33,7 +33,7 @@ from stateops.core.kafka import (
     parse_offsets,
     topic_partitions,
 )
-from stateops.core.registry import Query, Source
+from stateops.core.registry import RETENTION_MARGIN, Query, Source
 
 __all__ = [
     "FILE_START",
@@ -215,11 +215,6 @@ def offsets_backwards(before: Offsets, after: Offsets) -> list[str]:
 
 # --- A: a Kafka source's initial offsets, file entries, and how close retention is ---
 
-# A committed offset this close to the broker's earliest (a share of the records the partition
-# still retains) is WARNed: retention deletes whole log segments, so the next one to go may
-# well hold it. 10%: with a week's retention, less than about 17 hours of records to spare.
-RETENTION_WARN_SHARE = 0.10
-
 
 def is_file_entry(raw: object) -> bool:
     """Whether an offsets entry is a file source's (``{"logOffset": K}``)."""
@@ -240,8 +235,9 @@ def kafka_initial_offsets(text: str) -> Offsets | None:
 class Retention:
     """Where retention stands against a checkpoint's committed offsets: ``lost`` (the broker
     deleted records the checkpoint has not read: a restart loses them) and ``close`` (the
-    committed offset is within :data:`RETENTION_WARN_SHARE` of the records the partition
-    retains, and there are unread records: the next deleted segment may pass it)."""
+    committed offset is within a share (the query's ``health.retention_margin``) of the
+    records the partition retains, and there are unread records: the next deleted segment
+    may pass it)."""
 
     lost: list[Missing]
     close: list[str]
@@ -250,8 +246,9 @@ class Retention:
     truncated): a restart fails, or reads from the new end and skips whatever comes before."""
 
 
-def retention(lag: Lag) -> Retention:
-    """:class:`Retention` of a :func:`kafka_lag` answer (no second question to the broker)."""
+def retention(lag: Lag, share: float = RETENTION_MARGIN) -> Retention:
+    """:class:`Retention` of a :func:`kafka_lag` answer (no second question to the broker);
+    ``share``: how close to the earliest retained offset is close."""
     lost, close = [], []
     for topic, parts in lag.margin.items():
         for partition, margin in parts.items():
@@ -259,7 +256,7 @@ def retention(lag: Lag) -> Retention:
             retained = lag.end.get(topic, {}).get(partition, earliest) - earliest
             if margin < 0:
                 lost.append(Missing(topic, partition, earliest + margin, earliest))
-            elif margin < RETENTION_WARN_SHARE * retained:
+            elif margin < share * retained:
                 close.append(
                     f"{topic}[{partition}] committed offset {earliest + margin} is {margin} "
                     f"records ahead of the earliest retained {earliest} ({retained} retained)"
