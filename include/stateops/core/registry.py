@@ -212,7 +212,7 @@ class HealthLimits:
 
 class Watermark(_Model):
     column: str
-    delay: str = Field(pattern=rf"^{_DURATION}$")
+    delay: _Duration
 
     @property
     def delay_ms(self) -> int:
