@@ -107,6 +107,8 @@ def running_single_host() -> Iterator[SingleHost]:
         n: q for n, q in raw["queries"].items() if q.get("source", {}).get("format") == "kafka"
     }
     (folder / "registry.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (folder / "landing").mkdir()  # no file query's sample data (the script writes it if empty)
+    (folder / "landing" / ".none").touch()
     env = {
         k: v
         for k, v in os.environ.items()
