@@ -20,7 +20,7 @@ by Airflow (its start to its end):
 The downtimes are the old query's last commit to the new query's first (commit files' times):
 the plain restart's and the migration's. Prints each figure on both and the ratio fleet /
 single host, and on each the migration's downtime / the plain restart's; writes
-build/bench-fleet.json. About 15 minutes on 2 cores.
+build/bench-fleet.json. About 40 minutes on 2 cores.
 """
 
 from __future__ import annotations
