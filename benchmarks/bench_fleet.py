@@ -53,6 +53,7 @@ from tests.e2e.test_fleet import (  # noqa: E402
     Fleet,
     _commit_time,
     _ends,
+    migration_to,
     running_fleet,
 )
 from tests.spark.upgrading import PER_PAGE  # noqa: E402
@@ -172,7 +173,9 @@ def continuous(d: Fleet, name: str) -> Iterator[subprocess.Popen]:
 
 
 def _committed(d: Fleet) -> int:
-    return load_checkpoint(d.query().checkpoint).last_committed_batch or -1
+    """The query's last committed batch (-1: none yet; batch 0 is one)."""
+    last = load_checkpoint(d.query().checkpoint).last_committed_batch
+    return -1 if last is None else last
 
 
 def _read_all(d: Fleet) -> bool:
@@ -240,14 +243,7 @@ def stories(d: Fleet) -> None:
     with continuous(d, "migrated") as running:
         _read_to_end(d, running)
         d.produce(round_=6)  # read by the migration's drain, or by the run before its stop
-        conf = {
-            "query": QUERY,
-            "new_source_format": "kafka",
-            "new_source_topic": NEW_TOPIC,
-            "new_source_start": "earliest",
-            "dry_run": False,
-        }
-        run_url = d.trigger("stream_source_migration", conf)
+        run_url = d.trigger("stream_source_migration", migration_to(NEW_TOPIC))
         d.approve(run_url, "approve_stop")
         d.approve(run_url, "approve_switch")
         _succeeded(d, run_url, "migration, with its two approvals")

@@ -369,6 +369,18 @@ def _after_a_failure(request, _failed_before):
         pytest.skip("a fleet test before this one failed: the fleet is in an unknown state")
 
 
+def migration_to(topic: str) -> dict:
+    """stream_source_migration's conf (as the UI's form sends it): the query to ``topic``,
+    read from its earliest offset."""
+    return {
+        "query": QUERY,
+        "new_source_format": "kafka",
+        "new_source_topic": topic,
+        "new_source_start": "earliest",
+        "dry_run": False,
+    }
+
+
 def _seconds(start: str, end: str) -> float:
     return round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 1)
 
@@ -499,14 +511,7 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
         )
         fleet.produce(round_=3)  # read by the migration's drain, or by the run before its stop
         fleet.only("w1")
-        conf = {
-            "query": QUERY,
-            "new_source_format": "kafka",
-            "new_source_topic": NEW_TOPIC,
-            "new_source_start": "earliest",
-            "dry_run": False,
-        }
-        run_url = fleet.trigger("stream_source_migration", conf)
+        run_url = fleet.trigger("stream_source_migration", migration_to(NEW_TOPIC))
         asked = fleet.approve(run_url, "approve_stop")
         assert asked["subject"].startswith(f"Approve the migration of {QUERY}: stop it"), asked
         fleet.approve(run_url, "approve_switch")
@@ -723,14 +728,7 @@ def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_oth
     query = fleet.query()
     before = load_checkpoint(query.checkpoint).last_committed_batch
     fleet.only("w1")
-    conf = {
-        "query": QUERY,
-        "new_source_format": "kafka",
-        "new_source_topic": third,
-        "new_source_start": "earliest",
-        "dry_run": False,
-    }
-    run_url = fleet.trigger("stream_source_migration", conf)
+    run_url = fleet.trigger("stream_source_migration", migration_to(third))
     run_id = run_url.rsplit("/", 1)[1]
     fleet.approve(run_url, "approve_stop")
     killed = _lose_w1_in(fleet, run_url, "drain", query.checkpoint, past=before)  # roll_back: w2
