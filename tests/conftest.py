@@ -545,15 +545,25 @@ def kafka(tmp_path_factory):
 TIERS = ("e2e", "dag", "spark", "unit")
 
 
+# The modules that each start a whole deployment (make airflow's stack, make fleet: an
+# Airflow, a Spark cluster, a broker, an S3 endpoint) run on one worker, one after the other:
+# side by side on 2 cores, the migration of the one took more than its 10 minutes while the
+# other's ran (a CI run failed so), and their ports, processes and memory add up.
+DEPLOYMENTS = frozenset({"tests.e2e.test_airflow", "tests.e2e.test_fleet"})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """Under `--dist loadgroup` (make test), the tests of a module that share a module fixture
     of its own (a checkpoint Spark wrote once, an Airflow stack) stay on one worker, so it is
-    built once; every other test goes to whichever worker is free (a worker starts its own S3
-    server, this file's module fixture, in a second). Tiers run slowest first."""
+    built once (the modules of :data:`DEPLOYMENTS` all on one); every other test goes to
+    whichever worker is free (a worker starts its own S3 server, this file's module fixture,
+    in a second). Tiers run slowest first."""
     for item in items if config.pluginmanager.hasplugin("xdist") else ():
         fixtures = [d for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
-        if any(d.scope != "function" and d.baseid.startswith("tests/") for d in fixtures):
+        if item.module.__name__ in DEPLOYMENTS:
+            item.add_marker(pytest.mark.xdist_group("deployments"))
+        elif any(d.scope != "function" and d.baseid.startswith("tests/") for d in fixtures):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
     def tier(item) -> int:

@@ -375,14 +375,17 @@ def test_bad_form_values_are_refused_before_a_run_with_the_field_named(stack):
 def _awaiting(run_url: str, task: str, token: str, scheduler_log: Path, log) -> dict:
     """The approval request of ``task``, once the run waits for it (``scheduler_log``: the
     scheduler's output; ``log``: what to show if it does not come)."""
-    _until(
-        f"{task} did not wait for an answer",
-        lambda: (
-            _request(f"{run_url}/taskInstances/{task}", token=token)["state"] == "awaiting_input"
-        ),
-        600,
-        log,
-    )
+
+    def asking() -> bool:  # a run that ended first (a step failed) is said at once
+        if _request(f"{run_url}/taskInstances/{task}", token=token)["state"] == "awaiting_input":
+            return True
+        if (run := _request(run_url, token=token))["state"] in ("success", "failed"):
+            tis = _request(f"{run_url}/taskInstances", token=token)["task_instances"]
+            states = {t["task_id"]: t["state"] for t in tis}
+            raise AssertionError(f"the run ended {run['state']} before {task} asked: {states}")
+        return False
+
+    _until(f"{task} did not wait for an answer", asking, 600, log)
     # Airflow 3.3 fails a step answered before the scheduler has heard from the executor that
     # the parked process ended ("finished with state success, but the task instance's state
     # attribute is queued": Marking task as FAILED); on a loaded machine that took 5 s. A person
