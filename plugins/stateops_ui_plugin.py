@@ -32,19 +32,11 @@ app = FastAPI(title="Streaming state", dependencies=[Depends(requires_authentica
 
 
 def _statuses() -> list[dict[str, Any]]:
-    from stateops_airflow.tasks import airflow_s3_client
+    from stateops_airflow.tasks import backup_lister
 
     registry = load_registry()
-    try:
-        client = airflow_s3_client(registry.backups.conn_id)
-    except Exception as err:  # noqa: BLE001 - no backups listed, the rest is still shown
-        client, error = None, f"backups: connection {registry.backups.conn_id!r}: {err}"
-    else:
-        error = None
-    statuses = [query_status(registry, name, client) for name in registry.names]
-    for s in statuses:
-        s["errors"] += [error] if error else []
-    return statuses
+    client, unlisted = backup_lister(registry)
+    return [query_status(registry, name, client, unlisted) for name in registry.names]
 
 
 @app.get("/api/status")

@@ -52,6 +52,32 @@ __all__ = [
 # The operations that change where a query's state came from (shown as its lineage).
 LINEAGE_OPERATIONS = ("bootstrap", "migration", "upgrade", "rollback", "restore", "backfill")
 
+# The health rules: each finding of :func:`health` names one, with its level. Those of
+# WORK_IN_PROGRESS say what an operator is doing or what the next run does; the health DAG
+# (stream_health, stateops.alerts) pages for every other rule that fires.
+RULES = {
+    "registry": "FAIL",  # its registry entry is refused
+    "checkpoint": "FAIL",  # the checkpoint cannot be read
+    "rollback": "FAIL",  # an interrupted rollback
+    "code": "FAIL",  # the deployed code does not fit the state
+    "run_failed": "FAIL",
+    "validation_failed": "FAIL",
+    "retention_passed": "FAIL",  # Kafka records deleted unread
+    "offsets_ahead": "FAIL",  # committed offsets past the topic's end
+    "lag": "FAIL",  # health.lag_records
+    "refused": "FAIL",  # never committed, and a run refuses to start it
+    "unreadable": "WARN",  # a part of the status could not be read (a broker, the backups)
+    "lock_lost": "WARN",  # the lock's holder is gone or hung
+    "held": "WARN",  # an operation holds the query
+    "retention_close": "WARN",  # health.retention_margin
+    "planned": "WARN",  # a batch planned and not committed: the next run finishes it
+    "backfill": "WARN",  # an unfinished backfill
+    "no_commit_yet": "WARN",
+    "input_waiting": "WARN",  # health.input_waiting: input not read, nothing committed
+    "backup_age": "WARN",  # health.backup_within
+}
+WORK_IN_PROGRESS = frozenset({"held", "planned", "backfill", "no_commit_yet"})
+
 
 def _retention_close(share: float) -> str:
     return (
@@ -60,18 +86,22 @@ def _retention_close(share: float) -> str:
     )
 
 
-def query_status(registry: Registry, name: str, s3_client: Any = None) -> dict[str, Any]:
+def query_status(
+    registry: Registry, name: str, s3_client: Any = None, unlisted: str | None = None
+) -> dict[str, Any]:
     """What an operator asks of a query's state. ``s3_client`` lists the backups (None: not
-    listed). A part that cannot be read is reported in ``errors`` and left empty; the rest is
-    still shown. A query whose registry entry is refused is a FAIL that says why."""
+    listed; ``unlisted``: why they could not be, an error of the status). A part that cannot
+    be read is reported in ``errors`` and left empty; the rest is still shown. A query whose
+    registry entry is refused is a FAIL that says why."""
     if name in registry.invalid:
         return _status(name, {}, "its registry entry is refused", "unknown") | {
-            "health": {"verdict": "FAIL", "reasons": [registry.invalid[name]]}
+            "health": _verdict([("registry", registry.invalid[name])])
         }
     target = query_target(registry, name)
     query = target.require_query(name)
     status = _status(name, query.inputs_brief, query.inputs_text, query.checkpoint)
     status["backups_listed"] = s3_client is not None
+    status["errors"] += [unlisted] if unlisted else []
     cp = None
     if location(query.checkpoint).exists():
         try:
@@ -159,66 +189,107 @@ def health(
 ) -> dict[str, Any]:
     """The verdict an on-call engineer wants first: FAIL (the query cannot run as it is, its
     code among others, or its last run or validation failed, or retention deleted records a
-    Kafka source has not read), WARN (it needs a look: input waiting, no recent backup, an
-    operation holding it, no commit yet, retention close to a Kafka source's committed offsets,
-    a broker that does not answer, code whose restart drops state the registry keeps),
-    else OK; with one reason per finding. ``cp``: the checkpoint :func:`query_status` read
-    (None when it could not)."""
+    Kafka source has not read, or it is further behind than its lag limit), WARN (it needs a
+    look: input waiting, no recent backup, an operation holding it, no commit yet, retention
+    close to a Kafka source's committed offsets, a broker that does not answer), else OK;
+    with one reason per finding, and each finding's rule (:data:`RULES`). ``cp``: the
+    checkpoint :func:`query_status` read (None when it could not)."""
     now = now or datetime.now(UTC)
     limits = registry.health_limits(query)
-    fail: list[str] = [e for e in status["errors"] if e.startswith("checkpoint: ")]
-    warn: list[str] = [e for e in status["errors"] if not e.startswith("checkpoint: ")]
+    found: list[tuple[str, str]] = [
+        ("checkpoint" if e.startswith("checkpoint: ") else "unreadable", e)
+        for e in status["errors"]
+    ]
     root = query.checkpoint
     if read_rollback(root) is not None:
-        fail.append(
-            f"a rollback was interrupted, the query refuses to start: finish it "
-            f"(stateops rollback {query.name} --to-batch N, N as it says)"
+        found.append(
+            (
+                "rollback",
+                f"a rollback was interrupted, the query refuses to start: finish it "
+                f"(stateops rollback {query.name} --to-batch N, N as it says)",
+            )
         )
-    fail += code_fit(query, [Change(**c) for c in status["code"]])
+    found += [("code", r) for r in code_fit(query, [Change(**c) for c in status["code"]])]
     run = status["last_run"]
     if run and run["status"] == "failed":
-        fail.append(f"the last run failed: {run.get('error') or 'see its log'}")
+        found.append(("run_failed", f"the last run failed: {run.get('error') or 'see its log'}"))
     v = status["last_validation"]
     if v and not v["ok"]:
-        fail.append(f"the last validation (batch {v['batch_id']}) failed: {v['file']}")
-    lock = query_target(registry, query.name).lock_file
+        found.append(
+            (
+                "validation_failed",
+                f"the last validation (batch {v['batch_id']}) failed: {v['file']}",
+            )
+        )
+    state = _lock_findings(registry, query.name, found)
+    for part in status.get("kafka", []):
+        found += _kafka_findings(query.name, part, limits)
+    if cp is not None and cp.uncommitted_batches and state != "held":
+        found.append(("planned", _planned(query, cp, run)))
+    if status["unfinished_backfill"]:
+        found.append(("backfill", status["unfinished_backfill"]))
+    if status.get("refused"):
+        found.append(
+            (
+                "refused",
+                f"no committed batch yet, and a run refuses to start it: {status['refused']}",
+            )
+        )
+    elif status["last_committed_batch"] is None:
+        found.append(("no_commit_yet", "no committed batch yet (stream_start runs it)"))
+    elif cp is not None:
+        committed = datetime.fromisoformat(status["committed_at"])
+        found += [("input_waiting", r) for r in _waiting_input(query, cp, now, limits)]
+        found += [
+            ("input_waiting", r)
+            for r in _records_waiting(query.name, status["kafka"], committed, now, limits)
+        ]
+    if listed and status["last_committed_batch"] is not None:
+        backups = _backup_age(registry, status["backups"], now, limits.backup_within)
+        found += [("backup_age", r) for r in backups]
+    return _verdict(found)
+
+
+def _lock_findings(registry: Registry, name: str, found: list[tuple[str, str]]) -> str | None:
+    """The query's lock and hold into ``found``: an operation holding it, or a holder gone or
+    hung. Returns the lock's state (None: free)."""
+    lock = query_target(registry, name).lock_file
     held = read_lock(lock)
     state = None if held is None else lock_state(held)
     if held is not None:
         who = f"{held.operation} (run id {held.run_id})"
+        release = f"stateops lock release {name}"
         if state == "holder gone":
-            warn.append(
-                f"{who} was killed or crashed holding the lock (process {held.owner} "
-                f"is gone): stateops lock release {query.name}"
-            )
+            why = f"was killed or crashed holding the lock (process {held.owner} is gone)"
+            found.append(("lock_lost", f"{who} {why}: {release}"))
         elif state == "expired":
-            warn.append(
-                f"{who} left the lock expired: its holder is gone or hung "
-                f"(stateops lock release {query.name})"
+            found.append(
+                (
+                    "lock_lost",
+                    f"{who} left the lock expired: its holder is gone or hung ({release})",
+                )
             )
         elif held.operation != "run":
-            warn.append(f"{who} holds the query")
+            found.append(("held", f"{who} holds the query"))
     hold = read_hold(lock)
     if hold is not None:
-        warn.append(
-            f"{hold.operation} (run id {hold.run_id}) holds the query (other operations wait)"
-        )
-    for part in status.get("kafka", []):
-        _kafka_findings(query.name, part, limits, fail, warn)
-    if cp is not None and cp.uncommitted_batches and state != "held":
-        warn.append(_planned(query, cp, run))
-    if status["unfinished_backfill"]:
-        warn.append(status["unfinished_backfill"])
-    if status.get("refused"):
-        fail.append(f"no committed batch yet, and a run refuses to start it: {status['refused']}")
-    elif status["last_committed_batch"] is None:
-        warn.append("no committed batch yet (stream_start runs it)")
-    elif cp is not None:
-        warn += _waiting_input(query, cp, now, limits.input_waiting)
-    if listed and status["last_committed_batch"] is not None:
-        warn += _backup_age(registry, status["backups"], now, limits.backup_within)
-    verdict = "FAIL" if fail else "WARN" if warn else "OK"
-    return {"verdict": verdict, "reasons": fail + warn}
+        who = f"{hold.operation} (run id {hold.run_id})"
+        found.append(("held", f"{who} holds the query (other operations wait)"))
+    return state
+
+
+def _verdict(found: list[tuple[str, str]]) -> dict[str, Any]:
+    """The verdict of ``found`` (rule, reason): the worst level among them, the FAIL reasons
+    first."""
+    findings = [{"rule": r, "level": RULES[r], "reason": why} for r, why in found]
+    findings.sort(key=lambda f: f["level"] != "FAIL")  # stable: each level in its order
+    levels = {f["level"] for f in findings}
+    verdict = "FAIL" if "FAIL" in levels else "WARN" if levels else "OK"
+    return {
+        "verdict": verdict,
+        "reasons": [f["reason"] for f in findings],
+        "findings": findings,
+    }
 
 
 def _last_run(registry: Registry, name: str) -> dict[str, Any] | None:
@@ -418,35 +489,48 @@ def unfinished_backfill(
     )
 
 
-def _kafka_findings(
-    name: str, part: dict[str, Any], limits: HealthLimits, fail: list[str], warn: list[str]
-) -> None:
-    """A Kafka source's findings (:func:`_kafka_part`'s ``part``) into ``fail`` and ``warn``:
+def _kafka_findings(name: str, part: dict[str, Any], limits: HealthLimits) -> list[tuple[str, str]]:
+    """A Kafka source's findings (:func:`_kafka_part`'s ``part``), each with its rule:
     retention passed, or is about to pass, its committed offsets; the offsets are past the
     topic's end; it is further behind than its limit."""
+    found = []
     if part["lost"]:
-        fail.append(_lost(part))
+        found.append(("retention_passed", _lost(part)))
     if part["ahead"]:
-        fail.append(
-            f"kafka {part['source']}: the offsets committed by batch "
-            f"{part['committed_batch']} are past the broker's end "
-            f"({', '.join(part['ahead'])}): the topic was recreated or truncated; a restart "
-            "fails, or skips records; restore a backup or migrate to the topic as it is"
+        found.append(
+            (
+                "offsets_ahead",
+                f"kafka {part['source']}: the offsets committed by batch "
+                f"{part['committed_batch']} are past the broker's end "
+                f"({', '.join(part['ahead'])}): the topic was recreated or truncated; a restart "
+                "fails, or skips records; restore a backup or migrate to the topic as it is",
+            )
         )
     if part["close"]:
         close = _retention_close(limits.retention_margin)
-        warn.append(f"kafka {part['source']}: {close}: " + "; ".join(part["close"]))
-    if limits.lag_records and (part["lag_total"] or 0) > limits.lag_records:
-        fail.append(
-            f"kafka {part['source']}: {part['lag_total']} records behind the end of "
-            f"{', '.join(part['topics'])}, more than health.lag_records "
-            f"({limits.lag_records}): the query does not keep up or is not run; stateops "
-            f"status {name} shows each partition, stateops run {name} reads them"
+        found.append(
+            (
+                "retention_close",
+                f"kafka {part['source']}: {close}: " + "; ".join(part["close"]),
+            )
         )
+    if limits.lag_records and (part["lag_total"] or 0) > limits.lag_records:
+        found.append(
+            (
+                "lag",
+                f"kafka {part['source']}: {part['lag_total']} records behind the end of "
+                f"{', '.join(part['topics'])}, more than health.lag_records "
+                f"({limits.lag_records}): the query does not keep up or is not run; stateops "
+                f"status {name} shows each partition, stateops run {name} reads them",
+            )
+        )
+    return found
 
 
-def _waiting_input(query: Any, cp: Checkpoint, now: datetime, allowed: timedelta) -> list[str]:
-    """Input files landed more than ``allowed`` ago and not read yet, per file source."""
+def _waiting_input(query: Any, cp: Checkpoint, now: datetime, limits: HealthLimits) -> list[str]:
+    """Input files landed more than ``limits.input_waiting`` ago and not read yet, per file
+    source."""
+    allowed = limits.input_waiting
     reasons = []
     for i, (name, source) in enumerate(query.inputs.items()):
         folder = Path(source.path)
@@ -464,9 +548,27 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime, allowed: timedelta
             files = f"{len(waiting)} input file" + "s" * (len(waiting) != 1)
             reasons.append(
                 f"{files} of {name} landed and not read, the oldest {age} ago "
-                f"(allowed: {_age(allowed)})"
+                f"(allowed: {_age(allowed)}, health.input_waiting); stateops run "
+                f"{query.name} reads them"
             )
     return reasons
+
+
+def _records_waiting(
+    name: str, parts: list[dict[str, Any]], committed: datetime, now: datetime, limits: HealthLimits
+) -> list[str]:
+    """Per Kafka source with records to read: none committed for longer than
+    ``limits.input_waiting`` (the query is stalled, or not run)."""
+    if now - committed <= limits.input_waiting:
+        return []
+    return [
+        f"kafka {part['source']}: {part['lag_total']} records waiting and no batch committed "
+        f"for {_age(now - committed)} (allowed: {_age(limits.input_waiting)}, "
+        f"health.input_waiting): the query is stalled or not run; stateops run {name} reads "
+        "them"
+        for part in parts
+        if part["lag_total"]
+    ]
 
 
 def _backup_age(

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseNotifier
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, one_line
@@ -37,11 +38,14 @@ __all__ = [
     "CARRY_FIELDS",
     "carry_over_param",
     "carry_over_tasks",
+    "backup_lister",
     "carry_step_operator",
+    "check_health",
     "cleanup_query",
     "committed_checkpoint",
     "dry_run_param",
     "each_query_then_outcome",
+    "HealthAlerts",
     "inject_fault",
     "LIFECYCLE_DAG",
     "migration_migrated",
@@ -354,6 +358,15 @@ def _backups_client(registry: Registry) -> Any:
     return airflow_s3_client(registry.backups.conn_id)
 
 
+def backup_lister(registry: Registry) -> tuple[Any, str | None]:
+    """A client that lists the registry's backups (a status's), or None and why not: the
+    rest of a status is still read."""
+    try:
+        return _backups_client(registry), None
+    except Exception as err:  # noqa: BLE001 - a missing or bad connection, said in the status
+        return None, f"backups: connection {registry.backups.conn_id!r}: {one_line(err)}"
+
+
 def _backup_first(target: Any, operation: str) -> Any:
     """The backup before ``operation`` (:func:`stateops.ops.backup.backup_first`) through the
     registry's Airflow connection, opened when the backup is taken."""
@@ -431,6 +444,58 @@ def scheduled_outcome(operation: str, done: dict[str, str | None]) -> list[str]:
             f"stream_start first (the next scheduled run will {operation} them)"
         )
     return lines
+
+
+@one_line_errors
+def check_health(query: str) -> dict[str, Any]:
+    """The health rules of one query (stream_health), from its status (no Spark): the rules
+    that fire, and what changed since they were last alerted, go to the task's XCom
+    ``alerts`` for its callbacks (:class:`HealthAlerts`); the task fails naming every rule
+    that fires."""
+    from airflow.sdk import get_current_context
+
+    from stateops.alerts import changes, firing, read_alerted
+    from stateops.status import query_status
+
+    registry = load_registry()  # switched: the query where it runs now
+    client, unlisted = backup_lister(registry)
+    health = query_status(registry, query, client, unlisted)["health"]
+    now = firing(health)
+    alerts = [a.as_dict() for a in changes(query, read_alerted(registry, query), now)]
+    get_current_context()["ti"].xcom_push(
+        key="alerts", value={"query": query, "firing": now, "changes": alerts}
+    )
+    for rule, seen in now.items():
+        say(f"{query}: [{seen['level']}] {rule}: {seen['message']}")
+    say(f"{query}: {len(alerts)} change(s) to alert" if alerts else f"{query}: no change")
+    if now:
+        raise AirflowFailException(
+            f"{query}: " + "; ".join(f"{rule}: {seen['message']}" for rule, seen in now.items())
+        )
+    return {"query": query, "verdict": health["verdict"], "reasons": health["reasons"]}
+
+
+class HealthAlerts(BaseNotifier):
+    """stream_health's task callbacks (on success and on failure): the changes its check
+    found (:func:`check_health`), each through the registry's notifier (``alerts.notifier``)
+    and in the task's log; then recorded as alerted (:func:`stateops.alerts.write_alerted`).
+    A notifier that fails leaves them unrecorded: the next check sends them again."""
+
+    def notify(self, context: Any) -> None:
+        from stateops.alerts import Alert, notifier_for, write_alerted
+
+        ti = context["ti"]
+        found = ti.xcom_pull(task_ids=ti.task_id, key="alerts")
+        if not found:  # the check itself failed before it knew (its log says why)
+            return
+        registry = load_registry()
+        for change in found["changes"]:
+            alert = Alert(**{k: v for k, v in change.items() if k != "text"})
+            say(f"alert: {alert.text}")
+            notifier = notifier_for(registry)
+            if notifier is not None:
+                notifier({**context, "alert": change})
+        write_alerted(registry, found["query"], found["firing"])
 
 
 @one_line_errors

@@ -31,8 +31,9 @@ def test_every_dag_imports_with_tags_and_retries(dagbag):
         rolls_back = "roll_back" in dag.task_dict
         for t in dag.tasks:
             # A DAG that rolls back on failure does so at once: the operator triggers again.
-            if rolls_back:
-                assert t.retries == 0, f"{dag_id}.{t.task_id} retries before rolling back"
+            # The health checks' retry is their next scheduled run, minutes away.
+            if rolls_back or dag_id == "stream_health":
+                assert t.retries == 0, f"{dag_id}.{t.task_id} retries"
             else:
                 assert t.retries >= 1, f"{dag_id}.{t.task_id} has no retries"
 
@@ -154,6 +155,36 @@ def test_stream_snapshot_cleanup_cleans_each_query_on_the_registry_schedule(dagb
     assert outcome.trigger_rule == "none_failed"
     assert dag.max_active_runs == 1 and not dag.catchup
     assert dag.schedule == "@daily"  # from the registry
+
+
+def test_stream_health_checks_each_query_on_the_registry_schedule_and_alerts_its_changes(
+    dagbag, tmp_path, monkeypatch
+):
+    """A task per query, its callbacks (success and failure) the alerts; every 5 minutes by
+    default, or the registry's alerts.schedule. A notifier that cannot be built is the DAG's
+    import error, naming alerts.notifier."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from stateops_airflow.tasks import HealthAlerts
+
+    dag = dagbag.dags["stream_health"]
+    assert {t.task_id for t in dag.tasks} == {f"health_{q}" for q in QUERIES}
+    assert dag.max_active_runs == 1 and not dag.catchup
+    assert dag.schedule == timedelta(minutes=5)
+    for t in dag.tasks:
+        [ok], [failed] = t.on_success_callback, t.on_failure_callback
+        assert isinstance(ok, HealthAlerts) and isinstance(failed, HealthAlerts)
+    registry = write_registry(tmp_path)
+    raw = yaml.safe_load(registry.read_text())
+    alerts = {"schedule": "*/2 * * * *", "notifier": "airflow.providers.nope.Notifier"}
+    registry.write_text(yaml.safe_dump({**raw, "alerts": alerts}))
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
+    bag = DagBag(dag_folder=str(ROOT / "dags" / "stream_health.py"))
+    [error] = bag.import_errors.values()
+    assert "alerts.notifier: airflow.providers.nope.Notifier cannot be imported" in error
+    registry.write_text(yaml.safe_dump({**raw, "alerts": {"schedule": "*/2 * * * *"}}))
+    bag = DagBag(dag_folder=str(ROOT / "dags" / "stream_health.py"))
+    assert bag.import_errors == {} and bag.dags["stream_health"].schedule == "*/2 * * * *"
 
 
 def test_stream_restore_form_and_order(dagbag):

@@ -363,7 +363,7 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
         (taken["backup_id"], taken["batch_id"])
     ]
     assert status["errors"] == [] and status["last_run"]["status"] == "succeeded"
-    assert status["health"] == {"verdict": "OK", "reasons": []}
+    assert status["health"] == {"verdict": "OK", "reasons": [], "findings": []}
 
     text = run_cli(*cli, env=s3.env(), check=True).stdout
     assert f"last committed  batch {cp.last_committed_batch} at " in text, text
@@ -402,7 +402,7 @@ def test_status_shows_checkpoint_state_and_backups_and_says_what_it_cannot_read(
     assert warned.returncode == 0 and warned.stdout.startswith("page_visits: WARN "), warned
     assert (
         "  WARN            1 input file of source landed and not read, the oldest 2 h "
-        "ago (allowed: 60 min)"
+        "ago (allowed: 60 min, health.input_waiting); stateops run page_visits reads them"
     ) in warned.stdout
     # An interrupted rollback: the query refuses to start: FAIL, exit 1.
     marker = rollback_marker(ckpt)

@@ -28,9 +28,11 @@ pytestmark = pytest.mark.unit
 
 def test_a_query_that_never_ran_is_warn_and_an_interrupted_rollback_is_fail(tmp_path):
     registry = load_registry(write_registry(tmp_path))
+    never = "no committed batch yet (stream_start runs it)"
     assert query_status(registry, "page_visits")["health"] == {
         "verdict": "WARN",
-        "reasons": ["no committed batch yet (stream_start runs it)"],
+        "reasons": [never],
+        "findings": [{"rule": "no_commit_yet", "level": "WARN", "reason": never}],
     }
     with QueryLock(registry.lock_path("page_visits"), "page_visits", "cleanup", "run-7"):
         held = query_status(registry, "page_visits")["health"]
@@ -120,7 +122,7 @@ def test_a_kafka_source_behind_more_than_its_lag_limit_fails_naming_it(tmp_path)
     assert health(registry, query, status, None, listed=False)["verdict"] == "WARN"  # no commit
     status["kafka"] = [part | {"close": [], "lag_total": 101}]
     verdict = health(registry, query, status, None, listed=False)
-    assert verdict["verdict"] == "FAIL"
+    assert verdict["verdict"] == "FAIL" and verdict["findings"][0]["rule"] == "lag"
     assert verdict["reasons"][0] == (
         "kafka source: 101 records behind the end of visits, more than health.lag_records "
         "(100): the query does not keep up or is not run; stateops status page_visits shows "
@@ -154,12 +156,17 @@ def test_a_lock_whose_holder_was_killed_is_a_warning_at_the_next_check(tmp_path,
     holder.kill()  # SIGKILL: nothing of its own runs
     holder.join(30)
     owner = f"{getpass.getuser()}@{socket.gethostname()}:{holder.pid}"
+    lost = (
+        f"{operation} (run id {operation}-1) was killed or crashed holding the lock (process "
+        f"{owner} is gone): stateops lock release page_visits"
+    )
+    never = "no committed batch yet (stream_start runs it)"
     assert query_status(registry, "page_visits")["health"] == {
         "verdict": "WARN",
-        "reasons": [
-            f"{operation} (run id {operation}-1) was killed or crashed holding the lock (process "
-            f"{owner} is gone): stateops lock release page_visits",
-            "no committed batch yet (stream_start runs it)",
+        "reasons": [lost, never],
+        "findings": [
+            {"rule": "lock_lost", "level": "WARN", "reason": lost},
+            {"rule": "no_commit_yet", "level": "WARN", "reason": never},
         ],
     }
     if operation == "backfill":

@@ -610,19 +610,38 @@ def _schedule(value: str) -> str:
     return value
 
 
+_Schedule = Annotated[str, AfterValidator(_schedule)]
+
+
+def timetable(schedule: str) -> str | timedelta:
+    """A registry schedule as Airflow's ``@dag(schedule=...)`` takes it."""
+    return _timedelta(schedule) if re.fullmatch(_DURATION, schedule) else schedule
+
+
 class Start(_Model):
     """The scheduled runs of every query (DAG stream_start)."""
 
-    schedule: Annotated[str, AfterValidator(_schedule)] = "30 minutes"
+    schedule: _Schedule = "30 minutes"
     """Every N seconds, minutes, hours or days after the last run (the first at once when
     the DAG is unpaused), or a cron expression or preset (``@hourly``) for Airflow."""
 
     @property
     def timetable(self) -> str | timedelta:
         """The schedule as Airflow's ``@dag(schedule=...)`` takes it."""
-        if re.fullmatch(_DURATION, self.schedule):
-            return _timedelta(self.schedule)
-        return self.schedule
+        return timetable(self.schedule)
+
+
+class Alerts(_Model):
+    """The health DAG (stream_health, docs/alerts.md): how often it checks every query, and
+    the Airflow notifier a rule's change goes through (None: the task's log only)."""
+
+    schedule: _Schedule = "5 minutes"
+    notifier: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*\.[A-Za-z_]\w*$")
+    """An Airflow notifier class by its import path, e.g.
+    ``airflow.providers.http.notifications.HttpNotifier``."""
+    notifier_args: dict[str, Any] = {}
+    """Its keyword arguments; templated fields see the change as ``alert`` (``alert.text``,
+    ``alert.query``, ``alert.rule``, ``alert.state``, ``alert.level``, ``alert.message``)."""
 
 
 class Cleanup(_Model):
@@ -646,6 +665,7 @@ class Registry(_Model):
     backups: Backups = Backups()
     cleanup: Cleanup = Cleanup()
     health: Health = Health()
+    alerts: Alerts = Alerts()
     control: str | None = None
     """Where the queries' leases live when the hosts that operate them share no disk (an S3
     prefix, through the checkpoint connection); None: under ``data_dir`` (one host)."""
@@ -723,6 +743,14 @@ class Registry(_Model):
         if self.control:
             return self.control_place(name, "stop.json")
         return self.state_dir / "control" / name / "stop"
+
+    def alerts_path(self, name: str) -> Path | S3Path:
+        """The health rules query ``name`` fails, as last alerted (:mod:`stateops.alerts`):
+        in the control store where the registry names one (the health DAG's task for the
+        query may run on any host)."""
+        if self.control:
+            return self.control_place(name, "alerts.json")
+        return self.state_dir / "alerts" / f"{name}.json"
 
     def run_summary_path(self, name: str, run_id: str | None = None) -> Path | S3Path:
         """The summary of query ``name``'s run ``run_id`` (None: of its latest run), which the
@@ -1093,7 +1121,7 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
     if not isinstance(raw, dict) or not isinstance(raw.get("queries"), dict):
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
     known = {
-        *("data_dir", "code_paths", "queries", "start", "backups", "cleanup", "health"),
+        *("data_dir", "code_paths", "queries", "start", "backups", "cleanup", "health", "alerts"),
         "control",
         *("derived_from", "lease_seconds"),
     }
@@ -1129,7 +1157,13 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         except RegistryError as err:
             invalid[str(name)] = str(err)
     sections = {}
-    models = {"start": Start, "backups": Backups, "cleanup": Cleanup, "health": Health}
+    models = {
+        "start": Start,
+        "backups": Backups,
+        "cleanup": Cleanup,
+        "health": Health,
+        "alerts": Alerts,
+    }
     for section, model in models.items():
         try:
             sections[section] = model.model_validate(raw.get(section) or {})
