@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from airflow.sdk import BaseNotifier
 
 from stateops.alerts import Alert, changes, firing, notifier_for, read_alerted, write_alerted
 from stateops.core.errors import RegistryError, StateOpsError
@@ -119,3 +120,55 @@ def test_a_notifier_that_cannot_be_built_says_why_in_one_line(tmp_path, alerts, 
     with pytest.raises(StateOpsError, match=said) as err:
         notifier_for(_alerts(tmp_path, **alerts))
     assert "\n" not in str(err.value)
+
+
+class Recorder(BaseNotifier):
+    """A notifier (by its import path in the registry) that keeps what it was sent, or fails
+    while ``down``."""
+
+    template_fields = ("body",)
+    sent: list[str] = []
+    down = False
+
+    def __init__(self, body: str) -> None:
+        super().__init__()
+        self.body = body
+
+    def notify(self, context) -> None:
+        if Recorder.down:
+            raise ConnectionError("the receiver is down")
+        Recorder.sent.append(self.body)
+
+
+def test_alerts_a_notifier_failed_to_send_are_sent_again_at_the_next_check(tmp_path):
+    """The callback records what it alerted only once the notifier took it: a receiver that
+    was down gets the same change at the next check."""
+    from stateops_airflow.tasks import HealthAlerts
+
+    registry = _alerts(
+        tmp_path,
+        notifier="tests.unit.test_alerts.Recorder",
+        notifier_args={"body": "{{ alert.text }}"},
+    )
+    lag = {"lag": {"level": "FAIL", "message": "500 records behind"}}
+    found = {"query": "page_visits", "firing": lag}
+    found["changes"] = [a.as_dict() for a in changes("page_visits", {}, lag)]
+
+    class TaskInstance:  # what the callback reads of Airflow's: the check's XCom
+        task_id = "health_page_visits"
+
+        def xcom_pull(self, task_ids: str, key: str) -> dict:
+            assert (task_ids, key) == (self.task_id, "alerts")
+            return found
+
+    context = {"ti": TaskInstance()}
+    Recorder.sent, Recorder.down = [], True
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STATEOPS_REGISTRY", str(registry.path))
+        with pytest.raises(ConnectionError):
+            HealthAlerts()(context)
+        assert read_alerted(registry, "page_visits") == {} and Recorder.sent == []
+        Recorder.down = False
+        HealthAlerts()(context)
+    assert Recorder.sent == ["[FAIL] page_visits: 500 records behind (stateops status page_visits)"]
+    assert read_alerted(registry, "page_visits") == lag
