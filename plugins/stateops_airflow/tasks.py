@@ -482,16 +482,15 @@ class HealthAlerts(BaseNotifier):
     A notifier that fails leaves them unrecorded: the next check sends them again."""
 
     def notify(self, context: Any) -> None:
-        from stateops.alerts import Alert, notifier_for, write_alerted
+        from stateops.alerts import notifier_for, write_alerted
 
         ti = context["ti"]
         found = ti.xcom_pull(task_ids=ti.task_id, key="alerts")
-        if not found:  # the check itself failed before it knew (its log says why)
+        if not found or not found["changes"]:  # none, or the check failed before it knew
             return
         registry = load_registry()
         for change in found["changes"]:
-            alert = Alert(**{k: v for k, v in change.items() if k != "text"})
-            say(f"alert: {alert.text}")
+            say(f"alert: {change['text']}")
             notifier = notifier_for(registry)
             if notifier is not None:
                 notifier({**context, "alert": change})
