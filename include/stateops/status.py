@@ -29,6 +29,7 @@ from stateops.core.report import checkpoint_report, format_bytes
 from stateops.core.sources import kafka_lag, retention
 from stateops.core.storage import location
 from stateops.ops.backup import list_backups
+from stateops.ops.start import failed_in_a_row
 from stateops.ops.upgrade import (
     Change,
     blocking,
@@ -60,7 +61,7 @@ RULES = {
     "checkpoint": "FAIL",  # the checkpoint cannot be read
     "rollback": "FAIL",  # an interrupted rollback
     "code": "FAIL",  # the deployed code does not fit the state
-    "run_failed": "FAIL",
+    "run_failed": "FAIL",  # health.failed_runs in a row
     "validation_failed": "FAIL",
     "retention_passed": "FAIL",  # Kafka records deleted unread
     "offsets_ahead": "FAIL",  # committed offsets past the topic's end
@@ -71,12 +72,13 @@ RULES = {
     "held": "WARN",  # an operation holds the query
     "retention_close": "WARN",  # health.retention_margin
     "planned": "WARN",  # a batch planned and not committed: the next run finishes it
+    "run_retried": "WARN",  # runs failed, fewer than health.failed_runs in a row
     "backfill": "WARN",  # an unfinished backfill
     "no_commit_yet": "WARN",
     "input_waiting": "WARN",  # health.input_waiting: input not read, nothing committed
     "backup_age": "WARN",  # health.backup_within
 }
-WORK_IN_PROGRESS = frozenset({"held", "planned", "backfill", "no_commit_yet"})
+WORK_IN_PROGRESS = frozenset({"held", "planned", "backfill", "no_commit_yet", "run_retried"})
 
 
 def _retention_close(share: float) -> str:
@@ -118,7 +120,7 @@ def query_status(
     except StateOpsError as err:  # an unreadable sources/<i>/0: the rest is still shown
         status["kafka"] = []
         status["errors"].append(f"kafka: {err}")
-    status["last_run"] = _last_run(registry, name)
+    status["last_run"] = _last_run(registry, name, limits.failed_runs)
     records = _history(query.checkpoint)
     cleanups = [r for r in records if r["operation"] == "cleanup"]
     status["last_cleanup"] = cleanups[-1] if cleanups else None
@@ -210,9 +212,7 @@ def health(
             )
         )
     found += [("code", r) for r in code_fit(query, [Change(**c) for c in status["code"]])]
-    run = status["last_run"]
-    if run and run["status"] == "failed":
-        found.append(("run_failed", f"the last run failed: {run.get('error') or 'see its log'}"))
+    found += _run_findings(status["last_run"], limits.failed_runs)
     v = status["last_validation"]
     if v and not v["ok"]:
         found.append(
@@ -225,7 +225,7 @@ def health(
     for part in status.get("kafka", []):
         found += _kafka_findings(query.name, part, limits)
     if cp is not None and cp.uncommitted_batches and state != "held":
-        found.append(("planned", _planned(query, cp, run)))
+        found.append(("planned", _planned(query, cp, status["last_run"])))
     if status["unfinished_backfill"]:
         found.append(("backfill", status["unfinished_backfill"]))
     if status.get("refused"):
@@ -248,6 +248,24 @@ def health(
         backups = _backup_age(registry, status["backups"], now, limits.backup_within)
         found += [("backup_age", r) for r in backups]
     return _verdict(found)
+
+
+def _run_findings(run: dict[str, Any] | None, limit: int) -> list[tuple[str, str]]:
+    """The last run failed: ``limit`` (health.failed_runs) runs in a row or more, a FAIL;
+    fewer, a WARN that pages no one."""
+    if not run or run["status"] != "failed":
+        return []
+    said, n = run.get("error") or "see its log", run["failed_in_a_row"]
+    if limit == 1:
+        return [("run_failed", f"the last run failed: {said}")]
+    if n >= limit:
+        return [("run_failed", f"the last {n} runs failed (health.failed_runs: {limit}): {said}")]
+    return [
+        (
+            "run_retried",
+            f"the last run failed, {n} in a row (health.failed_runs: {limit} page): {said}",
+        )
+    ]
 
 
 def _lock_findings(registry: Registry, name: str, found: list[tuple[str, str]]) -> str | None:
@@ -292,8 +310,9 @@ def _verdict(found: list[tuple[str, str]]) -> dict[str, Any]:
     }
 
 
-def _last_run(registry: Registry, name: str) -> dict[str, Any] | None:
-    """What the summary of the query's last run says (None: it never ran)."""
+def _last_run(registry: Registry, name: str, limit: int) -> dict[str, Any] | None:
+    """What the summary of the query's last run says (None: it never ran), and how many runs
+    in a row failed, counted up to ``limit``."""
     summary = registry.run_summary_path(name)
     if not summary.exists():
         return None
@@ -307,7 +326,9 @@ def _last_run(registry: Registry, name: str) -> dict[str, Any] | None:
         "checkpoint",
         "error",
     )
-    return {k: run.get(k) for k in keys}
+    # the latest summary is written last: it failed, whatever the index still lists
+    failed = max(failed_in_a_row(registry, name, limit), 1) if run.get("status") == "failed" else 0
+    return {k: run.get(k) for k in keys} | {"failed_in_a_row": failed}
 
 
 def _code_part(status: dict[str, Any], query: Any, cp: Checkpoint) -> list[dict[str, Any]]:

@@ -280,3 +280,45 @@ def test_a_state_schema_the_code_check_cannot_read_is_said_not_a_crash(tmp_path)
     (reason,) = status["health"]["reasons"]
     assert reason.startswith(f"code check: {root}/{schema}: unreadable state schema file"), reason
     assert reason.endswith("whether its code fits its checkpoint's state is not known")
+
+
+def test_failed_runs_page_once_health_failed_runs_of_them_failed_in_a_row(tmp_path):
+    """By default the last run failed is a FAIL; with health.failed_runs: 3, one or two
+    failures in a row are a WARN that pages no one (rule run_retried, work in progress), the
+    third a FAIL, and a success in between starts the count again."""
+    from stateops.ops.start import write_summary
+
+    path = write_registry(tmp_path, page_visits={"health": {"failed_runs": 3}})
+    registry = load_registry(path)
+
+    def ran(run_id: str, status: str) -> None:
+        error = "boom" if status == "failed" else None
+        write_summary(registry, {"query": "page_visits", "run_id": run_id, "status": status,
+                                 "error": error})  # fmt: skip
+
+    def findings(name: str = "page_visits") -> list[tuple[str, str, str]]:
+        found = query_status(registry, name)["health"]["findings"]
+        return [(f["rule"], f["level"], f["reason"]) for f in found if "run" in f["rule"]]
+
+    ran("r1", "failed")
+    assert findings() == [
+        (
+            "run_retried",
+            "WARN",
+            "the last run failed, 1 in a row (health.failed_runs: 3 page): boom",
+        )
+    ]
+    ran("r2", "failed")
+    assert findings()[0][0] == "run_retried" and "2 in a row" in findings()[0][2]
+    ran("r3", "failed")
+    assert findings() == [
+        ("run_failed", "FAIL", "the last 3 runs failed (health.failed_runs: 3): boom")
+    ]
+    ran("r4", "succeeded")
+    assert findings() == []
+    ran("r5", "failed")
+    assert findings()[0][:2] == ("run_retried", "WARN")
+    # user_sessions keeps the default: its one failed run is a FAIL
+    write_summary(registry, {"query": "user_sessions", "run_id": "s1", "status": "failed",
+                             "error": "bad"})  # fmt: skip
+    assert findings("user_sessions") == [("run_failed", "FAIL", "the last run failed: bad")]

@@ -145,6 +145,14 @@ def test_the_checkpoint_format_is_set_for_every_query_and_v2_is_for_rocksdb(tmp_
             "queries.page_visits.health.retention_margin: Input should be less than 1",
         ),
         (
+            lambda r: r.update(health={"failed_runs": 0}),
+            "health.failed_runs: Input should be greater than or equal to 1",
+        ),
+        (
+            lambda r: r.update(alerts={"schedule": "often"}),
+            "alerts.schedule: expected a duration (30 minutes, 2 hours) or a cron expression",
+        ),
+        (
             lambda r: r["queries"]["page_visits"].update(name="other"),
             "queries.page_visits.name: a query's name is its key",
         ),

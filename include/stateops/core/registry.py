@@ -198,6 +198,9 @@ class Health(_Model):
     backup_within: _Duration | None = None
     """No backup newer than this: WARN (default: twice ``backups.schedule`` when it is
     @hourly, @daily or @weekly, else no limit)."""
+    failed_runs: int | None = Field(None, ge=1)
+    """This many of the query's runs failed in a row: FAIL (default 1: its last run). Fewer
+    are a WARN that pages no one (the next scheduled run may well succeed)."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,7 @@ class HealthLimits:
     lag_records: int | None
     retention_margin: float
     backup_within: timedelta | None
+    failed_runs: int = 1
 
 
 class Watermark(_Model):
@@ -700,6 +704,7 @@ class Registry(_Model):
             lag_records=pick("lag_records") or None,
             retention_margin=pick("retention_margin") or RETENTION_MARGIN,
             backup_within=_timedelta(within) if within else 2 * period if period else None,
+            failed_runs=pick("failed_runs") or 1,
         )
 
     @property

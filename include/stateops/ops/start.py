@@ -859,6 +859,26 @@ def write_summary(
     return target
 
 
+def failed_in_a_row(registry: Registry, query: str, limit: int) -> int:
+    """How many of the query's last runs failed, newest first, counted up to ``limit`` (and
+    :data:`KEPT_SUMMARIES`): the index :func:`write_summary` keeps, the summaries it names."""
+    index = registry.run_summary_path(query, "_").with_name("index.json")
+    try:
+        runs = json.loads(index.read_text(encoding="utf-8"))["runs"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return 0
+    failed = 0
+    for run_id in runs[:limit]:
+        try:
+            summary = json.loads(registry.run_summary_path(query, run_id).read_text())
+        except (FileNotFoundError, ValueError):
+            break
+        if summary.get("status") != "failed":
+            break
+        failed += 1
+    return failed
+
+
 def read_summary(registry: Registry, query: str, run_id: str) -> dict[str, Any]:
     """The summary the Spark job of run ``run_id`` wrote (:func:`write_summary`)."""
     path = registry.run_summary_path(query, run_id)
