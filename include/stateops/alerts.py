@@ -21,7 +21,6 @@ from typing import Any
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Registry
 from stateops.core.storage import write_file
-from stateops.status import WORK_IN_PROGRESS
 
 __all__ = ["Alert", "changes", "firing", "notifier_for", "read_alerted", "write_alerted"]
 
@@ -50,6 +49,8 @@ class Alert:
 def firing(health: dict[str, Any]) -> dict[str, dict[str, str]]:
     """The rules a query's ``health`` (:func:`stateops.status.health`) fires, each with its
     level and its reasons in one line (two Kafka sources over their limit: one rule)."""
+    from stateops.status import WORK_IN_PROGRESS  # not at import: the DAG file imports this
+
     rules: dict[str, dict[str, str]] = {}
     for f in health["findings"]:
         if f["rule"] in WORK_IN_PROGRESS:

@@ -193,7 +193,9 @@ def _browser(stack: Stack, name: str):
             ],
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(30_000)
+        # A person waits for a page; on 2 loaded cores the UI took longer than 30 s to open
+        # a run it had just created (a clean run here failed so).
+        page.set_default_timeout(90_000)
         try:
             page.goto(stack.base)
             page.fill("input[name=username]", "admin")
