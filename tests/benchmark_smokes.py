@@ -60,6 +60,12 @@ def run_benchmark(name: str, smoke: Smoke) -> str:
 
 SMOKES: dict[str, dict[str, Smoke]] = {
     "unit": {
+        # Its set-up runs the file queries with Spark and migrates an Airflow database (minutes);
+        # what it times, the health DAG on real state, tests/dag/test_health_alerts.py runs in
+        # every suite, the JVM stand-in too; here, that it still imports what it uses.
+        "bench_health.py": Smoke(
+            ("--help",), 60, (r"^usage: bench_health\.py \[-h\] \[--runs RUNS\]$",)
+        ),
         # Its whole run is make airflow and make fleet, one after the other, each through the
         # stories (20 minutes and more): what it drives is tests/e2e/test_fleet.py's Fleet,
         # which that module runs in every suite; here, that it still imports what it uses.

@@ -52,12 +52,15 @@ def webhook():
     server.shutdown()
 
 
-def test_health_rules_fire_once_and_recover_once_through_the_notifier(spark, tmp_path, s3, webhook):
+def test_health_rules_fire_once_and_recover_once_through_the_notifier(
+    spark, tmp_path, s3, webhook, no_jvm
+):
     """page_visits, run once, then input landed and not read (long ago: land's mtimes), and
     no backup: two rules fire (input_waiting, backup_age), one message each, and the task
     fails naming both. Once the query read its input, the next check sends one message, that
     input_waiting recovered, and none for backup_age, which goes on firing (the task still
-    fails). user_sessions never ran: work in progress, no rule, its task green."""
+    fails). user_sessions never ran: work in progress, no rule, its task green. No check
+    starts a JVM."""
     path = write_registry(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["backups"] = {"url": "s3://backups/health", "conn_id": "aws_default"}
@@ -130,3 +133,4 @@ def test_health_rules_fire_once_and_recover_once_through_the_notifier(spark, tmp
             "message": "no backup yet (stream_checkpoint_backup takes them)",
         }
     }
+    assert no_jvm() == [], "a health check started a JVM"

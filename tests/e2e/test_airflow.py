@@ -378,7 +378,9 @@ def _awaiting(run_url: str, task: str, token: str, scheduler_log: Path, log) -> 
     """The approval request of ``task``, once the run waits for it (``scheduler_log``: the
     scheduler's output; ``log``: what to show if it does not come)."""
 
-    def asking() -> bool:  # a run that ended first (a step failed) is said at once
+    # The steps before an approval may take long (a migration's, on 2 loaded cores: 8.6 of
+    # 10 minutes in a clean run here); a run that ended first (a step failed) is said at once.
+    def asking() -> bool:
         if _request(f"{run_url}/taskInstances/{task}", token=token)["state"] == "awaiting_input":
             return True
         if (run := _request(run_url, token=token))["state"] in ("success", "failed"):
@@ -387,7 +389,7 @@ def _awaiting(run_url: str, task: str, token: str, scheduler_log: Path, log) -> 
             raise AssertionError(f"the run ended {run['state']} before {task} asked: {states}")
         return False
 
-    _until(f"{task} did not wait for an answer", asking, 600, log)
+    _until(f"{task} did not wait for an answer", asking, 900, log)
     # Airflow 3.3 fails a step answered before the scheduler has heard from the executor that
     # the parked process ended ("finished with state success, but the task instance's state
     # attribute is queued": Marking task as FAILED); on a loaded machine that took 5 s. A person
