@@ -1,0 +1,143 @@
+"""The health DAG's cost (issue 57): stream_health's check of every registered query against
+``stateops status`` of the same queries, in one run on one machine, and neither starting a JVM.
+
+    source scripts/env.sh && .venv/bin/python benchmarks/bench_health.py [--runs 3]
+
+The project's file queries (registry.yaml) each run once by ``stateops run`` on sample input
+(Spark: the set-up, not measured), with more input landed after and not read. Then, with every
+JVM start recorded instead of made (``java`` on PATH and ``$JAVA_HOME/bin/java`` a stand-in
+that fails), the median of ``--runs`` of:
+
+- ``stateops status --json --no-backups`` of every query: the baseline;
+- the checks' own work in one process: what each ``health_<query>`` task computes (its status
+  and the rules that fire, :func:`stateops.alerts.firing`);
+- ``airflow dags test stream_health``: the DAG run whole, Airflow's start and task overhead
+  included (its backup listing finds no connection, said as a finding, as status skips it).
+
+Prints the seconds of each, the ratios against the baseline, and the JVM starts (0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHECKS = """
+import json, sys, time
+from stateops.alerts import firing
+from stateops.core.registry import load_registry
+from stateops.status import query_status
+start = time.perf_counter()
+registry = load_registry()
+fired = {n: firing(query_status(registry, n)["health"]) for n in registry.names}
+print(json.dumps({"seconds": time.perf_counter() - start, "fired": fired}))
+"""
+
+
+def _shell(command: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``command`` in bash with scripts/env.sh sourced (as the README runs things)."""
+    return subprocess.run(
+        ["bash", "-c", f"source scripts/env.sh && {command}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _timed(command: str, env: dict[str, str], ok: tuple[int, ...] = (0,)) -> float:
+    start = time.perf_counter()
+    proc = _shell(command, env)
+    seconds = time.perf_counter() - start
+    if proc.returncode not in ok:
+        raise SystemExit(
+            f"{command} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
+    return seconds
+
+
+def _set_up(root: Path, env: dict[str, str]) -> list[str]:
+    """The file queries, each run once by Spark, then more input landed: their names."""
+    from stateops.dev.sampledata import generate_events
+
+    raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
+    raw["data_dir"] = str(root)
+    raw["queries"] = {
+        n: q for n, q in raw["queries"].items() if q.get("source", {}).get("format") != "kafka"
+    }
+    (root / "registry.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    landing = {d: root / "landing" / d for d in ("user_sessions", "page_visits")}
+    generate_events(landing, files=2, round_=0)
+    for name in raw["queries"]:
+        print(f"set-up: stateops run {name}", file=sys.stderr)
+        _timed(f"stateops run {name}", env)
+    generate_events(landing, files=1, round_=1)
+    print("set-up: airflow db migrate", file=sys.stderr)
+    _timed("airflow db migrate", env)
+    return list(raw["queries"])
+
+
+def _no_jvm(root: Path, env: dict[str, str]) -> tuple[dict[str, str], Path]:
+    """``env`` with every JVM start written down in the returned file instead of made."""
+    home = root / "no-jvm"
+    (home / "bin").mkdir(parents=True)
+    calls, java = home / "calls", home / "bin" / "java"
+    java.write_text(f'#!/bin/sh\necho "java $*" >> "{calls}"\nexit 1\n')
+    java.chmod(0o755)
+    return {**env, "JAVA_HOME": str(home), "PATH": f"{home / 'bin'}:{env['PATH']}"}, calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="stateops-bench-health-"))
+    try:
+        env = {
+            **os.environ,
+            "STATEOPS_REGISTRY": str(root / "registry.yaml"),
+            "STATEOPS_DATA_DIR": str(root),
+            "AIRFLOW_HOME": str(root / "airflow"),
+        }
+        queries = _set_up(root, env)
+        env, calls = _no_jvm(root, env)
+        status, checks, dag = [], [], []
+        for _ in range(args.runs):
+            status.append(_timed("stateops status --json --no-backups", env, ok=(0, 1)))
+            proc = _shell('exec python -c "$CHECKS"', {**env, "CHECKS": CHECKS})
+            if proc.returncode != 0:
+                raise SystemExit(f"the checks failed:\n{proc.stderr[-3000:]}")
+            checks.append(json.loads(proc.stdout.splitlines()[-1])["seconds"])
+            dag.append(_timed("airflow dags test stream_health", env, ok=(0, 1)))
+        base = statistics.median(status)
+        jvm = calls.read_text().splitlines() if calls.exists() else []
+        print(f"queries: {len(queries)} ({', '.join(queries)}), runs: {args.runs}")
+        for what, runs in (
+            ("stateops status (baseline)", status),
+            ("the checks' own work", checks),
+            ("airflow dags test stream_health", dag),
+        ):
+            seconds = statistics.median(runs)
+            print(f"  {what:<34} {seconds:7.2f} s  {seconds / base:5.2f}x")
+        print(f"JVM starts: {len(jvm)}")
+        if jvm:
+            raise SystemExit(f"a JVM was started: {jvm[:3]}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
