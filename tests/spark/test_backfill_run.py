@@ -137,7 +137,11 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     assert health["reasons"][1].startswith("2 input files of source landed and not read")
     run_in_session(spark, path, "page_visits")  # what the warning says
     assert load_checkpoint(ckpt).last_committed_batch == 3
-    assert query_status(registry, "page_visits")["health"] == {"verdict": "OK", "reasons": []}
+    assert query_status(registry, "page_visits")["health"] == {
+        "verdict": "OK",
+        "reasons": [],
+        "findings": [],
+    }
 
     for name in ("3", ".3.crc"):  # as a run killed between its offsets and its commit
         (ckpt / "commits" / name).unlink()
@@ -162,7 +166,11 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     run_in_session(spark, path, "page_visits")  # the run finishes it
     cp = load_checkpoint(ckpt)
     assert (cp.last_committed_batch, cp.uncommitted_batches) == (3, [])
-    assert query_status(registry, "page_visits")["health"] == {"verdict": "OK", "reasons": []}
+    assert query_status(registry, "page_visits")["health"] == {
+        "verdict": "OK",
+        "reasons": [],
+        "findings": [],
+    }
 
     # A reprocessing that fails is a failed operation (the CLI exits 1, not 2 as for a refusal),
     # recorded with the batch the rollback left, and said by status until a run reprocesses.
