@@ -14,13 +14,12 @@ the next check.
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from stateops.control.markers import read_record, write_record
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Registry
-from stateops.core.storage import write_file
 
 __all__ = ["Alert", "changes", "firing", "notifier_for", "read_alerted", "write_alerted"]
 
@@ -79,12 +78,11 @@ def changes(
 
 def read_alerted(registry: Registry, query: str) -> dict[str, dict[str, str]]:
     """The rules of ``query`` alerted last (none before its first check)."""
-    path = registry.alerts_path(query)
-    return json.loads(path.read_text())["firing"] if path.exists() else {}
+    return (read_record(registry.alerts_path(query)) or {"firing": {}})["firing"]
 
 
 def write_alerted(registry: Registry, query: str, now: dict[str, dict[str, str]]) -> None:
-    write_file(registry.alerts_path(query), json.dumps({"firing": now}, indent=1) + "\n")
+    write_record(registry.alerts_path(query), {"firing": now})
 
 
 def notifier_for(registry: Registry) -> Any:

@@ -54,13 +54,15 @@ __all__ = [
     "rollback_marker",
     "take_stop",
     "withdraw_stop",
+    "read_record",
     "write_carry_over",
+    "write_record",
     "write_retired",
     "write_rollback",
 ]
 
 
-def _write_json(path: Path | S3Path, record: dict[str, Any]) -> None:
+def write_record(path: Path | S3Path, record: dict[str, Any]) -> None:
     """Whole or not at all: a reader never sees half a record (an S3 put is atomic)."""
     if isinstance(path, S3Path):
         path.write_text(json.dumps(record, indent=2))
@@ -71,9 +73,10 @@ def _write_json(path: Path | S3Path, record: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: Path | S3Path) -> dict[str, Any] | None:
-    """The marker at ``path``, or None when there is none. One read, no existence check first:
-    on S3 a GET that a wrong key refuses says why (SignatureDoesNotMatch), a HEAD only 403."""
+def read_record(path: Path | S3Path) -> dict[str, Any] | None:
+    """The record (a marker) at ``path``, or None when there is none. One read, no existence
+    check first: on S3 a GET that a wrong key refuses says why (SignatureDoesNotMatch), a
+    HEAD only 403."""
     try:
         text = path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError):
@@ -91,7 +94,7 @@ def request_stop(registry: Registry, name: str, holder: LockInfo) -> Path | S3Pa
     it runs, and a later run never takes it for its own."""
     marker = registry.stop_marker(name)
     record = {"token": holder.token, "run_id": holder.run_id, "at": time.time()}
-    _write_json(marker, record)
+    write_record(marker, record)
     return marker
 
 
@@ -101,7 +104,7 @@ def take_stop(registry: Registry, name: str, token: str) -> bool:
     as the lease is this one's)."""
     marker = registry.stop_marker(name)
     try:
-        record = _read_json(marker)
+        record = read_record(marker)
     except CheckpointError:
         record = {}  # unreadable: nobody's
     if record is None:
@@ -124,11 +127,11 @@ def carry_over_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:
 
 
 def write_carry_over(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    _write_json(carry_over_marker(checkpoint), record)
+    write_record(carry_over_marker(checkpoint), record)
 
 
 def read_carry_over(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
-    return _read_json(carry_over_marker(checkpoint))
+    return read_record(carry_over_marker(checkpoint))
 
 
 def clear_carry_over(checkpoint: str | os.PathLike[str]) -> None:
@@ -142,11 +145,11 @@ def rollback_marker(checkpoint: str | os.PathLike[str]) -> Path:
 
 def write_rollback(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
     faults.point("marker")
-    _write_json(rollback_marker(checkpoint), record)
+    write_record(rollback_marker(checkpoint), record)
 
 
 def read_rollback(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
-    return _read_json(rollback_marker(checkpoint))
+    return read_record(rollback_marker(checkpoint))
 
 
 def clear_rollback(checkpoint: str | os.PathLike[str]) -> None:
@@ -159,11 +162,11 @@ def _repartition_marker(checkpoint: str | os.PathLike[str]) -> Path:
 
 def write_repartition(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
     faults.point("marker")
-    _write_json(_repartition_marker(checkpoint), record)
+    write_record(_repartition_marker(checkpoint), record)
 
 
 def read_repartition(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
-    return _read_json(_repartition_marker(checkpoint))
+    return read_record(_repartition_marker(checkpoint))
 
 
 def clear_repartition(checkpoint: str | os.PathLike[str]) -> None:
@@ -178,11 +181,11 @@ def write_retired(checkpoint: str | os.PathLike[str], record: dict[str, Any]) ->
     """Hold ``checkpoint`` against every start and lifecycle operation (``record``: ``state``
     ``retired`` or ``set aside``, the query, the run id, the time, why). One put, atomic."""
     faults.point("marker")
-    _write_json(retired_marker(checkpoint), record)
+    write_record(retired_marker(checkpoint), record)
 
 
 def read_retired(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
-    return _read_json(retired_marker(checkpoint))
+    return read_record(retired_marker(checkpoint))
 
 
 def clear_retired(checkpoint: str | os.PathLike[str]) -> bool:
