@@ -326,8 +326,9 @@ def _last_run(registry: Registry, name: str, limit: int) -> dict[str, Any] | Non
         "checkpoint",
         "error",
     )
-    # the latest summary is written last: it failed, whatever the index still lists
-    failed = max(failed_in_a_row(registry, name, limit), 1) if run.get("status") == "failed" else 0
+    failed = 0
+    if run.get("status") == "failed":  # the latest is written last: the index lists it
+        failed = max(failed_in_a_row(registry, name, limit), 1) if limit > 1 else 1
     return {k: run.get(k) for k in keys} | {"failed_in_a_row": failed}
 
 

@@ -846,7 +846,7 @@ def write_summary(
     name, run_id = summary["query"], summary["run_id"]
     target = registry.run_summary_path(name, run_id)
     write_file(target, text)
-    index = target.with_name("index.json")
+    index = _summary_index(registry, name)
     try:
         runs = json.loads(index.read_text(encoding="utf-8"))["runs"]
     except (FileNotFoundError, ValueError, KeyError, TypeError):
@@ -859,12 +859,16 @@ def write_summary(
     return target
 
 
+def _summary_index(registry: Registry, name: str) -> Path | S3Path:
+    """The run ids of query ``name``'s kept summaries, newest first, beside them."""
+    return registry.run_summary_path(name).with_name("index.json")
+
+
 def failed_in_a_row(registry: Registry, query: str, limit: int) -> int:
     """How many of the query's last runs failed, newest first, counted up to ``limit`` (and
     :data:`KEPT_SUMMARIES`): the index :func:`write_summary` keeps, the summaries it names."""
-    index = registry.run_summary_path(query, "_").with_name("index.json")
     try:
-        runs = json.loads(index.read_text(encoding="utf-8"))["runs"]
+        runs = json.loads(_summary_index(registry, query).read_text(encoding="utf-8"))["runs"]
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return 0
     failed = 0
