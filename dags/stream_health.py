@@ -18,7 +18,7 @@ See docs/alerts.md. By hand: `stateops status QUERY`.
 
 from __future__ import annotations
 
-from airflow.sdk import dag
+from airflow.sdk import dag, task
 
 from stateops.alerts import notifier_for
 from stateops.core.registry import load_registry, timetable
@@ -42,15 +42,8 @@ notifier_for(REGISTRY)  # a notifier that cannot be built is the DAG's import er
     doc_md=__doc__,
 )
 def stream_health() -> None:
-    from airflow.sdk import task
-
     for query in registered_queries(registry=REGISTRY, refused=True):
-
-        @task(task_id=f"health_{query}")
-        def check(query: str = query) -> dict:
-            return check_health(query)
-
-        check()
+        task(task_id=f"health_{query}")(check_health)(query)
 
 
 stream_health()

@@ -33,12 +33,12 @@ __all__ = [
     "backfill_plan",
     "backfill_report",
     "backfill_rollback",
+    "backup_lister",
     "backup_query",
     "bootstrap_plan",
     "CARRY_FIELDS",
     "carry_over_param",
     "carry_over_tasks",
-    "backup_lister",
     "carry_step_operator",
     "check_health",
     "cleanup_query",
@@ -488,7 +488,7 @@ class HealthAlerts(BaseNotifier):
         found = ti.xcom_pull(task_ids=ti.task_id, key="alerts")
         if not found or not found["changes"]:  # none, or the check failed before it knew
             return
-        registry = load_registry()
+        registry = load_registry(switched=False)  # its alerts: and paths; no switch to read
         for change in found["changes"]:
             say(f"alert: {change['text']}")
             notifier = notifier_for(registry)
