@@ -33,6 +33,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.conftest: the tests' registry and java stand-in
+
+from tests.conftest import java_stand_in, write_registry  # noqa: E402
 
 CHECKS = """
 import json, sys, time
@@ -70,34 +73,20 @@ def _timed(command: str, env: dict[str, str], ok: tuple[int, ...] = (0,)) -> flo
 
 
 def _set_up(root: Path, env: dict[str, str]) -> list[str]:
-    """The file queries, each run once by Spark, then more input landed: their names."""
+    """The file queries (the tests' registry), each run once by Spark, then more input
+    landed: their names."""
     from stateops.dev.sampledata import generate_events
 
-    raw = yaml.safe_load((ROOT / "registry.yaml").read_text())
-    raw["data_dir"] = str(root)
-    raw["queries"] = {
-        n: q for n, q in raw["queries"].items() if q.get("source", {}).get("format") != "kafka"
-    }
-    (root / "registry.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    queries = list(yaml.safe_load(write_registry(root).read_text())["queries"])
     landing = {d: root / "landing" / d for d in ("user_sessions", "page_visits")}
     generate_events(landing, files=2, round_=0)
-    for name in raw["queries"]:
+    for name in queries:
         print(f"set-up: stateops run {name}", file=sys.stderr)
         _timed(f"stateops run {name}", env)
     generate_events(landing, files=1, round_=1)
     print("set-up: airflow db migrate", file=sys.stderr)
     _timed("airflow db migrate", env)
-    return list(raw["queries"])
-
-
-def _no_jvm(root: Path, env: dict[str, str]) -> tuple[dict[str, str], Path]:
-    """``env`` with every JVM start written down in the returned file instead of made."""
-    home = root / "no-jvm"
-    (home / "bin").mkdir(parents=True)
-    calls, java = home / "calls", home / "bin" / "java"
-    java.write_text(f'#!/bin/sh\necho "java $*" >> "{calls}"\nexit 1\n')
-    java.chmod(0o755)
-    return {**env, "JAVA_HOME": str(home), "PATH": f"{home / 'bin'}:{env['PATH']}"}, calls
+    return queries
 
 
 def main() -> None:
@@ -113,7 +102,8 @@ def main() -> None:
             "AIRFLOW_HOME": str(root / "airflow"),
         }
         queries = _set_up(root, env)
-        env, calls = _no_jvm(root, env)
+        stand_in, recorded = java_stand_in(root / "no-jvm")
+        env |= stand_in
         status, checks, dag = [], [], []
         for _ in range(args.runs):
             status.append(_timed("stateops status --json --no-backups", env, ok=(0, 1)))
@@ -123,7 +113,7 @@ def main() -> None:
             checks.append(json.loads(proc.stdout.splitlines()[-1])["seconds"])
             dag.append(_timed("airflow dags test stream_health", env, ok=(0, 1)))
         base = statistics.median(status)
-        jvm = calls.read_text().splitlines() if calls.exists() else []
+        jvm = recorded()
         print(f"queries: {len(queries)} ({', '.join(queries)}), runs: {args.runs}")
         for what, runs in (
             ("stateops status (baseline)", status),

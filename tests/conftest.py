@@ -309,20 +309,27 @@ def spark():
     session.stop()
 
 
-@pytest.fixture
-def no_jvm(tmp_path_factory, monkeypatch) -> Callable[[], list[str]]:
-    """JVM starts recorded instead of made, for this test: ``$JAVA_HOME/bin/java`` (what
-    spark-class runs, for spark-submit and for pyspark's launcher alike) and the first ``java``
-    on PATH are a stand-in that writes down its arguments and fails. Returns what it recorded:
-    "no JVM started" is that list being empty, however busy the machine."""
-    home = tmp_path_factory.mktemp("no-jvm")
+def java_stand_in(home: Path) -> tuple[dict[str, str], Callable[[], list[str]]]:
+    """A ``java`` in ``home`` that writes down its arguments and fails: the environment that
+    makes it ``$JAVA_HOME/bin/java`` (what spark-class runs, for spark-submit and for
+    pyspark's launcher alike) and the first ``java`` on PATH, and what it recorded: "no JVM
+    started" is that list being empty, however busy the machine."""
     calls, java = home / "calls", home / "bin" / "java"
-    java.parent.mkdir()
+    java.parent.mkdir(parents=True)
     java.write_text(f'#!/bin/sh\necho "java $*" >> "{calls}"\nexit 1\n')
     java.chmod(0o755)
-    monkeypatch.setenv("JAVA_HOME", str(home))
-    monkeypatch.setenv("PATH", f"{java.parent}{os.pathsep}{os.environ['PATH']}")
-    return lambda: calls.read_text().splitlines() if calls.exists() else []
+    env = {"JAVA_HOME": str(home), "PATH": f"{java.parent}{os.pathsep}{os.environ['PATH']}"}
+    return env, lambda: calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.fixture
+def no_jvm(tmp_path_factory, monkeypatch) -> Callable[[], list[str]]:
+    """JVM starts recorded instead of made, for this test (:func:`java_stand_in`). Returns
+    what the stand-in recorded."""
+    env, recorded = java_stand_in(tmp_path_factory.mktemp("no-jvm"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return recorded
 
 
 S3_KEY, S3_SECRET = "stateops-test", "test-secret-not-for-logs"
