@@ -173,9 +173,33 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    from stateops.control.lock import new_run_id
+    from stateops.control.target import query_target
+    from stateops.core.steps import EXPORT
+    from stateops.ops.drill import begin_drill, finish_drill
+
+    target = query_target(args.registry, args.query)
+    client = _s3(args)
+    plan = begin_drill(target, client, backup_id=args.backup, run_id=new_run_id("drill"), log=_log)
+    if plan is None:
+        raise StateOpsError(
+            f"{args.query}: no backups under {target.backup_location()}: nothing to drill; "
+            f"back it up first (stateops backup {args.query})"
+        )
+    fields = {"checkpoint": plan["checkpoint"], "out": plan["state"], "batch": plan["batch_id"]}
+    try:
+        code = _spark_submit(EXPORT, fields, args.master, args.registry, to_stderr=True)
+        failed = None if code == 0 else f"Spark did not read its state (the export exited {code})"
+    except StateOpsError as err:
+        failed = f"its state cannot be read: {one_line(err)}"
+    print(json.dumps(finish_drill(plan, client, failed=failed, log=_log)))
+    return 0
+
+
 def cmd_backups(args: argparse.Namespace) -> int:
     from stateops.control.target import query_target
-    from stateops.ops.backup import list_backups, prune_backups, verify_backup
+    from stateops.ops.backup import describe_drill, list_backups, prune_backups, verify_backup
 
     url = args.url
     if args.action != "verify" and not url.startswith("s3://"):  # a registered query's backups
@@ -188,7 +212,7 @@ def cmd_backups(args: argparse.Namespace) -> int:
         for r in rows:
             print(
                 f"{r['backup_id']}  batch {r['batch_id']:>6}  {r['files']:>6} files  "
-                f"{r['bytes']:>12} bytes  {r['created_at']}"
+                f"{r['bytes']:>12} bytes  {r['created_at']}  {describe_drill(r['drill'])}"
             )
         print(f"{len(rows)} backups under {url}")
         return 0
@@ -207,7 +231,12 @@ def cmd_backups(args: argparse.Namespace) -> int:
             f"unreferenced objects, {plan['freed_bytes']} bytes"
         )
         lines = [
-            f"  keeps {len(plan['kept'])} backups: {', '.join(plan['kept'])}",
+            f"  keeps {len(plan['kept'])} backups: {', '.join(plan['kept'])}"
+            + (
+                f" ({plan['kept_for_drill']}: the newest that passed a restore drill)"
+                if plan["kept_for_drill"]
+                else ""
+            ),
             f"  {verb} {len(plan['deleted_backups'])} backups: "
             f"{', '.join(plan['deleted_backups']) or '-'}",
             f"  {verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes",
@@ -735,6 +764,16 @@ def _backup_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     )
     _flag(p, "--dry-run", "print the plan, change nothing")
     p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser(
+        "drill",
+        parents=[s3_conn],
+        help="restore drill: a backup restored into a scratch place, its state read (Spark)",
+    )
+    p.add_argument("query", help="a registered query's name")
+    p.add_argument("--backup", default="latest", metavar="latest|ID", help="default: latest")
+    _master(p)
+    p.set_defaults(func=cmd_drill)
 
     backups = sub.add_parser("backups", help="list backups, verify one, or apply retention")
     actions = backups.add_subparsers(dest="action", required=True)

@@ -24,11 +24,11 @@ from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line
 from stateops.core.kafka import Offsets
-from stateops.core.registry import HealthLimits, Registry
+from stateops.core.registry import HealthLimits, Query, Registry
 from stateops.core.report import checkpoint_report, format_bytes
 from stateops.core.sources import kafka_lag, retention
 from stateops.core.storage import location
-from stateops.ops.backup import list_backups
+from stateops.ops.backup import describe_drill, list_backups
 from stateops.ops.start import failed_in_a_row
 from stateops.ops.upgrade import (
     Change,
@@ -77,6 +77,7 @@ RULES = {
     "no_commit_yet": "WARN",
     "input_waiting": "WARN",  # health.input_waiting: input not read, nothing committed
     "backup_age": "WARN",  # health.backup_within
+    "backup_drill": "FAIL",  # the newest restore drill failed
 }
 WORK_IN_PROGRESS = frozenset({"held", "planned", "backfill", "no_commit_yet", "run_retried"})
 
@@ -247,6 +248,8 @@ def health(
     if listed and status["last_committed_batch"] is not None:
         backups = _backup_age(registry, status["backups"], now, limits.backup_within)
         found += [("backup_age", r) for r in backups]
+    if listed:
+        found += [("backup_drill", r) for r in _drill_failed(registry, query, status["backups"])]
     return _verdict(found)
 
 
@@ -608,6 +611,22 @@ def _backup_age(
     return []
 
 
+def _drill_failed(registry: Registry, query: Query, backups: list[dict[str, Any]]) -> list[str]:
+    """The newest restore drill failed: that backup would not restore."""
+    drilled = [b for b in backups if b["drill"] is not None]
+    if not drilled:
+        return []
+    last = max(drilled, key=lambda b: b["drill"]["drilled_at"])
+    if last["drill"]["ok"]:
+        return []
+    return [
+        f"backup {last['backup_id']} (batch {last['batch_id']}) failed its restore drill at "
+        f"{last['drill']['drilled_at']}: {last['drill']['problem']}; `stateops backups verify "
+        f"{registry.backups.url_for(query.name)}/{last['backup_id']}` says which objects, "
+        f"`stateops drill {query.name}` drills again"
+    ]
+
+
 def _age(delta: timedelta) -> str:
     minutes = int(delta.total_seconds() // 60)
     if minutes < 120:
@@ -745,7 +764,8 @@ def format_status(status: dict[str, Any]) -> str:
         if not s["backups_listed"]
         else f"  backups         {len(s['backups'])}"
         + "".join(
-            f"\n    {b['backup_id']}  batch {b['batch_id']}  {format_bytes(b['bytes'])}"
+            f"\n    {b['backup_id']}  batch {b['batch_id']}  {format_bytes(b['bytes'])}  "
+            + describe_drill(b["drill"])
             for b in s["backups"]
         )
     )

@@ -43,6 +43,9 @@ __all__ = [
     "check_health",
     "cleanup_query",
     "committed_checkpoint",
+    "drill_read_operator",
+    "drill_record",
+    "drill_restore",
     "dry_run_param",
     "each_query_then_outcome",
     "HealthAlerts",
@@ -397,6 +400,55 @@ def backup_query(query: str) -> dict[str, Any]:
     registry = target.require_registry()
     committed_checkpoint(registry, query)
     return run_backup(target, _backups_client(registry), log=say)
+
+
+@one_line_errors
+def drill_restore(query: str) -> dict[str, Any]:
+    """A restore drill's first step (stream_restore_drill): the query's newest backup restored
+    into its scratch place (:func:`stateops.ops.drill.begin_drill`); its plan, for the Spark
+    read and the record. No backup yet: skipped."""
+    from airflow.sdk import get_current_context
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from stateops.control.target import query_target
+    from stateops.ops.drill import begin_drill
+
+    target = query_target(None, query)
+    client = _backups_client(target.require_registry())
+    run_id = get_current_context()["run_id"]
+    plan = begin_drill(target, client, run_id=run_id, log=say)
+    if plan is None:
+        raise AirflowSkipException(f"{query}: no backup yet: nothing to drill")
+    return plan
+
+
+@one_line_errors
+def drill_record(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A restore drill's last step: recorded beside the backup, passed when the Spark read
+    left its export (:func:`stateops.ops.drill.finish_drill`), failing the task otherwise; the
+    scratch place removed. No plan: the restore failed (recorded then) or was skipped."""
+    from stateops.ops.drill import finish_drill
+
+    if plan is None:
+        say("no drill to record: the restore step recorded its failure, or was skipped")
+        return None
+    client = _backups_client(load_registry(switched=False))
+    return finish_drill(plan, client, log=say)
+
+
+def drill_read_operator(query: str) -> SparkSubmitOperator:
+    """A restore drill's Spark step: the export job reads the state of the checkpoint that
+    ``restore_<query>`` restored (:data:`stateops.core.steps.EXPORT`)."""
+    from stateops.core.steps import EXPORT, fill
+
+    plan = "{{ ti.xcom_pull(task_ids='restore_%s')['%s'] }}"
+    fields = {
+        "checkpoint": plan % (query, "checkpoint"),
+        "out": plan % (query, "state"),
+        "batch": plan % (query, "batch_id"),
+    }
+    job, _, args = fill(EXPORT, fields)
+    return spark_job_operator(f"read_{query}", job, args)
 
 
 def each_query_then_outcome(

@@ -187,6 +187,41 @@ def test_stream_health_checks_each_query_on_the_registry_schedule_and_alerts_its
     assert bag.import_errors == {} and bag.dags["stream_health"].schedule == "*/2 * * * *"
 
 
+def test_stream_restore_drill_restores_reads_and_records_each_query_on_the_registry_schedule(
+    dagbag, tmp_path, monkeypatch
+):
+    """Per query: the restore (library), the Spark read of what it restored (the export job,
+    on the checkpoint and into the folder the restore's plan names), and the record, which
+    runs whatever the read did (a failed read is a failed drill to record). Weekly by default;
+    the registry's backups.drill_schedule, or no schedule when it is null."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = dagbag.dags["stream_restore_drill"]
+    assert {t.task_id for t in dag.tasks} == {
+        f"{step}_{q}" for q in QUERIES for step in ("restore", "read", "record")
+    }
+    assert dag.max_active_runs == 1 and not dag.catchup and dag.schedule == "@weekly"
+    for q in QUERIES:
+        read = dag.task_dict[f"read_{q}"]
+        assert read.upstream_task_ids == {f"restore_{q}"}
+        assert dag.task_dict[f"record_{q}"].upstream_task_ids == {f"read_{q}", f"restore_{q}"}
+        assert dag.task_dict[f"record_{q}"].trigger_rule == "all_done"
+        assert read.application.endswith("spark_jobs/export_state.py")
+        plan = "{{ ti.xcom_pull(task_ids='restore_%s')['%s'] }}"
+        args = read.application_args
+        for option, key in (("--checkpoint", "checkpoint"), ("--out", "state")):
+            assert args[args.index(option) + 1] == plan % (q, key), args
+        assert args[args.index("--batch") + 1] == plan % (q, "batch_id"), args
+    registry = write_registry(tmp_path)
+    raw = yaml.safe_load(registry.read_text())
+    for schedule in ("@daily", None):
+        registry.write_text(yaml.safe_dump({**raw, "backups": {"drill_schedule": schedule}}))
+        monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
+        bag = DagBag(dag_folder=str(ROOT / "dags" / "stream_restore_drill.py"))
+        assert bag.import_errors == {}
+        assert bag.dags["stream_restore_drill"].schedule == schedule
+
+
 def test_stream_restore_form_and_order(dagbag):
     dag = dagbag.dags["stream_restore"]
     assert dag.schedule is None

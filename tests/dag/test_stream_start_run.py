@@ -187,6 +187,16 @@ def test_airflow_dags_test_stream_checkpoint_backup_against_the_embedded_s3(spar
     assert f"page_visits: backup {backups[0]['backup_id']} of batch {last}" in log, log[-3000:]
     assert "user_sessions: skipped, no committed batch yet (stream_start runs it)" in log
     assert "uploaded" in log and "reused" in log and S3_SECRET not in log
+    # ... stream_restore_drill restores it into a scratch place and Spark reads its state
+    # (the export job on the plan its restore task handed over); the others have no backup.
+    run = _airflow(tmp_path, "dags", "test", "stream_restore_drill", env=env)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    [drilled] = list_backups("s3://backups/dagtest/page_visits", s3.client())
+    assert drilled["drill"]["ok"], drilled
+    assert f"drill of backup {drilled['backup_id']}: passed; its state read: operator 0 " in log
+    assert "user_sessions: no backup yet: nothing to drill" in log
+    assert not list(tmp_path.glob("checkpoints/*.drill-*")), "the scratch place is removed"
     # ... and stream_restore brings it back, into a new folder.
     target = tmp_path / "restored"
     conf = {"query": "page_visits", "target": str(target), "dry_run": False}

@@ -583,11 +583,11 @@ def _says(command: tuple[str, ...], argv: list[str], out: str, err: str, cp, val
 
 def test_the_cli_table_of_every_command_walks(s3, checkpoint, tmp_path, capsys, monkeypatch):
     """Every row of docs/cli.md "Every CLI command" run as its synopsis says, by a query's name
-    (a dry run where the row has one; the two Spark runs without one, export and run, have
-    their own tests): exit 0, JSON where the row says so, what it says about this checkpoint
-    (:func:`_says`), and a dry run's plan first says DRY RUN and last what cannot be undone,
-    the backup and the undo; then by a name no registry knows: exit 2, one line that names
-    it. The checkpoint is byte-identical after."""
+    (a dry run where the row has one; the three Spark runs without one, export, run and drill,
+    have their own tests): exit 0, JSON where the row says so, what it says about this
+    checkpoint (:func:`_says`), and a dry run's plan first says DRY RUN and last what cannot be
+    undone, the backup and the undo; then by a name no registry knows: exit 2, one line that
+    names it. The checkpoint is byte-identical after."""
     registry, ckpt = checkpoint
     raw = yaml.safe_load(registry.read_text())
     fresh = dict(
@@ -623,7 +623,7 @@ def test_the_cli_table_of_every_command_walks(s3, checkpoint, tmp_path, capsys, 
         if row.words[0] == "migrate":  # a new source with its first file landed
             argv[3] = str(_new_source(tmp_path / "landed"))
         if row.spark and not row.dry_run:
-            pass  # export and run: their own tests run them
+            pass  # export, run and drill: their own tests run them
         else:
             code, out, err = run(argv)
             assert code == 0, (argv, err)
@@ -648,7 +648,7 @@ def test_the_cli_table_of_every_command_walks(s3, checkpoint, tmp_path, capsys, 
             code, out, err = run(_walk_argv(row, "no_such_query", values))
             assert code == 2 and len(err.strip().splitlines()) == 1, (row.words, err)
             assert "no_such_query" in err, (row.words, err)
-    assert len(walked) == len(cli_table()) - 2
+    assert len(walked) == len(cli_table()) - 3
     assert tree_digest(ckpt) == before
 
 
@@ -685,3 +685,77 @@ def test_the_cli_backup_of_a_query_applies_the_registry_retention_as_the_dag_doe
         assert cli.main(args) == 0
         assert "retention" not in json.loads(capsys.readouterr().out)
     assert len(list_backups(elsewhere, s3.client())) == 2
+
+
+def test_a_restore_drill_reads_a_backups_state_and_catches_one_damaged_after_it_was_taken(
+    spark, s3, checkpoint, tmp_path
+):
+    """`stateops drill` (issue 57, item 4): a backup restored into a scratch place beside the
+    checkpoint and its state read by Spark (the export job, spark-submit), recorded beside the
+    manifest with the rows and checksum of every store, equal to an export of the live
+    checkpoint at that batch. A backup whose object is damaged after it was taken fails its
+    drill (exit 1, one line naming the object): recorded, a FAIL of the health rule
+    backup_drill, and retention keeps the newest backup that passed. The checkpoint is
+    byte-identical throughout, and no scratch place is left."""
+    from stateops.spark.export import export_state
+    from stateops.status import query_status
+
+    registry, ckpt = checkpoint
+    raw = yaml.safe_load(registry.read_text())
+    raw["backups"] = {"url": "s3://backups/drill", "keep_last": 1, "max_age": None}
+    drill_registry = tmp_path / "registry.yaml"
+    drill_registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+    client, where = s3.client(), "s3://backups/drill/page_visits"
+    last = load_checkpoint(ckpt).last_committed_batch
+    older = backup_checkpoint(ckpt, where, client, batch=last - 1, log=lambda _: None)
+    newest = backup_checkpoint(ckpt, where, client, log=lambda _: None)
+    before = tree_digest(ckpt)
+
+    def drill(backup: str) -> tuple[int, str, str]:
+        argv = ["--registry", str(drill_registry), "drill", "page_visits", "--backup", backup]
+        done = run_cli(*argv, env=s3.env(), timeout=600)
+        assert not list(ckpt.parent.glob("*.drill-*")), ("the scratch place is left", done.stderr)
+        assert tree_digest(ckpt) == before
+        return done.returncode, done.stdout, done.stderr
+
+    code, out, err = drill(older["backup_id"])
+    passed = json.loads(out)
+    assert code == 0, err
+    assert (passed["backup_id"], passed["batch_id"], passed["ok"]) == (
+        older["backup_id"],
+        last - 1,
+        True,
+    )
+    live = export_state(spark, str(ckpt), tmp_path / "live", last - 1)["entries"]
+    assert live and passed["state"] == {
+        f"operator {e['operator_id']} {e['variable']}": {k: e[k] for k in ("rows", "checksum")}
+        for e in live
+    }
+
+    # The newest backup's commit file, which only it holds, damaged in the bucket afterwards.
+    commit = next(f for f in newest["files"] if f["path"] == f"commits/{last}")
+    key = f"page_visits/objects/{commit['sha256']}"
+    client.put_object(Bucket="backups", Key=f"drill/{key}", Body=b"damaged after the backup")
+    code, out, err = drill("latest")
+    assert (code, out) == (1, "")
+    assert err.strip().splitlines()[-1] == (
+        f"error: backup {newest['backup_id']} of page_visits fails its restore drill: the "
+        f"restore failed: s3://backups/drill/{key} is corrupt: its content does not match the "
+        f"sha256 of commits/{last} in the manifest; restore an older backup"
+    )
+    drills = {b["backup_id"]: b["drill"] for b in list_backups(where, client)}
+    assert drills[older["backup_id"]]["ok"] and not drills[newest["backup_id"]]["ok"]
+
+    health = query_status(load_registry(drill_registry), "page_visits", client)["health"]
+    assert health["verdict"] == "FAIL"
+    [finding] = [f for f in health["findings"] if f["rule"] == "backup_drill"]
+    assert finding["reason"].startswith(
+        f"backup {newest['backup_id']} (batch {last}) failed its restore drill at "
+    ), finding
+    assert f"`stateops backups verify {where}/{newest['backup_id']}`" in finding["reason"]
+
+    # keep_last 1 keeps the newest, and the newest that passed its drill with its record.
+    pruned = prune_backups(where, client, keep_last=1, grace="0s")
+    assert pruned["kept"] == sorted([older["backup_id"], newest["backup_id"]])
+    assert pruned["kept_for_drill"] == older["backup_id"]
+    assert [b["drill"]["ok"] for b in list_backups(where, client)] == [True, False]

@@ -20,7 +20,14 @@ from stateops.control.markers import rollback_marker
 from stateops.core.registry import HealthLimits, load_registry
 from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.upgrade import EVOLVES, LOST, REWRITE, UNCHANGED, Change
-from stateops.status import _backup_age, code_fit, health, query_status, unfinished_backfill
+from stateops.status import (
+    _backup_age,
+    _drill_failed,
+    code_fit,
+    health,
+    query_status,
+    unfinished_backfill,
+)
 from tests.conftest import run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -60,6 +67,29 @@ def test_backups_missing_or_older_than_twice_their_schedule_warn(tmp_path):
         "the last backup is 3 days old (schedule @daily, allowed: 2 days)"
     ]
     assert _backup_age(registry, [old], now, None) == []  # a schedule of no known period
+
+
+def test_the_newest_restore_drill_decides_and_a_backup_never_drilled_says_nothing(tmp_path):
+    """backup_drill fires on the newest drill that failed, whichever backup it drilled, and is
+    quiet again once a newer drill passed (tests/spark/test_backup.py: a real drill)."""
+    registry = load_registry(write_registry(tmp_path))
+    query = registry.query("page_visits")
+
+    def backup(n: int, drill: tuple[bool, str] | None) -> dict:
+        ok, at = drill or (None, None)
+        record = drill and {"ok": ok, "drilled_at": at, "problem": None if ok else "corrupt"}
+        return {"backup_id": f"b-{n}", "batch_id": n, "drill": record}
+
+    assert _drill_failed(registry, query, []) == []
+    assert _drill_failed(registry, query, [backup(1, None), backup(2, None)]) == []
+    failed = [backup(1, (True, "2026-11-20T03:00:00+00:00")), backup(2, (False, "2026-11-27"))]
+    assert _drill_failed(registry, query, failed) == [
+        "backup b-2 (batch 2) failed its restore drill at 2026-11-27: corrupt; `stateops "
+        f"backups verify {registry.backups.url}/page_visits/b-2` says which objects, "
+        "`stateops drill page_visits` drills again"
+    ]
+    again = [backup(1, (True, "2026-11-28")), backup(2, (False, "2026-11-27"))]
+    assert _drill_failed(registry, query, again) == []  # the older backup drilled since: passed
 
 
 def _edited(path: Path, **top) -> Path:

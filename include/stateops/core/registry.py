@@ -592,19 +592,6 @@ class Query(_Model):
         return conf
 
 
-class Backups(_Model):
-    """Where scheduled backups go (``<url>/<query>``) and how many are kept."""
-
-    url: str = Field("s3://stateops-backups", pattern=r"^s3://[^/]+(/.*)?$")
-    conn_id: str = "aws_default"
-    schedule: str = "@daily"
-    keep_last: int = Field(7, ge=1)
-    max_age: str | None = Field("30d", pattern=r"^\d+[smhd]$")
-
-    def url_for(self, query: str) -> str:
-        return f"{self.url.rstrip('/')}/{query}"
-
-
 def _schedule(value: str) -> str:
     if not re.fullmatch(rf"{_DURATION}|@\w+|\S+( \S+){{4,5}}", value):
         raise ValueError(
@@ -620,6 +607,22 @@ _Schedule = Annotated[str, AfterValidator(_schedule)]
 def timetable(schedule: str) -> str | timedelta:
     """A registry schedule as Airflow's ``@dag(schedule=...)`` takes it."""
     return _timedelta(schedule) if re.fullmatch(_DURATION, schedule) else schedule
+
+
+class Backups(_Model):
+    """Where scheduled backups go (``<url>/<query>``) and how many are kept."""
+
+    url: str = Field("s3://stateops-backups", pattern=r"^s3://[^/]+(/.*)?$")
+    conn_id: str = "aws_default"
+    schedule: str = "@daily"
+    keep_last: int = Field(7, ge=1)
+    max_age: str | None = Field("30d", pattern=r"^\d+[smhd]$")
+    drill_schedule: _Schedule | None = "@weekly"
+    """When the DAG stream_restore_drill restores each query's newest backup into a scratch
+    place and reads its state (stateops.ops.drill); None: no scheduled drills."""
+
+    def url_for(self, query: str) -> str:
+        return f"{self.url.rstrip('/')}/{query}"
 
 
 class Start(_Model):

@@ -4,6 +4,7 @@ Bucket layout under ``s3://BUCKET/PREFIX``::
 
     objects/<sha256>              one object per distinct file content
     manifests/<backup id>.json    one per backup, written last: a backup exists once it is there
+    drills/<backup id>.json       the last restore drill of that backup (stateops.ops.drill)
 
 A backup holds exactly the files a restart after a committed batch needs (the checkpoint
 model's restart set). Files of a committed batch do not change, so a backup can run while the
@@ -43,16 +44,19 @@ if TYPE_CHECKING:
 __all__ = [
     "backup_first",
     "backup_checkpoint",
+    "describe_drill",
     "file_sha256",
     "find_manifest",
     "list_backups",
     "prune_backups",
+    "read_drills",
     "read_manifest",
     "read_manifests",
     "run_backup",
     "split_backup_url",
     "transfer_manager",
     "verify_backup",
+    "write_drill",
 ]
 
 FORMAT = "stateops-backup/1"
@@ -343,12 +347,60 @@ def read_manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
     return sorted(manifests, key=lambda m: (m["created_at"], m["backup_id"]))
 
 
+def read_drills(client: Any, loc: S3Location) -> dict[str, dict[str, Any]]:
+    """The restore drill records under ``loc`` (``drills/<backup id>.json``), by backup id."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    drills = {}
+    try:
+        for obj in _listing(client, loc, "drills"):
+            body = client.get_object(Bucket=loc.bucket, Key=obj["Key"])["Body"].read()
+            try:
+                record = json.loads(body)
+                drills[record["backup_id"]] = record
+            except (ValueError, KeyError, TypeError):
+                raise StateOpsError(
+                    f"s3://{loc.bucket}/{obj['Key']}: not a restore drill record; delete it "
+                    "and drill again (stateops drill QUERY)"
+                ) from None
+    except (BotoCoreError, ClientError) as err:
+        raise s3_error(err, f"list the drills of {loc}") from None
+    return drills
+
+
+def write_drill(client: Any, loc: S3Location, record: dict[str, Any]) -> None:
+    """Record a restore drill of backup ``record["backup_id"]`` (replacing an earlier one)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    key = loc.key("drills", f"{record['backup_id']}.json")
+    try:
+        client.put_object(Bucket=loc.bucket, Key=key, Body=json.dumps(record, indent=2).encode())
+    except (BotoCoreError, ClientError) as err:
+        raise s3_error(err, f"write s3://{loc.bucket}/{key}") from None
+
+
+def _drill_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    return record and {k: record[k] for k in ("ok", "drilled_at", "problem")}
+
+
+def describe_drill(drill: dict[str, Any] | None) -> str:
+    """A backup's last drill (``list_backups``'s ``drill``) in a few words."""
+    if drill is None:
+        return "never drilled"
+    if drill["ok"]:
+        return f"drill passed {drill['drilled_at']}"
+    return f"drill FAILED {drill['drilled_at']}: {drill['problem']}"
+
+
 def list_backups(url: str, client: Any) -> list[dict[str, Any]]:
-    """The backups under ``s3://BUCKET/PREFIX``, oldest first: a summary of each manifest."""
+    """The backups under ``s3://BUCKET/PREFIX``, oldest first: a summary of each manifest, with
+    its last restore drill (``drill``: ok, drilled_at, problem; None: never drilled)."""
+    loc = parse_s3_url(url)
+    drills = read_drills(client, loc)
     return [
         {k: m[k] for k in ("backup_id", "batch_id", "created_at", "bytes", "query_id")}
-        | {"files": len(m["files"])}
-        for m in read_manifests(client, parse_s3_url(url))
+        | {"files": len(m["files"]), "drill": _drill_summary(drills.get(m["backup_id"]))}
+        for m in read_manifests(client, loc)
     ]
 
 
@@ -419,7 +471,8 @@ def prune_backups(
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """Retention: keep the last ``keep_last`` backups and those younger than ``max_age``
-    (and always the newest); then delete objects no kept manifest names.
+    (and always the newest, and the newest that passed a restore drill); then delete objects
+    no kept manifest names, and the drill records of the backups deleted.
 
     Manifests go first, objects after: an object is deleted only once no manifest that names
     it is left. Unreferenced objects younger than ``grace`` are kept: a backup running right
@@ -444,6 +497,10 @@ def prune_backups(
             for b in backups
             if datetime.fromisoformat(b["created_at"]).timestamp() >= oldest
         }
+    drills = read_drills(client, loc)
+    passed = [b["backup_id"] for b in backups if drills.get(b["backup_id"], {}).get("ok")]
+    kept_for_drill = passed[-1] if passed and passed[-1] not in keep else None
+    keep |= set(passed[-1:])
     drop = [b["backup_id"] for b in backups if b["backup_id"] not in keep]
     try:
         referenced = {f["sha256"] for b in backups if b["backup_id"] in keep for f in b["files"]}
@@ -457,6 +514,8 @@ def prune_backups(
             for backup_id in drop:
                 manifest_key = loc.key("manifests", f"{backup_id}.json")
                 client.delete_object(Bucket=loc.bucket, Key=manifest_key)
+            for backup_id in sorted(drills.keys() - keep):  # after its manifest: never alone
+                client.delete_object(Bucket=loc.bucket, Key=loc.key("drills", f"{backup_id}.json"))
             for key, _ in unreferenced:
                 client.delete_object(Bucket=loc.bucket, Key=key)
     except (BotoCoreError, ClientError) as err:
@@ -464,6 +523,7 @@ def prune_backups(
     return {
         "dry_run": dry_run,
         "kept": sorted(keep),
+        "kept_for_drill": kept_for_drill,
         "deleted_backups": drop,
         "deleted_objects": len(unreferenced),
         "freed_bytes": sum(size for _, size in unreferenced),
