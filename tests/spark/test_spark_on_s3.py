@@ -35,7 +35,9 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import S3Path, copy_to_local, list_files, location
 from stateops.ops.backfill import plan_backfill, run_backfill
+from stateops.ops.backup import backup_checkpoint
 from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
+from stateops.ops.drill import begin_drill, finish_drill
 from stateops.ops.repartition import run_repartition
 from stateops.spark.streaming import checkpoint_url
 from tests.conftest import S3A_BUCKET, spark_submit_run_query, write_registry
@@ -180,6 +182,7 @@ def build_world(spark, s3a, root: Path) -> World:
                 entry["checkpoint"] = f"{prefix}/checkpoints/{name}"
             # As Spark names it: the registry takes the sink's path as given.
             raw["queries"][S3_SINK]["sink"]["path"] = f"s3a{prefix[2:]}/output/{S3_SINK}"
+        raw["backups"] = {"url": s3a.url(f"{root.name}/backups-{side}")}
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         registries[side] = path
     exports = {"local": str(root / "exports"), "s3": f"{s3a.url(root.name)}/exports"}
@@ -220,6 +223,21 @@ def build_world(spark, s3a, root: Path) -> World:
         return out
 
     world.step("verify-data", validate, lambda side, reg: None)
+
+    def drill(side, reg):
+        # A restore drill: the scratch place beside the checkpoint (in S3 on that side), the
+        # export job reading it as the DAG's read task does, the record beside the backup.
+        target, client = query_target(reg, NAME), s3a.client()
+        backup_checkpoint(target.checkpoint, target.backup_location(), client, log=quiet)
+        plan = begin_drill(target, client, log=quiet)
+        code, stdout = job_in_session(
+            spark, "export_state.py", "--registry", str(reg), "--checkpoint", plan["checkpoint"],
+            "--out", plan["state"], "--batch", str(plan["batch_id"]),
+        )  # fmt: skip
+        record = finish_drill(plan, client, failed=None if code == 0 else stdout[-500:], log=quiet)
+        return record["state"], location(plan["scratch"]).exists()
+
+    world.step("drill", drill, lambda side, reg: None)
 
     land(landing, round_=1, files=2)
     world.step(
@@ -306,6 +324,27 @@ def test_export_of_an_s3_checkpoint_equals_the_local_export(world):
         manifest = location(world.exports["s3"]) / name / "manifest.json"  # the export in S3
         entries = json.loads(manifest.read_text())["entries"]
         assert [{k: e[k] for k in local["entries"][0]} for e in entries] == local["entries"]
+
+
+def test_a_restore_drill_of_an_s3_checkpoint_reads_the_state_a_local_one_does(world):
+    """A backup of each side restored into a scratch place beside its checkpoint (on S3: an
+    S3 prefix), read by the export job: the same rows and checksums per store as the local
+    side's drill and as the export of the checkpoint itself; no scratch place is left."""
+    step = steps_done(world, "drill")
+    exported = steps_done(world, "export")["done"]["local"][NAME]["entries"]
+    assert (
+        step["done"]["s3"]
+        == step["done"]["local"]
+        == (
+            {
+                f"operator {e['operator_id']} {e['variable']}": {
+                    k: e[k] for k in ("rows", "checksum")
+                }
+                for e in exported
+            },
+            False,
+        )
+    )
 
 
 def test_verify_data_reads_the_state_from_s3_as_from_local(world):
