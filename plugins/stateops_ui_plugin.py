@@ -24,6 +24,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.core.report import format_bytes
 from stateops.core.storage import S3Path
+from stateops.ops.backup import describe_drill
 from stateops.spark.expectations import data_docs_path
 from stateops.status import describe_cleanup, query_status
 from stateops_airflow.forms import FormCheck
@@ -207,7 +208,7 @@ def _query_card(s: dict[str, Any]) -> str:
         + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
         + "<h3>Backups</h3>"
         + _rows(
-            ["backup", "batch", "size", "files", "created"],
+            ["backup", "batch", "size", "files", "created", "restore drill"],
             [
                 [
                     b["backup_id"],
@@ -215,6 +216,7 @@ def _query_card(s: dict[str, Any]) -> str:
                     format_bytes(b["bytes"]),
                     b["files"],
                     b["created_at"],
+                    describe_drill(b["drill"]),
                 ]
                 for b in reversed(s["backups"])
             ],

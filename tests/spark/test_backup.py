@@ -698,7 +698,8 @@ def test_a_restore_drill_reads_a_backups_state_and_catches_one_damaged_after_it_
     backup_drill, and retention keeps the newest backup that passed. The checkpoint is
     byte-identical throughout, and no scratch place is left."""
     from stateops.spark.export import export_state
-    from stateops.status import query_status
+    from stateops.status import format_status, query_status
+    from stateops_ui_plugin import _query_card
 
     registry, ckpt = checkpoint
     raw = yaml.safe_load(registry.read_text())
@@ -746,7 +747,11 @@ def test_a_restore_drill_reads_a_backups_state_and_catches_one_damaged_after_it_
     drills = {b["backup_id"]: b["drill"] for b in list_backups(where, client)}
     assert drills[older["backup_id"]]["ok"] and not drills[newest["backup_id"]]["ok"]
 
-    health = query_status(load_registry(drill_registry), "page_visits", client)["health"]
+    status = query_status(load_registry(drill_registry), "page_visits", client)
+    health, drill_of = status["health"], {b["backup_id"]: b["drill"] for b in status["backups"]}
+    for shown in (format_status(status), _query_card(status)):  # stateops status, the UI view
+        assert f"drill passed {drill_of[older['backup_id']]['drilled_at']}" in shown
+        assert f"drill FAILED {drill_of[newest['backup_id']]['drilled_at']}: the restore" in shown
     assert health["verdict"] == "FAIL"
     [finding] = [f for f in health["findings"] if f["rule"] == "backup_drill"]
     assert finding["reason"].startswith(
