@@ -106,10 +106,10 @@ def finish_drill(
     recorded."""
     state = None
     if failed is None:
-        from stateops.spark.export import read_manifest
+        from stateops.spark.export import read_manifest as read_export
 
         try:
-            exported = read_manifest(plan["state"])
+            exported = read_export(plan["state"])
             state = {
                 f"operator {e['operator_id']} {e['variable']}": {
                     "rows": e["rows"],
