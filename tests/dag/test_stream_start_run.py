@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -43,6 +44,7 @@ def _migrated_db() -> Path:
     copy of the database file (it holds no paths: airflow.cfg, which does, is written anew)."""
     if not _MIGRATED:
         home = Path(tempfile.mkdtemp(prefix="stateops-airflow-template-"))
+        atexit.register(shutil.rmtree, home, True)  # this test process's: gone with it
         env = {**os.environ, "AIRFLOW_HOME": str(home)}
         migrate = subprocess.run(
             ["bash", "-c", "source scripts/env.sh && exec airflow db migrate"],
