@@ -72,9 +72,9 @@ test: prereqs lint jars build/stateops.zip $(VENV)/.fleet-installed
 	@scripts/ensure_test_packages.sh
 	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
 
-# The fleet's faults and code upgrade too (tests/e2e/test_fleet.py whole, about 45 minutes on
-# 2 cores): make test runs the fleet's start, first runs, migration and stop, since the rest
-# would take CI to its limit. The module runs in order on one fleet: one process.
+# The fleet's migration, faults and code upgrade too (tests/e2e/test_fleet.py whole, about 45
+# minutes on 2 cores): make test runs the fleet's start, first runs and stop, since the rest
+# takes CI past its limit. The module runs in order on one fleet: one process.
 test-fleet:
 	@STATEOPS_FLEET_STORIES=1 $(MAKE) --no-print-directory test WORKERS=0 PYTEST_ARGS="tests/e2e/test_fleet.py $(PYTEST_ARGS)"
 
