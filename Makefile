@@ -15,7 +15,7 @@ WORKERS ?= auto
 # pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
 BASETEMP := build/pytest-tmp
 
-.PHONY: demo tour airflow airflow-stop fleet fleet-stop test test-fleet suite-report lint lock prereqs jars clean
+.PHONY: demo tour airflow airflow-stop fleet fleet-stop test test-fleet test-benchmarks suite-report lint lock prereqs jars clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -77,6 +77,11 @@ test: prereqs lint jars build/stateops.zip $(VENV)/.fleet-installed
 # takes CI past its limit. The module runs in order on one fleet: one process.
 test-fleet:
 	@STATEOPS_FLEET_STORIES=1 $(MAKE) --no-print-directory test WORKERS=0 PYTEST_ARGS="tests/e2e/test_fleet.py $(PYTEST_ARGS)"
+
+# Each benchmark that starts Spark, run whole on a tiny input (tests/spark/test_benchmarks.py,
+# about 25 test-minutes): make test checks only that each benchmark has its smoke.
+test-benchmarks:
+	@STATEOPS_BENCHMARK_RUNS=1 $(MAKE) --no-print-directory test PYTEST_ARGS="tests/spark/test_benchmarks.py $(PYTEST_ARGS)"
 
 # Where the suite's time goes (benchmarks/suite_report.py): make test, recording every test's
 # time and CPU, every JVM, spark-submit and Python worker it starts, and every shared fixture
