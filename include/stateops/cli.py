@@ -177,7 +177,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
     from stateops.control.target import query_target
     from stateops.core.steps import EXPORT
-    from stateops.ops.drill import begin_drill, finish_drill
+    from stateops.ops.drill import READ_FIELDS, begin_drill, finish_drill
 
     target = query_target(args.registry, args.query)
     client = _s3(args)
@@ -187,7 +187,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
             f"{args.query}: no backups under {target.backup_location()}: nothing to drill; "
             f"back it up first (stateops backup {args.query})"
         )
-    fields = {"checkpoint": plan["checkpoint"], "out": plan["state"], "batch": plan["batch_id"]}
+    fields = {field: plan[key] for field, key in READ_FIELDS.items()}
     try:
         code = _spark_submit(EXPORT, fields, args.master, args.registry, to_stderr=True)
         failed = None if code == 0 else f"Spark did not read its state (the export exited {code})"

@@ -440,13 +440,10 @@ def drill_read_operator(query: str) -> SparkSubmitOperator:
     """A restore drill's Spark step: the export job reads the state of the checkpoint that
     ``restore_<query>`` restored (:data:`stateops.core.steps.EXPORT`)."""
     from stateops.core.steps import EXPORT, fill
+    from stateops.ops.drill import READ_FIELDS
 
     plan = "{{ ti.xcom_pull(task_ids='restore_%s')['%s'] }}"
-    fields = {
-        "checkpoint": plan % (query, "checkpoint"),
-        "out": plan % (query, "state"),
-        "batch": plan % (query, "batch_id"),
-    }
+    fields = {field: plan % (query, key) for field, key in READ_FIELDS.items()}
     job, _, args = fill(EXPORT, fields)
     return spark_job_operator(f"read_{query}", job, args)
 

@@ -37,7 +37,10 @@ from stateops.ops.restore import restore_backup
 if TYPE_CHECKING:
     from stateops.control.target import Target
 
-__all__ = ["begin_drill", "finish_drill"]
+__all__ = ["READ_FIELDS", "begin_drill", "finish_drill"]
+
+# The export job's fields (stateops.core.steps.EXPORT) for a drill's read: the plan's keys.
+READ_FIELDS = {"checkpoint": "checkpoint", "out": "state", "batch": "batch_id"}
 
 
 def _now() -> str:
