@@ -344,6 +344,12 @@ def running_fleet(keep: Path | None = None) -> Iterator[Fleet]:
                 ignore=shutil.ignore_patterns("*.pid", "*.rdb", "appendonlydir"),
             )
             (keep / "figures.json").write_text(json.dumps(fleet.figures, indent=1) + "\n")
+            # what make fleet said, and Postgres's own log (outside run/: it owns its folder)
+            for said in (log, folder / "postgres" / "postgres.log"):
+                if said.exists():
+                    shutil.copy(said, keep / said.name)
+            if (folder / "airflow" / "logs").is_dir():  # the tasks' logs, every worker's
+                shutil.copytree(folder / "airflow" / "logs", keep / "task-logs")
         shutil.rmtree(folder, ignore_errors=True)
 
 
