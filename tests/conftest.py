@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -121,6 +122,26 @@ def cli_table() -> list[CliRow]:
             )
         )
     return rows
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium(playwright) -> Any:
+    """Headless Chromium (Debian's: ``make test`` installs it) through ``playwright``, as the
+    tests open a page in a real browser."""
+    assert Path(CHROMIUM).exists(), "no /usr/bin/chromium: `make test` installs it (apt-get)"
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
 
 
 def tree_digest(path: Path) -> dict[str, str]:

@@ -29,14 +29,13 @@ from stateops.core.report import checkpoint_report
 from stateops.dev.airflow_dags import api_call as _request
 from stateops.dev.airflow_dags import api_token
 from stateops.dev.s3server import free_port
-from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server, tree_digest
+from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server, chromium, tree_digest
 from tests.spark.harness import read_sink
 from tests.spark.migrations import Migration, assert_migrated, uninterrupted
 
 pytestmark = pytest.mark.e2e
 
 PASSWORD = "stateops-test-admin"
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "build" / "test-artifacts"
 DAG = "stream_source_migration"
 # The manual DAGs only: an unpaused scheduled DAG would start a run at once, beside the tests'.
@@ -178,20 +177,9 @@ def _browser(stack: Stack, name: str):
     """A logged-in page of headless Chromium; a screenshot of it is kept even on failure."""
     from playwright.sync_api import sync_playwright
 
-    assert Path(CHROMIUM).exists(), "no /usr/bin/chromium: `make test` installs it (apt-get)"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         # A person waits for a page; on 2 loaded cores the UI took longer than 30 s to open
         # a run it had just created (a clean run here failed so).
