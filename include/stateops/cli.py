@@ -23,7 +23,7 @@ from stateops.control.lock import (
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.core.errors import OperationFailed, StateOpsError, domain_errors, one_line
 from stateops.core.plans import plan_head, plan_tail
-from stateops.core.registry import Query, Registry, load_registry, registry_path
+from stateops.core.registry import Query, Registry, load_registry, parse_duration, registry_path
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import BOOTSTRAP, Step, fill
@@ -563,7 +563,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     names = [args.query] if args.query else registry.names
     client = None if args.no_backups else _s3(args)
-    statuses = [query_status(registry, name, client) for name in names]
+    history = parse_duration(args.history, "--history") if args.history else None
+    statuses = [query_status(registry, name, client, history=history) for name in names]
     if args.json:
         print(json.dumps(statuses, indent=2, default=str))
     else:
@@ -1030,6 +1031,14 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument("query", nargs="?", help="one registered query (default: all)")
     _flag(p, "--json", "machine-readable output")
     _flag(p, "--no-backups", "do not list the backup store")
+    p.add_argument(
+        "--history",
+        nargs="?",
+        const="1 day",
+        metavar="DURATION",
+        help="also the figures each run and health check recorded over the last DURATION "
+        "(default 1 day; e.g. '7 days')",
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("run", help="run a registered query under its lock (Spark)")

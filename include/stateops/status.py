@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stateops.control.audit import audit_dir, read_audit
+from stateops.control.history import RUN_FIGURES, format_history, growth, read_history, run_point
 from stateops.control.lock import live_lock, lock_state, read_hold, read_lock
 from stateops.control.markers import read_rollback
 from stateops.control.target import query_target
@@ -78,6 +79,7 @@ RULES = {
     "input_waiting": "WARN",  # health.input_waiting: input not read, nothing committed
     "backup_age": "WARN",  # health.backup_within
     "backup_drill": "FAIL",  # the newest restore drill failed
+    "state_growth": "WARN",  # health.state_rows_per_hour, health.state_bytes_per_hour
 }
 WORK_IN_PROGRESS = frozenset({"held", "planned", "backfill", "no_commit_yet", "run_retried"})
 
@@ -90,12 +92,17 @@ def _retention_close(share: float) -> str:
 
 
 def query_status(
-    registry: Registry, name: str, s3_client: Any = None, unlisted: str | None = None
+    registry: Registry,
+    name: str,
+    s3_client: Any = None,
+    unlisted: str | None = None,
+    history: timedelta | None = None,
 ) -> dict[str, Any]:
     """What an operator asks of a query's state. ``s3_client`` lists the backups (None: not
-    listed; ``unlisted``: why they could not be, an error of the status). A part that cannot
-    be read is reported in ``errors`` and left empty; the rest is still shown. A query whose
-    registry entry is refused is a FAIL that says why."""
+    listed; ``unlisted``: why they could not be, an error of the status); ``history``: the
+    query's figures over that long are read too (:mod:`stateops.control.history`). A part
+    that cannot be read is reported in ``errors`` and left empty; the rest is still shown. A
+    query whose registry entry is refused is a FAIL that says why."""
     if name in registry.invalid:
         return _status(name, {}, "its registry entry is refused", "unknown") | {
             "health": _verdict([("registry", registry.invalid[name])])
@@ -148,6 +155,11 @@ def query_status(
             status["backups"] = list_backups(where, s3_client)
         except StateOpsError as err:
             status["errors"].append(f"backups: {err}")
+    if history is not None:
+        try:
+            status["history"] = read_history(registry, name, datetime.now(UTC) - history)
+        except StateOpsError as err:
+            status["errors"].append(f"history: {err}")
     if status["last_committed_batch"] is None:
         try:
             refuse_what_a_run_refuses(query)
@@ -177,6 +189,7 @@ def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str,
         "lineage": [],
         "unfinished_backfill": None,
         "refused": None,  # never run: why a run refuses to start it (a topic, a broker)
+        "history": None,  # the figures over time, when asked (stateops.control.history)
         "errors": [],
     }
 
@@ -250,6 +263,13 @@ def health(
         found += [("backup_age", r) for r in backups]
     if listed:
         found += [("backup_drill", r) for r in _drill_failed(registry, query, status["backups"])]
+    if limits.state_rows_per_hour or limits.state_bytes_per_hour:
+        try:
+            points = read_history(registry, query.name, now - limits.growth_window)
+        except StateOpsError as err:
+            found.append(("unreadable", f"history: {err}"))
+        else:
+            found += [("state_growth", r) for r in growth(query.name, points, limits, now)]
     return _verdict(found)
 
 
@@ -332,7 +352,11 @@ def _last_run(registry: Registry, name: str, limit: int) -> dict[str, Any] | Non
     failed = 0
     if run.get("status") == "failed":  # the latest is written last: the index lists it
         failed = max(failed_in_a_row(registry, name, limit), 1) if limit > 1 else 1
-    return {k: run.get(k) for k in keys} | {"failed_in_a_row": failed}
+    figures = run_point(run)
+    return {k: run.get(k) for k in keys} | {
+        "failed_in_a_row": failed,
+        "figures": {k: figures[k] for k in RUN_FIGURES},
+    }
 
 
 def _code_part(status: dict[str, Any], query: Any, cp: Checkpoint) -> list[dict[str, Any]]:
@@ -785,5 +809,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"    {r['time']}  {r['operation']:<10} {r['result']}  ({r['run_id']})"
         for r in s["lineage"]
     ]
+    if s["history"] is not None:
+        lines += format_history(s["history"])
     lines += [f"  error: {e}" for e in s["errors"]]
     return "\n".join(lines)

@@ -151,3 +151,28 @@ def test_a_run_s_own_registry_is_written_to_the_control_store_and_read_on_any_ho
     assert load_registry(b).query(NAME).logic == on_a.query(NAME).logic
     with pytest.raises(RegistryError, match="no such registry"):
         load_registry(str(place.with_name("other.yaml")))
+
+
+def test_history_points_written_at_once_from_both_hosts_are_all_kept(hosts):
+    """A run's driver and a health check append to the same day's file in the control store at
+    the same moment: each append is a conditional write, so none is lost; both hosts read
+    every point (stateops.control.history; one host's file: tests/unit/test_history.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import UTC, datetime, timedelta
+
+    from stateops.control.history import read_history, record
+
+    registries = [load_registry(path) for path in hosts]
+    folder = registries[0].history_path(NAME)
+    assert str(folder) == f"{registries[0].control}/{NAME}/history"
+    now = datetime.now(UTC)
+
+    def append(n: int) -> None:
+        point = {"at": now.isoformat(), "source": "run", "run_id": f"r{n}", "state_rows": n}
+        record(registries[n % 2], NAME, point, timedelta(days=30))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(append, range(24)))
+    for registry in registries:
+        points = read_history(registry, NAME, now - timedelta(minutes=1))
+        assert sorted(p["run_id"] for p in points) == sorted(f"r{n}" for n in range(24))

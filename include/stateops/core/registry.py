@@ -161,6 +161,15 @@ def _timedelta(duration: str) -> timedelta:
     return timedelta(milliseconds=_duration_ms(duration))
 
 
+def parse_duration(value: str, field: str) -> timedelta:
+    """``value``, a duration as the registry writes them (90 minutes, 2 hours, 1 day), where
+    a command line gives one (``field``: the option)."""
+    try:
+        return _timedelta(_as_duration(value))
+    except ValueError as err:
+        raise StateOpsError(f"{field}: {err}") from None
+
+
 def _as_duration(value: str) -> str:
     if not re.fullmatch(_DURATION, value):
         raise ValueError(f"expected a duration (90 minutes, 2 hours, 1 day), got {value!r}")
@@ -179,6 +188,8 @@ _PRESET_PERIODS = {
 # the next one to go may well hold it. 10%: with a week's retention, less than about 17 hours
 # of records to spare.
 RETENTION_MARGIN = 0.10
+GROWTH_WINDOW = timedelta(hours=6)
+KEEP_HISTORY = timedelta(days=30)
 
 
 class Health(_Model):
@@ -201,6 +212,18 @@ class Health(_Model):
     failed_runs: int | None = Field(None, ge=1)
     """This many of the query's runs failed in a row: FAIL (default 1: its last run). Fewer
     are a WARN that pages no one (the next scheduled run may well succeed)."""
+    state_rows_per_hour: int | None = Field(None, ge=1)
+    """The query's state rows (Spark's count at the end of each run) growing faster than this
+    over ``growth_window``: WARN, the leak of state that is never removed (default: no
+    limit; what a healthy query may grow by is its own)."""
+    state_bytes_per_hour: int | None = Field(None, ge=1)
+    """The same for its state's bytes in memory, as Spark reports them (default: no limit)."""
+    growth_window: _Duration | None = None
+    """Over how long the state's growth is measured: from the first run in it to the last
+    (default 6 hours)."""
+    keep_history: _Duration | None = None
+    """How long the query's figures over time are kept (`stateops status --history`, default
+    30 days)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +235,10 @@ class HealthLimits:
     retention_margin: float
     backup_within: timedelta | None
     failed_runs: int = 1
+    state_rows_per_hour: int | None = None
+    state_bytes_per_hour: int | None = None
+    growth_window: timedelta = GROWTH_WINDOW
+    keep_history: timedelta = KEEP_HISTORY
 
 
 class Watermark(_Model):
@@ -708,6 +735,10 @@ class Registry(_Model):
             retention_margin=pick("retention_margin") or RETENTION_MARGIN,
             backup_within=_timedelta(within) if within else 2 * period if period else None,
             failed_runs=pick("failed_runs") or 1,
+            state_rows_per_hour=pick("state_rows_per_hour"),
+            state_bytes_per_hour=pick("state_bytes_per_hour"),
+            growth_window=_timedelta(w) if (w := pick("growth_window")) else GROWTH_WINDOW,
+            keep_history=_timedelta(k) if (k := pick("keep_history")) else KEEP_HISTORY,
         )
 
     @property
@@ -759,6 +790,14 @@ class Registry(_Model):
         if self.control:
             return self.control_place(name, "alerts.json")
         return self.state_dir / "alerts" / f"{name}.json"
+
+    def history_path(self, name: str) -> Path | S3Path:
+        """The folder of query ``name``'s figures over time, a file per day
+        (:mod:`stateops.control.history`): written by its runs and its health checks, on any
+        host."""
+        if self.control:
+            return self.control_place(name, "history")
+        return self.state_dir / "history" / name
 
     def run_summary_path(self, name: str, run_id: str | None = None) -> Path | S3Path:
         """The summary of query ``name``'s run ``run_id`` (None: of its latest run), which the

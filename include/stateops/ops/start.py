@@ -267,6 +267,7 @@ def run_start(
         end = _end(registry, start, ran)
         summary = _summary(start, ran, end, run_id=run_id, mode=mode, lock_lost=lock.lost)
         _audit(summary)
+        _record_history(registry, query, summary)
     return summary
 
 
@@ -565,6 +566,19 @@ def _audit(summary: dict[str, Any]) -> None:
         proof=None if proof is None else proof["ok"],
         logic=summary.get("logic"),
     )
+
+
+def _record_history(registry: Registry, query: Query, summary: dict[str, Any]) -> None:
+    """The run's figures in the query's history (:mod:`stateops.control.history`). Figures
+    that cannot be written are said; the run's outcome stands."""
+    from stateops.control.history import record, run_point
+
+    try:
+        keep = registry.health_limits(query).keep_history
+        record(registry, query.name, run_point(summary), keep)
+    except (StateOpsError, OSError) as err:
+        said = f"warning: {query.name}: the run's figures were not recorded: {one_line(err)}"
+        print(said, file=sys.stderr)
 
 
 def _cutover_mismatch(query: Query, pending: list[Path], committed: list[int]) -> str | None:

@@ -444,7 +444,8 @@ def start_query(
 
 
 def progress_summary(progress: list[Any]) -> dict[str, Any]:
-    """Input rows and state rows per operator from a run's progress events.
+    """Input rows, the batches' mean duration and state rows per operator from a run's
+    progress events.
 
     Batch counts come from the checkpoint instead: an idle trigger also reports a progress
     event, with the next batch id, though it commits nothing.
@@ -454,8 +455,15 @@ def progress_summary(progress: list[Any]) -> dict[str, Any]:
     last_state = next(
         (e["stateOperators"] for e in reversed(events) if e.get("stateOperators")), []
     )
+    read = [
+        e["durationMs"]["triggerExecution"]
+        for e in events
+        if e.get("numInputRows") and "triggerExecution" in e.get("durationMs", {})
+    ]
     return {
         "input_rows": sum(int(e.get("numInputRows", 0)) for e in events),
+        # the mean time of the batches that read input (idle triggers take next to none)
+        "batch_seconds": round(sum(read) / len(read) / 1000, 2) if read else None,
         "state_operators": [
             {
                 "operator": i,
