@@ -6,8 +6,10 @@ default), the rules `stateops status` shows, read from the checkpoints, the run 
 brokers and the backup store, without Spark: a task per query, `health_<query>`, which fails
 naming each rule that fires and what it saw (Kafka lag over `health.lag_records`, input not
 read within `health.input_waiting`, retention close to the committed offsets, no backup within
-`health.backup_within`, the last run or validation failed, code that does not fit the state).
-Work in progress (an operation holding the query, a planned batch) fires no rule.
+`health.backup_within`, the last run or validation failed, code that does not fit the state,
+state growing faster than `health.state_rows_per_hour`). Work in progress (an operation holding
+the query, a planned batch) fires no rule. Each check records the query's figures in its
+history (`stateops status --history`) and sends them as gauges through Airflow's metrics.
 
 Its callbacks send each change through the Airflow notifier the registry names
 (`alerts.notifier`, e.g. the HTTP provider's `HttpNotifier` to a webhook): a rule that starts

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import mimetypes
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -30,6 +31,7 @@ from stateops.status import describe_cleanup, query_status
 from stateops_airflow.forms import FormCheck
 
 app = FastAPI(title="Streaming state", dependencies=[Depends(requires_authenticated())])
+HISTORY = timedelta(days=7)  # the figures over time the view draws (stateops.control.history)
 
 
 def _statuses() -> list[dict[str, Any]]:
@@ -37,7 +39,9 @@ def _statuses() -> list[dict[str, Any]]:
 
     registry = load_registry()
     client, unlisted = backup_lister(registry)
-    return [query_status(registry, name, client, unlisted) for name in registry.names]
+    return [
+        query_status(registry, name, client, unlisted, history=HISTORY) for name in registry.names
+    ]
 
 
 @app.get("/api/status")
@@ -105,6 +109,43 @@ def _chart(groups: list[dict[str, Any]]) -> str:
         f'<svg class="chart" width="380" height="{len(groups) * 20 + 4}" '
         f'role="img" aria-label="bytes per snapshot group">{bars}</svg>'
     )
+
+
+def _trend(points: list[dict[str, Any]], field: str, label: str) -> str:
+    """``field`` of the points that have it over time, as a line (inline SVG), with its first
+    and last figures; nothing with fewer than two."""
+    seen = [
+        (datetime.fromisoformat(p["at"]).timestamp(), p[field])
+        for p in points
+        if p.get(field) is not None
+    ]
+    if len(seen) < 2:
+        return ""
+    (t0, first), (t1, last) = seen[0], seen[-1]
+    top = max(v for _, v in seen) or 1
+    line = " ".join(
+        f"{(t - t0) / ((t1 - t0) or 1) * 360:.1f},{64 - v / top * 60:.1f}" for t, v in seen
+    )
+    return (
+        f'<figure><svg class="trend" width="360" height="66" viewBox="0 0 360 66" '
+        f'role="img" aria-label="{_e(label)} over time"><polyline points="{line}"/>'
+        f'<text x="2" y="12">{_e(top)}</text></svg><figcaption>{_e(label)}: {_e(first)} '
+        f"to {_e(last)}, {len(seen)} points, {_minute(t0)} to {_minute(t1)} UTC</figcaption>"
+        "</figure>"
+    )
+
+
+def _minute(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _history(s: dict[str, Any]) -> str:
+    """The query's state rows (its runs) and Kafka lag (its health checks) over time."""
+    points = s.get("history") or []
+    charts = _trend(points, "state_rows", "state rows") + _trend(
+        points, "lag_records", "Kafka lag, records"
+    )
+    return charts or "<p>not enough points yet (its runs and health checks record them)</p>"
 
 
 def _kafka(s: dict[str, Any]) -> str:
@@ -206,6 +247,7 @@ def _query_card(s: dict[str, Any]) -> str:
         + _rows([], facts)
         + _kafka(s)
         + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
+        + f"<h3>Over time</h3>{_history(s)}"
         + "<h3>Backups</h3>"
         + _rows(
             ["backup", "batch", "size", "files", "created", "restore drill"],
@@ -253,6 +295,10 @@ th {{ color: var(--muted); font-weight: 600; }} .ok {{ color: var(--ok); }}
 .error {{ color: var(--fail); }} .verdict.ok {{ color: var(--ok); }}
 .verdict.warn {{ color: var(--warn); }} .verdict.fail {{ color: var(--fail); }}
 .chart rect {{ fill: var(--bar); }} .chart text {{ font-size: 11px; fill: var(--fg); }}
+.trend polyline {{ fill: none; stroke: var(--bar); stroke-width: 2; }}
+.trend {{ border-bottom: 1px solid var(--line); }}
+.trend text {{ font-size: 11px; fill: var(--muted); }}
+figure {{ margin: 4px 0 10px; }} figcaption {{ color: var(--muted); font-size: 12px; }}
 </style><script>
 function theme() {{
   let dark = window.matchMedia("(prefers-color-scheme: dark)").matches;

@@ -500,7 +500,7 @@ def check_health(query: str) -> dict[str, Any]:
     """The health rules of one query (stream_health), from its status (no Spark): the rules
     that fire, and what changed since they were last alerted, go to the task's XCom
     ``alerts`` for its callbacks (:class:`HealthAlerts`); the task fails naming every rule
-    that fires."""
+    that fires. Its figures go to the query's history and Airflow's metrics first."""
     from airflow.sdk import get_current_context
 
     from stateops.alerts import changes, firing, read_alerted
@@ -508,7 +508,9 @@ def check_health(query: str) -> dict[str, Any]:
 
     registry = load_registry()  # switched: the query where it runs now
     client, unlisted = backup_lister(registry)
-    health = query_status(registry, query, client, unlisted)["health"]
+    status = query_status(registry, query, client, unlisted)
+    health = status["health"]
+    _record_check(registry, query, status)
     now = firing(health)
     alerts = [a.as_dict() for a in changes(query, read_alerted(registry, query), now)]
     get_current_context()["ti"].xcom_push(
@@ -522,6 +524,33 @@ def check_health(query: str) -> dict[str, Any]:
             f"{query}: " + "; ".join(f"{rule}: {seen['message']}" for rule, seen in now.items())
         )
     return {"query": query, "verdict": health["verdict"], "reasons": health["reasons"]}
+
+
+_LEVELS = {"OK": 0, "WARN": 1, "FAIL": 2}
+
+
+def _record_check(registry: Registry, query: str, status: dict[str, Any]) -> None:
+    """The check's figures: a point in the query's history (:mod:`stateops.control.history`), and,
+    with its last run's, gauges ``stateops.<query>.<figure>`` in Airflow's metrics (StatsD or
+    OpenTelemetry, where the deployment turned them on: ``[metrics]``)."""
+    from airflow.sdk.observability.stats import Stats
+
+    from stateops.control.history import check_point, record
+
+    point = check_point(status)
+    if query in registry.queries:  # a refused entry has no limits to keep it by
+        try:
+            record(
+                registry, query, point, registry.health_limits(registry.query(query)).keep_history
+            )
+        except (StateOpsError, OSError) as err:
+            say(f"{query}: the check's figures were not recorded: {one_line(err)}")
+    figures = {k: point[k] for k in ("batch", "lag_records", "waiting_seconds", "checkpoint_bytes")}
+    figures |= (status["last_run"] or {}).get("figures", {})
+    figures["health"] = _LEVELS[status["health"]["verdict"]]
+    for name, value in figures.items():
+        if value is not None:
+            Stats.gauge(f"stateops.{query}.{name}", value)
 
 
 class HealthAlerts(BaseNotifier):
