@@ -30,6 +30,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import HealthLimits, Registry
 from stateops.core.report import format_bytes
 from stateops.core.storage import S3Path, file_names
+from stateops.core.times import format_span
 
 __all__ = [
     "RUN_FIGURES",
@@ -186,8 +187,9 @@ def growth(
         if hours <= 0 or last <= first or (last - first) / hours <= limit:
             continue
         shown = format_bytes if unit == "bytes" else str
+        span = format_span(last_at - first_at)
         reasons.append(
-            f"state {unit} grew from {shown(first)} to {shown(last)} in {_span(last_at - first_at)}"
+            f"state {unit} grew from {shown(first)} to {shown(last)} in {span}"
             f" ({len(seen)} runs): {(last - first) / hours:,.0f} {unit} an hour, more than "
             f"health.{setting} ({limit:,}): state that is never removed (expired entries "
             f"kept?); stateops status {name} --history shows it"
@@ -233,10 +235,3 @@ def _bytes(n: int | None) -> str | None:
 
 def _iso(now: datetime | None) -> str:
     return (now or datetime.now(UTC)).isoformat(timespec="seconds")
-
-
-def _span(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds < 120:
-        return f"{seconds} s"
-    return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"

@@ -9,11 +9,11 @@ optional zone (``Z`` or ``+HH:MM``); without a zone it is UTC (the project runs 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from stateops.core.errors import StateOpsError
 
-__all__ = ["EXAMPLE", "TIME_PATTERN", "parse_past_time", "parse_time"]
+__all__ = ["EXAMPLE", "TIME_PATTERN", "format_span", "parse_past_time", "parse_time"]
 
 EXAMPLE = "2026-11-21T03:00:00Z"
 
@@ -70,3 +70,11 @@ def parse_past_time(value: str, field: str = "time") -> datetime:
             "still land; try again once it has passed"
         )
     return moment
+
+
+def format_span(delta: timedelta) -> str:
+    """A span as a person reads it in a reason: seconds, minutes up to two hours, else hours."""
+    seconds = int(delta.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
