@@ -12,6 +12,7 @@ Nothing here writes, takes a lock or starts Spark.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,11 +26,12 @@ from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line
 from stateops.core.kafka import Offsets
-from stateops.core.registry import HealthLimits, Query, Registry
+from stateops.core.registry import HealthLimits, Query, Registry, load_registry
 from stateops.core.report import checkpoint_report, format_bytes
 from stateops.core.sources import kafka_lag, retention
 from stateops.core.storage import location
 from stateops.ops.backup import describe_drill, list_backups
+from stateops.ops.readiness import readiness, roll_back_switch
 from stateops.ops.start import failed_in_a_row
 from stateops.ops.upgrade import (
     Change,
@@ -49,6 +51,7 @@ __all__ = [
     "health",
     "query_status",
     "unfinished_backfill",
+    "watch_readiness",
 ]
 
 # The operations that change where a query's state came from (shown as its lineage).
@@ -80,6 +83,8 @@ RULES = {
     "backup_age": "WARN",  # health.backup_within
     "backup_drill": "FAIL",  # the newest restore drill failed
     "state_growth": "WARN",  # health.state_rows_per_hour, health.state_bytes_per_hour
+    "switch_failed": "FAIL",  # a switch failed its readiness window: stream_health undoes it
+    "switched_back": "FAIL",  # ... and was undone: until the query runs again
 }
 WORK_IN_PROGRESS = frozenset({"held", "planned", "backfill", "no_commit_yet", "run_retried"})
 
@@ -160,6 +165,9 @@ def query_status(
             status["history"] = read_history(registry, name, datetime.now(UTC) - history)
         except StateOpsError as err:
             status["errors"].append(f"history: {err}")
+    status["readiness"] = readiness(
+        registry, query, status["last_run"], status["last_committed_batch"], datetime.now(UTC)
+    )
     if status["last_committed_batch"] is None:
         try:
             refuse_what_a_run_refuses(query)
@@ -167,6 +175,28 @@ def query_status(
             status["refused"] = one_line(err)
     status["health"] = health(registry, query, status, cp, listed=s3_client is not None)
     return status
+
+
+def watch_readiness(
+    registry: Registry,
+    name: str,
+    s3_client: Any = None,
+    unlisted: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """:func:`query_status`, after switching the query back where its last switch failed its
+    readiness window (:mod:`stateops.ops.readiness`): stream_health's check. Where switching
+    back fails, it says why and the status goes on saying ``switch_failed``."""
+    status = query_status(registry, name, s3_client, unlisted)
+    ready = status["readiness"]
+    if not ready or ready["state"] != "failed":
+        return status
+    try:
+        roll_back_switch(registry, name, ready, log)
+    except StateOpsError as err:
+        log(f"{name}: switching back failed: {one_line(err)}")
+        return status
+    return query_status(load_registry(registry.path), name, s3_client, unlisted)
 
 
 def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str, Any]:
@@ -190,6 +220,7 @@ def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str,
         "unfinished_backfill": None,
         "refused": None,  # never run: why a run refuses to start it (a topic, a broker)
         "history": None,  # the figures over time, when asked (stateops.control.history)
+        "readiness": None,  # the last switch's readiness window (stateops.ops.readiness)
         "errors": [],
     }
 
@@ -227,6 +258,7 @@ def health(
         )
     found += [("code", r) for r in code_fit(query, [Change(**c) for c in status["code"]])]
     found += _run_findings(status["last_run"], limits.failed_runs)
+    found += _switch_findings(registry, query, status)
     v = status["last_validation"]
     if v and not v["ok"]:
         found.append(
@@ -289,6 +321,44 @@ def _run_findings(run: dict[str, Any] | None, limit: int) -> list[tuple[str, str
             f"the last run failed, {n} in a row (health.failed_runs: {limit} page): {said}",
         )
     ]
+
+
+def _switch_findings(
+    registry: Registry, query: Any, status: dict[str, Any]
+) -> list[tuple[str, str]]:
+    """A switch that failed its readiness window (stream_health switches it back), or one that
+    was switched back so, until the query's next run succeeds."""
+    ready = status["readiness"]
+    if ready and ready["state"] == "failed":
+        old = ready["switch"]["from"]["checkpoint"]
+        return [
+            (
+                "switch_failed",
+                f"the {ready['operation']} of run {ready['run_id']} failed its readiness window "
+                f"(until {ready['until']}): {ready['reason']}; stream_health switches "
+                f"{query.name} back to {old}",
+            )
+        ]
+    history = registry.switch_history(query.name)
+    undo = history[-1] if history else {}
+    run = status["last_run"]
+    if not undo.get("reason") or (
+        run and run["status"] == "succeeded" and run["started_at"] >= undo["time"]
+    ):
+        return []
+    aside = [
+        r.get("moved_aside")
+        for r in status["lineage"]
+        if r.get("run_id") == undo["run_id"] and r.get("result") == "rolled back"
+    ]
+    kept = f"; its checkpoint is kept aside: {', '.join(aside[-1])}" if aside and aside[-1] else ""
+    then = (
+        "put the old code back in its registry entry to run it (the new code needs the "
+        "state the upgrade rewrote), or fix the new code and upgrade again"
+        if undo["operation"].startswith("upgrade")
+        else "it runs on its old source again; fix the new one, then migrate again"
+    )
+    return [("switched_back", f"{undo['reason']} (at {undo['time']}){kept}: {then}")]
 
 
 def _lock_findings(registry: Registry, name: str, found: list[tuple[str, str]]) -> str | None:
@@ -763,6 +833,12 @@ def format_status(status: dict[str, Any]) -> str:
     last = s["last_committed_batch"]
     committed = "none yet" if last is None else f"batch {last} at {s['committed_at']}"
     lines.append(f"  last committed  {committed}")
+    ready = s["readiness"]
+    if ready and ready["state"] == "watching":
+        lines.append(
+            f"  readiness       {ready['operation']} of run {ready['run_id']}: its runs watched "
+            f"until {ready['until']} (a failure switches it back)"
+        )
     lines += _kafka_lines(s)
     for op in s["operators"]:
         rows = (

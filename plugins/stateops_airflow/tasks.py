@@ -500,15 +500,17 @@ def check_health(query: str) -> dict[str, Any]:
     """The health rules of one query (stream_health), from its status (no Spark): the rules
     that fire, and what changed since they were last alerted, go to the task's XCom
     ``alerts`` for its callbacks (:class:`HealthAlerts`); the task fails naming every rule
-    that fires. Its figures go to the query's history and Airflow's metrics first."""
+    that fires. Its figures go to the query's history and Airflow's metrics first. A switch
+    that failed its readiness window is switched back first (:mod:`stateops.ops.readiness`):
+    the check then says so (``switched_back``)."""
     from airflow.sdk import get_current_context
 
     from stateops.alerts import changes, firing, read_alerted
-    from stateops.status import query_status
+    from stateops.status import watch_readiness
 
     registry = load_registry()  # switched: the query where it runs now
     client, unlisted = backup_lister(registry)
-    status = query_status(registry, query, client, unlisted)
+    status = watch_readiness(registry, query, client, unlisted, say)
     health = status["health"]
     _record_check(registry, query, status)
     now = firing(health)

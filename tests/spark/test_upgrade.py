@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stateops import cli
+from stateops.alerts import firing
 from stateops.control.lock import read_hold
 from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
@@ -28,6 +29,7 @@ from stateops.ops.upgrade import (
     run_upgrade,
 )
 from stateops.spark.streaming import apply_query_conf, start_query, use_code_paths
+from stateops.status import query_status, watch_readiness
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import (
     VIEWS,
@@ -431,3 +433,62 @@ def test_an_upgraded_kafka_query_goes_on_from_the_old_offsets(spark, s3, kafka, 
     counted = Counter((value["user_id"], value["page"]) for _, value, _ in old + new)
     assert views == {key: counted[key] for key in views}
     assert set(views) == {(value["user_id"], value["page"]) for _, value, _ in new}
+
+
+# page_visits' new code with a bug: views per user and page, raising on its first input.
+FAILS_ON_INPUT = {
+    **PER_PAGE,
+    "processor": {**PER_PAGE["processor"], "class": "upgrades:FailsOnInput"},
+}
+
+
+def test_an_upgrade_whose_new_code_fails_is_switched_back_and_nothing_is_lost(
+    spark, s3, old_default, tmp_path
+):
+    """The upgrade switches to new code that raises in its second batch (its first is the old
+    state carried over). Its run fails; stream_health's check (the readiness window after an
+    upgrade, 1 hour by default) switches the query back to its old checkpoint, keeps the new
+    one aside, moves the new code's output aside, and FAILs naming why (its alert). With the
+    old code put back, the query reads the input the new code failed on: its state and output
+    equal the old query's run on the same input, never upgraded."""
+    root = tmp_path / "up"
+    registry = with_new_code(old_default, root, "unsaferow", **FAILS_ON_INPUT)
+    target = query_target(registry, NAME)
+    old_checkpoint = target.checkpoint
+    plan = plan_upgrade(target, run_id="upgrade-fails")
+    backup = backup_first(target, s3.client(), "upgrade", log=lambda line: None)
+    run_upgrade(target, plan, backup=backup, run_job=job_runner(spark), log=print)
+    new_checkpoint = plan["new"]["checkpoint"]
+    ready = query_status(load_registry(registry), NAME)["readiness"]
+    assert ready["state"] == "watching" and ready["run_id"] == "upgrade-fails", ready
+    assert load_checkpoint(new_checkpoint).last_committed_batch == 0  # the state carried over
+
+    land(root / "landing", round_=1, files=1)
+    code, out = job_in_session(spark, "run_query.py", "--registry", str(registry), "--query", NAME)
+    assert code != 0 and "FailsOnInput" in out, out[-3000:]
+    said: list[str] = []
+    status = watch_readiness(load_registry(registry), NAME, log=said.append)
+    reason = (
+        "upgrade switched back after its readiness window: its run on the new checkpoint failed"
+    )
+    assert said[0].startswith(f"{NAME}: {reason}"), said
+    assert status["checkpoint"] == old_checkpoint
+    assert not Path(new_checkpoint).exists()
+    assert Path(f"{new_checkpoint}.failed-upgrade-fails", "commits", "0").exists()
+    switched_back = firing(status["health"])["switched_back"]
+    assert switched_back["level"] == "FAIL", switched_back
+    assert switched_back["message"].startswith(reason), switched_back
+    assert "put the old code back in its registry entry" in switched_back["message"]
+    assert status["readiness"] is None  # the switch now undone is not watched
+
+    upgrade_registry(root, "unsaferow")  # the old code, put back by a person
+    assert run_in_session(spark, registry, NAME)["status"] == "succeeded"
+    reference = with_new_code(old_default, tmp_path / "ref", "unsaferow")
+    land(tmp_path / "ref" / "landing", round_=1, files=1)
+    run_in_session(spark, reference, NAME)
+    ours, theirs = load_registry(registry).query(NAME), load_registry(reference).query(NAME)
+    assert read_sink(Path(ours.sink.path)) == read_sink(Path(theirs.sink.path))
+    for variable in ("count", "pages"):
+        rows = [sorted(map(str, _state(spark, q.checkpoint, variable))) for q in (ours, theirs)]
+        assert rows[0] == rows[1] and rows[0], variable
+    assert "switched_back" not in firing(query_status(load_registry(registry), NAME)["health"])

@@ -11,7 +11,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -190,6 +190,9 @@ _PRESET_PERIODS = {
 RETENTION_MARGIN = 0.10
 GROWTH_WINDOW = timedelta(hours=6)
 KEEP_HISTORY = timedelta(days=30)
+# The readiness windows by default: an upgrade is watched, a migration not (its new query is
+# the old code on another source, and a migration's dry run reads that source already).
+READINESS = {"upgrade": timedelta(hours=1)}
 
 
 class Health(_Model):
@@ -224,6 +227,12 @@ class Health(_Model):
     keep_history: _Duration | None = None
     """How long the query's figures over time are kept (`stateops status --history`, default
     30 days)."""
+    upgrade_readiness: _Duration | Literal["off"] | None = None
+    """After a code upgrade switched the query: how long its runs are watched. A run that
+    fails (``failed_runs`` in a row) within it, or no batch committed by its end, and
+    stream_health switches the query back to its old checkpoint (default 1 hour)."""
+    migration_readiness: _Duration | Literal["off"] | None = None
+    """The same after a migration switched the query (default off)."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +248,8 @@ class HealthLimits:
     state_bytes_per_hour: int | None = None
     growth_window: timedelta = GROWTH_WINDOW
     keep_history: timedelta = KEEP_HISTORY
+    readiness: dict[str, timedelta] = field(default_factory=lambda: dict(READINESS))
+    """The readiness window after a switch, by the operation that switched (none: off)."""
 
 
 class Watermark(_Model):
@@ -729,6 +740,13 @@ class Registry(_Model):
             input_waiting = 2 * start if isinstance(start, timedelta) else timedelta(hours=1)
         within = pick("backup_within")
         period = _PRESET_PERIODS.get(self.backups.schedule)
+
+        def readiness(operation: str) -> timedelta | None:
+            window = pick(f"{operation}_readiness")
+            if window == "off":
+                return None
+            return _timedelta(window) if window else READINESS.get(operation)
+
         return HealthLimits(
             input_waiting=input_waiting,
             lag_records=pick("lag_records") or None,
@@ -739,6 +757,7 @@ class Registry(_Model):
             state_bytes_per_hour=pick("state_bytes_per_hour"),
             growth_window=_timedelta(w) if (w := pick("growth_window")) else GROWTH_WINDOW,
             keep_history=_timedelta(k) if (k := pick("keep_history")) else KEEP_HISTORY,
+            readiness={op: w for op in ("upgrade", "migration") if (w := readiness(op))},
         )
 
     @property
@@ -832,6 +851,12 @@ class Registry(_Model):
         back), or None where there is no switch to replace yet."""
         switch = self.switch_path(name)
         return str(_before(switch, name, run_id)) if switch.exists() else None
+
+    def switch_history(self, name: str) -> list[dict]:
+        """What switched query ``name`` (migrations, upgrades, repartitions, their undos),
+        oldest first: each a lineage record with its ``operation``, ``run_id`` and ``time``."""
+        switch = _switch_record(self.switch_path(name))[0]
+        return (switch or {}).get("history", [])
 
     def switch_note(self, name: str) -> str | None:
         """What query ``name``'s switch changes about its entry, in words with the switch's

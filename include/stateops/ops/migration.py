@@ -1125,11 +1125,14 @@ def switch_query(
             "query_id": old["query_id"],
             "last_committed_batch": settled["last_committed_batch"],
             "source": old["source"],
+            "sink_batch_offset": old["sink_batch_offset"],
         },
         "to": {
             "checkpoint": new["checkpoint"],
             "source": new["source"],
             "sink_batch_offset": settled["sink_batch_offset"],
+            # its carried-over batches: what its own runs commit comes after them
+            "last_committed_batch": load_checkpoint(new["checkpoint"]).last_committed_batch,
         },
         "backup_id": backup_id,
         "export": plan["export"],
@@ -1171,9 +1174,14 @@ def switch_query(
 
 
 def roll_back_migration(
-    target: Target, plan: dict[str, Any], log: Callable[[str], None] = print
+    target: Target,
+    plan: dict[str, Any],
+    log: Callable[[str], None] = print,
+    reason: str | None = None,
 ) -> dict[str, Any]:
-    """Undo what a failed migration run did; the old query can start again afterwards."""
+    """Undo what a failed migration run did; the old query can start again afterwards.
+    ``reason``: why a switch that was done is undone (its readiness window,
+    :mod:`stateops.ops.readiness`), kept in the switch's history and the audit."""
     name, old, new = plan["query"], plan["old"], location(plan["new"]["checkpoint"])
     operation = plan.get("operation", OPERATION)  # a code upgrade rolls back the same way
     done: dict[str, Any] = {"switch_undone": False, "moved_aside": []}
@@ -1184,6 +1192,8 @@ def roll_back_migration(
     stop_running_query(target, plan["run_id"], log)  # e.g. started on the new checkpoint
     if registry.query(name).checkpoint == str(new):
         undo = {"operation": f"{operation} rolled back", "run_id": plan["run_id"], "time": _now()}
+        if reason:
+            undo["reason"] = reason
         write_switch(
             registry,
             name,
@@ -1212,7 +1222,10 @@ def roll_back_migration(
     if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
         log(f"{name}: hold of run {plan['run_id']} released")
     if old["checkpoint"]:
-        append_audit(old["checkpoint"], operation, run_id=plan["run_id"], result="rolled back")
+        why = {"reason": reason, "moved_aside": done["moved_aside"]} if reason else {}
+        append_audit(
+            old["checkpoint"], operation, run_id=plan["run_id"], result="rolled back", **why
+        )
     log(f"{name}: {operation} rolled back; the query runs on {old['checkpoint']} as before")
     return done
 

@@ -12,6 +12,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from stateops.pipelines.carried import CarriedList
 from stateops.pipelines.idle_sessions import visit_row
+from stateops.pipelines.page_views import PageViewsProcessor
 from stateops.pipelines.page_visits import PAGES_SCHEMA, PageVisitsProcessor
 
 
@@ -239,3 +240,13 @@ __all__ = [
     "SplitCount",
     "pages_as_before",
 ]
+
+
+class FailsOnInput(PageViewsProcessor):
+    """page_visits' new code (views per user and page) with a bug: it raises on the first input
+    it is given. The upgrade's own batch (the old state carried over) commits; the next fails."""
+
+    def handleInputRows(
+        self, key: tuple, rows: Iterator[pd.DataFrame], timerValues
+    ) -> Iterator[pd.DataFrame]:
+        raise RuntimeError("FailsOnInput: the new code fails on its first input")
