@@ -12,7 +12,7 @@ Nothing here writes, takes a lock or starts Spark.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -166,7 +166,12 @@ def query_status(
         except StateOpsError as err:
             status["errors"].append(f"history: {err}")
     status["readiness"] = readiness(
-        registry, query, status["last_run"], status["last_committed_batch"], datetime.now(UTC)
+        registry,
+        query,
+        status["last_run"],
+        status["last_committed_batch"],
+        _unread_before(query, cp, status["kafka"]),
+        datetime.now(UTC),
     )
     if status["last_committed_batch"] is None:
         try:
@@ -651,16 +656,7 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime, limits: HealthLimi
     source."""
     allowed = limits.input_waiting
     reasons = []
-    for i, (name, source) in enumerate(query.inputs.items()):
-        folder = Path(source.path)
-        if source.kafka or "://" in source.path or not folder.is_dir():
-            continue
-        seen = cp.seen_files(i)
-        waiting = [
-            f.stat().st_mtime
-            for f in folder.iterdir()
-            if f.is_file() and not f.name.startswith((".", "_")) and str(f) not in seen
-        ]
+    for name, waiting in _unread_files(query, cp):
         oldest = min(waiting, default=None)
         if oldest is not None and now - datetime.fromtimestamp(oldest, UTC) > allowed:
             age = _age(now - datetime.fromtimestamp(oldest, UTC))
@@ -671,6 +667,38 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime, limits: HealthLimi
                 f"{query.name} reads them"
             )
     return reasons
+
+
+def _unread_files(query: Any, cp: Checkpoint) -> Iterator[tuple[str, list[float]]]:
+    """Per local file source: the mtimes of the files in its folder the query has not read."""
+    for i, (name, source) in enumerate(query.inputs.items()):
+        folder = Path(source.path)
+        if source.kafka or "://" in source.path or not folder.is_dir():
+            continue
+        seen = cp.seen_files(i)
+        yield (
+            name,
+            [
+                f.stat().st_mtime
+                for f in folder.iterdir()
+                if f.is_file() and not f.name.startswith((".", "_")) and str(f) not in seen
+            ],
+        )
+
+
+def _unread_before(query: Any, cp: Checkpoint | None, kafka: list[dict[str, Any]]) -> Any:
+    """Whether input the query has not read was there before a time: files landed before it,
+    or (their times unknown) records of a Kafka source behind its topics' end."""
+
+    def before(when: datetime) -> bool:
+        if any(part["lag_total"] for part in kafka):
+            return True
+        limit = when.timestamp()
+        return cp is not None and any(
+            mtime < limit for _, waiting in _unread_files(query, cp) for mtime in waiting
+        )
+
+    return before
 
 
 def _records_waiting(

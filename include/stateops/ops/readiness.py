@@ -4,8 +4,8 @@ retired, for exactly this. For ``health.upgrade_readiness`` (``migration_readine
 the switch, the new query's runs are watched:
 
 - a run on the new checkpoint that fails, ``health.failed_runs`` in a row, within the window;
-- or no batch of its own committed (after the batches the switch carried over) by the
-  window's end
+- or, by the window's end, no batch of its own committed (after the batches the switch
+  carried over) although input was there to read (a source that is quiet fails nothing)
 
 and the switch **failed**: :func:`roll_back_switch` switches the query back to the old
 checkpoint as the undo recipe does by hand (the old source and output numbering, the old
@@ -35,13 +35,15 @@ def readiness(
     query: Query,
     last_run: dict[str, Any] | None,
     committed: int | None,
+    unread_before: Callable[[datetime], bool],
     now: datetime,
 ) -> dict[str, Any] | None:
     """Where ``query``'s last switch is in its readiness window (None: no window applies):
     ``state`` watching, ready or failed (``reason`` says why), the switch's ``operation``,
     ``run_id``, ``time`` and ``until``, and what :func:`roll_back_switch` needs. ``last_run``:
     its last run's summary (:func:`stateops.status.query_status`'s ``last_run``);
-    ``committed``: its checkpoint's last committed batch."""
+    ``committed``: its checkpoint's last committed batch; ``unread_before(t)``: whether input
+    it has not read was there before ``t``."""
     history = registry.switch_history(query.name)
     switch = history[-1] if history else None
     limits = registry.health_limits(query)
@@ -67,8 +69,11 @@ def readiness(
             return found | {"state": "failed", "reason": reason}
     if now < at + window:
         return found | {"state": "watching", "reason": None}
-    if committed is None or committed <= carried:
-        reason = f"it committed no batch of its own in the {format_span(window)} after the switch"
+    if (committed is None or committed <= carried) and unread_before(at + window):
+        reason = (
+            f"it committed no batch of its own in the {format_span(window)} after the switch, "
+            "with input to read"
+        )
         return found | {"state": "failed", "reason": reason}
     return found | {"state": "ready", "reason": None}
 
