@@ -10,6 +10,9 @@ read within `health.input_waiting`, retention close to the committed offsets, no
 state growing faster than `health.state_rows_per_hour`). Work in progress (an operation holding
 the query, a planned batch) fires no rule. Each check records the query's figures in its
 history (`stateops status --history`) and sends them as gauges through Airflow's metrics.
+A query whose code upgrade (or migration, where `health.migration_readiness` is set) failed
+its readiness window, its runs failing or stuck with input to read, is switched
+back to its old checkpoint first, and the rule `switched_back` says why (docs/code-upgrades.md).
 
 Its callbacks send each change through the Airflow notifier the registry names
 (`alerts.notifier`, e.g. the HTTP provider's `HttpNotifier` to a webhook): a rule that starts

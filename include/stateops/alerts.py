@@ -14,14 +14,23 @@ the next check.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from stateops.control.markers import read_record, write_record
-from stateops.core.errors import StateOpsError
-from stateops.core.registry import Registry
+from stateops.core.errors import StateOpsError, one_line
+from stateops.core.registry import Registry, load_registry
 
-__all__ = ["Alert", "changes", "firing", "notifier_for", "read_alerted", "write_alerted"]
+__all__ = [
+    "Alert",
+    "changes",
+    "firing",
+    "notifier_for",
+    "read_alerted",
+    "watch_readiness",
+    "write_alerted",
+]
 
 
 @dataclass(frozen=True)
@@ -104,3 +113,28 @@ def notifier_for(registry: Registry) -> Any:
         return cls(**registry.alerts.notifier_args)
     except TypeError as err:
         raise StateOpsError(f"alerts.notifier_args: {path} refuses them: {err}") from err
+
+
+def watch_readiness(
+    registry: Registry,
+    name: str,
+    s3_client: Any = None,
+    unlisted: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """:func:`stateops.status.query_status`, after switching the query back where its last
+    switch failed its readiness window (:mod:`stateops.ops.readiness`): stream_health's check.
+    Where switching back fails, it says why and the status goes on saying ``switch_failed``."""
+    from stateops.ops.readiness import roll_back_switch
+    from stateops.status import query_status
+
+    status = query_status(registry, name, s3_client, unlisted)
+    ready = status["readiness"]
+    if not ready or ready["state"] != "failed":
+        return status
+    try:
+        roll_back_switch(registry, name, ready, log)
+    except Exception as err:  # noqa: BLE001 - the check goes on: its rules say what is left
+        log(f"{name}: switching back failed: {one_line(err)}")
+        return status
+    return query_status(load_registry(registry.path), name, s3_client, unlisted)

@@ -12,7 +12,7 @@ Nothing here writes, takes a lock or starts Spark.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,12 +26,12 @@ from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line
 from stateops.core.kafka import Offsets
-from stateops.core.registry import HealthLimits, Query, Registry, load_registry
+from stateops.core.registry import HealthLimits, Query, Registry
 from stateops.core.report import checkpoint_report, format_bytes
 from stateops.core.sources import kafka_lag, retention
 from stateops.core.storage import location
 from stateops.ops.backup import describe_drill, list_backups
-from stateops.ops.readiness import readiness, roll_back_switch
+from stateops.ops.readiness import readiness
 from stateops.ops.start import failed_in_a_row
 from stateops.ops.upgrade import (
     Change,
@@ -51,7 +51,6 @@ __all__ = [
     "health",
     "query_status",
     "unfinished_backfill",
-    "watch_readiness",
 ]
 
 # The operations that change where a query's state came from (shown as its lineage).
@@ -165,14 +164,7 @@ def query_status(
             status["history"] = read_history(registry, name, datetime.now(UTC) - history)
         except StateOpsError as err:
             status["errors"].append(f"history: {err}")
-    status["readiness"] = readiness(
-        registry,
-        query,
-        status["last_run"],
-        status["last_committed_batch"],
-        _unread_before(query, cp, status["kafka"]),
-        datetime.now(UTC),
-    )
+    _readiness_part(status, registry, query, cp, running)
     if status["last_committed_batch"] is None:
         try:
             refuse_what_a_run_refuses(query)
@@ -182,26 +174,28 @@ def query_status(
     return status
 
 
-def watch_readiness(
+def _readiness_part(
+    status: dict[str, Any],
     registry: Registry,
-    name: str,
-    s3_client: Any = None,
-    unlisted: str | None = None,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """:func:`query_status`, after switching the query back where its last switch failed its
-    readiness window (:mod:`stateops.ops.readiness`): stream_health's check. Where switching
-    back fails, it says why and the status goes on saying ``switch_failed``."""
-    status = query_status(registry, name, s3_client, unlisted)
-    ready = status["readiness"]
-    if not ready or ready["state"] != "failed":
-        return status
+    query: Query,
+    cp: Checkpoint | None,
+    running: Any,
+) -> None:
+    """Where the query's last switch is in its readiness window (``running``: the lock of the
+    run going on, if any); a part that cannot be read is an error of the status."""
+    since = running and running.operation == "run" and running.acquired_at
     try:
-        roll_back_switch(registry, name, ready, log)
-    except StateOpsError as err:
-        log(f"{name}: switching back failed: {one_line(err)}")
-        return status
-    return query_status(load_registry(registry.path), name, s3_client, unlisted)
+        status["readiness"] = readiness(
+            registry,
+            query,
+            status["last_run"],
+            status["last_committed_batch"],
+            datetime.fromtimestamp(since, UTC) if since else None,
+            _unread_before(query, cp, status["kafka"]),
+            datetime.now(UTC),
+        )
+    except (StateOpsError, OSError, ValueError, KeyError, TypeError) as err:
+        status["errors"].append(f"readiness: {one_line(err)}")
 
 
 def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str, Any]:
@@ -348,15 +342,28 @@ def _switch_findings(
     undo = history[-1] if history else {}
     run = status["last_run"]
     if not undo.get("reason") or (
-        run and run["status"] == "succeeded" and run["started_at"] >= undo["time"]
+        run
+        and run["status"] == "succeeded"
+        and run.get("checkpoint") == query.checkpoint
+        and datetime.fromisoformat(run["started_at"]) >= datetime.fromisoformat(undo["time"])
     ):
         return []
-    aside = [
-        r.get("moved_aside")
+    done = [
+        r
         for r in status["lineage"]
         if r.get("run_id") == undo["run_id"] and r.get("result") == "rolled back"
     ]
-    kept = f"; its checkpoint is kept aside: {', '.join(aside[-1])}" if aside and aside[-1] else ""
+    if not done:  # the switch was written back, and what follows it was not done
+        return [
+            (
+                "switched_back",
+                f"{undo['reason']} (at {undo['time']}), and switching back stopped before its "
+                f"end: see stream_health's log, then finish it by hand (stateops unretire "
+                f"{query.checkpoint}; docs/backfill-migration.md)",
+            )
+        ]
+    aside = done[-1].get("moved_aside")
+    kept = f"; its checkpoint is kept aside: {', '.join(aside)}" if aside else ""
     then = (
         "put the old code back in its registry entry to run it (the new code needs the "
         "state the upgrade rewrote), or fix the new code and upgrade again"

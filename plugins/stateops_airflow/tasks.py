@@ -505,8 +505,7 @@ def check_health(query: str) -> dict[str, Any]:
     the check then says so (``switched_back``)."""
     from airflow.sdk import get_current_context
 
-    from stateops.alerts import changes, firing, read_alerted
-    from stateops.status import watch_readiness
+    from stateops.alerts import changes, firing, read_alerted, watch_readiness
 
     registry = load_registry()  # switched: the query where it runs now
     client, unlisted = backup_lister(registry)

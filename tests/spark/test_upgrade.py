@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stateops import cli
-from stateops.alerts import firing
+from stateops.alerts import firing, watch_readiness
 from stateops.control.lock import read_hold
 from stateops.control.target import query_target
 from stateops.core.checkpoint import load_checkpoint
@@ -29,7 +29,7 @@ from stateops.ops.upgrade import (
     run_upgrade,
 )
 from stateops.spark.streaming import apply_query_conf, start_query, use_code_paths
-from stateops.status import query_status, watch_readiness
+from stateops.status import query_status
 from tests.conftest import run_cli, tree_digest
 from tests.spark.harness import (
     VIEWS,

@@ -4,6 +4,7 @@ code upgrade whose new code raises: tests/spark/test_upgrade.py."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -68,54 +69,68 @@ def _at(minutes: int) -> datetime:
     return SWITCHED + timedelta(minutes=minutes)
 
 
+def _judge(registry, query, run, committed, minutes, running=None, unread=waiting):
+    """``readiness`` ``minutes`` after the switch; ``running``: the minute the run going on
+    now started (None: none)."""
+    since = None if running is None else _at(running)
+    return readiness(registry, query, run, committed, since, unread, _at(minutes))
+
+
 def test_an_upgrade_is_watched_for_an_hour_and_a_run_that_fails_in_it_fails_it(tmp_path):
     registry, query = _switched(tmp_path, "upgrade")
-    watching = readiness(registry, query, None, 0, waiting, _at(10))
+    watching = _judge(registry, query, None, 0, 10)
     assert (watching["state"], watching["until"]) == ("watching", "2026-12-04T13:00:00+00:00")
-    ok = readiness(registry, query, _run(query, "succeeded", 5), 3, waiting, _at(30))
+    ok = _judge(registry, query, _run(query, "succeeded", 5), 3, 30)
     assert ok["state"] == "watching"  # a good run does not end the window early
-    failed = readiness(registry, query, _run(query, "failed", 20), 0, waiting, _at(25))
+    failed = _judge(registry, query, _run(query, "failed", 20), 0, 25)
     assert failed["state"] == "failed"
     assert failed["reason"] == "its run on the new checkpoint failed: boom"
+    assert _judge(registry, query, _run(query, "succeeded", 5), 1, 60)["state"] == "ready"
     # A run that failed after the window is the run rules' (run_failed), not the switch's.
-    late = readiness(registry, query, _run(query, "failed", 61), 4, waiting, _at(70))
-    assert late["state"] == "ready"
+    assert _judge(registry, query, _run(query, "failed", 61), 4, 70)["state"] == "ready"
     # A run of the old checkpoint before the switch is not the new query's.
     old = registry.switch_history(NAME)[-1]["from"]["checkpoint"]
     before = _run(query, "failed", -5) | {"checkpoint": old}
-    assert readiness(registry, query, before, 0, waiting, _at(5))["state"] == "watching"
+    assert _judge(registry, query, before, 0, 5)["state"] == "watching"
 
 
-def test_a_switch_that_commits_nothing_of_its_own_in_its_window_fails(tmp_path):
+def test_a_run_stuck_through_the_window_with_input_to_read_fails_it(tmp_path):
     registry, query = _switched(tmp_path, "upgrade")
-    idle = readiness(registry, query, None, 0, waiting, _at(60))  # only the carried-over batch 0
-    assert idle["state"] == "failed"
-    assert idle["reason"] == (
-        "it committed no batch of its own in the 60 min after the switch, with input to read"
+    stuck = _judge(registry, query, None, 0, 60, running=2)  # only the carried-over batch 0
+    assert stuck["state"] == "failed"
+    assert stuck["reason"] == (
+        "its run since 2026-12-04T12:02:00+00:00 committed no batch of its own in the 60 min "
+        "after the switch, with input to read"
     )
-    # A source that was quiet all the while fails nothing: the window ends.
-    assert readiness(registry, query, None, 0, quiet, _at(60))["state"] == "ready"
-    assert (
-        readiness(registry, query, _run(query, "succeeded", 5), 1, waiting, _at(60))["state"]
-        == "ready"
-    )
+    # A quiet source, a query nobody ran, a run that committed: each fails nothing.
+    assert _judge(registry, query, None, 0, 60, running=2, unread=quiet)["state"] == "ready"
+    assert _judge(registry, query, None, 0, 60)["state"] == "ready"
+    assert _judge(registry, query, None, 1, 60, running=2)["state"] == "ready"
+    # Judged at the window's end, not when input comes days later to a run started in it.
+    assert _judge(registry, query, None, 0, 3000, running=2)["state"] == "ready"
 
 
 def test_failed_runs_in_a_row_as_health_says(tmp_path):
     registry, query = _switched(tmp_path, "upgrade", {"failed_runs": 2})
-    assert (
-        readiness(registry, query, _run(query, "failed", 5), 0, waiting, _at(10))["state"]
-        == "watching"
-    )
-    twice = readiness(registry, query, _run(query, "failed", 9, failed=2), 0, waiting, _at(10))
+    assert _judge(registry, query, _run(query, "failed", 5), 0, 10)["state"] == "watching"
+    twice = _judge(registry, query, _run(query, "failed", 9, failed=2), 0, 10)
     assert twice["reason"] == "2 runs in a row on the new checkpoint failed: boom"
 
 
 def test_a_migration_is_not_watched_unless_the_registry_says(tmp_path):
     registry, query = _switched(tmp_path / "default", "migration")
-    assert readiness(registry, query, _run(query, "failed", 5), 0, waiting, _at(10)) is None
+    assert _judge(registry, query, _run(query, "failed", 5), 0, 10) is None
     registry, query = _switched(tmp_path / "on", "migration", {"migration_readiness": "2 hours"})
-    assert readiness(registry, query, None, 0, waiting, _at(100))["state"] == "watching"
-    assert readiness(registry, query, None, 0, waiting, _at(120))["state"] == "failed"
+    assert _judge(registry, query, None, 0, 100, running=1)["state"] == "watching"
+    assert _judge(registry, query, None, 0, 120, running=1)["state"] == "failed"
     registry, query = _switched(tmp_path / "off", "upgrade", {"upgrade_readiness": "off"})
-    assert readiness(registry, query, _run(query, "failed", 5), 0, waiting, _at(10)) is None
+    assert _judge(registry, query, _run(query, "failed", 5), 0, 10) is None
+
+
+def test_a_switch_recorded_before_the_window_existed_is_not_watched(tmp_path):
+    registry, query = _switched(tmp_path, "upgrade")
+    path = registry.switch_path(NAME)
+    switch = json.loads(path.read_text())
+    del switch["history"][-1]["to"]["last_committed_batch"]
+    path.write_text(json.dumps(switch))
+    assert _judge(load_registry(registry.path), query, _run(query, "failed", 5), 0, 10) is None

@@ -4,8 +4,9 @@ retired, for exactly this. For ``health.upgrade_readiness`` (``migration_readine
 the switch, the new query's runs are watched:
 
 - a run on the new checkpoint that fails, ``health.failed_runs`` in a row, within the window;
-- or, by the window's end, no batch of its own committed (after the batches the switch
-  carried over) although input was there to read (a source that is quiet fails nothing)
+- or a run started on it within the window that is still running at the window's end and has
+  committed no batch of its own (after the batches the switch carried over) although input
+  was there to read: stuck. A source that is quiet fails nothing, nor a query nobody ran.
 
 and the switch **failed**: :func:`roll_back_switch` switches the query back to the old
 checkpoint as the undo recipe does by hand (the old source and output numbering, the old
@@ -21,9 +22,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from stateops.control.lock import release_hold
 from stateops.control.target import query_target
+from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
-from stateops.core.registry import Query, Registry
+from stateops.core.registry import Query, Registry, load_registry
 from stateops.core.storage import location
 from stateops.core.times import format_span
 
@@ -35,6 +38,7 @@ def readiness(
     query: Query,
     last_run: dict[str, Any] | None,
     committed: int | None,
+    running_since: datetime | None,
     unread_before: Callable[[datetime], bool],
     now: datetime,
 ) -> dict[str, Any] | None:
@@ -42,37 +46,52 @@ def readiness(
     ``state`` watching, ready or failed (``reason`` says why), the switch's ``operation``,
     ``run_id``, ``time`` and ``until``, and what :func:`roll_back_switch` needs. ``last_run``:
     its last run's summary (:func:`stateops.status.query_status`'s ``last_run``);
-    ``committed``: its checkpoint's last committed batch; ``unread_before(t)``: whether input
-    it has not read was there before ``t``."""
+    ``committed``: its checkpoint's last committed batch; ``running_since``: when the run
+    going on now started (None: none); ``unread_before(t)``: whether input it has not read
+    was there before ``t``. A switch recorded before the window existed is not watched."""
     history = registry.switch_history(query.name)
     switch = history[-1] if history else None
     limits = registry.health_limits(query)
     window = limits.readiness.get((switch or {}).get("operation", ""))
-    if switch is None or window is None or not _same(query.checkpoint, switch["to"]["checkpoint"]):
+    if (
+        switch is None
+        or window is None
+        or "sink_batch_offset" not in switch["from"]
+        or "last_committed_batch" not in switch["to"]
+        or not _same(query.checkpoint, switch["to"]["checkpoint"])
+    ):
         return None
     at = datetime.fromisoformat(switch["time"])
+    until = at + window
     found = {
         "operation": switch["operation"],
         "run_id": switch["run_id"],
         "time": switch["time"],
-        "until": (at + window).isoformat(timespec="seconds"),
+        "until": until.isoformat(timespec="seconds"),
+        "committed": committed,
         "switch": switch,
     }
-    carried = switch["to"].get("last_committed_batch", 0)
-    limit = limits.failed_runs
     ran = last_run if last_run and _since(last_run, at, query.checkpoint) else None
-    if ran and ran["status"] == "failed" and ran["failed_in_a_row"] >= limit:
-        if datetime.fromisoformat(ran["started_at"]) < at + window:
+    if ran and ran["status"] == "failed" and ran["failed_in_a_row"] >= limits.failed_runs:
+        if datetime.fromisoformat(ran["started_at"]) < until:
             said = ran.get("error") or "see its log"
-            runs = "its run" if limit == 1 else f"{ran['failed_in_a_row']} runs in a row"
+            n = ran["failed_in_a_row"]
+            runs = "its run" if limits.failed_runs == 1 else f"{n} runs in a row"
             reason = f"{runs} on the new checkpoint failed: {said}"
             return found | {"state": "failed", "reason": reason}
-    if now < at + window:
+    if now < until:
         return found | {"state": "watching", "reason": None}
-    if (committed is None or committed <= carried) and unread_before(at + window):
+    own = committed is not None and committed > switch["to"]["last_committed_batch"]
+    if (
+        not own
+        and running_since is not None
+        and at <= running_since < until
+        and now < until + window  # judged at the window's end, not days later
+        and unread_before(until)
+    ):
         reason = (
-            f"it committed no batch of its own in the {format_span(window)} after the switch, "
-            "with input to read"
+            f"its run since {running_since.isoformat(timespec='seconds')} committed no batch "
+            f"of its own in the {format_span(window)} after the switch, with input to read"
         )
         return found | {"state": "failed", "reason": reason}
     return found | {"state": "ready", "reason": None}
@@ -82,16 +101,13 @@ def roll_back_switch(
     registry: Registry, name: str, found: dict[str, Any], log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Switch query ``name`` back from the switch that failed its readiness window (``found``,
-    from :func:`readiness`), as the switch's own run would have rolled back a failed step."""
-    from stateops.ops.migration import roll_back_migration
+    from :func:`readiness`), as the switch's own run would have rolled back a failed step:
+    under the switch's hold, once the switch and the new checkpoint's commits are seen as the
+    check saw them (else nothing is done: the next check judges again)."""
+    from stateops.ops.migration import prepare_migration, roll_back_migration
 
     switch = found["switch"]
     old = switch["from"]
-    if "sink_batch_offset" not in old:
-        raise StateOpsError(
-            f"{name}: the switch of run {switch['run_id']} does not record the old output's "
-            "numbering (switched by an older version): undo it by hand (docs/code-upgrades.md)"
-        )
     plan = {
         "query": name,
         "run_id": switch["run_id"],
@@ -100,9 +116,27 @@ def roll_back_switch(
         "old": {k: old[k] for k in ("checkpoint", "source", "sink_batch_offset")},
         "new": {"checkpoint": switch["to"]["checkpoint"]},
     }
+    target = query_target(registry, name)
+    prepare_migration(target, plan)  # no other operation from here: then look again
+    now = load_registry(registry.path)
+    last = now.switch_history(name)[-1:]
+    moved = not last or last[0]["run_id"] != switch["run_id"]
+    new = switch["to"]["checkpoint"]
+    if moved or not _same(now.query(name).checkpoint, new) or _committed(new) != found["committed"]:
+        release_hold(target.lock_file, switch["run_id"])
+        raise StateOpsError(
+            f"{name}: its switch or its new checkpoint changed since the check; nothing was "
+            "switched back (the next check judges again)"
+        )
     reason = f"{found['operation']} switched back after its readiness window: {found['reason']}"
     log(f"{name}: {reason}")
-    return roll_back_migration(query_target(registry, name), plan, log, reason=reason)
+    return roll_back_migration(target, plan, log, reason=reason)
+
+
+def _committed(checkpoint: str) -> int | None:
+    return (
+        load_checkpoint(checkpoint).last_committed_batch if location(checkpoint).exists() else None
+    )
 
 
 def _same(a: str, b: str) -> bool:
