@@ -9,8 +9,9 @@ JVM start recorded instead of made (``java`` on PATH and ``$JAVA_HOME/bin/java``
 that fails), the median of ``--runs`` of:
 
 - ``stateops status --json --no-backups`` of every query: the baseline;
-- the checks' own work in one process: what each ``health_<query>`` task computes (its status
-  and the rules that fire, :func:`stateops.alerts.firing`);
+- the checks' own work in one process: what each ``health_<query>`` task does but send its
+  gauges (its status after the readiness watch, :func:`stateops.alerts.watch_readiness`, the
+  point it records in the query's history, and the rules that fire);
 - ``airflow dags test stream_health``: the DAG run whole, Airflow's start and task overhead
   included (its backup listing finds no connection, said as a finding, as status skips it).
 
@@ -39,12 +40,18 @@ from tests.conftest import java_stand_in, write_registry  # noqa: E402
 
 CHECKS = """
 import json, sys, time
-from stateops.alerts import firing
+from stateops.alerts import firing, watch_readiness
+from stateops.control.history import check_point, record
 from stateops.core.registry import load_registry
-from stateops.status import query_status
 start = time.perf_counter()
 registry = load_registry()
-fired = {n: firing(query_status(registry, n)["health"]) for n in registry.names}
+fired = {}
+for n in registry.names:
+    status = watch_readiness(registry, n)
+    if n in registry.queries:
+        keep = registry.health_limits(registry.query(n)).keep_history
+        record(registry, n, check_point(status), keep)
+    fired[n] = firing(status["health"])
 print(json.dumps({"seconds": time.perf_counter() - start, "fired": fired}))
 """
 
