@@ -30,6 +30,7 @@ from stateops.core.registry import HealthLimits, Query, Registry
 from stateops.core.report import checkpoint_report, format_bytes
 from stateops.core.sources import kafka_lag, retention
 from stateops.core.storage import location
+from stateops.core.times import format_span
 from stateops.ops.backup import describe_drill, list_backups
 from stateops.ops.readiness import readiness
 from stateops.ops.start import failed_in_a_row
@@ -666,11 +667,11 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime, limits: HealthLimi
     for name, waiting in _unread_files(query, cp):
         oldest = min(waiting, default=None)
         if oldest is not None and now - datetime.fromtimestamp(oldest, UTC) > allowed:
-            age = _age(now - datetime.fromtimestamp(oldest, UTC))
+            age = format_span(now - datetime.fromtimestamp(oldest, UTC))
             files = f"{len(waiting)} input file" + "s" * (len(waiting) != 1)
             reasons.append(
                 f"{files} of {name} landed and not read, the oldest {age} ago "
-                f"(allowed: {_age(allowed)}, health.input_waiting); stateops run "
+                f"(allowed: {format_span(allowed)}, health.input_waiting); stateops run "
                 f"{query.name} reads them"
             )
     return reasons
@@ -717,7 +718,7 @@ def _records_waiting(
         return []
     return [
         f"kafka {part['source']}: {part['lag_total']} records waiting and no batch committed "
-        f"for {_age(now - committed)} (allowed: {_age(limits.input_waiting)}, "
+        f"for {format_span(now - committed)} (allowed: {format_span(limits.input_waiting)}, "
         f"health.input_waiting): the query is stalled or not run; stateops run {name} reads "
         "them"
         for part in parts
@@ -734,8 +735,8 @@ def _backup_age(
     last = max(datetime.fromisoformat(b["created_at"]) for b in backups)
     if within is not None and now - last > within:
         return [
-            f"the last backup is {_age(now - last)} old (schedule {registry.backups.schedule}, "
-            f"allowed: {_age(within)})"
+            f"the last backup is {format_span(now - last)} old (schedule "
+            f"{registry.backups.schedule}, allowed: {format_span(within)})"
         ]
     return []
 
@@ -754,13 +755,6 @@ def _drill_failed(registry: Registry, query: Query, backups: list[dict[str, Any]
         f"{registry.backups.url_for(query.name)}/{last['backup_id']}` says which objects, "
         f"`stateops drill {query.name}` drills again"
     ]
-
-
-def _age(delta: timedelta) -> str:
-    minutes = int(delta.total_seconds() // 60)
-    if minutes < 120:
-        return f"{minutes} min"
-    return f"{minutes // 60} h" if minutes < 48 * 60 else f"{minutes // 1440} days"
 
 
 def _checkpoint_part(status: dict[str, Any], cp: Checkpoint, min_deltas: int) -> None:

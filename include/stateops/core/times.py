@@ -73,8 +73,10 @@ def parse_past_time(value: str, field: str = "time") -> datetime:
 
 
 def format_span(delta: timedelta) -> str:
-    """A span as a person reads it in a reason: seconds, minutes up to two hours, else hours."""
+    """A span as a person reads it in a reason: seconds up to two minutes, minutes up to two
+    hours, hours up to two days, else days (rounded down)."""
     seconds = int(delta.total_seconds())
-    if seconds < 120:
-        return f"{seconds} s"
-    return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
