@@ -22,10 +22,13 @@ read (a writer that died in the middle of a local append) is left out.
 from __future__ import annotations
 
 import json
+import random
+import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from stateops.control.lock import require_conditional_writes
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import HealthLimits, Registry
 from stateops.core.report import format_bytes
@@ -115,10 +118,15 @@ def record(registry: Registry, name: str, point: dict[str, Any], keep: timedelta
 
 
 def _append_s3(target: S3Path, line: bytes) -> None:
+    """The lease's way (:func:`stateops.control.lock._change`): on a store that honours
+    conditional writes, over the version read, again after a short random pause when another
+    writer came first."""
+    require_conditional_writes(target)
     for _ in range(_ATTEMPTS):
         data, version, _ = target.read_versioned()
         if target.write_if((data or b"") + line, version):
             return
+        time.sleep(random.uniform(0.01, 0.1))
     raise StateOpsError(
         f"{target}: {_ATTEMPTS} other writers came first; the point was not recorded"
     )
