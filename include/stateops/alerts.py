@@ -133,7 +133,7 @@ def watch_readiness(
     if not ready or ready["state"] != "failed":
         return status
     try:
-        roll_back_switch(registry, name, ready, log)
+        roll_back_switch(registry, name, status["last_switch"], ready, log)
     except Exception as err:  # noqa: BLE001 - the check goes on: its rules say what is left
         log(f"{name}: switching back failed: {one_line(err)}")
         return status

@@ -12,7 +12,7 @@ Nothing here writes, takes a lock or starts Spark.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -165,7 +165,7 @@ def query_status(
             status["history"] = read_history(registry, name, datetime.now(UTC) - history)
         except StateOpsError as err:
             status["errors"].append(f"history: {err}")
-    _readiness_part(status, registry, query, cp, running)
+    _readiness_part(status, registry, query, limits, cp, running)
     if status["last_committed_batch"] is None:
         try:
             refuse_what_a_run_refuses(query)
@@ -179,16 +179,20 @@ def _readiness_part(
     status: dict[str, Any],
     registry: Registry,
     query: Query,
+    limits: HealthLimits,
     cp: Checkpoint | None,
     running: Any,
 ) -> None:
-    """Where the query's last switch is in its readiness window (``running``: the lock of the
-    run going on, if any); a part that cannot be read is an error of the status."""
+    """The query's last switch, and where it is in its readiness window (``running``: the
+    lock of the run going on, if any); a part that cannot be read is an error of the status."""
     since = running and running.operation == "run" and running.acquired_at
     try:
+        switches = registry.switch_history(query.name)
+        status["last_switch"] = switches[-1] if switches else None
         status["readiness"] = readiness(
-            registry,
             query,
+            limits,
+            status["last_switch"],
             status["last_run"],
             status["last_committed_batch"],
             datetime.fromtimestamp(since, UTC) if since else None,
@@ -220,6 +224,7 @@ def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str,
         "unfinished_backfill": None,
         "refused": None,  # never run: why a run refuses to start it (a topic, a broker)
         "history": None,  # the figures over time, when asked (stateops.control.history)
+        "last_switch": None,  # the last record of its switch's history (None: never switched)
         "readiness": None,  # the last switch's readiness window (stateops.ops.readiness)
         "errors": [],
     }
@@ -258,7 +263,7 @@ def health(
         )
     found += [("code", r) for r in code_fit(query, [Change(**c) for c in status["code"]])]
     found += _run_findings(status["last_run"], limits.failed_runs)
-    found += _switch_findings(registry, query, status)
+    found += _switch_findings(query, status)
     v = status["last_validation"]
     if v and not v["ok"]:
         found.append(
@@ -323,14 +328,12 @@ def _run_findings(run: dict[str, Any] | None, limit: int) -> list[tuple[str, str
     ]
 
 
-def _switch_findings(
-    registry: Registry, query: Any, status: dict[str, Any]
-) -> list[tuple[str, str]]:
+def _switch_findings(query: Any, status: dict[str, Any]) -> list[tuple[str, str]]:
     """A switch that failed its readiness window (stream_health switches it back), or one that
     was switched back so, until the query's next run succeeds."""
     ready = status["readiness"]
     if ready and ready["state"] == "failed":
-        old = ready["switch"]["from"]["checkpoint"]
+        old = status["last_switch"]["from"]["checkpoint"]
         return [
             (
                 "switch_failed",
@@ -339,8 +342,7 @@ def _switch_findings(
                 f"{query.name} back to {old}",
             )
         ]
-    history = registry.switch_history(query.name)
-    undo = history[-1] if history else {}
+    undo = status["last_switch"] or {}
     run = status["last_run"]
     if not undo.get("reason") or (
         run
@@ -694,7 +696,9 @@ def _unread_files(query: Any, cp: Checkpoint) -> Iterator[tuple[str, list[float]
         )
 
 
-def _unread_before(query: Any, cp: Checkpoint | None, kafka: list[dict[str, Any]]) -> Any:
+def _unread_before(
+    query: Any, cp: Checkpoint | None, kafka: list[dict[str, Any]]
+) -> Callable[[datetime], bool]:
     """Whether input the query has not read was there before a time: files landed before it,
     or (their times unknown) records of a Kafka source behind its topics' end."""
 

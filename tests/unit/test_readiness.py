@@ -73,7 +73,9 @@ def _judge(registry, query, run, committed, minutes, running=None, unread=waitin
     """``readiness`` ``minutes`` after the switch; ``running``: the minute the run going on
     now started (None: none)."""
     since = None if running is None else _at(running)
-    return readiness(registry, query, run, committed, since, unread, _at(minutes))
+    switches = registry.switch_history(NAME)
+    limits = registry.health_limits(query)
+    return readiness(query, limits, switches[-1], run, committed, since, unread, _at(minutes))
 
 
 def test_an_upgrade_is_watched_for_an_hour_and_a_run_that_fails_in_it_fails_it(tmp_path):

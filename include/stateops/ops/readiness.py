@@ -24,34 +24,33 @@ from typing import Any
 
 from stateops.control.lock import release_hold
 from stateops.control.target import query_target
-from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
-from stateops.core.registry import Query, Registry, load_registry
+from stateops.core.registry import HealthLimits, Query, Registry, load_registry
 from stateops.core.storage import location
 from stateops.core.times import format_span
+from stateops.ops.start import checkpoint_state
 
 __all__ = ["readiness", "roll_back_switch"]
 
 
 def readiness(
-    registry: Registry,
     query: Query,
+    limits: HealthLimits,
+    switch: dict[str, Any] | None,
     last_run: dict[str, Any] | None,
     committed: int | None,
     running_since: datetime | None,
     unread_before: Callable[[datetime], bool],
     now: datetime,
 ) -> dict[str, Any] | None:
-    """Where ``query``'s last switch is in its readiness window (None: no window applies):
+    """Where ``query``'s last switch (``switch``, the last record of its switch's history:
+    :meth:`Registry.switch_history`) is in its readiness window (None: no window applies):
     ``state`` watching, ready or failed (``reason`` says why), the switch's ``operation``,
-    ``run_id``, ``time`` and ``until``, and what :func:`roll_back_switch` needs. ``last_run``:
+    ``run_id``, ``time`` and ``until``. ``limits``: the query's health limits; ``last_run``:
     its last run's summary (:func:`stateops.status.query_status`'s ``last_run``);
     ``committed``: its checkpoint's last committed batch; ``running_since``: when the run
     going on now started (None: none); ``unread_before(t)``: whether input it has not read
     was there before ``t``. A switch recorded before the window existed is not watched."""
-    history = registry.switch_history(query.name)
-    switch = history[-1] if history else None
-    limits = registry.health_limits(query)
     window = limits.readiness.get((switch or {}).get("operation", ""))
     if (
         switch is None
@@ -69,7 +68,6 @@ def readiness(
         "time": switch["time"],
         "until": until.isoformat(timespec="seconds"),
         "committed": committed,
-        "switch": switch,
     }
     ran = last_run if last_run and _since(last_run, at, query.checkpoint) else None
     if ran and ran["status"] == "failed" and ran["failed_in_a_row"] >= limits.failed_runs:
@@ -98,15 +96,18 @@ def readiness(
 
 
 def roll_back_switch(
-    registry: Registry, name: str, found: dict[str, Any], log: Callable[[str], None] = print
+    registry: Registry,
+    name: str,
+    switch: dict[str, Any],
+    found: dict[str, Any],
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Switch query ``name`` back from the switch that failed its readiness window (``found``,
-    from :func:`readiness`), as the switch's own run would have rolled back a failed step:
-    under the switch's hold, once the switch and the new checkpoint's commits are seen as the
-    check saw them (else nothing is done: the next check judges again)."""
+    """Switch query ``name`` back from its last switch (``switch``), which failed its readiness
+    window (``found``, from :func:`readiness`), as the switch's own run would have rolled back
+    a failed step: under the switch's hold, once the switch and the new checkpoint's commits
+    are seen as the check saw them (else nothing is done: the next check judges again)."""
     from stateops.ops.migration import prepare_migration, roll_back_migration
 
-    switch = found["switch"]
     old = switch["from"]
     plan = {
         "query": name,
@@ -122,7 +123,8 @@ def roll_back_switch(
     last = now.switch_history(name)[-1:]
     moved = not last or last[0]["run_id"] != switch["run_id"]
     new = switch["to"]["checkpoint"]
-    if moved or not _same(now.query(name).checkpoint, new) or _committed(new) != found["committed"]:
+    committed = checkpoint_state(new)[0]
+    if moved or not _same(now.query(name).checkpoint, new) or committed != found["committed"]:
         release_hold(target.lock_file, switch["run_id"])
         raise StateOpsError(
             f"{name}: its switch or its new checkpoint changed since the check; nothing was "
@@ -131,12 +133,6 @@ def roll_back_switch(
     reason = f"{found['operation']} switched back after its readiness window: {found['reason']}"
     log(f"{name}: {reason}")
     return roll_back_migration(target, plan, log, reason=reason)
-
-
-def _committed(checkpoint: str) -> int | None:
-    return (
-        load_checkpoint(checkpoint).last_committed_batch if location(checkpoint).exists() else None
-    )
 
 
 def _same(a: str, b: str) -> bool:
