@@ -49,8 +49,7 @@ fired = {}
 for n in registry.names:
     status = watch_readiness(registry, n)
     if n in registry.queries:
-        keep = registry.health_limits(registry.query(n)).keep_history
-        record(registry, n, check_point(status), keep)
+        record(registry, n, check_point(status))
     fired[n] = firing(status["health"])
 print(json.dumps({"seconds": time.perf_counter() - start, "fired": fired}))
 """

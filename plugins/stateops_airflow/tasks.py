@@ -541,9 +541,7 @@ def _record_check(registry: Registry, query: str, status: dict[str, Any]) -> Non
     point = check_point(status)
     if query in registry.queries:  # a refused entry has no limits to keep it by
         try:
-            record(
-                registry, query, point, registry.health_limits(registry.query(query)).keep_history
-            )
+            record(registry, query, point)
         except (StateOpsError, OSError) as err:
             say(f"{query}: the check's figures were not recorded: {one_line(err)}")
     figures = {k: point[k] for k in ("batch", "lag_records", "waiting_seconds", "checkpoint_bytes")}

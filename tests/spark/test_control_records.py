@@ -169,7 +169,7 @@ def test_history_points_written_at_once_from_both_hosts_are_all_kept(hosts):
 
     def append(n: int) -> None:
         point = {"at": now.isoformat(), "source": "run", "run_id": f"r{n}", "state_rows": n}
-        record(registries[n % 2], NAME, point, timedelta(days=30))
+        record(registries[n % 2], NAME, point)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(append, range(24)))

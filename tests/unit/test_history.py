@@ -94,7 +94,6 @@ def test_points_are_kept_a_day_a_file_read_since_a_time_and_pruned_after_keep_hi
             registry,
             "page_visits",
             run_point(_run(run_id, 10), NOW - timedelta(days=days_ago)),
-            KEEP,
         )
     folder = registry.history_path("page_visits")
     assert folder == tmp_path / "_stateops" / "history" / "page_visits"
@@ -160,10 +159,10 @@ def test_status_fires_state_growth_from_the_recorded_runs_and_history_prints_the
     now = datetime.now(UTC)
     for i, rows in enumerate((100, 300, 500)):
         at = now - timedelta(hours=2) + timedelta(hours=i)
-        record(registry, "page_visits", run_point(_run(f"r{i}", rows), at), KEEP)
+        record(registry, "page_visits", run_point(_run(f"r{i}", rows), at))
     check = {"kafka": [], "committed_at": None, "last_committed_batch": 7,
              "operators": [{"bytes": 2048}], "health": {"verdict": "WARN"}}  # fmt: skip
-    record(registry, "page_visits", check_point(check, now), KEEP)
+    record(registry, "page_visits", check_point(check, now))
     found = query_status(registry, "page_visits")["health"]["findings"]
     [rule] = [f for f in found if f["rule"] == "state_growth"]
     assert rule["level"] == "WARN" and rule["reason"].startswith(

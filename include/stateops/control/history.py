@@ -100,32 +100,37 @@ def check_point(status: dict[str, Any], now: datetime | None = None) -> dict[str
     }
 
 
-def record(registry: Registry, name: str, point: dict[str, Any], keep: timedelta) -> None:
-    """Append ``point`` to query ``name``'s history; delete the days older than ``keep``."""
+def record(registry: Registry, name: str, point: dict[str, Any]) -> None:
+    """Append ``point`` to query ``name``'s history; with a day's first point, delete the days
+    older than the query's ``health.keep_history``."""
     folder = registry.history_path(name)
     day = datetime.fromisoformat(point["at"]).date()
     line = (json.dumps(point, separators=(",", ":")) + "\n").encode()
     target = folder / f"{day.isoformat()}{_SUFFIX}"
     if isinstance(target, S3Path):
-        _append_s3(target, line)
+        first = _append_s3(target, line)
     else:
         target.parent.mkdir(parents=True, exist_ok=True)
+        first = not target.exists()
         with open(target, "ab") as out:  # one write of one line: appends do not interleave
             out.write(line)
+    if not first:  # the older days were pruned with this day's first point
+        return
+    keep = registry.health_limits(registry.query(name)).keep_history
     for file, kept in _days(folder):
         if kept < day - keep:
             (folder / file).unlink(missing_ok=True)
 
 
-def _append_s3(target: S3Path, line: bytes) -> None:
+def _append_s3(target: S3Path, line: bytes) -> bool:
     """The lease's way (:func:`stateops.control.lock._change`): on a store that honours
     conditional writes, over the version read, again after a short random pause when another
-    writer came first."""
+    writer came first. True: the object is new."""
     require_conditional_writes(target)
     for _ in range(_ATTEMPTS):
         data, version, _ = target.read_versioned()
         if target.write_if((data or b"") + line, version):
-            return
+            return data is None
         time.sleep(random.uniform(0.01, 0.1))
     raise StateOpsError(
         f"{target}: {_ATTEMPTS} other writers came first; the point was not recorded"

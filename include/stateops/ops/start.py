@@ -574,8 +574,7 @@ def _record_history(registry: Registry, query: Query, summary: dict[str, Any]) -
     from stateops.control.history import record, run_point
 
     try:
-        keep = registry.health_limits(query).keep_history
-        record(registry, query.name, run_point(summary), keep)
+        record(registry, query.name, run_point(summary))
     except (StateOpsError, OSError) as err:
         said = f"warning: {query.name}: the run's figures were not recorded: {one_line(err)}"
         print(said, file=sys.stderr)
