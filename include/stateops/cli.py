@@ -559,8 +559,13 @@ def _query_json(registry: Registry, q: Query) -> dict[str, Any]:
     }
 
 
+HISTORY_DEFAULT = "1 day"  # stateops status --history without a DURATION
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
+    if args.query is None and args.history in registry.names:  # `status --history QUERY`
+        args.query, args.history = args.history, HISTORY_DEFAULT
     names = [args.query] if args.query else registry.names
     client = None if args.no_backups else _s3(args)
     history = parse_duration(args.history, "--history") if args.history else None
@@ -1034,7 +1039,7 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--history",
         nargs="?",
-        const="1 day",
+        const=HISTORY_DEFAULT,
         metavar="DURATION",
         help="also the figures each run and health check recorded over the last DURATION "
         "(default 1 day; e.g. '7 days')",

@@ -173,6 +173,9 @@ def test_status_fires_state_growth_from_the_recorded_runs_and_history_prints_the
     assert [p["source"] for p in shown["history"]] == ["run", "run", "check"]
 
     out = run_cli("--registry", str(path), "status", "page_visits", "--no-backups", "--history")
+    # the query after --history is the query, not a duration
+    after = run_cli("--registry", str(path), "status", "--no-backups", "--history", "page_visits")
+    assert after.returncode == out.returncode and after.stdout == out.stdout, after.stderr
     lines = out.stdout.splitlines()
     at = lines.index("  history         4 points, oldest first")
     assert lines[at + 1].split() == ["time", "source", "batch", "state", "rows", "state",
