@@ -15,7 +15,7 @@ WORKERS ?= auto
 # pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
 BASETEMP := build/pytest-tmp
 
-.PHONY: demo tour airflow airflow-stop fleet fleet-stop test test-fleet test-benchmarks suite-report lint lock prereqs jars clean
+.PHONY: demo tour airflow airflow-stop fleet fleet-stop test test-benchmarks suite-report lint lock prereqs jars clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -71,12 +71,6 @@ fleet-stop:
 test: prereqs lint jars build/stateops.zip $(VENV)/.fleet-installed
 	@scripts/ensure_test_packages.sh
 	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
-
-# The fleet's migration, faults and code upgrade too (tests/e2e/test_fleet.py whole, about 45
-# minutes on 2 cores): make test runs the fleet's start, first runs and stop, since the rest
-# takes CI past its limit. The module runs in order on one fleet: one process.
-test-fleet:
-	@STATEOPS_FLEET_STORIES=1 $(MAKE) --no-print-directory test WORKERS=0 PYTEST_ARGS="tests/e2e/test_fleet.py $(PYTEST_ARGS)"
 
 # Each benchmark that starts Spark, run whole on a tiny input (tests/spark/test_benchmarks.py,
 # about 25 test-minutes): make test checks only that each benchmark has its smoke.

@@ -578,6 +578,54 @@ TIERS = ("e2e", "dag", "spark", "unit")
 # side by side on 2 cores, the migration of the one took more than its 10 minutes while the
 # other's ran (a CI run failed so), and their ports, processes and memory add up.
 DEPLOYMENTS = frozenset({"tests.e2e.test_airflow", "tests.e2e.test_fleet"})
+DEPLOYMENTS_GROUP = "deployments"
+
+
+# The deployments' tests are one long chain (about 50 test-minutes with the fleet's stories)
+# that mostly waits: for Airflow's scheduler, a lost worker's heartbeat timeout, a lease to
+# expire. On one of the cores' workers it would leave the rest of the suite one worker fewer
+# for its whole length; it gets a worker of its own instead, one more than the cores, which
+# runs nothing else. (xdist's own `auto` counts the cores.)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    from xdist.plugin import pytest_xdist_auto_num_workers as cores
+
+    unit_only = config.option.markexpr.strip() == "unit"
+    return cores(config) + (0 if unit_only else 1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class DeploymentsApart(LoadGroupScheduling):
+        """--dist loadgroup, but the first worker takes the deployments' group alone (or
+        nothing, where none runs) and stops after it; the other workers share the rest."""
+
+        apart = None
+
+        def schedule(self) -> None:
+            if self.collection is None and len(self.nodes) > 1:
+                self.apart = self.nodes[0]
+            super().schedule()
+
+        def _assign_work_unit(self, node) -> None:
+            if node is self.apart:
+                if DEPLOYMENTS_GROUP not in self.workqueue:
+                    node.shutdown()
+                    return
+                self.workqueue.move_to_end(DEPLOYMENTS_GROUP, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            if node is not self.apart:
+                super()._reschedule(node)
+            elif not node.shutting_down and self._pending_of(self.assigned_work[node]) <= 1:
+                node.shutdown()  # a worker keeps its last test until told what comes next
+
+    return DeploymentsApart(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -590,7 +638,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items if config.pluginmanager.hasplugin("xdist") else ():
         fixtures = [d for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
         if item.module.__name__ in DEPLOYMENTS:
-            item.add_marker(pytest.mark.xdist_group("deployments"))
+            item.add_marker(pytest.mark.xdist_group(DEPLOYMENTS_GROUP))
         elif any(d.scope != "function" and d.baseid.startswith("tests/") for d in fixtures):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
@@ -629,10 +677,13 @@ class _TimeGuard:
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.modules: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.chain = 0.0  # the deployments' test time, on their own worker
 
     def add(self, report) -> None:
         tier = next((t for t in TIERS if t in report.keywords), "unmarked")
         self.seconds[tier] += report.duration
+        if report.nodeid.endswith(f"@{DEPLOYMENTS_GROUP}"):
+            self.chain += report.duration
         self.tests[tier].add(report.nodeid)
         self.modules[tier][report.nodeid.split("::")[0]] += report.duration
 
@@ -649,6 +700,9 @@ class _TimeGuard:
         text = f"suite wall time {_minutes(wall)} on {workers} worker(s)"
         text += f"; budget {_minutes(SUITE_BUDGET_SECONDS)}" + (": OVER BUDGET" if over else "")
         out = [(text, over)]
+        if self.chain:  # one after the other: the wall time cannot be shorter
+            text = f"  the deployments, in a row on a worker of their own: {_minutes(self.chain)}"
+            out.append((text, False))
         for tier in (*reversed(TIERS), "unmarked"):
             if tier not in self.tests:
                 continue

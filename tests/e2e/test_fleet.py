@@ -15,14 +15,10 @@ a code upgrade rewrites the state on one worker and the next run on the other ru
 code; then `make fleet-stop` leaves no process.
 
 A task is steered to a worker with Celery's remote control (``cancel_consumer``): the DAGs are
-the same as on any deployment. The module is one xdist group (its fleet is built once): it
-runs on one test process while the other runs the rest of the suite.
-
-`make test` runs the fleet's start, its first two runs and its stop; the migration, the faults
-and the code upgrade (:data:`STORY`) are another 50 minutes of test time on 2 cores under the
-suite's load (the migration alone 19), which took CI past its limit, and run with `make
-test-fleet` (the whole module). The migration's switch across hosts is proven in CI by the
-rehearsal (tests/dag/test_fleet_rehearsal.py).
+the same as on any deployment. The module is in the deployments' xdist group with make
+airflow's stack (tests/e2e/test_airflow.py): one test process of its own runs them one after
+the other, the fleet built once, while the others run the rest of the suite (tests/conftest.py,
+``DeploymentsApart``). `make test PYTEST_ARGS=tests/e2e/test_fleet.py` runs the module alone.
 """
 
 from __future__ import annotations
@@ -76,13 +72,6 @@ UNPAUSE = (
 # The fault test's: a lost host's lease is taken over after it. Its retry comes later anyway
 # (the heartbeat timeout, then the DAG's retry delay), and a third host reads it held first.
 LEASE_SECONDS = 60
-# The migration, a fault or the code upgrade on the fleet: `make test-fleet` runs it
-# (STATEOPS_FLEET_STORIES=1).
-STORY = pytest.mark.skipif(
-    os.environ.get("STATEOPS_FLEET_STORIES") != "1",
-    reason="the migration, a fault or the code upgrade on the fleet: `make test-fleet` runs it "
-    "(in make test it takes CI past its limit)",
-)
 PORTS = ("PORT", "PG_PORT", "REDIS_PORT", "SPARK_PORT", "SPARK_UI_PORT", "S3_PORT", "KAFKA_PORT")
 
 
@@ -484,7 +473,6 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
     assert summary["input_rows"] == produced, summary
 
 
-@STORY
 def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_runs_the_new_one(
     fleet,
 ):
@@ -589,7 +577,6 @@ def _back(fleet: Fleet, host: str) -> None:
     fleet.only(host)
 
 
-@STORY
 def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_nothing(fleet):
     """A run on w1; the scheduled cleanup starts on w2 while it runs and is refused, naming
     w1's run (it retries later); the Spark worker that runs the run's executor is killed:
@@ -666,7 +653,6 @@ def _lose_w1_in(fleet: Fleet, run_url: str, task: str, checkpoint: str, past: in
     return killed
 
 
-@STORY
 def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_other(fleet):
     """A backfill triggered and approved over REST, planned and rolled back on w1; w1 is
     killed (its whole session, as a host lost) while the reprocessing writes batches. Seen
@@ -723,7 +709,6 @@ def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_oth
     _back(fleet, "w1")
 
 
-@STORY
 def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_other(fleet):
     """A migration (to a third topic) approved over REST on w1; w1 is killed while the drain
     step's driver reads the query's topic. The step fails for good (a migration's steps do not
@@ -770,7 +755,6 @@ def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_oth
     _back(fleet, "w1")
 
 
-@STORY
 def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
     """The broker restarted (`scripts/fleet.sh redis`) while a run's task runs on w1: the
     workers reconnect, the run's next task goes through the new broker, and the run succeeds
@@ -790,7 +774,6 @@ def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
     fleet.only("w2")  # both workers take orders through the new broker
 
 
-@STORY
 def test_a_code_upgrade_approved_over_rest_rewrites_on_w1_and_w2_runs_the_new_code(fleet):
     """The query's new code (views per user and page: a wider key, which Spark cannot keep
     state for) deployed in the registry; stream_code_upgrade triggered and approved twice over

@@ -138,3 +138,71 @@ def test_a_standin_records_the_start_and_runs_the_real_program_with_its_argument
     assert float(when) > 0 and (worker, kind) == ("gw1", program)
     shown = "a b it's $HOME tab here Main"
     assert logged == (shown if program == "java" else f"-cp /jars/* {shown}")  # java: no class path
+
+
+def test_the_deployments_are_said_apart_in_the_time_guard():
+    from types import SimpleNamespace
+
+    from tests.conftest import _TimeGuard
+
+    guard = _TimeGuard()
+    for nodeid, seconds in [("tests/e2e/a.py::t@deployments", 90.0), ("tests/e2e/b.py::t", 30.0)]:
+        guard.add(SimpleNamespace(nodeid=nodeid, duration=seconds, keywords={"e2e": 1}))
+    lines = [text for text, _ in guard.lines(3)]
+    assert "  the deployments, in a row on a worker of their own: 1m30.0s" in lines, lines
+
+
+class _Worker:
+    """What xdist's scheduler asks of a worker: the tests it is sent, its shutdown."""
+
+    def __init__(self, name: str) -> None:
+        from types import SimpleNamespace
+
+        self.name, self.gateway, self.sent, self.shutting_down = (
+            name, SimpleNamespace(id=name), [], False
+        )  # fmt: skip
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent += indexes
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+@pytest.mark.parametrize("with_deployments", [True, False])
+def test_the_deployments_run_on_a_worker_of_their_own_which_takes_nothing_else(
+    with_deployments,
+):
+    from types import SimpleNamespace
+
+    from tests.conftest import pytest_xdist_make_scheduler
+
+    config = SimpleNamespace(
+        getoption=lambda name, default=None: "loadgroup",
+        getvalue=lambda name: ["popen"] * 3,
+        option=SimpleNamespace(loadscopereorder=False),
+    )
+    deployments = [f"tests/e2e/d.py::t{i}@deployments" for i in range(3)] * with_deployments
+    collection = [*deployments, *(f"tests/spark/s.py::t{i}" for i in range(8))]
+    sched = pytest_xdist_make_scheduler(config, None)
+    workers = [_Worker(f"gw{i}") for i in range(3)]
+    for worker in workers:
+        sched.add_node(worker)
+        sched.add_node_collection(worker, collection)
+    sched.schedule()
+    apart = workers[0]
+    if not with_deployments:  # nothing for it: it stops at once
+        assert apart.sent == [] and apart.shutting_down
+
+    def pending(worker: _Worker) -> list[int]:
+        work = sched.assigned_work.get(worker, {}).values()
+        return [collection.index(n) for unit in work for n, done in unit.items() if not done]
+
+    while any(pending(w) for w in workers):  # each worker runs what it was sent, in turns
+        for worker in workers:
+            if indexes := pending(worker):
+                sched.mark_test_complete(worker, indexes[0])
+    ran = {w.name: sorted(collection[i] for i in w.sent) for w in workers}
+    assert ran["gw0"] == sorted(deployments), ran
+    assert sorted(ran["gw1"] + ran["gw2"]) == sorted(collection[len(deployments) :]), ran
+    assert ran["gw1"] and ran["gw2"] and all(w.shutting_down for w in workers)
