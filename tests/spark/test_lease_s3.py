@@ -88,6 +88,24 @@ def test_a_hold_admits_only_its_run_on_any_host(lease):
     assert read_hold(lease) is None
 
 
+def test_a_dead_step_s_expired_lock_stays_expired_when_its_hold_is_released(lease):
+    """A migration's step died on another host holding the lock; once the lock expired, the
+    roll back releases the hold. That write must not make the dead lock look alive again (the
+    object's age is the lock's on S3): the next run takes the query at once, not a TTL later."""
+    hold_query(lease, "q", "migration", "mig-1")
+    step = QueryLock(lease, "q", "run", run_id="mig-1", ttl_seconds=1.0)
+    step.acquire()
+    step._stop.set()  # the host lost: no more renewals, no release
+    time.sleep(2.5)  # S3's Last-Modified is in whole seconds
+    assert read_lock(lease).expired
+    assert release_hold(lease, "mig-1")
+    assert read_lock(lease) is None, "the dead step's lock was written again as if alive"
+    with QueryLock(lease, "q", "run", run_id="next") as run:
+        assert read_lock(lease).token == run.token
+        step.renew()
+        assert step.lost, "the dead step's holder lost its lease"
+
+
 def _race(url: str, rounds: int, barrier, results) -> None:
     """One contender: at each round, all start together; the winner holds, then releases."""
     place = location(url)

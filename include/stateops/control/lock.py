@@ -250,9 +250,14 @@ def _change(path: Place, decide: Callable[[_Lease], _Lease | None]) -> _Lease:
         new = decide(lease)
         if new is None:
             return lease
+        lock = new.lock
+        if lock is not None and lock == lease.lock and lock.expired:
+            # its holder's: written again, the object's new age would make it look alive
+            # for another TTL (a dead step's lock blocking the next run after its roll back)
+            lock = None
         body = {
             "epoch": new.epoch,
-            "lock": new.lock and asdict(new.lock),
+            "lock": lock and asdict(lock),
             "hold": new.hold and asdict(new.hold),
             "write": uuid.uuid4().hex,  # each write its own ETag, whatever else it repeats
         }
@@ -301,8 +306,8 @@ def _write_files(path: Path, old: _Lease, new: _Lease) -> None:
 
 def _read_object(path: S3Path) -> _Lease:
     """The lease object, its lock's expiry judged by the store's clock: the lock expires
-    ``ttl_seconds`` after the object was last written (a write of the hold only makes it
-    look younger: the safe side)."""
+    ``ttl_seconds`` after the object was last written (a write of the hold only makes a live
+    lock look younger: the safe side; an expired one is dropped by the next write)."""
     data, version, age = path.read_versioned()
     if data is None:
         return _Lease()
