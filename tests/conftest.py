@@ -581,11 +581,12 @@ DEPLOYMENTS = frozenset({"tests.e2e.test_airflow", "tests.e2e.test_fleet"})
 DEPLOYMENTS_GROUP = "deployments"
 
 
-# The deployments' tests are one long chain (about 50 test-minutes with the fleet's stories)
-# that mostly waits: for Airflow's scheduler, a lost worker's heartbeat timeout, a lease to
-# expire. On one of the cores' workers it would leave the rest of the suite one worker fewer
-# for its whole length; it gets a worker of its own instead, one more than the cores, which
-# runs nothing else. (xdist's own `auto` counts the cores.)
+# The deployments' tests are one long chain (47 test-minutes in a clean run, the fleet's
+# stories included) that is half waiting: for Airflow's scheduler, a lost worker's heartbeat
+# timeout, a lease to expire (the fleet's module alone kept 1.03 of 2 cores busy). On one of
+# the cores' workers it would leave the rest of the suite one worker fewer for its whole
+# length; it gets a worker of its own instead, one more than the cores, which runs nothing
+# else. (xdist's own `auto` counts the cores.)
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     from xdist.plugin import pytest_xdist_auto_num_workers as cores
