@@ -591,8 +591,12 @@ DEPLOYMENTS_GROUP = "deployments"
 def pytest_xdist_auto_num_workers(config) -> int:
     from xdist.plugin import pytest_xdist_auto_num_workers as cores
 
-    unit_only = config.option.markexpr.strip() == "unit"
-    return cores(config) + (0 if unit_only else 1)
+    return cores(config) + (0 if _unit_only(config) else 1)
+
+
+def _unit_only(config) -> bool:
+    """`make test MARK=unit`: no JVM, no deployment."""
+    return config.option.markexpr.strip() == "unit"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -748,9 +752,8 @@ def pytest_configure(config) -> None:
     if controller:
         _GUARD = _TimeGuard()
         if "SPARK_SUBMIT_OPTS" not in os.environ:  # the workers inherit what is set here
-            unit_only = config.option.markexpr.strip() == "unit"
             started = time.monotonic()
-            os.environ.update(jvm_env(None if unit_only else spark_class_archive()))
+            os.environ.update(jvm_env(None if _unit_only(config) else spark_class_archive()))
             if _RECORDER is not None:
                 _RECORDER.write(
                     "world", name="spark class archive", seconds=time.monotonic() - started

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -94,8 +95,6 @@ def test_the_report_holds_a_run_against_an_earlier_one(tmp_path):
 
 
 def test_a_tier_over_its_budget_names_the_module_that_costs_most():
-    from types import SimpleNamespace
-
     from tests.conftest import TIER_BUDGET_SECONDS, _TimeGuard
 
     guard = _TimeGuard()
@@ -141,8 +140,6 @@ def test_a_standin_records_the_start_and_runs_the_real_program_with_its_argument
 
 
 def test_the_deployments_are_said_apart_in_the_time_guard():
-    from types import SimpleNamespace
-
     from tests.conftest import _TimeGuard
 
     guard = _TimeGuard()
@@ -156,11 +153,8 @@ class _Worker:
     """What xdist's scheduler asks of a worker: the tests it is sent, its shutdown."""
 
     def __init__(self, name: str) -> None:
-        from types import SimpleNamespace
-
-        self.name, self.gateway, self.sent, self.shutting_down = (
-            name, SimpleNamespace(id=name), [], False
-        )  # fmt: skip
+        self.name, self.sent, self.shutting_down = name, [], False
+        self.gateway = SimpleNamespace(id=name)
 
     def send_runtest_some(self, indexes: list[int]) -> None:
         self.sent += indexes
@@ -173,8 +167,6 @@ class _Worker:
 def test_the_deployments_run_on_a_worker_of_their_own_which_takes_nothing_else(
     with_deployments,
 ):
-    from types import SimpleNamespace
-
     from tests.conftest import pytest_xdist_make_scheduler
 
     config = SimpleNamespace(
