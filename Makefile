@@ -2,7 +2,11 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-# Test selection: `make test MARK=unit` runs the fast tier only.
+# Two test commands (docs/demo-and-tests.md): `make test`, the landing gate CI runs (each
+# property proven once on its road, under 15 minutes on 2 cores), and `make test-all`, the
+# whole proof (the gate and every test marked `whole`: the shape and fault matrices, the
+# deployments' stories, each benchmark run whole), which an issue passes before it is resolved.
+# Test selection within either: `make test MARK=unit` runs the fast tier only.
 MARK ?=
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core by default; WORKERS=0 runs every test in this one.
@@ -15,7 +19,7 @@ WORKERS ?= auto
 # pytest sessions of one user delete each other's folders: a run beside a run fails falsely).
 BASETEMP := build/pytest-tmp
 
-.PHONY: demo tour airflow airflow-stop fleet fleet-stop test test-benchmarks suite-report lint lock prereqs jars clean
+.PHONY: demo tour airflow airflow-stop fleet fleet-stop test test-all suite-report lint lock prereqs jars clean
 
 prereqs:
 	@scripts/check_prereqs.sh
@@ -68,26 +72,30 @@ fleet-stop:
 	@scripts/fleet.sh stop
 
 # The fleet's tests (tests/e2e/test_fleet.py) run make fleet: its packages are the tests' too.
-test: prereqs lint jars build/stateops.zip $(VENV)/.fleet-installed
+TEST_NEEDS := prereqs lint jars build/stateops.zip $(VENV)/.fleet-installed
+PYTEST := source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)")
+
+test: $(TEST_NEEDS)
 	@scripts/ensure_test_packages.sh
-	@source scripts/env.sh && $(PY) -m pytest -n $(WORKERS) --basetemp=$(BASETEMP) --dist loadgroup --no-loadscope-reorder $(if $(MARK),-m "$(MARK)") $(PYTEST_ARGS)
+	@$(PYTEST) $(PYTEST_ARGS)
 
-# Each benchmark that starts Spark, run whole on a tiny input (tests/spark/test_benchmarks.py,
-# about 25 test-minutes): make test checks only that each benchmark has its smoke.
-test-benchmarks:
-	@STATEOPS_BENCHMARK_RUNS=1 $(MAKE) --no-print-directory test PYTEST_ARGS="tests/spark/test_benchmarks.py $(PYTEST_ARGS)"
+# Also writes build/test-all.json (the commit, the counts, the wall time) when it ends.
+test-all: $(TEST_NEEDS)
+	@scripts/ensure_test_packages.sh
+	@$(PYTEST) --whole-proof $(PYTEST_ARGS)
 
-# Where the suite's time goes (benchmarks/suite_report.py): make test, recording every test's
-# time and CPU, every JVM, spark-submit and Python worker it starts, and every shared fixture
-# built; then the report, held against the previous record (kept as build/suite-record.prev)
-# or against AGAINST, an earlier run's summary.json.
+# Where the suite's time goes (benchmarks/suite_report.py): make test (or SUITE=test-all),
+# recording every test's time and CPU, every JVM, spark-submit and Python worker it starts,
+# and every shared fixture built; then the report, held against the previous record (kept as
+# build/suite-record.prev) or against AGAINST, an earlier run's summary.json.
 SUITE_RECORD := build/suite-record
+SUITE ?= test
 AGAINST ?=
 suite-report:
 	@if [ -n "$(AGAINST)" ] && [ ! -f "$(AGAINST)" ]; then echo "error: AGAINST=$(AGAINST): no such file (an earlier run's summary.json)" >&2; exit 2; fi
 	@rm -rf $(SUITE_RECORD).prev; if [ -d $(SUITE_RECORD) ]; then mv $(SUITE_RECORD) $(SUITE_RECORD).prev; fi
 	@mkdir -p $(SUITE_RECORD)
-	@STATEOPS_SUITE_RECORD=$(abspath $(SUITE_RECORD)) $(MAKE) --no-print-directory test; status=$$?; \
+	@STATEOPS_SUITE_RECORD=$(abspath $(SUITE_RECORD)) $(MAKE) --no-print-directory $(SUITE); status=$$?; \
 	  against="$(AGAINST)"; \
 	  if [ -z "$$against" ] && [ -f $(SUITE_RECORD).prev/summary.json ]; then against=$(SUITE_RECORD).prev/summary.json; fi; \
 	  $(PY) benchmarks/suite_report.py $(SUITE_RECORD) $${against:+--against "$$against"}; \
@@ -107,7 +115,7 @@ lock: $(VENV)/.installed
 faults: prereqs jars build/stateops.zip
 	@source scripts/env.sh && STATEOPS_FAULT_TRIALS=$${STATEOPS_FAULT_TRIALS:-20} \
 	  STATEOPS_FAULT_RESTARTS=$${STATEOPS_FAULT_RESTARTS:-3} \
-	  $(PY) -m pytest tests/faults -p no:xdist -q $(PYTEST_ARGS)
+	  $(PY) -m pytest tests/faults -p no:xdist -q --whole-proof $(PYTEST_ARGS)
 
 clean:
 	rm -rf build .airflow .pytest_cache

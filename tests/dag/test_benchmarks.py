@@ -6,7 +6,7 @@ import pytest
 
 from tests.benchmark_smokes import SMOKES, run_benchmark
 
-pytestmark = pytest.mark.dag
+pytestmark = [pytest.mark.dag, pytest.mark.whole]
 
 
 @pytest.mark.parametrize("name", sorted(SMOKES["dag"]))

@@ -67,6 +67,7 @@ def _trigger(root, s3, conf: dict, **env: str) -> tuple[int, str]:
     return run.returncode, run.stdout + run.stderr
 
 
+@pytest.mark.whole
 def test_the_status_names_the_misfit_a_dry_run_plans_and_the_upgrade_switches(
     old, s3, tmp_path, capsys
 ):

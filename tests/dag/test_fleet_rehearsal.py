@@ -32,7 +32,7 @@ from tests.spark.harness import job_in_session, land, read_sink, run_in_session
 from tests.spark.migrations import Migration, assert_migrated, uninterrupted
 from tests.spark.upgrading import PER_PAGE, run_old_code, with_new_code
 
-pytestmark = pytest.mark.dag
+pytestmark = [pytest.mark.dag, pytest.mark.whole]
 NAME = "page_visits"
 REHEARSAL = ROOT / "tests" / "dag" / "fleet"
 

@@ -20,7 +20,7 @@ from tests.conftest import tree_digest
 from tests.spark.harness import run_in_session
 from tests.spark.migrations import Migration, assert_migrated, assert_rolled_back, uninterrupted
 
-pytestmark = pytest.mark.dag
+pytestmark = [pytest.mark.dag, pytest.mark.whole]
 
 
 def test_a_failed_step_rolls_back_then_a_new_trigger_migrates_by_the_road_that_applies(

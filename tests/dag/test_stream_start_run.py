@@ -25,6 +25,7 @@ from tests.conftest import (
     S3_SECRET,
     run_cli,
     tree_digest,
+    whole_after,
     write_registry,
 )
 from tests.spark.harness import land, read_sink, read_state, run_in_session
@@ -91,15 +92,25 @@ def _failed_tasks(log: str) -> set[str]:
     return {task for task, said in tasks if "new_state=failed" in said}
 
 
-def test_airflow_dags_test_stream_start_runs_every_registered_query(kafka, tmp_path):
+# The gate runs a processor on files and one on a topic; the whole proof every registered
+# query, the transforms among them.
+EVERY_QUERY = ["user_sessions", "page_visits", "page_counts", "idle_sessions", "kafka_visits"]
+
+
+@pytest.mark.parametrize(
+    "queries",
+    whole_after(1, [["page_visits", "kafka_visits"], EVERY_QUERY], ids=["files-and-kafka", "all"]),
+)
+def test_airflow_dags_test_stream_start_runs_every_registered_query(kafka, tmp_path, queries):
     """The processors and the transforms (an aggregation on the HDFS store, group state), and
     a processor reading a topic (the operator hands Spark its Kafka connector); an entry the
     registry refuses (a typo) fails its own task in one line, and stops no other query."""
-    topic = kafka.create_topic("dag-start-visits", partitions=2)
+    topic = kafka.create_topic(f"dag-start-visits-{len(queries)}", partitions=2)
     kafka.produce(topic, visits(80))
     path = write_registry(tmp_path, with_kafka=True, kafka_visits={"source": kafka_source(topic)})
     raw = yaml.safe_load(path.read_text())
     typo = {**raw["queries"]["page_visits"], "trigger": {"processing_time": "ten seconds"}}
+    raw["queries"] = {n: q for n, q in raw["queries"].items() if n in queries}
     raw["queries"]["typo_visits"] = {**typo, "checkpoint": "checkpoints/typo_visits"}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     registry = load_registry(path)
@@ -110,13 +121,7 @@ def test_airflow_dags_test_stream_start_runs_every_registered_query(kafka, tmp_p
     assert _failed_tasks(log) == {"run_typo_visits"}, log[-5000:]
     assert registry.invalid["typo_visits"] in log, log[-5000:]
     assert not (tmp_path / "checkpoints" / "typo_visits").exists()
-    assert set(registry.queries) == {
-        "user_sessions",
-        "page_visits",
-        "page_counts",
-        "idle_sessions",
-        "kafka_visits",
-    }
+    assert set(registry.queries) == set(queries)
     for name in registry.queries:
         summary = json.loads(registry.run_summary_path(name).read_text())
         assert summary["status"] == "succeeded"
@@ -129,6 +134,7 @@ def test_airflow_dags_test_stream_start_runs_every_registered_query(kafka, tmp_p
         assert f"{name}: succeeded" in log
 
 
+@pytest.mark.whole
 def test_airflow_dags_test_stream_bootstrap_dry_run_then_real(tmp_path):
     registry = load_registry(write_registry(tmp_path))
     land(tmp_path / "landing", round_=0, files=1)

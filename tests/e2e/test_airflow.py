@@ -33,7 +33,7 @@ from tests.conftest import ROOT, S3_KEY, S3_SECRET, S3Server, chromium, tree_dig
 from tests.spark.harness import read_sink
 from tests.spark.migrations import Migration, assert_migrated, uninterrupted
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.whole]
 
 PASSWORD = "stateops-test-admin"
 ARTIFACTS = ROOT / "build" / "test-artifacts"

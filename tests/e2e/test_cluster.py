@@ -18,7 +18,7 @@ from tests.conftest import ROOT, VENV_BIN, spark_submit_run_query, write_registr
 from tests.spark.harness import land
 from tests.spark.test_kafka_queries import kafka_source, visits
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.whole]
 
 
 def _wait_for(url: str, needle: str, timeout: float = 90) -> None:

@@ -18,7 +18,8 @@ A task is steered to a worker with Celery's remote control (``cancel_consumer``)
 the same as on any deployment. The module is in the deployments' xdist group with make
 airflow's stack (tests/e2e/test_airflow.py): one test process of its own runs them one after
 the other, the fleet built once, while the others run the rest of the suite (tests/conftest.py,
-``DeploymentsApart``). `make test PYTEST_ARGS=tests/e2e/test_fleet.py` runs the module alone.
+``DeploymentsApart``). The module is in the whole proof (`make test-all`);
+`make test-all PYTEST_ARGS=tests/e2e/test_fleet.py` runs it alone.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,7 +58,7 @@ from tests.spark.harness import read_sink
 from tests.spark.test_kafka_rollback import read_topic
 from tests.spark.upgrading import PER_PAGE
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.whole]
 
 PASSWORD = "stateops-fleet-admin"
 HOSTS = ("w1", "w2")
@@ -251,6 +253,35 @@ class Fleet:
             timeout=600,
         )
 
+    def isolated(self) -> list[str]:
+        """What keeps the workers from being hosts of their own (empty when each is):
+        scripts/fleet.sh, as root, starts each in a UTS namespace of its own, named for it.
+        Only then is a lost worker's lease judged by its expiry, as on a real fleet; on one
+        shared host name, a taker sees the dead driver's PID gone and takes the lease at
+        once."""
+        if os.geteuid() != 0:
+            return ["not root: scripts/fleet.sh starts the workers on this host's name"]
+        ours, problems = os.readlink("/proc/self/ns/uts"), []
+        for host in HOSTS:
+            pid = (self.run / f"worker-{host}.pid").read_text().strip()
+            if os.readlink(f"/proc/{pid}/ns/uts") == ours:
+                problems.append(f"{host} (pid {pid}) shares this host's UTS namespace")
+                continue
+            named = subprocess.run(
+                ["nsenter", "--target", pid, "--uts", "hostname"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if named.stdout.strip() != host:
+                problems.append(f"{host} (pid {pid}) is named {named.stdout.strip()!r}")
+        return problems
+
+    def require_isolated(self) -> None:
+        """Skip, saying why, a story whose proof needs hosts of their own."""
+        if problems := self.isolated():
+            pytest.skip(f"the workers are not hosts of their own ({'; '.join(problems)})")
+
     def lock(self) -> dict:
         """`stateops lock show` of the query, from the bastion."""
         shown = self.cli("lock", "show", QUERY, "--json")
@@ -398,22 +429,35 @@ def _events(topics: tuple[str, ...]) -> list[dict]:
     return [json.loads(value) for t in topics for value in read_topic(broker, t, {}, _ends(t))]
 
 
-def assert_exact(fleet: Fleet, topics: tuple[str, ...] = (TOPIC,)) -> int:
-    """The query's checkpoint has read its topic to the end, and each user's visit count in
-    the sink's latest row (Update mode: the state's count) is that user's events in
-    ``topics``, every topic the query has read: nothing read twice, nothing lost, nothing
-    dropped at a carry-over. Returns the last committed batch."""
+def assert_exact(fleet: Fleet, spark, topics: tuple[str, ...] = (TOPIC,)) -> int:
+    """The query's checkpoint has read its topic to the end, and each user's visit count is
+    that user's events in ``topics``, every topic the query has read: in the state (its
+    ``count``, read by Spark's ``statestore`` reader) and in the sink's latest row per user
+    (Update mode): nothing read twice, nothing lost, nothing dropped at a carry-over. Returns
+    the last committed batch."""
     query = fleet.query()
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
     [committed] = cp.kafka_offsets(last).values()  # read up to, by the last batch
     assert committed == {topics[-1]: _ends(topics[-1])}, committed
+    visits = collections.Counter(event["user_id"] for event in _events(topics))
+    state = {user: n for (user,), n in state_values(spark, query.checkpoint, "count").items()}
+    assert state == dict(visits), "the state's counts are not the topics'"
     counted = {}  # user -> visits, batch by batch: the last batch's row wins
     for _, rows in sorted(read_sink(location(query.sink.path)).items()):
         counted |= {row[0]: row[1] for row in rows}  # output: user_id, visits, ...
-    visits = collections.Counter(event["user_id"] for event in _events(topics))
-    assert counted == dict(visits), "the state's counts are not the topics'"
+    assert counted == dict(visits), "the sink's counts are not the topics'"
     return last
+
+
+def state_values(spark, checkpoint: str, variable: str) -> dict[tuple, int]:
+    """Each key of the value state ``variable`` at the checkpoint's last batch, and its
+    value's first field, as Spark's ``statestore`` reader reads them (from S3)."""
+    from stateops.spark.streaming import checkpoint_url
+
+    url = checkpoint_url(spark, checkpoint)
+    rows = spark.read.format("statestore").option("stateVarName", variable).load(url).collect()
+    return {tuple(row.key): row.value[0] for row in rows}
 
 
 def test_the_fleet_is_up_with_both_workers_registered(fleet):
@@ -441,19 +485,21 @@ def test_the_fleet_is_up_with_both_workers_registered(fleet):
     # Each worker a host of its own: its own data folder, empty, and (as root) its own name.
     for host in HOSTS:
         assert not any((fleet.dir / "hosts" / host / "data").iterdir()), host
+    if os.geteuid() == 0:  # the lease stories below judge a lost host by its lease's expiry
+        assert not fleet.isolated(), fleet.isolated()
     registry = yaml.safe_load((fleet.dir / "registry.yaml").read_text())
     assert registry["control"] == f"s3://{BUCKET}/control", registry
     assert list(registry["queries"]) == [QUERY]
 
 
-def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3(fleet):
+def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3(fleet, spark):
     """The first, scheduled, ``stream_start`` runs on w1; w2, which has never seen the query,
     runs the next from where the first stopped: the checkpoint and the lease are in S3."""
     fleet.only("w1")
     state, tasks = fleet.finished(fleet.first_scheduled_run(), "stream_start, first run (w1)")
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w1"}, tasks
-    first = assert_exact(fleet)
+    first = assert_exact(fleet, spark)
 
     produced = fleet.produce(round_=1)
     fleet.only("w2")
@@ -461,7 +507,7 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
     state, tasks = fleet.finished(run_url, "stream_start, next run (w2)")
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
-    last = assert_exact(fleet)
+    last = assert_exact(fleet, spark)
     assert last > first and produced > 0
     summary = _request(
         f"{run_url}/taskInstances/record_{QUERY}/xcomEntries/return_value", token=fleet.token()
@@ -474,7 +520,7 @@ def test_the_scheduled_run_on_one_worker_and_the_next_on_the_other_go_on_from_s3
 
 
 def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_runs_the_new_one(
-    fleet,
+    fleet, spark
 ):
     """A continuous run of the query on the Spark cluster, started from a third host; the
     migration to another topic, triggered over REST and approved twice, runs on w1: its stop
@@ -540,7 +586,7 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
     )["value"]
     summary = json.loads(summary) if isinstance(summary, str) else summary
     assert summary["checkpoint"] == new.checkpoint and summary["batches_run"] > 0, summary
-    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) == summary["last_committed_batch"]
+    assert assert_exact(fleet, spark, (TOPIC, NEW_TOPIC)) == summary["last_committed_batch"]
 
 
 def _writing_on_w1(fleet: Fleet, rounds: tuple[int, ...]) -> tuple[str, int]:
@@ -568,6 +614,12 @@ def _kill_session(leader: int) -> None:
     _until(f"session {leader} lived on", lambda: not _alive({leader}), 30, str)
 
 
+def _task_log(fleet: Fleet, run_id: str, task: str) -> str:
+    """What ``task`` of the run ``run_id`` logged, every try of it (every worker's logs)."""
+    logs = Path(fleet.dir / "airflow" / "logs")
+    return "".join(p.read_text() for p in sorted(logs.rglob(f"run_id={run_id}/task_id={task}/*")))
+
+
 def _back(fleet: Fleet, host: str) -> None:
     """A new, empty host in the lost ``host``'s place (`scripts/fleet.sh worker HOST`), which
     takes tasks again."""
@@ -577,7 +629,9 @@ def _back(fleet: Fleet, host: str) -> None:
     fleet.only(host)
 
 
-def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_nothing(fleet):
+def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_nothing(
+    fleet, spark
+):
     """A run on w1; the scheduled cleanup starts on w2 while it runs and is refused, naming
     w1's run (it retries later); the Spark worker that runs the run's executor is killed:
     Spark runs its tasks again on the other worker, and the state is exact."""
@@ -622,7 +676,14 @@ def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_n
     assert state == "success", tasks
     run = tasks[f"run_{QUERY}"]
     assert (run["hostname"], run["try_number"]) == ("w1", 1), run  # Spark retried, not Airflow
-    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
+    # The kill hit the run: its driver lost the executor (Spark's own log of it, in the
+    # task's log: the drivers run with no UI), and carried on with the other worker's.
+    driver = _task_log(fleet, run_url.rsplit("/", 1)[1], f"run_{QUERY}")
+    assert re.search(r"Lost executor \d+ on ", driver), driver[-5000:]
+    fleet.figures["a Spark worker lost in a run: tasks lost with it"] = len(
+        re.findall(r" WARN TaskSetManager: Lost task .*ExecutorLostFailure", driver)
+    )
+    assert assert_exact(fleet, spark, (TOPIC, NEW_TOPIC)) > before
     master = _request(f"http://127.0.0.1:{fleet.port['SPARK_UI_PORT']}/json/")
     assert [w["state"] for w in master["workers"]].count("ALIVE") == 1, master
 
@@ -653,13 +714,15 @@ def _lose_w1_in(fleet: Fleet, run_url: str, task: str, checkpoint: str, past: in
     return killed
 
 
-def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_other(fleet):
+def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_other(fleet, spark):
     """A backfill triggered and approved over REST, planned and rolled back on w1; w1 is
     killed (its whole session, as a host lost) while the reprocessing writes batches. Seen
     from a third host, the lease names w1's driver until it expires, then the status says the
     lease expired and the backfill did not reprocess; the scheduler retries the reprocessing on
     w2, which takes the lease over and finishes the backfill: the state is exact. Then a new,
-    empty host takes w1's place (`scripts/fleet.sh worker w1`)."""
+    empty host takes w1's place (`scripts/fleet.sh worker w1`). Skipped where the workers
+    are not hosts of their own: w2 would see the dead driver's PID and take over at once."""
+    fleet.require_isolated()
     fleet.edit({"approval": "required"}, lease_seconds=LEASE_SECONDS)  # unset: none asked
     checkpoint = fleet.query().checkpoint
     cp = load_checkpoint(checkpoint)
@@ -675,20 +738,19 @@ def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_oth
     killed = _lose_w1_in(fleet, run_url, "reprocess", checkpoint, past=to_batch)
 
     # Seen from a third host, the dead driver's lease holds until it expires: nothing on
-    # another host can tell a lost holder from a slow one (as root, w1 is a host of its own).
+    # another host can tell a lost holder from a slow one.
     run_id = run_url.rsplit("/", 1)[1]
     dead = fleet.lock()
     assert (dead["lock"]["operation"], dead["lock"]["run_id"]) == ("run", run_id), dead
-    if os.geteuid() == 0:
-        assert "@w1:" in dead["lock"]["owner"] and dead["state"] == "held", dead
-        assert fleet.status()["unfinished_backfill"] is None  # its reprocessing holds the query
-        _until("the dead run's lease did not expire", lambda: fleet.lock()["state"] == "expired",
-               LEASE_SECONDS + 30, fleet.output)  # fmt: skip
-        shown = fleet.status()
-        reasons = shown["health"]["reasons"]
-        assert any(f"run (run id {run_id}) left the lock expired" in r for r in reasons), reasons
-        said = f"backfill run {run_id} did not finish (rolled back)"
-        assert (shown["unfinished_backfill"] or "").startswith(said), shown
+    assert "@w1:" in dead["lock"]["owner"] and dead["state"] == "held", dead
+    assert fleet.status()["unfinished_backfill"] is None  # its reprocessing holds the query
+    _until("the dead run's lease did not expire", lambda: fleet.lock()["state"] == "expired",
+           LEASE_SECONDS + 30, fleet.output)  # fmt: skip
+    shown = fleet.status()
+    reasons = shown["health"]["reasons"]
+    assert any(f"run (run id {run_id}) left the lock expired" in r for r in reasons), reasons
+    said = f"backfill run {run_id} did not finish (rolled back)"
+    assert (shown["unfinished_backfill"] or "").startswith(said), shown
     state, tasks = fleet.finished(run_url)
     assert state == "success", {t: i["state"] for t, i in tasks.items()}
     reprocess = tasks["reprocess"]
@@ -700,7 +762,7 @@ def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_oth
     fleet.figures["w1 lost in a backfill: the kill to the backfill's end"] = _seconds(
         killed.isoformat(), tasks["validate_state"]["end_date"]
     )
-    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) >= last
+    assert assert_exact(fleet, spark, (TOPIC, NEW_TOPIC)) >= last
     assert fleet.lock()["state"] is None, "the retry did not release the lease it took over"
     assert fleet.status()["unfinished_backfill"] is None
     audit = [r for r in read_audit(checkpoint) if r["operation"] == "backfill"]
@@ -709,12 +771,16 @@ def test_a_backfill_whose_worker_is_lost_in_the_reprocessing_finishes_on_the_oth
     _back(fleet, "w1")
 
 
-def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_other(fleet):
+def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_other(fleet, spark):
     """A migration (to a third topic) approved over REST on w1; w1 is killed while the drain
     step's driver reads the query's topic. The step fails for good (a migration's steps do not
     retry), and ``roll_back`` runs on w2: it waits until the dead driver's lease expires,
     then releases the migration's hold. The query stays on its checkpoint and topic, and the
-    next run, on w2, goes on from what the drain committed: the state is exact."""
+    next run, on w2, goes on from what the drain committed, on its first try (the roll back's
+    release did not make the dead drain's lock look alive again): the state is exact.
+    Skipped where the workers are not hosts of their own: the roll back would see the dead
+    driver's PID and wait for nothing, and the first try would prove nothing."""
+    fleet.require_isolated()
     third = "page-visits-v3"
     fleet.produce(round_=12, topic=third)  # the new source exists and has records
     for round_ in (13, 14, 15):  # the drain has batches to run: it is killed in them
@@ -737,6 +803,10 @@ def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_oth
     assert tasks["drain"]["try_number"] == 1, tasks["drain"]  # no retry: roll_back instead
     undo = tasks["roll_back"]
     assert (undo["state"], undo["hostname"]) == ("success", "w2"), undo
+    # It found the dead drain's lock alive and waited for it to expire (without that wait,
+    # the first-try check at the end guards nothing).
+    said = _task_log(fleet, run_id, "roll_back")
+    assert f"{QUERY}: stopping run {run_id}" in said and f"run {run_id} stopped" in said, said
     assert tasks["approve_switch"]["state"] in ("upstream_failed", "skipped"), tasks
     fleet.figures["w1 lost in a migration's drain: the kill to its roll back's end"] = _seconds(
         killed.isoformat(), undo["end_date"]
@@ -754,11 +824,11 @@ def test_a_migration_whose_worker_is_lost_in_its_drain_is_rolled_back_on_the_oth
     assert state == "success" and run["hostname"] == "w2", tasks
     # at once: the roll back's release of its hold did not make the dead drain's lock look alive
     assert run["try_number"] == 1, run
-    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
+    assert assert_exact(fleet, spark, (TOPIC, NEW_TOPIC)) > before
     _back(fleet, "w1")
 
 
-def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
+def test_redis_restarted_in_a_run_the_run_goes_on(fleet, spark):
     """The broker restarted (`scripts/fleet.sh redis`) while a run's task runs on w1: the
     workers reconnect, the run's next task goes through the new broker, and the run succeeds
     with the state exact."""
@@ -773,11 +843,11 @@ def test_redis_restarted_in_a_run_the_run_goes_on(fleet):
     state, tasks = fleet.finished(run_url, "stream_start, Redis restarted in it (w1)")
     assert state == "success", tasks
     assert {t["hostname"] for t in tasks.values()} == {"w1"}, tasks  # record_ came after it
-    assert assert_exact(fleet, (TOPIC, NEW_TOPIC)) > before
+    assert assert_exact(fleet, spark, (TOPIC, NEW_TOPIC)) > before
     fleet.only("w2")  # both workers take orders through the new broker
 
 
-def test_a_code_upgrade_approved_over_rest_rewrites_on_w1_and_w2_runs_the_new_code(fleet):
+def test_a_code_upgrade_approved_over_rest_rewrites_on_w1_and_w2_runs_the_new_code(fleet, spark):
     """The query's new code (views per user and page: a wider key, which Spark cannot keep
     state for) deployed in the registry; stream_code_upgrade triggered and approved twice over
     REST rewrites the state on w1 into a new checkpoint and switches; the next run, on w2,
@@ -810,6 +880,8 @@ def test_a_code_upgrade_approved_over_rest_rewrites_on_w1_and_w2_runs_the_new_co
         views |= {(row[0], row[1]): row[2] for row in rows if len(row) == 3}
     records = collections.Counter((e["user_id"], e["page"]) for e in _events((TOPIC, NEW_TOPIC)))
     assert views and {pair: records[pair] for pair in views} == views
+    # Every pair, not only those the new code emitted: the old state carried over whole.
+    assert state_values(spark, new.checkpoint, "views") == dict(records)
 
 
 def test_make_fleet_stop_stops_everything(fleet):

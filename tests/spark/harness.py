@@ -386,6 +386,19 @@ ALL_CASES = [
 ]
 
 
+def gate_cases(cases: list[Case], gate: set[str]) -> list:
+    """``cases`` as pytest params named by the case: those named in ``gate`` in the landing
+    gate too, the others (the rest of the matrix) in the whole proof only."""
+    import pytest
+
+    unknown = gate - {case.name for case in cases}
+    assert not unknown, f"no such case: {unknown}"
+    return [
+        pytest.param(case, id=case.name, marks=() if case.name in gate else pytest.mark.whole)
+        for case in cases
+    ]
+
+
 def state_and_output(spark, registry: Path, name: str) -> tuple:
     """(last committed batch, ``operator N NAME`` -> (kind, (rows, checksum)) for every store or
     state variable of every operator, output per batch) of registered query ``name``: what

@@ -282,6 +282,7 @@ def test_retention_deletes_old_manifests_first_and_only_unreferenced_objects(s3,
     assert verify_backup(f"{to}/{new['backup_id']}", client)["ok"]
 
 
+@pytest.mark.whole
 def test_backups_taken_while_the_query_runs_restore_and_restart(spark, s3, tmp_path):
     registry = write_registry(tmp_path, page_visits={"trigger": {"processing_time": "1 second"}})
     query = load_registry(registry).query("page_visits")

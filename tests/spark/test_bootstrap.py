@@ -154,6 +154,7 @@ def test_bootstrap_equals_initial_state_plus_batch_0(spark, tmp_path):
     assert "Traceback" not in out and tree_digest(ckpt) == before
 
 
+@pytest.mark.whole
 def test_a_start_on_an_empty_source_keeps_the_bootstrap_pending(spark, tmp_path):
     registry = write_registry(tmp_path)
     (tmp_path / "landing" / "page_visits").mkdir(parents=True)
@@ -191,6 +192,7 @@ def test_null_and_repeated_keys_are_refused_by_name(tmp_path):
     assert not carry_over_marker(reg.query("page_visits").checkpoint).exists()
 
 
+@pytest.mark.whole
 def test_bootstrap_from_a_state_export(spark, tmp_path, old):
     old_ckpt = old_checkpoint(old, tmp_path)
     export = tmp_path / "export"
@@ -234,6 +236,7 @@ def test_dry_run_and_queries_without_initial_state(tmp_path):
     assert proc.returncode == 2 and "no initial_state in the registry" in proc.stderr
 
 
+@pytest.mark.whole
 def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp_path):
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
@@ -262,6 +265,7 @@ def test_the_proof_finds_state_that_is_not_initial_state_plus_batch_0(spark, tmp
     assert tree_digest(ckpt) == before, "a proof only reads"
 
 
+@pytest.mark.whole
 def test_the_proof_covers_list_state_and_timers_without_initial_state(spark, tmp_path):
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
@@ -273,6 +277,7 @@ def test_the_proof_covers_list_state_and_timers_without_initial_state(spark, tmp
     assert rows["events"] > 0 and rows["timers"] > 0
 
 
+@pytest.mark.whole
 def test_values_of_the_wrong_type_and_a_processor_misfit_are_refused(tmp_path):
     registry = write_registry(tmp_path)
     land(tmp_path / "landing", round_=0, files=1)
@@ -302,6 +307,7 @@ def test_values_of_the_wrong_type_and_a_processor_misfit_are_refused(tmp_path):
     assert not Path(load_registry(registry).query("page_visits").checkpoint).exists()
 
 
+@pytest.mark.whole
 @pytest.mark.parametrize("partitions", [2, 3])
 def test_bootstrap_from_a_checkpoint_transplants_it_and_repartitions_where_the_count_changed(
     spark, tmp_path, partitions, old

@@ -34,7 +34,7 @@ from tests.spark.harness import (
     summary_of,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.whole]  # a shape: timers across a cutover
 
 READS = [{"stateVarName": "events"}, {"readRegisteredTimers": "true"}]
 PROCESSOR = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["user_sessions"][

@@ -25,6 +25,7 @@ from tests.spark.harness import (
     FAILS_ONCE,
     Case,
     copy_checkpoint,
+    gate_cases,
     land,
     last_committed,
     read_sink,
@@ -59,7 +60,12 @@ class Cleaned:
 V2 = v2_case()  # format v2, with the files of an attempt no commit names
 
 
-@pytest.fixture(scope="module", params=[*ALL_CASES, V2], ids=lambda c: c.name)
+# The gate: an aggregation on RocksDB; the HDFS-backed store, the other shapes and format 2's
+# attempts in the whole proof.
+@pytest.fixture(
+    scope="module",
+    params=gate_cases([*ALL_CASES, V2], {"aggregation-rocksdb"}),
+)
 def cleaned(request, spark, tmp_path_factory) -> Cleaned:
     case: Case = request.param
     root = tmp_path_factory.mktemp(f"cleanup-{case.name}")

@@ -140,6 +140,7 @@ def clock_state_and_output(spark, registry: Path) -> tuple:
     return stores, state, output
 
 
+@pytest.mark.whole
 def test_clock_driven_runs_end_and_equal_a_continuous_run(spark, s3, tmp_path, capsys):
     control = clock_registry(tmp_path / "control")
     touched = clock_registry(tmp_path / "touched", landing=control.parent / "landing")

@@ -67,6 +67,7 @@ def test_the_expired_state_expectation_names_how_many_keys_leak(spark, tmp_path)
     assert on_disk["ok"] is False and on_disk["batch_id"] == result["batch_id"]
 
 
+@pytest.mark.whole
 def test_the_reference_processor_leaves_no_expired_state(spark, tmp_path):
     query = _run_user_sessions(
         spark, tmp_path, "stateops.pipelines.user_sessions:UserSessionsProcessor"
@@ -103,6 +104,7 @@ def _run(spark, query, *, available_now=True):
         streaming.stop()
 
 
+@pytest.mark.whole
 def test_row_counts_may_change_only_by_the_configured_factor(spark, tmp_path):
     registry = write_registry(tmp_path, page_visits={"expectations": {"row_change_factor": 1.2}})
     query = load_registry(registry).query("page_visits")
@@ -126,6 +128,7 @@ def test_row_counts_may_change_only_by_the_configured_factor(spark, tmp_path):
     )
 
 
+@pytest.mark.whole
 def test_ttl_state_is_checked_against_the_batch_time(spark, tmp_path):
     spec = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]["page_visits"]
     processor = {
@@ -153,6 +156,7 @@ def test_ttl_state_is_checked_against_the_batch_time(spark, tmp_path):
     ]
 
 
+@pytest.mark.whole
 @pytest.mark.parametrize("name", ["deduped_counts", "chained_windows"])
 def test_two_operators_stores_each_keep_their_own_row_count_history(spark, tmp_path, name):
     """Both operators' stores are named ``default``: each store's row count is held to its own

@@ -45,11 +45,12 @@ def _live(spark, checkpoint: Path, batch: int, **options: str) -> tuple[int, str
             "user_sessions-rocksdb",
             {"timers": {"readRegisteredTimers": "true"}, "events": {"stateVarName": "events"}},
         ),
-        (
+        pytest.param(
             "page_visits-rocksdb",
             {"pages": {"stateVarName": "pages"}, "count": {"stateVarName": "count"}},
+            marks=pytest.mark.whole,
         ),
-        (
+        pytest.param(
             "join-hdfs",
             {
                 s: {"storeName": s}
@@ -60,6 +61,7 @@ def _live(spark, checkpoint: Path, batch: int, **options: str) -> tuple[int, str
                     "right-keyWithIndexToValue",
                 )
             },
+            marks=pytest.mark.whole,
         ),
     ],
 )
@@ -105,6 +107,7 @@ def _lists(df) -> dict:
     return lists
 
 
+@pytest.mark.whole
 def test_a_list_in_another_order_is_another_state(spark, written, tmp_path):
     manifest = export_state(spark, str(written["user_sessions-rocksdb"]), tmp_path / "e")
     entry = next(e for e in manifest["entries"] if e["kind"] == "list")
@@ -119,6 +122,7 @@ def test_a_list_in_another_order_is_another_state(spark, written, tmp_path):
     assert state_checksum(reversed_)[1] != entry["checksum"]
 
 
+@pytest.mark.whole
 def test_checksums_ignore_row_order_and_partitioning(spark, written, tmp_path):
     manifest = export_state(spark, str(written["page_visits-rocksdb"]), tmp_path / "e")
     for entry in manifest["entries"]:
@@ -127,6 +131,7 @@ def test_checksums_ignore_row_order_and_partitioning(spark, written, tmp_path):
         assert state_checksum(shuffled) == (entry["rows"], entry["checksum"])
 
 
+@pytest.mark.whole
 def test_an_earlier_batch_is_a_different_state(spark, written, tmp_path):
     ckpt = str(written["page_visits-rocksdb"])
     last = export_state(spark, ckpt, tmp_path / "last")
@@ -195,6 +200,7 @@ def test_an_export_killed_half_way_is_done_again_when_its_step_runs_again(
     assert not (local / "op0" / "part-0.parquet").exists() and not unfinished(local)
 
 
+@pytest.mark.whole
 def test_cli_export_through_spark_submit(written, tmp_path):
     proc = run_cli("export", str(written["user_sessions-rocksdb"]), "--out", str(tmp_path / "e"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -168,6 +168,7 @@ def test_a_batch_whose_lease_is_lost_while_it_writes_fails_uncommitted(spark, tm
     assert read_lock(lease) is None, "its release took nothing"
 
 
+@pytest.mark.whole
 def test_two_drivers_started_at_once_on_an_s3_checkpoint_one_runs_and_kafka_gets_each_batch_once(
     spark, kafka, s3a_env, tmp_path
 ):

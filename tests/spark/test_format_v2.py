@@ -105,7 +105,13 @@ def test_spark_wrote_format_v2_and_inspect_says_so(spark, v2):
     assert "format      v2 (every operation reads it but repartition: " in text, text
 
 
-@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+@pytest.mark.parametrize(
+    "dry_run",
+    [
+        pytest.param(["--dry-run"], id="dry-run"),
+        pytest.param([], id="run", marks=pytest.mark.whole),
+    ],
+)
 def test_the_repartition_refuses_a_v2_checkpoint_in_one_line_and_changes_nothing(v2, s3, dry_run):
     """Spark 4.2's repartition loads each store without its checkpoint id and fails on the v2
     file names (seen here), so it is refused before anything runs."""
@@ -164,6 +170,7 @@ def _flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.whole
 def test_the_expectations_validate_the_state_of_a_v2_checkpoint(spark, v2):
     """Great Expectations on the state Spark reads from the files the last commit's ids name;
     the count of visits it checks non-negative is a value kept per user."""
@@ -174,6 +181,7 @@ def test_the_expectations_validate_the_state_of_a_v2_checkpoint(spark, v2):
     assert {v["variable"] for v in result["variables"]} == {"pages", "count"}, result
 
 
+@pytest.mark.whole
 def test_the_export_holds_the_state_spark_reads_at_the_last_batch(spark, v2, tmp_path):
     """``stateops export`` on v2: each variable's rows and checksum are those Spark's state
     reader gives for the last batch (the files its commit's ids name)."""
@@ -233,6 +241,7 @@ def test_rollback_three_batches_and_reprocess_gives_the_untouched_run(spark, s3,
     assert read_sink(sink) == read_sink(Path(original.sink.path))
 
 
+@pytest.mark.whole
 def test_the_restart_set_alone_and_a_restored_backup_go_on_like_the_original(
     spark, s3, v2, tmp_path
 ):

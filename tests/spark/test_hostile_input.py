@@ -27,7 +27,7 @@ import pytest
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.spark.jobs import preflight_job
-from tests.conftest import ROOT, VENV_BIN, run_cli, tree_digest, write_registry
+from tests.conftest import ROOT, VENV_BIN, run_cli, tree_digest, whole_after, write_registry
 from tests.spark.harness import aggregation_case, land
 
 pytestmark = pytest.mark.spark
@@ -111,7 +111,7 @@ def make_writable(target: Path) -> None:
 READ_ONLY = ["permissions", "immutable", "read-only mount"]
 
 
-@pytest.mark.parametrize("mechanism", READ_ONLY)
+@pytest.mark.parametrize("mechanism", whole_after(1, READ_ONLY))
 @pytest.mark.parametrize("command", ["cleanup", "rollback"])
 def test_a_read_only_checkpoint_is_refused_before_anything_is_written(ckpt, mechanism, command):
     last = load_checkpoint(ckpt).last_committed_batch
@@ -189,7 +189,7 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", whole_after(3, COMMANDS))
 def test_a_path_that_is_not_a_checkpoint_is_one_line_and_leaves_nothing_beside_it(
     tmp_path, command, no_jvm
 ):
@@ -411,7 +411,8 @@ def test_validate_refusals_come_before_spark_submit(ckpt, tmp_path, case, says, 
 
 
 @pytest.mark.parametrize(
-    "endpoint", ["not a url", "localhost:9000", "http://", "http://[::1", "ftp://host"]
+    "endpoint",
+    whole_after(1, ["not a url", "localhost:9000", "http://", "http://[::1", "ftp://host"]),
 )
 def test_an_endpoint_that_is_not_a_url_is_one_line(ckpt, endpoint):
     before = tree_digest(ckpt)
@@ -431,8 +432,11 @@ def test_an_endpoint_that_is_not_a_url_is_one_line(ckpt, endpoint):
 
 @pytest.mark.parametrize(
     "entry",
-    [{"path": 7}, {"path": None}, {"path": ["a"]}, {"sha256": 1}, {"size": "12"}, "metadata"],
-    ids=["int path", "null path", "list path", "int sha256", "text size", "not an object"],
+    whole_after(
+        1,
+        [{"path": 7}, {"path": None}, {"path": ["a"]}, {"sha256": 1}, {"size": "12"}, "metadata"],
+        ids=["int path", "null path", "list path", "int sha256", "text size", "not an object"],
+    ),
 )
 def test_a_manifest_entry_of_the_wrong_type_is_one_line(s3, ckpt, tmp_path, entry):
     url = f"s3://backups/{tmp_path.name}"

@@ -36,7 +36,7 @@ from stateops.spark.export import export_state, state_checksum
 from tests.conftest import run_cli, tree_digest, write_registry
 from tests.spark.harness import job_in_session, land, quiesce, read_sink
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.whole]
 
 NAME = "user_sessions"
 DATA = 4  # output columns: user_id, session_start, session_end, num_events, data, closed_by

@@ -91,6 +91,7 @@ def test_a_run_on_a_missing_topic_or_a_broker_down_is_refused_in_one_line(
     assert no_jvm() == []
 
 
+@pytest.mark.whole
 def test_the_embedded_broker_answers_keeps_its_topics_across_a_restart_and_logs_to_a_file(
     kafka, tmp_path
 ):

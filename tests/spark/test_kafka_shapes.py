@@ -52,7 +52,7 @@ from tests.spark.kafka_shapes import (
     visits,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.whole]
 
 ROUND0, ROUND1 = 30, 10  # records produced before the operations, and after them
 quiet = lambda _: None  # noqa: E731

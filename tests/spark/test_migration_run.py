@@ -65,6 +65,7 @@ def _cli_args(m: Migration, road: str = "auto") -> list[str]:
     ]
 
 
+@pytest.mark.whole
 def test_a_failure_after_each_step_rolls_back_then_stateops_migrate_migrates(
     spark, s3, tmp_path, monkeypatch
 ):
@@ -176,6 +177,7 @@ def _migrated_in_session(spark, m: Migration, run_id: str) -> list[str]:
     return log
 
 
+@pytest.mark.whole
 def test_a_v2_checkpoint_moves_to_the_new_source_by_transplant(spark, s3, tmp_path):
     """Checkpoint format v2 (issue 21): the transplant copies the restart set the commit's ids
     name, and the commits that name them, so the new checkpoint goes on in v2 to the state
@@ -197,6 +199,7 @@ def _land_round(root: Path, round_: int, *datasets: str) -> None:
             os.replace(f, root / "landing" / dataset / f.name)  # mtimes kept: the file order
 
 
+@pytest.mark.whole
 def test_a_join_moves_one_of_its_two_sources_by_transplant(spark, s3, tmp_path):
     """The stream-stream join of views and events: events move from JSON to Parquet and views
     stay where they are. State and output equal one query on the JSON sources that stopped and

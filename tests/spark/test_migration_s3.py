@@ -167,6 +167,7 @@ def test_an_s3_checkpoint_migrates_to_s3_by_transplant_and_its_failures_roll_bac
     _assert_held(m, aside)
 
 
+@pytest.mark.whole
 def test_a_local_checkpoint_migrates_to_s3_by_initial_state_and_its_failures_roll_back(
     spark, s3a, whole, tmp_path, monkeypatch
 ):

@@ -31,7 +31,7 @@ from stateops.ops.cleanup import run_cleanup
 from stateops.ops.repartition import plan_repartition, proof_path, run_repartition
 from stateops.spark.export import store_checksums
 from stateops.spark.repartition import store_states
-from tests.conftest import VENV_BIN, run_cli, tree_digest
+from tests.conftest import VENV_BIN, run_cli, tree_digest, whole_after
 from tests.spark.harness import (
     copy_checkpoint,
     copy_query,
@@ -98,6 +98,7 @@ def misplaced(spark, registry: Path, name: str, partitions: int) -> dict[str, in
 # window, on RocksDB (Spark repartitions RocksDB state only: the HDFS store is refused, below).
 # The join's and the session window's state keys hold a field their partitioning does not (a
 # value's index, the session's start): the placement check must leave it out.
+@pytest.mark.whole
 @pytest.mark.parametrize(
     "name",
     ["page_visits", "user_sessions", "page_counts_rocksdb", "views_near_events", "session_counts"],
@@ -158,6 +159,7 @@ def test_repartitioned_queries_go_on_like_queries_that_always_had_the_new_count(
     assert left == {"0", "1", "2"} and verify_checkpoint(checkpoint)["ok"], left
 
 
+@pytest.mark.whole
 def test_the_placement_check_fits_spark_s_own_state_of_dedup_and_group_state(spark, tmp_path):
     """The proof's partitioning keys of the operators not repartitioned above (dedup within
     the watermark, applyInPandasWithState), checked on the state Spark wrote at 3
@@ -340,7 +342,19 @@ def clone(registry: Path, dest: Path) -> Path:
     return path
 
 
-def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark, s3, tmp_path):
+# The gate kills it in the middle of Spark's write (marked, the next batch planned and not
+# committed); the whole proof at each of the other points too.
+@pytest.mark.parametrize(
+    "points",
+    whole_after(
+        1,
+        [["spark"], ["upload:1", "marker:1", "audit:2", "finish:1"]],
+        ids=["mid-write", "every-other-point"],
+    ),
+)
+def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(
+    spark, s3, tmp_path, points
+):
     """kill -9 at five points of ``stateops repartition`` (the backup's upload, the marker,
     in the middle of Spark's write, the audit record and the marker's removal after it),
     each from the same start; then each killed checkpoint both run again (it goes on like a
@@ -356,7 +370,7 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(spark,
 
     killed: dict[str, Path] = {}
     running = []
-    for point in ("upload:1", "marker:1", "spark", "audit:2", "finish:1"):
+    for point in points:
         registry = clone(start, tmp_path / f"killed-{point.replace(':', '-')}")
         env = {**s3.env(), **({} if point == "spark" else {"STATEOPS_KILL_AT": point})}
         args = [

@@ -20,6 +20,7 @@ from tests.conftest import (
     ROOT,
     run_cli,
     tree_digest,
+    whole_after,
     write_registry,
 )
 from tests.spark.harness import (
@@ -97,6 +98,7 @@ def test_rollback_then_reprocess_with_unchanged_logic_equals_an_uninterrupted_ru
     assert tree_digest(ckpt) == before
 
 
+@pytest.mark.whole
 def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark, tmp_path):
     registry = write_registry(tmp_path)  # sessions time out after 30 minutes
     query = load_registry(registry).query("user_sessions")
@@ -161,7 +163,10 @@ def test_rollback_with_changed_logic_keeps_nothing_of_the_invalidated_run(spark,
     assert state != old_logic_state
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["format-v1", "format-v2"])
+@pytest.fixture(
+    scope="module",
+    params=whole_after(1, [1, 2], ids=["format-v1", "format-v2"]),  # v2: the whole proof
+)
 def template(request, spark, tmp_path_factory) -> Path:
     """A page_visits checkpoint after 8 batches, and its sink, to copy from: in checkpoint
     format v1, or v2 with the files of an attempt no commit names (harness.v2_case)."""
@@ -238,6 +243,7 @@ def test_refusals_change_nothing(template, tmp_path, command):
     assert _state(work) == before
 
 
+@pytest.mark.whole
 @pytest.mark.parametrize("command", ["cleanup", "rollback"])
 def test_killed_at_any_point_a_second_run_finishes_the_job(
     template, restarted, tmp_path, spark, command

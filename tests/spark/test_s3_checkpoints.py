@@ -43,6 +43,7 @@ from tests.spark.harness import (
     ALL_CASES,
     Case,
     copy_checkpoint,
+    gate_cases,
     land,
     read_sink,
     read_state,
@@ -146,7 +147,7 @@ def without_location(report: dict) -> dict:
     return {k: v for k, v in report.items() if k != "checkpoint"}
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: c.name)
+@pytest.fixture(scope="module", params=gate_cases(CASES, {"page_visits-rocksdb"}))
 def story(request, spark, tmp_path_factory, s3_env) -> Story:
     case: Case = request.param
     root = built(spark, tmp_path_factory, case)
@@ -336,6 +337,7 @@ def test_an_endpoint_stopped_mid_cleanup_gives_one_line_and_a_second_run_complet
     assert contents(from_s3) == _cleaned_locally(local)
 
 
+@pytest.mark.whole
 def test_a_backup_to_another_endpoint_streams_the_objects_through(uploaded, s3_env, tmp_path):
     local, url = uploaded
     proxy = S3Proxy(s3_env.port, lambda command, path, forward: forward())  # another endpoint
@@ -378,6 +380,7 @@ def test_wrong_credentials_give_one_line_and_a_second_run_completes(
     assert contents(from_s3) == _cleaned_locally(local)
 
 
+@pytest.mark.whole
 def test_a_throttling_endpoint_gives_one_line_and_a_second_run_completes(
     uploaded, s3_env, tmp_path, monkeypatch
 ):

@@ -37,7 +37,7 @@ from stateops.spark.jobs import spark_submit_env
 from tests.conftest import job_command, write_registry
 from tests.spark.harness import land, read_sink, run_in_session, state_checksums
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.whole]  # its fixture kills 6 runs at once
 NAME = "page_counts"
 BATCH = 2  # the batch killed: batches 0 and 1 left state behind it
 FILES = 4  # landed files, one per batch (maxFilesPerTrigger: 1): batches 0-4

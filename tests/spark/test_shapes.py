@@ -35,6 +35,7 @@ pytestmark = pytest.mark.spark
 QUERIES = ["user_sessions", "page_visits", "page_counts", "idle_sessions", *SHAPES]
 
 
+@pytest.mark.whole  # the shape matrix: the gate proves each operation on its own road
 @pytest.mark.parametrize("name", QUERIES)
 def test_every_operation_leaves_state_and_output_equal_to_an_untouched_run(
     spark, s3, tmp_path, name

@@ -22,7 +22,7 @@ import re
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,12 +54,14 @@ from tests.spark.harness import (
 
 pytestmark = pytest.mark.spark
 NAME = "page_visits"
-# A processor (transformWithStateInPandas on RocksDB), an aggregation on the HDFS-backed store,
-# a stream-stream join on RocksDB.
-QUERIES = ("page_visits", "page_counts", "views_near_events")
+# A processor (transformWithStateInPandas on RocksDB) and an aggregation on the HDFS-backed
+# store, through every job (:func:`world`, the gate); a stream-stream join on RocksDB through
+# the jobs that differ by shape (:func:`join_world`, the whole proof).
+QUERIES = ("page_visits", "page_counts")
+JOIN = "views_near_events"
 S3_SINK = "page_counts"  # its sink is in S3 too: the backfill's report reads it there
 VALIDATED = (NAME,)  # Great Expectations costs about 15 s a query and side
-REPARTITIONED = ("page_visits", "views_near_events")  # Spark repartitions RocksDB state only
+REPARTITIONED = ("page_visits", JOIN)  # Spark repartitions RocksDB state only
 SIDES = ("local", "s3")
 quiet = lambda _: None  # noqa: E731
 
@@ -76,7 +78,7 @@ def sink_of(sink: str, scratch: Path) -> dict[int, list[tuple]]:
     return read_sink(Path(sink))
 
 
-def snapshot(spark, registry: Path, scratch: Path, names=QUERIES) -> dict[str, tuple]:
+def snapshot(spark, registry: Path, scratch: Path, names: tuple[str, ...]) -> dict[str, tuple]:
     """name -> (last committed batch, state, output) of each query."""
     reg = load_registry(registry)
     out = {}
@@ -86,7 +88,7 @@ def snapshot(spark, registry: Path, scratch: Path, names=QUERIES) -> dict[str, t
     return out
 
 
-def assert_same(step: dict, names=QUERIES) -> None:
+def assert_same(step: dict, names: tuple[str, ...]) -> None:
     """Both sides of ``step`` equal, and each query left state and output to compare."""
     if "error" in step:
         pytest.fail(step["error"])
@@ -134,8 +136,15 @@ def continuous(spark, registry: Path, name: str, until_batch: int) -> dict:
 class World:
     """Both sides' registries and what each step left on them."""
 
-    def __init__(self, root: Path, registries: dict[str, Path], exports: dict[str, str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        queries: tuple[str, ...],
+        registries: dict[str, Path],
+        exports: dict[str, str],
+    ) -> None:
         self.root = root
+        self.queries = queries
         self.registries = registries
         self.exports = exports  # where each side's export step writes, by side
         self.steps: dict[str, dict] = {}
@@ -158,51 +167,62 @@ class World:
         print(f"STEP {name}: {self.steps[name]['seconds']} s", flush=True)
 
 
-@pytest.fixture(scope="module")
-def world(spark, s3a, tmp_path_factory) -> World:
+def _world(spark, s3a, tmp_path_factory, queries: tuple[str, ...]) -> Iterator[World]:
     with pytest.MonkeyPatch.context() as mp:
         s3a.set_env(mp)
         root = tmp_path_factory.mktemp("spark-on-s3")
         mp.setenv("STATEOPS_GX_HOME", str(root / "gx"))  # GX's project for S3 checkpoints
-        yield build_world(spark, s3a, root)
+        yield build_world(spark, s3a, root, queries)
 
 
-def build_world(spark, s3a, root: Path) -> World:
+@pytest.fixture(scope="module")
+def world(spark, s3a, tmp_path_factory) -> Iterator[World]:
+    yield from _world(spark, s3a, tmp_path_factory, QUERIES)
+
+
+@pytest.fixture(scope="module")
+def join_world(spark, s3a, tmp_path_factory) -> Iterator[World]:
+    yield from _world(spark, s3a, tmp_path_factory, (JOIN,))
+
+
+def build_world(spark, s3a, root: Path, queries: tuple[str, ...]) -> World:
+    """Each job on both sides, those that name page_visits (the drill, ``verify --data``, the
+    continuous run, the bootstrap) or its S3 sink (the backfill) where ``queries`` hold it."""
     landing = root / "landing"
     registries = {}
     for side in SIDES:
         path = shape_registry(root / side, landing=landing)
         raw = yaml.safe_load(path.read_text())
-        raw["queries"] = {n: raw["queries"][n] for n in QUERIES}
+        raw["queries"] = {n: raw["queries"][n] for n in queries}
         for entry in raw["queries"].values():
             entry["trigger"] = {"processing_time": "1 second"}
         if side == "s3":
             prefix = s3a.url(root.name)
             for name, entry in raw["queries"].items():
                 entry["checkpoint"] = f"{prefix}/checkpoints/{name}"
-            # As Spark names it: the registry takes the sink's path as given.
-            raw["queries"][S3_SINK]["sink"]["path"] = f"s3a{prefix[2:]}/output/{S3_SINK}"
+            if S3_SINK in queries:  # as Spark names it: the registry takes the sink as given
+                raw["queries"][S3_SINK]["sink"]["path"] = f"s3a{prefix[2:]}/output/{S3_SINK}"
         raw["backups"] = {"url": s3a.url(f"{root.name}/backups-{side}")}
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         registries[side] = path
     exports = {"local": str(root / "exports"), "s3": f"{s3a.url(root.name)}/exports"}
-    world = World(root, registries, exports)
+    world = World(root, queries, registries, exports)
     scratch = root / "scratch"
     scratch.mkdir()
-    snap = lambda side, reg: snapshot(spark, reg, scratch)  # noqa: E731
+    snap = lambda side, reg: snapshot(spark, reg, scratch, queries)  # noqa: E731
 
     land(landing, round_=0, files=2)
     world.step(
         "run",
         lambda side, reg: [
-            run_in_session(spark, reg, n, "--mode", "available-now") for n in QUERIES
+            run_in_session(spark, reg, n, "--mode", "available-now") for n in queries
         ],
         snap,
     )
 
     def export(side, reg):
         out = {}
-        for name in QUERIES:
+        for name in queries:
             code, stdout = job_in_session(
                 spark, "export_state.py", "--registry", str(reg), "--checkpoint", name,
                 "--out", f"{exports[side]}/{name}",
@@ -222,7 +242,8 @@ def build_world(spark, s3a, root: Path) -> World:
             out[name] = (code, result)
         return out
 
-    world.step("verify-data", validate, lambda side, reg: None)
+    if NAME in queries:
+        world.step("verify-data", validate, lambda side, reg: None)
 
     def drill(side, reg):
         # A restore drill: the scratch place beside the checkpoint (in S3 on that side), the
@@ -237,14 +258,15 @@ def build_world(spark, s3a, root: Path) -> World:
         record = finish_drill(plan, client, failed=None if code == 0 else stdout[-500:], log=quiet)
         return record["state"], location(plan["scratch"]).exists()
 
-    world.step("drill", drill, lambda side, reg: None)
-
-    land(landing, round_=1, files=2)
-    world.step(
-        "continuous",
-        lambda side, reg: continuous(spark, reg, NAME, until_batch=3),
-        lambda side, reg: snapshot(spark, reg, scratch, names=(NAME,)),
-    )
+    if NAME in queries:
+        world.step("drill", drill, lambda side, reg: None)
+        land(landing, round_=1, files=2)
+        world.step(
+            "continuous",
+            lambda side, reg: continuous(spark, reg, NAME, until_batch=3),
+            lambda side, reg: snapshot(spark, reg, scratch, names=(NAME,)),
+        )
+    repartitioned = tuple(name for name in REPARTITIONED if name in queries)
 
     def repartition(side, reg):
         def submit(plan: dict) -> None:
@@ -259,13 +281,13 @@ def build_world(spark, s3a, root: Path) -> World:
                 query_target(reg, name), 3, run_id=new_run_id("repartition"), log=quiet,
                 submit=submit,
             )["proof"]["ok"]
-            for name in REPARTITIONED
+            for name in repartitioned
         }  # fmt: skip
 
     world.step(
         "repartition",
         repartition,
-        lambda side, reg: snapshot(spark, reg, scratch, REPARTITIONED),
+        lambda side, reg: snapshot(spark, reg, scratch, repartitioned),
     )
 
     def backfill(side, reg):
@@ -282,7 +304,10 @@ def build_world(spark, s3a, root: Path) -> World:
             out[name] = {k: v for k, v in done["report"].items() if k != "examples"}
         return out
 
-    world.step("backfill", backfill, lambda side, reg: snapshot(spark, reg, scratch, (S3_SINK,)))
+    if S3_SINK in queries:
+        world.step(
+            "backfill", backfill, lambda side, reg: snapshot(spark, reg, scratch, (S3_SINK,))
+        )
 
     def bootstrap(side, reg):
         # page_visits into a new checkpoint on each side, from that side's export (the S3
@@ -299,7 +324,8 @@ def build_world(spark, s3a, root: Path) -> World:
         )
         return run_bootstrap(target, plan, run_id=new_run_id("bootstrap"), log=quiet)["status"]
 
-    world.step("bootstrap", bootstrap, lambda side, reg: snapshot(spark, reg, scratch, (NAME,)))
+    if NAME in queries:
+        world.step("bootstrap", bootstrap, lambda side, reg: snapshot(spark, reg, scratch, (NAME,)))
     return world
 
 
@@ -311,12 +337,16 @@ def steps_done(world: World, name: str) -> dict:
 
 
 def test_run_available_now_on_s3_equals_local(world):
-    assert_same(world.steps["run"])
+    assert_same(world.steps["run"], world.queries)
 
 
 def test_export_of_an_s3_checkpoint_equals_the_local_export(world):
+    assert_exports_equal(world)
+
+
+def assert_exports_equal(world: World) -> None:
     step = steps_done(world, "export")
-    for name in QUERIES:  # each checkpoint has its own query id: the rest is equal
+    for name in world.queries:  # each checkpoint has its own query id: the rest is equal
         local, s3 = (
             {k: v for k, v in step["done"][side][name].items() if k != "query_id"} for side in SIDES
         )
@@ -406,10 +436,15 @@ def test_a_continuous_run_on_s3_stops_gracefully_as_locally(world):
 
 
 def test_repartition_on_s3_equals_local(world):
+    assert_repartitioned_alike(world)
+
+
+def assert_repartitioned_alike(world: World) -> None:
+    repartitioned = tuple(name for name in REPARTITIONED if name in world.queries)
     step = steps_done(world, "repartition")
-    assert step["done"]["s3"] == step["done"]["local"] == dict.fromkeys(REPARTITIONED, True)
-    assert_same(step, REPARTITIONED)
-    for name in REPARTITIONED:  # the new count is in the state's partitions
+    assert step["done"]["s3"] == step["done"]["local"] == dict.fromkeys(repartitioned, True)
+    assert_same(step, repartitioned)
+    for name in repartitioned:  # the new count is in the state's partitions
         before = world.steps["continuous" if name == NAME else "run"]["s3"][name][0]
         assert step["s3"][name][0] == before + 1, name  # Spark's repartition batch
 
@@ -428,6 +463,14 @@ def test_a_bootstrap_into_an_s3_checkpoint_equals_local(world):
     step = steps_done(world, "bootstrap")
     assert step["done"]["s3"] == step["done"]["local"] == "succeeded"
     assert_same(step, names=(NAME,))
+
+
+@pytest.mark.whole
+def test_a_join_runs_exports_and_repartitions_on_s3_as_locally(join_world):
+    """The stream-stream join's shape through the jobs whose work differs by shape."""
+    assert_same(join_world.steps["run"], join_world.queries)
+    assert_exports_equal(join_world)
+    assert_repartitioned_alike(join_world)
 
 
 def test_spark_submit_runs_a_query_on_an_s3_checkpoint(s3a_env, tmp_path):

@@ -19,7 +19,7 @@ from stateops.status import query_status
 from tests.conftest import ROOT, chromium, write_registry
 from tests.spark.harness import run_in_session
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.whole]
 ROUNDS = 4
 ARTIFACTS = ROOT / "build" / "test-artifacts"
 

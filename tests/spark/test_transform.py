@@ -295,6 +295,7 @@ def test_the_users_own_code_runs_in_the_executors_with_its_group_state(spark, re
     assert {user: row[0] for (user,), row in _latest(sink, key=1).items()} == dict(events)
 
 
+@pytest.mark.whole
 def test_expectations_fit_the_built_in_stores_and_find_group_state_kept_past_its_timeout(
     spark, registry
 ):
@@ -321,6 +322,7 @@ def test_expectations_fit_the_built_in_stores_and_find_group_state_kept_past_its
     assert not leaky["ok"] and leaking_keys(leaky) == timed_out
 
 
+@pytest.mark.whole
 def test_the_idle_sessions_reference_closes_each_visit_at_its_timeout_and_keeps_no_state(
     spark, registry
 ):
@@ -434,6 +436,7 @@ def test_a_store_an_operator_refuses_is_one_line_and_the_corrected_entry_starts_
     assert load_checkpoint(checkpoint).operators[0].provider == "rocksdb"
 
 
+@pytest.mark.whole
 def test_the_windowed_count_bootstraps_from_its_checkpoint_by_transplant_on_a_parquet_source(
     spark, tmp_path
 ):
@@ -512,6 +515,7 @@ def test_the_windowed_count_bootstraps_from_its_checkpoint_by_transplant_on_a_pa
     assert after and read_sink(Path(new.sink.path)) == after
 
 
+@pytest.mark.whole
 def test_the_windowed_count_runs_continuously_until_a_graceful_stop(spark, tmp_path):
     """stream_start's continuous mode on a transform: it picks up input while it runs and, on
     `stateops stop`, stops after its current batch, with the state and output of a query that

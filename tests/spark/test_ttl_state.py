@@ -36,7 +36,7 @@ from tests.spark.harness import (
     run_in_session,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.whole]  # a shape: state with a TTL
 
 NAME = "page_visits"
 TTL = {"class": "ttl_visits:TtlVisits", "time_mode": "ProcessingTime", "output_mode": "Update"}

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
+from datetime import datetime
 from types import SimpleNamespace
 
 import pytest
@@ -95,10 +98,10 @@ def test_the_report_holds_a_run_against_an_earlier_one(tmp_path):
 
 
 def test_a_tier_over_its_budget_names_the_module_that_costs_most():
-    from tests.conftest import TIER_BUDGET_SECONDS, _TimeGuard
+    from tests.conftest import GATE_BUDGET, _TimeGuard
 
     guard = _TimeGuard()
-    budget = TIER_BUDGET_SECONDS["unit"]
+    budget = GATE_BUDGET.tiers["unit"]
     for nodeid, seconds in [("tests/unit/a.py::t1", 10.0), ("tests/unit/b.py::t2", budget)]:
         guard.add(SimpleNamespace(nodeid=nodeid, duration=seconds, keywords={"unit": 1}))
     [line] = [text for text, over in guard.lines(2) if over and "unit" in text]
@@ -169,10 +172,11 @@ def test_the_deployments_run_on_a_worker_of_their_own_which_takes_nothing_else(
 ):
     from tests.conftest import pytest_xdist_make_scheduler
 
+    options = {"dist": "loadgroup", "whole_proof": True}  # make test-all
     config = SimpleNamespace(
-        getoption=lambda name, default=None: "loadgroup",
+        getoption=lambda name, default=None: options.get(name, default),
         getvalue=lambda name: ["popen"] * 3,
-        option=SimpleNamespace(loadscopereorder=False),
+        option=SimpleNamespace(loadscopereorder=False, markexpr=""),
     )
     deployments = [f"tests/e2e/d.py::t{i}@deployments" for i in range(3)] * with_deployments
     # collected after the others, as a test file of theirs sorted later would be: the worker
@@ -199,5 +203,56 @@ def test_the_deployments_run_on_a_worker_of_their_own_which_takes_nothing_else(
                 sched.mark_test_complete(worker, indexes[0])
     ran = {w.name: sorted(collection[i] for i in w.sent) for w in workers}
     assert ran["gw0"] == sorted(deployments), ran
+    options["whole_proof"] = False  # make test: no deployments, xdist's own loadgroup
+    assert pytest_xdist_make_scheduler(config, None) is None
     assert sorted(ran["gw1"] + ran["gw2"]) == sorted(others), ran
     assert ran["gw1"] and ran["gw2"] and all(w.shutting_down for w in workers)
+
+
+def test_each_command_says_its_own_budget():
+    from tests.conftest import WHOLE_BUDGET, _TimeGuard
+
+    gate, whole = _TimeGuard(), _TimeGuard(WHOLE_BUDGET)
+    gate.started = whole.started = gate.started - 16 * 60  # 16 minutes ago
+    assert gate.lines(2)[0] == (
+        "gate (make test) wall time 16m00.0s on 2 worker(s); budget 15m00.0s: OVER BUDGET",
+        True,
+    )
+    assert whole.lines(3)[0] == (
+        "whole proof (make test-all) wall time 16m00.0s on 3 worker(s); budget 60m00.0s",
+        False,
+    )
+
+
+def test_the_whole_proof_record_has_the_commit_the_counts_and_the_time():
+    from tests.conftest import proof_outcome
+
+    report = SimpleNamespace(when="call")
+    stats = {"passed": [report] * 5, "failed": [report], "skipped": [report] * 2, "": [report]}
+    outcome = proof_outcome(stats, 123.456, 1, ["--whole-proof"])
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert outcome["commit"] == head.stdout.strip() and len(outcome["commit"]) == 40
+    counts = {k: outcome[k] for k in ("passed", "failed", "errors", "skipped", "deselected")}
+    assert counts == {"passed": 5, "failed": 1, "errors": 0, "skipped": 2, "deselected": 0}
+    assert (outcome["wall_seconds"], outcome["exit_status"]) == (123.5, 1)
+    assert datetime.fromisoformat(outcome["finished"]).tzinfo is not None
+    assert outcome["pytest_args"] == ["--whole-proof"]
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_the_gate_leaves_out_the_tests_marked_whole_and_the_whole_proof_runs_them(whole):
+    """The fleet's stories (marked whole) collected as make test and make test-all would."""
+    fleet = "tests/e2e/test_fleet.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", fleet]
+        + ["--whole-proof"] * whole,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    collected = [line for line in proc.stdout.splitlines() if line.startswith(f"{fleet}::")]
+    if whole:
+        assert len(collected) == 9 and "deselected" not in proc.stdout, proc.stdout
+    else:
+        assert not collected and "9 deselected" in proc.stdout, proc.stdout
