@@ -165,6 +165,9 @@ def _builtin_conf(spark, provider: str) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.checkpointFormatVersion", "1")
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     spark.conf.set("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
+    # The session's 2 partitions, whatever a registered query's shuffle_partitions (a
+    # repartition's 3) left in the shared session: the checkpoint records the count.
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
     # Compact the file source's log every 3 entries, so restart sets cross a compaction.
     spark.conf.set("spark.sql.streaming.fileSource.log.compactInterval", "3")
 
