@@ -531,11 +531,11 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
     fleet.produce(round_=2)  # the old source gets records the continuous run reads
     fleet.edit({"approval": None})  # a migration asks for approval (the sample says none)
     old = fleet.query()
-    spark = f"spark://127.0.0.1:{fleet.port['SPARK_PORT']}"
+    master = f"spark://127.0.0.1:{fleet.port['SPARK_PORT']}"
     running_log = fleet.dir / "continuous.log"
     with open(running_log, "w") as out:
         running = subprocess.Popen(
-            ["stateops", "run", QUERY, "--mode", "continuous", "--master", spark],
+            ["stateops", "run", QUERY, "--mode", "continuous", "--master", master],
             cwd=ROOT,
             env=fleet.bastion,
             stdout=out,
