@@ -303,6 +303,18 @@ def jvm_env(archive: Path | None) -> dict[str, str]:
     return _archive_env(f"-XX:SharedArchiveFile={archive} -Xlog:cds*=off")
 
 
+@pytest.fixture(autouse=True)
+def _no_lease_held_across_tests():
+    """A test that leaves a lease taken (a crashed holder, played in this process) leaves it
+    in this thread's guard (stateops.core.fence): once taken over, every later guarded write
+    in this test process would fail. Each test starts holding none."""
+    from stateops.core import fence
+
+    before = fence._HELD.set(())
+    yield
+    fence._HELD.reset(before)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for every in-process Spark test."""

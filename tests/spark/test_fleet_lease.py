@@ -161,7 +161,7 @@ def test_a_batch_whose_lease_is_lost_while_it_writes_fails_uncommitted(spark, tm
     query, lease = registry.query(NAME), registry.lock_path(NAME)
     release = F.udf(lambda v: _released(v, str(lease)), "long")
     batch = spark.range(1).select(release("id").alias("id"))
-    with QueryLock(lease, NAME, "run", run_id="writer") as lock, fenced(NAME, lock.check):
+    with QueryLock(lease, NAME, "run", run_id="writer") as lock, fenced(NAME, lock.ensure):
         with pytest.raises(LockHeldError, match=r"lease this run \(run writer\) took is no longer"):
             write_batch(batch, 7, query)
     assert list(read_sink(Path(query.sink.path)).values()) == [[(0,)]], "the write came first"

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -19,8 +20,12 @@ from stateops.control.lock import (
     read_lock,
     release_hold,
 )
-from stateops.core.errors import LockHeldError
-from tests.conftest import ROOT
+from stateops.control.markers import request_stop, take_stop
+from stateops.core import fence
+from stateops.core.errors import LeaseLostError, LockHeldError
+from stateops.core.registry import load_registry
+from stateops.core.storage import delete_files
+from tests.conftest import ROOT, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -163,8 +168,10 @@ def test_expired_hold_is_no_hold_and_force_release_removes_it(tmp_path):
     hold_query(path, "q", "migration", "mig-1", ttl_seconds=0.1)
     time.sleep(0.2)
     assert read_hold(path) is None
-    QueryLock(path, "q", "cleanup").acquire()
+    taken = QueryLock(path, "q", "cleanup")
+    taken.acquire()
     force_release(path)
+    taken.release()
     hold_query(path, "q", "migration", "mig-2")
     assert force_release(path).run_id == "mig-2" and read_hold(path) is None
 
@@ -221,3 +228,112 @@ def test_a_guard_removed_while_another_waits_on_it_admits_one_holder_at_a_time(t
     assert [p.exitcode for p in procs] == [0] * 4
     assert clashes.empty()
     assert _files(tmp_path) == []
+
+
+def _stalls_then_deletes(path: Path, folder: Path, said: Path, ttl: float) -> None:
+    """A cleanup that takes the lease, stalls (SIGSTOP: a paused VM, a closed laptop), and once
+    resumed goes on with the deletes it planned under the lease."""
+    with QueryLock(path, "q", "cleanup", run_id="stalled", ttl_seconds=ttl):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        try:
+            delete_files(folder, ["commits/2", "offsets/2"])
+        except LeaseLostError as err:
+            said.write_text(str(err))
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_a_holder_that_stalls_past_its_lease_deletes_nothing_the_next_holder_wrote(tmp_path):
+    """The rollback stalled before its deletes while another host took the lease over and ran
+    the query on: resumed, it deletes none of the new holder's files and says it lost the
+    lease (its renewer stalled with it: the deadline on its own clock decides)."""
+    path, folder, said = tmp_path / "q.lock", tmp_path / "checkpoint", tmp_path / "said"
+    stalled = multiprocessing.Process(target=_stalls_then_deletes, args=(path, folder, said, 1.0))
+    stalled.start()
+    deadline = time.monotonic() + 30
+    while _state(stalled.pid) != "T":  # stopped inside the lease
+        assert time.monotonic() < deadline, "the holder never stalled"
+        time.sleep(0.05)
+    time.sleep(1.2)  # past the TTL and the taker's grace
+    with QueryLock(path, "q", "run", run_id="next"):
+        for rel in ("commits/2", "offsets/2"):  # the next holder's batch 2
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_text("the new holder's")
+        os.kill(stalled.pid, signal.SIGCONT)
+        stalled.join(30)
+    assert stalled.exitcode == 0
+    assert (folder / "commits/2").read_text() == "the new holder's"
+    assert (folder / "offsets/2").exists()
+    assert "this cleanup (run stalled) lost the query's lease" in said.read_text(), said
+
+
+def test_a_taker_waits_the_ttl_and_a_grace(tmp_path):
+    path = tmp_path / "q.lock"
+    crashed = QueryLock(path, "q", "rollback", ttl_seconds=1.0)
+    crashed.acquire()
+    crashed._stop.set()  # a crash: no more renewals
+    time.sleep(1.02)  # past the TTL, inside the grace (a tenth of it)
+    with pytest.raises(LockHeldError):
+        QueryLock(path, "q", "run").acquire()
+    time.sleep(0.2)
+    with QueryLock(path, "q", "run"):
+        pass
+
+
+def test_a_released_lease_stops_its_holder_at_its_next_guarded_write(tmp_path):
+    path, folder = tmp_path / "q.lock", tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "a").write_text("a")
+    with QueryLock(path, "q", "rollback", ttl_seconds=60) as lock:
+        fence.guard()  # held: passes
+        force_release(path)  # an operator's `stateops lock release`
+        time.sleep(1.0)  # the guard asks the store at most once a second
+        with pytest.raises(LeaseLostError, match="held by nobody now"):
+            delete_files(folder, ["a"])
+        assert lock.lost
+    assert (folder / "a").exists()
+    fence.guard()  # released: this thread holds no lease any more
+
+
+def _flaky(fails: int):
+    """``QueryLock.renew`` on a store that fails ``fails`` renewals with the error botocore
+    raises on a connection reset while a body is read (not an OSError), then answers."""
+    renew, left = QueryLock.renew, [fails]
+
+    def flaky(lock: QueryLock) -> None:
+        from botocore.exceptions import ResponseStreamingError
+
+        if left[0]:
+            left[0] -= 1
+            raise ResponseStreamingError(error="connection reset")
+        renew(lock)
+
+    return flaky
+
+
+@pytest.mark.parametrize("fails", [1, 1000], ids=["one failure", "failing on"])
+def test_a_renewal_error_is_retried_until_the_holders_deadline(tmp_path, monkeypatch, fails):
+    monkeypatch.setattr(QueryLock, "renew", _flaky(fails))
+    with QueryLock(tmp_path / "q.lock", "q", "run", ttl_seconds=0.6) as lock:
+        time.sleep(1.0)  # renewals at 0.2 s, retried every 0.05 s; the deadline at 0.45 s
+        assert lock._renewer.is_alive() is (fails == 1)
+        assert lock.lost is (fails != 1)
+        if fails != 1:
+            assert "no renewal succeeded in time; the last said ResponseStreamingError" in (
+                lock.lost_why
+            )
+            with pytest.raises(LeaseLostError):
+                lock.ensure()
+        else:
+            lock.ensure()
+
+
+def test_a_stop_request_for_another_holder_is_left_for_it(tmp_path):
+    registry = load_registry(write_registry(tmp_path / "data"))
+    with QueryLock(registry.lock_path("q"), "q", "run", run_id="new") as new:
+        request_stop(registry, "q", read_lock(registry.lock_path("q")))
+        assert not take_stop(registry, "q", "a stale holder's token")
+        assert take_stop(registry, "q", new.token)
+        assert not take_stop(registry, "q", new.token)  # taken once

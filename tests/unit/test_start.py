@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from stateops.control.lock import QueryLock, force_release
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
 from stateops.ops.start import (
@@ -181,6 +184,23 @@ def test_a_failed_first_start_leaves_no_checkpoint_folder_and_a_committed_one_st
     (checkpoint / "commits").mkdir(parents=True)
     (checkpoint / "commits" / "0").write_text("v1")
     assert not _discard_failed_start(query, fresh=True) and checkpoint.exists()
+
+
+def test_a_failed_first_start_that_lost_its_lease_removes_nothing(tmp_path, capsys):
+    """Its lease taken over, the next holder is running batch 0 in that checkpoint: the
+    failed first run leaves it alone, and says why."""
+    query = _query(tmp_path)
+    registry = load_registry(write_registry(tmp_path / "data"))
+    checkpoint = Path(query.checkpoint)
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / "0").write_text("the next holder's batch 0")
+    with QueryLock(registry.lock_path(query.name), query.name, "run", ttl_seconds=60) as lock:
+        force_release(lock.path)
+        QueryLock(lock.path, query.name, "run", run_id="next").acquire()  # another host's
+        time.sleep(1.0)  # the guard asks the store at most once a second
+        assert not _discard_failed_start(query, fresh=True)
+    assert (checkpoint / "offsets" / "0").read_text() == "the next holder's batch 0"
+    assert "what the failed first run began stays" in capsys.readouterr().err
 
 
 TRANSIENT = "org.apache.spark.SparkException: Python worker failed to connect back."

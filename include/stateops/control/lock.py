@@ -43,7 +43,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stateops.core.errors import LockHeldError, StateOpsError
+from stateops.core import fence
+from stateops.core.errors import LeaseLostError, LockHeldError, StateOpsError
 from stateops.core.registry import LEASE_SECONDS
 from stateops.core.steps import safe_run_id
 from stateops.core.storage import S3Path
@@ -88,6 +89,26 @@ class LockInfo:
     @property
     def expired(self) -> bool:
         return time.time() >= self.expires_at
+
+
+def takeover_grace(ttl: float) -> float:
+    """How long past a lease's TTL a taker waits (:attr:`LockInfo.expires_at` includes it):
+    with the holder's margin (:func:`holder_margin`), longer than any one guarded step, so a
+    holder that passed its last check just before its deadline finishes that step before
+    anyone may take the lease."""
+    return ttl / 10
+
+
+def holder_margin(ttl: float) -> float:
+    """How long before the TTL counted from its last renewal a holder stops writing
+    (:meth:`QueryLock.ensure`): the renewal's own time and a slower clock on its side."""
+    return ttl / 4
+
+
+def boot_clock() -> float:
+    """Seconds on a clock that goes on through a system suspend (a laptop's lid closed, a VM
+    paused): CLOCK_BOOTTIME where there is one, else the monotonic clock (which stops)."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
 
 
 @dataclass(frozen=True)
@@ -320,7 +341,8 @@ def _read_object(path: S3Path) -> _Lease:
             "new one"
         ) from None
     if lock is not None and lock.ttl_seconds is not None:
-        lock = dataclasses.replace(lock, expires_at=time.time() - age + lock.ttl_seconds)
+        ttl = lock.ttl_seconds
+        lock = dataclasses.replace(lock, expires_at=time.time() - age + ttl + takeover_grace(ttl))
     return _Lease(lock, hold, int(epoch), version)
 
 
@@ -432,7 +454,14 @@ def holder_gone(held: LockInfo) -> bool:
 
 
 class QueryLock:
-    """``with QueryLock(path, query, operation, run_id):`` holds the lock, renewing it."""
+    """``with QueryLock(path, query, operation, run_id):`` holds the lock, renewing it.
+
+    The holder keeps its own deadline: the TTL from the moment it sent its last successful
+    renewal, less a margin (:func:`holder_margin`), on a clock that goes on through a suspend
+    (:func:`boot_clock`). Every destructive write the holder makes passes
+    :meth:`ensure` first (:func:`stateops.core.fence.guard`), which refuses once the deadline
+    is past, the lease was taken over or released, or the renewer is gone: a holder that
+    stalled past its lease and resumed writes nothing more."""
 
     def __init__(
         self,
@@ -449,9 +478,13 @@ class QueryLock:
         self.ttl = ttl_seconds
         self.token = uuid.uuid4().hex
         self.lost = False
-        """Set when a renewal finds the lock gone or taken over: the holder should stop."""
+        """Set once this holder may no longer hold the lease (why: :attr:`lost_why`): taken
+        over, released, or its deadline passed; it stops writing, for good."""
+        self.lost_why = ""
+        self._trouble = ""  # the last failed renewal's error
         self.epoch = 0
         """The lease's epoch this holder took it at (S3; the local files keep none)."""
+        self._confirmed = 0.0  # boot clock when the last renewal that found the lease ours was sent
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
@@ -463,7 +496,7 @@ class QueryLock:
             owner=f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}",
             token=self.token,
             acquired_at=acquired_at,
-            expires_at=time.time() + self.ttl,
+            expires_at=time.time() + self.ttl + takeover_grace(self.ttl),
             holder_started=process_start(os.getpid()),
             ttl_seconds=self.ttl,
             machine=this_machine(),
@@ -483,44 +516,92 @@ class QueryLock:
             epoch = lease.epoch if ours else lease.epoch + 1
             return dataclasses.replace(lease, lock=self._info(time.time()), epoch=epoch)
 
+        sent = boot_clock()
         self.epoch = _change(self.path, decide).epoch
+        self._confirmed = sent
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, daemon=True)
         self._renewer.start()
+        fence.hold(self.ensure)
+
+    @property
+    def deadline(self) -> float:
+        """On :func:`boot_clock`: after it, this holder may no longer hold the lease."""
+        return self._confirmed + self.ttl - holder_margin(self.ttl)
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
+        """Renew every TTL/3. A failed renewal (any error: a connection reset while the lease
+        is read is no ``OSError``) is tried again soon, until the deadline: only a lease taken
+        over or released, or a deadline passed, loses it."""
+        wait = self.ttl / 3
+        while not self._stop.wait(wait):
             try:
                 self.renew()
-            except (OSError, StateOpsError):
-                self.lost = True
+                wait = self.ttl / 3
+            except Exception as err:  # noqa: BLE001 (the deadline decides, below)
+                wait = min(self.ttl / 12, 10.0)
+                self._trouble = f"{type(err).__name__}: {err}"
+            if self.lost:
+                return
+            if boot_clock() >= self.deadline:
+                self._lose(f"no renewal succeeded in time; the last said {self._trouble}")
+                return
 
     def renew(self) -> None:
+        """Renew the lease now (a conditional write); sets ``lost`` when it is no longer ours."""
+
         def decide(lease: _Lease) -> _Lease | None:
             held = lease.lock
             if held is None or held.token != self.token:
-                self.lost = True
+                by = f"{held.operation} (run {held.run_id}, {held.owner})" if held else "nobody"
+                self._lose(f"it is held by {by} now")
                 return None
             return dataclasses.replace(lease, lock=self._info(held.acquired_at))
 
+        sent = boot_clock()
         _change(self.path, decide)
+        if not self.lost:
+            self._confirmed = max(self._confirmed, sent)
 
-    def check(self) -> None:
-        """Raise :class:`LockHeldError` (and set ``lost``) unless this holder still holds the
-        lease as it took it: a driver calls it before each batch writes state or output, so a
-        run whose lease was taken over or force-released writes nothing more."""
-        held = None if self.lost else read_lock(self.path)
-        if held is not None and held.token == self.token:  # a takeover draws a new token
-            return
-        self.lost = True
-        by = f"{held.operation} (run {held.run_id}, {held.owner})" if held else "nobody now"
-        raise LockHeldError(
-            f"query {self.query!r}: the lease this {self.operation} (run {self.run_id}) took "
-            f"is no longer its own (held by {by}): it writes nothing more; see stateops lock "
-            f"show {self.query} and stateops status {self.query}"
+    def _lose(self, why: str) -> None:
+        if not self.lost:
+            self.lost_why, self.lost = why, True
+
+    def holds(self) -> bool:
+        """Whether this holder may still hold the lease by what it knows, without asking the
+        store: not lost, its deadline ahead, its renewer alive (otherwise it is lost now)."""
+        if not self.lost:
+            now = boot_clock()
+            if now >= self.deadline:
+                self._lose(f"its deadline passed {now - self.deadline:.0f} s ago (a stall?)")
+            elif self._renewer is None or not self._renewer.is_alive():
+                self._lose("its renewer is gone")
+        return not self.lost
+
+    def ensure(self) -> None:
+        """Right before a destructive write: raise :class:`LeaseLostError` (and set ``lost``)
+        unless this holder still holds the lease (:meth:`holds`) and, read from the store at
+        most once a second, its token is still the lease's: a holder that stalled past its
+        lease, or whose lease was taken over or released, writes nothing more."""
+        if self.holds() and boot_clock() - self._confirmed >= min(1.0, self.ttl / 10):
+            try:
+                self.renew()
+            except Exception:  # noqa: BLE001 (a store that does not answer: the deadline decides)
+                pass
+        if self.lost:
+            raise LeaseLostError(self.lost_line())
+
+    def lost_line(self) -> str:
+        """What a holder that lost the lease says, in one line, with what to do."""
+        return (
+            f"query {self.query!r}: this {self.operation} (run {self.run_id}) lost the "
+            f"query's lease ({self.lost_why}) and stopped before its next write; see "
+            f"stateops status {self.query}, then run the {self.operation} again once the lease "
+            "is free: it goes on from where it stopped"
         )
 
     def release(self) -> None:
+        fence.drop(self.ensure)
         self._stop.set()
         if self._renewer:
             self._renewer.join()

@@ -33,6 +33,7 @@ from typing import Any
 from stateops.control import faults
 from stateops.control.audit import audit_dir
 from stateops.control.lock import LockInfo
+from stateops.core import fence
 from stateops.core.errors import CheckpointError
 from stateops.core.registry import Registry
 from stateops.core.storage import S3Path
@@ -100,17 +101,18 @@ def request_stop(registry: Registry, name: str, holder: LockInfo) -> Path | S3Pa
 
 def take_stop(registry: Registry, name: str, token: str) -> bool:
     """Whether a stop is requested of the run holding lock ``token``; the request is taken
-    (removed) when it is, and when it was addressed to another run (stale: that run is over,
-    as the lease is this one's)."""
+    (removed) when it is. One addressed to another run is left alone: that run may be the
+    lease's holder now and this one a holder that lost it (a stale request is replaced by the
+    next)."""
     marker = registry.stop_marker(name)
     try:
         record = read_record(marker)
     except CheckpointError:
         record = {}  # unreadable: nobody's
-    if record is None:
+    if record is None or record.get("token") != token:
         return False
     marker.unlink(missing_ok=True)
-    return record.get("token") == token
+    return True
 
 
 def withdraw_stop(registry: Registry, name: str) -> bool:
@@ -127,6 +129,7 @@ def carry_over_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:
 
 
 def write_carry_over(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    fence.guard()
     write_record(carry_over_marker(checkpoint), record)
 
 
@@ -136,6 +139,7 @@ def read_carry_over(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None
 
 def clear_carry_over(checkpoint: str | os.PathLike[str]) -> None:
     """Settle the checkpoint's pending carry-over."""
+    fence.guard()
     carry_over_marker(checkpoint).unlink(missing_ok=True)
 
 
@@ -145,6 +149,7 @@ def rollback_marker(checkpoint: str | os.PathLike[str]) -> Path:
 
 def write_rollback(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
     faults.point("marker")
+    fence.guard()
     write_record(rollback_marker(checkpoint), record)
 
 
@@ -153,6 +158,7 @@ def read_rollback(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def clear_rollback(checkpoint: str | os.PathLike[str]) -> None:
+    fence.guard()
     rollback_marker(checkpoint).unlink()
 
 
@@ -162,6 +168,7 @@ def _repartition_marker(checkpoint: str | os.PathLike[str]) -> Path:
 
 def write_repartition(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
     faults.point("marker")
+    fence.guard()
     write_record(_repartition_marker(checkpoint), record)
 
 
@@ -170,6 +177,7 @@ def read_repartition(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | Non
 
 
 def clear_repartition(checkpoint: str | os.PathLike[str]) -> None:
+    fence.guard()
     _repartition_marker(checkpoint).unlink(missing_ok=True)
 
 
@@ -181,6 +189,7 @@ def write_retired(checkpoint: str | os.PathLike[str], record: dict[str, Any]) ->
     """Hold ``checkpoint`` against every start and lifecycle operation (``record``: ``state``
     ``retired`` or ``set aside``, the query, the run id, the time, why). One put, atomic."""
     faults.point("marker")
+    fence.guard()
     write_record(retired_marker(checkpoint), record)
 
 
@@ -193,6 +202,7 @@ def clear_retired(checkpoint: str | os.PathLike[str]) -> bool:
     marker = retired_marker(checkpoint)
     if not marker.exists():
         return False
+    fence.guard()
     marker.unlink(missing_ok=True)
     return True
 

@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "LeaseLostError",
     "LockHeldError",
     "NotACheckpointError",
     "OperationFailed",
@@ -57,6 +58,13 @@ class RegistryError(StateOpsError):
 
 class LockHeldError(StateOpsError):
     """Another lifecycle operation holds the query's lock."""
+
+
+class LeaseLostError(LockHeldError, OperationFailed):
+    """A holder lost the query's lease while it worked (it stalled past its lease, its renewals
+    failed, or the lease was taken over or released): it stopped before its next write. Not a
+    refusal (it may have changed things already: the message says what is left to do), and an
+    Airflow task that meets it is retried (the retry waits for the lease)."""
 
 
 class PathError(StateOpsError):

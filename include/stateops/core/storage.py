@@ -35,6 +35,7 @@ from types import SimpleNamespace
 from typing import Any, BinaryIO
 from urllib.parse import unquote_plus
 
+from stateops.core import fence
 from stateops.core.errors import StateOpsError
 from stateops.core.listing import local_files
 
@@ -424,6 +425,7 @@ def remove_all(root: Path | S3Path) -> None:
     """Delete ``root`` and everything under it (for an S3 prefix: every object under it, the
     directory markers of Spark's S3A connector too)."""
     if isinstance(root, Path):
+        fence.guard()
         shutil.rmtree(root)
         return
     base = root.key + "/" if root.key else ""
@@ -486,11 +488,13 @@ def begin_unfinished(target: Path | S3Path) -> None:
         remove_all(target)
     if isinstance(target, Path):
         target.mkdir(parents=True, exist_ok=True)
+    fence.guard()
     (target / _PUBLISHING).write_bytes(b"")
 
 
 def end_unfinished(target: Path | S3Path) -> None:
     """``target`` is whole: see :func:`begin_unfinished`."""
+    fence.guard()
     (target / _PUBLISHING).unlink(missing_ok=True)
 
 
@@ -519,9 +523,12 @@ def upload(
     local: Path, target: S3Path, rels: Iterable[str], each: Callable[[str], None] = lambda rel: None
 ) -> None:
     """Upload the files ``rels`` of the local folder ``local`` to the same names under
-    ``target``, many at once; ``each(rel)`` after a file."""
+    ``target``, many at once; ``each(rel)`` after a file. Each upload passes the lease's
+    guard first (:mod:`stateops.core.fence`)."""
+    guard = fence.bound()
 
     def put(rel: str) -> None:
+        guard()
         with (local / rel).open("rb") as body:
             dest = target / rel
             target._client.call(
@@ -557,9 +564,11 @@ def delete_files(
     root: Path | S3Path, rels: Iterable[str], done: Callable[[int], None] = lambda n: None
 ) -> None:
     """Delete ``rels`` in their order (a file already gone counts as deleted); ``done(n)``
-    after each file (local) or batch (S3) with the count so far."""
+    after each file (local) or batch (S3) with the count so far. Each file (local) or batch
+    (S3) passes the lease's guard first (:mod:`stateops.core.fence`)."""
     if isinstance(root, Path):
         for n, rel in enumerate(rels, 1):
+            fence.guard()
             (root / rel).unlink(missing_ok=True)
             done(n)
         return
@@ -577,6 +586,7 @@ def delete_files(
 
 
 def _delete_batch(root: S3Path, keys: list[str]) -> int:
+    fence.guard()
     answer = root._client.call(
         f"delete {len(keys)} objects under {root}",
         "delete_objects",

@@ -28,6 +28,7 @@ from stateops.control.markers import (
     clear_rollback,
     write_rollback,
 )
+from stateops.core import fence
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.kafka import KafkaDown, offsets_text
@@ -313,18 +314,22 @@ def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
     if isinstance(root, S3Path):
         for name in sink["folders"]:
             faults.point("move")
+            fence.guard()
             _move_s3(root, name, aside)
         return
     for name in sink["folders"]:
         faults.point("move")
+        fence.guard()
         aside.mkdir(parents=True, exist_ok=True)
         if (root / name).exists():
             (root / name).rename(aside / name)
     for name in sink["log_entries"]:  # newest first, like the checkpoint's logs
         faults.point("delete")
+        fence.guard()
         (root / "_spark_metadata" / name).unlink(missing_ok=True)
     for uri in sink["data_files"]:
         faults.point("move")
+        fence.guard()
         src = Path(uri.removeprefix("file:"))
         if src.exists():
             dest = aside / src.relative_to(root)

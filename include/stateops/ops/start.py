@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,8 +23,9 @@ from stateops.control.audit import append_audit
 from stateops.control.lock import QueryLock, new_run_id
 from stateops.control.markers import clear_carry_over, refuse_retired, take_stop
 from stateops.control.target import Target
+from stateops.core import fence
 from stateops.core.checkpoint import interrupted_batch, load_checkpoint
-from stateops.core.errors import StateOpsError, one_line, query_error_line
+from stateops.core.errors import LeaseLostError, StateOpsError, one_line, query_error_line
 from stateops.core.registry import Query, Registry, Trigger
 from stateops.core.staging import has_entries, occupied
 from stateops.core.storage import S3Path, location, remove_all, write_file
@@ -275,14 +277,46 @@ def run_start(
     registry = target.require_registry()
     query = target.require_query("run a registered query: give its name")
     run_id = run_id or new_run_id(operation)
-    with target.lock(operation, run_id) as lock, fenced(query.name, lock.check):
+    with target.lock(operation, run_id) as lock, fenced(query.name, lock.ensure):
         start = _begin(registry, query, mode, lock, operation, prepare, cutover)
-        ran = _run_started(start, poll_seconds)
+        with _stopped_when_lost(lock, start.spark, query.name):
+            ran = _run_started(start, poll_seconds)
         end = _end(registry, start, ran)
+        if lock.lost and not end["error"]:
+            end["error"] = lock.lost_line()
         summary = _summary(start, ran, end, run_id=run_id, mode=mode, lock_lost=lock.lost)
         _audit(summary)
         _record_history(registry, query, summary)
     return summary
+
+
+@contextmanager
+def _stopped_when_lost(lock: QueryLock, spark: SparkSession, name: str) -> Iterator[None]:
+    """While this lasts, a watcher checks the run's lease every sixth of its TTL (asking the
+    store) and stops the query once it may be lost: taken over, released, or past the
+    holder's deadline. An idle continuous query runs no batch and would never meet the
+    batch's fence; stopped, it writes nothing more and takes no stop request meant for the
+    lease's new holder."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(min(lock.ttl / 6, 30.0)):
+            try:
+                lock.ensure()
+            except LeaseLostError:
+                print(f"{name}: {lock.lost_line()}: stopping the query", file=sys.stderr)
+                for streaming in spark.streams.active:
+                    if streaming.name == name:
+                        streaming.stop()
+                return
+
+    watcher = threading.Thread(target=watch, name=f"lease-watch-{name}", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 @dataclass
@@ -482,6 +516,11 @@ def _discard_failed_start(query: Query, fresh: bool) -> bool:
     and shuffle settings from the offset log), so the corrected entry starts afresh."""
     path = location(query.checkpoint)
     if not fresh or has_entries(path / "commits") or not path.exists():
+        return False
+    try:
+        fence.guard()  # the lease's next holder may be writing there now: not ours to remove
+    except LeaseLostError as lost:
+        print(f"{query.name}: what the failed first run began stays: {lost}", file=sys.stderr)
         return False
     remove_all(path)
     return True
