@@ -1,4 +1,5 @@
-"""Fault injection for rehearsing crashes: SIGKILL at a chosen point of an operation.
+"""Fault injection for rehearsing crashes and stalls: SIGKILL, or SIGSTOP for a while, at a
+chosen point of an operation.
 
 Operations call :func:`point` at the few places where a crash matters (before each deletion,
 after each upload, between a restore's staging and its swap, ...). It does nothing unless the
@@ -6,6 +7,10 @@ environment, read once here when the module is imported, asks for it:
 
 - ``STATEOPS_KILL_AT=NAME:K``: the process kills itself with SIGKILL (no cleanup of its own, as
   a crashed machine or ``kill -9`` would leave it) when it reaches point NAME for the K-th time;
+- ``STATEOPS_PAUSE_AT=NAME:K:SECONDS``: the process stops itself (SIGSTOP: every thread,
+  its lease's renewer too, as a paused VM, a frozen container or a closed laptop would) when it
+  reaches point NAME for the K-th time, and a helper process it starts just before sends it
+  SIGCONT after SECONDS;
 - ``STATEOPS_FAULT_TRACE=FILE``: each point reached is appended to FILE (``NAME K TIME``), so
   a rehearsal knows which points a run passes and where a kill at a random moment landed.
 
@@ -43,9 +48,25 @@ def _kill_at(spec: str | None) -> tuple[str, int] | None:
     return name, int(k)
 
 
+def _pause_at(spec: str | None) -> tuple[str, int, float] | None:
+    if not spec:
+        return None
+    name, _, rest = spec.partition(":")
+    k, _, seconds = rest.partition(":")
+    try:
+        if name and k.isdigit() and int(k) >= 1 and float(seconds) > 0:
+            return name, int(k), float(seconds)
+    except ValueError:
+        pass
+    raise ValueError(
+        f"STATEOPS_PAUSE_AT={spec!r}: expected NAME:K:SECONDS with K >= 1, e.g. delete:1:30"
+    )
+
+
 _KILL_AT = _kill_at(os.environ.get("STATEOPS_KILL_AT"))
+_PAUSE_AT = _pause_at(os.environ.get("STATEOPS_PAUSE_AT"))
 _TRACE = os.environ.get("STATEOPS_FAULT_TRACE") or None
-_ACTIVE = _KILL_AT is not None or _TRACE is not None
+_ACTIVE = _KILL_AT is not None or _PAUSE_AT is not None or _TRACE is not None
 _counts: dict[str, int] = {}
 
 
@@ -66,6 +87,18 @@ def _reach(name: str) -> None:
             os.close(fd)
     if _KILL_AT == (name, k):
         os.kill(os.getpid(), signal.SIGKILL)
+    if _PAUSE_AT is not None and _PAUSE_AT[:2] == (name, k):
+        _stall(_PAUSE_AT[2])
+
+
+def _stall(seconds: float) -> None:
+    """Stop this whole process for ``seconds``: a helper wakes it (nothing in it runs)."""
+    import subprocess
+
+    subprocess.Popen(  # noqa: S603 (fixed arguments)
+        ["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"], start_new_session=True
+    )
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def fail_after(step: str) -> None:
