@@ -7,6 +7,7 @@ batch fails before the sink's write, which is where the stateful operators run."
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import threading
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from stateops.control.lock import QueryLock, force_release, read_lock
+from stateops.control.markers import request_stop
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import LockHeldError
 from stateops.core.registry import Registry, load_registry
@@ -138,9 +140,43 @@ def test_a_driver_whose_lease_was_released_elsewhere_writes_nothing_more(spark, 
         assert not thread.is_alive(), "the fenced run did not end"
         code, out = ran["result"]
         assert code == 1, out[-3000:]
-        assert "is no longer its own (held by rollback (run host-b" in out, out[-3000:]
+        assert (
+            "this run (run driver-1) lost the query's lease (it is held by rollback (run host-b"
+            in out
+        ), out[-3000:]
         assert _state(load_registry(b)) == before, "the fenced driver committed or wrote"
         assert read_lock(lease).run_id == "host-b", "its release took another's lease"
+
+
+def test_an_idle_run_whose_lease_was_released_stops_itself_and_leaves_the_new_holders_stop(
+    spark, hosts
+):
+    """A continuous run with no input runs no batch, so no batch's fence would ever stop it:
+    its watcher does, within a third of the TTL of an operator releasing its lease, and it
+    takes no stop request addressed to the lease's new holder."""
+    ttl = 30
+    for path in hosts:
+        raw = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**raw, "lease_seconds": ttl}, sort_keys=False))
+    a, b = hosts
+    thread, ran = running(spark, a)
+    registry = load_registry(b)
+    lease = registry.lock_path(NAME)
+    _between_batches(Path(registry.query(NAME).checkpoint))
+    released = time.monotonic()
+    force_release(lease)
+    with QueryLock(lease, NAME, "run", run_id="host-b", ttl_seconds=ttl):
+        marker = request_stop(registry, NAME, read_lock(lease))
+        thread.join(ttl)
+        took = time.monotonic() - released
+        assert not thread.is_alive(), "the run whose lease was released runs on"
+        assert took < ttl / 3, f"it stopped {took:.1f} s after its lease was released"
+        code, out = ran["result"]
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert code == 1 and summary["lock_lost"], out[-3000:]
+        assert "this run (run driver-1) lost the query's lease" in summary["error"], summary
+        assert marker.exists(), "the stale run took the new holder's stop request"
+        assert read_lock(lease).run_id == "host-b"
 
 
 def _released(value: int, lease: str) -> int:
@@ -161,8 +197,12 @@ def test_a_batch_whose_lease_is_lost_while_it_writes_fails_uncommitted(spark, tm
     query, lease = registry.query(NAME), registry.lock_path(NAME)
     release = F.udf(lambda v: _released(v, str(lease)), "long")
     batch = spark.range(1).select(release("id").alias("id"))
-    with QueryLock(lease, NAME, "run", run_id="writer") as lock, fenced(NAME, lock.ensure):
-        with pytest.raises(LockHeldError, match=r"lease this run \(run writer\) took is no longer"):
+    writer = QueryLock(lease, NAME, "run", run_id="writer")
+    with writer, fenced(NAME, functools.partial(writer.ensure, fresh=0)):
+        with pytest.raises(
+            LockHeldError,
+            match=r"this run \(run writer\) lost the query's lease \(it is held by nobody",
+        ):
             write_batch(batch, 7, query)
     assert list(read_sink(Path(query.sink.path)).values()) == [[(0,)]], "the write came first"
     assert read_lock(lease) is None, "its release took nothing"

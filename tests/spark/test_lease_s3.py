@@ -175,7 +175,8 @@ def test_a_registry_with_a_control_store_keeps_its_leases_there(s3a_env, tmp_pat
 
 def test_a_stop_request_is_taken_only_by_the_run_it_names(lease, tmp_path):
     """A request left for an earlier run (its token) never stops a later one, nor is it taken
-    by it (the earlier run may be a holder that lost its lease and still polls); one addressed to the holder replaces it, and is taken and honoured."""
+    by it (the earlier run may be a holder that lost its lease and still polls); one
+    addressed to the holder replaces it, and is taken and honoured."""
     from stateops.control.markers import request_stop, take_stop
 
     path = write_registry(tmp_path)

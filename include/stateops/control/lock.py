@@ -578,12 +578,13 @@ class QueryLock:
                 self._lose("its renewer is gone")
         return not self.lost
 
-    def ensure(self) -> None:
+    def ensure(self, fresh: float = 1.0) -> None:
         """Right before a destructive write: raise :class:`LeaseLostError` (and set ``lost``)
-        unless this holder still holds the lease (:meth:`holds`) and, read from the store at
-        most once a second, its token is still the lease's: a holder that stalled past its
-        lease, or whose lease was taken over or released, writes nothing more."""
-        if self.holds() and boot_clock() - self._confirmed >= min(1.0, self.ttl / 10):
+        unless this holder still holds the lease (:meth:`holds`) and its token is still the
+        lease's, asked of the store when it was last confirmed more than ``fresh`` seconds
+        ago (0: now; a run's batch fence): a holder that stalled past its lease, or whose
+        lease was taken over or released, writes nothing more."""
+        if self.holds() and boot_clock() - self._confirmed >= min(fresh, self.ttl / 10):
             try:
                 self.renew()
             except Exception:  # noqa: BLE001 (a store that does not answer: the deadline decides)

@@ -277,7 +277,10 @@ def run_start(
     registry = target.require_registry()
     query = target.require_query("run a registered query: give its name")
     run_id = run_id or new_run_id(operation)
-    with target.lock(operation, run_id) as lock, fenced(query.name, lock.ensure):
+    with (
+        target.lock(operation, run_id) as lock,
+        fenced(query.name, functools.partial(lock.ensure, fresh=0)),
+    ):
         start = _begin(registry, query, mode, lock, operation, prepare, cutover)
         with _stopped_when_lost(lock, start.spark, query.name):
             ran = _run_started(start, poll_seconds)
@@ -292,7 +295,7 @@ def run_start(
 
 @contextmanager
 def _stopped_when_lost(lock: QueryLock, spark: SparkSession, name: str) -> Iterator[None]:
-    """While this lasts, a watcher checks the run's lease every sixth of its TTL (asking the
+    """While this lasts, a watcher checks the run's lease every tenth of its TTL (asking the
     store) and stops the query once it may be lost: taken over, released, or past the
     holder's deadline. An idle continuous query runs no batch and would never meet the
     batch's fence; stopped, it writes nothing more and takes no stop request meant for the
@@ -300,9 +303,9 @@ def _stopped_when_lost(lock: QueryLock, spark: SparkSession, name: str) -> Itera
     done = threading.Event()
 
     def watch() -> None:
-        while not done.wait(min(lock.ttl / 6, 30.0)):
+        while not done.wait(min(lock.ttl / 10, 30.0)):
             try:
-                lock.ensure()
+                lock.ensure(fresh=0)
             except LeaseLostError:
                 print(f"{name}: {lock.lost_line()}: stopping the query", file=sys.stderr)
                 for streaming in spark.streams.active:
