@@ -96,7 +96,12 @@ def _stall(seconds: float) -> None:
     import subprocess
 
     subprocess.Popen(  # noqa: S603 (fixed arguments)
-        ["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"], start_new_session=True
+        ["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"],
+        start_new_session=True,
+        # none of this process's streams: a reader of its output sees it end when it ends
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     os.kill(os.getpid(), signal.SIGSTOP)
 

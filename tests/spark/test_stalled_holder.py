@@ -1,0 +1,120 @@
+"""A holder that stalls past its lease and resumes (issue 74): two data folders as two hosts,
+one S3 checkpoint and one S3 control store. Host A's rollback stops (SIGSTOP: a paused VM, a
+closed laptop) before its first delete; host B finishes the interrupted rollback, as its
+message advises, and runs the query on; A resumes. Before the fence, A went on with its plan
+and deleted B's new batches (the checkpoint failed to verify until a restore); now it deletes
+nothing and says, in one line, that it lost the query's lease."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.core.checkpoint import load_checkpoint
+from stateops.core.registry import load_registry
+from stateops.core.storage import list_files, location
+from tests.conftest import VENV_BIN, run_cli, write_registry
+from tests.spark.harness import land, run_in_session
+
+pytestmark = [pytest.mark.spark, pytest.mark.whole]
+NAME = "page_counts"  # Spark's own aggregation on the HDFS-backed store
+TTL = 10  # the registry's least lease
+
+
+@pytest.fixture
+def hosts(s3a_env, tmp_path) -> tuple[Path, Path]:
+    tag = uuid.uuid4().hex[:8]
+    shared = tmp_path / "shared"
+    files = []
+    for host in ("a", "b"):
+        path = write_registry(tmp_path / host)
+        raw = yaml.safe_load(path.read_text())
+        entry = raw["queries"][NAME]
+        entry["source"]["path"] = str(shared / "landing" / "page_visits")
+        entry["checkpoint"] = s3a_env.url(f"stall-{tag}/checkpoint")
+        entry["sink"]["path"] = str(shared / "output")
+        raw["control"] = s3a_env.url(f"stall-{tag}/control")
+        raw["backups"] = {"url": s3a_env.url(f"stall-{tag}/backups")}
+        raw["lease_seconds"] = TTL
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        files.append(path)
+    return files[0], files[1]
+
+
+def _objects(checkpoint: str) -> dict[str, str]:
+    """Every file of the checkpoint and a digest of its bytes."""
+    root = location(checkpoint)
+    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in list_files(root)}
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+
+
+def test_a_rollback_resumed_after_its_lease_was_taken_deletes_nothing_the_next_holder_wrote(
+    spark, s3a_env, hosts, tmp_path
+):
+    a, b = hosts
+    landing = tmp_path / "shared" / "landing"
+    for round_ in range(3):
+        land(landing, round_=round_, files=1)
+        run_in_session(spark, a, NAME)
+    checkpoint = load_registry(a).query(NAME).checkpoint
+    last = load_checkpoint(checkpoint).last_committed_batch
+    assert last >= 2
+
+    trace = tmp_path / "trace"
+    stalled = subprocess.Popen(
+        [str(VENV_BIN / "stateops"), "--registry", str(a), "rollback", NAME, "--to-batch", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            **s3a_env.env(),
+            "STATEOPS_PAUSE_AT": "delete:1:300",
+            "STATEOPS_FAULT_TRACE": str(trace),
+        },
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (trace.exists() and "delete 1 " in trace.read_text()):
+            assert stalled.poll() is None, stalled.communicate()
+            assert time.monotonic() < deadline, "host A's rollback never reached its deletes"
+            time.sleep(0.2)
+        while not _stopped(stalled.pid):
+            time.sleep(0.05)
+        time.sleep(TTL * 1.1 + 2)  # its lease expires (S3's Last-Modified: whole seconds)
+
+        # Host B finishes the interrupted rollback and runs the query on.
+        resumed = run_cli("--registry", str(b), "rollback", NAME, "--to-batch", "0")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        land(landing, round_=3, files=1)
+        assert run_in_session(spark, b, NAME)["status"] == "succeeded"
+        after_b = load_checkpoint(checkpoint).last_committed_batch
+        assert after_b >= 1
+        written = _objects(checkpoint)
+        assert "commits/1" in written
+
+        # Host A resumes with the plan it made under its lease.
+        os.kill(stalled.pid, signal.SIGCONT)
+        out, err = stalled.communicate(timeout=120)
+    finally:
+        stalled.kill()
+    assert stalled.returncode == 1, out + err
+    lines = [line for line in err.splitlines() if "lost the query's lease" in line]
+    assert len(lines) == 1 and "this rollback (run " in lines[0], err[-3000:]
+    assert _objects(checkpoint) == written, "the resumed rollback changed the new holder's files"
+    verify = run_cli("--registry", str(b), "verify", NAME)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    land(landing, round_=4, files=1)
+    assert run_in_session(spark, b, NAME)["status"] == "succeeded"
+    assert load_checkpoint(checkpoint).last_committed_batch > after_b
