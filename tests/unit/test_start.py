@@ -15,6 +15,7 @@ import pytest
 from stateops.control.lock import QueryLock, force_release
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import load_registry
+from stateops.core.storage import begin_unfinished, end_unfinished
 from stateops.ops.start import (
     STOP_INSIDE_TRIGGER,
     _discard_failed_start,
@@ -24,6 +25,7 @@ from stateops.ops.start import (
     _stop_between_batches,
     files_before,
     read_summary,
+    refuse_unrunnable,
     write_summary,
 )
 from tests.conftest import write_registry
@@ -201,6 +203,22 @@ def test_a_failed_first_start_that_lost_its_lease_removes_nothing(tmp_path, caps
         assert not _discard_failed_start(query, fresh=True)
     assert (checkpoint / "offsets" / "0").read_text() == "the next holder's batch 0"
     assert "what the failed first run began stays" in capsys.readouterr().err
+
+
+def test_a_start_refuses_a_checkpoint_a_restore_left_half_published(tmp_path):
+    """A restore into an S3 prefix killed mid-publish leaves any subset of the checkpoint and
+    its marker: a start on another host must not run Spark on it (it would take it for a new
+    query, or resume from whatever logs arrived)."""
+    registry = load_registry(write_registry(tmp_path / "data"))
+    query = registry.query("page_visits")
+    checkpoint = Path(query.checkpoint)
+    begin_unfinished(checkpoint)
+    (checkpoint / "offsets").mkdir()
+    (checkpoint / "offsets" / "0").write_text("v1")  # what arrived before the kill
+    with pytest.raises(StateOpsError, match="a restore or transplant into it was interrupted"):
+        refuse_unrunnable(registry, query)
+    end_unfinished(checkpoint)
+    refuse_unrunnable(registry, query)
 
 
 TRANSIENT = "org.apache.spark.SparkException: Python worker failed to connect back."

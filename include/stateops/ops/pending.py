@@ -21,6 +21,7 @@ from stateops.control.markers import (
 )
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Query
+from stateops.core.storage import location, unfinished
 from stateops.ops.carry import finish_image_batch
 
 __all__ = ["killed_repartition", "mark_transplant", "pending_carry_over", "refuse_pending_rollback"]
@@ -32,7 +33,13 @@ def refuse_pending_rollback(
     """Raise while an interrupted rollback (to another batch than ``to_batch``) or repartition
     (unless ``to_batch`` goes back to before it: the rollback finishes it; or ``redone``: the
     start undoes and does it again, :func:`killed_repartition`) is
-    pending."""
+    pending, or a restore or transplant into the checkpoint was interrupted before it was
+    whole (its publish's marker is there: what Spark would find is any part of it)."""
+    if unfinished(location(checkpoint)):
+        raise StateOpsError(
+            f"{checkpoint}: a restore or transplant into it was interrupted before the "
+            "checkpoint was whole; run it again (it empties what it left and publishes again)"
+        )
     repartition = None if redone else read_repartition(checkpoint)
     if repartition is not None and (to_batch is None or to_batch >= repartition["batch"]):
         before = repartition["batch"] - 1
