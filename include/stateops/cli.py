@@ -16,6 +16,7 @@ from stateops.control.audit import audit_dir, read_audit
 from stateops.control.lock import (
     describe_lock,
     force_release,
+    live_lock,
     lock_state,
     read_hold,
     read_lock,
@@ -612,6 +613,14 @@ def cmd_lock(args: argparse.Namespace) -> int:
     target = query_target(args.registry, args.query)
     name, path = target.name, target.lock_file
     if args.action == "release":
+        live = live_lock(path)
+        if live is not None and not args.force:
+            raise StateOpsError(
+                f"{describe_lock(name, live, 'held')}, and it renews it: a holder that is "
+                "slow or cut off cannot be told from a dead one here. Released, it stops at "
+                "its next guarded write, and a run stops within a tenth of the lease; to "
+                f"release it anyway: stateops lock release {args.query} --force"
+            )
         held, state = force_release(path), "released"
     else:
         held = read_lock(path)
@@ -1065,7 +1074,8 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     _flag(p, "--json", "machine-readable output")
     p = actions.add_parser("release", help="force-release it (its holder is gone)")
     p.add_argument("query")
-    lock.set_defaults(func=cmd_lock, json=False)
+    _flag(p, "--force", "release a live lock too (its holder stops at its next guarded write)")
+    lock.set_defaults(func=cmd_lock, json=False, force=False)
 
     p = sub.add_parser(
         "generate", help="write deterministic sample events for both reference pipelines"

@@ -25,7 +25,7 @@ from stateops.core import fence
 from stateops.core.errors import LeaseLostError, LockHeldError
 from stateops.core.registry import load_registry
 from stateops.core.storage import delete_files
-from tests.conftest import ROOT, write_registry
+from tests.conftest import ROOT, run_cli, write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -337,3 +337,21 @@ def test_a_stop_request_for_another_holder_is_left_for_it(tmp_path):
         assert not take_stop(registry, "q", "a stale holder's token")
         assert take_stop(registry, "q", new.token)
         assert not take_stop(registry, "q", new.token)  # taken once
+
+
+def test_a_live_lock_is_released_only_with_force_saying_what_it_does_to_its_holder(tmp_path):
+    """A slow or cut-off holder cannot be told from a dead one: releasing a live lease is a
+    decision, and its holder stops at its next guarded write."""
+    path = write_registry(tmp_path / "data")
+    place = load_registry(path).lock_path("page_visits")
+    with QueryLock(place, "page_visits", "rollback", run_id="rb-1") as holder:
+        refused = run_cli("--registry", str(path), "lock", "release", "page_visits")
+        assert refused.returncode == 2, refused.stderr
+        assert "locked by rollback (run id rb-1" in refused.stderr
+        assert "stateops lock release page_visits --force" in refused.stderr
+        assert read_lock(place).token == holder.token
+        run_cli("--registry", str(path), "lock", "release", "page_visits", "--force", check=True)
+        assert read_lock(place) is None
+        time.sleep(1.0)  # the guard asks the store at most once a second
+        with pytest.raises(LeaseLostError):
+            fence.guard()
