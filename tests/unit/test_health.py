@@ -348,6 +348,15 @@ def test_failed_runs_page_once_health_failed_runs_of_them_failed_in_a_row(tmp_pa
     assert findings() == []
     ran("r5", "failed")
     assert findings()[0][:2] == ("run_retried", "WARN")
+    # A run that lost its lease (stalled, taken over) failed for no fault of the query's: it
+    # is neither the last run nor one in the row (finding 11: readiness switched a healthy
+    # upgrade back for it).
+    write_summary(registry, {"query": "page_visits", "run_id": "r6", "status": "failed",
+                             "error": "lost the query's lease", "lock_lost": True})  # fmt: skip
+    assert findings()[0][:2] == ("run_retried", "WARN") and "1 in a row" in findings()[0][2]
+    assert "boom" in findings()[0][2]
+    ran("r7", "failed")
+    assert "2 in a row" in findings()[0][2]
     # user_sessions keeps the default: its one failed run is a FAIL
     write_summary(registry, {"query": "user_sessions", "run_id": "s1", "status": "failed",
                              "error": "bad"})  # fmt: skip

@@ -907,7 +907,9 @@ def write_summary(
 ) -> Path | S3Path:
     """The run's summary, where a task on any host reads it by run id (:func:`read_summary`),
     and as the query's latest (``stateops status``); or at ``path`` alone. The summaries of
-    the runs before the last :data:`KEPT_SUMMARIES` are removed (the index lists them)."""
+    the runs before the last :data:`KEPT_SUMMARIES` are removed (the index lists them). A run
+    that lost its lease (``lock_lost``) is not the query's latest: its failure says nothing of
+    the query's code, and another holder runs the query now (its runs are the latest)."""
     text = json.dumps(summary, indent=2) + "\n"
     if path:
         write_file(Path(path), text)
@@ -924,7 +926,8 @@ def write_summary(
     for gone in runs[KEPT_SUMMARIES:]:
         registry.run_summary_path(name, gone).unlink(missing_ok=True)
     write_file(index, json.dumps({"runs": runs[:KEPT_SUMMARIES]}))
-    write_file(registry.run_summary_path(name), text)
+    if not summary.get("lock_lost"):
+        write_file(registry.run_summary_path(name), text)
     return target
 
 
@@ -935,7 +938,8 @@ def _summary_index(registry: Registry, name: str) -> Path | S3Path:
 
 def failed_in_a_row(registry: Registry, query: str, limit: int) -> int:
     """How many of the query's last runs failed, newest first, counted up to ``limit`` (and
-    :data:`KEPT_SUMMARIES`): the index :func:`write_summary` keeps, the summaries it names."""
+    :data:`KEPT_SUMMARIES`): the index :func:`write_summary` keeps, the summaries it names. A
+    run that lost its lease is passed over: a coordination failure, not one of the query's."""
     try:
         runs = json.loads(_summary_index(registry, query).read_text(encoding="utf-8"))["runs"]
     except (FileNotFoundError, ValueError, KeyError, TypeError):
@@ -946,6 +950,8 @@ def failed_in_a_row(registry: Registry, query: str, limit: int) -> int:
             summary = json.loads(registry.run_summary_path(query, run_id).read_text())
         except (FileNotFoundError, ValueError):
             break
+        if summary.get("lock_lost"):
+            continue
         if summary.get("status") != "failed":
             break
         failed += 1
