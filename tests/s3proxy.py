@@ -15,7 +15,8 @@ Meddle = Callable[[str, str, Callable[[], Answer]], Answer]
 class S3Proxy(http.server.ThreadingHTTPServer):
     """Forwards each request to ``127.0.0.1:upstream_port``, through ``meddle(command, path,
     forward)``: it returns ``forward()`` (upstream's answer), changed or not, or an answer of
-    its own without forwarding. ``requests``: (command, path, headers) of each it answered."""
+    its own without forwarding (``forward.headers``: the request's, by lower-case name).
+    ``requests``: (command, path, headers) of each it answered."""
 
     def __init__(self, upstream_port: int, meddle: Meddle) -> None:
         proxy = self
@@ -30,11 +31,14 @@ class S3Proxy(http.server.ThreadingHTTPServer):
                     answer = conn.getresponse()
                     return answer.status, answer.getheaders(), answer.read()
 
+                forward.headers = {k.lower(): v for k, v in self.headers.items()}
+
                 status, headers, data = meddle(self.command, self.path, forward)
                 proxy.requests.append((self.command, self.path, dict(self.headers)))
                 self.send_response(status)
                 for key, value in headers:
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    skip = ("content-length", "transfer-encoding", "connection", "date", "server")
+                    if key.lower() not in skip:  # the last two: send_response says its own
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

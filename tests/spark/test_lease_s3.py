@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 import time
 import uuid
 
@@ -26,6 +27,7 @@ from stateops.core.errors import LockHeldError, StateOpsError
 from stateops.core.registry import load_registry
 from stateops.core.storage import location
 from tests.conftest import write_registry
+from tests.s3proxy import S3Proxy
 
 pytestmark = pytest.mark.spark  # no JVM: the tier whose workers already run SeaweedFS
 
@@ -152,6 +154,49 @@ def test_a_store_that_ignores_conditional_writes_is_refused_in_one_line(s3, monk
     with pytest.raises(StateOpsError, match="ignores conditional writes"):
         QueryLock(place, "q", "run").acquire()
     assert not place.exists() and not place.parent.exists(), "the probe left nothing"
+
+
+def _checked_apart(upstream_port: int) -> S3Proxy:
+    """An endpoint whose ``If-None-Match: *`` is checked apart from the write (as a store
+    without atomic conditions, or one reached through several gateways): a create refused
+    when the object exists, but every create that arrives while the first is still being
+    written is told it won too (last writer wins). Sequential creates are refused as they
+    should be; only racing ones show it. ``If-Match`` stays the store's own."""
+    lock, writing = threading.Lock(), set()
+
+    def meddle(command: str, path: str, forward):
+        if command != "PUT" or "if-none-match" not in forward.headers:
+            return forward()
+        with lock:
+            racing = path in writing
+            writing.add(path)
+        if racing:
+            return 200, [("ETag", '"00000000000000000000000000000001"')], b""
+        try:
+            time.sleep(0.2)  # the time the store takes between its look and its write
+            return forward()
+        finally:
+            with lock:
+                writing.discard(path)
+
+    return S3Proxy(upstream_port, meddle)
+
+
+def test_a_store_whose_conditional_create_is_not_atomic_is_refused(s3a_env, monkeypatch):
+    """It passes every sequential check (a second create refused, a wrong version refused, the
+    right one taken): only creates racing at once show two winners, two hosts with one lease."""
+    proxy = _checked_apart(s3a_env.port)
+    try:
+        monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", proxy.endpoint)
+        place = location(s3a_env.url(f"control/apart-{uuid.uuid4().hex[:6]}/q/lease.json"))
+        with pytest.raises(StateOpsError) as refused:
+            require_conditional_writes(place)
+    finally:
+        proxy.shutdown()
+    said = str(refused.value)
+    assert "\n" not in said and f"the S3 store at {proxy.endpoint} let " in said, said
+    assert "racing at once win (If-None-Match: * checked, but not atomically)" in said, said
+    assert int(said.split(" let ")[1].split()[0]) > 1
 
 
 def test_a_registry_with_a_control_store_keeps_its_leases_there(s3a_env, tmp_path):

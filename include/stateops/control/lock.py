@@ -347,13 +347,16 @@ def _read_object(path: S3Path) -> _Lease:
 
 
 _PROBED: set[tuple[str, str]] = set()
+_RACERS, _RACES = 8, 3  # the probe's racing creates of one object, and how many races
 
 
 def require_conditional_writes(path: S3Path) -> None:
     """Refuse, in one line, an S3 store that does not honour conditional writes (some accept
-    the headers and ignore them: a lock on it would always be granted). Probed once per
-    process and bucket: a create over an object that exists must fail, and so must a write
-    over a version that is not the object's."""
+    the headers and ignore them: a lock on it would always be granted, some check them but not
+    atomically: two hosts would both win one race). Probed once per process and bucket: a
+    create over an object that exists must fail, a write over a version that is not the
+    object's must fail and one over its version must succeed, and of several creates of one
+    object racing at once exactly one must win, race after race."""
     key = (path._client.endpoint, path.bucket)
     if key in _PROBED:
         return
@@ -363,17 +366,49 @@ def require_conditional_writes(path: S3Path) -> None:
             probe.write_if(b"1", None)
             and not probe.write_if(b"2", None)
             and not probe.write_if(b"3", '"0123456789abcdef0123456789abcdef"')
+            and probe.write_if(b"4", probe.read_versioned()[1])
         )
     finally:
         probe.unlink(missing_ok=True)
     if not honoured:
         raise StateOpsError(
             f"the S3 store at {path._client.endpoint} ignores conditional writes (a second "
-            f"create of {probe} with If-None-Match: * was accepted), so a lease kept there "
-            "would exclude nothing: point the registry's control at a store that honours "
-            "them (AWS S3, MinIO, SeaweedFS), or leave control out on one host"
+            f"create of {probe} with If-None-Match: * was accepted, or a write over the "
+            "object's own version refused), so a lease kept there would exclude nothing: "
+            "point the registry's control at a store that honours them (AWS S3, MinIO, "
+            "SeaweedFS), or leave control out on one host"
+        )
+    winners = _race_creates(path.parent)
+    if winners != 1:
+        raise StateOpsError(
+            f"the S3 store at {path._client.endpoint} let {winners} of {_RACERS} creates of "
+            "one object racing at once win (If-None-Match: * checked, but not atomically), "
+            "so two hosts could both take one lease: point the registry's control at a store "
+            "that honours it atomically, through one endpoint and one site (AWS S3, MinIO)"
         )
     _PROBED.add(key)
+
+
+def _race_creates(folder: S3Path) -> int:
+    """:data:`_RACERS` creates (``If-None-Match: *``) of one new object at once, :data:`_RACES`
+    times: the most winners of a race (1 where the store decides atomically)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    most = 0
+    with ThreadPoolExecutor(_RACERS) as pool:
+        for _ in range(_RACES):
+            probe = folder / f"_probe-{uuid.uuid4().hex}"
+            start = threading.Barrier(_RACERS)
+
+            def create(_: int, probe: S3Path = probe, start: threading.Barrier = start) -> bool:
+                start.wait()
+                return probe.write_if(b"1", None)
+
+            try:
+                most = max(most, sum(pool.map(create, range(_RACERS))))
+            finally:
+                probe.unlink(missing_ok=True)
+    return most
 
 
 @contextmanager

@@ -317,15 +317,26 @@ class S3Path:
         """The object's bytes, its version (ETag) and its age by the store's own clock (the
         answer's ``Date`` less the object's ``LastModified``: no client clock enters); (None,
         None, 0.0) where there is no object."""
+        from datetime import UTC
         from email.utils import parsedate_to_datetime
+
+        from botocore.exceptions import BotoCoreError
+
+        from stateops.core.errors import s3_error
 
         try:
             got = self._client.call(f"read {self}", "get_object", Bucket=self.bucket, Key=self.key)
         except FileNotFoundError:
             return None, None, 0.0
-        said = parsedate_to_datetime(got["ResponseMetadata"]["HTTPHeaders"]["date"])
+        try:
+            data = got["Body"].read()  # a connection reset here is no OSError
+        except BotoCoreError as err:
+            raise s3_error(err, f"read {self} at {self._client.endpoint}") from err
+        said = parsedate_to_datetime(got["ResponseMetadata"]["HTTPHeaders"].get("date", ""))
+        if said.tzinfo is None:  # "-0000": UTC, with no zone said
+            said = said.replace(tzinfo=UTC)
         age = max((said - got["LastModified"]).total_seconds(), 0.0)
-        return got["Body"].read(), got["ETag"], age
+        return data, got["ETag"], age
 
     def write_if(self, data: bytes, version: str | None) -> bool:
         """Write ``data`` only over version ``version`` of the object (``If-Match``), or
