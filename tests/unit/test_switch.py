@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,48 @@ def test_an_upgrade_after_a_migration_is_undone_back_to_the_migration(tmp_path):
     q = load_registry(path).query("page_visits")
     assert (q.checkpoint, q.source.path) == (str(tmp_path / "v2"), NEW_SOURCE["path"])
     assert "remove " in undo_recipe({**plan, "switch_before": None})
+
+
+def test_of_a_switch_and_its_roll_back_racing_only_the_lease_holder_writes(tmp_path):
+    """Airflow failed the switch task while its process lived on (cut off, then back) and
+    the roll back started on another host: under the run's hold both are admitted, but each
+    step takes the query's lease, so the roll back waits while the switch's is live, and the
+    switch that lost it to the roll back switches nothing."""
+    import threading
+
+    from stateops.control.lock import QueryLock, hold_query
+    from stateops.core.errors import LeaseLostError, LockHeldError
+
+    registry = load_registry(write_registry(tmp_path))
+    place = registry.lock_path("page_visits")
+    hold_query(place, "page_visits", "migration", "mig-1")
+    taken, resume, said = threading.Event(), threading.Event(), []
+
+    def stale_switch() -> None:  # a step's work runs in the thread that took its lease
+        with QueryLock(place, "page_visits", "switch", "mig-1", ttl_seconds=0.5) as switch:
+            taken.set()
+            resume.wait(30)
+            switch._stop.set()  # cut off: its renewals stop, its lease runs out
+            switch._renewer.join()
+            time.sleep(0.6)
+            resume.clear()
+            taken.set()
+            resume.wait(30)  # back, with its plan
+            try:
+                write_switch(registry, "page_visits", NEW_SOURCE, str(tmp_path / "v2"), {})
+            except LeaseLostError as err:
+                said.append(str(err))
+
+    switch = threading.Thread(target=stale_switch)
+    switch.start()
+    assert taken.wait(30)
+    with pytest.raises(LockHeldError, match=r"locked by switch \(run mig-1"):
+        QueryLock(place, "page_visits", "roll back", "mig-1").acquire()
+    taken.clear()
+    resume.set()
+    assert taken.wait(30)
+    with QueryLock(place, "page_visits", "roll back", "mig-1"):
+        resume.set()
+        switch.join(30)
+    assert said and "this switch (run mig-1) lost the query's lease" in said[0], said
+    assert not registry.switch_path("page_visits").exists()

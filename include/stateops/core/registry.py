@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from stateops.core import fence
 from stateops.core.errors import RegistryError, StateOpsError
 from stateops.core.steps import OVERRIDABLE, SOURCE_FORMATS, safe_run_id
 from stateops.core.storage import S3Path, location, write_file
@@ -974,6 +975,7 @@ def _save_switch(
     switch["history"] = [*previous.get("history", []), lineage]
     text = json.dumps(switch, indent=1, default=str)
     run_id = lineage.get("run_id")
+    fence.guard()  # a step that lost the query's lease switches nothing
     before = _before(path, query.name, run_id) if previous and run_id else None
     if before and not before.exists():  # the switch this run replaces, for its undo
         before.write_text(json.dumps(previous, indent=1, default=str))

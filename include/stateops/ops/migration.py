@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from stateops.control.audit import append_audit, audit_dir
 from stateops.control.faults import fail_after
 from stateops.control.lock import (
+    QueryLock,
     hold_query,
     live_lock,
     refuse_unholdable,
@@ -788,6 +789,21 @@ def _lock_file(target: Target, run_id: str) -> Path:
     return target.lock_file
 
 
+def _step_lock(target: Target, plan: dict[str, Any], step: str) -> QueryLock:
+    """The query's lease for one step of the run that holds it (its hold admits the run's
+    id): a switch and its roll back, started at once on two hosts (Airflow failed the switch
+    task while its process lived on), exclude each other, and the one that lost the lease
+    writes nothing more (:mod:`stateops.core.fence`)."""
+    registry = target.require_registry()
+    return QueryLock(
+        _lock_file(target, plan["run_id"]),
+        plan["query"],
+        step,
+        plan["run_id"],
+        ttl_seconds=registry.lease_seconds,
+    )
+
+
 def prepare_migration(target: Target, plan: dict[str, Any]) -> dict[str, Any]:
     """Hold the query for the run: until the switch or the roll back, only its steps run.
     Every later step calls it again: the hold is renewed, and a hold lost (expired and taken
@@ -1106,70 +1122,76 @@ def switch_query(
     """Point the query at the new source and checkpoint, record the lineage, retire the old
     checkpoint (:func:`_retire`), and release the hold. ``settled`` is
     :func:`settle_migration`'s result plus the ``backup_id``."""
-    registry, name, old, new = target.require_registry(), plan["query"], plan["old"], plan["new"]
-    backup_id = settled["backup_id"]
-    last = load_checkpoint(old["checkpoint"]).last_committed_batch
-    if last != settled["last_committed_batch"]:
-        raise StateOpsError(
-            f"{old['checkpoint']} moved on to batch {last} after the drain (batch "
-            f"{settled['last_committed_batch']}): its later input is not in the export"
+    with _step_lock(target, plan, "switch"):
+        registry, name, old, new = (
+            target.require_registry(),
+            plan["query"],
+            plan["old"],
+            plan["new"],
         )
-    operation = plan.get("operation", OPERATION)  # a code upgrade switches the same way
-    lineage = {
-        "operation": operation,
-        "run_id": plan["run_id"],
-        "time": _now(),
-        "source_name": plan["source_name"],
-        "from": {
-            "checkpoint": old["checkpoint"],
-            "query_id": old["query_id"],
-            "last_committed_batch": settled["last_committed_batch"],
-            "source": old["source"],
-            "sink_batch_offset": old["sink_batch_offset"],
-        },
-        "to": {
-            "checkpoint": new["checkpoint"],
-            "source": new["source"],
-            "sink_batch_offset": settled["sink_batch_offset"],
-            # its carried-over batches: what its own runs commit comes after them
-            "last_committed_batch": load_checkpoint(new["checkpoint"]).last_committed_batch,
-        },
-        "backup_id": backup_id,
-        "export": plan["export"],
-        "carry_over": settled["road"],
-        "bootstrap": carry_over["bootstrap"],
-        "proof": (carry_over["proof"] or {}).get("proof_file"),
-    }
-    lineage_file = audit_dir(new["checkpoint"]) / "lineage.json"
-    write_file(lineage_file, json.dumps(lineage, indent=2) + "\n")
-    common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
-    append_audit(
-        new["checkpoint"],
-        operation,
-        result="derived",
-        derived_from=old["checkpoint"],
-        backup_id=backup_id,
-        **common,
-    )
-    write_switch(
-        registry,
-        name,
-        new["source"],
-        new["checkpoint"],
-        lineage,
-        sink_batch_offset=settled["sink_batch_offset"],
-        input_name=plan["source_name"],
-    )
-    _retire(plan, new["checkpoint"])
-    append_audit(
-        old["checkpoint"],
-        operation,
-        result="retired",
-        migrated_to=new["checkpoint"],
-        backup_id=backup_id,
-        **common,
-    )
-    release_hold(_lock_file(target, plan["run_id"]), plan["run_id"])
+        backup_id = settled["backup_id"]
+        last = load_checkpoint(old["checkpoint"]).last_committed_batch
+        if last != settled["last_committed_batch"]:
+            raise StateOpsError(
+                f"{old['checkpoint']} moved on to batch {last} after the drain (batch "
+                f"{settled['last_committed_batch']}): its later input is not in the export"
+            )
+        operation = plan.get("operation", OPERATION)  # a code upgrade switches the same way
+        lineage = {
+            "operation": operation,
+            "run_id": plan["run_id"],
+            "time": _now(),
+            "source_name": plan["source_name"],
+            "from": {
+                "checkpoint": old["checkpoint"],
+                "query_id": old["query_id"],
+                "last_committed_batch": settled["last_committed_batch"],
+                "source": old["source"],
+                "sink_batch_offset": old["sink_batch_offset"],
+            },
+            "to": {
+                "checkpoint": new["checkpoint"],
+                "source": new["source"],
+                "sink_batch_offset": settled["sink_batch_offset"],
+                # its carried-over batches: what its own runs commit comes after them
+                "last_committed_batch": load_checkpoint(new["checkpoint"]).last_committed_batch,
+            },
+            "backup_id": backup_id,
+            "export": plan["export"],
+            "carry_over": settled["road"],
+            "bootstrap": carry_over["bootstrap"],
+            "proof": (carry_over["proof"] or {}).get("proof_file"),
+        }
+        lineage_file = audit_dir(new["checkpoint"]) / "lineage.json"
+        write_file(lineage_file, json.dumps(lineage, indent=2) + "\n")
+        common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
+        append_audit(
+            new["checkpoint"],
+            operation,
+            result="derived",
+            derived_from=old["checkpoint"],
+            backup_id=backup_id,
+            **common,
+        )
+        write_switch(
+            registry,
+            name,
+            new["source"],
+            new["checkpoint"],
+            lineage,
+            sink_batch_offset=settled["sink_batch_offset"],
+            input_name=plan["source_name"],
+        )
+        _retire(plan, new["checkpoint"])
+        append_audit(
+            old["checkpoint"],
+            operation,
+            result="retired",
+            migrated_to=new["checkpoint"],
+            backup_id=backup_id,
+            **common,
+        )
+        release_hold(_lock_file(target, plan["run_id"]), plan["run_id"])
     return lineage
 
 
@@ -1190,42 +1212,47 @@ def roll_back_migration(
     registry = target.require_registry()
     prepare_migration(target, plan)  # held again (a switch releases it) while undoing
     stop_running_query(target, plan["run_id"], log)  # e.g. started on the new checkpoint
-    if registry.query(name).checkpoint == str(new):
-        undo = {"operation": f"{operation} rolled back", "run_id": plan["run_id"], "time": _now()}
-        if reason:
-            undo["reason"] = reason
-        write_switch(
-            registry,
-            name,
-            old["source"],
-            old["checkpoint"],
-            undo,
-            sink_batch_offset=old["sink_batch_offset"],
-            input_name=plan["source_name"],
-        )
-        done["switch_undone"] = True
-        log(f"{name}: switch undone: back on {old['checkpoint']}")
-    _unretire(old["checkpoint"])
-    done["moved_aside"] = _set_aside(plan, new, log)
-    query = load_registry(registry.path).query(name)  # on the old checkpoint again
-    old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
-    sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
-    # The output after the old checkpoint's last commit: the new checkpoint's batches, or the
-    # old one's batch in flight when a step was lost (its next run writes it again).
-    if sink["folders"]:
-        execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
-        log(
-            f"moved the output after batch {old_last} {sink['folders']} aside to "
-            f"{query.sink.path}/_rolled_back/"
-        )
-    clear_carry_over(new)  # it belonged to the moved checkpoint
-    if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
-        log(f"{name}: hold of run {plan['run_id']} released")
-    if old["checkpoint"]:
-        why = {"reason": reason, "moved_aside": done["moved_aside"]} if reason else {}
-        append_audit(
-            old["checkpoint"], operation, run_id=plan["run_id"], result="rolled back", **why
-        )
+    with _step_lock(target, plan, "roll back"):  # a stale switch's writes fail from here on
+        if registry.query(name).checkpoint == str(new):
+            undo = {
+                "operation": f"{operation} rolled back",
+                "run_id": plan["run_id"],
+                "time": _now(),
+            }
+            if reason:
+                undo["reason"] = reason
+            write_switch(
+                registry,
+                name,
+                old["source"],
+                old["checkpoint"],
+                undo,
+                sink_batch_offset=old["sink_batch_offset"],
+                input_name=plan["source_name"],
+            )
+            done["switch_undone"] = True
+            log(f"{name}: switch undone: back on {old['checkpoint']}")
+        _unretire(old["checkpoint"])
+        done["moved_aside"] = _set_aside(plan, new, log)
+        query = load_registry(registry.path).query(name)  # on the old checkpoint again
+        old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
+        sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
+        # The output after the old checkpoint's last commit: the new checkpoint's batches, or the
+        # old one's batch in flight when a step was lost (its next run writes it again).
+        if sink["folders"]:
+            execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
+            log(
+                f"moved the output after batch {old_last} {sink['folders']} aside to "
+                f"{query.sink.path}/_rolled_back/"
+            )
+        clear_carry_over(new)  # it belonged to the moved checkpoint
+        if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
+            log(f"{name}: hold of run {plan['run_id']} released")
+        if old["checkpoint"]:
+            why = {"reason": reason, "moved_aside": done["moved_aside"]} if reason else {}
+            append_audit(
+                old["checkpoint"], operation, run_id=plan["run_id"], result="rolled back", **why
+            )
     log(f"{name}: {operation} rolled back; the query runs on {old['checkpoint']} as before")
     return done
 
