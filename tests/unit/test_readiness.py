@@ -4,8 +4,13 @@ code upgrade whose new code raises: tests/spark/test_upgrade.py."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import socket
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import yaml
@@ -136,3 +141,136 @@ def test_a_switch_recorded_before_the_window_existed_is_not_watched(tmp_path):
     del switch["history"][-1]["to"]["last_committed_batch"]
     path.write_text(json.dumps(switch))
     assert _judge(load_registry(registry.path), query, _run(query, "failed", 5), 0, 10) is None
+
+
+# -- judged on real inputs: files landed, a checkpoint, the run's lease, its summaries ----------
+# (the verdict through stateops.status.query_status, as stream_health judges it; the window
+# ended 30 minutes ago)
+
+
+def _live(tmp_path):
+    """The registry, switched by an upgrade 90 minutes ago to a checkpoint of its own (batch 0
+    carried over, having read ``seen.json``), the query's landing folder, and a function that
+    lands a file ``minutes_ago`` minutes ago."""
+    from stateops.ops.carry import write_checkpoint_file
+
+    now = datetime.now(UTC)
+    path = write_registry(tmp_path)
+    registry = load_registry(path)
+    query = registry.query(NAME)
+    landing = Path(query.source.path)
+    landing.mkdir(parents=True, exist_ok=True)
+    new = f"{query.checkpoint}.v2"
+    seen = landing / "seen.json"
+    seen.write_text("{}\n")
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+    write_checkpoint_file(Path(new), "metadata", json.dumps({"id": "q"}))
+    write_checkpoint_file(Path(new), "offsets/0", f'v1\n{json.dumps(meta)}\n{{"logOffset":0}}')
+    write_checkpoint_file(Path(new), "commits/0", 'v1\n{"nextBatchWatermarkMs": 0}')
+    entry = {"path": f"file://{seen}", "timestamp": 0, "batchId": 0}
+    write_checkpoint_file(Path(new), "sources/0/0", f"v1\n{json.dumps(entry)}")
+    switched = now - timedelta(minutes=90)
+    source = query.source.model_dump(by_alias=True)
+    lineage = {
+        "operation": "upgrade",
+        "run_id": "upgrade-1",
+        "time": switched.isoformat(timespec="seconds"),
+        "source_name": "source",
+        "from": {"checkpoint": query.checkpoint, "source": source, "sink_batch_offset": 0},
+        "to": {"checkpoint": new, "source": source, "last_committed_batch": 0},
+    }
+    write_switch(registry, NAME, source, new, lineage, sink_batch_offset=5)
+
+    def land(name: str, minutes_ago: float) -> None:
+        at = (now - timedelta(minutes=minutes_ago)).timestamp()
+        (landing / name).write_text("{}\n")
+        os.utime(landing / name, (at, at))
+
+    return load_registry(path), land, switched
+
+
+def _running_since(registry, at: datetime) -> None:
+    """The query's run, this live process, holding the lease since ``at`` (as the lease
+    another host's run took then reads)."""
+    from stateops.control.lock import LockInfo, process_start, this_machine
+
+    owner = f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
+    held = LockInfo(NAME, "run", "start-1", owner, "t", at.timestamp(), time.time() + 600,
+                    process_start(os.getpid()), None, this_machine())  # fmt: skip
+    place = registry.lock_path(NAME)
+    place.parent.mkdir(parents=True, exist_ok=True)
+    place.write_text(json.dumps(held.__dict__))
+
+
+def _verdict(registry) -> str:
+    from stateops.status import query_status
+
+    return query_status(registry, NAME)["readiness"]["state"]
+
+
+def test_a_run_stuck_through_the_window_fails_it_only_for_input_landed_before_its_end(tmp_path):
+    """Input landed after the window's end (and before the check) is the next window's
+    business: judging it as of the check, not the window's end, switches a healthy upgrade
+    back; and a file the carried batch read is no input waiting."""
+    registry, land, switched = _live(tmp_path)
+    _running_since(registry, switched + timedelta(minutes=5))
+    assert _verdict(registry) == "ready"  # nothing unread: the file seen.json was read
+    land("after-the-end.json", minutes_ago=10)
+    assert _verdict(registry) == "ready"
+    land("before-the-end.json", minutes_ago=40)
+    assert _verdict(registry) == "failed"
+
+
+def test_a_run_started_after_the_window_is_not_stuck_in_it(tmp_path):
+    registry, land, switched = _live(tmp_path)
+    land("before-the-end.json", minutes_ago=40)
+    _running_since(registry, switched + timedelta(minutes=70))  # 10 minutes after its end
+    assert _verdict(registry) == "ready"
+    _running_since(registry, switched + timedelta(minutes=59))
+    assert _verdict(registry) == "failed"
+
+
+def test_a_run_that_lost_its_lease_in_the_window_switches_nothing_back(tmp_path):
+    """A run on the new checkpoint whose lease was taken over or released (a stall, an
+    operator) failed for no fault of the new code."""
+    from stateops.ops.start import write_summary
+
+    registry, _, switched = _live(tmp_path)
+    query = registry.query(NAME)
+    started = (switched + timedelta(minutes=20)).isoformat(timespec="seconds")
+    run = {"query": NAME, "run_id": "start-2", "status": "failed", "started_at": started,
+           "checkpoint": query.checkpoint, "error": "lost the query's lease"}  # fmt: skip
+    write_summary(registry, run | {"lock_lost": True})
+    assert _verdict(registry) == "ready"
+    write_summary(registry, run | {"run_id": "start-3"})  # a failure of its own: the code's
+    assert _verdict(registry) == "failed"
+
+
+def test_a_commit_between_the_check_and_the_switch_back_switches_nothing_back(tmp_path):
+    """The check judged the run stuck; before the switch back took the hold, the run
+    committed a batch of its own: the switch back looks again under the hold and does
+    nothing (the next check judges again)."""
+    from stateops.core.errors import StateOpsError
+    from stateops.ops.carry import write_checkpoint_file
+    from stateops.ops.readiness import roll_back_switch
+    from stateops.status import query_status
+
+    registry, land, switched = _live(tmp_path)
+    land("before-the-end.json", minutes_ago=40)
+    _running_since(registry, switched + timedelta(minutes=5))
+    status = query_status(registry, NAME)
+    found = status["readiness"]
+    assert found["state"] == "failed"
+    new = Path(registry.query(NAME).checkpoint)
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+    write_checkpoint_file(new, "offsets/1", f'v1\n{json.dumps(meta)}\n{{"logOffset":1}}')
+    write_checkpoint_file(new, "commits/1", 'v1\n{"nextBatchWatermarkMs": 0}')
+    registry.lock_path(NAME).unlink()  # and ended
+    with pytest.raises(StateOpsError, match="changed since the check; nothing was switched back"):
+        roll_back_switch(registry, NAME, status["last_switch"], found, log=lambda line: None)
+    after = load_registry(registry.path)
+    assert after.query(NAME).checkpoint == str(new), "switched back"
+    assert after.switch_history(NAME)[-1]["run_id"] == "upgrade-1"
+    from stateops.control.lock import read_hold
+
+    assert read_hold(after.lock_path(NAME)) is None, "the hold it took is released"
