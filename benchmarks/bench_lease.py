@@ -12,11 +12,18 @@ Two cycles, each what every run pays once:
   does.
 Prints the median milliseconds per cycle of each, the S3 requests a cycle sends, and the
 ratio to the local files.
+
+And what the fence against stalled holders costs (issue 74): one guard as a destructive write
+passes it (the holder's own deadline; the store asked at most once a second), one with the
+store asked (a run's batch fence), and a cleanup's deletes of --files files (S3 objects, 1,000
+a request, and local files, one guard each) under a held lease against the same deletes with
+no lease (the deletes before the fence), both measured in this run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -31,7 +38,7 @@ import yaml  # noqa: E402
 
 from stateops.control.lock import QueryLock  # noqa: E402
 from stateops.core.registry import load_registry  # noqa: E402
-from stateops.core.storage import location, request_count  # noqa: E402
+from stateops.core.storage import delete_files, location, request_count, upload  # noqa: E402
 from stateops.dev.s3server import free_port, start_seaweedfs, stop_server  # noqa: E402
 from stateops.ops.start import read_summary, write_summary  # noqa: E402
 
@@ -50,6 +57,39 @@ def cycles(place, n: int) -> list[float]:
         took.append((time.perf_counter() - start) * 1000)
         assert not lock.lost
     return took
+
+
+def guards(place, n: int, fresh: float) -> list[float]:
+    """Microseconds of each of ``n`` guards of a held lease (``fresh``: how old a confirmation
+    from the store may be; 0 asks it every time)."""
+    took = []
+    with QueryLock(place, "q", "bench") as lock:
+        for _ in range(n):
+            start = time.perf_counter()
+            lock.ensure(fresh=fresh)
+            took.append((time.perf_counter() - start) * 1e6)
+    return took
+
+
+def deletes(root, files: int, place) -> float:
+    """Seconds to delete ``files`` files under ``root`` (written first), under a lease held at
+    ``place`` (None: no lease, no guard)."""
+    rels = [f"state/0/{i % 200}/{i}.delta" for i in range(files)]
+    if isinstance(root, Path):
+        for rel in rels:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(b"x")
+    else:
+        with tempfile.TemporaryDirectory() as local:
+            for rel in rels:
+                (Path(local) / rel).parent.mkdir(parents=True, exist_ok=True)
+                (Path(local) / rel).write_bytes(b"x")
+            upload(Path(local), root, rels)
+    lock = QueryLock(place, "q", "cleanup") if place is not None else contextlib.nullcontext()
+    with lock:
+        start = time.perf_counter()
+        delete_files(root, rels)
+        return time.perf_counter() - start
 
 
 def records(registry_file: Path, n: int) -> list[float]:
@@ -82,6 +122,7 @@ def _line(label: str, base: float, cost: float, requests: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=50)
+    parser.add_argument("--files", type=int, default=10000, help="files a cleanup deletes")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
@@ -105,6 +146,21 @@ def main(argv: list[str] | None = None) -> int:
             before = request_count()
             s3_records = records(on_s3, args.cycles)
             record_requests = (request_count() - before) / args.cycles
+            local_lock = Path(tmp) / "locks" / "q.lock"
+            fenced = {
+                "local": (guards(local_lock, 1000, 1.0), guards(local_lock, 200, 0)),
+                "S3": (guards(place, 1000, 1.0), guards(place, 200, 0)),
+            }
+            cleanup = {
+                "local": [
+                    deletes(Path(tmp) / f"ckpt-{guard}", args.files, lock)
+                    for guard, lock in (("bare", None), ("guarded", local_lock))
+                ],
+                "S3": [
+                    deletes(location(f"s3://{BUCKET}/ckpt-{guard}"), args.files, lock)
+                    for guard, lock in (("bare", None), ("guarded", place))
+                ],
+            }
         finally:
             stop_server(server)
     print(f"cycles: {args.cycles}, median per cycle; baselines: the local files")
@@ -118,6 +174,14 @@ def main(argv: list[str] | None = None) -> int:
             f"records ({queries} queries), S3", base, statistics.median(s3_records), record_requests
         )
     )
+    print("the fence (median per guard; baseline: the lease cycle above)")
+    for where, (held, asked) in fenced.items():
+        print(f"{'guard, ' + where + ', own deadline':<34} {statistics.median(held):8.1f} us")
+        print(f"{'guard, ' + where + ', store asked':<34} {statistics.median(asked):8.1f} us")
+    print(f"a cleanup's deletes of {args.files} files (baseline: the same, no lease held)")
+    for where, (bare, guarded) in cleanup.items():
+        print(_line(f"deletes, {where}, no lease", bare * 1000, bare * 1000, None))
+        print(_line(f"deletes, {where}, guarded", bare * 1000, guarded * 1000, None))
     return 0
 
 

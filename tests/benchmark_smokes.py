@@ -120,13 +120,17 @@ SMOKES: dict[str, dict[str, Smoke]] = {
         ),
         # SeaweedFS, no JVM.
         "bench_lease.py": Smoke(
-            ("--cycles", "3"),
+            ("--cycles", "3", "--files", "300"),
             120,
             (
                 r"^lease, local lock file +\d+\.\d+ ms +1\.0x$",
                 rf"^lease, S3 control store +\d+\.\d+ ms +{RATIO} +\d+ requests$",
                 r"^records \(\d+ queries\), local +\d+\.\d+ ms +1\.0x$",
                 rf"^records \(\d+ queries\), S3 +\d+\.\d+ ms +{RATIO} +\d+ requests$",
+                r"^guard, S3, own deadline +\d+\.\d+ us$",
+                r"^guard, S3, store asked +\d+\.\d+ us$",
+                rf"^deletes, local, guarded +\d+\.\d+ ms +{RATIO}$",
+                rf"^deletes, S3, guarded +\d+\.\d+ ms +{RATIO}$",
             ),
         ),
         "bench_s3_cleanup.py": Smoke(
