@@ -254,3 +254,44 @@ def test_an_unreachable_control_store_is_one_line_naming_it(tmp_path, monkeypatc
         QueryLock(place, "q", "cleanup").acquire()
     said = str(refused.value)
     assert "\n" not in said and f"127.0.0.1:{port}" in said, said
+
+
+def test_an_s3_checkpoint_names_its_lease_and_a_registry_without_that_control_is_refused(
+    s3a_env, tmp_path
+):
+    """A bastion's registry copy without ``control`` (or another one) would take a lease
+    nobody else takes: the checkpoint's anchor, written at the first lease taken for it,
+    refuses it in one line; an operation addressed to the checkpoint by its URL takes the
+    query's own lease."""
+    from stateops.control.target import checkpoint_target, query_target
+
+    tag = uuid.uuid4().hex[:6]
+    control, checkpoint = s3a_env.url(f"fleet-{tag}"), s3a_env.url(f"anchored-{tag}/cp")
+    files = {}
+    hosts = (("fleet", control), ("bastion", None), ("other", control + "x"), ("apart", control))
+    for host, its_control in hosts:
+        path = write_registry(tmp_path / host)
+        raw = yaml.safe_load(path.read_text())
+        if host != "apart":  # its page_visits has a checkpoint of its own
+            raw["queries"]["page_visits"]["checkpoint"] = checkpoint
+        raw["control"] = its_control
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        files[host] = path
+    fleet = query_target(load_registry(files["fleet"]), "page_visits")
+    with fleet.lock("cleanup", "c-1"):
+        pass
+    anchor = json.loads(location(f"{checkpoint}.audit/control.json").read_bytes())
+    assert anchor == {
+        "control": control,
+        "lease": f"{control}/page_visits/lease.json",
+        "holder": "page_visits",
+    }
+    for host in ("bastion", "other"):
+        target = query_target(load_registry(files[host]), "page_visits")
+        with pytest.raises(StateOpsError) as refused:
+            target.lock("rollback", "r-1")
+        said = str(refused.value)
+        assert "\n" not in said and f"its lease lives in the control store {control}" in said
+        assert f"set the registry's control: {control}" in said
+    unregistered = checkpoint_target(load_registry(files["apart"]), checkpoint)
+    assert unregistered.query is None and unregistered.lock_file == fleet.lock_file

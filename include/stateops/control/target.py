@@ -10,13 +10,14 @@ library with :func:`query_target` from a registered query's name.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from stateops.control.audit import audit_dir
 from stateops.control.lock import QueryLock
-from stateops.control.markers import refuse_retired
+from stateops.control.markers import read_record, refuse_retired
 from stateops.core.checkpoint import require_checkpoint_dir
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import (
@@ -26,9 +27,15 @@ from stateops.core.registry import (
     checkpoint_of,
     load_registry,
 )
-from stateops.core.storage import S3Path
+from stateops.core.storage import S3Path, in_s3, location
 
 __all__ = ["Target", "checkpoint_target", "query_target", "resolve_target"]
+
+
+def _anchor_path(checkpoint: str) -> S3Path:
+    """Where an S3 checkpoint names the lease every process acting on it takes."""
+    return audit_dir(checkpoint) / "control.json"
+
 
 # Operations that lock a checkpoint only to read it still (a transplant from it): a retired
 # checkpoint (stateops.control.markers.write_retired) is theirs to read.
@@ -78,6 +85,7 @@ class Target:
         if operation not in READS_ONLY:
             refuse_retired(self.checkpoint)
         path, holder = self._lock_place()
+        self._anchor(path, holder)
         ttl = self.registry.lease_seconds if self.registry else LEASE_SECONDS
         return QueryLock(path, holder, operation, run_id, ttl_seconds=ttl)
 
@@ -88,9 +96,13 @@ class Target:
         return self._lock_place()[0]
 
     def _lock_place(self) -> tuple[Path | S3Path, str]:
-        """The lock file and the name it is taken under: a registered query's, else one beside
-        an unregistered checkpoint's audit log, once the path is known to be a checkpoint (a
-        mistyped path must not get a ``.audit`` folder beside it)."""
+        """The lock file and the name it is taken under: where the checkpoint's anchor says
+        (:meth:`_anchor`), else a registered query's, else one beside an unregistered
+        checkpoint's audit log, once the path is known to be a checkpoint (a mistyped path
+        must not get a ``.audit`` folder beside it)."""
+        anchored = self._anchored()
+        if anchored is not None:
+            return anchored
         if self.query is not None and self.registry is not None:
             return self.registry.lock_path(self.query.name), self.query.name
         root = require_checkpoint_dir(self.checkpoint)
@@ -109,6 +121,39 @@ class Target:
             path = self.registry.state_dir / "locks" / "s3" / root.bucket / f"{root.key}.lock"
             return path, str(root)
         return audit_dir(root) / "lifecycle.lock", str(root)
+
+    def _anchored(self) -> tuple[S3Path, str] | None:
+        """The lease an S3 checkpoint's anchor names (None: no anchor, or a local checkpoint),
+        refused in one line where this process's registry names another control store or
+        none: every process that acts on the checkpoint (a bastion's CLI whose registry copy
+        lacks ``control``, a driver on a node with an older registry) must take the one lease
+        the others take, or it excludes nothing."""
+        if not in_s3(self.checkpoint):
+            return None
+        record = read_record(_anchor_path(self.checkpoint))
+        if record is None:
+            return None
+        control = self.registry.control if self.registry else None
+        if record.get("control") != control:
+            where = f"this registry ({self.registry.path})" if self.registry else "no registry"
+            raise StateOpsError(
+                f"{self.checkpoint}: its lease lives in the control store {record.get('control')} "
+                f"(every host that acts on it must take that one), and {where} names "
+                f"{control or 'none'}: set the registry's control: {record.get('control')}"
+            )
+        return location(record["lease"]), record["holder"]
+
+    def _anchor(self, place: Path | S3Path, holder: str) -> None:
+        """Anchor an S3 checkpoint to the lease ``place`` of the control store, the first time
+        a lease in one is taken for it: ``<checkpoint>.audit/control.json``, created only where
+        none is (``If-None-Match``); every later process reads it (:meth:`_anchored`)."""
+        control = self.registry.control if self.registry else None
+        if not (control and in_s3(self.checkpoint)) or not isinstance(place, S3Path):
+            return
+        anchor = _anchor_path(self.checkpoint)
+        record = {"control": control, "lease": str(place), "holder": holder}
+        if not anchor.write_if(json.dumps(record).encode(), None):
+            self._anchored()  # another process anchored it first: its must be this one's
 
     def backup_location(
         self, given: str | None = None, give: str = "--to s3://BUCKET/PREFIX"
