@@ -60,8 +60,10 @@ PROVIDER_CLASSES = {
 
 NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 """A query's (or a source's) name: an identifier, usable in task ids and file names."""
-# A query's lease outlives its holder's last renewal by this (the registry's lease_seconds).
-LEASE_SECONDS = 600.0
+# A query's lease outlives its holder's last renewal by this (the registry's lease_seconds):
+# Airflow's task heartbeat timeout (300 s by default), so a lost worker's lease is free by the
+# time Airflow has failed its task and retries it (docs/deployment.md: how the timeouts fit).
+LEASE_SECONDS = 300.0
 MIN_LEASE_SECONDS = 10
 _Name = Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
 # module:attribute, a class or function of the user's code.
