@@ -185,6 +185,15 @@ def _query_card(s: dict[str, Any]) -> str:
         ["checkpoint", s["checkpoint"]],
         ["last committed batch", "none yet" if last is None else f"{last} at {s['committed_at']}"],
     ]
+    who = s.get("holder")
+    if who:
+        facts.append(
+            [
+                "held by",
+                f"{who['operation']} (run {who['run_id']}, {who['owner']}) since {who['since']},"
+                f" its lease until {who['until']} ({who['state']})",
+            ]
+        )
     if s["last_run"]:
         r = s["last_run"]
         facts.append(["last run", f"{r['operation']} {r['status']} at {r['started_at']}"])

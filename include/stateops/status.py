@@ -20,7 +20,7 @@ from typing import Any
 
 from stateops.control.audit import audit_dir, read_audit
 from stateops.control.history import RUN_FIGURES, format_history, growth, read_history, run_point
-from stateops.control.lock import live_lock, lock_state, read_hold, read_lock
+from stateops.control.lock import LockInfo, lock_state, read_hold, read_lock
 from stateops.control.markers import read_rollback
 from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
@@ -145,7 +145,9 @@ def query_status(
         if r["operation"] in LINEAGE_OPERATIONS
         and (r["operation"] != "backfill" or steps[r.get("run_id")] is r)
     ]
-    running = live_lock(target.lock_file)  # a backfill's reprocessing
+    held = read_lock(target.lock_file)
+    status["holder"] = _holder(held)
+    running = held if held is not None and lock_state(held) == "held" else None  # a backfill
     status["unfinished_backfill"] = unfinished_backfill(
         name, records, running.run_id if running else None
     )
@@ -221,6 +223,7 @@ def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str,
         "backups_listed": False,
         "last_validation": None,
         "lineage": [],
+        "holder": None,
         "unfinished_backfill": None,
         "refused": None,  # never run: why a run refuses to start it (a topic, a broker)
         "history": None,  # the figures over time, when asked (stateops.control.history)
@@ -374,6 +377,26 @@ def _switch_findings(query: Any, status: dict[str, Any]) -> list[tuple[str, str]
         else "it runs on its old source again; fix the new one, then migrate again"
     )
     return [("switched_back", f"{undo['reason']} (at {undo['time']}){kept}: {then}")]
+
+
+def _holder(held: LockInfo | None) -> dict[str, Any] | None:
+    """Who holds the query's lease now, as any host reads it (the control store's object):
+    the operation, its run, its process (user@host:pid), since and until when (its lease, as
+    the store's clock says), and whether it is held, expired or its process gone."""
+    if held is None:
+        return None
+    return {
+        "operation": held.operation,
+        "run_id": held.run_id,
+        "owner": held.owner,
+        "since": _iso(held.acquired_at),
+        "until": _iso(held.expires_at),
+        "state": lock_state(held),
+    }
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
 def _lock_findings(registry: Registry, name: str, found: list[tuple[str, str]]) -> str | None:
@@ -863,6 +886,12 @@ def format_status(status: dict[str, Any]) -> str:
     lines = [f"{s['query']}: {h['verdict']}  {s['inputs']}"]
     lines += [f"  {h['verdict']:<15} {reason}" for reason in h["reasons"]]
     lines.append(f"  checkpoint      {s['checkpoint']}")
+    who = s.get("holder")
+    if who:
+        lines.append(
+            f"  held by         {who['operation']} (run {who['run_id']}, {who['owner']}) since "
+            f"{who['since']}, its lease until {who['until']} ({who['state']})"
+        )
     last = s["last_committed_batch"]
     committed = "none yet" if last is None else f"batch {last} at {s['committed_at']}"
     lines.append(f"  last committed  {committed}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import multiprocessing
+import os
 import socket
 import time
 from datetime import UTC, datetime, timedelta
@@ -361,3 +362,20 @@ def test_failed_runs_page_once_health_failed_runs_of_them_failed_in_a_row(tmp_pa
     write_summary(registry, {"query": "user_sessions", "run_id": "s1", "status": "failed",
                              "error": "bad"})  # fmt: skip
     assert findings("user_sessions") == [("run_failed", "FAIL", "the last run failed: bad")]
+
+
+def test_the_status_says_who_holds_the_query_now_and_until_when(tmp_path):
+    """Seen from any host (the lease's place; here the local one): the operation, its run,
+    its process, since and until when."""
+    from stateops.status import format_status
+
+    registry = load_registry(write_registry(tmp_path))
+    assert query_status(registry, "page_visits")["holder"] is None
+    with QueryLock(registry.lock_path("page_visits"), "page_visits", "rollback", "rb-7"):
+        status = query_status(registry, "page_visits")
+    who = status["holder"]
+    assert (who["operation"], who["run_id"], who["state"]) == ("rollback", "rb-7", "held")
+    assert who["owner"].endswith(f"@{socket.gethostname()}:{os.getpid()}")
+    assert datetime.fromisoformat(who["until"]) > datetime.fromisoformat(who["since"])
+    line = f"  held by         rollback (run rb-7, {who['owner']}) since {who['since']}, "
+    assert line + f"its lease until {who['until']} (held)" in format_status(status)
