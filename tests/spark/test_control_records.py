@@ -176,3 +176,29 @@ def test_history_points_written_at_once_from_both_hosts_are_all_kept(hosts):
     for registry in registries:
         points = read_history(registry, NAME, now - timedelta(minutes=1))
         assert sorted(p["run_id"] for p in points) == sorted(f"r{n}" for n in range(24))
+
+
+def test_a_switch_whose_answer_was_lost_is_not_called_refused(hosts, s3a_env, monkeypatch):
+    """The store applied the switch's conditional write and its answer was lost; the SDK's
+    retry of the same write is refused (412: the version it names is gone, replaced by this
+    very write). The switch reads back its own record and says it is switched."""
+    from tests.s3proxy import S3Proxy
+
+    def meddle(command: str, path: str, forward):
+        answer = forward()
+        if command == "PUT" and path.split("?")[0].endswith("/switch.json") and answer[0] == 200:
+            return 412, [], b"<Error><Code>PreconditionFailed</Code></Error>"
+        return answer
+
+    proxy = S3Proxy(s3a_env.port, meddle)
+    a, b = hosts
+    new = s3a_env.url(f"moved-{uuid.uuid4().hex[:6]}")
+    try:
+        monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", proxy.endpoint)
+        registry = load_registry(a)
+        source = registry.query(NAME).source.model_dump(by_alias=True)
+        write_switch(registry, NAME, source, new, {"run_id": "migration-1"}, 3)
+    finally:
+        proxy.shutdown()
+    monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", s3a_env.endpoint)
+    assert load_registry(b).query(NAME).checkpoint == new
