@@ -624,7 +624,7 @@ class QueryLock:
                 self.renew()
             except Exception:  # noqa: BLE001 (a store that does not answer: the deadline decides)
                 pass
-        if self.lost:
+        if not self.holds():  # again: a renewal that failed slowly may have outlived it
             raise LeaseLostError(self.lost_line())
 
     def lost_line(self) -> str:
