@@ -664,7 +664,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stateops.core.steps import RUN
 
     # The job's preflight refuses an unknown query (and the rest) before a JVM starts.
-    fields = {"query": args.query, "mode": args.mode, "run_id": None}
+    fields = {"query": args.query, "mode": args.mode, "run_id": args.run_id}
     return _spark_submit(RUN, fields, args.master, args.registry)
 
 
@@ -1058,6 +1058,11 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p = sub.add_parser("run", help="run a registered query under its lock (Spark)")
     p.add_argument("query")
     p.add_argument("--mode", choices=["available-now", "continuous"], default="available-now")
+    p.add_argument(
+        "--run-id",
+        help="the run's id (default: a new one); a hold on the query admits its own run id "
+        "(a killed backfill's reprocessing, as stateops status says)",
+    )
     _master(p)
     p.set_defaults(func=cmd_run)
 

@@ -641,8 +641,8 @@ def unfinished_backfill(
         f"backfill run {last['run_id']} did not finish ({last['result']}{error}): it rolled "
         f"back to batch {rolled['batch_after']} (backup {rolled.get('backup_id')}) and "
         f"did not reprocess; unless its stream_backfill run is still going, stateops run "
-        f"{name}{registry} reprocesses from there, as the "
-        "backfill would have"
+        f"{name}{registry} --run-id {last['run_id']} reprocesses from there, as the "
+        "backfill would have (its hold admits that run only)"
     )
 
 

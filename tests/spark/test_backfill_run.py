@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from stateops.control.audit import read_audit
+from stateops.control.lock import QueryLock, read_hold
 from stateops.control.target import Target, query_target
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError
+from stateops.core.errors import CheckpointError, LockHeldError, OperationFailed, StateOpsError
 from stateops.core.plans import BackupFirst
 from stateops.core.registry import load_registry
 from stateops.ops.backfill import plan_backfill, rollback_for_backfill, run_backfill
@@ -128,15 +129,24 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     lineage = [(r["operation"], r["result"]) for r in status["lineage"]]
     assert lineage == [("rollback", "succeeded"), ("backfill", "rolled back")]
     health = status["health"]
-    assert health["verdict"] == "WARN" and health["reasons"][0] == (
+    said = (
         "backfill run backfill-k did not finish (rolled back): it rolled back to batch 1 "
         "(backup b-1) and did not reprocess; unless its stream_backfill run is still going, "
-        "stateops run page_visits reprocesses from there, as the backfill would have"
+        "stateops run page_visits --run-id backfill-k reprocesses from there, as the backfill "
+        "would have (its hold admits that run only)"
     )
-    assert len(health["reasons"]) == 2  # and the input of batches 2 and 3 is waiting again
-    assert health["reasons"][1].startswith("2 input files of source landed and not read")
-    run_in_session(spark, path, "page_visits")  # what the warning says
+    held = "backfill (run id backfill-k) holds the query (other operations wait)"
+    assert health["verdict"] == "WARN" and said in health["reasons"] and held in health["reasons"]
+    assert len(health["reasons"]) == 3  # and the input of batches 2 and 3 is waiting again
+    assert any(
+        r.startswith("2 input files of source landed and not read") for r in health["reasons"]
+    )
+    # Its hold keeps a scheduled start (the old logic) out; the run the warning names goes in.
+    with pytest.raises(LockHeldError, match=r"held by backfill \(run backfill-k\)"):
+        QueryLock(registry.lock_path("page_visits"), "page_visits", "run", "s-1").acquire()
+    run_in_session(spark, path, "page_visits", "--run-id", "backfill-k")  # what it says
     assert load_checkpoint(ckpt).last_committed_batch == 3
+    assert read_hold(registry.lock_path("page_visits")) is None, "its reprocessing ended it"
     assert query_status(registry, "page_visits")["health"] == {
         "verdict": "OK",
         "reasons": [],
@@ -175,6 +185,8 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     # A reprocessing that fails is a failed operation (the CLI exits 1, not 2 as for a refusal),
     # recorded with the batch the rollback left, and said by status until a run reprocesses.
     def fails(job: str, registry_file: str, args: list[str]) -> None:
+        with pytest.raises(LockHeldError, match=r"held by backfill \(run backfill-f\)"):
+            QueryLock(registry.lock_path("page_visits"), "page_visits", "run", "s-2").acquire()
         raise StateOpsError("run_query.py exited with code 1 (its output is above)")
 
     target = query_target(registry, "page_visits")
@@ -203,3 +215,4 @@ def test_a_killed_backfill_and_a_planned_batch_are_said_with_what_clears_them(sp
     assert query_status(registry, "page_visits")["health"]["reasons"][0].startswith(
         "backfill run backfill-f did not finish (failed: run_query.py exited with code 1"
     )
+    assert read_hold(registry.lock_path("page_visits")) is None, "the operator's run goes on"

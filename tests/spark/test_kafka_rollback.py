@@ -159,7 +159,9 @@ def test_rollback_3_batches_and_reprocess_continue_to_the_untouched_run(
         target, plan, backup=BackupFirst(plan["backup_to"], lambda: "b-1")
     )
     assert load_checkpoint(copy).last_committed_batch == run.k
-    run_in_session(spark, registry, "page_visits", "--mode", "available-now")
+    # the DAG's reprocess task: the backfill's own run (its hold admits no other)
+    run_in_session(spark, registry, "page_visits", "--mode", "available-now", "--run-id",
+                   plan["run_id"])  # fmt: skip
     report = report_backfill(target, plan, rolled, log=lines.append)
     assert load_checkpoint(copy).last_committed_batch == run.k + 3
     assert read_state(spark, copy, READS) == read_state(spark, run.checkpoint, READS)

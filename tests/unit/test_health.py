@@ -237,8 +237,8 @@ def test_an_unfinished_backfill_is_said_until_it_or_a_run_with_its_logic_finishe
         "backfill run bf-1 did not finish (failed: run_query.py exited with code 1 (its output "
         "is above)): it rolled back to batch 4 (backup b-9) and did not reprocess; unless its "
         "stream_backfill run is still going, stateops run q --registry "
-        "/d/_stateops/backfill/bf-1/registry.yaml reprocesses from there, as the backfill "
-        "would have"
+        "/d/_stateops/backfill/bf-1/registry.yaml --run-id bf-1 reprocesses from there, as the "
+        "backfill would have (its hold admits that run only)"
     )
     assert unfinished_backfill("q", [rolled], running="bf-1") is None  # reprocessing now
     assert unfinished_backfill("q", [rolled, record("run", "succeeded", "bf-1")]) is None

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import new_run_id
+from stateops.control.lock import hold_query, new_run_id, release_hold
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import (
     CheckpointError,
@@ -217,6 +217,11 @@ def rollback_for_backfill(
         planned=plan.get("digest"),
         rewrite_output=plan.get("rewrite_output"),
     )
+    # Until its reprocessing has run, only the backfill's own run (its run id) may take the
+    # query: a scheduled start in between would reprocess with the old logic. The run that
+    # reprocesses ends the hold (stateops.ops.start); a failed backfill ends it here.
+    hold_query(target.lock_file, query.name, "backfill", plan["run_id"])
+    log(f"{query.name}: held for the backfill's reprocessing (run {plan['run_id']})")
     # The backfill's steps are recorded as each completes, so a backfill killed between them
     # (its reprocessing is a long Spark job) leaves a record of how far it got, which
     # `stateops status` reads (stateops.status.unfinished_backfill).
@@ -355,6 +360,7 @@ def run_backfill(
         log(summary_line(summary))
         report = report_backfill(target, plan, rolled, log=log)
     except StateOpsError as err:  # rolled back, not reprocessed: said by `stateops status`
+        release_hold(target.lock_file, plan["run_id"])  # the operator's run goes on from here
         _record(
             plan,
             "failed",

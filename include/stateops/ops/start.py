@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import QueryLock, new_run_id
+from stateops.control.lock import QueryLock, new_run_id, read_hold, release_hold
 from stateops.control.markers import clear_carry_over, refuse_retired, take_stop
 from stateops.control.target import Target
 from stateops.core import fence
@@ -290,7 +290,19 @@ def run_start(
         summary = _summary(start, ran, end, run_id=run_id, mode=mode, lock_lost=lock.lost)
         _audit(summary)
         _record_history(registry, query, summary)
+        if summary["status"] == "succeeded":
+            _end_backfill_hold(lock)
     return summary
+
+
+def _end_backfill_hold(lock: QueryLock) -> None:
+    """A backfill holds its query from its rollback until its reprocessing has run
+    (:func:`stateops.ops.backfill.rollback_for_backfill`): this run, when it is that
+    reprocessing (the backfill's run id: its task, or the run its status advises after it
+    was killed), ends the hold."""
+    hold = read_hold(lock.path)
+    if hold is not None and hold.operation == "backfill" and hold.run_id == lock.run_id:
+        release_hold(lock.path, lock.run_id)
 
 
 @contextmanager
