@@ -828,7 +828,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if _RECORDER is not None and _GUARD is not None:
         workers = getattr(session.config.option, "numprocesses", None) or 1
         _RECORDER.write("session", start=_GUARD.wall_started, end=time.time(), workers=workers)
-    if _GUARD is not None and whole_proof(session.config):
+    if _GUARD is not None and whole_proof(session.config) and not session.config.option.collectonly:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         outcome = proof_outcome(
             reporter.stats if reporter else {},
