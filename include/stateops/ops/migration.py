@@ -1123,75 +1123,80 @@ def switch_query(
     checkpoint (:func:`_retire`), and release the hold. ``settled`` is
     :func:`settle_migration`'s result plus the ``backup_id``."""
     with _step_lock(target, plan, "switch"):
-        registry, name, old, new = (
-            target.require_registry(),
-            plan["query"],
-            plan["old"],
-            plan["new"],
+        return _switch(target, plan, settled, carry_over)
+
+
+def _switch(
+    target: Target,
+    plan: dict[str, Any],
+    settled: dict[str, Any],
+    carry_over: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`switch_query`'s work, under the step's lease."""
+    registry, name, old, new = target.require_registry(), plan["query"], plan["old"], plan["new"]
+    backup_id = settled["backup_id"]
+    last = load_checkpoint(old["checkpoint"]).last_committed_batch
+    if last != settled["last_committed_batch"]:
+        raise StateOpsError(
+            f"{old['checkpoint']} moved on to batch {last} after the drain (batch "
+            f"{settled['last_committed_batch']}): its later input is not in the export"
         )
-        backup_id = settled["backup_id"]
-        last = load_checkpoint(old["checkpoint"]).last_committed_batch
-        if last != settled["last_committed_batch"]:
-            raise StateOpsError(
-                f"{old['checkpoint']} moved on to batch {last} after the drain (batch "
-                f"{settled['last_committed_batch']}): its later input is not in the export"
-            )
-        operation = plan.get("operation", OPERATION)  # a code upgrade switches the same way
-        lineage = {
-            "operation": operation,
-            "run_id": plan["run_id"],
-            "time": _now(),
-            "source_name": plan["source_name"],
-            "from": {
-                "checkpoint": old["checkpoint"],
-                "query_id": old["query_id"],
-                "last_committed_batch": settled["last_committed_batch"],
-                "source": old["source"],
-                "sink_batch_offset": old["sink_batch_offset"],
-            },
-            "to": {
-                "checkpoint": new["checkpoint"],
-                "source": new["source"],
-                "sink_batch_offset": settled["sink_batch_offset"],
-                # its carried-over batches: what its own runs commit comes after them
-                "last_committed_batch": load_checkpoint(new["checkpoint"]).last_committed_batch,
-            },
-            "backup_id": backup_id,
-            "export": plan["export"],
-            "carry_over": settled["road"],
-            "bootstrap": carry_over["bootstrap"],
-            "proof": (carry_over["proof"] or {}).get("proof_file"),
-        }
-        lineage_file = audit_dir(new["checkpoint"]) / "lineage.json"
-        write_file(lineage_file, json.dumps(lineage, indent=2) + "\n")
-        common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
-        append_audit(
-            new["checkpoint"],
-            operation,
-            result="derived",
-            derived_from=old["checkpoint"],
-            backup_id=backup_id,
-            **common,
-        )
-        write_switch(
-            registry,
-            name,
-            new["source"],
-            new["checkpoint"],
-            lineage,
-            sink_batch_offset=settled["sink_batch_offset"],
-            input_name=plan["source_name"],
-        )
-        _retire(plan, new["checkpoint"])
-        append_audit(
-            old["checkpoint"],
-            operation,
-            result="retired",
-            migrated_to=new["checkpoint"],
-            backup_id=backup_id,
-            **common,
-        )
-        release_hold(_lock_file(target, plan["run_id"]), plan["run_id"])
+    operation = plan.get("operation", OPERATION)  # a code upgrade switches the same way
+    lineage = {
+        "operation": operation,
+        "run_id": plan["run_id"],
+        "time": _now(),
+        "source_name": plan["source_name"],
+        "from": {
+            "checkpoint": old["checkpoint"],
+            "query_id": old["query_id"],
+            "last_committed_batch": settled["last_committed_batch"],
+            "source": old["source"],
+            "sink_batch_offset": old["sink_batch_offset"],
+        },
+        "to": {
+            "checkpoint": new["checkpoint"],
+            "source": new["source"],
+            "sink_batch_offset": settled["sink_batch_offset"],
+            # its carried-over batches: what its own runs commit comes after them
+            "last_committed_batch": load_checkpoint(new["checkpoint"]).last_committed_batch,
+        },
+        "backup_id": backup_id,
+        "export": plan["export"],
+        "carry_over": settled["road"],
+        "bootstrap": carry_over["bootstrap"],
+        "proof": (carry_over["proof"] or {}).get("proof_file"),
+    }
+    lineage_file = audit_dir(new["checkpoint"]) / "lineage.json"
+    write_file(lineage_file, json.dumps(lineage, indent=2) + "\n")
+    common = {"run_id": plan["run_id"], "batch_before": settled["last_committed_batch"]}
+    append_audit(
+        new["checkpoint"],
+        operation,
+        result="derived",
+        derived_from=old["checkpoint"],
+        backup_id=backup_id,
+        **common,
+    )
+    write_switch(
+        registry,
+        name,
+        new["source"],
+        new["checkpoint"],
+        lineage,
+        sink_batch_offset=settled["sink_batch_offset"],
+        input_name=plan["source_name"],
+    )
+    _retire(plan, new["checkpoint"])
+    append_audit(
+        old["checkpoint"],
+        operation,
+        result="retired",
+        migrated_to=new["checkpoint"],
+        backup_id=backup_id,
+        **common,
+    )
+    release_hold(_lock_file(target, plan["run_id"]), plan["run_id"])
     return lineage
 
 
