@@ -74,6 +74,19 @@ def write_record(path: Path | S3Path, record: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _write_marker(path: Path | S3Path, record: dict[str, Any]) -> None:
+    """A marker beside a checkpoint, written by an operation under the query's lease: only
+    while the lease is still its own (:func:`stateops.core.fence.guard`)."""
+    fence.guard()
+    write_record(path, record)
+
+
+def _clear_marker(path: Path | S3Path, missing_ok: bool = True) -> None:
+    """A marker removed, as :func:`_write_marker` writes one."""
+    fence.guard()
+    path.unlink(missing_ok=missing_ok)
+
+
 def read_record(path: Path | S3Path) -> dict[str, Any] | None:
     """The record (a marker) at ``path``, or None when there is none. One read, no existence
     check first: on S3 a GET that a wrong key refuses says why (SignatureDoesNotMatch), a
@@ -129,8 +142,7 @@ def carry_over_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:
 
 
 def write_carry_over(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    fence.guard()
-    write_record(carry_over_marker(checkpoint), record)
+    _write_marker(carry_over_marker(checkpoint), record)
 
 
 def read_carry_over(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -139,8 +151,7 @@ def read_carry_over(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None
 
 def clear_carry_over(checkpoint: str | os.PathLike[str]) -> None:
     """Settle the checkpoint's pending carry-over."""
-    fence.guard()
-    carry_over_marker(checkpoint).unlink(missing_ok=True)
+    _clear_marker(carry_over_marker(checkpoint))
 
 
 def rollback_marker(checkpoint: str | os.PathLike[str]) -> Path:
@@ -149,8 +160,7 @@ def rollback_marker(checkpoint: str | os.PathLike[str]) -> Path:
 
 def write_rollback(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
     faults.point("marker")
-    fence.guard()
-    write_record(rollback_marker(checkpoint), record)
+    _write_marker(rollback_marker(checkpoint), record)
 
 
 def read_rollback(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -158,8 +168,7 @@ def read_rollback(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def clear_rollback(checkpoint: str | os.PathLike[str]) -> None:
-    fence.guard()
-    rollback_marker(checkpoint).unlink()
+    _clear_marker(rollback_marker(checkpoint), missing_ok=False)
 
 
 def _repartition_marker(checkpoint: str | os.PathLike[str]) -> Path:
@@ -168,8 +177,7 @@ def _repartition_marker(checkpoint: str | os.PathLike[str]) -> Path:
 
 def write_repartition(checkpoint: str | os.PathLike[str], record: dict[str, Any]) -> None:
     faults.point("marker")
-    fence.guard()
-    write_record(_repartition_marker(checkpoint), record)
+    _write_marker(_repartition_marker(checkpoint), record)
 
 
 def read_repartition(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -177,8 +185,7 @@ def read_repartition(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | Non
 
 
 def clear_repartition(checkpoint: str | os.PathLike[str]) -> None:
-    fence.guard()
-    _repartition_marker(checkpoint).unlink(missing_ok=True)
+    _clear_marker(_repartition_marker(checkpoint))
 
 
 def retired_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:
@@ -189,8 +196,7 @@ def write_retired(checkpoint: str | os.PathLike[str], record: dict[str, Any]) ->
     """Hold ``checkpoint`` against every start and lifecycle operation (``record``: ``state``
     ``retired`` or ``set aside``, the query, the run id, the time, why). One put, atomic."""
     faults.point("marker")
-    fence.guard()
-    write_record(retired_marker(checkpoint), record)
+    _write_marker(retired_marker(checkpoint), record)
 
 
 def read_retired(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -202,8 +208,7 @@ def clear_retired(checkpoint: str | os.PathLike[str]) -> bool:
     marker = retired_marker(checkpoint)
     if not marker.exists():
         return False
-    fence.guard()
-    marker.unlink(missing_ok=True)
+    _clear_marker(marker)
     return True
 
 
