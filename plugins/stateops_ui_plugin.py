@@ -27,7 +27,7 @@ from stateops.core.report import format_bytes
 from stateops.core.storage import S3Path
 from stateops.ops.backup import describe_drill
 from stateops.spark.expectations import data_docs_path
-from stateops.status import describe_cleanup, query_status
+from stateops.status import describe_cleanup, describe_holder, query_status
 from stateops_airflow.forms import FormCheck
 
 app = FastAPI(title="Streaming state", dependencies=[Depends(requires_authenticated())])
@@ -185,15 +185,8 @@ def _query_card(s: dict[str, Any]) -> str:
         ["checkpoint", s["checkpoint"]],
         ["last committed batch", "none yet" if last is None else f"{last} at {s['committed_at']}"],
     ]
-    who = s.get("holder")
-    if who:
-        facts.append(
-            [
-                "held by",
-                f"{who['operation']} (run {who['run_id']}, {who['owner']}) since {who['since']},"
-                f" its lease until {who['until']} ({who['state']})",
-            ]
-        )
+    if s.get("holder"):
+        facts.append(["held by", describe_holder(s["holder"])])
     if s["last_run"]:
         r = s["last_run"]
         facts.append(["last run", f"{r['operation']} {r['status']} at {r['started_at']}"])

@@ -48,6 +48,7 @@ __all__ = [
     "LINEAGE_OPERATIONS",
     "code_fit",
     "describe_cleanup",
+    "describe_holder",
     "format_status",
     "health",
     "query_status",
@@ -393,6 +394,14 @@ def _holder(held: LockInfo | None) -> dict[str, Any] | None:
         "until": _iso(held.expires_at),
         "state": lock_state(held),
     }
+
+
+def describe_holder(who: dict[str, Any]) -> str:
+    """A status's ``holder`` (:func:`_holder`) in words, as `stateops status` and the UI say it."""
+    return (
+        f"{who['operation']} (run {who['run_id']}, {who['owner']}) since {who['since']}, its "
+        f"lease until {who['until']} ({who['state']})"
+    )
 
 
 def _iso(epoch: float) -> str:
@@ -886,12 +895,8 @@ def format_status(status: dict[str, Any]) -> str:
     lines = [f"{s['query']}: {h['verdict']}  {s['inputs']}"]
     lines += [f"  {h['verdict']:<15} {reason}" for reason in h["reasons"]]
     lines.append(f"  checkpoint      {s['checkpoint']}")
-    who = s.get("holder")
-    if who:
-        lines.append(
-            f"  held by         {who['operation']} (run {who['run_id']}, {who['owner']}) since "
-            f"{who['since']}, its lease until {who['until']} ({who['state']})"
-        )
+    if s.get("holder"):
+        lines.append(f"  held by         {describe_holder(s['holder'])}")
     last = s["last_committed_batch"]
     committed = "none yet" if last is None else f"batch {last} at {s['committed_at']}"
     lines.append(f"  last committed  {committed}")
