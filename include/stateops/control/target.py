@@ -10,6 +10,7 @@ library with :func:`query_target` from a registered query's name.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ class Target:
         but by an operation that only reads it (:data:`READS_ONLY`)."""
         if operation not in READS_ONLY:
             refuse_retired(self.checkpoint)
-        path, holder = self._lock_place()
+        path, holder = self._lock_place
         self._anchor(path, holder)
         ttl = self.registry.lease_seconds if self.registry else LEASE_SECONDS
         return QueryLock(path, holder, operation, run_id, ttl_seconds=ttl)
@@ -93,10 +94,12 @@ class Target:
     def lock_file(self) -> Path | S3Path:
         """Where that lock lives (its hold beside it): what ``stateops lock`` and the status
         read."""
-        return self._lock_place()[0]
+        return self._lock_place[0]
 
+    @functools.cached_property
     def _lock_place(self) -> tuple[Path | S3Path, str]:
-        """The lock file and the name it is taken under: where the checkpoint's anchor says
+        """The lock file and the name it is taken under (read once per target: the anchor is
+        an S3 read): where the checkpoint's anchor says
         (:meth:`_anchor`), else a registered query's, else one beside an unregistered
         checkpoint's audit log, once the path is known to be a checkpoint (a mistyped path
         must not get a ``.audit`` folder beside it)."""
