@@ -245,6 +245,28 @@ def registered_query(root: Path, name: str, checkpoint: Path, sink: Path, **entr
     )
 
 
+def two_hosts(
+    root: Path, name: str, *, source: str, checkpoint: str, sink: str, entry=None, **top
+) -> tuple[Path, Path]:
+    """Host A's and host B's registry files (``root/a``, ``root/b``), as two Airflow workers
+    that share no disk: data folders of their own (locks, markers, run summaries), query
+    ``name``'s ``source`` folder, ``checkpoint`` and ``sink`` where both see them, its
+    ``entry`` changes and the registry's top-level ``top`` (the control store) on both."""
+    files = []
+    for host in ("a", "b"):
+        path = write_registry(root / host)
+        raw = yaml.safe_load(path.read_text())
+        query = raw["queries"][name]
+        query["source"]["path"] = str(source)
+        query["checkpoint"] = str(checkpoint)
+        query["sink"]["path"] = str(sink)
+        query.update(entry or {})
+        raw.update(top)
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        files.append(path)
+    return files[0], files[1]
+
+
 def _registered_conf(spark) -> None:
     """The built-in cases' setting stays in the shared session: a registered query runs with
     Spark's default, whichever case ran before (the query's own settings are set on start)."""

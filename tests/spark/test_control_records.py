@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 import stateops.core.registry as registry_module
 from stateops.control.markers import carry_over_marker, write_carry_over
@@ -26,7 +25,7 @@ from stateops.core.storage import location
 from stateops.ops.pending import pending_carry_over
 from stateops.ops.start import read_summary, write_summary
 from stateops.status import query_status
-from tests.conftest import write_registry
+from tests.spark.harness import two_hosts
 
 pytestmark = pytest.mark.spark  # no JVM: the tier whose workers already run SeaweedFS
 NAME = "page_visits"
@@ -38,18 +37,14 @@ def hosts(s3a_env, tmp_path) -> tuple[Path, Path]:
     the query's input, checkpoint and sink where both see them."""
     control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
     shared = tmp_path / "shared"
-    files = []
-    for host in ("a", "b"):
-        path = write_registry(tmp_path / host)
-        raw = yaml.safe_load(path.read_text())
-        entry = raw["queries"][NAME]
-        entry["source"]["path"] = str(shared / "landing")
-        entry["checkpoint"] = s3a_env.url(f"{control.rsplit('/', 1)[1]}-checkpoint")
-        entry["sink"]["path"] = str(shared / "output")
-        raw["control"] = control
-        path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        files.append(path)
-    return files[0], files[1]
+    return two_hosts(
+        tmp_path,
+        NAME,
+        source=shared / "landing",
+        checkpoint=s3a_env.url(f"{control.rsplit('/', 1)[1]}-checkpoint"),
+        sink=shared / "output",
+        control=control,
+    )
 
 
 def test_a_switch_written_on_one_host_moves_the_query_on_every_host(hosts, s3a_env):

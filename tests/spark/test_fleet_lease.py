@@ -25,7 +25,14 @@ from stateops.core.errors import LockHeldError
 from stateops.core.registry import Registry, load_registry
 from stateops.core.storage import location
 from tests.conftest import run_cli, run_query_command, write_registry
-from tests.spark.harness import job_in_session, land, read_sink, read_state, run_in_session
+from tests.spark.harness import (
+    job_in_session,
+    land,
+    read_sink,
+    read_state,
+    run_in_session,
+    two_hosts,
+)
 
 pytestmark = pytest.mark.spark
 NAME = "page_counts"  # Spark's own aggregation on the HDFS-backed store
@@ -37,21 +44,17 @@ def hosts(s3a_env, tmp_path) -> tuple[Path, Path]:
     summaries), one control store, and the query's checkpoint, input and sink where both see
     them."""
     shared = tmp_path / "shared"
-    control = s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}")
-    files = []
-    for host in ("a", "b"):
-        path = write_registry(tmp_path / host)
-        raw = yaml.safe_load(path.read_text())
-        entry = raw["queries"][NAME]
-        entry["trigger"] = {"processing_time": "1 second"}
-        entry["source"]["path"] = str(shared / "landing" / "page_visits")
-        entry["checkpoint"] = str(shared / "checkpoint")
-        entry["sink"]["path"] = str(shared / "output")
-        raw["control"] = control
-        path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        files.append(path)
+    files = two_hosts(
+        tmp_path,
+        NAME,
+        source=shared / "landing" / "page_visits",
+        checkpoint=shared / "checkpoint",
+        sink=shared / "output",
+        entry={"trigger": {"processing_time": "1 second"}},
+        control=s3a_env.url(f"fleet-{uuid.uuid4().hex[:8]}"),
+    )
     land(shared / "landing", round_=0, files=1)
-    return files[0], files[1]
+    return files
 
 
 def running(spark, registry: Path) -> tuple[threading.Thread, dict]:

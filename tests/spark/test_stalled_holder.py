@@ -16,13 +16,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import list_files, location
-from tests.conftest import VENV_BIN, run_cli, write_registry
-from tests.spark.harness import land, run_in_session
+from tests.conftest import VENV_BIN, run_cli
+from tests.spark.harness import land, run_in_session, two_hosts
 
 pytestmark = [pytest.mark.spark, pytest.mark.whole]
 NAME = "page_counts"  # Spark's own aggregation on the HDFS-backed store
@@ -33,20 +32,16 @@ TTL = 30  # a lease the loaded machine renews in time (10, the least, was lost b
 def hosts(s3a_env, tmp_path) -> tuple[Path, Path]:
     tag = uuid.uuid4().hex[:8]
     shared = tmp_path / "shared"
-    files = []
-    for host in ("a", "b"):
-        path = write_registry(tmp_path / host)
-        raw = yaml.safe_load(path.read_text())
-        entry = raw["queries"][NAME]
-        entry["source"]["path"] = str(shared / "landing" / "page_visits")
-        entry["checkpoint"] = s3a_env.url(f"stall-{tag}/checkpoint")
-        entry["sink"]["path"] = str(shared / "output")
-        raw["control"] = s3a_env.url(f"stall-{tag}/control")
-        raw["backups"] = {"url": s3a_env.url(f"stall-{tag}/backups")}
-        raw["lease_seconds"] = TTL
-        path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        files.append(path)
-    return files[0], files[1]
+    return two_hosts(
+        tmp_path,
+        NAME,
+        source=shared / "landing" / "page_visits",
+        checkpoint=s3a_env.url(f"stall-{tag}/checkpoint"),
+        sink=shared / "output",
+        control=s3a_env.url(f"stall-{tag}/control"),
+        backups={"url": s3a_env.url(f"stall-{tag}/backups")},
+        lease_seconds=TTL,
+    )
 
 
 def _objects(checkpoint: str) -> dict[str, str]:
