@@ -34,8 +34,8 @@ def quiet(before: datetime) -> bool:
     return False
 
 
-def _switched(tmp_path, operation: str, health: dict | None = None):
-    """page_visits switched by ``operation`` at SWITCHED to ``<checkpoint>.v2``, whose batches
+def _switched(tmp_path, operation: str, health: dict | None = None, at: datetime = SWITCHED):
+    """page_visits switched by ``operation`` at ``at`` to ``<checkpoint>.v2``, whose batches
     up to 0 the switch carried over; its registry with ``health``."""
     path = write_registry(tmp_path)
     if health:
@@ -48,7 +48,7 @@ def _switched(tmp_path, operation: str, health: dict | None = None):
     lineage = {
         "operation": operation,
         "run_id": f"{operation}-1",
-        "time": SWITCHED.isoformat(timespec="seconds"),
+        "time": at.isoformat(timespec="seconds"),
         "source_name": "source",
         "from": {"checkpoint": query.checkpoint, "source": source, "sink_batch_offset": 0},
         "to": {"checkpoint": f"{query.checkpoint}.v2", "source": source, "last_committed_batch": 0},
@@ -148,45 +148,40 @@ def test_a_switch_recorded_before_the_window_existed_is_not_watched(tmp_path):
 # ended 30 minutes ago)
 
 
+def _commit(checkpoint: Path, batch: int) -> None:
+    """Batch ``batch`` planned and committed in the hand-written ``checkpoint``."""
+    from stateops.ops.carry import write_checkpoint_file
+
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+    offsets = f'v1\n{json.dumps(meta)}\n{{"logOffset":{batch}}}'
+    write_checkpoint_file(checkpoint, f"offsets/{batch}", offsets)
+    write_checkpoint_file(checkpoint, f"commits/{batch}", 'v1\n{"nextBatchWatermarkMs": 0}')
+
+
 def _live(tmp_path):
     """The registry, switched by an upgrade 90 minutes ago to a checkpoint of its own (batch 0
-    carried over, having read ``seen.json``), the query's landing folder, and a function that
-    lands a file ``minutes_ago`` minutes ago."""
+    carried over, having read ``seen.json``), a function that lands a file ``minutes_ago``
+    minutes ago in the query's landing folder, and the switch's time."""
     from stateops.ops.carry import write_checkpoint_file
 
     now = datetime.now(UTC)
-    path = write_registry(tmp_path)
-    registry = load_registry(path)
-    query = registry.query(NAME)
-    landing = Path(query.source.path)
+    switched = now - timedelta(minutes=90)
+    registry, query = _switched(tmp_path, "upgrade", at=switched)
+    landing, new = Path(query.source.path), Path(query.checkpoint)
     landing.mkdir(parents=True, exist_ok=True)
-    new = f"{query.checkpoint}.v2"
     seen = landing / "seen.json"
     seen.write_text("{}\n")
-    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
-    write_checkpoint_file(Path(new), "metadata", json.dumps({"id": "q"}))
-    write_checkpoint_file(Path(new), "offsets/0", f'v1\n{json.dumps(meta)}\n{{"logOffset":0}}')
-    write_checkpoint_file(Path(new), "commits/0", 'v1\n{"nextBatchWatermarkMs": 0}')
+    write_checkpoint_file(new, "metadata", json.dumps({"id": "q"}))
+    _commit(new, 0)
     entry = {"path": f"file://{seen}", "timestamp": 0, "batchId": 0}
-    write_checkpoint_file(Path(new), "sources/0/0", f"v1\n{json.dumps(entry)}")
-    switched = now - timedelta(minutes=90)
-    source = query.source.model_dump(by_alias=True)
-    lineage = {
-        "operation": "upgrade",
-        "run_id": "upgrade-1",
-        "time": switched.isoformat(timespec="seconds"),
-        "source_name": "source",
-        "from": {"checkpoint": query.checkpoint, "source": source, "sink_batch_offset": 0},
-        "to": {"checkpoint": new, "source": source, "last_committed_batch": 0},
-    }
-    write_switch(registry, NAME, source, new, lineage, sink_batch_offset=5)
+    write_checkpoint_file(new, "sources/0/0", f"v1\n{json.dumps(entry)}")
 
     def land(name: str, minutes_ago: float) -> None:
         at = (now - timedelta(minutes=minutes_ago)).timestamp()
         (landing / name).write_text("{}\n")
         os.utime(landing / name, (at, at))
 
-    return load_registry(path), land, switched
+    return registry, land, switched
 
 
 def _running_since(registry, at: datetime) -> None:
@@ -251,7 +246,6 @@ def test_a_commit_between_the_check_and_the_switch_back_switches_nothing_back(tm
     committed a batch of its own: the switch back looks again under the hold and does
     nothing (the next check judges again)."""
     from stateops.core.errors import StateOpsError
-    from stateops.ops.carry import write_checkpoint_file
     from stateops.ops.readiness import roll_back_switch
     from stateops.status import query_status
 
@@ -262,9 +256,7 @@ def test_a_commit_between_the_check_and_the_switch_back_switches_nothing_back(tm
     found = status["readiness"]
     assert found["state"] == "failed"
     new = Path(registry.query(NAME).checkpoint)
-    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
-    write_checkpoint_file(new, "offsets/1", f'v1\n{json.dumps(meta)}\n{{"logOffset":1}}')
-    write_checkpoint_file(new, "commits/1", 'v1\n{"nextBatchWatermarkMs": 0}')
+    _commit(new, 1)
     registry.lock_path(NAME).unlink()  # and ended
     with pytest.raises(StateOpsError, match="changed since the check; nothing was switched back"):
         roll_back_switch(registry, NAME, status["last_switch"], found, log=lambda line: None)
