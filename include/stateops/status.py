@@ -148,7 +148,8 @@ def query_status(
     ]
     held = read_lock(target.lock_file)
     status["holder"] = _holder(held)
-    running = held if held is not None and lock_state(held) == "held" else None  # a backfill
+    holding = status["holder"] and status["holder"]["state"] == "held"
+    running = held if holding else None  # a backfill's reprocessing
     status["unfinished_backfill"] = unfinished_backfill(
         name, records, running.run_id if running else None
     )
