@@ -162,7 +162,10 @@ class World:
         except Exception as err:  # noqa: BLE001 - the step's test fails with it
             # Spark's error from the JVM: its causes too (a state reader's message hides them)
             causes = re.findall(r"^Caused by: .*$", getattr(err, "_stackTrace", "") or "", re.M)
-            self.steps[name] = {"error": traceback.format_exc()[-4000:] + "\n".join(causes)}
+            told = traceback.format_exc()
+            if len(told) > 6000:  # the head says what failed (the message), the tail where
+                told = f"{told[:2000]}\n[...]\n{told[-4000:]}"
+            self.steps[name] = {"error": told + "\n".join(causes)}
         self.steps[name]["seconds"] = round(time.monotonic() - started, 1)
         print(f"STEP {name}: {self.steps[name]['seconds']} s", flush=True)
 
