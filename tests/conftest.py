@@ -169,6 +169,40 @@ def run_cli(
     return proc
 
 
+def paused_cli(
+    *args: str, at: str, trace: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.Popen:
+    """``stateops ARGS`` started with ``STATEOPS_PAUSE_AT=AT:300`` (``AT``: ``NAME:K``), once it
+    has stopped itself there: a holder that stalls. Resume it with SIGCONT (its own helper
+    would after 300 s) and read it with ``communicate``; kill it if the test ends first."""
+    name, _, k = at.partition(":")
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "stateops"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            **(env or {}),
+            "STATEOPS_PAUSE_AT": f"{at}:300",
+            "STATEOPS_FAULT_TRACE": str(trace),
+        },
+    )
+    deadline = time.monotonic() + timeout
+    while not (trace.exists() and f"\n{name} {k} " in "\n" + trace.read_text()):
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"stateops {' '.join(args)} ended before {at}: {proc.communicate()}"
+            )
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"stateops {' '.join(args)} never reached {at}")
+        time.sleep(0.1)
+    while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+        time.sleep(0.05)
+    return proc
+
+
 # Spark's known harmless traces (docs/limits.md): RocksDB maintenance on a fresh checkpoint
 # lists a partition's state folder before the first batch has written it; and the maintenance
 # task that fires while the job's end unloads the stores (Spark stops the maintenance pool

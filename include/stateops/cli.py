@@ -240,8 +240,15 @@ def cmd_backups(args: argparse.Namespace) -> int:
             ),
             f"  {verb} {len(plan['deleted_backups'])} backups: "
             f"{', '.join(plan['deleted_backups']) or '-'}",
-            f"  {verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes",
+            f"  {verb} {plan['deleted_objects']} unreferenced objects, {plan['freed_bytes']} bytes"
+            + (
+                ""
+                if plan["dry_run"]
+                else f" (in trash/ until a prune after the grace, {args.grace})"
+            ),
         ]
+        if plan["put_back"]:
+            lines.append(f"  put back {plan['put_back']} objects a backup taken meanwhile names")
         if plan["dry_run"]:
             lines = [
                 plan_head(True, f"prune of the backups under {url}"),

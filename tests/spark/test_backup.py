@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.conftest import (
     CliRow,
     S3Server,
     cli_table,
+    paused_cli,
     run_cli,
     run_query_command,
     tree_digest,
@@ -256,15 +258,26 @@ def test_endpoint_down_mid_backup_leaves_no_backup_and_a_later_one_reuses_the_up
         server.stop()
 
 
-def test_retention_deletes_old_manifests_first_and_only_unreferenced_objects(s3, checkpoint):
-    _, ckpt = checkpoint
-    client = s3.client()
-    to = "s3://backups/retention"
+def _old_and_new(spark, checkpoint, client, to: str) -> tuple[dict, dict, set[str]]:
+    """Backups of the last batch but one and of the last, and the objects only the first names
+    (after the fixture's first two batches their restart sets overlap: one more batch first,
+    whichever test of this module runs first)."""
+    registry, ckpt = checkpoint
+    if load_checkpoint(ckpt).last_committed_batch < 2:
+        land(ckpt.parent.parent / "landing", round_=9, files=1)
+        run_in_session(spark, registry, "page_visits")
     last = load_checkpoint(ckpt).last_committed_batch
     old = backup_checkpoint(ckpt, to, client, batch=last - 1, log=lambda _: None)
     new = backup_checkpoint(ckpt, to, client, batch=last, log=lambda _: None)
     only_old = {f["sha256"] for f in old["files"]} - {f["sha256"] for f in new["files"]}
     assert only_old, "batches differ in some state files"
+    return old, new, only_old
+
+
+def test_retention_deletes_old_manifests_first_and_only_unreferenced_objects(spark, s3, checkpoint):
+    client = s3.client()
+    to = "s3://backups/retention"
+    old, new, only_old = _old_and_new(spark, checkpoint, client, to)
     objects = s3.root / "backups" / "retention" / "objects"
     before = tree_digest(s3.root)
 
@@ -280,6 +293,98 @@ def test_retention_deletes_old_manifests_first_and_only_unreferenced_objects(s3,
     assert [b["backup_id"] for b in list_backups(to, client)] == [new["backup_id"]]
     assert not any((objects / sha).exists() for sha in only_old)
     assert verify_backup(f"{to}/{new['backup_id']}", client)["ok"]
+
+
+def test_a_prune_puts_back_the_objects_a_backup_beside_it_reused(spark, s3, checkpoint, tmp_path):
+    """The prune stalls after it read the manifests (the old backup is dropped, its own objects
+    unreferenced); a backup of the old batch reuses them and ends; the prune goes on."""
+    _, ckpt = checkpoint
+    client = s3.client()
+    to = "s3://backups/prune-beside-a-backup"
+    old, new, only_old = _old_and_new(spark, checkpoint, client, to)
+    prune = paused_cli(
+        "backups",
+        "prune",
+        to,
+        "--keep-last",
+        "1",
+        "--grace",
+        "0s",
+        at="prune:1",
+        trace=tmp_path / "trace",
+        env=s3.env(),
+    )
+    try:
+        again = backup_checkpoint(ckpt, to, client, batch=old["batch_id"], log=lambda _: None)
+        assert again["uploaded"]["objects"] == 0, "it reuses every object of the old backup"
+        os.kill(prune.pid, signal.SIGCONT)
+        out, err = prune.communicate(timeout=60)
+    finally:
+        prune.kill()
+    assert prune.returncode == 0, err
+    assert f"put back {len(only_old)} objects a backup taken meanwhile names" in out
+    listed = [b["backup_id"] for b in list_backups(to, client)]
+    assert listed == [new["backup_id"], again["backup_id"]]
+    assert verify_backup(f"{to}/{again['backup_id']}", client)["ok"]
+
+    # A prune killed between its moves and its second read leaves a named object in trash/
+    # only: the next prune puts it back before it empties the trash.
+    sha = sorted(only_old)[0]
+    key = f"prune-beside-a-backup/objects/{sha}"
+    client.copy_object(
+        CopySource={"Bucket": "backups", "Key": key},
+        Bucket="backups",
+        Key=key.replace("objects/", "trash/") + ".killed",
+    )
+    client.delete_object(Bucket="backups", Key=key)
+    assert not verify_backup(f"{to}/{again['backup_id']}", client)["ok"]
+    assert prune_backups(to, client, keep_last=2, grace="0s")["put_back"] == 1
+    assert verify_backup(f"{to}/{again['backup_id']}", client)["ok"]
+
+
+def test_a_backup_puts_back_the_objects_a_prune_beside_it_set_aside(
+    spark, s3, checkpoint, tmp_path
+):
+    """The backup stalls with its objects listed and its manifest not yet written; a prune
+    sets aside the objects the backup reuses; the backup goes on, writes its manifest and
+    finds them gone. A later prune deletes the trash for good and keeps what is named."""
+    _, ckpt = checkpoint
+    client = s3.client()
+    to = "s3://backups/backup-beside-a-prune"
+    old, new, only_old = _old_and_new(spark, checkpoint, client, to)
+    backup = paused_cli(
+        "backup",
+        str(ckpt),
+        "--to",
+        to,
+        "--batch",
+        str(old["batch_id"]),
+        at="manifest:1",
+        trace=tmp_path / "trace",
+        env=s3.env(),
+    )
+    try:
+        pruned = prune_backups(to, client, keep_last=1, grace="0s")
+        assert pruned["deleted_objects"] == len(only_old) and pruned["put_back"] == 0
+        os.kill(backup.pid, signal.SIGCONT)
+        out, err = backup.communicate(timeout=60)
+    finally:
+        backup.kill()
+    assert backup.returncode == 0, err
+    assert f"{len(only_old)} objects a prune beside it had set aside were put back" in err
+    latest = list_backups(to, client)[-1]
+    assert latest["batch_id"] == old["batch_id"]
+    assert verify_backup(f"{to}/{latest['backup_id']}", client)["ok"]
+
+    def trash() -> int:
+        listing = client.list_objects_v2(Bucket="backups", Prefix="backup-beside-a-prune/trash/")
+        return len(listing.get("Contents", []))
+
+    assert trash() == len(only_old)
+    assert prune_backups(to, client, keep_last=2, grace="0s")["deleted_objects"] == 0
+    assert trash() == 0, "the trash older than the grace is deleted for good"
+    for b in list_backups(to, client):
+        assert verify_backup(f"{to}/{b['backup_id']}", client)["ok"]
 
 
 @pytest.mark.whole

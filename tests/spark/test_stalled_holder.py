@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import list_files, location
-from tests.conftest import VENV_BIN, run_cli
+from tests.conftest import paused_cli, run_cli
 from tests.spark.harness import land, run_in_session, two_hosts
 
 pytestmark = [pytest.mark.spark, pytest.mark.whole]
@@ -50,10 +49,6 @@ def _objects(checkpoint: str) -> dict[str, str]:
     return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in list_files(root)}
 
 
-def _stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
-
-
 def test_a_rollback_resumed_after_its_lease_was_taken_deletes_nothing_the_next_holder_wrote(
     spark, s3a_env, hosts, tmp_path
 ):
@@ -66,27 +61,18 @@ def test_a_rollback_resumed_after_its_lease_was_taken_deletes_nothing_the_next_h
     last = load_checkpoint(checkpoint).last_committed_batch
     assert last >= 2
 
-    trace = tmp_path / "trace"
-    stalled = subprocess.Popen(
-        [str(VENV_BIN / "stateops"), "--registry", str(a), "rollback", NAME, "--to-batch", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={
-            **os.environ,
-            **s3a_env.env(),
-            "STATEOPS_PAUSE_AT": "delete:1:300",
-            "STATEOPS_FAULT_TRACE": str(trace),
-        },
+    stalled = paused_cli(
+        "--registry",
+        str(a),
+        "rollback",
+        NAME,
+        "--to-batch",
+        "0",
+        at="delete:1",
+        trace=tmp_path / "trace",
+        env=s3a_env.env(),
     )
     try:
-        deadline = time.monotonic() + 120
-        while not (trace.exists() and "delete 1 " in trace.read_text()):
-            assert stalled.poll() is None, stalled.communicate()
-            assert time.monotonic() < deadline, "host A's rollback never reached its deletes"
-            time.sleep(0.2)
-        while not _stopped(stalled.pid):
-            time.sleep(0.05)
         time.sleep(TTL * 1.1 + 2)  # its lease expires (S3's Last-Modified: whole seconds)
 
         # Host B finishes the interrupted rollback and runs the query on.

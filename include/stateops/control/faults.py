@@ -23,7 +23,8 @@ record written, its marker not yet removed), ``delete`` (a cleanup's, rollback's
 repartition's file about to be deleted), ``move`` (a rollback's sink folder or file about to
 be moved aside), ``copy`` (a transplant's
 file copied), ``renamed`` (a transplant's new checkpoint renamed into place), ``audit`` (an
-audit record about to be appended), ``export`` (one state variable of an export written).
+audit record about to be appended), ``export`` (one state variable of an export written),
+``prune`` (a prune's manifests read and its unreferenced objects chosen, nothing deleted yet).
 ``tests/faults`` kills every operation at these points and at random moments, then checks
 that running it again finishes the job.
 """

@@ -5,6 +5,7 @@ Bucket layout under ``s3://BUCKET/PREFIX``::
     objects/<sha256>              one object per distinct file content
     manifests/<backup id>.json    one per backup, written last: a backup exists once it is there
     drills/<backup id>.json       the last restore drill of that backup (stateops.ops.drill)
+    trash/<sha256>                an object a prune set aside, deleted by a prune after the grace
 
 A backup holds exactly the files a restart after a committed batch needs (the checkpoint
 model's restart set). Files of a committed batch do not change, so a backup can run while the
@@ -204,20 +205,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
             if (f["sha256"], f["size"]) not in existing:
                 todo.setdefault(f["sha256"], f)
         uploaded = sum(f["size"] for f in todo.values())
-        manager = transfer_manager(client, workers)
-        with manager:
-            futures = [
-                (_transfer(manager, client, cp.root / f["path"], loc, sha), f)
-                for sha, f in todo.items()
-            ]
-            done_bytes, last_log = 0, time.time()
-            for i, (future, f) in enumerate(futures, 1):
-                future.result()
-                faults.point("upload")
-                done_bytes += f["size"]
-                if time.time() - last_log > 5:
-                    log(f"  uploaded {i}/{len(futures)} objects, {format_bytes(done_bytes)}")
-                    last_log = time.time()
+        _upload(client, cp.root, loc, todo, workers, log)
         manifest = {
             "format": FORMAT,
             "backup_id": backup_id,
@@ -239,6 +227,7 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
             Body=json.dumps(manifest, indent=1).encode("utf-8"),
             ContentType="application/json",
         )
+        _keep_objects(client, cp.root, loc, manifest, workers, log)
     except (BotoCoreError, ClientError) as err:
         raise s3_error(err, f"backup to {loc}") from None
     manifest["seconds"] = round(time.time() - started, 1)
@@ -258,6 +247,63 @@ def _backup_once(cp: Any, n: int, loc: S3Location, client: Any, workers: int, lo
         f"({len(todo)} objects), {format_bytes(total - uploaded)} reused, {manifest['seconds']} s"
     )
     return manifest
+
+
+def _upload(
+    client: Any, root: Path | S3Path, loc: S3Location, todo: dict[str, dict], workers: int, log
+) -> None:
+    """Put each file of ``todo`` (sha256 -> manifest entry) at ``objects/<sha256>``."""
+    manager = transfer_manager(client, workers)
+    with manager:
+        futures = [
+            (_transfer(manager, client, root / f["path"], loc, sha), f) for sha, f in todo.items()
+        ]
+        done_bytes, last_log = 0, time.time()
+        for i, (future, f) in enumerate(futures, 1):
+            future.result()
+            faults.point("upload")
+            done_bytes += f["size"]
+            if time.time() - last_log > 5:
+                log(f"  uploaded {i}/{len(futures)} objects, {format_bytes(done_bytes)}")
+                last_log = time.time()
+
+
+def _keep_objects(
+    client: Any, root: Path | S3Path, loc: S3Location, manifest: dict, workers: int, log
+) -> None:
+    """After the manifest is written: every object it names is in ``objects/``, or is put back.
+
+    A prune that read the manifests before this one was written may have set aside, as
+    unreferenced, an object this backup reuses. The prune reads the manifests again after its
+    moves and puts back what they name; a move it made after this manifest was written is
+    seen by that second read, and one made before it is seen by this check, which comes after
+    the manifest. An object set aside is copied back from ``trash/``; one deleted for good is
+    uploaded again from the checkpoint. If its file is gone too, the manifest is deleted and
+    the backup fails: no backup is listed that does not restore."""
+    present = {(_name(obj), obj["Size"]) for obj in _listing(client, loc, "objects")}
+    missing = {f["sha256"]: f for f in manifest["files"] if (f["sha256"], f["size"]) not in present}
+    if not missing:
+        return
+    aside = {_name(obj).partition(".")[0]: obj["Key"] for obj in _listing(client, loc, "trash")}
+    for sha in missing.keys() & aside.keys():
+        _copy(client, loc, aside[sha], loc.key("objects", sha))
+    upload = {sha: f for sha, f in missing.items() if sha not in aside}
+    try:
+        _upload(client, root, loc, upload, workers, log)
+    except FileNotFoundError as err:
+        client.delete_object(
+            Bucket=loc.bucket, Key=loc.key("manifests", f"{manifest['backup_id']}.json")
+        )
+        raise CheckpointError(
+            f"backup {manifest['backup_id']}: a prune beside it deleted objects it reuses, and "
+            f"{Path(err.filename or '?').name} is gone from the checkpoint too; the backup was "
+            "withdrawn: take it again"
+        ) from err
+    log(
+        f"backup {manifest['backup_id']}: {len(missing)} objects a prune beside it had set "
+        f"aside were put back ({len(missing) - len(upload)} from trash/, {len(upload)} uploaded "
+        "again)"
+    )
 
 
 def _transfer(manager: Any, client: Any, source: Path | S3Path, loc: S3Location, sha: str) -> Any:
@@ -471,14 +517,16 @@ def prune_backups(
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """Retention: keep the last ``keep_last`` backups and those younger than ``max_age``
-    (and always the newest, and the newest that passed a restore drill); then delete objects
-    no kept manifest names, and the drill records of the backups deleted.
+    (and always the newest, and the newest that passed a restore drill); then set aside the
+    objects no kept manifest names, and delete the drill records of the backups deleted.
 
-    Manifests go first, objects after: an object is deleted only once no manifest that names
-    it is left. Unreferenced objects younger than ``grace`` are kept: a backup running right
-    now uploads its objects before it writes its manifest. A backup that *reuses* an old
-    object while a prune deletes it is not protected: run them one after the other (the
-    backup DAG does).
+    Manifests go first, objects after: an object is set aside only once no manifest that names
+    it is left. Unreferenced objects younger than ``grace`` (by the store's clock) are kept: a
+    running backup uploads its objects before it writes its manifest.
+
+    A backup may run beside a prune and reuse an object the prune found unreferenced, so an
+    object is *set aside* (:func:`_set_aside`), and a backup checks its objects after its
+    manifest (:func:`_keep_objects`); ``trash/`` is emptied after ``grace`` (:func:`_empty_trash`).
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -504,27 +552,81 @@ def prune_backups(
     drop = [b["backup_id"] for b in backups if b["backup_id"] not in keep]
     try:
         referenced = {f["sha256"] for b in backups if b["backup_id"] in keep for f in b["files"]}
-        grace_start = now.timestamp() - _age_seconds(grace)
+        grace_start = _store_time(client, loc) - _age_seconds(grace)
+        objects = _listing(client, loc, "objects")
         unreferenced = [
             (obj["Key"], obj["Size"])
-            for obj in _listing(client, loc, "objects")
+            for obj in objects
             if _name(obj) not in referenced and obj["LastModified"].timestamp() < grace_start
         ]
+        trash = _listing(client, loc, "trash")
+        faults.point("prune")
+        back: set[str] = set()
         if not dry_run:
             for backup_id in drop:
                 manifest_key = loc.key("manifests", f"{backup_id}.json")
                 client.delete_object(Bucket=loc.bucket, Key=manifest_key)
             for backup_id in sorted(drills.keys() - keep):  # after its manifest: never alone
                 client.delete_object(Bucket=loc.bucket, Key=loc.key("drills", f"{backup_id}.json"))
-            for key, _ in unreferenced:
-                client.delete_object(Bucket=loc.bucket, Key=key)
+            back = _set_aside(client, loc, [key for key, _ in unreferenced])
+            present = {_name(obj) for obj in objects}
+            back |= _empty_trash(client, loc, trash, referenced - present, grace_start)
     except (BotoCoreError, ClientError) as err:
         raise s3_error(err, f"prune {loc}") from None
+    gone = [(key, size) for key, size in unreferenced if key.rpartition("/")[2] not in back]
     return {
         "dry_run": dry_run,
         "kept": sorted(keep),
         "kept_for_drill": kept_for_drill,
         "deleted_backups": drop,
-        "deleted_objects": len(unreferenced),
-        "freed_bytes": sum(size for _, size in unreferenced),
+        "deleted_objects": len(gone),
+        "put_back": len(back),
+        "freed_bytes": sum(size for _, size in gone),
     }
+
+
+def _set_aside(client: Any, loc: S3Location, keys: list[str]) -> set[str]:
+    """Move the objects ``keys`` to ``trash/``, then read the manifests again and put back the
+    ones a backup written meanwhile names; their names (sha256)."""
+    aside = {}
+    for key in keys:
+        sha = key.rpartition("/")[2]
+        aside[sha] = loc.key("trash", f"{sha}.{new_stamp()}")
+        _copy(client, loc, key, aside[sha])
+        client.delete_object(Bucket=loc.bucket, Key=key)
+    named = {f["sha256"] for b in read_manifests(client, loc) for f in b["files"]}
+    for sha in sorted(aside.keys() & named):
+        _copy(client, loc, aside[sha], loc.key("objects", sha))
+    return aside.keys() & named
+
+
+def _empty_trash(
+    client: Any, loc: S3Location, trash: list[dict], missing: set[str], grace_start: float
+) -> set[str]:
+    """Delete for good what lies in ``trash/`` since before ``grace_start``, but first put back
+    the objects a kept backup names and ``objects/`` lacks (``missing``: set aside by a prune
+    killed before its second read of the manifests); their names."""
+    back = set()
+    for obj in trash:
+        sha = _name(obj).partition(".")[0]
+        if sha in missing and sha not in back:
+            _copy(client, loc, obj["Key"], loc.key("objects", sha))
+            back.add(sha)
+        elif obj["LastModified"].timestamp() < grace_start:
+            client.delete_object(Bucket=loc.bucket, Key=obj["Key"])
+    return back
+
+
+def _copy(client: Any, loc: S3Location, source: str, key: str) -> None:
+    client.copy_object(CopySource={"Bucket": loc.bucket, "Key": source}, Bucket=loc.bucket, Key=key)
+
+
+def _store_time(client: Any, loc: S3Location) -> float:
+    """The store's clock (the ``Date`` of a response, read as the end of its whole second), not
+    this host's: a prune host whose clock runs ahead must not find a running backup's new
+    objects older than the grace."""
+    from email.utils import parsedate_to_datetime
+
+    response = client.list_objects_v2(Bucket=loc.bucket, Prefix=loc.key("objects") + "/", MaxKeys=1)
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    return parsedate_to_datetime(date).timestamp() + 1 if date else time.time()
