@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from stateops.control.markers import holder_marker, read_record
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import list_files, location
+from stateops.spark.streaming import apply_query_conf, fenced_logs, start_query
 from tests.conftest import paused_cli, run_cli
 from tests.spark.harness import land, run_in_session, two_hosts
 
-pytestmark = [pytest.mark.spark, pytest.mark.whole]
+pytestmark = pytest.mark.spark
 NAME = "page_counts"  # Spark's own aggregation on the HDFS-backed store
 TTL = 30  # a lease the loaded machine renews in time (10, the least, was lost before the stall)
 
@@ -49,6 +51,7 @@ def _objects(checkpoint: str) -> dict[str, str]:
     return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in list_files(root)}
 
 
+@pytest.mark.whole
 def test_a_rollback_resumed_after_its_lease_was_taken_deletes_nothing_the_next_holder_wrote(
     spark, s3a_env, hosts, tmp_path
 ):
@@ -99,3 +102,40 @@ def test_a_rollback_resumed_after_its_lease_was_taken_deletes_nothing_the_next_h
     land(landing, round_=4, files=1)
     assert run_in_session(spark, b, NAME)["status"] == "succeeded"
     assert load_checkpoint(checkpoint).last_committed_batch > after_b
+
+
+def test_a_driver_whose_lease_was_taken_writes_no_log_of_the_checkpoint(
+    spark, s3a_env, hosts, tmp_path
+):
+    """Spark's own writes, fenced at the write: host A's driver, stalled with its plan while
+    host B took the lease and ran the query on, resumes and plans its next batch. The
+    checkpoint file manager reads the holder record B wrote and refuses the batch's offsets:
+    nothing of the checkpoint changes. Under the holder's own token the same start runs."""
+    a, b = hosts
+    landing = tmp_path / "shared" / "landing"
+    land(landing, round_=0, files=1)
+    ran_a = run_in_session(spark, a, NAME)
+    query = load_registry(a).query(NAME)
+    holder = read_record(holder_marker(query.checkpoint))
+    assert (holder["operation"], holder["run_id"]) == ("run", ran_a["run_id"])
+    stale_token = holder["token"]
+
+    land(landing, round_=1, files=1)
+    ran_b = run_in_session(spark, b, NAME)
+    holder = read_record(holder_marker(query.checkpoint))
+    assert holder["run_id"] == ran_b["run_id"] and holder["token"] != stale_token
+    before = _objects(query.checkpoint)
+    last = load_checkpoint(query.checkpoint).last_committed_batch
+
+    land(landing, round_=2, files=1)
+    apply_query_conf(spark, query)
+    with fenced_logs(spark, holder_marker(query.checkpoint), stale_token):
+        stale = start_query(spark, query, available_now=True)
+        with pytest.raises(Exception, match="no longer holds the query's lease") as refused:
+            stale.awaitTermination(120)
+    assert ran_b["run_id"] in str(refused.value)
+    assert _objects(query.checkpoint) == before, "the stale driver wrote to the checkpoint"
+
+    with fenced_logs(spark, holder_marker(query.checkpoint), holder["token"]):
+        start_query(spark, query, available_now=True).awaitTermination(120)
+    assert load_checkpoint(query.checkpoint).last_committed_batch > last

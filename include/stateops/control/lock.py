@@ -505,8 +505,12 @@ class QueryLock:
         operation: str,
         run_id: str | None = None,
         ttl_seconds: float = LEASE_SECONDS,
+        on_acquire: Callable[[LockInfo], None] | None = None,
     ) -> None:
+        """``on_acquire``: called with this holder's record once the lease is taken and
+        guarded (it fails the acquire, releasing the lease, when it fails)."""
         self.path = path if isinstance(path, S3Path) else Path(path)
+        self._on_acquire = on_acquire
         self.query = query
         self.operation = operation
         self.run_id = run_id or new_run_id(operation)
@@ -558,6 +562,12 @@ class QueryLock:
         self._renewer = threading.Thread(target=self._renew_loop, daemon=True)
         self._renewer.start()
         fence.hold(self.ensure)
+        if self._on_acquire is not None:
+            try:
+                self._on_acquire(self._info(time.time()))
+            except BaseException:
+                self.release()
+                raise
 
     @property
     def deadline(self) -> float:

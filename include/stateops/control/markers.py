@@ -17,6 +17,11 @@ reads and writes each of them; the operations call these functions, never the fi
   refuse it (:func:`refuse_retired`) until ``stateops unretire`` lifts it
   (docs/migration-on-s3.md). On S3 it is the only hold (no file modes); on local disk it is
   kept with the read-only files.
+- **holder** (``<checkpoint>.audit/holder.json``, S3 checkpoints): the token, operation and
+  run of the process that took the query's lease last, written right after it took it. The
+  driver's checkpoint file manager reads it before each log file it creates and refuses the
+  write when it names another holder (``spark_jobs/java/stateops/``): Spark's own writes of a
+  driver that stalled past its lease are fenced at the write.
 
 The registry's migration switch (``stateops.core.registry.write_switch``) is the registry's
 own record, kept with it.
@@ -186,6 +191,17 @@ def read_repartition(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | Non
 
 def clear_repartition(checkpoint: str | os.PathLike[str]) -> None:
     _clear_marker(_repartition_marker(checkpoint))
+
+
+def holder_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:
+    return audit_dir(checkpoint) / "holder.json"
+
+
+def write_holder(checkpoint: str | os.PathLike[str], holder: LockInfo) -> None:
+    """Name ``holder``, who has just taken the query's lease, as the one process whose Spark
+    driver may write ``checkpoint``'s logs; while the lease is still its own."""
+    record = {"token": holder.token, "operation": holder.operation, "run_id": holder.run_id}
+    _write_marker(holder_marker(checkpoint), record | {"at": time.time()})
 
 
 def retired_marker(checkpoint: str | os.PathLike[str]) -> Path | S3Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from stateops.control.audit import audit_dir
 from stateops.control.lock import QueryLock
-from stateops.control.markers import read_record, refuse_retired
+from stateops.control.markers import read_record, refuse_retired, write_holder
 from stateops.core.checkpoint import require_checkpoint_dir
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import (
@@ -88,7 +88,9 @@ class Target:
         path, holder = self._lock_place
         self._anchor(path, holder)
         ttl = self.registry.lease_seconds if self.registry else LEASE_SECONDS
-        return QueryLock(path, holder, operation, run_id, ttl_seconds=ttl)
+        # An S3 checkpoint's drivers fence their writes on the holder record (write_holder).
+        named = functools.partial(write_holder, self.checkpoint) if in_s3(self.checkpoint) else None
+        return QueryLock(path, holder, operation, run_id, ttl_seconds=ttl, on_acquire=named)
 
     @property
     def lock_file(self) -> Path | S3Path:

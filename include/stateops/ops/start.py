@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlparse
 
 from stateops.control.audit import append_audit
 from stateops.control.lock import QueryLock, new_run_id, read_hold, release_hold
-from stateops.control.markers import clear_carry_over, refuse_retired, take_stop
+from stateops.control.markers import clear_carry_over, holder_marker, refuse_retired, take_stop
 from stateops.control.target import Target
 from stateops.core import fence
 from stateops.core.checkpoint import interrupted_batch, load_checkpoint
@@ -272,7 +272,7 @@ def run_start(
     it, in one batch (Spark refuses ``modifiedBefore`` on streams): ``maxFilesPerTrigger`` is
     their number, the trigger a long one, and the query stops once that batch commits.
     """
-    from stateops.spark.streaming import fenced
+    from stateops.spark.streaming import fenced, fenced_logs
 
     registry = target.require_registry()
     query = target.require_query("run a registered query: give its name")
@@ -282,7 +282,10 @@ def run_start(
         fenced(query.name, functools.partial(lock.ensure, fresh=0)),
     ):
         start = _begin(registry, query, mode, lock, operation, prepare, cutover)
-        with _stopped_when_lost(lock, start.spark, query.name):
+        with (
+            _stopped_when_lost(lock, start.spark, query.name),
+            fenced_logs(start.spark, holder_marker(query.checkpoint), lock.token),
+        ):
             ran = _run_started(start, poll_seconds)
         end = _end(registry, start, ran)
         if lock.lost and not end["error"]:

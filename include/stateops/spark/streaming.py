@@ -83,6 +83,29 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
 # set for an s3a:// checkpoint only.
 CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 S3_FILE_MANAGER = "stateops.ConditionalCheckpointFileManager"
+# Its lease fence (stateops.control.markers.write_holder): the holder object, this driver's token.
+FENCE_HOLDER, FENCE_TOKEN = "stateops.fence.holder", "stateops.fence.token"
+
+
+@contextlib.contextmanager
+def fenced_logs(spark: SparkSession, holder: Path | S3Path, token: str) -> Iterator[None]:
+    """While in it, the queries ``spark`` starts have their S3 checkpoint file manager refuse
+    each log file (offsets, commits, a source's log) while ``holder`` (the checkpoint's holder
+    record) names another token than ``token``, this driver's lease's: Spark's own writes
+    fenced at the write. Set for the run's queries only (a one-process run's next step, under
+    another lease, must not inherit it). A local checkpoint (one host: Spark's own manager)
+    has no such fence."""
+    if not isinstance(holder, S3Path):
+        yield
+        return
+    spark.conf.set(FENCE_HOLDER, spark_url(holder))
+    spark.conf.set(FENCE_TOKEN, token)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # a session already gone keeps nothing
+            spark.conf.unset(FENCE_HOLDER)
+            spark.conf.unset(FENCE_TOKEN)
 
 
 def use_s3(spark: SparkSession) -> None:

@@ -1,6 +1,10 @@
 package stateops;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.FileNotFoundException;
 import java.io.IOException;
+import java.io.InputStream;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.CommonPathCapabilities;
 import org.apache.hadoop.fs.FSDataOutputStream;
@@ -25,14 +29,31 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
  * the second fails with Hadoop's FileAlreadyExistsException, which Spark reports as two queries
  * using one checkpoint. Every other failure of close() fails the write too. Built by `make jars`
  * (scripts/build_checkpoint_jar.sh) into build/jars/s3.
+ *
+ * <p>The lease fence: a driver the project starts sets {@code stateops.fence.holder} (the
+ * checkpoint's {@code <checkpoint>.audit/holder.json}, which every process that takes the
+ * query's lease writes with its token) and {@code stateops.fence.token} (its own). Before it
+ * creates a log file (offsets, commits, a source's log), the manager reads that object and
+ * refuses the write, uploading nothing, when it names another holder: a driver that stalled
+ * past its lease and resumed plans and commits no batch over the next holder's.
  */
 public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCheckpointFileManager {
   static final String CONDITIONAL = "fs.option.create.conditional.overwrite";
+  static final String HOLDER = "stateops.fence.holder";
+  static final String TOKEN = "stateops.fence.token";
+  private static final ObjectMapper JSON = new ObjectMapper();
   private final FileSystem fs;
+  private final Path holder; // null: no fence (a driver the project did not start)
+  private final String token;
+  private final Configuration conf;
 
   public ConditionalCheckpointFileManager(Path path, Configuration conf) throws IOException {
     super(path, conf);
     fs = path.getFileSystem(conf);
+    this.conf = conf;
+    String where = conf.get(HOLDER);
+    holder = where == null || where.isEmpty() ? null : new Path(where);
+    token = conf.get(TOKEN, "");
     if (!fs.hasPathCapability(path, CONDITIONAL)
         || !fs.hasPathCapability(path, CommonPathCapabilities.ABORTABLE_STREAM)) {
       throw new UnsupportedFileSystemException(
@@ -50,9 +71,38 @@ public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCh
       if (!overwriteIfPossible) {
         builder.must(CONDITIONAL, true);
       }
-      return new Output(builder.build(), path, overwriteIfPossible);
+      return new Output(builder.build(), path, overwriteIfPossible, overwriteIfPossible ? null : this);
     } catch (IOException e) {
       throw ConditionalCheckpointFileManager.<RuntimeException>unchecked(e);
+    }
+  }
+
+  /**
+   * Refuse the write of log file {@code path} when the lease's holder object names another
+   * holder than this driver. No object: no holder has written one (a lease taken before the
+   * fence existed), and the write goes on.
+   */
+  void fence(Path path) throws IOException {
+    if (holder == null) {
+      return;
+    }
+    JsonNode named;
+    try (InputStream in = holder.getFileSystem(conf).open(holder)) {
+      named = JSON.readTree(in);
+    } catch (FileNotFoundException e) {
+      return;
+    }
+    if (!token.equals(named.path("token").asText())) {
+      throw new IOException(
+          "stateops: this driver no longer holds the query's lease: "
+              + holder
+              + " names "
+              + named.path("operation").asText("?")
+              + " (run "
+              + named.path("run_id").asText("?")
+              + "); "
+              + path
+              + " was not written, and this run writes no more of the checkpoint");
     }
   }
 
@@ -66,19 +116,33 @@ public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCh
     private final FSDataOutputStream out;
     private final Path path;
     private final boolean overwrite;
+    private final ConditionalCheckpointFileManager fenced; // null: not a log file
     private boolean done;
 
-    Output(FSDataOutputStream out, Path path, boolean overwrite) {
+    Output(
+        FSDataOutputStream out,
+        Path path,
+        boolean overwrite,
+        ConditionalCheckpointFileManager fenced) {
       super(out);
       this.out = out;
       this.path = path;
       this.overwrite = overwrite;
+      this.fenced = fenced;
     }
 
     @Override
     public synchronized void close() throws IOException {
       if (done) {
         return;
+      }
+      if (fenced != null) {
+        try {
+          fenced.fence(path);
+        } catch (IOException | RuntimeException e) {
+          cancel(); // nothing is uploaded
+          throw e;
+        }
       }
       done = true;
       try {
