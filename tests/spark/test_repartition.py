@@ -36,6 +36,7 @@ from tests.spark.harness import (
     copy_checkpoint,
     copy_query,
     in_session,
+    job_in_session,
     kill_when,
     land,
     last_committed,
@@ -435,3 +436,53 @@ def test_a_killed_repartition_run_again_or_rolled_back_restarts_correctly(
             assert held_and_written(spark, registry, name) == held_and_written(
                 spark, control, name
             ), point
+
+
+def test_the_repartition_job_holds_the_lease_so_the_runs_undo_waits_for_it(spark, tmp_path):
+    """The DAG's job task runs between its prepare and its finish, which take the lease only
+    for their own step: a driver that outlives its failed task (cluster mode) would have its
+    files deleted under it by the undo. The job holds the lease for its run; the undo is
+    refused while it lives, and the finish goes on after it."""
+    import threading
+
+    from stateops.control.lock import live_lock
+    from stateops.core.errors import LockHeldError
+    from stateops.core.steps import REPARTITION_STATE
+    from stateops.ops.repartition import finish_repartition, prepare_repartition, undo_repartition
+
+    name, landing = "page_counts_rocksdb", tmp_path / "landing"
+    registry = registry_with(tmp_path / "r", 2, landing)
+    land(landing, round_=0, files=1)
+    run_in_session(spark, registry, name)
+    target = query_target(registry, name)
+    prepare_repartition(target, 3, run_id="rp-1", log=quiet)  # the DAG's prepare task
+    done, seen, refused = threading.Event(), [], []
+
+    def undo_while_it_runs() -> None:  # the undo task, started while the job's driver lives
+        while not done.is_set():
+            held = live_lock(target.lock_file)
+            if held is not None:
+                seen.append((held.operation, held.run_id))
+                try:
+                    undo_repartition(target, run_id="rp-1", log=quiet)
+                except LockHeldError as err:
+                    refused.append(str(err))
+                return
+            time.sleep(0.02)
+
+    undo = threading.Thread(target=undo_while_it_runs)
+    undo.start()
+    try:
+        code, out = job_in_session(
+            spark, REPARTITION_STATE, "--registry", str(registry), "--checkpoint", name,
+            "--run-id", "rp-1",
+        )  # fmt: skip
+    finally:
+        done.set()
+        undo.join(30)
+    assert code == 0, out
+    assert seen == [("repartition", "rp-1")], seen
+    assert refused and "locked by repartition (run rp-1" in refused[0], refused
+    assert read_repartition(target.checkpoint) is not None, "the undo deleted nothing"
+    finished = finish_repartition(target, run_id="rp-1", log=quiet)
+    assert finished and live_lock(target.lock_file) is None

@@ -10,15 +10,16 @@ PySpark is imported only once a job runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from argparse import Namespace
 from datetime import datetime
 from typing import Any
 
-from stateops.control.lock import new_run_id
+from stateops.control.lock import live_lock, new_run_id
 from stateops.control.markers import read_repartition
-from stateops.control.target import Target, query_target
+from stateops.control.target import Target, query_target, resolve_target
 from stateops.core.access import refuse_unwritable
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
@@ -26,6 +27,7 @@ from stateops.core.registry import Query, Registry, checkpoint_of, load_registry
 from stateops.core.times import parse_past_time
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.ops.bootstrap import preflight_bootstrap, run_bootstrap
+from stateops.ops.repartition import OPERATION as REPARTITION
 from stateops.ops.repartition import proof_path
 from stateops.ops.start import (
     checkpoint_state,
@@ -179,13 +181,20 @@ def _repartition_preflight(args: Namespace) -> tuple[str, dict]:
 
 
 def _repartition(args: Namespace, prepared: tuple[str, dict]) -> dict[str, Any]:
+    """Spark's repartition under the query's lease, taken for the run (a driver that outlives
+    its Airflow task keeps it, so the run's undo waits: it would delete under the job), unless
+    the process that submitted it holds it for this very run (``stateops repartition``)."""
     from stateops.spark.repartition import repartition_and_prove
     from stateops.spark.streaming import spark_session
 
     checkpoint, marker = prepared
-    spark = spark_session("stateops-repartition")
-    proof = proof_path(checkpoint, args.run_id)
-    return repartition_and_prove(spark, checkpoint, marker["partitions"], proof)
+    target = resolve_target(checkpoint, args.registry)
+    held = live_lock(target.lock_file)
+    ours = held is not None and held.run_id == args.run_id and held.operation == REPARTITION
+    with contextlib.nullcontext() if ours else target.lock(REPARTITION, args.run_id):
+        spark = spark_session("stateops-repartition")
+        proof = proof_path(checkpoint, args.run_id)
+        return repartition_and_prove(spark, checkpoint, marker["partitions"], proof)
 
 
 def _repartition_report(args: Namespace, proof: dict[str, Any]) -> int:
