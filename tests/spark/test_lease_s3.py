@@ -199,6 +199,38 @@ def test_a_store_whose_conditional_create_is_not_atomic_is_refused(s3a_env, monk
     assert int(said.split(" let ")[1].split()[0]) > 1
 
 
+def test_a_probe_whose_answers_were_lost_after_the_store_applied_them_passes(s3a_env, monkeypatch):
+    """The store applies each first create and each first version write of a probe object,
+    and the answer is lost (a 500 in its place); the SDK's retry of the same write finds this
+    very write there and is refused (412). The probe reads back its own write and passes
+    (FLEET-SAFETY finding 16): it does not call a store that honours conditions one that
+    ignores them, and a racing create whose answer was lost still counts as the one winner."""
+    lost, lock = set(), threading.Lock()
+
+    def meddle(command: str, path: str, forward):
+        answer = forward()
+        kind = "create" if "if-none-match" in forward.headers else "version"
+        if command == "PUT" and "/_probe-" in path and answer[0] == 200:
+            with lock:
+                first = (path, kind) not in lost
+                lost.add((path, kind))
+            if first:
+                return 500, [], b"<Error><Code>InternalError</Code></Error>"
+        return answer
+
+    proxy = S3Proxy(s3a_env.port, meddle)
+    try:
+        monkeypatch.setenv("STATEOPS_S3_ENDPOINT_URL", proxy.endpoint)
+        place = location(s3a_env.url(f"control/lost-{uuid.uuid4().hex[:6]}/q/lease.json"))
+        require_conditional_writes(place)
+    finally:
+        proxy.shutdown()
+    kinds = sorted(kind for _, kind in lost)
+    assert kinds.count("version") == 1 and kinds.count("create") > 1, lost  # probe and races
+    retried = [r for r in proxy.requests if r[0] == "PUT" and "/_probe-" in r[1]]
+    assert len(retried) > len(lost), "every lost answer was retried"
+
+
 def test_a_registry_with_a_control_store_keeps_its_leases_there(s3a_env, tmp_path):
     from stateops.control.target import query_target
 

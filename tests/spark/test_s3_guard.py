@@ -81,3 +81,21 @@ def test_a_failed_upload_fails_the_write(spark, s3a_env, cls):
     else:
         assert said == "returned", "the abortable manager swallows it: the batch counts"
     assert not location(url.replace("s3a://", "s3://") + "/commits").exists()
+
+
+def test_a_log_file_whose_create_applied_and_whose_retry_was_refused_stands(spark, s3a_env):
+    """The SDK retries a PUT whose answer was lost (a timeout, a 5xx); the retry of a create
+    the store applied is refused (412) over the very bytes it wrote. The manager reads the file
+    back: its own bytes, so the write stands (FLEET-SAFETY finding 16); other bytes are
+    another driver's (above). Shown as the store sees it: the bytes are there when the
+    create arrives."""
+    url = checkpoint_url(spark, s3a_env.url(f"guard-{uuid.uuid4().hex[:8]}"))
+    manager, offsets = _manager(spark, url, S3_FILE_MANAGER)
+    manager.mkdirs(offsets.getParent())
+    applied, retried = manager.createAtomic(offsets, False), manager.createAtomic(offsets, False)
+    applied.write(bytearray(b"the plan of batch 7"))
+    retried.write(bytearray(b"the plan of batch 7"))
+    assert _closed(applied) == "returned"
+    assert _closed(retried) == "returned"
+    stored = url.replace("s3a://", "s3://") + "/offsets/7"
+    assert location(stored).read_text() == "the plan of batch 7"

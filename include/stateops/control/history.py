@@ -129,7 +129,7 @@ def _append_s3(target: S3Path, line: bytes) -> bool:
     require_conditional_writes(target)
     for _ in range(_ATTEMPTS):
         data, version, _ = target.read_versioned()
-        if target.write_if((data or b"") + line, version):
+        if target.write_own((data or b"") + line, version):
             return data is None
         time.sleep(random.uniform(0.01, 0.1))
     raise StateOpsError(

@@ -361,12 +361,16 @@ def require_conditional_writes(path: S3Path) -> None:
     if key in _PROBED:
         return
     probe = path.parent / f"_probe-{uuid.uuid4().hex}"
+
+    def body() -> bytes:  # each write its own: a retry's 412 over it is told apart
+        return uuid.uuid4().hex.encode()
+
     try:
         honoured = (
-            probe.write_if(b"1", None)
-            and not probe.write_if(b"2", None)
-            and not probe.write_if(b"3", '"0123456789abcdef0123456789abcdef"')
-            and probe.write_if(b"4", probe.read_versioned()[1])
+            probe.write_own(body(), None)
+            and not probe.write_if(body(), None)
+            and not probe.write_if(body(), '"0123456789abcdef0123456789abcdef"')
+            and probe.write_own(body(), probe.read_versioned()[1])
         )
     finally:
         probe.unlink(missing_ok=True)
@@ -402,7 +406,7 @@ def _race_creates(folder: S3Path) -> int:
 
             def create(_: int, probe: S3Path = probe, start: threading.Barrier = start) -> bool:
                 start.wait()
-                return probe.write_if(b"1", None)
+                return probe.write_own(uuid.uuid4().hex.encode(), None)
 
             try:
                 most = max(most, sum(pool.map(create, range(_RACERS))))

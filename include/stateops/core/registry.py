@@ -982,7 +982,7 @@ def _save_switch(
     if before and not before.exists():  # the switch this run replaces, for its undo
         before.write_text(json.dumps(previous, indent=1, default=str))
     if isinstance(path, S3Path):  # compare and swap: over the version read, or a first one
-        if not path.write_if(text.encode("utf-8"), version) and not _ours(path, text):
+        if not path.write_own(text.encode("utf-8"), version):
             raise StateOpsError(
                 f"{path}: the switch of {query.name} changed while this run wrote it (another "
                 f"migration, upgrade or repartition of it at once?); nothing was switched: see "
@@ -994,16 +994,6 @@ def _save_switch(
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
-
-
-def _ours(path: S3Path, text: str) -> bool:
-    """Whether the object at ``path`` is ``text``, written by this very write: the SDK
-    retries a PUT whose answer was lost, and the retry of one that applied finds its own
-    version and is refused (412)."""
-    try:
-        return path.read_text() == text
-    except FileNotFoundError:
-        return False
 
 
 def placement(query: Query) -> dict:

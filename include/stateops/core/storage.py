@@ -358,6 +358,13 @@ class S3Path:
         self._cache.pop(self.key, None)
         return True
 
+    def write_own(self, data: bytes, version: str | None) -> bool:
+        """:meth:`write_if`, with this write's own refusal told apart from another writer's:
+        the SDK retries a PUT whose answer was lost (a timeout, a 5xx), and the retry of one
+        the store applied finds this very write there and is refused (412). ``data`` must be
+        this write's alone (an id of its own in it): True when the object now holds it."""
+        return self.write_if(data, version) or self.read_versioned()[0] == data
+
     def unlink(self, missing_ok: bool = False) -> None:
         """S3 deletes a missing key without complaint; ``missing_ok=False`` checks first."""
         if not missing_ok and not self._is_object():

@@ -2,9 +2,13 @@ package stateops;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.ByteArrayOutputStream;
 import java.io.FileNotFoundException;
+import java.io.FilterOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.OutputStream;
+import java.util.Arrays;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.CommonPathCapabilities;
 import org.apache.hadoop.fs.FSDataOutputStream;
@@ -36,6 +40,10 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
  * creates a log file (offsets, commits, a source's log), the manager reads that object and
  * refuses the write, uploading nothing, when it names another holder: a driver that stalled
  * past its lease and resumed plans and commits no batch over the next holder's.
+ *
+ * <p>A log file's create refused (412) is read back: the SDK retries a PUT whose answer was
+ * lost, and the retry of one the store applied finds this very file there. Only another
+ * driver's file (other bytes: each plan has its own time) is "already exists".
  */
 public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCheckpointFileManager {
   static final String CONDITIONAL = "fs.option.create.conditional.overwrite";
@@ -71,7 +79,9 @@ public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCh
       if (!overwriteIfPossible) {
         builder.must(CONDITIONAL, true);
       }
-      return new Output(builder.build(), path, overwriteIfPossible, overwriteIfPossible ? null : this);
+      return overwriteIfPossible
+          ? new Output(builder.build(), path, null, null)
+          : new Output(builder.build(), path, this, new ByteArrayOutputStream());
     } catch (IOException e) {
       throw ConditionalCheckpointFileManager.<RuntimeException>unchecked(e);
     }
@@ -106,29 +116,60 @@ public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCh
     }
   }
 
+  /** Whether the object at {@code path} holds exactly {@code bytes}. */
+  boolean holds(Path path, byte[] bytes) throws IOException {
+    try (InputStream in = fs.open(path)) {
+      return Arrays.equals(in.readAllBytes(), bytes);
+    } catch (FileNotFoundException e) {
+      return false;
+    }
+  }
+
   /** Rethrow ``t`` as it is: Scala declares no checked exceptions, and Spark catches by type. */
   @SuppressWarnings("unchecked")
   static <T extends Throwable> T unchecked(Throwable t) throws T {
     throw (T) t;
   }
 
+  /** Writes to the upload and keeps a copy (a log file is small: one batch's plan). */
+  static final class Copied extends FilterOutputStream {
+    private final OutputStream copy;
+
+    Copied(OutputStream out, OutputStream copy) {
+      super(out);
+      this.copy = copy;
+    }
+
+    @Override
+    public void write(int b) throws IOException {
+      out.write(b);
+      copy.write(b);
+    }
+
+    @Override
+    public void write(byte[] b, int off, int len) throws IOException {
+      out.write(b, off, len);
+      copy.write(b, off, len);
+    }
+  }
+
   static final class Output extends CheckpointFileManager.CancellableFSDataOutputStream {
     private final FSDataOutputStream out;
     private final Path path;
-    private final boolean overwrite;
-    private final ConditionalCheckpointFileManager fenced; // null: not a log file
+    private final ConditionalCheckpointFileManager log; // null: not a log file (overwritten)
+    private final ByteArrayOutputStream copy; // a log file's bytes
     private boolean done;
 
     Output(
         FSDataOutputStream out,
         Path path,
-        boolean overwrite,
-        ConditionalCheckpointFileManager fenced) {
-      super(out);
+        ConditionalCheckpointFileManager log,
+        ByteArrayOutputStream copy) {
+      super(copy == null ? out : new Copied(out, copy));
       this.out = out;
       this.path = path;
-      this.overwrite = overwrite;
-      this.fenced = fenced;
+      this.log = log;
+      this.copy = copy;
     }
 
     @Override
@@ -136,9 +177,9 @@ public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCh
       if (done) {
         return;
       }
-      if (fenced != null) {
+      if (log != null) {
         try {
-          fenced.fence(path);
+          log.fence(path);
         } catch (IOException | RuntimeException e) {
           cancel(); // nothing is uploaded
           throw e;
@@ -147,9 +188,12 @@ public class ConditionalCheckpointFileManager extends AbstractFileContextBasedCh
       done = true;
       try {
         out.close(); // the upload: whatever fails here fails the write
-      } catch (RemoteFileChangedException e) { // 412: another writer created it first
-        if (overwrite) {
+      } catch (RemoteFileChangedException e) { // 412: a file is there
+        if (log == null) {
           throw e;
+        }
+        if (log.holds(path, copy.toByteArray())) {
+          return; // this very write, applied: its answer was lost and the SDK's retry refused
         }
         FileAlreadyExistsException exists =
             new FileAlreadyExistsException(path + " already exists (written by another driver)");
