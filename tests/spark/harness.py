@@ -305,16 +305,18 @@ def job_runner(spark) -> Callable[[str, str, list[str]], None]:
     return run_job
 
 
-def in_session(spark) -> Callable[[dict], None]:
+def in_session(spark, registry: Path | str) -> Callable[[dict], None]:
     """``submit`` for :func:`stateops.ops.repartition.run_repartition`: the repartition job's
-    main in the shared session."""
+    main in the shared session, given the registry as every caller gives it (the CLI, the
+    DAG's ``spark_job_operator``): the job takes the query's lease in it."""
     from stateops.core.steps import REPARTITION_STATE
 
     def submit(plan: dict) -> None:
         code, out = job_in_session(
-            spark, REPARTITION_STATE, "--checkpoint", plan["checkpoint"], "--run-id", plan["run_id"]
-        )
-        assert code == 0, out
+            spark, REPARTITION_STATE, "--registry", str(registry),
+            "--checkpoint", plan["checkpoint"], "--run-id", plan["run_id"],
+        )  # fmt: skip
+        assert code == 0, out[-3000:]
 
     return submit
 

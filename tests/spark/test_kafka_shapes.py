@@ -100,7 +100,11 @@ def operate(spark, s3, registry: Path, name: str, op: str) -> object:
     before = tree_digest(Path(target.checkpoint))
     try:
         return run_repartition(
-            target, 3, run_id=new_run_id("repartition"), log=quiet, submit=in_session(spark)
+            target,
+            3,
+            run_id=new_run_id("repartition"),
+            log=quiet,
+            submit=in_session(spark, registry),
         )
     except StateOpsError as err:  # refused: nothing changed
         assert tree_digest(Path(target.checkpoint)) == before

@@ -69,7 +69,7 @@ def repartition(spark, registry: Path, name: str, partitions: int) -> dict:
         partitions,
         run_id=new_run_id("repartition"),
         log=quiet,
-        submit=in_session(spark),
+        submit=in_session(spark, registry),
     )
 
 

@@ -42,6 +42,7 @@ from stateops.ops.repartition import run_repartition
 from stateops.spark.streaming import checkpoint_url
 from tests.conftest import S3A_BUCKET, spark_submit_run_query, write_registry
 from tests.spark.harness import (
+    in_session,
     job_in_session,
     job_runner,
     land,
@@ -272,17 +273,10 @@ def build_world(spark, s3a, root: Path, queries: tuple[str, ...]) -> World:
     repartitioned = tuple(name for name in REPARTITIONED if name in queries)
 
     def repartition(side, reg):
-        def submit(plan: dict) -> None:
-            code, out = job_in_session(
-                spark, "repartition_state.py", "--checkpoint", plan["checkpoint"],
-                "--run-id", plan["run_id"],
-            )  # fmt: skip
-            assert code == 0, out[-3000:]
-
         return {
             name: run_repartition(
                 query_target(reg, name), 3, run_id=new_run_id("repartition"), log=quiet,
-                submit=submit,
+                submit=in_session(spark, reg),
             )["proof"]["ok"]
             for name in repartitioned
         }  # fmt: skip

@@ -132,7 +132,7 @@ def test_repartitioned_it_runs_again(spark, query_copy):
         3,
         run_id=new_run_id("repartition"),
         log=quiet,
-        submit=in_session(spark),
+        submit=in_session(spark, query_copy),
     )
     assert done["proof"]["ok"], done["proof"]
     runs_again(spark, query_copy)
