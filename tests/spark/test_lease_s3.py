@@ -156,6 +156,33 @@ def test_a_store_that_ignores_conditional_writes_is_refused_in_one_line(s3, monk
     assert not place.exists() and not place.parent.exists(), "the probe left nothing"
 
 
+def test_a_run_on_an_s3_checkpoint_whose_store_ignores_conditional_writes_is_refused(
+    s3, tmp_path, monkeypatch
+):
+    """A run's log files are conditional creates (and its fence reads the holder record): the
+    checkpoint's store is probed before Spark starts, and one that ignores the conditions
+    (rclone's) is refused in one line, with no checkpoint written and the lease given back."""
+    from stateops.control.target import query_target
+    from stateops.ops.start import run_start
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    path = write_registry(tmp_path)  # no control store: the lease is a file of this host
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["page_visits"]["checkpoint"] = "s3://backups/unconditional/cp"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    target = query_target(load_registry(path), "page_visits")
+    with pytest.raises(StateOpsError) as refused:
+        run_start(target, run_id="run-1")
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith(f"the S3 store at {s3.endpoint} ignores"), said
+    assert said.endswith(
+        "keep S3 checkpoints on a store that honours them (AWS S3, MinIO, SeaweedFS)"
+    )
+    assert not location("s3://backups/unconditional/cp").exists(), "no checkpoint written"
+    assert read_lock(target.lock_file) is None, "the lease was given back"
+
+
 def _checked_apart(upstream_port: int) -> S3Proxy:
     """An endpoint whose ``If-None-Match: *`` is checked apart from the write (as a store
     without atomic conditions, or one reached through several gateways): a create refused

@@ -350,8 +350,19 @@ _PROBED: set[tuple[str, str]] = set()
 _RACERS, _RACES = 8, 3  # the probe's racing creates of one object, and how many races
 
 
-def require_conditional_writes(path: S3Path) -> None:
-    """Refuse, in one line, an S3 store that does not honour conditional writes (some accept
+_LEASES = (
+    "a lease kept there would exclude nothing: point the registry's control at a store that "
+    "honours them (AWS S3, MinIO, SeaweedFS), or leave control out on one host"
+)
+CHECKPOINTS = (
+    "Spark's log files there would not be created once (two drivers could both write one "
+    "batch): keep S3 checkpoints on a store that honours them (AWS S3, MinIO, SeaweedFS)"
+)
+
+
+def require_conditional_writes(path: S3Path, then: str = _LEASES) -> None:
+    """Refuse, in one line that ends with ``then`` (what it breaks, what to do), an S3 store
+    that does not honour conditional writes (some accept
     the headers and ignore them: a lock on it would always be granted, some check them but not
     atomically: two hosts would both win one race). Probed once per process and bucket: a
     create over an object that exists must fail, a write over a version that is not the
@@ -378,17 +389,14 @@ def require_conditional_writes(path: S3Path) -> None:
         raise StateOpsError(
             f"the S3 store at {path._client.endpoint} ignores conditional writes (a second "
             f"create of {probe} with If-None-Match: * was accepted, or a write over the "
-            "object's own version refused), so a lease kept there would exclude nothing: "
-            "point the registry's control at a store that honours them (AWS S3, MinIO, "
-            "SeaweedFS), or leave control out on one host"
+            f"object's own version refused), so {then}"
         )
     winners = _race_creates(path.parent)
     if winners != 1:
         raise StateOpsError(
             f"the S3 store at {path._client.endpoint} let {winners} of {_RACERS} creates of "
-            "one object racing at once win (If-None-Match: * checked, but not atomically), "
-            "so two hosts could both take one lease: point the registry's control at a store "
-            "that honours it atomically, through one endpoint and one site (AWS S3, MinIO)"
+            f"one object racing at once win (If-None-Match: * checked, but not atomically), so "
+            f"{then}"
         )
     _PROBED.add(key)
 

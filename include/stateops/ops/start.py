@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from stateops.control.audit import append_audit
-from stateops.control.lock import QueryLock, new_run_id, read_hold, release_hold
+from stateops.control.lock import (
+    CHECKPOINTS,
+    QueryLock,
+    new_run_id,
+    read_hold,
+    release_hold,
+    require_conditional_writes,
+)
 from stateops.control.markers import clear_carry_over, holder_marker, refuse_retired, take_stop
 from stateops.control.target import Target
 from stateops.core import fence
@@ -395,6 +402,9 @@ def _begin(
     if cutover is not None:
         query, pending, until_batch = _cutover_run(query, cutover, first)
         stop = None
+    holder = holder_marker(query.checkpoint)
+    if isinstance(holder, S3Path):  # Spark's log files are conditional creates (fenced_logs)
+        require_conditional_writes(holder, CHECKPOINTS)
     spark = build_session(query, app_name=f"stateops-{operation}-{query.name}")
     use_code_paths(registry, spark)
     prepared = prepare(spark) if prepare else None
