@@ -266,3 +266,31 @@ def test_a_commit_between_the_check_and_the_switch_back_switches_nothing_back(tm
     from stateops.control.lock import read_hold
 
     assert read_hold(after.lock_path(NAME)) is None, "the hold it took is released"
+
+
+def test_a_switch_back_that_cannot_be_made_is_said_and_the_status_stays_switch_failed(tmp_path):
+    """stream_health's check finds the window failed, and the switch back is refused: another
+    run holds the query (a backfill started by hand in the incident). The check says why in
+    one line, the status goes on saying switch_failed (FAIL) and nothing was switched (the
+    next check tries again)."""
+    from stateops.alerts import watch_readiness
+    from stateops.control.lock import hold_query
+
+    registry, land, switched = _live(tmp_path)
+    new = registry.query(NAME).checkpoint
+    land("before-the-end.json", minutes_ago=40)
+    _running_since(registry, switched + timedelta(minutes=5))
+    hold_query(registry.lock_path(NAME), NAME, "backfill", "backfill-9")
+    said: list[str] = []
+    status = watch_readiness(registry, NAME, log=said.append)
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        f"{NAME}: switching back failed: query {NAME!r} is held by backfill (run backfill-9)"
+    ), said
+    assert status["readiness"]["state"] == "failed"
+    assert [
+        (f["rule"], f["level"])
+        for f in status["health"]["findings"]
+        if f["rule"] == "switch_failed"
+    ] == [("switch_failed", "FAIL")]
+    assert load_registry(registry.path).query(NAME).checkpoint == new, "nothing switched"
