@@ -5,7 +5,7 @@ Bucket layout under ``s3://BUCKET/PREFIX``::
     objects/<sha256>              one object per distinct file content
     manifests/<backup id>.json    one per backup, written last: a backup exists once it is there
     drills/<backup id>.json       the last restore drill of that backup (stateops.ops.drill)
-    trash/<sha256>                an object a prune set aside, deleted by a prune after the grace
+    trash/<sha256>.<time>         an object a prune set aside, deleted by a prune after the grace
 
 A backup holds exactly the files a restart after a committed batch needs (the checkpoint
 model's restart set). Files of a committed batch do not change, so a backup can run while the
@@ -274,12 +274,13 @@ def _keep_objects(
     """After the manifest is written: every object it names is in ``objects/``, or is put back.
 
     A prune that read the manifests before this one was written may have set aside, as
-    unreferenced, an object this backup reuses. The prune reads the manifests again after its
-    moves and puts back what they name; a move it made after this manifest was written is
-    seen by that second read, and one made before it is seen by this check, which comes after
-    the manifest. An object set aside is copied back from ``trash/``; one deleted for good is
-    uploaded again from the checkpoint. If its file is gone too, the manifest is deleted and
-    the backup fails: no backup is listed that does not restore."""
+    unreferenced, an object this backup reuses. The prune reads the manifests again once its
+    moves are done and puts back what they name: if this manifest was written before that
+    second read, the prune sees it; if after, every move came before this check, which comes
+    after the manifest and sees the object gone. An object set aside is copied back from
+    ``trash/``; one deleted for good is uploaded again from the checkpoint. If its file is gone
+    too, the manifest is deleted and the backup fails: no backup is listed that does not
+    restore."""
     present = {(_name(obj), obj["Size"]) for obj in _listing(client, loc, "objects")}
     missing = {f["sha256"]: f for f in manifest["files"] if (f["sha256"], f["size"]) not in present}
     if not missing:
