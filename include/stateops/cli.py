@@ -628,7 +628,14 @@ def cmd_lock(args: argparse.Namespace) -> int:
                 "its next guarded write, and a run stops within a tenth of the lease; to "
                 f"release it anyway: stateops lock release {args.query} --force"
             )
-        held, state = force_release(path), "released"
+        held, state = force_release(path, hold=args.hold), "released"
+        kept = None if args.hold else read_hold(path)
+        if kept is not None:  # said after the release line: the next step waits for it
+            print(
+                f"{describe_lock(name, kept, 'hold')}: kept (a run of another operation waits "
+                f"for it); to drop it too: stateops lock release {args.query} --hold",
+                file=sys.stderr,
+            )
     else:
         held = read_lock(path)
         state = None if held is None else lock_state(held)
@@ -1087,6 +1094,7 @@ def _query_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     p = actions.add_parser("release", help="force-release it (its holder is gone)")
     p.add_argument("query")
     _flag(p, "--force", "release a live lock too (its holder stops at its next guarded write)")
+    _flag(p, "--hold", "drop the hold too (a migration's or backfill's, kept between its steps)")
     lock.set_defaults(func=cmd_lock, json=False, force=False)
 
     p = sub.add_parser(

@@ -173,7 +173,9 @@ def test_expired_hold_is_no_hold_and_force_release_removes_it(tmp_path):
     force_release(path)
     taken.release()
     hold_query(path, "q", "migration", "mig-2")
-    assert force_release(path).run_id == "mig-2" and read_hold(path) is None
+    assert force_release(path) is None, "a hold is kept unless asked"
+    assert read_hold(path).run_id == "mig-2"
+    assert force_release(path, hold=True).run_id == "mig-2" and read_hold(path) is None
 
 
 def _files(folder: Path) -> list[str]:
@@ -355,3 +357,26 @@ def test_a_live_lock_is_released_only_with_force_saying_what_it_does_to_its_hold
         time.sleep(1.0)  # the guard asks the store at most once a second
         with pytest.raises(LeaseLostError):
             fence.guard()
+
+
+def test_a_release_keeps_a_migration_s_hold_unless_asked_and_says_so(tmp_path):
+    """A hold keeps the query for a migration's (or backfill's) steps: dropping it with a
+    dead step's lock would let a scheduled start in between them and waste every approval.
+    The release keeps it and says how to drop it; ``--hold`` drops it too."""
+    path = write_registry(tmp_path / "data")
+    place = load_registry(path).lock_path("page_visits")
+    hold_query(place, "page_visits", "migration", "mig-1")
+    step = QueryLock(place, "page_visits", "migration", run_id="mig-1")
+    step.acquire()
+    step._stop.set()  # the step's process is gone: nobody renews or releases its lock
+    fence.drop(step.ensure)
+    released = run_cli("--registry", str(path), "lock", "release", "page_visits", "--force")
+    assert released.returncode == 0, released.stderr
+    assert "released the lock of migration (run id mig-1" in released.stdout
+    assert "held for the steps of migration (run id mig-1" in released.stderr
+    assert "to drop it too: stateops lock release page_visits --hold" in released.stderr
+    assert read_lock(place) is None and read_hold(place).run_id == "mig-1"
+    with pytest.raises(LockHeldError, match="lock release page_visits --hold"):
+        QueryLock(place, "page_visits", "run").acquire()
+    run_cli("--registry", str(path), "lock", "release", "page_visits", "--hold", check=True)
+    assert read_hold(place) is None

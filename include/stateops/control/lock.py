@@ -189,7 +189,7 @@ def _refuse_hold(lease: _Lease, query: str, run_id: str) -> None:
         raise LockHeldError(
             f"query {query!r} is held by {hold.operation} (run {hold.run_id}) until "
             f"{_until(hold)}; wait for that run to finish or roll back, or if it is dead: "
-            f"stateops lock release {query}"
+            f"stateops lock release {query} --hold"
         )
 
 
@@ -678,15 +678,18 @@ class QueryLock:
         self.release()
 
 
-def force_release(path: Place) -> LockInfo | None:
-    """Remove a lock and any hold whatever their owner (an operator's decision; on S3 the epoch
-    moves on, so a holder still running fails its next renewal); returns what was there (the
-    lock, else the hold)."""
+def force_release(path: Place, hold: bool = False) -> LockInfo | None:
+    """Remove a lock whatever its owner, and with ``hold`` the hold too (an operator's
+    decision; on S3 the epoch moves on, so a holder still running fails its next renewal);
+    returns what was removed (the lock, else the hold). A hold is kept unless asked: it keeps
+    a migration's or a backfill's query from others between its steps, and dropping it
+    wastes every approval given so far."""
     was: list[LockInfo | None] = [None]
 
     def decide(lease: _Lease) -> _Lease:
-        was[0] = lease.lock or lease.hold
-        return _Lease(epoch=lease.epoch + 1, version=lease.version)
+        was[0] = lease.lock or (lease.hold if hold else None)
+        kept = None if hold else lease.hold
+        return _Lease(hold=kept, epoch=lease.epoch + 1, version=lease.version)
 
     _change(path, decide)
     return was[0]
