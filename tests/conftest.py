@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -169,12 +171,26 @@ def run_cli(
     return proc
 
 
+class Paused:
+    """A ``stateops`` command stopped at a fault point (:func:`paused_cli`)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def resume(self, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Let it go on (SIGCONT) and wait for its end."""
+        os.kill(self.proc.pid, signal.SIGCONT)
+        out, err = self.proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+@contextlib.contextmanager
 def paused_cli(
     *args: str, at: str, trace: Path, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.Popen:
+) -> Iterator[Paused]:
     """``stateops ARGS`` started with ``STATEOPS_PAUSE_AT=AT:300`` (``AT``: ``NAME:K``), once it
-    has stopped itself there: a holder that stalls. Resume it with SIGCONT (its own helper
-    would after 300 s) and read it with ``communicate``; kill it if the test ends first."""
+    has stopped itself there: a holder that stalls. ``resume()`` it (its own helper would
+    after 300 s); it is killed when the block ends, whether or not it was resumed."""
     name, _, k = at.partition(":")
     proc = subprocess.Popen(
         [str(VENV_BIN / "stateops"), *args],
@@ -188,19 +204,22 @@ def paused_cli(
             "STATEOPS_FAULT_TRACE": str(trace),
         },
     )
-    deadline = time.monotonic() + timeout
-    while not (trace.exists() and f"\n{name} {k} " in "\n" + trace.read_text()):
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"stateops {' '.join(args)} ended before {at}: {proc.communicate()}"
-            )
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"stateops {' '.join(args)} never reached {at}")
-        time.sleep(0.1)
-    while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
-        time.sleep(0.05)
-    return proc
+    try:
+        deadline = time.monotonic() + timeout
+        while not (trace.exists() and f"\n{name} {k} " in "\n" + trace.read_text()):
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"stateops {' '.join(args)} ended before {at}: {proc.communicate()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"stateops {' '.join(args)} never reached {at}")
+            time.sleep(0.1)
+        while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+            time.sleep(0.05)
+        yield Paused(proc)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # Spark's known harmless traces (docs/limits.md): RocksDB maintenance on a fresh checkpoint

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -302,27 +301,17 @@ def test_a_prune_puts_back_the_objects_a_backup_beside_it_reused(spark, s3, chec
     client = s3.client()
     to = "s3://backups/prune-beside-a-backup"
     old, new, only_old = _old_and_new(spark, checkpoint, client, to)
-    prune = paused_cli(
-        "backups",
-        "prune",
-        to,
-        "--keep-last",
-        "1",
-        "--grace",
-        "0s",
+    with paused_cli(
+        *("backups", "prune", to, "--keep-last", "1", "--grace", "0s"),
         at="prune:1",
         trace=tmp_path / "trace",
         env=s3.env(),
-    )
-    try:
+    ) as prune:
         again = backup_checkpoint(ckpt, to, client, batch=old["batch_id"], log=lambda _: None)
         assert again["uploaded"]["objects"] == 0, "it reuses every object of the old backup"
-        os.kill(prune.pid, signal.SIGCONT)
-        out, err = prune.communicate(timeout=60)
-    finally:
-        prune.kill()
-    assert prune.returncode == 0, err
-    assert f"put back {len(only_old)} objects a backup taken meanwhile names" in out
+        pruned = prune.resume(timeout=60)
+    assert pruned.returncode == 0, pruned.stderr
+    assert f"put back {len(only_old)} objects a backup taken meanwhile names" in pruned.stdout
     listed = [b["backup_id"] for b in list_backups(to, client)]
     assert listed == [new["backup_id"], again["backup_id"]]
     assert verify_backup(f"{to}/{again['backup_id']}", client)["ok"]
@@ -352,26 +341,19 @@ def test_a_backup_puts_back_the_objects_a_prune_beside_it_set_aside(
     client = s3.client()
     to = "s3://backups/backup-beside-a-prune"
     old, new, only_old = _old_and_new(spark, checkpoint, client, to)
-    backup = paused_cli(
-        "backup",
-        str(ckpt),
-        "--to",
-        to,
-        "--batch",
-        str(old["batch_id"]),
+    with paused_cli(
+        *("backup", str(ckpt), "--to", to, "--batch", str(old["batch_id"])),
         at="manifest:1",
         trace=tmp_path / "trace",
         env=s3.env(),
-    )
-    try:
+    ) as backup:
         pruned = prune_backups(to, client, keep_last=1, grace="0s")
         assert pruned["deleted_objects"] == len(only_old) and pruned["put_back"] == 0
-        os.kill(backup.pid, signal.SIGCONT)
-        out, err = backup.communicate(timeout=60)
-    finally:
-        backup.kill()
-    assert backup.returncode == 0, err
-    assert f"{len(only_old)} objects a prune beside it had set aside were put back" in err
+        backed_up = backup.resume(timeout=60)
+    assert backed_up.returncode == 0, backed_up.stderr
+    assert f"{len(only_old)} objects a prune beside it had set aside were put back" in (
+        backed_up.stderr
+    )
     latest = list_backups(to, client)[-1]
     assert latest["batch_id"] == old["batch_id"]
     assert verify_backup(f"{to}/{latest['backup_id']}", client)["ok"]

@@ -8,8 +8,6 @@ nothing and says, in one line, that it lost the query's lease."""
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -64,18 +62,12 @@ def test_a_rollback_resumed_after_its_lease_was_taken_deletes_nothing_the_next_h
     last = load_checkpoint(checkpoint).last_committed_batch
     assert last >= 2
 
-    stalled = paused_cli(
-        "--registry",
-        str(a),
-        "rollback",
-        NAME,
-        "--to-batch",
-        "0",
+    with paused_cli(
+        *("--registry", str(a), "rollback", NAME, "--to-batch", "0"),
         at="delete:1",
         trace=tmp_path / "trace",
         env=s3a_env.env(),
-    )
-    try:
+    ) as stalled:
         time.sleep(TTL * 1.1 + 2)  # its lease expires (S3's Last-Modified: whole seconds)
 
         # Host B finishes the interrupted rollback and runs the query on.
@@ -89,11 +81,9 @@ def test_a_rollback_resumed_after_its_lease_was_taken_deletes_nothing_the_next_h
         assert "commits/1" in written
 
         # Host A resumes with the plan it made under its lease.
-        os.kill(stalled.pid, signal.SIGCONT)
-        out, err = stalled.communicate(timeout=120)
-    finally:
-        stalled.kill()
-    assert stalled.returncode == 1, out + err
+        resumed_a = stalled.resume()
+    out, err = resumed_a.stdout, resumed_a.stderr
+    assert resumed_a.returncode == 1, out + err
     lines = [line for line in err.splitlines() if "lost the query's lease" in line]
     assert len(lines) == 1 and "this rollback (run " in lines[0], err[-3000:]
     assert _objects(checkpoint) == written, "the resumed rollback changed the new holder's files"
