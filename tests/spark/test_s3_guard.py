@@ -46,23 +46,29 @@ def _closed(stream) -> str:
     return "returned"
 
 
-@pytest.mark.parametrize("cls", [S3_FILE_MANAGER, ABORTABLE])
-def test_a_second_driver_s_write_of_a_log_file_fails_and_the_first_s_stands(spark, s3a_env, cls):
+def _two_creates(spark, s3a_env, cls: str, first: bytes, second: bytes) -> tuple[str, str, str]:
+    """Two creates of one batch's offsets file through manager ``cls``, both written before
+    either closes: what each close did (:func:`_closed`), in order, and the file's text."""
     url = checkpoint_url(spark, s3a_env.url(f"guard-{uuid.uuid4().hex[:8]}"))
     manager, offsets = _manager(spark, url, cls)
     manager.mkdirs(offsets.getParent())
-    first, second = manager.createAtomic(offsets, False), manager.createAtomic(offsets, False)
-    first.write(bytearray(b"driver A"))
-    second.write(bytearray(b"driver B"))
-    assert _closed(first) == "returned"
-    said = _closed(second)
+    streams = manager.createAtomic(offsets, False), manager.createAtomic(offsets, False)
+    for stream, body in zip(streams, (first, second), strict=True):
+        stream.write(bytearray(body))
+    said = _closed(streams[0]), _closed(streams[1])
+    return *said, location(url.replace("s3a://", "s3://") + "/offsets/7").read_text()
+
+
+@pytest.mark.parametrize("cls", [S3_FILE_MANAGER, ABORTABLE])
+def test_a_second_driver_s_write_of_a_log_file_fails_and_the_first_s_stands(spark, s3a_env, cls):
+    first, said, stored = _two_creates(spark, s3a_env, cls, b"driver A", b"driver B")
+    assert first == "returned"
     if cls == S3_FILE_MANAGER:
         assert said.startswith("org.apache.hadoop.fs.FileAlreadyExistsException: "), said
         assert "offsets/7 already exists (written by another driver)" in said
     else:
         assert said == "returned", "the abortable manager swallows it: driver B carries on"
-    stored = url.replace("s3a://", "s3://") + "/offsets/7"
-    assert location(stored).read_text() == "driver A"
+    assert stored == "driver A"
 
 
 @pytest.mark.parametrize("cls", [S3_FILE_MANAGER, ABORTABLE])
@@ -89,13 +95,7 @@ def test_a_log_file_whose_create_applied_and_whose_retry_was_refused_stands(spar
     back: its own bytes, so the write stands (FLEET-SAFETY finding 16); other bytes are
     another driver's (above). Shown as the store sees it: the bytes are there when the
     create arrives."""
-    url = checkpoint_url(spark, s3a_env.url(f"guard-{uuid.uuid4().hex[:8]}"))
-    manager, offsets = _manager(spark, url, S3_FILE_MANAGER)
-    manager.mkdirs(offsets.getParent())
-    applied, retried = manager.createAtomic(offsets, False), manager.createAtomic(offsets, False)
-    applied.write(bytearray(b"the plan of batch 7"))
-    retried.write(bytearray(b"the plan of batch 7"))
-    assert _closed(applied) == "returned"
-    assert _closed(retried) == "returned"
-    stored = url.replace("s3a://", "s3://") + "/offsets/7"
-    assert location(stored).read_text() == "the plan of batch 7"
+    plan = b"the plan of batch 7"
+    applied, retried, stored = _two_creates(spark, s3a_env, S3_FILE_MANAGER, plan, plan)
+    assert (applied, retried) == ("returned", "returned")
+    assert stored == plan.decode()
