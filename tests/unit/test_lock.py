@@ -22,7 +22,7 @@ from stateops.control.lock import (
 )
 from stateops.control.markers import request_stop, take_stop
 from stateops.core import fence
-from stateops.core.errors import LeaseLostError, LockHeldError
+from stateops.core.errors import LeaseLostError, LockHeldError, StateOpsError
 from stateops.core.registry import load_registry
 from stateops.core.storage import delete_files
 from tests.conftest import ROOT, run_cli, write_registry
@@ -380,3 +380,30 @@ def test_a_release_keeps_a_migration_s_hold_unless_asked_and_says_so(tmp_path):
         QueryLock(place, "page_visits", "run").acquire()
     run_cli("--registry", str(path), "lock", "release", "page_visits", "--hold", check=True)
     assert read_hold(place) is None
+
+
+def test_a_lease_the_store_cannot_take_back_is_left_to_lapse_and_the_error_stands(
+    tmp_path, monkeypatch, capsys
+):
+    """A holder whose first guarded write finds it lost (a deadline passed while its lease was
+    written) gives the lease back on its way out; the store does not answer that either. The
+    caller hears the lost lease, not the store's error, and one line says the lease lapses."""
+    from stateops.control import lock as lock_module
+
+    path = tmp_path / "q.lock"
+    real = lock_module._change
+
+    def unreachable(place, decide):
+        raise StateOpsError("S3 read s3://b/q.lock: ResponseStreamingError: connection reset")
+
+    def first_write(info) -> None:
+        monkeypatch.setattr(lock_module, "_change", unreachable)
+        raise LeaseLostError("this run lost the query's lease")
+
+    with pytest.raises(LeaseLostError, match="lost the query's lease"):
+        QueryLock(path, "q", "run", ttl_seconds=30, on_acquire=first_write).acquire()
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and "could not give its lease back (S3 read s3://b/q.lock" in said[0]
+    assert "it lapses by itself 30 s after its last renewal" in said[0]
+    monkeypatch.setattr(lock_module, "_change", real)
+    assert read_lock(path).operation == "run", "the lease was left as it was, to lapse"

@@ -35,6 +35,7 @@ import json
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -44,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stateops.core import fence
-from stateops.core.errors import LeaseLostError, LockHeldError, StateOpsError
+from stateops.core.errors import LeaseLostError, LockHeldError, StateOpsError, one_line
 from stateops.core.registry import LEASE_SECONDS
 from stateops.core.steps import safe_run_id
 from stateops.core.storage import S3Path
@@ -659,6 +660,9 @@ class QueryLock:
         )
 
     def release(self) -> None:
+        """Give the lease back. A store that does not answer leaves it to lapse by itself
+        (said in one line on stderr), and raises nothing: the operation's own outcome, an
+        error it is leaving with included, is what its caller hears."""
         fence.drop(self.ensure)
         self._stop.set()
         if self._renewer:
@@ -668,7 +672,15 @@ class QueryLock:
             mine = lease.lock is not None and lease.lock.token == self.token
             return dataclasses.replace(lease, lock=None) if mine else None
 
-        _change(self.path, decide)
+        try:
+            _change(self.path, decide)
+        except (StateOpsError, OSError) as err:
+            print(
+                f"query {self.query!r}: this {self.operation} (run {self.run_id}) could not "
+                f"give its lease back ({one_line(err)}); it lapses by itself {self.ttl:g} s "
+                "after its last renewal",
+                file=sys.stderr,
+            )
 
     def __enter__(self) -> QueryLock:
         self.acquire()
