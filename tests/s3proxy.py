@@ -1,5 +1,6 @@
 """A loopback proxy in front of the test S3 server that can answer a request its own way:
-throttling, a page cut off, an error inside a 200 answer, as a real endpoint sometimes does."""
+throttling, a page cut off, an error inside a 200 answer, a body cut short, as a real endpoint
+sometimes does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ import threading
 from collections.abc import Callable
 
 Answer = tuple[int, list[tuple[str, str]], bytes]  # status, headers, body
+
+
+class Cut(bytes):
+    """A body announced whole and cut off halfway (the connection closed): a connection reset
+    while the answer is read, which botocore raises as ``ResponseStreamingError``."""
+
+
 Meddle = Callable[[str, str, Callable[[], Answer]], Answer]
 
 
@@ -36,13 +44,20 @@ class S3Proxy(http.server.ThreadingHTTPServer):
                 status, headers, data = meddle(self.command, self.path, forward)
                 proxy.requests.append((self.command, self.path, dict(self.headers)))
                 self.send_response(status)
+                head = self.command == "HEAD"  # no body: its Content-Length is the object's
                 for key, value in headers:
-                    skip = ("content-length", "transfer-encoding", "connection", "date", "server")
+                    skip = ("transfer-encoding", "connection", "date", "server")
+                    skip += () if head else ("content-length",)
                     if key.lower() not in skip:  # the last two: send_response says its own
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if isinstance(data, Cut):
+                    self.wfile.write(data[: len(data) // 2])
+                    self.close_connection = True
+                else:
+                    self.wfile.write(data)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_request
 

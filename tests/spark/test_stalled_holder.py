@@ -8,6 +8,9 @@ nothing and says, in one line, that it lost the query's lease."""
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +22,8 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import list_files, location
 from stateops.spark.streaming import apply_query_conf, fenced_logs, start_query
-from tests.conftest import paused_cli, run_cli
+from tests.conftest import VENV_BIN, paused_cli, run_cli
+from tests.s3proxy import Cut, S3Proxy
 from tests.spark.harness import land, run_in_session, two_hosts
 
 pytestmark = pytest.mark.spark
@@ -27,20 +31,24 @@ NAME = "page_counts"  # Spark's own aggregation on the HDFS-backed store
 TTL = 30  # a lease the loaded machine renews in time (10, the least, was lost before the stall)
 
 
-@pytest.fixture
-def hosts(s3a_env, tmp_path) -> tuple[Path, Path]:
+def _hosts(s3a_env, root: Path, ttl: float) -> tuple[Path, Path]:
     tag = uuid.uuid4().hex[:8]
-    shared = tmp_path / "shared"
+    shared = root / "shared"
     return two_hosts(
-        tmp_path,
+        root,
         NAME,
         source=shared / "landing" / "page_visits",
         checkpoint=s3a_env.url(f"stall-{tag}/checkpoint"),
         sink=shared / "output",
         control=s3a_env.url(f"stall-{tag}/control"),
         backups={"url": s3a_env.url(f"stall-{tag}/backups")},
-        lease_seconds=TTL,
+        lease_seconds=ttl,
     )
+
+
+@pytest.fixture
+def hosts(s3a_env, tmp_path) -> tuple[Path, Path]:
+    return _hosts(s3a_env, tmp_path, TTL)
 
 
 def _objects(checkpoint: str) -> dict[str, str]:
@@ -129,3 +137,91 @@ def test_a_driver_whose_lease_was_taken_writes_no_log_of_the_checkpoint(
     with fenced_logs(spark, holder_marker(query.checkpoint), holder["token"]):
         start_query(spark, query, available_now=True).awaitTermination(120)
     assert load_checkpoint(query.checkpoint).last_committed_batch > last
+
+
+def _stateops(registry: Path, *args: str, endpoint: str, env: dict[str, str]):
+    """``stateops --registry REGISTRY ARGS`` started, its S3 requests through ``endpoint``."""
+    return subprocess.Popen(
+        [str(VENV_BIN / "stateops"), "--registry", str(registry), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env, "STATEOPS_S3_ENDPOINT_URL": endpoint},
+    )
+
+
+def _key(path: str) -> str:
+    return path.split("?")[0]
+
+
+@pytest.mark.whole
+def test_a_first_run_whose_renewals_fail_removes_nothing_of_the_next_holder_s_checkpoint(
+    spark, s3a_env, tmp_path
+):
+    """Rehearsal 3 of FLEET-SAFETY.md: host A's first run of a fresh checkpoint reads its
+    lease, from its batch 0 on, through an endpoint that cuts every answer short (botocore's
+    ResponseStreamingError, no OSError: the renewer died of it silently before), and its
+    batch 0's offsets file is held on its way to the store. A's lease lapses; host B takes
+    it and plans batch 0 (its offsets written); A's held write arrives then, and A's run
+    ends without a commit while B's batch 0 is uncommitted, its commit held until A is gone.
+    A removes nothing (before, a failed first run removed the whole checkpoint: B's plan and
+    state, under B's commit); B commits, and its checkpoint verifies and runs on."""
+    ttl = 10  # the least
+    a, b = _hosts(s3a_env, tmp_path, ttl)
+    checkpoint = load_registry(a).query(NAME).checkpoint
+    cutting, b_planned, a_gone, cut = (threading.Event(), threading.Event(), threading.Event(), [])
+
+    def meddle_a(command: str, path: str, forward):
+        if command == "GET" and _key(path).endswith("/lease.json") and cutting.is_set():
+            status, headers, body = forward()
+            cut.append(path)
+            return status, headers, Cut(body)
+        if command == "PUT" and _key(path).endswith("/checkpoint/offsets/0"):
+            cutting.set()  # from A's batch 0 on, every renewal is cut short
+            b_planned.wait(240)  # and batch 0's plan reaches the store after B's
+        return forward()
+
+    def meddle_b(command: str, path: str, forward):
+        if command == "PUT" and _key(path).endswith("/checkpoint/commits/0"):
+            a_gone.wait(240)  # B's batch 0 commits once A's run has ended
+        answer = forward()
+        if command == "PUT" and _key(path).endswith("/checkpoint/offsets/0"):
+            b_planned.set()
+        return answer
+
+    proxy_a, proxy_b = S3Proxy(s3a_env.port, meddle_a), S3Proxy(s3a_env.port, meddle_b)
+    land(tmp_path / "shared" / "landing", round_=0, files=1)
+    first = _stateops(a, "run", NAME, endpoint=proxy_a.endpoint, env=s3a_env.env())
+    second = None
+    try:
+        deadline = time.monotonic() + 240
+        while not cutting.wait(1):
+            if first.poll() is not None or time.monotonic() > deadline:
+                first.kill()
+                raise AssertionError(f"A's run wrote no batch 0 offsets: {first.communicate()}")
+        time.sleep(ttl + 1)  # A's lease, renewed last before its batch 0, lapses
+        assert cut, "A's lease was read through the endpoint that cuts it short"
+        second = _stateops(b, "run", NAME, endpoint=proxy_b.endpoint, env=s3a_env.env())
+        out, err = first.communicate(timeout=240)
+        a_gone.set()
+        out_b, err_b = second.communicate(timeout=240)
+    finally:
+        b_planned.set()
+        a_gone.set()
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+        proxy_a.shutdown()
+        proxy_b.shutdown()
+    assert second.returncode == 0, out_b + err_b
+    verify = run_cli("--registry", str(b), "verify", NAME)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert first.returncode == 1, out + err
+    said = out + err  # the driver's lines come through the CLI's output
+    lost = [line for line in said.splitlines() if "lost the query's lease" in line]
+    assert lost, said[-3000:]
+    after_b = load_checkpoint(checkpoint).last_committed_batch
+    assert after_b is not None
+    land(tmp_path / "shared" / "landing", round_=1, files=1)
+    assert run_in_session(spark, b, NAME)["status"] == "succeeded"
+    assert load_checkpoint(checkpoint).last_committed_batch > after_b
