@@ -53,6 +53,29 @@ def test_a_second_holder_is_refused_and_a_release_leaves_a_tombstone(lease):
         assert second.epoch == 2
 
 
+def test_a_holder_s_deadline_counts_from_its_lease_s_write_not_from_the_store_s_probe(
+    lease, monkeypatch
+):
+    """A process's first lease on a store probes the store first (racing creates, seconds on
+    a slow endpoint); the lease is written after it, and the store counts its TTL from
+    that write. A holder whose deadline counted from before the probe thought itself lost
+    as it took the lease (a loaded machine's first run, with the least TTL)."""
+    from stateops.control import lock as lock_module
+
+    probed = []
+
+    def slow_probe(path, *args, **kwargs):
+        if not probed:
+            probed.append(path)
+            time.sleep(4)  # more than the TTL less its margin (2 s less 0.5 s)
+        return require_conditional_writes(path, *args, **kwargs)
+
+    monkeypatch.setattr(lock_module, "require_conditional_writes", slow_probe)
+    with QueryLock(lease, "q", "run", ttl_seconds=2.0) as holder:
+        assert probed and holder.holds(), holder.lost_why
+        holder.ensure()
+
+
 def test_expiry_is_judged_by_the_store_s_clock_and_a_taken_over_holder_loses(lease):
     crashed = QueryLock(lease, "q", "rollback", ttl_seconds=1.0)
     crashed.acquire()

@@ -568,6 +568,8 @@ class QueryLock:
             epoch = lease.epoch if ours else lease.epoch + 1
             return dataclasses.replace(lease, lock=self._info(time.time()), epoch=epoch)
 
+        if isinstance(self.path, S3Path):
+            require_conditional_writes(self.path)  # once per store, before the lease's time
         sent = boot_clock()
         self.epoch = _change(self.path, decide).epoch
         self._confirmed = sent
