@@ -171,6 +171,17 @@ def run_cli(
     return proc
 
 
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``stateops ARGS`` started (not waited for), its output piped, ``env`` over this one's."""
+    return subprocess.Popen(
+        [str(VENV_BIN / "stateops"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
 class Paused:
     """A ``stateops`` command stopped at a fault point (:func:`paused_cli`)."""
 
@@ -192,17 +203,9 @@ def paused_cli(
     has stopped itself there: a holder that stalls. ``resume()`` it (its own helper would
     after 300 s); it is killed when the block ends, whether or not it was resumed."""
     name, _, k = at.partition(":")
-    proc = subprocess.Popen(
-        [str(VENV_BIN / "stateops"), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={
-            **os.environ,
-            **(env or {}),
-            "STATEOPS_PAUSE_AT": f"{at}:300",
-            "STATEOPS_FAULT_TRACE": str(trace),
-        },
+    proc = start_cli(
+        *args,
+        env={**(env or {}), "STATEOPS_PAUSE_AT": f"{at}:300", "STATEOPS_FAULT_TRACE": str(trace)},
     )
     try:
         deadline = time.monotonic() + timeout

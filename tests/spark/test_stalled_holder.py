@@ -8,8 +8,6 @@ nothing and says, in one line, that it lost the query's lease."""
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
 import threading
 import time
 import uuid
@@ -22,7 +20,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import list_files, location
 from stateops.spark.streaming import apply_query_conf, fenced_logs, start_query
-from tests.conftest import VENV_BIN, paused_cli, run_cli
+from tests.conftest import paused_cli, run_cli, start_cli
 from tests.s3proxy import Cut, S3Proxy
 from tests.spark.harness import land, run_in_session, two_hosts
 
@@ -139,15 +137,9 @@ def test_a_driver_whose_lease_was_taken_writes_no_log_of_the_checkpoint(
     assert load_checkpoint(query.checkpoint).last_committed_batch > last
 
 
-def _stateops(registry: Path, *args: str, endpoint: str, env: dict[str, str]):
-    """``stateops --registry REGISTRY ARGS`` started, its S3 requests through ``endpoint``."""
-    return subprocess.Popen(
-        [str(VENV_BIN / "stateops"), "--registry", str(registry), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **env, "STATEOPS_S3_ENDPOINT_URL": endpoint},
-    )
+def _through(s3a_env, proxy: S3Proxy) -> dict[str, str]:
+    """The S3 settings of a host whose requests go through ``proxy``."""
+    return {**s3a_env.env(), "STATEOPS_S3_ENDPOINT_URL": proxy.endpoint}
 
 
 def _key(path: str) -> str:
@@ -191,7 +183,7 @@ def test_a_first_run_whose_renewals_fail_removes_nothing_of_the_next_holder_s_ch
 
     proxy_a, proxy_b = S3Proxy(s3a_env.port, meddle_a), S3Proxy(s3a_env.port, meddle_b)
     land(tmp_path / "shared" / "landing", round_=0, files=1)
-    first = _stateops(a, "run", NAME, endpoint=proxy_a.endpoint, env=s3a_env.env())
+    first = start_cli(*("--registry", str(a), "run", NAME), env=_through(s3a_env, proxy_a))
     second = None
     try:
         deadline = time.monotonic() + 240
@@ -201,7 +193,7 @@ def test_a_first_run_whose_renewals_fail_removes_nothing_of_the_next_holder_s_ch
                 raise AssertionError(f"A's run wrote no batch 0 offsets: {first.communicate()}")
         time.sleep(ttl + 1)  # A's lease, renewed last before its batch 0, lapses
         assert cut, "A's lease was read through the endpoint that cuts it short"
-        second = _stateops(b, "run", NAME, endpoint=proxy_b.endpoint, env=s3a_env.env())
+        second = start_cli(*("--registry", str(b), "run", NAME), env=_through(s3a_env, proxy_b))
         out, err = first.communicate(timeout=240)
         a_gone.set()
         out_b, err_b = second.communicate(timeout=240)
