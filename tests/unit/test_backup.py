@@ -6,7 +6,7 @@ import pytest
 
 from stateops.core.errors import StateOpsError
 from stateops.core.storage import safe_relative_path
-from stateops.ops.backup import split_backup_url
+from stateops.ops.backup import _age, split_backup_url
 
 pytestmark = pytest.mark.unit
 
@@ -33,3 +33,17 @@ def test_a_manifest_path_that_leaves_the_target_is_refused(path):
 
 def test_a_manifest_path_inside_the_target_is_kept():
     assert str(safe_relative_path("state/0/1/2.zip", "the restore target")) == "state/0/1/2.zip"
+
+
+def test_backups_are_ordered_by_when_they_were_taken_not_by_their_batch():
+    """Two manifests written in the same second: the backup that started later is the later,
+    though its batch is older (a backup of batch 1 right after one of batch 2)."""
+    second = "2026-12-07T08:53:17+00:00"
+    newer_batch = {"backup_id": "b-000002-20261207T085316900000Z", "created_at": second}
+    older_batch = {"backup_id": "b-000001-20261207T085317100000Z", "created_at": second}
+    earlier = {"backup_id": "b-000009-20261207T085315000000Z", "created_at": "2026-12-07T08:53:16Z"}
+    assert sorted([older_batch, newer_batch, earlier], key=_age) == [
+        earlier,
+        newer_batch,
+        older_batch,
+    ]

@@ -391,7 +391,15 @@ def read_manifests(client: Any, loc: S3Location) -> list[dict[str, Any]]:
     except (BotoCoreError, ClientError) as err:
         raise s3_error(err, f"list {loc}") from None
     manifests = [read_manifest(client, loc, backup_id) for backup_id in ids]
-    return sorted(manifests, key=lambda m: (m["created_at"], m["backup_id"]))
+    return sorted(manifests, key=_age)
+
+
+def _age(manifest: dict[str, Any]) -> tuple[datetime, str]:
+    """A manifest's place among its neighbours, oldest first: when it was written (to the
+    second), then when its backup started (the stamp that ends its id): not the id itself,
+    which begins with the batch, so that a backup of an older batch taken in the same second
+    after a newer one is the later (``latest``, and what ``keep_last`` keeps)."""
+    return datetime.fromisoformat(manifest["created_at"]), manifest["backup_id"].rpartition("-")[2]
 
 
 def read_drills(client: Any, loc: S3Location) -> dict[str, dict[str, Any]]:
