@@ -141,12 +141,16 @@ def test_a_clock_driven_run_is_drained_once_a_trigger_planned_no_new_input():
     assert _read_nothing(_sources((None, None)))  # nothing landed yet
 
 
+_WAITING = {"isTriggerActive": False, "message": "Waiting for next trigger"}
+_ACTIVE = {"isTriggerActive": True, "message": "Processing new data"}
+
+
 class _Idle:
     """A streaming query between triggers whose stop takes ``stop_seconds`` to arrive."""
 
     def __init__(self, stop_seconds: float):
         self.isActive, self.stop_seconds = True, stop_seconds
-        self.status = {"isTriggerActive": False}
+        self.status = _WAITING
         self.lastProgress = {"batchId": 4, "timestamp": "t"}
 
     def stop(self):
@@ -169,6 +173,40 @@ def test_a_drains_stop_that_lands_after_the_next_trigger_was_due_says_it_may_be_
     assert (STOP_INSIDE_TRIGGER in said) == late, said
     if late:
         assert f"it may have {STOP_INSIDE_TRIGGER} 4" in said, said
+
+
+class _Overran(_Idle):
+    """A query whose trigger overran its interval: the next one begins at once, right after
+    one status that says it waits (Spark's ProcessingTimeExecutor), and runs a while."""
+
+    def __init__(self):
+        super().__init__(stop_seconds=0)
+        self.statuses = [_WAITING] + [_ACTIVE] * 5
+        self.read = 0  # statuses read so far
+        self.stopped_after = None
+
+    @property
+    def status(self):
+        self.read += 1
+        return self.statuses[self.read - 1] if self.read <= len(self.statuses) else _WAITING
+
+    @status.setter
+    def status(self, _):
+        pass
+
+    def stop(self):
+        self.stopped_after = self.read
+        super().stop()
+
+
+def test_a_drains_stop_is_not_sent_in_the_instant_between_an_overrun_trigger_and_the_next(
+    tmp_path,
+):
+    """Seen in the whole proof: the stop of a TTL query's drain, sent on one status that said
+    it waited, interrupted the next trigger (a trace, and no line that said so)."""
+    streaming = _Overran()
+    _stop_between_batches(streaming, _query(tmp_path))
+    assert streaming.stopped_after == len(streaming.statuses) + 2, streaming.stopped_after
 
 
 def test_a_failed_first_start_leaves_no_checkpoint_folder_and_a_committed_one_stays(tmp_path):
