@@ -171,10 +171,10 @@ def run_cli(
     return proc
 
 
-def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``stateops ARGS`` started (not waited for), its output piped, ``env`` over this one's."""
+def start_process(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``command`` started (not waited for), its output piped, ``env`` over this one's."""
     return subprocess.Popen(
-        [str(VENV_BIN / "stateops"), *args],
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -182,8 +182,13 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
     )
 
 
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``stateops ARGS`` started (:func:`start_process`)."""
+    return start_process([str(VENV_BIN / "stateops"), *args], env)
+
+
 class Paused:
-    """A ``stateops`` command stopped at a fault point (:func:`paused_cli`)."""
+    """A process stopped at a fault point (:func:`paused_process`)."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
@@ -196,26 +201,31 @@ class Paused:
 
 
 @contextlib.contextmanager
-def paused_cli(
-    *args: str, at: str, trace: Path, env: dict[str, str] | None = None, timeout: float = 120
+def paused_process(
+    command: list[str],
+    *,
+    at: str,
+    trace: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
 ) -> Iterator[Paused]:
-    """``stateops ARGS`` started with ``STATEOPS_PAUSE_AT=AT:300`` (``AT``: ``NAME:K``), once it
-    has stopped itself there: a holder that stalls. ``resume()`` it (its own helper would
-    after 300 s); it is killed when the block ends, whether or not it was resumed."""
+    """``command`` (a process of the project's library) started with
+    ``STATEOPS_PAUSE_AT=AT:300`` (``AT``: ``NAME:K``), once it has stopped itself there: a
+    holder that stalls. ``resume()`` it (its own helper would after 300 s); it is killed when
+    the block ends, whether or not it was resumed."""
     name, _, k = at.partition(":")
-    proc = start_cli(
-        *args,
+    what = " ".join(command[1:3])
+    proc = start_process(
+        command,
         env={**(env or {}), "STATEOPS_PAUSE_AT": f"{at}:300", "STATEOPS_FAULT_TRACE": str(trace)},
     )
     try:
         deadline = time.monotonic() + timeout
         while not (trace.exists() and f"\n{name} {k} " in "\n" + trace.read_text()):
             if proc.poll() is not None:
-                raise AssertionError(
-                    f"stateops {' '.join(args)} ended before {at}: {proc.communicate()}"
-                )
+                raise AssertionError(f"{what} ended before {at}: {proc.communicate()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"stateops {' '.join(args)} never reached {at}")
+                raise AssertionError(f"{what} never reached {at}")
             time.sleep(0.1)
         while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
             time.sleep(0.05)
@@ -223,6 +233,11 @@ def paused_cli(
     finally:
         proc.kill()
         proc.wait()
+
+
+def paused_cli(*args: str, **how) -> contextlib.AbstractContextManager[Paused]:
+    """``stateops ARGS`` stopped at a fault point (:func:`paused_process`)."""
+    return paused_process([str(VENV_BIN / "stateops"), *args], **how)
 
 
 # Spark's known harmless traces (docs/limits.md): RocksDB maintenance on a fresh checkpoint

@@ -8,6 +8,8 @@ nothing and says, in one line, that it lost the query's lease."""
 from __future__ import annotations
 
 import hashlib
+import json
+import sys
 import threading
 import time
 import uuid
@@ -20,7 +22,7 @@ from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
 from stateops.core.storage import list_files, location
 from stateops.spark.streaming import apply_query_conf, fenced_logs, start_query
-from tests.conftest import paused_cli, run_cli, start_cli
+from tests.conftest import paused_cli, paused_process, run_cli, start_cli
 from tests.s3proxy import Cut, S3Proxy
 from tests.spark.harness import land, run_in_session, two_hosts
 
@@ -217,3 +219,91 @@ def test_a_first_run_whose_renewals_fail_removes_nothing_of_the_next_holder_s_ch
     land(tmp_path / "shared" / "landing", round_=1, files=1)
     assert run_in_session(spark, b, NAME)["status"] == "succeeded"
     assert load_checkpoint(checkpoint).last_committed_batch > after_b
+
+
+# Host A's migration run as `stateops migrate` runs it (cmd_migrate), on a plan the test made,
+# so that host B can roll back the same run as the DAG's roll_back task would on another worker.
+_MIGRATE = """
+import json, sys
+from stateops.cli import _job_runner, _log
+from stateops.control.target import query_target
+from stateops.core.errors import OperationFailed, StateOpsError, one_line
+from stateops.core.s3 import s3_client, s3_settings
+from stateops.ops.backup import backup_first
+from stateops.ops.migration import run_migration
+
+registry, plan = sys.argv[1], json.loads(sys.argv[2])
+target = query_target(registry, plan["query"])
+try:
+    backup = backup_first(target, s3_client(s3_settings()), "migration", log=_log)
+    run_migration(target, plan, backup=backup, run_job=_job_runner("local[2]"), log=_log)
+except StateOpsError as err:
+    print(f"error: {one_line(err)}", file=sys.stderr)
+    sys.exit(1 if isinstance(err, OperationFailed) else 2)
+"""
+
+
+@pytest.mark.whole
+@pytest.mark.parametrize(
+    "at, switched",
+    [("marker:1", True), ("audit:2", False)],  # host A's own count (its backup's audit is 1)
+    ids=["before-its-retirement", "before-its-switch-record"],
+)
+def test_a_switch_resumed_after_its_roll_back_on_another_host_retires_nothing(
+    spark, s3a_env, hosts, tmp_path, at, switched
+):
+    """Rehearsal 4 of FLEET-SAFETY.md. Host A's migration stalls in its switch, after the
+    switch record and before it retires the old checkpoint, or before the switch record
+    (Airflow, hearing nothing, fails the switch task); host B's roll_back of the same run
+    undoes what A switched and sets the new checkpoint aside; A resumes. Exactly one wins:
+    the query is on its old checkpoint, which is not retired and runs on; the new one is set
+    aside; A's switch stops at its next write, saying it lost the query's lease, and its run
+    ends rolled back."""
+    from stateops.control.lock import read_hold
+    from stateops.control.markers import read_retired
+    from stateops.control.target import query_target
+    from stateops.ops.migration import plan_migration, roll_back_migration
+
+    a, b = hosts
+    shared = tmp_path / "shared"
+    land(shared / "landing", round_=0, files=2)
+    run_in_session(spark, a, NAME)
+    land(shared / "landing_v2", round_=1, files=1)
+    old = load_registry(a).query(NAME).checkpoint
+    source = {"format": "json", "path": str(shared / "landing_v2" / "page_visits")}
+    plan = plan_migration(query_target(a, NAME), source, run_id="m-stall")
+    new = plan["new"]["checkpoint"]
+
+    command = [str(Path(sys.executable)), "-c", _MIGRATE, str(a), json.dumps(plan)]
+    with paused_process(command, at=at, trace=tmp_path / "trace") as stalled:
+        points = (tmp_path / "trace").read_text().split()[::3]
+        assert points[-1] == at.split(":")[0] and "renamed" in points, points  # transplanted
+        assert load_registry(b).query(NAME).checkpoint == (new if switched else old)
+        time.sleep(TTL * 1.1 + 2)  # the step's lease expires (S3's Last-Modified: whole seconds)
+
+        said: list[str] = []
+        done = roll_back_migration(query_target(b, NAME), plan, log=said.append)
+        assert done["switch_undone"] == switched, said
+        assert load_registry(b).query(NAME).checkpoint == old
+        assert (read_retired(new) or {}).get("state") == "set aside", said
+
+        resumed = stalled.resume(timeout=300)
+    out, err = resumed.stdout, resumed.stderr
+    assert resumed.returncode == 1 and "Traceback" not in err, out + err
+    lost = "this switch (run m-stall) lost the query's lease"
+    lines = [line for line in err.splitlines() if lost in line]  # the step's, and the run's
+    assert len(lines) == 2 and lines[0].startswith(f"{NAME}: switch failed: "), err[-3000:]
+    assert lines[1] == err.strip().splitlines()[-1], err[-3000:]
+    assert lines[1].startswith(f"error: the migration of {NAME} failed at switch ("), lines
+    assert lines[1].endswith(
+        f"it was rolled back and the query runs on {old}: fix the cause and migrate again"
+    ), lines
+    assert read_retired(old) is None, "the resumed switch retired the old checkpoint"
+    for host in (a, b):
+        assert load_registry(host).query(NAME).checkpoint == old
+    assert (read_retired(new) or {}).get("state") == "set aside"
+    assert read_hold(load_registry(b).lock_path(NAME)) is None, "the hold is released"
+    last = load_checkpoint(old).last_committed_batch
+    land(shared / "landing", round_=2, files=1)
+    assert run_in_session(spark, b, NAME)["status"] == "succeeded"
+    assert load_checkpoint(old).last_committed_batch > last
