@@ -148,11 +148,12 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
+    from stateops.core.s3 import names_a_url
     from stateops.ops.restore import format_restore_plan, plan_restore, run_restore
 
     # With a URL the registry only says whose checkpoint the target is (whose lock to take):
     # none to read, no lock; one that cannot be read is an error, not a silent "no lock".
-    with_registry = not args.source.startswith("s3://") or registry_path(args.registry).exists()
+    with_registry = not names_a_url(args.source) or registry_path(args.registry).exists()
     registry = load_registry(args.registry) if with_registry else None
     client = _s3(args)
     plan = plan_restore(
@@ -200,10 +201,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def cmd_backups(args: argparse.Namespace) -> int:
     from stateops.control.target import query_target
+    from stateops.core.s3 import names_a_url
     from stateops.ops.backup import describe_drill, list_backups, prune_backups, verify_backup
 
     url = args.url
-    if args.action != "verify" and not url.startswith("s3://"):  # a registered query's backups
+    if args.action != "verify" and not names_a_url(url):  # a registered query's backups
         url = query_target(args.registry, url).backup_location()
     if args.action == "list":
         rows = list_backups(url, _s3(args))

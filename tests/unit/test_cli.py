@@ -303,3 +303,19 @@ def test_a_failed_operation_exits_1_and_a_refusal_2(monkeypatch, capsys):
         monkeypatch.setattr(cli, "cmd_queries", command)
         assert cli.main(["queries"]) == code
         assert capsys.readouterr().err == f"error: {error}\n"
+
+
+@pytest.mark.parametrize(
+    "command", [("backups", "list"), ("backups", "prune", "--keep-last", "1"), ("restore",)]
+)
+def test_a_mistyped_backup_url_is_refused_as_a_url_not_looked_up_as_a_query(tmp_path, command):
+    """Found by a bad-input trial: `backups list s3:/bucket/x` said no query was named so."""
+    registry = str(write_registry(tmp_path))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    refused = run_cli("--registry", registry, *command[:2], "s3:/backups/page_visits", *command[2:])
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "error: s3:/backups/page_visits: not an S3 URL (its scheme is not written s3://); "
+        "use s3://BUCKET/PREFIX"
+    ]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

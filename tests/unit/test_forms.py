@@ -53,6 +53,16 @@ BAD = [
         {"query": "page_visits", "new_source_path": "nowhere"},
         "new_source_path: new source path ",
     ),
+    *[  # found by a bad-input trial: an empty folder for a file source
+        (
+            "stream_source_migration",
+            {"query": "page_visits", "new_source_format": fmt, "new_source_path": path},
+            f"new_source_path: empty: a {shown} source reads a folder: give the new source's "
+            "folder (--new-source-path)",
+        )
+        for fmt, shown in [("json", "json"), ("auto", "parquet")]
+        for path in ("", None, "  ")
+    ],
     (
         "stream_source_migration",
         {"query": "page_visits", "new_source_path": "nowhere", "cutover": "yesterday 3am"},

@@ -20,6 +20,7 @@ __all__ = [
     "S3Settings",
     "checkpoint_settings",
     "connection_settings",
+    "names_a_url",
     "parse_s3_url",
     "s3_client",
     "s3_settings",
@@ -39,11 +40,35 @@ class S3Location:
         return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
 
 
+def names_a_url(text: str) -> bool:
+    """Whether an argument that is a query's name or a URL is meant as a URL: a query's name
+    has neither a colon nor a slash, so a mistyped URL is refused as a URL (what is wrong with
+    it), not looked up as a query that is not registered."""
+    return ":" in text or "/" in text
+
+
 def parse_s3_url(url: str) -> S3Location:
-    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-        raise StateOpsError(f"{url}: not an S3 URL; use s3://BUCKET/PREFIX")
+    """``s3://BUCKET[/PREFIX]``; anything else is refused in one line that says what is wrong."""
+    problem = _s3_url_problem(url)
+    if problem:
+        raise StateOpsError(f"{url}: not an S3 URL ({problem}); use s3://BUCKET/PREFIX")
     bucket, _, prefix = url[5:].partition("/")
     return S3Location(bucket, prefix.strip("/"))
+
+
+def _s3_url_problem(url: str) -> str | None:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        if url.lower().startswith("s3"):
+            return "its scheme is not written s3://"
+        return "it does not begin with s3://"
+    if scheme != "s3":
+        return f"its scheme is {scheme}://, here it is s3://"
+    if not rest.split("/", 1)[0]:
+        return "no bucket after s3://"
+    if any(c.isspace() for c in url):
+        return "it has a blank in it"
+    return None
 
 
 @dataclass(frozen=True)

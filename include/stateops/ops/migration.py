@@ -502,6 +502,11 @@ def _new_source(
             "new_source_path: a kafka source reads a topic, not a folder: give "
             "new_source_topic (--new-source-topic) and leave the folder empty"
         )
+    if spec["format"] != "kafka" and not path.strip():
+        raise StateOpsError(
+            f"new_source_path: empty: a {spec['format']} source reads a folder: give the new "
+            "source's folder (--new-source-path)"
+        )
     spec["options"] = carried_options(current, spec["format"]) | given
     if inputs and spec["options"] != given:  # a glob carried from the old source
         inputs = _input_files(Path(spec["path"]), spec["options"])

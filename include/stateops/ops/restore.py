@@ -32,7 +32,7 @@ from stateops.core.kafka import KafkaDown
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Registry
 from stateops.core.report import format_bytes
-from stateops.core.s3 import S3Location, parse_s3_url
+from stateops.core.s3 import S3Location, names_a_url, parse_s3_url
 from stateops.core.sources import kafka_unreadable, offsets_entry_sources
 from stateops.core.staging import Staging, has_entries, remove_stale_staging, stale_staging
 from stateops.core.storage import S3Path, list_files, location, publish, safe_relative_path
@@ -56,7 +56,7 @@ def _backup_location(
     """(where the backups are, the backup id or ``latest``, the query named) from
     ``s3://BUCKET/PREFIX/BACKUP_ID|latest`` or a registered query's name (+ ``backup``): its
     backups are at its target's backup location."""
-    if source.startswith("s3://"):
+    if names_a_url(source):
         if backup is not None:
             raise StateOpsError(
                 f"{source}: give the backup in the URL or after a query's name, not both"
