@@ -3,8 +3,9 @@
 
 Checks every registered query's health on the registry's `alerts.schedule` (every 5 minutes by
 default), the rules `stateops status` shows, read from the checkpoints, the run summaries, the
-brokers and the backup store, without Spark: a task per query, `health_<query>`, which fails
-naming each rule that fires and what it saw (Kafka lag over `health.lag_records`, input not
+brokers and the backup store, without Spark: a task per query, `health_<query>`, which logs
+each rule that fires and what it saw, and fails, naming them, when a FAIL rule fires (a WARN
+alone is alerted, not a red task) (Kafka lag over `health.lag_records`, input not
 read within `health.input_waiting`, retention close to the committed offsets, no backup within
 `health.backup_within`, the last run or validation failed, code that does not fit the state,
 state growing faster than `health.state_rows_per_hour`). Work in progress (an operation holding

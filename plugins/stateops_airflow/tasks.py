@@ -499,10 +499,10 @@ def scheduled_outcome(operation: str, done: dict[str, str | None]) -> list[str]:
 def check_health(query: str) -> dict[str, Any]:
     """The health rules of one query (stream_health), from its status (no Spark): the rules
     that fire, and what changed since they were last alerted, go to the task's XCom
-    ``alerts`` for its callbacks (:class:`HealthAlerts`); the task fails naming every rule
-    that fires. Its figures go to the query's history and Airflow's metrics first. A switch
-    that failed its readiness window is switched back first (:mod:`stateops.ops.readiness`):
-    the check then says so (``switched_back``)."""
+    ``alerts`` for its callbacks (:class:`HealthAlerts`); the task fails when a FAIL rule
+    fires (:func:`health_failure`). Its figures go to the query's history and Airflow's
+    metrics first. A switch that failed its readiness window is switched back first
+    (:mod:`stateops.ops.readiness`): the check then says so (``switched_back``)."""
     from airflow.sdk import get_current_context
 
     from stateops.alerts import changes, firing, read_alerted, watch_readiness
@@ -520,11 +520,22 @@ def check_health(query: str) -> dict[str, Any]:
     for rule, seen in now.items():
         say(f"{query}: [{seen['level']}] {rule}: {seen['message']}")
     say(f"{query}: {len(alerts)} change(s) to alert" if alerts else f"{query}: no change")
-    if now:
-        raise AirflowFailException(
-            f"{query}: " + "; ".join(f"{rule}: {seen['message']}" for rule, seen in now.items())
-        )
+    failure = health_failure(query, now)
+    if failure:
+        raise AirflowFailException(failure)
     return {"query": query, "verdict": health["verdict"], "reasons": health["reasons"]}
+
+
+def health_failure(query: str, now: dict[str, dict[str, str]]) -> str | None:
+    """The line a health check fails with: only when a FAIL rule fires (``now``: the rules
+    that fire, :func:`stateops.alerts.firing`), naming every rule that fires. A WARN alone is
+    a notification (its alert is sent all the same), not a failed task: a fresh deployment
+    with no backup yet is not a red grid."""
+    if not any(seen["level"] == "FAIL" for seen in now.values()):
+        return None
+    return f"{query}: " + "; ".join(
+        f"[{seen['level']}] {rule}: {seen['message']}" for rule, seen in now.items()
+    )
 
 
 _LEVELS = {"OK": 0, "WARN": 1, "FAIL": 2}

@@ -94,12 +94,13 @@ def test_health_rules_fire_once_and_recover_once_through_the_notifier(
     spark, tmp_path, s3, webhook, statsd, no_jvm, monkeypatch
 ):
     """page_visits, run once, then input landed and not read (long ago: land's mtimes), and
-    no backup: two rules fire (input_waiting, backup_age), one message each, and the task
-    fails naming both. Once the query read its input, the next check sends one message, that
-    input_waiting recovered, and none for backup_age, which goes on firing (the task still
-    fails). user_sessions never ran: work in progress, no rule, its task green. Each check
-    records its figures in the query's history, beside its runs', and sends them, with the
-    last run's, as StatsD gauges. No check starts a JVM."""
+    no backup: two WARN rules fire (input_waiting, backup_age), one message each, and the task
+    names both in its log and stays green (a WARN notifies, only a FAIL rule fails the task).
+    Once the query read its input, the next check sends one message, that input_waiting
+    recovered, and none for backup_age, which goes on firing. user_sessions never ran: work
+    in progress, no rule, its task green. Each check records its figures in the query's
+    history, beside its runs', and sends them, with the last run's, as StatsD gauges. No
+    check starts a JVM."""
     path = write_registry(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["backups"] = {"url": "s3://backups/health", "conn_id": "aws_default"}
@@ -144,7 +145,7 @@ def test_health_rules_fire_once_and_recover_once_through_the_notifier(
         return _failed_tasks(log), sorted(webhook.taken(), key=lambda m: m["rule"]), log
 
     failed, sent, log = check()
-    assert failed == {"health_page_visits"}, log[-5000:]
+    assert failed == set(), log[-5000:]
     assert [(m["path"], m["query"], m["rule"], m["state"]) for m in sent] == [
         ("/alerts", "page_visits", "backup_age", "firing"),
         ("/alerts", "page_visits", "input_waiting", "firing"),
@@ -160,15 +161,16 @@ def test_health_rules_fire_once_and_recover_once_through_the_notifier(
     assert waiting.startswith("[WARN] page_visits: 1 input file of source landed and not read")
     assert "allowed: 30 min, health.input_waiting" in waiting
     assert "stateops run page_visits reads them" in waiting
-    # the task fails in one line naming each rule
-    assert "page_visits: input_waiting: 1 input file" in log and "backup_age: no backup" in log
+    # the task's log names each rule with its level
+    assert "page_visits: [WARN] input_waiting: 1 input file" in log
+    assert "page_visits: [WARN] backup_age: no backup" in log
     alerted = json.loads(registry.alerts_path("page_visits").read_text())["firing"]
     assert set(alerted) == {"backup_age", "input_waiting"}
     figures(0, ["run", "check"])
 
     run_in_session(spark, path, "page_visits")
     failed, sent, log = check()
-    assert failed == {"health_page_visits"}, log[-5000:]
+    assert failed == set(), log[-5000:]
     assert [(m["rule"], m["state"], m["text"]) for m in sent] == [
         (
             "input_waiting",

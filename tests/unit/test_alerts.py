@@ -39,6 +39,22 @@ def test_the_rules_that_fire_leave_out_work_in_progress_and_join_one_rules_reaso
     assert firing(_health()) == {}
 
 
+def test_a_health_check_fails_its_task_on_a_fail_rule_and_not_on_warnings_alone():
+    """A WARN is a notification (its alert is sent either way), not a red task: a fresh
+    deployment with no backup yet left stream_health red every 5 minutes (issue 75 item 6)."""
+    from stateops_airflow.tasks import health_failure
+
+    warnings = firing(_health(("backup_age", "WARN", "no backup yet")))
+    assert health_failure("q", warnings) is None
+    assert health_failure("q", {}) is None
+    both = firing(
+        _health(("backup_age", "WARN", "no backup yet"), ("lag", "FAIL", "500 records behind"))
+    )
+    assert health_failure("q", both) == (
+        "q: [WARN] backup_age: no backup yet; [FAIL] lag: 500 records behind"
+    )
+
+
 def test_a_rule_alerts_when_it_starts_and_when_it_recovers_and_not_while_it_goes_on():
     lag = {"lag": {"level": "FAIL", "message": "500 records behind"}}
     [fired] = changes("q", {}, lag)
