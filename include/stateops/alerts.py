@@ -39,8 +39,8 @@ class Alert:
 
     query: str
     rule: str
-    state: str  # "firing" or "recovered"
-    level: str  # the rule's level while firing (FAIL, WARN); OK once recovered
+    state: str  # "firing" or "recovered"; "requested" for an approval (rule "approval")
+    level: str  # the rule's level while firing (FAIL, WARN); OK once recovered; ASK
     message: str  # what the rule saw (recovered: what it had seen)
 
     @property
@@ -48,6 +48,8 @@ class Alert:
         """The one line a person reads."""
         if self.state == "recovered":
             return f"[OK] {self.query}: {self.rule} recovered (it said: {self.message})"
+        if self.state == "requested":
+            return f"[ASK] {self.query}: {self.message} (Airflow's required actions)"
         return f"[{self.level}] {self.query}: {self.message} (stateops status {self.query})"
 
     def as_dict(self) -> dict[str, str]:

@@ -21,6 +21,8 @@ from stateops.control.approval import (
     TIMEOUT_TEXT,
     ApprovalRequest,
     refusal,
+    respondents,
+    unaccepted,
     without_approval,
 )
 from stateops.core.registry import Source, load_registry
@@ -69,9 +71,13 @@ class ApprovalGate(ApprovalOperator):
             say(needless)
             return {"approved_by": None, "reason": needless}
         self.subject, self.body = asked.subject(self.operation), asked.body(self.on_reject)
+        self.assigned_users = one_line_errors(respondents)(asked.query, _triggerer(context))
+        who = ", ".join(u["name"] for u in self.assigned_users or []) or "anyone who may act"
+        self.notifiers = _approvers_notified(asked.query, self.subject)
         say(
             f"{self.subject} Waiting for an answer in Airflow's required actions (or over "
-            f"REST) for up to {TIMEOUT_TEXT}; rejected or unanswered: {self.on_reject}"
+            f"REST) for up to {TIMEOUT_TEXT}, from {who}; rejected or unanswered: "
+            f"{self.on_reject}"
         )
         return super().execute(context)
 
@@ -88,8 +94,34 @@ class ApprovalGate(ApprovalOperator):
             raise AirflowFailException(
                 refusal(self.operation, query, f"rejected by {who}", self.on_reject)
             )
+        asked = one_line_errors(self.ask)(context)  # whose approvers: as when it asked
+        if not isinstance(asked, str):
+            why = unaccepted(asked.query, answer["responded_by_user"], _triggerer(context))
+            if why:
+                raise AirflowFailException(refusal(self.operation, query, why, self.on_reject))
         say(f"the {self.operation} of {query} was approved by {who}")
         return {"approved_by": who, "at": answer["responded_at"].isoformat()}
+
+
+def _triggerer(context: Any) -> str | None:
+    """Who triggered the run (None: the scheduler)."""
+    return getattr(context.get("dag_run"), "triggering_user_name", None)
+
+
+def _approvers_notified(query: Any, subject: str) -> list[Callable[[Any], None]]:
+    """The registry's notifier (``alerts.notifier``), called once the request is made, with an
+    ``alert`` of rule ``approval`` and state ``requested`` (docs/alerts.md); none without one."""
+    from stateops.alerts import Alert, notifier_for
+
+    registry = load_registry(switched=False)
+    if registry.alerts.notifier is None:
+        return []
+    alert = Alert(query.name, "approval", "requested", "ASK", subject).as_dict()
+
+    def notify(context: Any) -> None:
+        notifier_for(registry)({**context, "alert": alert})
+
+    return [notify]
 
 
 def approved(context: Any, gate: str) -> bool:

@@ -11,8 +11,15 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowFailException
 
-from stateops.control.approval import OPERATIONS, TIMEOUT, ApprovalRequest, without_approval
-from stateops.core.errors import RegistryError
+from stateops.control.approval import (
+    OPERATIONS,
+    TIMEOUT,
+    ApprovalRequest,
+    respondents,
+    unaccepted,
+    without_approval,
+)
+from stateops.core.errors import RegistryError, StateOpsError
 from stateops.core.registry import load_registry
 from stateops_airflow.approval import ApprovalGate
 from tests.conftest import write_registry
@@ -131,3 +138,61 @@ def test_where_nothing_needs_approval_the_step_says_why_and_does_not_wait(tmp_pa
     # A restore into an empty folder: the ask itself says there is nothing to approve.
     done = _gate(lambda context: "nothing there is replaced").execute(CONTEXT)
     assert done == {"approved_by": None, "reason": "nothing there is replaced"}
+
+
+class _DagRun:
+    def __init__(self, triggered_by: str | None) -> None:
+        self.triggering_user_name = triggered_by
+
+
+def _approvers(tmp_path, **approvers):
+    overrides = {"page_visits": {"approval": "required", "approvers": approvers}}
+    return load_registry(write_registry(tmp_path, **overrides)).query("page_visits")
+
+
+def test_an_approval_is_asked_of_the_named_approvers_but_the_one_who_triggered_the_run(tmp_path):
+    """Airflow's API server answers anyone outside ``assigned_users`` 403 (issue 75 item 5)."""
+    query = _approvers(tmp_path, users=["alice", "bob"], not_the_triggerer=True)
+    assert respondents(query, "alice") == [{"id": "bob", "name": "bob"}]
+    assert respondents(query, None) == [
+        {"id": "alice", "name": "alice"},
+        {"id": "bob", "name": "bob"},
+    ]
+    with pytest.raises(StateOpsError) as refused:
+        respondents(_approvers(tmp_path, users=["alice"], not_the_triggerer=True), "alice")
+    assert str(refused.value) == (
+        "page_visits: its only approver, alice, triggered this run and may not approve it "
+        "(approvers.not_the_triggerer): name another in approvers.users, or let another "
+        "approver trigger it"
+    )
+    assert respondents(_approvers(tmp_path, not_the_triggerer=True), "alice") is None  # anyone
+
+
+def test_an_approval_by_the_triggerer_or_by_someone_not_named_ends_the_run_unapproved(tmp_path):
+    """Where the auth manager lets every user answer (the simple one with all admins), the
+    step itself refuses an answer the registry does not accept."""
+    query = _approvers(tmp_path, users=["alice", "bob"], not_the_triggerer=True)
+    assert unaccepted(query, {"id": "bob", "name": "bob"}, "alice") == ""
+    assert unaccepted(query, {"id": "alice", "name": "alice"}, "alice") == (
+        "approved by alice, who triggered the run: another person must approve "
+        "(approvers.not_the_triggerer)"
+    )
+    assert unaccepted(query, {"id": "7", "name": "oncall"}, "alice") == (
+        "approved by oncall, who is not one of its approvers (alice, bob)"
+    )
+    anyone_else = _approvers(tmp_path, not_the_triggerer=True)
+    assert unaccepted(anyone_else, {"id": "7", "name": "oncall"}, "alice") == ""
+    assert "who triggered the run" in unaccepted(
+        anyone_else, {"id": "7", "name": "oncall"}, "oncall"
+    )
+
+    ask = lambda context: ApprovalRequest(query, "roll it back", "PLAN: ...", "to s3://b")  # noqa: E731
+    context = {**CONTEXT, "dag_run": _DagRun("oncall")}
+    with pytest.raises(AirflowFailException) as refused:
+        _gate(ask).execute_complete(context, _answer("Approve"))
+    assert str(refused.value) == (
+        "the backfill of page_visits was approved by oncall, who is not one of its approvers "
+        "(alice, bob): nothing changed; the query goes on as it was"
+    )
+    by_bob = {**_answer("Approve"), "responded_by_user": {"id": "bob", "name": "bob"}}
+    assert _gate(ask).execute_complete(context, by_bob)["approved_by"] == "bob"

@@ -411,6 +411,16 @@ class StateStore(_Model):
         return self
 
 
+class Approvers(_Model):
+    """Who may answer a query's approvals (:mod:`stateops.control.approval`)."""
+
+    users: list[str] = []
+    """The Airflow users who may answer, by the id their auth manager gives them (the user
+    name under Airflow's simple auth manager); empty: anyone allowed to act on the DAG."""
+    not_the_triggerer: bool = False
+    """An approval is refused to the person who triggered the run: a second person approves."""
+
+
 class Query(_Model):
     """One managed streaming query."""
 
@@ -437,9 +447,10 @@ class Query(_Model):
     health: Health = Health()
     """Its health rules' thresholds, over the registry's ``health:``."""
     approval: Literal["required", "none"] | None = None
-    """Whether a second person approves its irreversible steps (migration, code upgrade,
-    backfill, restore over its checkpoint, repartition) in Airflow first; unset: a migration
-    and an upgrade ask, the others do not."""
+    """Whether someone (its ``approvers``) approves its irreversible steps (migration, code
+    upgrade, backfill, restore over its checkpoint, repartition) in Airflow first; unset: a
+    migration and an upgrade ask, the others do not."""
+    approvers: Approvers = Approvers()
     _code_paths: tuple[Path, ...] = PrivateAttr(default=())
     _declared: dict | None = PrivateAttr(default=None)
 
