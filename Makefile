@@ -102,8 +102,8 @@ suite-report:
 	  exit $$status
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check --quiet include spark_jobs dags plugins tests benchmarks
-	$(VENV)/bin/ruff format --check --quiet include spark_jobs dags plugins tests benchmarks
+	$(VENV)/bin/ruff check --quiet include dags plugins tests benchmarks
+	$(VENV)/bin/ruff format --check --quiet include dags plugins tests benchmarks
 
 lock: $(VENV)/.installed
 	$(PY) -m pip install --quiet -r requirements.in

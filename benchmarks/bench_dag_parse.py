@@ -81,7 +81,7 @@ def main() -> None:
             "AIRFLOW_HOME": str(Path(tmp) / "airflow"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "PYTHONPATH": os.pathsep.join(
-                [str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")]
+                [str(ROOT / "include"), os.environ.get("PYTHONPATH", "")]
             ),
             "STATEOPS_REGISTRY": os.environ.get("STATEOPS_REGISTRY", str(ROOT / "registry.yaml")),
         }

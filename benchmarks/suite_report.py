@@ -52,7 +52,7 @@ def spawn_kind(program: str, args: str) -> str:
             return "python"
         # A spark-submit of a .py runs it with PYSPARK_PYTHON: the job's driver process.
         script = Path(words[0]).name
-        return f"python driver {script}" if "spark_jobs" in words[0] else f"python {script}"
+        return f"python driver {script}" if "stateops/jobs/" in words[0] else f"python {script}"
     if "org.apache.spark.launcher.Main" in words:
         return "spark launcher"
     if "org.apache.spark.deploy.SparkSubmit" in words:

@@ -19,7 +19,7 @@ Trigger it with the form; **dry run** (on by default) only prints the plan. The 
    plans again, backs up the checkpoint to the registry's `backups.url`, and marks the run
    (`<checkpoint>.audit/repartition.json`, with every file it holds): until the run ends the
    query does not start.
-3. `repartition`: Spark's own repartition (`spark_jobs/repartition_state.py`): a new batch
+3. `repartition`: Spark's own repartition (`stateops/jobs/repartition_state.py`): a new batch
    N + 1 that reads no input and holds the state of batch N in the new number of
    partitions; then its proof, per operator and store: the same rows and order-independent
    checksum as batch N, every row in the partition its partitioning key hashes to (the

@@ -43,8 +43,6 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.g
 # in-process (DagBag, the plugins' pure logic); runs of `airflow` get their own home.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="stateops-airflow-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-# Airflow puts plugins/ on sys.path when it runs; code loaded in-process needs it too.
-sys.path.insert(0, str(ROOT / "plugins"))
 # scripts/env.sh's Airflow connection kafka_default (the demo's broker on 9092) would win over
 # the test broker's STATEOPS_KAFKA_BOOTSTRAP_SERVERS (kafka_settings: connection before
 # environment): tests reach only the brokers they start, through the environment.
@@ -283,7 +281,7 @@ def log_trouble(output: str, said: str = "") -> list[str]:
 def job_command(
     job: str, *args: str, master: str = "local[2]", submit: list[str] = ()
 ) -> list[str]:
-    """``spark-submit [submit...] spark_jobs/<job> [args...]``, by the project's one builder."""
+    """``spark-submit [submit...] stateops/jobs/<job> [args...]``, by the project's one builder."""
     from stateops.spark.jobs import spark_submit_command
 
     return spark_submit_command(job, master, args, submit)

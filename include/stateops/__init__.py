@@ -20,7 +20,7 @@ testable without a JVM.
 from importlib import import_module
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 _FACE = {
     "core.errors": ["StateOpsError"],

@@ -54,7 +54,7 @@ def _spark_submit(
 
 
 def _submit_job(job: str, master: str, *args: str, to_stderr: bool = False) -> int:
-    """Run ``spark_jobs/<job>`` through the venv's spark-submit, once the job's checks that
+    """Run ``stateops/jobs/<job>`` through the venv's spark-submit, once the job's checks that
     need no Spark passed here (a refusal costs no JVM start); its exit code. ``to_stderr``:
     the job's output too goes to stderr (stdout is the command's JSON)."""
     preflight_job(job_path(job), args)

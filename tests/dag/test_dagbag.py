@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stateops.spark.jobs import job_path
 from tests.conftest import ROOT, write_registry
 
 pytestmark = pytest.mark.dag
@@ -87,7 +88,7 @@ def test_stream_start_runs_each_registered_query_then_records_it(dagbag):
     for name in QUERIES:
         submit = dag.get_task(f"run_{name}")
         assert submit.downstream_task_ids == {f"record_{name}"}
-        assert Path(submit.application) == ROOT / "spark_jobs" / "run_query.py"
+        assert Path(submit.application) == job_path("run_query.py")
         assert submit._conn_id == "spark_default"
         args = submit.application_args
         assert args[args.index("--query") + 1] == name
@@ -206,7 +207,7 @@ def test_stream_restore_drill_restores_reads_and_records_each_query_on_the_regis
         assert read.upstream_task_ids == {f"restore_{q}"}
         assert dag.task_dict[f"record_{q}"].upstream_task_ids == {f"read_{q}", f"restore_{q}"}
         assert dag.task_dict[f"record_{q}"].trigger_rule == "all_done"
-        assert read.application.endswith("spark_jobs/export_state.py")
+        assert read.application == str(job_path("export_state.py"))
         plan = "{{ ti.xcom_pull(task_ids='restore_%s')['%s'] }}"
         args = read.application_args
         for option, key in (("--checkpoint", "checkpoint"), ("--out", "state")):
@@ -400,7 +401,7 @@ def test_stream_repartition_form_and_order(dagbag):
     assert roll_back.trigger_rule == "one_failed"
     assert roll_back.upstream_task_ids == {"repartition", "finish"}
     _asks_approval(dag, "approve", "repartition")
-    assert dag.get_task("repartition").application.endswith("spark_jobs/repartition_state.py")
+    assert dag.get_task("repartition").application == str(job_path("repartition_state.py"))
 
 
 def _asks_approval(dag, task_id: str, operation: str) -> None:

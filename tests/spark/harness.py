@@ -31,7 +31,7 @@ from stateops.core.storage import S3Path, list_files, location
 from stateops.dev.sampledata import DATASETS, generate_events
 from stateops.ops.carry import write_checkpoint_file
 from stateops.ops.start import is_transient
-from stateops.spark.jobs import quiesce
+from stateops.spark.jobs import job_path, quiesce
 from stateops.spark.streaming import (
     CHECKPOINT_FILE_MANAGER,
     apply_query_conf,
@@ -40,7 +40,7 @@ from stateops.spark.streaming import (
     start_query,
     write_batch,
 )
-from tests.conftest import ROOT, TEST_SPARK_CONF, TEST_STATE_STORE, tree_digest, write_registry
+from tests.conftest import TEST_SPARK_CONF, TEST_STATE_STORE, tree_digest, write_registry
 
 _mtime = [1_700_000_000]
 
@@ -275,14 +275,14 @@ def _registered_conf(spark) -> None:
 
 @functools.cache
 def _job_module(job: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"job_{job[:-3]}", ROOT / "spark_jobs" / job)
+    spec = importlib.util.spec_from_file_location(f"job_{job[:-3]}", job_path(job))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def job_in_session(spark, job: str, *args: str) -> tuple[int, str]:
-    """``spark-submit spark_jobs/<job> ARGS`` without the JVM to start: the job's own ``main``
+    """``spark-submit stateops/jobs/<job> ARGS`` without the JVM to start: the job's own ``main``
     in this process's shared session. Returns (exit code, stdout). For tests whose subject is
     what a job leaves (state, output, its summary); the jobs through spark-submit are proven
     by their own tests (test_run_query, test_bootstrap, ...) and by each DAG's run."""

@@ -787,7 +787,7 @@ def test_a_restore_drill_reads_a_backups_state_and_catches_one_damaged_after_it_
     byte-identical throughout, and no scratch place is left."""
     from stateops.spark.export import export_state
     from stateops.status import format_status, query_status
-    from stateops_ui_plugin import _query_card
+    from stateops_airflow.ui import _query_card
 
     registry, ckpt = checkpoint
     raw = yaml.safe_load(registry.read_text())

@@ -26,8 +26,8 @@ import pytest
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
-from stateops.spark.jobs import preflight_job
-from tests.conftest import ROOT, VENV_BIN, run_cli, tree_digest, whole_after, write_registry
+from stateops.spark.jobs import job_path, preflight_job
+from tests.conftest import VENV_BIN, run_cli, tree_digest, whole_after, write_registry
 from tests.spark.harness import aggregation_case, land
 
 pytestmark = pytest.mark.spark
@@ -315,7 +315,7 @@ def test_export_job_called_directly_refuses_before_its_session(ckpt):
     proc = subprocess.run(
         [
             str(VENV_BIN / "python"),
-            str(ROOT / "spark_jobs" / "export_state.py"),
+            str(job_path("export_state.py")),
             "--checkpoint",
             str(ckpt),
             "--out",
@@ -402,7 +402,7 @@ def test_validate_refusals_come_before_spark_submit(ckpt, tmp_path, case, says, 
         argv += ["--batch", "99"]
     before = tree_digest(ckpt)
     with pytest.raises(StateOpsError, match=says):
-        preflight_job(ROOT / "spark_jobs" / "validate_state.py", argv)
+        preflight_job(job_path("validate_state.py"), argv)
     assert tree_digest(ckpt) == before
     if case == "unknown query":  # and through the CLI, in one line, before a JVM
         proc = run_cli("--registry", str(registry), "verify", "no_such_query", "--data")

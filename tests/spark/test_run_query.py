@@ -1,4 +1,4 @@
-"""spark_jobs/run_query.py through real spark-submit: summaries, pipeline semantics, lock, stop."""
+"""stateops/jobs/run_query.py through spark-submit: summaries, pipeline semantics, lock, stop."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 from stateops.control.lock import QueryLock, read_lock
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.registry import load_registry
+from stateops.spark.jobs import job_path
 from tests.conftest import (
     ROOT,
     log_trouble,
@@ -246,7 +247,7 @@ def test_unknown_query_is_one_line_exit_2(ran):
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "spark_jobs" / "run_query.py"),
+            str(job_path("run_query.py")),
             "--registry",
             str(registry.path),
             "--query",

@@ -42,7 +42,7 @@ def no_s3_jars(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "home"
     (home / "build" / "jars" / "s3").mkdir(parents=True)
     (home / "build" / "jars" / "spark").symlink_to(ROOT / "build" / "jars" / "spark")
-    for name in ("spark_jobs", "conf", "registry.yaml"):
+    for name in ("conf", "registry.yaml"):
         (home / name).symlink_to(ROOT / name)
     return {"STATEOPS_HOME": str(home)}
 

@@ -415,7 +415,7 @@ def test_the_data_docs_of_an_s3_checkpoint_list_every_host_s_validations(
     # The Streaming state view serves them from S3, inside their own prefix only.
     from fastapi import HTTPException
 
-    from stateops_ui_plugin import data_docs
+    from stateops_airflow.ui import data_docs
 
     monkeypatch.setenv("STATEOPS_REGISTRY", str(registry))
     assert data_docs(NAME, "index.html").body == docs.read_bytes()

@@ -100,7 +100,7 @@ def _seen_in_a_browser(statuses: dict[str, dict], caption: str) -> None:
     screenshot is docs/images/state-growth.png's source."""
     from playwright.sync_api import sync_playwright
 
-    from stateops_ui_plugin import _PAGE, _query_card
+    from stateops_airflow.ui import _PAGE, _query_card
 
     page_file = ARTIFACTS / "state-growth.html"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from stateops import __version__
 from stateops.cli import _commands, build_parser
 from stateops.control.lock import QueryLock
 from stateops.core.registry import load_registry
-from stateops.spark.jobs import spark_jars, spark_submit_command, spark_submit_env
+from stateops.spark.jobs import job_path, spark_jars, spark_submit_command, spark_submit_env
 from tests.conftest import ROOT, VENV_BIN, cli_table, run_cli, write_registry
 
 pytestmark = pytest.mark.unit
@@ -199,7 +199,7 @@ def test_a_spark_command_finds_the_venvs_spark_without_env_sh(tmp_path):
         "org.apache.spark.launcher.Main",
         "org.apache.spark.deploy.SparkSubmit",
     ], args
-    assert str(ROOT / "spark_jobs" / "run_query.py") in args, args
+    assert str(job_path("run_query.py")) in args, args
     python = Path(args[-1].removeprefix("PYSPARK_PYTHON="))
     assert (python.name, python.parent.resolve()) == ("python", VENV_BIN.resolve()), args
 
@@ -235,7 +235,7 @@ def test_the_spark_submit_environment_keeps_what_the_caller_set():
         f"spark.driver.extraClassPath={ROOT / 'build' / 'jars' / 's3' / '*'}",
         "--conf",
         f"spark.executor.extraClassPath={ROOT / 'build' / 'jars' / 's3' / '*'}",
-        str(ROOT / "spark_jobs" / "run_query.py"),
+        str(job_path("run_query.py")),
         "--query",
         "q",
     ]

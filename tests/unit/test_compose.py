@@ -11,7 +11,6 @@ import json
 import os
 import re
 import subprocess
-import tomllib
 from urllib.parse import urlparse
 
 import pytest
@@ -29,7 +28,7 @@ AIRFLOW = ["airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "a
 WORKERS = ["airflow-worker-w1", "airflow-worker-w2"]  # the Celery workers: the tasks' hosts
 SPARK = ["spark-master", "spark-worker-1", "spark-worker-2"]
 FLEET_SH = (ROOT / "scripts" / "fleet.sh").read_text()
-CODE = [ROOT / d for d in ("include", "plugins", "dags", "spark_jobs", "scripts")]
+CODE = [ROOT / d for d in ("include", "plugins", "dags", "scripts")]
 
 
 def _env_sh_defaults() -> dict[str, str]:
@@ -53,7 +52,8 @@ def _read_by_code(name: str) -> bool:
 
 
 def test_every_image_is_pinned_and_spark_is_the_pinned_pyspark():
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    from stateops import __version__ as version
+
     for name, service in SERVICES.items():
         repo, _, tag = service["image"].rpartition(":")
         assert repo and tag and tag != "latest", f"{name}: {service['image']} is not pinned"
@@ -206,7 +206,7 @@ def test_the_environment_is_what_the_code_reads():
 
     # Connections: the ids the code uses, pointing at the services.
     registry = load_registry(ROOT / "registry.yaml")
-    tasks = (ROOT / "plugins" / "stateops_airflow" / "tasks.py").read_text()
+    tasks = (ROOT / "include" / "stateops_airflow" / "tasks.py").read_text()
     assert 'conn_id="spark_default"' in tasks
     spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
     assert spark["host"] == "spark://spark-master"

@@ -161,7 +161,7 @@ def test_no_dag_file_imports_the_operations():
 
 
 def test_the_airflow_glue_offers_each_of_its_public_names():
-    tasks = PACKAGE.parents[1] / "plugins" / "stateops_airflow" / "tasks.py"
+    tasks = PACKAGE.parents[1] / "include" / "stateops_airflow" / "tasks.py"
     tree = ast.parse(tasks.read_text())
     public = {
         n.name

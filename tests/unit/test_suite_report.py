@@ -51,7 +51,7 @@ def _record(folder) -> None:
             for t, w, program, args in [
                 (101.0, "gw0", "java", "org.apache.spark.launcher.Main x"),
                 (102.0, "gw0", "java", spark_submit),
-                (103.0, "gw0", "python", "/x/spark_jobs/run_query.py --query q"),
+                (103.0, "gw0", "python", "/x/stateops/jobs/run_query.py --query q"),
                 (104.0, "gw0", "python", "-m pyspark.daemon"),
                 (105.0, "gw0", "python", "-m pyspark.sql.streaming.transform_with_state_x"),
                 (100.5, "gw1", "java", "-Xmx512m kafka.Kafka server.properties"),

@@ -45,7 +45,7 @@ __all__ = [
 
 Step = tuple[str, str, list[str]]
 
-# The Spark jobs (files of spark_jobs/, stateops.spark.jobs.job_path finds them).
+# The Spark jobs (files of stateops/jobs/, stateops.spark.jobs.job_path finds them).
 RUN_QUERY = "run_query.py"
 EXPORT_STATE = "export_state.py"
 BOOTSTRAP_STATE = "bootstrap_state.py"

@@ -13,7 +13,7 @@ every step of it reaches it on a fleet (S3) as on one host:
 1. :func:`begin_drill`, no Spark: the backup restored into ``<checkpoint>.drill-<backup
    id>/checkpoint`` as a restore does (every object's sha256, then the checkpoint verifier).
    A backup that fails here is recorded as failed and said in one line.
-2. The export job (``spark_jobs/export_state.py``) reads the restored state with Spark's own
+2. The export job (``stateops/jobs/export_state.py``) reads the restored state with Spark's own
    state reader into ``.../state``: every store of every operator, its rows and checksum.
 3. :func:`finish_drill`: the result recorded (the rows read per store, or why the read
    failed), and the scratch place removed.

@@ -1,4 +1,4 @@
-"""What the Spark jobs of ``spark_jobs/`` do with their parsed arguments, one
+"""What the Spark jobs of ``stateops/jobs/`` do with their parsed arguments, one
 :class:`~stateops.spark.jobs.Job` each: the job file holds its arguments and hands them to
 :func:`stateops.spark.jobs.job_main`.
 

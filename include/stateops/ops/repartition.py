@@ -1,7 +1,7 @@
 """Repartition: change the number of state partitions of a stopped query, keeping its state.
 
 Spark 4.2's engine does the work (``StreamingCheckpointManager.repartition``, run by the Spark
-job ``spark_jobs/repartition_state.py``): it writes one batch, N + 1, that reads no input and
+job ``stateops/jobs/repartition_state.py``): it writes one batch, N + 1, that reads no input and
 holds the state of batch N re-hashed into the new number of partitions (its offsets entry
 records the count; the query continues with it). It only adds files: the offsets and commit
 of N + 1 and a snapshot of version N + 2 in every new partition (verified on every stateful

@@ -1,7 +1,7 @@
 """The Spark jobs' one main, their refusals that need no Spark, run before ``spark-submit``
 starts a JVM, and the ``spark-submit`` command that runs a job.
 
-Each job in ``spark_jobs/`` defines ``parse_args(argv)``, ``preflight(args)`` (its
+Each job in ``stateops/jobs/`` defines ``parse_args(argv)``, ``preflight(args)`` (its
 :class:`Job`'s, from :mod:`stateops.ops.jobs`) and ``main(argv)`` (:func:`job_main`): its
 ``main()`` runs the preflight first (a job may be submitted by hand), and the CLI and the
 Airflow operator run the very same two on the arguments they are about to submit, so a bad
@@ -122,8 +122,9 @@ def quiesce(spark: Any) -> None:
 
 
 def job_path(job: str) -> Path:
-    """The file of Spark job ``job`` (``run_query.py``, ...) in the project's ``spark_jobs/``."""
-    return PROJECT_ROOT / "spark_jobs" / job
+    """The file of Spark job ``job`` (``run_query.py``, ...): in the package's ``jobs/``,
+    wherever the package is (a checkout's ``include/``, an installed wheel)."""
+    return Path(__file__).resolve().parent.parent / "jobs" / job
 
 
 def load_job(path: str | os.PathLike[str]) -> ModuleType:
@@ -185,7 +186,7 @@ def spark_classpath_conf() -> dict[str, str]:
 def spark_submit_command(
     job: str, master: str, args: Sequence[str], submit: Sequence[str] = ()
 ) -> list[str]:
-    """``spark-submit`` of ``spark_jobs/<job>`` with ``args`` (and ``submit``, more options of
+    """``spark-submit`` of ``stateops/jobs/<job>`` with ``args`` (and ``submit``, more options of
     spark-submit's own): this interpreter's own (the venv's), run in :func:`spark_submit_env`.
     The one builder of the project's spark-submit commands (the CLI, the tests, a standalone
     cluster's; the Airflow operator passes the same jars)."""

@@ -1,6 +1,6 @@
 """spark-submit entry point: run one registered query, write a run summary.
 
-    spark-submit spark_jobs/run_query.py --query user_sessions --mode available-now
+    spark-submit stateops/jobs/run_query.py --query user_sessions --mode available-now
 
 Modes: ``available-now`` processes everything available, then stops; ``continuous`` runs on the
 query's processing-time trigger until a stop marker appears in its control folder

@@ -49,6 +49,7 @@ __all__ = [
     "dry_run_param",
     "each_query_then_outcome",
     "HealthAlerts",
+    "health_failure",
     "inject_fault",
     "LIFECYCLE_DAG",
     "migration_migrated",
@@ -272,7 +273,7 @@ def registered_queries(
 def spark_job_operator(
     task_id: str, job: str, args: list[str], registry: str | None = None, **kwargs: Any
 ) -> SparkSubmitOperator:
-    """``spark-submit spark_jobs/<job> --registry R [args...]`` on ``spark_default``, after the
+    """``spark-submit stateops/jobs/<job> --registry R [args...]`` on ``spark_default``, after the
     job's checks that need no Spark; R is the user's registry unless ``registry`` (templated)
     names another."""
     return StateOpsSparkSubmitOperator(

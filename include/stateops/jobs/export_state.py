@@ -1,6 +1,6 @@
 """spark-submit entry point: export a checkpoint's state as Parquet plus a manifest.
 
-    spark-submit spark_jobs/export_state.py --checkpoint PATH|QUERY --out DIR [--batch N]
+    spark-submit stateops/jobs/export_state.py --checkpoint PATH|QUERY --out DIR [--batch N]
 
 Exit codes: 0 done, 2 bad input (not a checkpoint, uncommitted batch, non-empty DIR).
 """

@@ -1,6 +1,6 @@
 """spark-submit entry point: start a registered query on a new checkpoint with an initial state.
 
-    spark-submit spark_jobs/bootstrap_state.py --query page_visits --initial-state PATH
+    spark-submit stateops/jobs/bootstrap_state.py --query page_visits --initial-state PATH
         [--format export|checkpoint|parquet|json|csv] [--carry-over auto|transplant|initial_state]
         [--accept-differences] [--dry-run] [--registry FILE] [--run-id ID]
 

@@ -1,6 +1,6 @@
 """spark-submit entry point: Spark's repartition of a prepared checkpoint, and its proof.
 
-    spark-submit spark_jobs/repartition_state.py --checkpoint PATH|QUERY --run-id RUN
+    spark-submit stateops/jobs/repartition_state.py --checkpoint PATH|QUERY --run-id RUN
                                                 [--registry FILE]
 
 Runs the repartition that ``stateops repartition`` (or the ``stream_repartition`` DAG)

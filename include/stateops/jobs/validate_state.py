@@ -1,7 +1,7 @@
 """spark-submit entry point: data-level integrity of a registered query's state (Great
 Expectations), after file-level verification.
 
-    spark-submit spark_jobs/validate_state.py --query user_sessions [--batch N] [--registry FILE]
+    spark-submit stateops/jobs/validate_state.py --query user_sessions [--batch N] [--registry FILE]
 
 Exit codes: 0 every expectation holds, 1 some failed (summary and Data Docs path printed),
 2 bad input or a checkpoint that fails file-level verification.
