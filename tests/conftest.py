@@ -897,7 +897,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if _RECORDER is not None and _GUARD is not None:
         workers = getattr(session.config.option, "numprocesses", None) or 1
         _RECORDER.write("session", start=_GUARD.wall_started, end=time.time(), workers=workers)
-    if _GUARD is not None and whole_proof(session.config) and not session.config.option.collectonly:
+    if _GUARD is not None and _whole_and_unselected(session.config):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         outcome = proof_outcome(
             reporter.stats if reporter else {},
@@ -912,6 +912,20 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 # What `make test-all` leaves for the closing note of an issue: which commit passed the whole
 # proof, with what counts, in how long.
 TEST_ALL_RECORD = ROOT / "build" / "test-all.json"
+
+
+def _whole_and_unselected(config) -> bool:
+    """Whether this session is the whole proof, every test of it: not a collection only, and
+    no test, file, keyword or marker chosen (a single test rerun with --whole-proof would
+    otherwise overwrite the record of the whole run)."""
+    option = config.option
+    return (
+        whole_proof(config)
+        and not option.collectonly
+        and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not option.keyword
+        and not option.markexpr
+    )
 
 
 def proof_outcome(stats: dict, wall: float, exitstatus: int, args: list[str]) -> dict:
