@@ -33,6 +33,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	@rm -rf include/stateops.egg-info  # a second copy of the metadata: Airflow's plugins twice
 	touch $@
 
 # The package (the library and CLI, stateops_airflow, the Spark jobs) as a wheel in dist/:
@@ -40,6 +41,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 # environment that has its own Airflow and Spark (docs/install.md).
 wheel: $(VENV)/.installed
 	@rm -rf dist && $(PY) -m pip wheel --quiet --no-deps -w dist .
+	@rm -rf include/stateops.egg-info
 	@ls dist/*.whl
 
 # The library as shipped to Spark executors with --py-files.

@@ -56,7 +56,7 @@ from __future__ import annotations
 from airflow.sdk import dag, get_current_context, task
 
 from stateops.core.steps import UPGRADE_STEPS
-from stateops_airflow.approval import ApprovalGate, ask_switch, ask_upgrade_stop
+from stateops_airflow.approval import ApprovalGate, ask_switch, ask_upgrade_stop, renew_hold
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     carry_over_tasks,
@@ -119,6 +119,7 @@ def stream_code_upgrade() -> None:
         task_id="approve_switch",
         operation="upgrade",
         ask=ask_switch,
+        renew=renew_hold,
         on_reject="roll_back moves the new checkpoint aside; the query goes on from its old "
         "checkpoint, with its old code",
     )

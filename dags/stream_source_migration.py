@@ -91,6 +91,7 @@ from stateops_airflow.approval import (
     ApprovalGate,
     ask_migration_stop,
     ask_switch,
+    renew_hold,
 )
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
@@ -262,6 +263,7 @@ def stream_source_migration() -> None:
         task_id="approve_switch",
         operation="migration",
         ask=ask_switch,
+        renew=renew_hold,
         on_reject="roll_back moves the new checkpoint aside; the query goes on from its old "
         "source and checkpoint",
     )

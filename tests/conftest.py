@@ -865,7 +865,7 @@ def _check_grouping(config) -> None:
     if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple[0] >= 9:
         raise pytest.UsageError(
             f"pytest {pytest.__version__} breaks pytest-xdist's --dist loadgroup (tests lose "
-            "their group): install the pinned set (requirements.txt: pytest<9)"
+            "their group): install the pinned set (requirements-dev.txt: pytest<9)"
         )
 
 

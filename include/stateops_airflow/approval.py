@@ -25,6 +25,7 @@ from stateops.control.approval import (
     unaccepted,
     without_approval,
 )
+from stateops.core.errors import one_line
 from stateops.core.registry import Source, load_registry
 from stateops_airflow.tasks import one_line_errors, say
 
@@ -37,6 +38,7 @@ __all__ = [
     "ask_restore",
     "ask_switch",
     "ask_upgrade_stop",
+    "renew_hold",
 ]
 
 
@@ -45,7 +47,9 @@ class ApprovalGate(ApprovalOperator):
     line saying why there is nothing to approve) and the query's registry entry call for one;
     else it says why in the log and the run goes on. Approved: returns who approved (see
     :func:`approved`). Rejected or unanswered within :data:`stateops.control.approval.TIMEOUT`:
-    fails with ``on_reject``, without retries (a retry is for a fault while asking)."""
+    fails with ``on_reject``, without retries (a retry is for a fault while asking).
+    ``ask`` only reads (it is asked again for the answer's approvers); ``renew(context)``, if
+    given, runs before the request is made (a hold renewed to outlast the wait)."""
 
     def __init__(
         self,
@@ -53,6 +57,7 @@ class ApprovalGate(ApprovalOperator):
         operation: str,
         ask: Callable[[Any], ApprovalRequest | str],
         on_reject: str,
+        renew: Callable[[Any], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -61,6 +66,7 @@ class ApprovalGate(ApprovalOperator):
             **kwargs,
         )
         self.operation, self.ask, self.on_reject = operation, ask, on_reject
+        self.renew = renew
 
     def execute(self, context: Any) -> Any:
         asked = one_line_errors(self.ask)(context)
@@ -70,6 +76,8 @@ class ApprovalGate(ApprovalOperator):
         if needless:
             say(needless)
             return {"approved_by": None, "reason": needless}
+        if self.renew is not None:
+            one_line_errors(self.renew)(context)
         self.subject, self.body = asked.subject(self.operation), asked.body(self.on_reject)
         self.assigned_users = one_line_errors(respondents)(asked.query, _triggerer(context))
         who = ", ".join(u["name"] for u in self.assigned_users or []) or "anyone who may act"
@@ -119,7 +127,13 @@ def _approvers_notified(query: Any, subject: str) -> list[Callable[[Any], None]]
     alert = Alert(query.name, "approval", "requested", "ASK", subject).as_dict()
 
     def notify(context: Any) -> None:
-        notifier_for(registry)({**context, "alert": alert})
+        # A webhook that is down must not stop the request: it is in the required actions.
+        try:
+            notifier_for(registry)({**context, "alert": alert})
+        except Exception as err:  # any notifier's own error
+            say(
+                f"the approvers were not notified ({one_line(err)}); the request waits all the same"
+            )
 
     return [notify]
 
@@ -174,16 +188,24 @@ def _carry_plan(plan: dict[str, Any]) -> str:
     return (format_upgrade_plan if upgrade else format_migration_plan)(plan, dry_run=False)
 
 
-def ask_switch(context: Any) -> ApprovalRequest:
-    """Before a migrated (or upgraded) query is switched to its new checkpoint; the hold is
-    renewed first, since the query stays held while the request waits."""
+def renew_hold(context: Any) -> None:
+    """Before the switch's request: the run's hold renewed, since the query stays held while
+    the request waits (the hold outlasts :data:`TIMEOUT`)."""
     from stateops.control.target import query_target
     from stateops.ops.migration import prepare_migration
 
     plan = _result(context, "preflight")
+    prepare_migration(query_target(None, plan["query"]), plan)
+
+
+def ask_switch(context: Any) -> ApprovalRequest:
+    """Before a migrated (or upgraded) query is switched to its new checkpoint (its hold
+    renewed first: :func:`renew_hold`)."""
+    from stateops.control.target import query_target
+
+    plan = _result(context, "preflight")
     target = query_target(None, plan["query"])
     settled, proof = _result(context, "backup"), _result(context, "prove")["proof"]
-    prepare_migration(target, plan)
     return ApprovalRequest(
         target.require_query("a registered query"),
         step=f"switch it to {plan['new']['checkpoint']}, its carried state proven",

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 import yaml
+from airflow.sdk import BaseNotifier
 from airflow.sdk.exceptions import AirflowFailException
 
 from stateops.control.approval import (
@@ -196,3 +197,61 @@ def test_an_approval_by_the_triggerer_or_by_someone_not_named_ends_the_run_unapp
     )
     by_bob = {**_answer("Approve"), "responded_by_user": {"id": "bob", "name": "bob"}}
     assert _gate(ask).execute_complete(context, by_bob)["approved_by"] == "bob"
+
+
+class Recorded(BaseNotifier):
+    """A notifier that keeps what it was sent."""
+
+    sent: list = []
+
+    def notify(self, context) -> None:
+        Recorded.sent.append(context["alert"])
+
+
+@pytest.mark.parametrize("args", [{}, {"nope": 1}], ids=["sent", "cannot be built"])
+def test_the_approvers_are_told_of_a_request_and_a_notifier_that_fails_does_not_stop_it(
+    tmp_path, monkeypatch, caplog, args
+):
+    from stateops_airflow.approval import _approvers_notified
+
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["alerts"] = {"notifier": f"{__name__}.Recorded", "notifier_args": args}
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("STATEOPS_REGISTRY", str(path))
+    Recorded.sent.clear()
+    query = load_registry(path).query("page_visits")
+    (notify,) = _approvers_notified(query, "Approve the backfill of page_visits: roll it back?")
+    with caplog.at_level("INFO", logger="stateops"):
+        notify({})
+    if args:
+        assert Recorded.sent == []
+        assert "the approvers were not notified (alerts.notifier_args: " in caplog.text
+    else:
+        (alert,) = Recorded.sent
+        assert (alert["rule"], alert["state"], alert["level"]) == ("approval", "requested", "ASK")
+        assert alert["text"] == (
+            "[ASK] page_visits: Approve the backfill of page_visits: roll it back? "
+            "(Airflow's required actions)"
+        )
+
+
+def test_the_hold_is_renewed_before_the_request_and_asking_again_changes_nothing(tmp_path):
+    """The answer's approvers come from asking again: ``ask`` only reads; what changes state
+    before the wait (the switch's hold) is ``renew``, run once, before the request."""
+    calls = []
+    query = _query(tmp_path, "required")
+
+    def ask(context):
+        calls.append("ask")
+        return ApprovalRequest(query, "switch it", "PLAN: ...", "b-1")
+
+    gate = ApprovalGate(
+        task_id="approve",
+        operation="migration",
+        ask=ask,
+        renew=lambda context: calls.append("renew"),
+        on_reject="nothing changed",
+    )
+    gate.execute_complete({**CONTEXT, "dag_run": _DagRun("alice")}, _answer("Approve"))
+    assert calls == ["ask"]  # the answer: asked again, nothing renewed

@@ -664,7 +664,7 @@ def timetable(schedule: str) -> str | timedelta:
 class Backups(_Model):
     """Where scheduled backups go (``<url>/<query>``) and how many are kept."""
 
-    url: str = Field("s3://stateops-backups", pattern=r"^s3://[^/]+(/.*)?$")
+    url: str = Field("s3://stateops-backups", pattern=r"^s3://[^/\s]+(/\S*)?$")
     conn_id: str = "aws_default"
     schedule: str = "@daily"
     keep_last: int = Field(7, ge=1)
