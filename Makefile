@@ -39,9 +39,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 # The package (the library and CLI, stateops_airflow, the Spark jobs) as a wheel in dist/:
 # `pip install "dist/stateops-VERSION-py3-none-any.whl[airflow,spark,kafka]"` into an
 # environment that has its own Airflow and Spark (docs/install.md).
+# Built from a copy: setuptools leaves its metadata beside the sources, and a second copy of
+# it on the path would have Airflow register the view twice.
 wheel: $(VENV)/.installed
-	@rm -rf dist && $(PY) -m pip wheel --quiet --no-deps -w dist .
-	@rm -rf include/stateops.egg-info
+	@rm -rf dist build/wheel-src && mkdir -p build/wheel-src
+	@cp -r pyproject.toml README.md LICENSE include build/wheel-src/
+	@$(PY) -m pip wheel --quiet --no-deps -w dist build/wheel-src
 	@ls dist/*.whl
 
 # The library as shipped to Spark executors with --py-files.
