@@ -1,54 +1,7 @@
-"""
-### stream_snapshot_cleanup
+"""`stream_snapshot_cleanup` of this project's registry (`STATEOPS_REGISTRY`, else
+`registry.yaml`), rendered by the factory any project calls (docs/install.md); what it does:
+`stateops_airflow.dags.stream_snapshot_cleanup`."""
 
-Cleans every registered query's checkpoint on the registry's `cleanup.schedule`, keeping what
-restarts after each of the last `cleanup.retain_batches` committed batches need (so rollback
-and backfill can go back that far, and no further). It deletes snapshot groups no retained
-restart loads, state versions beyond the last committed batch + 1, RocksDB SST files no kept
-`N.zip` refers to, old offsets/commits/source-log/operator-metadata entries, temp files and the
-`.crc` sidecars of what it deletes. The log shows the plan first (what goes and what is kept,
-per snapshot group), then one result line. Each run leaves an audit record beside the
-checkpoint (`stateops audit QUERY`).
+from stateops_airflow.dags import lifecycle_dags
 
-It takes the query's lifecycle lock: while the query runs (or another lifecycle operation
-holds the lock) the task fails with the holder's name and retries later. A killed cleanup is
-finished by the next run. The last task, `outcome`, says per query what was deleted, or that it
-was skipped because it has no committed batch yet; a run that cleaned no query at all fails,
-saying so. By hand: `stateops cleanup QUERY --dry-run`.
-"""
-
-from __future__ import annotations
-
-from datetime import timedelta
-
-from airflow.sdk import dag, get_current_context
-
-from stateops.core.registry import load_registry
-from stateops_airflow.tasks import (
-    LIFECYCLE_DAG,
-    cleanup_query,
-    each_query_then_outcome,
-    registered_queries,
-)
-
-REGISTRY = load_registry(switched=False)  # at parse time: the schedule and a task per query
-
-
-@dag(
-    dag_id="stream_snapshot_cleanup",
-    schedule=REGISTRY.cleanup.schedule,
-    **LIFECYCLE_DAG,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},
-    tags=["stateops", "streaming", "cleanup"],
-    doc_md=__doc__,
-)
-def stream_snapshot_cleanup() -> None:
-    each_query_then_outcome(
-        "cleanup",
-        registered_queries(registry=REGISTRY),
-        lambda q: cleanup_query(q, run_id=get_current_context()["run_id"]),
-        lambda r: f"deleted {r['delete']['files']} files ({r['delete']['bytes']} bytes)",
-    )
-
-
-stream_snapshot_cleanup()
+globals().update(lifecycle_dags(only=["stream_snapshot_cleanup"]))

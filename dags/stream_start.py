@@ -1,49 +1,7 @@
-"""
-### stream_start
+"""`stream_start` of this project's registry (`STATEOPS_REGISTRY`, else
+`registry.yaml`), rendered by the factory any project calls (docs/install.md); what it does:
+`stateops_airflow.dags.stream_start`."""
 
-Runs every registered streaming query with `available-now` (process everything that has
-landed, then stop) on the registry's `start.schedule` (every 30 minutes), one Spark job per
-query through `spark-submit` on the `spark_default` connection, then records each job's run
-summary (batches run, input rows, last committed batch, state rows per operator) as the
-task's return value.
+from stateops_airflow.dags import lifecycle_dags
 
-Each job takes its query's lifecycle lock, so a cleanup or rollback of the same query waits
-or fails instead of racing it. The queries come from the registry (`registry.yaml`).
-"""
-
-from __future__ import annotations
-
-from datetime import timedelta
-
-from airflow.sdk import dag, get_current_context, task
-
-from stateops.core.registry import load_registry
-from stateops_airflow.tasks import (
-    LIFECYCLE_DAG,
-    registered_queries,
-    run_query_operator,
-    run_summary,
-)
-
-REGISTRY = load_registry(switched=False)  # at parse time: the schedule and a task per query
-
-
-@dag(
-    dag_id="stream_start",
-    schedule=REGISTRY.start.timetable,
-    **LIFECYCLE_DAG,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
-    tags=["stateops", "streaming", "start"],
-    doc_md=__doc__,
-)
-def stream_start() -> None:
-    for query in registered_queries(REGISTRY, refused=True):  # a refused entry's task fails, alone
-
-        @task(task_id=f"record_{query}")
-        def record(query: str = query) -> dict:
-            return run_summary(query, get_current_context()["run_id"])
-
-        run_query_operator(query) >> record()
-
-
-stream_start()
+globals().update(lifecycle_dags(only=["stream_start"]))

@@ -1,0 +1,167 @@
+"""The lifecycle DAGs of one registry, rendered by :func:`lifecycle_dags` from a file in the
+user's own DAGs folder::
+
+    # dags/team_a.py
+    from stateops_airflow.dags import lifecycle_dags
+
+    globals().update(lifecycle_dags("/srv/team-a/registry.yaml", prefix="team_a_"))
+
+One module per DAG (``stream_start``, ``stream_checkpoint_backup``, ...), each a ``build``
+of its DAG for a :class:`Rendering`: the registry read at parse time (its schedules, a task
+per query, the forms' choices), the DAG's id, and the deployment's own tags, owner,
+``default_args`` and ``access_control``. The registry is the one of every task of the DAG:
+the factory points the parse at it, and each task's process at it before the task runs (a
+``pre_execute`` hook: ``STATEOPS_REGISTRY``), so two registries live in one Airflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any
+
+from stateops.core.errors import StateOpsError
+from stateops.core.registry import Registry, load_registry, registry_path
+
+__all__ = ["DAG_NAMES", "Rendering", "lifecycle_dags"]
+
+# Every lifecycle DAG, by the name its id ends with.
+DAG_NAMES = (
+    "stream_start",
+    "stream_bootstrap",
+    "stream_checkpoint_backup",
+    "stream_restore",
+    "stream_restore_drill",
+    "stream_snapshot_cleanup",
+    "stream_backfill",
+    "stream_source_migration",
+    "stream_repartition",
+    "stream_code_upgrade",
+    "stream_health",
+)
+_TAGS = ("stateops", "streaming")
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """What one DAG of :func:`lifecycle_dags` is built for."""
+
+    registry: Registry
+    prefix: str = ""
+    tags: tuple[str, ...] = ()
+    owner: str | None = None
+    default_args: Mapping[str, Any] = field(default_factory=dict)
+    access_control: Mapping[str, Any] | None = None
+
+    def dag_args(self, name: str, *, tags: Iterable[str], default_args: Mapping[str, Any]):
+        """``@dag`` keywords of DAG ``name``: its id (the prefix, then the name), its tags
+        (the project's, the DAG's, the deployment's), its ``default_args`` (the DAG's, the
+        deployment's over them, and the hook that points each task at this registry), its
+        ``access_control``."""
+        args = {**default_args, **self.default_args}
+        if self.owner:
+            args["owner"] = self.owner
+        args["pre_execute"] = _RegistryHook(str(self.registry.path), args.get("pre_execute"))
+        built = {
+            "dag_id": f"{self.prefix}{name}",
+            "tags": list(dict.fromkeys([*_TAGS, *tags, *self.tags])),
+            "default_args": args,
+        }
+        if self.access_control is not None:
+            built["access_control"] = dict(self.access_control)
+        return built
+
+
+class _RegistryHook:
+    """A task's ``pre_execute``: its process reads the DAG's registry (then the deployment's
+    own hook, if any). A class, not a closure: Airflow compares and serializes default_args."""
+
+    def __init__(self, path: str, then: Any = None) -> None:
+        self.path, self.then = path, then
+
+    def __call__(self, context: Any) -> None:
+        os.environ["STATEOPS_REGISTRY"] = self.path
+        if self.then is not None:
+            self.then(context)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _RegistryHook) and (self.path, self.then) == (
+            other.path,
+            other.then,
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return f"stateops registry {self.path}"
+
+
+def lifecycle_dags(
+    registry: str | os.PathLike[str] | None = None,
+    *,
+    prefix: str = "",
+    only: Iterable[str] = DAG_NAMES,
+    tags: Iterable[str] = (),
+    owner: str | None = None,
+    default_args: Mapping[str, Any] | None = None,
+    access_control: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The lifecycle DAGs of ``registry`` (a file; None: ``STATEOPS_REGISTRY``, else the
+    project's), by DAG id: ids ``<prefix><name>`` (``prefix``: two registries in one Airflow),
+    ``only`` those of :data:`DAG_NAMES` named, with the deployment's ``tags``, ``owner``,
+    ``default_args`` (over each DAG's own) and ``access_control`` (Airflow's, e.g.
+    ``{"team_a": {"DAGs": {"can_read", "can_edit"}}}``). A bad argument is refused in one
+    line; a registry that does not load is the DAG file's import error, naming it."""
+    unknown = sorted(set(only) - set(DAG_NAMES))
+    if unknown:
+        raise StateOpsError(
+            f"only: {', '.join(unknown)}: not a lifecycle DAG ({', '.join(DAG_NAMES)})"
+        )
+    if prefix and not _valid_prefix(prefix):
+        raise StateOpsError(
+            f"prefix {prefix!r}: letters, digits, _, . and - only, as in a DAG id (e.g. team_a_)"
+        )
+    path = registry_path(registry)
+    rendering = Rendering(
+        registry=_parsed(path),
+        prefix=prefix,
+        tags=tuple(tags),
+        owner=owner,
+        default_args=dict(default_args or {}),
+        access_control=access_control,
+    )
+    dags = {}
+    with _reading(path):
+        for name in (n for n in DAG_NAMES if n in set(only)):
+            dag = import_module(f"stateops_airflow.dags.{name}").build(rendering)
+            dags[dag.dag_id] = dag
+    return dags
+
+
+def _valid_prefix(prefix: str) -> bool:
+    return re.fullmatch(r"[A-Za-z0-9_.-]+", prefix) is not None
+
+
+def _parsed(path: Any) -> Registry:
+    with _reading(path):
+        return load_registry(path, switched=False)  # at parse time: no switch to read
+
+
+@contextlib.contextmanager
+def _reading(path: Any) -> Iterator[None]:
+    """This process reads ``path`` as the registry while the DAGs are built (the tasks' code
+    that runs at parse time: the forms' choices, the jobs' arguments), as before."""
+    before = os.environ.get("STATEOPS_REGISTRY")
+    os.environ["STATEOPS_REGISTRY"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("STATEOPS_REGISTRY", None)
+        else:
+            os.environ["STATEOPS_REGISTRY"] = before
