@@ -51,6 +51,7 @@ class Rendering:
     """What one DAG of :func:`lifecycle_dags` is built for."""
 
     registry: Registry
+    source: str  # the registry as its tasks read it: a file, or an object in the control store
     prefix: str = ""
     tags: tuple[str, ...] = ()
     owner: str | None = None
@@ -65,7 +66,7 @@ class Rendering:
         args = {**default_args, **self.default_args}
         if self.owner:
             args["owner"] = self.owner
-        args["pre_execute"] = _RegistryHook(str(self.registry.path), args.get("pre_execute"))
+        args["pre_execute"] = _RegistryHook(self.source, args.get("pre_execute"))
         built = {
             "dag_id": f"{self.prefix}{name}",
             "tags": list(dict.fromkeys([*_TAGS, *tags, *self.tags])),
@@ -126,9 +127,10 @@ def lifecycle_dags(
         raise StateOpsError(
             f"prefix {prefix!r}: letters, digits, _, . and - only, as in a DAG id (e.g. team_a_)"
         )
-    path = registry_path(registry)
+    path = _spelled(registry)
     rendering = Rendering(
         registry=_parsed(path),
+        source=path,
         prefix=prefix,
         tags=tuple(tags),
         owner=owner,
@@ -147,7 +149,17 @@ def _valid_prefix(prefix: str) -> bool:
     return re.fullmatch(r"[A-Za-z0-9_.-]+", prefix) is not None
 
 
-def _parsed(path: Any) -> Registry:
+def _spelled(registry: str | os.PathLike[str] | None) -> str:
+    """The registry as every task is to read it: a file's absolute path, or an ``s3://``
+    object as given (each reading fetches it anew: :func:`stateops.core.registry.
+    registry_path`)."""
+    given = str(registry or os.environ.get("STATEOPS_REGISTRY") or "")
+    if given.startswith(("s3://", "s3a://")):
+        return given
+    return str(registry_path(given or None))
+
+
+def _parsed(path: str) -> Registry:
     with _reading(path):
         return load_registry(path, switched=False)  # at parse time: no switch to read
 
