@@ -32,7 +32,14 @@ from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
 from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
 from stateops.ops.transplant import ROADS
-from stateops.spark.jobs import job_path, preflight_job, spark_submit_command, spark_submit_env
+from stateops.spark.jobs import (
+    job_path,
+    job_submit,
+    preflight_job,
+    spark_submit_command,
+    spark_submit_env,
+    submit_args,
+)
 from stateops.status import format_status, query_status
 
 __all__ = ["main"]
@@ -58,7 +65,7 @@ def _submit_job(job: str, master: str, *args: str, to_stderr: bool = False) -> i
     need no Spark passed here (a refusal costs no JVM start); its exit code. ``to_stderr``:
     the job's output too goes to stderr (stdout is the command's JSON)."""
     preflight_job(job_path(job), args)
-    cmd = spark_submit_command(job, master, args)
+    cmd = spark_submit_command(job, master, args, submit_args(job_submit(job_path(job), args)))
     out = sys.stderr if to_stderr else None
     return subprocess.run(cmd, stdout=out, env=spark_submit_env()).returncode
 

@@ -23,6 +23,7 @@ from stateops.core.times import TIME_PATTERN  # a form's time field: real dates 
 from stateops.spark.jobs import (
     PY_FILES,
     job_path,
+    job_submit,
     preflight_job,
     spark_classpath_conf,
     spark_jars,
@@ -162,9 +163,29 @@ class StateOpsSparkSubmitOperator(SparkSubmitOperator):
     (``preflight`` in the job file) passed on the rendered arguments: a refusal costs no JVM."""
 
     def execute(self, context: Any) -> None:
-        one_line_errors(_refuse_unshared_control)(self._driver_deploy_mode())
         one_line_errors(preflight_job)(self.application, self.application_args or [])
+        self._launch_as(one_line_errors(job_submit)(self.application, self.application_args))
+        one_line_errors(_refuse_unshared_control)(self._driver_deploy_mode())
         super().execute(context)
+
+    def _launch_as(self, submit: Any) -> None:
+        """The query's launch settings (its registry entry's ``submit``) over the operator's:
+        its Spark connection, resources, queue, packages and launch-time conf."""
+        self._conn_id = submit.conn_id
+        for attr, value in [
+            ("_deploy_mode", submit.deploy_mode),
+            ("_driver_memory", submit.driver_memory),
+            ("_executor_memory", submit.executor_memory),
+            ("_executor_cores", submit.executor_cores),
+            ("_num_executors", submit.num_executors),
+            ("_total_executor_cores", submit.total_executor_cores),
+            ("_yarn_queue", submit.queue),
+        ]:
+            if value is not None:
+                setattr(self, attr, value)
+        if submit.packages:
+            self.packages = ",".join(filter(None, [self.packages, *submit.packages]))
+        self.conf = {**(self.conf or {}), **submit.conf}
 
     def _driver_deploy_mode(self) -> str | None:
         """Where the driver runs: the operator's deploy mode, the Spark conf's, else the
@@ -273,7 +294,8 @@ def registered_queries(
 def spark_job_operator(
     task_id: str, job: str, args: list[str], registry: str | None = None, **kwargs: Any
 ) -> SparkSubmitOperator:
-    """``spark-submit stateops/jobs/<job> --registry R [args...]`` on ``spark_default``, after the
+    """``spark-submit stateops/jobs/<job> --registry R [args...]``, launched as the query it
+    names says (its ``submit``: connection, resources, ...; else ``spark_default``), after the
     job's checks that need no Spark; R is the user's registry unless ``registry`` (templated)
     names another."""
     return StateOpsSparkSubmitOperator(

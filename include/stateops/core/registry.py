@@ -411,6 +411,36 @@ class StateStore(_Model):
         return self
 
 
+_Memory = Annotated[str, Field(pattern=r"^\d+[kmgtKMGT]?$")]  # Spark's: 512m, 2g
+_Coordinate = Annotated[str, Field(pattern=r"^[\w.\-]+:[\w.\-]+:[\w.\-]+$")]
+
+
+class Submit(_Model):
+    """How a query's Spark jobs are launched: ``spark-submit``'s own options, per query, as
+    the provider's ``SparkSubmitOperator`` and ``stateops`` pass them
+    (:func:`stateops.spark.jobs.submit_args`). Unset: the connection's and Spark's defaults."""
+
+    conn_id: str = "spark_default"
+    """The Airflow connection of type ``spark`` the DAGs submit through (its host is the
+    master; its extras: deploy mode, queue, ...); the CLI takes ``--master`` instead."""
+    deploy_mode: Literal["client", "cluster"] | None = None
+    """``cluster`` where Spark runs a Python driver on the cluster (YARN, Kubernetes)."""
+    driver_memory: _Memory | None = None
+    executor_memory: _Memory | None = None
+    executor_cores: int | None = Field(None, ge=1)
+    num_executors: int | None = Field(None, ge=1)
+    """YARN and Kubernetes."""
+    total_executor_cores: int | None = Field(None, ge=1)
+    """A standalone cluster."""
+    queue: str | None = None
+    """YARN's queue."""
+    packages: list[_Coordinate] = []
+    """Maven coordinates Spark resolves at launch (``--packages``)."""
+    conf: dict[str, str] = {}
+    """Launch-time Spark settings (``--conf``), e.g. ``spark.driver.cores`` or
+    ``spark.kubernetes.namespace``; ``spark_conf`` holds the session's runtime ones."""
+
+
 class Approvers(_Model):
     """Who may answer a query's approvals (:mod:`stateops.control.approval`)."""
 
@@ -444,6 +474,8 @@ class Query(_Model):
     state_store: StateStore = StateStore()
     shuffle_partitions: int = Field(4, ge=1)
     spark_conf: dict[str, str] = {}
+    submit: Submit = Submit()
+    """Its Spark jobs' launch settings (``spark-submit``'s own)."""
     health: Health = Health()
     """Its health rules' thresholds, over the registry's ``health:``."""
     approval: Literal["required", "none"] | None = None

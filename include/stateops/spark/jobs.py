@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.core.registry import PROJECT_ROOT
+from stateops.core.registry import PROJECT_ROOT, Submit
 from stateops.core.storage import in_s3
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Job",
     "job_main",
     "job_path",
+    "job_submit",
     "load_job",
     "preflight_job",
     "quiesce",
@@ -41,6 +42,7 @@ __all__ = [
     "spark_jars",
     "spark_submit_command",
     "spark_submit_env",
+    "submit_args",
 ]
 
 # The library as the Spark executors get it (``--py-files``; ``make`` builds it).
@@ -161,6 +163,37 @@ def preflight_job(path: str | os.PathLike[str], argv: Sequence[str]) -> None:
         ) from None
     require_spark_s3(spark_s3_locations(args), Path(path).name)
     job.preflight(args)
+
+
+def job_submit(path: str | os.PathLike[str], argv: Sequence[str]) -> Submit:
+    """The launch settings (``submit``) of the query a job's arguments name (``--query``, or
+    a ``--checkpoint`` that is a registered query's name) in the registry they name; Spark's
+    and the connection's defaults where they name none (a checkpoint by its path). The
+    arguments have passed the job's preflight (:func:`preflight_job`)."""
+    from stateops.core.registry import Submit, load_registry
+
+    args = load_job(path).parse_args([str(a) for a in argv])
+    name = getattr(args, "query", None) or getattr(args, "checkpoint", None)
+    # no switch to read: a switch moves a query's source and checkpoint, not its launch
+    query = load_registry(getattr(args, "registry", None), switched=False).queries.get(name)
+    return query.submit if query is not None else Submit()
+
+
+def submit_args(submit: Submit) -> list[str]:
+    """``spark-submit``'s own options for ``submit`` (the CLI's launch; the Airflow operator
+    takes the same settings as its arguments: stateops_airflow.tasks)."""
+    flags = [
+        ("--deploy-mode", submit.deploy_mode),
+        ("--driver-memory", submit.driver_memory),
+        ("--executor-memory", submit.executor_memory),
+        ("--executor-cores", submit.executor_cores),
+        ("--num-executors", submit.num_executors),
+        ("--total-executor-cores", submit.total_executor_cores),
+        ("--queue", submit.queue),
+        ("--packages", ",".join(submit.packages) or None),
+    ]
+    given = [arg for flag, value in flags if value is not None for arg in (flag, str(value))]
+    return given + [arg for k, v in submit.conf.items() for arg in ("--conf", f"{k}={v}")]
 
 
 def spark_jars() -> list[str]:
