@@ -212,7 +212,7 @@ def paused_process(
     holder that stalls. ``resume()`` it (its own helper would after 300 s); it is killed when
     the block ends, whether or not it was resumed."""
     name, _, k = at.partition(":")
-    what = " ".join(command[1:3])
+    what = " ".join(command[:3])[:200]
     proc = start_process(
         command,
         env={**(env or {}), "STATEOPS_PAUSE_AT": f"{at}:300", "STATEOPS_FAULT_TRACE": str(trace)},
@@ -225,7 +225,11 @@ def paused_process(
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what} never reached {at}")
             time.sleep(0.1)
+        # Stopped itself: not one of its children (a Spark job inherits the fault variables
+        # and counts its own points), which would leave it running on.
         while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{what} reached {at} but did not stop there itself")
             time.sleep(0.05)
         yield Paused(proc)
     finally:
