@@ -164,9 +164,14 @@ class World:
             # Spark's error from the JVM: its causes too (a state reader's message hides them)
             causes = re.findall(r"^Caused by: .*$", getattr(err, "_stackTrace", "") or "", re.M)
             told = traceback.format_exc()
-            if len(told) > 6000:  # the head says what failed (the message), the tail where
-                told = f"{told[:2000]}\n[...]\n{told[-4000:]}"
-            self.steps[name] = {"error": told + "\n".join(causes)}
+            if len(told) > 6000:  # the tail: where it failed
+                told = f"{told[:1000]}\n[...]\n{told[-3000:]}"
+            # The error's own message first and whole enough to read: a chained Spark error's
+            # traceback is long, and its middle, where the message was, got cut (seen: a
+            # repartition of a join on S3 that failed once in the whole proof of 0bab7d2).
+            said = str(err)
+            said = said if len(said) <= 4000 else f"{said[:4000]} [...]"
+            self.steps[name] = {"error": f"{said}\n\n{told}" + "\n".join(causes)}
         self.steps[name]["seconds"] = round(time.monotonic() - started, 1)
         print(f"STEP {name}: {self.steps[name]['seconds']} s", flush=True)
 
