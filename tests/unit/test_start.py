@@ -206,7 +206,9 @@ def test_a_drains_stop_is_not_sent_in_the_instant_between_an_overrun_trigger_and
     it waited, interrupted the next trigger (a trace, and no line that said so)."""
     streaming = _Overran()
     _stop_between_batches(streaming, _query(tmp_path))
-    assert streaming.stopped_after == len(streaming.statuses) + 2, streaming.stopped_after
+    # two looks in a row after the trigger (more where a look fell in the margin before the
+    # next one was due: it starts the count again)
+    assert streaming.stopped_after >= len(streaming.statuses) + 2, streaming.stopped_after
 
 
 def test_a_failed_first_start_leaves_no_checkpoint_folder_and_a_committed_one_stays(tmp_path):
