@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -446,8 +447,7 @@ def _overrides(text: str) -> dict:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
     from stateops.control.target import query_target
-    from stateops.ops.backup import backup_first
-    from stateops.ops.migration import format_migration_plan, plan_migration, run_migration
+    from stateops.ops.migration import format_migration_plan, plan_migration
 
     target = query_target(args.registry, args.query)
     source = {
@@ -473,11 +473,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(plan))
         return 0
-    # Bad S3 settings: refused before the query is held.
-    backup = backup_first(target, _s3(args), "migration", log=_log)
-    run_job = _job_runner(args.master)
-    print(json.dumps(run_migration(target, plan, backup=backup, run_job=run_job, log=_log)))
+    print(json.dumps(migrate_planned(target, plan, _s3(args), args.master)))
     return 0
+
+
+def migrate_planned(target: Any, plan: dict[str, Any], s3: Any, master: str) -> dict[str, Any]:
+    """What ``stateops migrate`` does with a plan (:func:`plan_migration`'s): the backup first
+    (bad S3 settings are refused before the query is held), then every step, its Spark jobs
+    on ``master``; the lineage the switch recorded."""
+    from stateops.ops.backup import backup_first
+    from stateops.ops.migration import run_migration
+
+    backup = backup_first(target, s3, "migration", log=_log)
+    return run_migration(target, plan, backup=backup, run_job=_job_runner(master), log=_log)
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
@@ -1160,9 +1168,15 @@ def _commands(parser: argparse.ArgumentParser) -> dict[tuple[str, ...], argparse
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return reported(lambda: args.func(args))
+
+
+def reported(command: Callable[[], int]) -> int:
+    """``command``'s exit code, a command's error said as the CLI says it: one line ``error:
+    ...`` on stderr, exit code 1 for an operation that failed, 2 for a refusal."""
     try:
         with domain_errors():
-            return args.func(args)
+            return command()
     except StateOpsError as err:
         if isinstance(err.__cause__, BrokenPipeError) and _reader_gone():
             # `stateops status --json | head`: the reader took what it wanted; no error.

@@ -225,21 +225,20 @@ def test_a_first_run_whose_renewals_fail_removes_nothing_of_the_next_holder_s_ch
 # so that host B can roll back the same run as the DAG's roll_back task would on another worker.
 _MIGRATE = """
 import json, sys
-from stateops.cli import _job_runner, _log
+from stateops.cli import migrate_planned, reported
 from stateops.control.target import query_target
-from stateops.core.errors import OperationFailed, StateOpsError, one_line
 from stateops.core.s3 import s3_client, s3_settings
-from stateops.ops.backup import backup_first
-from stateops.ops.migration import run_migration
 
 registry, plan = sys.argv[1], json.loads(sys.argv[2])
 target = query_target(registry, plan["query"])
-try:
-    backup = backup_first(target, s3_client(s3_settings()), "migration", log=_log)
-    run_migration(target, plan, backup=backup, run_job=_job_runner("local[2]"), log=_log)
-except StateOpsError as err:
-    print(f"error: {one_line(err)}", file=sys.stderr)
-    sys.exit(1 if isinstance(err, OperationFailed) else 2)
+
+
+def migrate() -> int:
+    migrate_planned(target, plan, s3_client(s3_settings()), "local[2]")
+    return 0
+
+
+sys.exit(reported(migrate))
 """
 
 
