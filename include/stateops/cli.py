@@ -25,7 +25,14 @@ from stateops.control.lock import (
 from stateops.core.checkpoint import load_checkpoint, require_checkpoint_dir
 from stateops.core.errors import OperationFailed, StateOpsError, domain_errors, one_line
 from stateops.core.plans import plan_head, plan_tail
-from stateops.core.registry import Query, Registry, load_registry, parse_duration, registry_path
+from stateops.core.registry import (
+    Query,
+    Registry,
+    load_registry,
+    parse_duration,
+    registry_path,
+    use_connections,
+)
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import BOOTSTRAP, Step, fill
@@ -1168,6 +1175,7 @@ def _commands(parser: argparse.ArgumentParser) -> dict[tuple[str, ...], argparse
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    use_connections(getattr(args, "registry", None))
     return reported(lambda: args.func(args))
 
 

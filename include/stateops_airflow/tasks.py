@@ -30,7 +30,6 @@ from stateops.spark.jobs import (
 )
 
 __all__ = [
-    "airflow_s3_client",
     "backfill_plan",
     "backfill_report",
     "backfill_rollback",
@@ -109,9 +108,9 @@ def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        _publish_kafka_connection()
         try:
             with domain_errors():
+                _publish_connections(str(registry_path()))
                 _refuse_unshared_control()
                 return func(*args, **kwargs)
         except LockHeldError as err:
@@ -139,23 +138,18 @@ def _refuse_unshared_control(deploy_mode: str | None = None) -> None:
 
 
 @functools.cache
-def _publish_kafka_connection() -> None:
-    """Connection ``kafka_default`` defined in Airflow's database (the UI, ``airflow
-    connections add``) rather than as an environment variable: handed to the library and the
-    Spark jobs of this task (:func:`stateops.core.kafka.publish_connection`), once a process.
-    Every task comes through :func:`one_line_errors`, the Spark ones by their preflight."""
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
+def _publish_connections(registry_file: str) -> None:
+    """The registry's connections, resolved by Airflow (a secrets backend, its database, the
+    AWS hook), handed to the library and the Spark jobs of this task
+    (:func:`stateops_airflow.connections.publish`), once a process. Every task comes through
+    :func:`one_line_errors`, the Spark ones by their preflight."""
+    from stateops_airflow.connections import publish
 
-    from stateops.core.kafka import publish_connection
-
-    def extra(conn_id: str) -> dict[str, Any] | None:
-        try:
-            return BaseHook.get_connection(conn_id).extra_dejson
-        except AirflowNotFoundException:
-            return None  # no Kafka connection: the environment's settings, if any
-
-    publish_connection(extra)
+    try:
+        registry = load_registry(registry_file, switched=False)
+    except StateOpsError:
+        return  # the task's own reading of the registry says what is wrong with it
+    publish(registry)
 
 
 class StateOpsSparkSubmitOperator(SparkSubmitOperator):
@@ -369,19 +363,11 @@ def run_summary(query: str, run_id: str, registry: str | None = None) -> dict[st
     return summary
 
 
-def airflow_s3_client(conn_id: str) -> Any:
-    """An S3 client from Airflow connection ``conn_id`` (type aws; extra.endpoint_url)."""
-    from airflow.sdk import BaseHook
-
-    from stateops.core.s3 import connection_settings, s3_client
-
-    conn = BaseHook.get_connection(conn_id)
-    return s3_client(connection_settings(conn.login, conn.password, conn.extra_dejson))
-
-
 def _backups_client(registry: Registry) -> Any:
     """An S3 client for the registry's backup store, from its Airflow connection."""
-    return airflow_s3_client(registry.backups.conn_id)
+    from stateops_airflow.connections import s3_client
+
+    return s3_client(registry.backups.conn_id, "the registry's backups.conn_id")
 
 
 def backup_lister(registry: Registry) -> tuple[Any, str | None]:

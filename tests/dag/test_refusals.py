@@ -173,7 +173,7 @@ def test_a_restore_over_a_locked_query_is_retried_and_a_bad_target_fails_for_goo
     from stateops_airflow import tasks
 
     # Both refusals come before S3 is asked: no connection, no endpoint.
-    monkeypatch.setattr(tasks, "airflow_s3_client", lambda conn_id: None)
+    monkeypatch.setattr(tasks, "_backups_client", lambda registry: None)
     loaded = load_registry(registry)
     plan = {"target": loaded.query("page_visits").checkpoint}
     with QueryLock(loaded.lock_path("page_visits"), "page_visits", "run", run_id="run-1"):

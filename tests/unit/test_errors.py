@@ -115,11 +115,13 @@ def test_an_endpoint_that_is_not_a_url_is_refused_naming_the_setting(endpoint):
     ],
 )
 def test_a_real_endpoint_or_none_makes_a_client_for_it(endpoint, url):
-    """None: AWS itself, in the settings' region; else the endpoint as given. Path-style (a
-    local endpoint has no bucket subdomains), with the settings' region and keys."""
+    """None: AWS itself, in the settings' region, addressed as the SDK chooses (virtual-hosted);
+    else the endpoint as given, path-style (a local endpoint has no bucket subdomains), with
+    the settings' region and keys."""
     client = s3_client(S3Settings(endpoint, "eu-west-1", "key", "secret"))
     assert (client.meta.endpoint_url, client.meta.region_name) == (url, "eu-west-1")
-    assert client.meta.config.s3 == {"addressing_style": "path"}
+    style = "path" if endpoint else "auto"
+    assert client.meta.config.s3 == {"addressing_style": style}
     credentials = client._request_signer._credentials
     assert (credentials.access_key, credentials.secret_key) == ("key", "secret")
 

@@ -106,7 +106,10 @@ def test_a_source_on_another_cluster_gets_none_of_the_configured_credentials(cle
 @pytest.mark.parametrize(
     "options, says",
     [
-        ({"kafka.sasl.jaas.config": "x"}, "security settings come from the Airflow connection"),
+        (
+            {"kafka.sasl.jaas.config": "x"},
+            "security settings come from the source.s Airflow connection",
+        ),
         ({"kafka.ssl.keystore.password": "x"}, "never the registry"),
         ({"subscribePattern": "a.*"}, "as topic or topics, not options"),
         ({"kafka.bootstrap.servers": "h:1"}, "as bootstrap_servers, not options"),
@@ -131,3 +134,82 @@ def test_a_committed_offset_past_the_brokers_end_is_named():
     )
     assert retention(lag).ahead == ["t[0] committed 40, end 12"]
     assert retention(Lag({"t": {0: 3}}, {"t": {0: 5}}, {"t": {0: 0}})).ahead == []
+
+
+def _connection(monkeypatch, conn_id: str, extra: dict) -> None:
+    conn = {"conn_type": "kafka", "extra": extra}
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+
+
+def test_each_source_reads_the_brokers_and_credentials_of_its_own_connection(clean_env):
+    _connection(clean_env, "kafka_default", {"bootstrap.servers": "a:9092"})
+    _connection(
+        clean_env,
+        "kafka_eu",
+        {
+            "bootstrap.servers": "eu:9093",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "PLAIN",  # librdkafka's other spelling
+            "sasl.username": "eu",
+            "sasl.password": SECRET,
+        },
+    )
+    assert kafka_settings(None, None) == kafka_settings(None, "kafka_default")
+    assert kafka_settings().security == {}
+    eu = kafka_settings(None, "kafka_eu")
+    assert (eu.bootstrap_servers, eu.security["sasl.mechanism"]) == ("eu:9093", "PLAIN")
+    assert "PlainLoginModule" in spark_options(eu)["kafka.sasl.jaas.config"]
+    with pytest.raises(StateOpsError, match="the Airflow connection kafka_us, or"):
+        kafka_settings(None, "kafka_us")
+
+
+def test_tls_settings_reach_the_client_as_given_and_spark_in_the_java_clients_spelling(clean_env):
+    tls = {
+        "bootstrap.servers": "b:9094",
+        "security.protocol": "ssl",
+        "ssl.ca.location": "/secrets/ca.pem",
+        "ssl.certificate.location": "/secrets/client.pem",
+        "ssl.key.location": "/secrets/client.pem",
+        "ssl.key.password": SECRET,
+        "ssl.endpoint.identification.algorithm": "none",
+    }
+    _connection(clean_env, "kafka_tls", tls)
+    settings = kafka_settings(None, "kafka_tls")
+    assert settings.client_config() == tls  # librdkafka takes its own spelling
+    assert spark_options(settings) == {
+        "kafka.bootstrap.servers": "b:9094",
+        "kafka.security.protocol": "SSL",
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.location": "/secrets/ca.pem",
+        "kafka.ssl.keystore.type": "PEM",
+        "kafka.ssl.keystore.location": "/secrets/client.pem",
+        "kafka.ssl.key.password": SECRET,
+        "kafka.ssl.endpoint.identification.algorithm": "",
+    }
+    assert SECRET not in repr(settings)
+    pkcs12 = {"ssl.keystore.location": "/s/client.p12", "ssl.keystore.password": SECRET}
+    _connection(clean_env, "kafka_tls", {**tls, **pkcs12})
+    options = spark_options(kafka_settings(None, "kafka_tls"))
+    assert (options["kafka.ssl.keystore.type"], options["kafka.ssl.keystore.location"]) == (
+        "PKCS12",
+        "/s/client.p12",
+    )
+    assert options["kafka.ssl.keystore.password"] == SECRET
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ({"ssl.certificate.location": "/c.pem", "ssl.key.location": "/k.pem"}, "in one PEM file"),
+        ({"ssl.key.location": "/k.pem"}, "in one PEM file"),
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism GSSAPI"),
+        ({"security.protocol": "SASL_PLAINTEXT"}, "sasl.mechanism not given"),
+        ({"security.protocol": "TLS"}, "security.protocol 'TLS': expected one of"),
+    ],
+)
+def test_security_settings_the_spark_jobs_could_not_use_are_refused_naming_the_connection(
+    clean_env, given, says
+):
+    _connection(clean_env, "kafka_x", {"bootstrap.servers": "b:1", **given})
+    with pytest.raises(StateOpsError, match=f"^Kafka connection kafka_x: .*{says}"):
+        kafka_settings(None, "kafka_x")

@@ -2,13 +2,19 @@
 by-time offsets per partition, the partitions of a topic). One place that knows the settings
 and never prints a secret; every broker fault is one line that names the bootstrap servers.
 
-Settings: a source's own ``bootstrap_servers`` (the registry), else Airflow connection
-``kafka_default`` (``AIRFLOW_CONN_KAFKA_DEFAULT`` as JSON, ``conn_type`` kafka, its ``extra`` the
-client's settings: ``bootstrap.servers``, ``security.protocol``, ``sasl.mechanism``,
-``sasl.username``, ``sasl.password``), else the environment (``STATEOPS_KAFKA_BOOTSTRAP_SERVERS``,
-``STATEOPS_KAFKA_SECURITY_PROTOCOL``, ``STATEOPS_KAFKA_SASL_MECHANISM``,
-``STATEOPS_KAFKA_SASL_USERNAME``, ``STATEOPS_KAFKA_SASL_PASSWORD``). Spark's connector gets the
-same settings as ``kafka.``-prefixed options (:func:`spark_options`).
+Settings: a source's own ``bootstrap_servers`` (the registry), else its Airflow connection (the
+source's ``connection``, else the registry's ``connections.kafka``, default ``kafka_default``:
+``AIRFLOW_CONN_<ID>`` as JSON, ``conn_type`` kafka, its ``extra`` the client's settings in
+librdkafka's spelling, as Airflow's Kafka provider takes them: ``bootstrap.servers``,
+``security.protocol``, SASL's ``sasl.mechanism``, ``sasl.username``, ``sasl.password``, TLS's
+``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location``, ``ssl.key.password``,
+``ssl.keystore.location``, ``ssl.keystore.password``,
+``ssl.endpoint.identification.algorithm``), else the environment
+(``STATEOPS_KAFKA_BOOTSTRAP_SERVERS``, ``STATEOPS_KAFKA_SECURITY_PROTOCOL``, ... each key in
+upper case with ``_`` for ``.``). Spark's connector gets the same settings as ``kafka.``-prefixed
+options in its own spelling (:func:`spark_options`). Inside an Airflow task the connection comes
+from Airflow (a secrets backend, its database) and is handed to the Spark jobs in their
+environment (:func:`publish_connection`).
 
 ``confluent_kafka`` is imported inside the functions that talk to a broker: the registry and
 the DAG files read this module without it.
@@ -55,7 +61,7 @@ class KafkaDown(StateOpsError):
 class KafkaSettings:
     bootstrap_servers: str
     security: dict[str, str] = field(default_factory=dict)
-    """``security.protocol``, ``sasl.*``: never logged."""
+    """``security.protocol``, ``sasl.*``, ``ssl.*`` in librdkafka's spelling: never logged."""
 
     def __repr__(self) -> str:  # never a secret, not even in a traceback's locals
         return f"KafkaSettings(bootstrap_servers={self.bootstrap_servers!r})"
@@ -64,14 +70,35 @@ class KafkaSettings:
         return {"bootstrap.servers": self.bootstrap_servers, **self.security}
 
 
-_SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password")
+_SASL_KEYS = ("sasl.mechanism", "sasl.username", "sasl.password")
+_TLS_KEYS = (
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.keystore.location",
+    "ssl.keystore.password",
+    "ssl.endpoint.identification.algorithm",
+)
+_SECURITY_KEYS = ("security.protocol", *_SASL_KEYS, *_TLS_KEYS)
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# The SASL mechanisms both clients take from settings alone (GSSAPI needs a Kerberos login,
+# OAUTHBEARER a token callback: neither is a connection's field).
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def kafka_settings(bootstrap_servers: str | None = None) -> KafkaSettings:
-    """The settings of a source whose registry entry names ``bootstrap_servers`` (or none).
-    The security settings (SASL) of the connection or the environment go only to the
-    brokers configured there: a source on another cluster gets none of them."""
-    extra = _connection_extra()
+def kafka_settings(
+    bootstrap_servers: str | None = None, connection: str | None = None
+) -> KafkaSettings:
+    """The settings of a source or sink whose registry entry names ``bootstrap_servers`` (or
+    none) and Airflow ``connection`` (None: ``kafka_default``). The security settings (TLS,
+    SASL) of the connection or the environment go only to the brokers configured there: a
+    source on another cluster gets none of them. Settings the Spark jobs could not use are
+    refused here, in one line that names the connection."""
+    connection = connection or CONNECTION
+    extra = _connection_extra(connection)
+    if "sasl.mechanisms" in extra:  # librdkafka's other spelling
+        extra.setdefault("sasl.mechanism", extra.pop("sasl.mechanisms"))
     env = {
         key: os.environ[_ENV + key.upper().replace(".", "_")]
         for key in ("bootstrap.servers", *_SECURITY_KEYS)
@@ -83,15 +110,40 @@ def kafka_settings(bootstrap_servers: str | None = None) -> KafkaSettings:
     if not servers:
         raise StateOpsError(
             "no Kafka bootstrap servers: give the source's bootstrap_servers in the registry, "
-            f"the Airflow connection {CONNECTION}, or STATEOPS_KAFKA_BOOTSTRAP_SERVERS"
+            f"the Airflow connection {connection}, or STATEOPS_KAFKA_BOOTSTRAP_SERVERS"
         )
     if servers != configured:  # another cluster: its credentials are not these
         return KafkaSettings(servers)
-    return KafkaSettings(servers, {k: str(given[k]) for k in _SECURITY_KEYS if k in given})
+    security = {k: str(given[k]) for k in _SECURITY_KEYS if k in given}
+    problem = _security_problem(security)
+    if problem:
+        raise StateOpsError(f"Kafka connection {connection}: {problem}")
+    return KafkaSettings(servers, security)
 
 
-def _connection_extra() -> dict[str, Any]:
-    raw = os.environ.get(f"AIRFLOW_CONN_{CONNECTION.upper()}")
+def _security_problem(security: dict[str, str]) -> str | None:
+    protocol = security.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in PROTOCOLS:
+        return f"security.protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}"
+    mechanism = security.get("sasl.mechanism")
+    if protocol.startswith("SASL") and mechanism not in SASL_MECHANISMS:
+        return (
+            f"sasl.mechanism {mechanism or 'not given'}: the Spark jobs and the library take "
+            f"{', '.join(SASL_MECHANISMS)} (with sasl.username and sasl.password)"
+        )
+    cert, key = security.get("ssl.certificate.location"), security.get("ssl.key.location")
+    if (cert or key) and cert != key:
+        return (
+            "ssl.certificate.location and ssl.key.location: give the client's certificate "
+            "chain and its PKCS#8 key in one PEM file, named by both (Spark's Kafka connector "
+            "reads one PEM keystore), or a PKCS#12 file as ssl.keystore.location"
+        )
+    return None
+
+
+def _connection_extra(connection: str) -> dict[str, Any]:
+    name = f"AIRFLOW_CONN_{connection.upper()}"
+    raw = os.environ.get(name)
     if not raw:
         return {}
     try:
@@ -99,17 +151,19 @@ def _connection_extra() -> dict[str, Any]:
         return json.loads(extra) if isinstance(extra, str) else dict(extra)
     except (ValueError, AttributeError, TypeError):
         raise StateOpsError(
-            f"AIRFLOW_CONN_{CONNECTION.upper()} is not a JSON connection with an extra of "
-            "client settings (bootstrap.servers, ...)"
+            f"{name} is not a JSON connection with an extra of client settings "
+            "(bootstrap.servers, ...)"
         ) from None
 
 
 def spark_options(settings: KafkaSettings) -> dict[str, str]:
-    """The settings as Spark's Kafka connector takes them (``kafka.`` + the client's key)."""
+    """The settings as Spark's Kafka connector takes them: ``kafka.`` + the Java client's
+    key. TLS files are named, not read: each must be at its path on the driver and the
+    executors (the usual way: a secret mounted at the same path on every node)."""
     options = {"kafka.bootstrap.servers": settings.bootstrap_servers}
     security = settings.security
     if "security.protocol" in security:
-        options["kafka.security.protocol"] = security["security.protocol"]
+        options["kafka.security.protocol"] = security["security.protocol"].upper()
     if "sasl.mechanism" in security:
         options["kafka.sasl.mechanism"] = security["sasl.mechanism"]
     if "sasl.username" in security:
@@ -121,6 +175,24 @@ def spark_options(settings: KafkaSettings) -> dict[str, str]:
         options["kafka.sasl.jaas.config"] = (
             f'{module} required username="{security["sasl.username"]}" '
             f'password="{security.get("sasl.password", "")}";'
+        )
+    if "ssl.ca.location" in security:  # librdkafka's CA file: a PEM trust store to Java
+        options["kafka.ssl.truststore.type"] = "PEM"
+        options["kafka.ssl.truststore.location"] = security["ssl.ca.location"]
+    if "ssl.keystore.location" in security:
+        options["kafka.ssl.keystore.type"] = "PKCS12"
+        options["kafka.ssl.keystore.location"] = security["ssl.keystore.location"]
+        if "ssl.keystore.password" in security:
+            options["kafka.ssl.keystore.password"] = security["ssl.keystore.password"]
+    elif "ssl.certificate.location" in security:  # one PEM file with the key and the chain
+        options["kafka.ssl.keystore.type"] = "PEM"
+        options["kafka.ssl.keystore.location"] = security["ssl.certificate.location"]
+    if "ssl.key.password" in security:
+        options["kafka.ssl.key.password"] = security["ssl.key.password"]
+    if "ssl.endpoint.identification.algorithm" in security:
+        algorithm = security["ssl.endpoint.identification.algorithm"]
+        options["kafka.ssl.endpoint.identification.algorithm"] = (
+            "" if algorithm.lower() == "none" else algorithm
         )
     return options
 
@@ -218,20 +290,20 @@ def offsets_text(offsets: Offsets) -> str:
     return " ".join(f"{t}[{p}]={o}" for t, ps in offsets.items() for p, o in ps.items())
 
 
-# --- E: connection kafka_default kept in Airflow's database (not as AIRFLOW_CONN_KAFKA_DEFAULT)
+# --- E: a Kafka connection kept in Airflow (its database, a secrets backend)
 
 
-def publish_connection(lookup: Callable[[str], Mapping[str, Any] | None]) -> bool:
-    """Make connection ``kafka_default`` from Airflow's database (or a secrets backend) what
+def publish_connection(connection: str, lookup: Callable[[str], Mapping[str, Any] | None]) -> bool:
+    """Make Airflow connection ``connection`` (from its database or a secrets backend) what
     :func:`kafka_settings` reads in this process and in the jobs it starts: its extra as
-    ``AIRFLOW_CONN_KAFKA_DEFAULT``'s JSON. ``lookup(conn_id)`` returns a connection's extra,
-    None where there is none. A variable already set wins (it is what Airflow itself would
-    find first). Returns whether it set the variable; nothing is logged (the extra may hold
-    ``sasl.password``)."""
-    name = f"AIRFLOW_CONN_{CONNECTION.upper()}"
+    ``AIRFLOW_CONN_<ID>``'s JSON in the environment. ``lookup(conn_id)`` returns a
+    connection's extra, None where there is none. A variable already set wins (it is what
+    Airflow itself would find first). Returns whether it set the variable; nothing is logged
+    (the extra may hold ``sasl.password``)."""
+    name = f"AIRFLOW_CONN_{connection.upper()}"
     if os.environ.get(name):
         return False
-    extra = lookup(CONNECTION)
+    extra = lookup(connection)
     if not extra:
         return False
     os.environ[name] = json.dumps({"conn_type": "kafka", "extra": dict(extra)})

@@ -84,13 +84,16 @@ class _Model(BaseModel):
 
 
 _KAFKA_SECURITY = ("kafka.sasl.", "kafka.security.", "kafka.ssl.")
+# An Airflow connection id: what Airflow's own forms and AIRFLOW_CONN_<ID> variables take.
+_CONN_ID = r"^[A-Za-z0-9_]+$"
 
 
 class Source(_Model):
     """One input: files in a folder (``format`` json, parquet, csv; ``path``), or Kafka
     (``format: kafka``; ``topic`` or ``topics``, its records' values encoded as ``encoding``
-    with the columns of ``schema``; ``bootstrap_servers``, default: the connection or the
-    environment, :mod:`stateops.core.kafka`). ``options`` go to Spark's reader as they are
+    with the columns of ``schema``; ``bootstrap_servers``, default: its Airflow ``connection``'s
+    (default: the registry's ``connections.kafka``) or the environment's,
+    :mod:`stateops.core.kafka`). ``options`` go to Spark's reader as they are
     (``startingOffsets``, ``maxOffsetsPerTrigger``, ``maxFilesPerTrigger``, ...)."""
 
     format: Literal[SOURCE_FORMATS]
@@ -98,6 +101,9 @@ class Source(_Model):
     topic: str | None = None
     topics: list[str] = []
     bootstrap_servers: str | None = None
+    connection: str | None = Field(None, pattern=_CONN_ID)
+    """A Kafka source's Airflow connection (type kafka: brokers, TLS, SASL); None: the
+    registry's ``connections.kafka``."""
     encoding: Literal["json"] = "json"
     schema_: DDLSchema = Field(alias="schema")
     options: dict[str, str | int | bool] = {}
@@ -141,13 +147,16 @@ class Source(_Model):
             if secret:
                 # The registry is shown in plans, logs and XCom; credentials are not.
                 raise ValueError(
-                    f"options {', '.join(secret)}: security settings come from the Airflow "
-                    "connection kafka_default or STATEOPS_KAFKA_* variables, never the registry"
+                    f"options {', '.join(secret)}: security settings come from the source's "
+                    "Airflow connection (connection, else connections.kafka) or STATEOPS_KAFKA_* "
+                    "variables, never the registry"
                 )
         elif not self.path:
             raise ValueError(f"a {self.format} source reads a folder: give its path")
-        elif self.topic or self.topics or self.bootstrap_servers:
-            raise ValueError("topic, topics and bootstrap_servers are for kafka sources")
+        elif self.topic or self.topics or self.bootstrap_servers or self.connection:
+            raise ValueError(
+                "topic, topics, bootstrap_servers and connection are for kafka sources"
+            )
         return self
 
 
@@ -347,6 +356,8 @@ class Sink(_Model):
     topic: str | None = None
     key: str | None = None
     bootstrap_servers: str | None = None
+    connection: str | None = Field(None, pattern=_CONN_ID)
+    """A Kafka sink's Airflow connection; None: the registry's ``connections.kafka``."""
     batch_offset: int = Field(0, ge=0)
 
     @property
@@ -362,9 +373,9 @@ class Sink(_Model):
     def _one_place(self) -> Sink:
         if self.kafka and (self.path or not self.topic):
             raise ValueError("a kafka sink writes a topic: give topic, not path")
-        if not self.kafka and (not self.path or self.topic or self.key):
+        if not self.kafka and (not self.path or self.topic or self.key or self.connection):
             raise ValueError(
-                f"a {self.format} sink writes a folder: give path (topic and key "
+                f"a {self.format} sink writes a folder: give path (topic, key and connection "
                 "are for kafka sinks)"
             )
         return self
@@ -742,6 +753,20 @@ class Cleanup(_Model):
     retain_batches: int = Field(10, ge=1)
 
 
+class Connections(_Model):
+    """The Airflow connections a registry's operations go through, by id (docs/connections.md).
+    Where tasks run they are resolved by Airflow (its secrets backend, the AWS hook's role
+    assumption); the Spark jobs get what was resolved in their environment, never on their
+    command line."""
+
+    checkpoint: str | None = Field(None, pattern=_CONN_ID)
+    """Type aws: the S3 of the checkpoints, the S3 sinks and the control store. None: the
+    deployment's ``STATEOPS_CHECKPOINT_CONN_ID``, else the environment's (``AWS_*``, the
+    instance's role)."""
+    kafka: str = Field("kafka_default", pattern=_CONN_ID)
+    """Type kafka: the brokers of each Kafka source and sink that names no ``connection``."""
+
+
 class Registry(_Model):
     path: Path
     data_dir: Path
@@ -757,6 +782,7 @@ class Registry(_Model):
     cleanup: Cleanup = Cleanup()
     health: Health = Health()
     alerts: Alerts = Alerts()
+    connections: Connections = Connections()
     control: str | None = None
     """Where the queries' leases live when the hosts that operate them share no disk (an S3
     prefix, through the checkpoint connection); None: under ``data_dir`` (one host)."""
@@ -1241,7 +1267,7 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         raise RegistryError(f"{path}: expected a mapping with a 'queries' mapping")
     known = {
         *("data_dir", "code_paths", "queries", "start", "backups", "cleanup", "health", "alerts"),
-        "control",
+        *("control", "connections"),
         *("derived_from", "lease_seconds"),
     }
     unknown = set(raw) - known
@@ -1267,30 +1293,16 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
             f"{path}: lease_seconds: expected seconds from {MIN_LEASE_SECONDS} to 86400 (how "
             f"long a lease outlives its holder's last renewal), got {raw['lease_seconds']!r}"
         )
+    sections = _sections(path, raw)
     switched = switched and not raw.get("derived_from")  # a run's own: its entry says where
     queries, invalid = {}, {}
+    kafka = sections["connections"].kafka
     for name, spec in raw["queries"].items():
         try:  # one entry refused: its query alone cannot run
             switch = _switch_path(data_dir, control, str(name)) if switched else None
-            queries[name] = _entry(path, data_dir, name, spec, switch)
+            queries[name] = _entry(path, data_dir, name, spec, switch, kafka)
         except RegistryError as err:
             invalid[str(name)] = str(err)
-    sections = {}
-    models = {
-        "start": Start,
-        "backups": Backups,
-        "cleanup": Cleanup,
-        "health": Health,
-        "alerts": Alerts,
-    }
-    for section, model in models.items():
-        try:
-            sections[section] = model.model_validate(raw.get(section) or {})
-        except ValidationError as err:
-            first = err.errors()[0]
-            field_path = ".".join(str(p) for p in first["loc"])
-            message = str(first["msg"]).removeprefix("Value error, ")
-            raise RegistryError(f"{path}: {section}.{field_path}: {message}") from None
     code_paths = _code_paths(path, raw.get("code_paths"))
     for query in queries.values():
         query._code_paths = tuple(code_paths)
@@ -1307,11 +1319,40 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
     )
 
 
+def _sections(path: Path, raw: dict) -> dict[str, Any]:
+    """The registry's top-level sections that concern every query, validated (a wrong one
+    refuses the whole file)."""
+    sections = {}
+    models = {
+        "start": Start,
+        "backups": Backups,
+        "cleanup": Cleanup,
+        "health": Health,
+        "alerts": Alerts,
+        "connections": Connections,
+    }
+    for section, model in models.items():
+        try:
+            sections[section] = model.model_validate(raw.get(section) or {})
+        except ValidationError as err:
+            first = err.errors()[0]
+            field_path = ".".join(str(p) for p in first["loc"])
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise RegistryError(f"{path}: {section}.{field_path}: {message}") from None
+    return sections
+
+
 def _entry(
-    path: Path, data_dir: Path, name: str, spec: object, switch: Path | S3Path | None
+    path: Path,
+    data_dir: Path,
+    name: str,
+    spec: object,
+    switch: Path | S3Path | None,
+    kafka: str = Connections().kafka,
 ) -> Query:
     """Query ``name`` of registry file ``path`` (its entry ``spec``), validated, its paths
-    resolved, where its switch (at ``switch``; None: none applies) says it runs."""
+    resolved and its Kafka sources and sink given a connection (default: ``kafka``), where its
+    switch (at ``switch``; None: none applies) says it runs."""
     if not isinstance(spec, dict):
         raise RegistryError(f"{path}: queries.{name}: expected a mapping")
     if "name" in spec:
@@ -1323,8 +1364,8 @@ def _entry(
         field_path = ".".join(str(p).removesuffix("_") for p in (name, *first["loc"]))
         message = str(first["msg"]).removeprefix("Value error, ")
         raise RegistryError(f"{path}: queries.{field_path}: {message}") from None
-    resolved = _resolve_paths(query, data_dir)
-    entry = resolved if switch is None else _switched(resolved, path, switch)
+    resolved = _connected(_resolve_paths(query, data_dir), kafka)
+    entry = resolved if switch is None else _connected(_switched(resolved, path, switch), kafka)
     entry._declared = placement(resolved) | {"shuffle_partitions": resolved.shuffle_partitions}
     return entry
 
@@ -1343,6 +1384,20 @@ def _code_paths(path: Path, raw: object) -> list[Path]:
                 "relative to the registry file"
             )
     return folders
+
+
+def use_connections(registry_file: str | os.PathLike[str] | None) -> None:
+    """The connections of the registry at ``registry_file`` made this process's: its
+    ``connections.checkpoint`` (:func:`stateops.core.s3.use_checkpoint_connection`); a Kafka
+    source or sink names its own. A registry that cannot be read changes nothing: the
+    command's own reading of it says what is wrong."""
+    from stateops.core.s3 import use_checkpoint_connection
+
+    try:
+        registry = load_registry(registry_file, switched=False)
+    except StateOpsError:
+        return
+    use_checkpoint_connection(registry.connections.checkpoint)
 
 
 def checkpoint_of(
@@ -1396,6 +1451,24 @@ def _resolve_paths(query: Query, data_dir: Path) -> Query:
             "source": located(query.source),
             "sources": {name: located(s) for name, s in query.sources.items()},
             "sink": query.sink.model_copy(update={"path": absolute(query.sink.path)}),
+        }
+    )
+
+
+def _connected(query: Query, kafka: str) -> Query:
+    """``query`` with each Kafka source and its Kafka sink given an Airflow connection: its
+    own, else ``kafka`` (the registry's ``connections.kafka``)."""
+
+    def given(kind: Any) -> Any:
+        if kind is None or not kind.kafka or kind.connection:
+            return kind
+        return kind.model_copy(update={"connection": kafka})
+
+    return query.model_copy(
+        update={
+            "source": given(query.source),
+            "sources": {name: given(s) for name, s in query.sources.items()},
+            "sink": given(query.sink),
         }
     )
 

@@ -33,7 +33,7 @@ from stateops.core.kafka import (
     parse_offsets,
     topic_partitions,
 )
-from stateops.core.registry import RETENTION_MARGIN, Query, Source
+from stateops.core.registry import RETENTION_MARGIN, Query, Sink, Source
 
 __all__ = [
     "FILE_START",
@@ -62,9 +62,13 @@ def require_topics(query: Query) -> None:
     line before a job starts (Spark would fail later, and less clearly)."""
     kafka = [s for s in query.inputs.values() if s.kafka]
     for source in kafka:
-        topic_partitions(kafka_settings(source.bootstrap_servers), source.subscribed)
+        topic_partitions(
+            kafka_settings(source.bootstrap_servers, source.connection), source.subscribed
+        )
     if query.sink.kafka and query.sink.topic:
-        topic_partitions(kafka_settings(query.sink.bootstrap_servers), [query.sink.topic])
+        topic_partitions(
+            kafka_settings(query.sink.bootstrap_servers, query.sink.connection), [query.sink.topic]
+        )
 
 
 def file_log_offset(raw: object) -> int | None:
@@ -82,7 +86,7 @@ def kafka_offsets(raw: object) -> Offsets | None:
 def _brokers(source: Source) -> tuple[KafkaSettings, dict[str, list[int]]]:
     """A Kafka source's settings and its topics' partitions (refused in one line: a missing
     topic, a broker that does not answer): what every question to its brokers starts from."""
-    settings = kafka_settings(source.bootstrap_servers)
+    settings = kafka_settings(source.bootstrap_servers, source.connection)
     return settings, topic_partitions(settings, source.subscribed)
 
 
@@ -323,13 +327,14 @@ def records_between(before: Offsets | None, after: Offsets) -> int:
 def kafka_offsets_at(source: Source, at: str | int) -> Offsets:
     """A Kafka source's offsets on the broker: ``earliest``, ``latest``, or at an epoch-ms time
     (per partition the first record stamped at or after it: every record before it is older)."""
-    return topic_offsets(source.subscribed, source.bootstrap_servers, at)
+    return topic_offsets(source.subscribed, source, at)
 
 
-def topic_offsets(topics: list[str], bootstrap_servers: str | None, at: str | int) -> Offsets:
-    """Topics' offsets on their brokers (a Kafka sink's topic, a source's): ``earliest``,
-    ``latest``, or per partition the first record stamped at or after an epoch-ms time."""
-    settings = kafka_settings(bootstrap_servers)
+def topic_offsets(topics: list[str], place: Source | Sink, at: str | int) -> Offsets:
+    """Topics' offsets on the brokers of ``place`` (a Kafka source or sink: its
+    ``bootstrap_servers`` and ``connection``): ``earliest``, ``latest``, or per partition the
+    first record stamped at or after an epoch-ms time."""
+    settings = kafka_settings(place.bootstrap_servers, place.connection)
     return broker_offsets(settings, topic_partitions(settings, topics), at)
 
 

@@ -189,11 +189,10 @@ def _bucket_client() -> _Client:
     from stateops.core.s3 import checkpoint_settings
 
     settings = checkpoint_settings()
-    key = (settings.endpoint_url, settings.region, settings.access_key, settings.secret_key)
     with _LOCK:
-        if key not in _CLIENTS:
-            _CLIENTS[key] = _Client(settings)
-        return _CLIENTS[key]
+        if settings not in _CLIENTS:
+            _CLIENTS[settings] = _Client(settings)
+        return _CLIENTS[settings]
 
 
 def request_count() -> int:

@@ -249,7 +249,7 @@ def _sink_end(query: Query) -> dict[str, dict[str, int]] | None:
     """A Kafka sink's end offsets now, as JSON keeps them (None: the broker does not answer;
     the reprocessing then fails and says so)."""
     try:
-        end = topic_offsets([query.sink.topic or ""], query.sink.bootstrap_servers, "latest")
+        end = topic_offsets([query.sink.topic or ""], query.sink, "latest")
     except KafkaDown:
         return None
     return {t: {str(p): o for p, o in ps.items()} for t, ps in end.items()}
@@ -309,7 +309,7 @@ def _report_kafka(
     """A Kafka sink's report: how many records the reprocessing wrote, against the count the
     rolled-back batches had written (the topic keeps both: rows are not compared)."""
     sink = query.sink
-    end = topic_offsets([sink.topic or ""], sink.bootstrap_servers, "latest")
+    end = topic_offsets([sink.topic or ""], sink, "latest")
     start = kafka_offsets(rollback.get("sink_end"))
     written = records_between(start, end) if start is not None else None
     before = (plan.get("rewrites") or {}).get("records", 0)

@@ -325,7 +325,9 @@ def _check_new_topic(
     ):
         raise StateOpsError(f"the new source is {query.name}'s current source: nothing to migrate")
     with about("new_source_topic"):
-        partitions = topic_partitions(kafka_settings(source.bootstrap_servers), source.subscribed)
+        partitions = topic_partitions(
+            kafka_settings(source.bootstrap_servers, source.connection), source.subscribed
+        )
     with about("new_source_start"):
         if start not in KAFKA_STARTS:
             raise StateOpsError(f"{start!r}: choose one of {', '.join(KAFKA_STARTS)}")

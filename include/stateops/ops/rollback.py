@@ -186,8 +186,8 @@ def kafka_rewrites(cp: Checkpoint, target: Target, to_batch: int) -> dict[str, A
         return found
     since = cp.offsets[first].timestamp_ms
     try:
-        at = topic_offsets([sink.topic], sink.bootstrap_servers, since)
-        end = topic_offsets([sink.topic], sink.bootstrap_servers, "latest")
+        at = topic_offsets([sink.topic], sink, since)
+        end = topic_offsets([sink.topic], sink, "latest")
     except KafkaDown as err:
         raise KafkaDown(
             f"{_refused(cp, to_batch)}: cannot count the records the rolled-back batches wrote "

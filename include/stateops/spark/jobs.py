@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from stateops.core.errors import StateOpsError, domain_errors, one_line
-from stateops.core.registry import PROJECT_ROOT, Submit
+from stateops.core.registry import PROJECT_ROOT, Submit, use_connections
 from stateops.core.storage import in_s3
 
 __all__ = [
@@ -73,6 +73,7 @@ def job_main(
     preflight and run; bad input from either is one line ``error: ...`` on stderr and exit
     code 2, else the report's exit code."""
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    use_connections(getattr(args, "registry", None))
     try:
         with domain_errors():
             require_spark_s3(spark_s3_locations(args), Path(sys.argv[0]).name or "the job")

@@ -132,7 +132,7 @@ def _batch(
 
     records = (
         spark.read.format("kafka")
-        .options(**spark_options(kafka_settings(source.bootstrap_servers)))
+        .options(**spark_options(kafka_settings(source.bootstrap_servers, source.connection)))
         .option("subscribe", ",".join(source.subscribed))
         .option("startingOffsets", spec(start))
         .option("endingOffsets", spec(end))

@@ -300,7 +300,7 @@ def read_source(spark: SparkSession, source: Source) -> DataFrame:
 
         records = (
             spark.readStream.format("kafka")
-            .options(**spark_options(kafka_settings(source.bootstrap_servers)))
+            .options(**spark_options(kafka_settings(source.bootstrap_servers, source.connection)))
             .option("subscribe", ",".join(source.subscribed))
             .options(**source.reader_options)
             .load()
@@ -390,7 +390,7 @@ def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
             if sink.key:
                 record.insert(0, F.col(sink.key).cast("string").alias("key"))
             df.select(*record).write.format("kafka").options(
-                **spark_options(kafka_settings(sink.bootstrap_servers))
+                **spark_options(kafka_settings(sink.bootstrap_servers, sink.connection))
             ).option("topic", sink.topic).save()
         else:
             df.write.mode("overwrite").format(sink.format).save(

@@ -1,0 +1,105 @@
+"""Airflow's own connections (issue 75 item 3): a task resolves the registry's connections
+through Airflow (here: a secrets backend, the AWS hook) and hands what it resolved to the
+library and its Spark jobs in their environment, never printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, write_registry
+
+pytestmark = pytest.mark.dag
+
+SECRET = "backend-secret-not-for-logs"
+KAFKA_SECRET = "kafka-pass-not-for-logs"
+
+
+PUBLISH = """
+import json, os, sys
+from stateops.core.registry import load_registry
+from stateops.core.s3 import checkpoint_settings
+from stateops.core.kafka import kafka_settings
+from stateops_airflow.connections import publish
+publish(load_registry(sys.argv[1]))
+s = checkpoint_settings()
+k = kafka_settings(None, "kafka_eu")
+print(json.dumps({
+    "conn_id": os.environ["STATEOPS_CHECKPOINT_CONN_ID"],
+    "s3": [s.endpoint_url, s.region, s.access_key, s.secret_key == %r],
+    "kafka": [k.bootstrap_servers, k.security.get("sasl.password") == %r],
+}))
+"""
+
+
+def _publish(tmp_path, registry, connections):
+    backend = tmp_path / "connections.json"
+    backend.write_text(json.dumps(connections))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIRFLOW_CONN_", "STATEOPS_CHECKPOINT", "AWS_", "STATEOPS_KAFKA"))
+    }
+    env |= {
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), str(ROOT)]),
+        "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
+        "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps({"connections_file_path": str(backend)}),
+    }
+    script = PUBLISH % (SECRET, KAFKA_SECRET)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(registry)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_task_hands_the_connections_of_a_secrets_backend_to_the_library_unprinted(tmp_path):
+    raw_source = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"]
+    name = next(n for n, q in raw_source.items() if q.get("source", {}).get("format") == "kafka")
+    own = {name: {"source": {**raw_source[name]["source"], "connection": "kafka_eu"}}}
+    registry = write_registry(tmp_path, True, **own)
+    raw = yaml.safe_load(registry.read_text())
+    registry.write_text(yaml.safe_dump(raw | {"connections": {"checkpoint": "ckpt_store"}}))
+    connections = {
+        "ckpt_store": {
+            "conn_type": "aws",
+            "login": "AKFROMBACKEND",
+            "password": SECRET,
+            "extra": {"endpoint_url": "http://127.0.0.1:9999", "region_name": "eu-west-3"},
+        },
+        "kafka_eu": {
+            "conn_type": "kafka",
+            "extra": {
+                "bootstrap.servers": "eu:9093",
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-256",
+                "sasl.username": "svc",
+                "sasl.password": KAFKA_SECRET,
+            },
+        },
+    }
+    done = _publish(tmp_path, registry, connections)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said == {
+        "conn_id": "ckpt_store",
+        "s3": ["http://127.0.0.1:9999", "eu-west-3", "AKFROMBACKEND", True],
+        "kafka": ["eu:9093", True],
+    }
+    assert SECRET not in done.stdout + done.stderr
+    assert KAFKA_SECRET not in done.stdout + done.stderr
+
+    del connections["ckpt_store"]
+    refused = _publish(tmp_path, registry, connections)
+    assert refused.returncode != 0
+    assert (
+        "connection 'ckpt_store' (the registry's connections.checkpoint) is not defined in "
+        "Airflow: add it (type aws)" in refused.stderr
+    )
