@@ -301,7 +301,8 @@ def health(
             for r in _records_waiting(query.name, status["kafka"], committed, now, limits)
         ]
     if listed and status["last_committed_batch"] is not None:
-        backups = _backup_age(registry, status["backups"], now, limits.backup_within)
+        schedule = registry.schedule("backup", query)
+        backups = _backup_age(schedule, status["backups"], now, limits.backup_within)
         found += [("backup_age", r) for r in backups]
     if listed:
         found += [("backup_drill", r) for r in _drill_failed(registry, query, status["backups"])]
@@ -764,16 +765,17 @@ def _records_waiting(
 
 
 def _backup_age(
-    registry: Registry, backups: list[dict[str, Any]], now: datetime, within: timedelta | None
+    schedule: str, backups: list[dict[str, Any]], now: datetime, within: timedelta | None
 ) -> list[str]:
-    """No backup, or none newer than ``within`` (None: any age will do)."""
+    """No backup, or none newer than ``within`` (None: any age will do); ``schedule``: the
+    query's backup schedule, as the line says it."""
     if not backups:
         return ["no backup yet (stream_checkpoint_backup takes them)"]
     last = max(datetime.fromisoformat(b["created_at"]) for b in backups)
     if within is not None and now - last > within:
         return [
             f"the last backup is {format_span(now - last)} old (schedule "
-            f"{registry.backups.schedule}, allowed: {format_span(within)})"
+            f"{schedule}, allowed: {format_span(within)})"
         ]
     return []
 

@@ -61,3 +61,24 @@ def test_a_bad_factory_argument_is_refused_in_one_line(tmp_path):
         lifecycle_dags(registry, only=["stream_nope"])
     with pytest.raises(StateOpsError, match="^prefix 'team a': letters, digits"):
         lifecycle_dags(registry, prefix="team a")
+
+
+def test_a_query_with_its_own_schedule_has_its_scheduled_dags_to_itself(tmp_path):
+    from datetime import timedelta
+
+    own = {"start": "5 minutes", "backup": "@hourly"}
+    registry = write_registry(tmp_path, page_visits={"schedules": own})
+    dags = lifecycle_dags(registry, prefix="t_")
+    assert {"t_stream_start__page_visits", "t_stream_checkpoint_backup__page_visits"} <= set(dags)
+    assert not any(d.endswith("__page_visits") for d in dags if "cleanup" in d)
+
+    apart = dags["t_stream_start__page_visits"]
+    assert apart.schedule == timedelta(minutes=5)
+    assert {t.task_id for t in apart.tasks} == {"run_page_visits", "record_page_visits"}
+    shared = dags["t_stream_start"]
+    assert "run_page_visits" not in {t.task_id for t in shared.tasks}
+    assert {t.task_id for t in shared.tasks} >= {"run_user_sessions", "record_user_sessions"}
+    assert dags["t_stream_checkpoint_backup__page_visits"].schedule == "@hourly"
+    assert dags["t_stream_checkpoint_backup"].schedule == "@daily"
+    cleanup = {t.task_id for t in dags["t_stream_snapshot_cleanup"].tasks}
+    assert any("page_visits" in t for t in cleanup), "no cleanup of its own: the shared one"

@@ -59,15 +59,25 @@ def test_backups_missing_or_older_than_twice_their_schedule_warn(tmp_path):
     assert within == timedelta(days=2)
     now = datetime(2026, 11, 25, 12, tzinfo=UTC)
     backup = {"created_at": (now - timedelta(hours=30)).isoformat()}
-    assert _backup_age(registry, [], now, within) == [
+    assert _backup_age("@daily", [], now, within) == [
         "no backup yet (stream_checkpoint_backup takes them)"
     ]
-    assert _backup_age(registry, [backup], now, within) == []
+    assert _backup_age("@daily", [backup], now, within) == []
     old = {"created_at": (now - timedelta(days=3)).isoformat()}
-    assert _backup_age(registry, [old], now, within) == [
+    assert _backup_age("@daily", [old], now, within) == [
         "the last backup is 3 days old (schedule @daily, allowed: 2 days)"
     ]
-    assert _backup_age(registry, [old], now, None) == []  # a schedule of no known period
+    assert _backup_age("@daily", [old], now, None) == []  # a schedule of no known period
+
+
+def test_a_query_s_own_schedules_set_its_health_windows(tmp_path):
+    own = {"start": "5 minutes", "backup": "@hourly"}
+    registry = load_registry(write_registry(tmp_path, page_visits={"schedules": own}))
+    mine = registry.health_limits(registry.query("page_visits"))
+    other = registry.health_limits(registry.query("user_sessions"))
+    assert (mine.input_waiting, mine.backup_within) == (timedelta(minutes=10), timedelta(hours=2))
+    assert (other.input_waiting, other.backup_within) == (timedelta(hours=1), timedelta(days=2))
+    assert registry.schedule("cleanup", registry.query("page_visits")) == "@daily"
 
 
 def test_the_newest_restore_drill_decides_and_a_backup_never_drilled_says_nothing(tmp_path):

@@ -426,6 +426,30 @@ _Memory = Annotated[str, Field(pattern=r"^\d+[kmgtKMGT]?$")]  # Spark's: 512m, 2
 _Coordinate = Annotated[str, Field(pattern=r"^[\w.\-]+:[\w.\-]+:[\w.\-]+$")]
 
 
+def _schedule(value: str) -> str:
+    if not re.fullmatch(rf"{_DURATION}|@\w+|\S+( \S+){{4,5}}", value):
+        raise ValueError(
+            "expected a duration (30 minutes, 2 hours) or a cron expression or preset "
+            f"(*/30 * * * *, @hourly), got {value!r}"
+        )
+    return value
+
+
+_Schedule = Annotated[str, AfterValidator(_schedule)]
+
+
+class Schedules(_Model):
+    """A query's own schedules, over the registry's: its lifecycle DAGs of that kind are its
+    own (``stream_start__<query>``, ...), on this schedule."""
+
+    start: _Schedule | None = None
+    """Over ``start.schedule``: its runs (DAG ``stream_start__<query>``)."""
+    backup: _Schedule | None = None
+    """Over ``backups.schedule``: its backups (DAG ``stream_checkpoint_backup__<query>``)."""
+    cleanup: _Schedule | None = None
+    """Over ``cleanup.schedule``: its cleanups (DAG ``stream_snapshot_cleanup__<query>``)."""
+
+
 class Submit(_Model):
     """How a query's Spark jobs are launched: ``spark-submit``'s own options, per query, as
     the provider's ``SparkSubmitOperator`` and ``stateops`` pass them
@@ -487,6 +511,8 @@ class Query(_Model):
     spark_conf: dict[str, str] = {}
     submit: Submit = Submit()
     """Its Spark jobs' launch settings (``spark-submit``'s own)."""
+    schedules: Schedules = Schedules()
+    """Its own start, backup and cleanup schedules, over the registry's."""
     health: Health = Health()
     """Its health rules' thresholds, over the registry's ``health:``."""
     approval: Literal["required", "none"] | None = None
@@ -687,18 +713,6 @@ class Query(_Model):
         return conf
 
 
-def _schedule(value: str) -> str:
-    if not re.fullmatch(rf"{_DURATION}|@\w+|\S+( \S+){{4,5}}", value):
-        raise ValueError(
-            "expected a duration (30 minutes, 2 hours) or a cron expression or preset "
-            f"(*/30 * * * *, @hourly), got {value!r}"
-        )
-    return value
-
-
-_Schedule = Annotated[str, AfterValidator(_schedule)]
-
-
 def timetable(schedule: str) -> str | timedelta:
     """A registry schedule as Airflow's ``@dag(schedule=...)`` takes it."""
     return _timedelta(schedule) if re.fullmatch(_DURATION, schedule) else schedule
@@ -794,6 +808,19 @@ class Registry(_Model):
     """The user's registry a run's own registry was written from (:func:`derived_registry`):
     its entry already says where the query runs, so no switch applies to it."""
 
+    def schedule(self, kind: str, query: Query | None = None) -> str:
+        """The schedule of ``kind`` (``start``, ``backup``, ``cleanup``): ``query``'s own
+        (its ``schedules``), else the registry's."""
+        own = getattr(query.schedules, kind) if query is not None else None
+        return (
+            own
+            or {
+                "start": self.start.schedule,
+                "backup": self.backups.schedule,
+                "cleanup": self.cleanup.schedule,
+            }[kind]
+        )
+
     def health_limits(self, query: Query) -> HealthLimits:
         """``query``'s health thresholds: its own ``health:``, else the registry's, else the
         defaults (some follow the schedules: input may wait two of stream_start's runs, a
@@ -804,14 +831,14 @@ class Registry(_Model):
             value = getattr(own, field)
             return value if value is not None else getattr(every, field)
 
-        start = self.start.timetable
+        start = timetable(self.schedule("start", query))
         waiting = pick("input_waiting")
         if waiting:
             input_waiting = _timedelta(waiting)
         else:  # a cron schedule's period is not one number
             input_waiting = 2 * start if isinstance(start, timedelta) else timedelta(hours=1)
         within = pick("backup_within")
-        period = _PRESET_PERIODS.get(self.backups.schedule)
+        period = _PRESET_PERIODS.get(self.schedule("backup", query))
 
         def readiness(operation: str) -> timedelta | None:
             window = pick(f"{operation}_readiness")

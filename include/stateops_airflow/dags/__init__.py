@@ -9,7 +9,9 @@ user's own DAGs folder::
 One module per DAG (``stream_start``, ``stream_checkpoint_backup``, ...), each a ``build``
 of its DAG for a :class:`Rendering`: the registry read at parse time (its schedules, a task
 per query, the forms' choices), the DAG's id, and the deployment's own tags, owner,
-``default_args`` and ``access_control``. The registry is the one of every task of the DAG:
+``default_args`` and ``access_control``. A query with a schedule of its own (``schedules:
+{start, backup, cleanup}``) has that DAG to itself, ``<prefix><name>__<query>``, on its
+schedule; the shared DAG serves the others. The registry is the one of every task of the DAG:
 the factory points the parse at it, and each task's process at it before the task runs (a
 ``pre_execute`` hook: ``STATEOPS_REGISTRY``), so two registries live in one Airflow.
 """
@@ -19,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from importlib import import_module
 from typing import Any
 
 from stateops.core.errors import StateOpsError
-from stateops.core.registry import Registry, load_registry, registry_path
+from stateops.core.registry import Query, Registry, load_registry, registry_path, timetable
 
 __all__ = ["DAG_NAMES", "Rendering", "lifecycle_dags"]
 
@@ -44,6 +46,12 @@ DAG_NAMES = (
     "stream_health",
 )
 _TAGS = ("stateops", "streaming")
+# The scheduled DAGs a query may have to itself, by the kind of its schedule (``schedules``).
+_OWN_SCHEDULE = {
+    "stream_start": "start",
+    "stream_checkpoint_backup": "backup",
+    "stream_snapshot_cleanup": "cleanup",
+}
 
 
 @dataclass(frozen=True)
@@ -57,9 +65,32 @@ class Rendering:
     owner: str | None = None
     default_args: Mapping[str, Any] = field(default_factory=dict)
     access_control: Mapping[str, Any] | None = None
+    query: str | None = None
+    """The one query of a DAG on that query's own schedule; None: the shared DAG."""
+    apart: frozenset[str] = frozenset()
+    """The queries the shared DAG leaves to DAGs of their own."""
+
+    def queries(
+        self, where: Callable[[Query], bool] = lambda query: True, refused: bool = False
+    ) -> list[str]:
+        """The queries this DAG has tasks for (:func:`stateops_airflow.tasks.registered_queries`
+        of ``where`` and ``refused``): its one query, or all but those apart."""
+        from stateops_airflow.tasks import registered_queries
+
+        names = registered_queries(self.registry, where, refused)
+        if self.query is not None:
+            return [n for n in names if n == self.query]
+        return [n for n in names if n not in self.apart]
+
+    def schedule(self, kind: str) -> Any:
+        """The DAG's schedule of ``kind`` (``start``, ``backup``, ``cleanup``) as ``@dag``
+        takes it: its query's own, else the registry's."""
+        query = self.registry.queries[self.query] if self.query is not None else None
+        return timetable(self.registry.schedule(kind, query))
 
     def dag_args(self, name: str, *, tags: Iterable[str], default_args: Mapping[str, Any]):
-        """``@dag`` keywords of DAG ``name``: its id (the prefix, then the name), its tags
+        """``@dag`` keywords of DAG ``name``: its id (the prefix, the name, and ``__<query>``
+        for a query's own), its tags
         (the project's, the DAG's, the deployment's), its ``default_args`` (the DAG's, the
         deployment's over them, and the hook that points each task at this registry), its
         ``access_control``."""
@@ -67,8 +98,9 @@ class Rendering:
         if self.owner:
             args["owner"] = self.owner
         args["pre_execute"] = _RegistryHook(self.source, args.get("pre_execute"))
+        own = f"__{self.query}" if self.query is not None else ""
         built = {
-            "dag_id": f"{self.prefix}{name}",
+            "dag_id": f"{self.prefix}{name}{own}",
             "tags": list(dict.fromkeys([*_TAGS, *tags, *self.tags])),
             "default_args": args,
         }
@@ -140,9 +172,20 @@ def lifecycle_dags(
     dags = {}
     with _reading(path):
         for name in (n for n in DAG_NAMES if n in set(only)):
-            dag = import_module(f"stateops_airflow.dags.{name}").build(rendering)
-            dags[dag.dag_id] = dag
+            build = import_module(f"stateops_airflow.dags.{name}").build
+            for one in _renderings(rendering, _OWN_SCHEDULE.get(name)):
+                dag = build(one)
+                dags[dag.dag_id] = dag
     return dags
+
+
+def _renderings(shared: Rendering, kind: str | None) -> list[Rendering]:
+    """The DAGs of one name: the shared one, and one per query with its own schedule of
+    ``kind`` (None: the DAG is not scheduled per query)."""
+    queries = shared.registry.queries.values()
+    apart = sorted(q.name for q in queries if kind and getattr(q.schedules, kind))
+    own = [replace(shared, query=name) for name in apart]
+    return [replace(shared, apart=frozenset(apart)), *own]
 
 
 def _valid_prefix(prefix: str) -> bool:

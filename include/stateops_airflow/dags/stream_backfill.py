@@ -56,7 +56,6 @@ from stateops_airflow.tasks import (
     dry_run_param,
     not_a_dry_run,
     query_param,
-    registered_queries,
     run_summary,
     spark_job_operator,
     verify_state,
@@ -65,7 +64,7 @@ from stateops_airflow.tasks import (
 
 def build(r: Rendering):
     """``stream_backfill`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    QUERIES = registered_queries()
+    QUERIES = r.queries()
     PLANNED_REGISTRY = "{{ ti.xcom_pull(task_ids='plan')['registry'] }}"
     FIELDS = {"query": "{{ params.query }}", "run_id": "{{ run_id }}"}
 

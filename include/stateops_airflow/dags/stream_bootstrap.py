@@ -47,7 +47,6 @@ from stateops_airflow.tasks import (
     dry_run_param,
     not_a_dry_run,
     query_param,
-    registered_queries,
     run_summary,
     spark_job_operator,
     verify_state,
@@ -56,7 +55,7 @@ from stateops_airflow.tasks import (
 
 def build(r: Rendering):
     """``stream_bootstrap`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    QUERIES = registered_queries(where=lambda q: q.bootstrappable)
+    QUERIES = r.queries(where=lambda q: q.bootstrappable)
 
     @dag(
         **r.dag_args(

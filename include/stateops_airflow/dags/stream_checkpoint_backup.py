@@ -31,13 +31,11 @@ from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     backup_query,
     each_query_then_outcome,
-    registered_queries,
 )
 
 
 def build(r: Rendering):
     """``stream_checkpoint_backup`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    REGISTRY = r.registry
 
     @dag(
         **r.dag_args(
@@ -45,14 +43,14 @@ def build(r: Rendering):
             tags=["backup"],
             default_args={"retries": 2, "retry_delay": timedelta(minutes=2)},
         ),
-        schedule=REGISTRY.backups.schedule,
+        schedule=r.schedule("backup"),
         **LIFECYCLE_DAG,
         doc_md=__doc__,
     )
     def stream_checkpoint_backup() -> None:
         each_query_then_outcome(
             "backup",
-            registered_queries(registry=REGISTRY),
+            r.queries(),
             backup_query,
             lambda r: f"backup {r['backup_id']} of batch {r['batch_id']}",
         )

@@ -67,7 +67,6 @@ from stateops_airflow.tasks import (
     new_checkpoint_param,
     not_a_dry_run,
     query_param,
-    registered_queries,
     upgrade_needless,
     upgrade_plan,
 )
@@ -76,7 +75,7 @@ from stateops_airflow.tasks import (
 def build(r: Rendering):
     """``stream_code_upgrade`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
     # A rewrite bootstraps the new code's processor: a transform takes no initial state.
-    QUERIES = registered_queries(where=lambda q: q.processor is not None)
+    QUERIES = r.queries(where=lambda q: q.processor is not None)
 
     @dag(
         **r.dag_args(

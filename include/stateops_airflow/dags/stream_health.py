@@ -29,7 +29,7 @@ from airflow.sdk import dag, task
 from stateops.alerts import notifier_for
 from stateops.core.registry import timetable
 from stateops_airflow.dags import Rendering
-from stateops_airflow.tasks import LIFECYCLE_DAG, HealthAlerts, check_health, registered_queries
+from stateops_airflow.tasks import LIFECYCLE_DAG, HealthAlerts, check_health
 
 
 def build(r: Rendering):
@@ -53,7 +53,7 @@ def build(r: Rendering):
         doc_md=__doc__,
     )
     def stream_health() -> None:
-        for query in registered_queries(registry=REGISTRY, refused=True):
+        for query in r.queries(refused=True):
             task(task_id=f"health_{query}")(check_health)(query)
 
     return stream_health()

@@ -50,7 +50,6 @@ from stateops_airflow.tasks import (
     dry_run_param,
     not_a_dry_run,
     query_param,
-    registered_queries,
     repartition_finish,
     repartition_plan,
     repartition_prepare,
@@ -62,7 +61,7 @@ from stateops_airflow.tasks import (
 
 def build(r: Rendering):
     """``stream_repartition`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    QUERIES = registered_queries()
+    QUERIES = r.queries()
 
     @dag(
         **r.dag_args(

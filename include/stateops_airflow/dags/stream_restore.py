@@ -39,7 +39,6 @@ from stateops_airflow.tasks import (
     dry_run_param,
     not_a_dry_run,
     query_param,
-    registered_queries,
     restore_plan,
     restore_run,
     say,
@@ -49,7 +48,7 @@ from stateops_airflow.tasks import (
 
 def build(r: Rendering):
     """``stream_restore`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    QUERIES = registered_queries()
+    QUERIES = r.queries()
 
     @dag(
         **r.dag_args(

@@ -37,7 +37,6 @@ from stateops_airflow.tasks import (
     drill_read_operator,
     drill_record,
     drill_restore,
-    registered_queries,
 )
 
 
@@ -57,7 +56,7 @@ def build(r: Rendering):
         doc_md=__doc__,
     )
     def stream_restore_drill() -> None:
-        for query in registered_queries(registry=REGISTRY):
+        for query in r.queries():
             plan = task(task_id=f"restore_{query}")(drill_restore)(query)
             record = task(task_id=f"record_{query}", trigger_rule="all_done")(drill_record)(plan)
             plan >> drill_read_operator(query) >> record

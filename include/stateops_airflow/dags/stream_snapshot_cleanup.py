@@ -28,13 +28,11 @@ from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
     cleanup_query,
     each_query_then_outcome,
-    registered_queries,
 )
 
 
 def build(r: Rendering):
     """``stream_snapshot_cleanup`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    REGISTRY = r.registry
 
     @dag(
         **r.dag_args(
@@ -42,14 +40,14 @@ def build(r: Rendering):
             tags=["cleanup"],
             default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},
         ),
-        schedule=REGISTRY.cleanup.schedule,
+        schedule=r.schedule("cleanup"),
         **LIFECYCLE_DAG,
         doc_md=__doc__,
     )
     def stream_snapshot_cleanup() -> None:
         each_query_then_outcome(
             "cleanup",
-            registered_queries(registry=REGISTRY),
+            r.queries(),
             lambda q: cleanup_query(q, run_id=get_current_context()["run_id"]),
             lambda r: f"deleted {r['delete']['files']} files ({r['delete']['bytes']} bytes)",
         )

@@ -107,14 +107,13 @@ from stateops_airflow.tasks import (
     new_checkpoint_param,
     not_a_dry_run,
     query_param,
-    registered_queries,
     say,
 )
 
 
 def build(r: Rendering):
     """``stream_source_migration`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    QUERIES = registered_queries()  # by transplant, or initialState where from_export allows
+    QUERIES = r.queries()  # by transplant, or initialState where from_export allows
 
     @dag(
         **r.dag_args(

@@ -20,7 +20,6 @@ from airflow.sdk import dag, get_current_context, task
 from stateops_airflow.dags import Rendering
 from stateops_airflow.tasks import (
     LIFECYCLE_DAG,
-    registered_queries,
     run_query_operator,
     run_summary,
 )
@@ -28,7 +27,6 @@ from stateops_airflow.tasks import (
 
 def build(r: Rendering):
     """``stream_start`` for ``r`` (:func:`stateops_airflow.dags.lifecycle_dags`)."""
-    REGISTRY = r.registry
 
     @dag(
         **r.dag_args(
@@ -36,13 +34,13 @@ def build(r: Rendering):
             tags=["start"],
             default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
         ),
-        schedule=REGISTRY.start.timetable,
+        schedule=r.schedule("start"),
         **LIFECYCLE_DAG,
         doc_md=__doc__,
     )
     def stream_start() -> None:
         # a refused entry's task fails, alone
-        for query in registered_queries(REGISTRY, refused=True):
+        for query in r.queries(refused=True):
 
             @task(task_id=f"record_{query}")
             def record(query: str = query) -> dict:
