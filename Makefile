@@ -41,9 +41,11 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 # environment that has its own Airflow and Spark (docs/install.md).
 # Built from a copy: setuptools leaves its metadata beside the sources, and a second copy of
 # it on the path would have Airflow register the view twice.
-wheel: $(VENV)/.installed
+wheel: $(VENV)/.installed jars
 	@rm -rf dist build/wheel-src && mkdir -p build/wheel-src
 	@cp -r pyproject.toml README.md LICENSE include build/wheel-src/
+	@mkdir -p build/wheel-src/include/stateops/jars
+	@cp build/jars/s3/stateops-checkpoint.jar build/wheel-src/include/stateops/jars/
 	@$(PY) -m pip wheel --quiet --no-deps -w dist build/wheel-src
 	@ls dist/*.whl
 

@@ -21,10 +21,10 @@ from stateops.core.errors import LockHeldError, StateOpsError, domain_errors, on
 from stateops.core.registry import NAME_PATTERN, Query, Registry, load_registry, registry_path
 from stateops.core.times import TIME_PATTERN  # a form's time field: real dates only
 from stateops.spark.jobs import (
-    PY_FILES,
     job_path,
     job_submit,
     preflight_job,
+    py_files,
     spark_classpath_conf,
     spark_jars,
 )
@@ -159,6 +159,7 @@ class StateOpsSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         one_line_errors(preflight_job)(self.application, self.application_args or [])
         self._launch_as(one_line_errors(job_submit)(self.application, self.application_args))
+        self.py_files = py_files()  # where this task runs: the checkout's, or the package's
         one_line_errors(_refuse_unshared_control)(self._driver_deploy_mode())
         super().execute(context)
 
@@ -297,7 +298,6 @@ def spark_job_operator(
         application=str(job_path(job)),
         conn_id="spark_default",
         name=f"stateops-{task_id}",
-        py_files=str(PY_FILES) if PY_FILES.exists() else None,
         jars=",".join(spark_jars()) or None,
         conf={"spark.ui.enabled": "false", **spark_classpath_conf()},
         application_args=["--registry", registry or str(registry_path()), *args],

@@ -2,7 +2,8 @@
 virtual environment with stock Airflow from the registry and the wheel with its `airflow`
 extra, no checkout on the path. pip finds the set consistent, the wheel's metadata states
 ranges, Airflow lists the provider and the "Streaming state" view (from the entry points, no
-plugins folder of ours), and the Spark jobs and the CLI are where the installed package is.
+plugins folder of ours), and the Spark jobs, the project's jar, the library the executors get
+and the CLI are where the installed package is.
 
 The DAGs of a project of one's own (a factory called from its DAGs folder) and a DAG run
 there are not part of this yet (docs/install.md: Not yet)."""
@@ -13,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,7 @@ def test_the_wheel_installs_beside_stock_airflow_and_registers_itself(tmp_path):
     }
     env["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     env["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(tmp_path / "no-plugins")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # where the executors' zip is made
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -67,13 +70,20 @@ def test_the_wheel_installs_beside_stock_airflow_and_registers_itself(tmp_path):
         "-c",
         "import json, stateops, stateops_airflow.tasks\n"
         "from importlib.metadata import requires\n"
-        "from stateops.spark.jobs import job_path\n"
+        "from stateops.spark.jobs import job_path, py_files, spark_classpath_conf\n"
         "print(json.dumps({'at': stateops.__file__, 'job': str(job_path('run_query.py')),"
-        " 'requires': requires('stateops')}))",
+        " 'requires': requires('stateops'), 'classpath': spark_classpath_conf(),"
+        " 'py_files': py_files()}))",
     )
     found = json.loads(probe.stdout.strip().splitlines()[-1])
     assert str(ROOT) not in found["at"] and str(venv) in found["at"], found
     assert Path(found["job"]).is_file() and str(venv) in found["job"], found
+    jar = found["classpath"].get("spark.executor.extraClassPath", "")
+    assert jar.endswith("stateops/jars/stateops-checkpoint.jar") and str(venv) in jar, found
+    assert Path(jar).is_file(), found
+    with zipfile.ZipFile(found["py_files"]) as shipped:  # what the executors import
+        names = set(shipped.namelist())
+    assert {"stateops/__init__.py", "stateops/spark/streaming.py"} <= names, sorted(names)[:5]
     pinned = [r for r in map(Requirement, found["requires"]) if _pins(r)]
     assert pinned == [], pinned
     assert run(str(bin_ / "stateops"), "--version").stdout.startswith("stateops ")

@@ -12,6 +12,7 @@ start-up, and the checks cannot drift apart from the job's own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -27,6 +28,7 @@ from stateops.core.registry import PROJECT_ROOT, Submit, use_connections
 from stateops.core.storage import in_s3
 
 __all__ = [
+    "CHECKPOINT_JAR",
     "PY_FILES",
     "Job",
     "job_main",
@@ -34,6 +36,7 @@ __all__ = [
     "job_submit",
     "load_job",
     "preflight_job",
+    "py_files",
     "quiesce",
     "require_s3_jars",
     "require_spark_s3",
@@ -45,7 +48,8 @@ __all__ = [
     "submit_args",
 ]
 
-# The library as the Spark executors get it (``--py-files``; ``make`` builds it).
+# The library as the Spark executors get it (``--py-files``): a checkout's, built by ``make``
+# (else :func:`py_files` zips the package where it is installed).
 PY_FILES = PROJECT_ROOT / "build" / "stateops.zip"
 # What Spark needs beyond PySpark's own jars (Spark's Kafka connector), as `make jars` fetched
 # them from maven/spark/pom.xml.
@@ -53,6 +57,10 @@ SPARK_JARS = PROJECT_ROOT / "build" / "jars" / "spark"
 # Spark on S3: Hadoop's S3A connector, the AWS SDK bundle (about 700 MB) and the abortable
 # checkpoint file manager, as `make jars` fetched them from maven/s3/pom.xml.
 S3_JARS = PROJECT_ROOT / "build" / "jars" / "s3"
+# The project's own jar (the S3 checkpoint file manager): package data of an installed wheel
+# (``make wheel`` puts it there), else where ``make jars`` compiles it, among the S3 jars.
+_PACKAGED_JAR = Path(__file__).resolve().parents[1] / "jars" / "stateops-checkpoint.jar"
+CHECKPOINT_JAR = _PACKAGED_JAR if _PACKAGED_JAR.exists() else S3_JARS / "stateops-checkpoint.jar"
 
 
 @dataclass(frozen=True)
@@ -206,15 +214,51 @@ def spark_jars() -> list[str]:
 
 
 def spark_classpath_conf() -> dict[str, str]:
-    """Spark's S3 jars (:data:`S3_JARS`) on the driver's and executors' class path, or nothing
-    before ``make jars`` fetched them (a job on ``s3a://`` is then refused in one line). A
-    class path, not ``--jars``: Spark copies every ``--jars`` file into each application's
-    work folder (700 MB a job here); a class path entry is read in place, on the driver's
-    machine and, on a cluster, on each worker, where the same folder must exist."""
-    if not any(S3_JARS.glob("*.jar")):
+    """Spark's S3 jars (:data:`S3_JARS`) and the project's jar (:data:`CHECKPOINT_JAR`) on the
+    driver's and executors' class path, or nothing before ``make jars`` fetched them and
+    without a packaged jar (a job on ``s3a://`` is then refused in one line). A class path,
+    not ``--jars``: Spark copies every ``--jars`` file into each application's work folder
+    (700 MB a job here); a class path entry is read in place, on the driver's machine and, on
+    a cluster, on each worker, where the same folder must exist. An installed package with no
+    ``make jars`` of its own takes the S3 connector from the cluster (or a query's
+    ``submit.packages``)."""
+    entries = [str(S3_JARS / "*")] if any(S3_JARS.glob("*.jar")) else []
+    if CHECKPOINT_JAR.exists() and CHECKPOINT_JAR.parent != S3_JARS:
+        entries.append(str(CHECKPOINT_JAR))
+    if not entries:
         return {}
-    path = str(S3_JARS / "*")
+    path = os.pathsep.join(entries)
     return {"spark.driver.extraClassPath": path, "spark.executor.extraClassPath": path}
+
+
+def py_files() -> str:
+    """The library as the executors get it (``--py-files``): a checkout's
+    ``build/stateops.zip`` (:data:`PY_FILES`, built by ``make``), else a zip of the package
+    where it is installed, made once per content in the user's cache folder."""
+    return str(PY_FILES) if PY_FILES.exists() else _package_zip()
+
+
+@functools.cache
+def _package_zip() -> str:
+    import hashlib
+    import zipfile
+
+    package = Path(__file__).resolve().parents[1]
+    files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.relative_to(package).as_posix().encode())
+        digest.update(file.read_bytes())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stateops"
+    made = cache / f"stateops-{digest.hexdigest()[:16]}.zip"
+    if not made.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = made.with_name(f"{made.name}.{os.getpid()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+            for file in files:
+                archive.write(file, Path("stateops") / file.relative_to(package))
+        os.replace(tmp, made)
+    return str(made)
 
 
 def spark_submit_command(
@@ -289,7 +333,8 @@ def spark_s3_locations(args: Namespace) -> list[str]:
 
 def require_s3_jars(locations: Sequence[str], what: str) -> None:
     """Refuse, in one line, ``what`` on ``locations`` that are in S3 when Spark's S3 connector
-    was not fetched (build/jars/s3 empty)."""
+    was not fetched (build/jars/s3 empty) and no packaged jar says the package was installed
+    (where the cluster brings the connector: :func:`spark_classpath_conf`)."""
     there = [str(p) for p in locations if in_s3(p)]
     if there and not spark_classpath_conf():
         raise StateOpsError(
