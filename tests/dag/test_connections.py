@@ -103,3 +103,60 @@ def test_a_task_hands_the_connections_of_a_secrets_backend_to_the_library_unprin
         "connection 'ckpt_store' (the registry's connections.checkpoint) is not defined in "
         "Airflow: add it (type aws)" in refused.stderr
     )
+
+
+@pytest.mark.whole
+def test_a_dag_run_takes_its_s3_from_a_secrets_backend_and_each_query_its_own_compute(
+    s3a, tmp_path
+):
+    """``airflow dags test stream_start`` of two queries. One's checkpoint is in S3, and the
+    registry names the checkpoint store's connection, which only a local-filesystem secrets
+    backend holds (the environment's keys and endpoint are the demo's, wrong for this server):
+    Spark writes the checkpoint there, and the secret is in no task log line and on no
+    spark-submit command line (the hook logs the command it runs). Each query has its own
+    submit settings, and Spark's own configuration of each run says it ran with them."""
+    from stateops.core.checkpoint import load_checkpoint
+    from stateops.core.registry import load_registry
+    from tests.conftest import S3_KEY, S3_SECRET
+    from tests.dag.test_stream_start_run import _airflow
+    from tests.spark.harness import land
+
+    url = s3a.url(f"{tmp_path.name}/page_visits")
+    small = {"driver_memory": "600m", "conf": {"spark.driver.maxResultSize": "100m"}}
+    large = {"driver_memory": "700m", "conf": {"spark.driver.maxResultSize": "200m"}}
+    registry = write_registry(
+        tmp_path,
+        page_visits={"checkpoint": url, "submit": small},
+        user_sessions={"submit": large},
+    )
+    raw = yaml.safe_load(registry.read_text())
+    raw["queries"] = {n: raw["queries"][n] for n in ("page_visits", "user_sessions")}
+    raw["connections"] = {"checkpoint": "team_s3"}
+    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+    backend = tmp_path / "connections.json"
+    team_s3 = {"login": S3_KEY, "password": S3_SECRET, "extra": {"endpoint_url": s3a.endpoint}}
+    backend.write_text(json.dumps({"team_s3": {"conn_type": "aws", **team_s3}}))
+    land(tmp_path / "landing", round_=0, files=2)
+    env = {
+        "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
+        "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps({"connections_file_path": str(backend)}),
+        "STATEOPS_CHECKPOINT_CONN_ID": "",
+    }
+    assert not any(S3_SECRET in v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST")
+    run = _airflow(tmp_path, "dags", "test", "stream_start", env=env)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    assert load_checkpoint(url).last_committed_batch == 1  # Spark wrote S3 with those keys
+    assert [line for line in log.splitlines() if "spark-submit" in line], "the hook logs it"
+    assert S3_SECRET not in log, "a secret in the task log or a spark-submit command line"
+    logs = tmp_path / "airflow" / "logs"
+    assert not [p for p in logs.rglob("*") if p.is_file() and S3_SECRET in p.read_text()]
+
+    loaded = load_registry(registry)
+    for name, submit in [("page_visits", small), ("user_sessions", large)]:
+        summary = json.loads(loaded.run_summary_path(name).read_text())
+        launched = summary["launched_with"]
+        assert launched["spark.driver.memory"] == submit["driver_memory"], (name, launched)
+        assert (
+            launched["spark.driver.maxResultSize"] == submit["conf"]["spark.driver.maxResultSize"]
+        )

@@ -489,6 +489,7 @@ def _summary(
     start: _Start, ran: _Ran, end: dict[str, Any], *, run_id: str, mode: str, lock_lost: bool
 ) -> dict[str, Any]:
     """The run summary (:func:`write_summary`, :func:`summary_line`)."""
+    from stateops.spark.jobs import launched_with
     from stateops.spark.streaming import progress_summary
 
     error, committed, carried = end["error"], end["committed"], start.carried
@@ -500,6 +501,7 @@ def _summary(
         "clock_driven": ran.clock_driven,
         "drained": ran.drained,
         "master": start.spark.sparkContext.master,
+        "launched_with": launched_with(start.spark, start.query.submit),
         "status": "failed" if error else "succeeded",
         "error": query_error_line(error) if error else None,
         "stopped_by_marker": ran.stopped,

@@ -188,21 +188,40 @@ def job_submit(path: str | os.PathLike[str], argv: Sequence[str]) -> Submit:
     return query.submit if query is not None else Submit()
 
 
+# A query's launch settings (``submit``): spark-submit's option for each, and the Spark setting
+# it becomes (what Spark reports back).
+_SUBMIT_FIELDS = {
+    "deploy_mode": ("--deploy-mode", "spark.submit.deployMode"),
+    "driver_memory": ("--driver-memory", "spark.driver.memory"),
+    "executor_memory": ("--executor-memory", "spark.executor.memory"),
+    "executor_cores": ("--executor-cores", "spark.executor.cores"),
+    "num_executors": ("--num-executors", "spark.executor.instances"),
+    "total_executor_cores": ("--total-executor-cores", "spark.cores.max"),
+    "queue": ("--queue", "spark.yarn.queue"),
+    "packages": ("--packages", "spark.jars.packages"),
+}
+
+
 def submit_args(submit: Submit) -> list[str]:
     """``spark-submit``'s own options for ``submit`` (the CLI's launch; the Airflow operator
     takes the same settings as its arguments: stateops_airflow.tasks)."""
-    flags = [
-        ("--deploy-mode", submit.deploy_mode),
-        ("--driver-memory", submit.driver_memory),
-        ("--executor-memory", submit.executor_memory),
-        ("--executor-cores", submit.executor_cores),
-        ("--num-executors", submit.num_executors),
-        ("--total-executor-cores", submit.total_executor_cores),
-        ("--queue", submit.queue),
-        ("--packages", ",".join(submit.packages) or None),
-    ]
-    given = [arg for flag, value in flags if value is not None for arg in (flag, str(value))]
+    given = []
+    for field, (flag, _) in _SUBMIT_FIELDS.items():
+        value = getattr(submit, field)
+        value = ",".join(value) or None if field == "packages" else value
+        if value is not None:
+            given += [flag, str(value)]
     return given + [arg for k, v in submit.conf.items() for arg in ("--conf", f"{k}={v}")]
+
+
+def launched_with(spark: Any, submit: Submit) -> dict[str, str]:
+    """What Spark itself says this run was launched with: its master, and its own value of
+    each setting a query's ``submit`` can set (the keys of ``submit.conf`` too), where it has
+    one: a run's summary shows the compute it really had."""
+    context = spark.sparkContext
+    conf = context.getConf()
+    keys = [spark_key for _, spark_key in _SUBMIT_FIELDS.values()] + list(submit.conf)
+    return {"spark.master": context.master} | {k: conf.get(k) for k in keys if conf.contains(k)}
 
 
 def spark_jars() -> list[str]:
