@@ -17,6 +17,9 @@ SPARK_PORT="${STATEOPS_SPARK_PORT:-7077}"
 S3_PORT="${STATEOPS_S3_PORT:-9000}"
 KAFKA_PORT="${STATEOPS_KAFKA_PORT:-${STATEOPS_KAFKA_BOOTSTRAP_SERVERS##*:}}"
 PASSWORD="${STATEOPS_ADMIN_PASSWORD:-admin}"
+# The people who may sign in (space-separated; each an admin, each with that password): a
+# query whose approvals refuse the triggerer (approvers.not_the_triggerer) needs two.
+USERS="${STATEOPS_AIRFLOW_USERS:-admin}"
 export STATEOPS_DATA_DIR="$DATA"
 
 stop_all() {  # newest first: Airflow (Ctrl-C, as in a terminal), then the services it uses
@@ -81,9 +84,11 @@ export AIRFLOW__CORE__EXECUTOR=LocalExecutor
 # Spark jobs (2 cores here) the server answered too late 4 times in a row and a task failed
 # before it ran ("Workload execution failed ... httpx.ReadTimeout"). 30 s rides that out.
 export AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="${AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT:-30}"
-export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
+AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=$(printf '%s:admin,' $USERS)
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS%,}"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$RUN/passwords.json"
-printf '{"admin": "%s"}\n' "$PASSWORD" > "$RUN/passwords.json"
+python -c 'import json, sys; print(json.dumps(dict.fromkeys(sys.argv[2:], sys.argv[1])))' \
+  "$PASSWORD" $USERS > "$RUN/passwords.json"
 airflow db migrate > "$RUN/db-migrate.log" 2>&1
 echo "airflow standalone"
 start airflow airflow standalone
@@ -97,7 +102,7 @@ python -m stateops.dev.airflow_dags "http://127.0.0.1:$PORT" "$RUN/passwords.jso
 
 cat <<EOF
 
-  Airflow UI    http://127.0.0.1:$PORT   (login: admin / $PASSWORD)
+  Airflow UI    http://127.0.0.1:$PORT   (login: ${USERS// /, } / $PASSWORD)
   Spark master  http://127.0.0.1:${STATEOPS_SPARK_UI_PORT:-8081}
   S3 endpoint   $STATEOPS_S3_ENDPOINT_URL   (key $AWS_ACCESS_KEY_ID)
   Kafka broker  $STATEOPS_KAFKA_BOOTSTRAP_SERVERS   (connection kafka_default)

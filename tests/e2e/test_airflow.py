@@ -5,8 +5,10 @@ Chromium, headless, driven by Playwright), and `make airflow-stop` (the script's
 leave no process behind.
 
 The tests run in file order on one stack: the browser dry-runs the migration form, bad form
-values are refused, a migration is rejected over REST (nothing changes), another is approved
-twice in the browser's required actions and runs for real (on the Spark cluster), the browser
+values are refused, a migration is rejected over REST (nothing changes; its triggerer may not
+answer: the query's approvers refuse the triggerer, another person answers), another is
+approved twice in the browser's required actions by another person than its triggerer and
+runs for real (on the Spark cluster), the browser
 looks at the Streaming state view, then everything stops. Screenshots go to build/test-artifacts/.
 """
 
@@ -38,6 +40,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.whole]
 PASSWORD = "stateops-test-admin"
 ARTIFACTS = ROOT / "build" / "test-artifacts"
 DAG = "stream_source_migration"
+# Two people: admin triggers, bob answers (the query's approvers refuse the triggerer).
+USERS = ("admin", "bob")
+APPROVERS = {"users": list(USERS), "not_the_triggerer": True}
 # The manual DAGs only: an unpaused scheduled DAG would start a run at once, beside the tests'.
 UNPAUSE = (
     "stream_source_migration stream_bootstrap stream_restore stream_backfill stream_repartition"
@@ -62,8 +67,8 @@ class Stack:
     def scheduler_log(self) -> Path:
         return self.run_dir / "airflow.log"  # make airflow's standalone output
 
-    def token(self) -> str:
-        return api_token(self.base, PASSWORD)
+    def token(self, user: str = "admin") -> str:
+        return api_token(self.base, PASSWORD, user)
 
     def stop(self) -> subprocess.CompletedProcess:
         """`make airflow-stop`: the script's stop, from another shell."""
@@ -112,13 +117,14 @@ def stack(spark, tmp_path_factory):
     }
     s3 = S3Server(tmp / "s3", ports["S3"])  # started by the script; the tests list backups
     # Approval as a migration asks by default: a second person answers (the tests below).
-    migration = Migration(spark, tmp, "user_sessions", s3, approval="required")
+    migration = Migration(spark, tmp, "user_sessions", s3, approval="required", approvers=APPROVERS)
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(tmp / "airflow"),
         "STATEOPS_REGISTRY": str(migration.path),
         "STATEOPS_DATA_DIR": str(tmp),
         "STATEOPS_ADMIN_PASSWORD": PASSWORD,
+        "STATEOPS_AIRFLOW_USERS": " ".join(USERS),
         "STATEOPS_UNPAUSE": UNPAUSE,
         "AWS_ACCESS_KEY_ID": S3_KEY,
         "AWS_SECRET_ACCESS_KEY": S3_SECRET,
@@ -173,8 +179,9 @@ def stack(spark, tmp_path_factory):
 
 
 @contextmanager
-def _browser(stack: Stack, name: str):
-    """A logged-in page of headless Chromium; a screenshot of it is kept even on failure."""
+def _browser(stack: Stack, name: str, user: str = "admin"):
+    """A page of headless Chromium, ``user`` logged in; a screenshot of it is kept even on
+    failure."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -186,7 +193,7 @@ def _browser(stack: Stack, name: str):
         page.set_default_timeout(90_000)
         try:
             page.goto(stack.base)
-            page.fill("input[name=username]", "admin")
+            page.fill("input[name=username]", user)
             page.fill("input[name=password]", PASSWORD)
             page.get_by_role("button", name="Sign in").click()
             page.get_by_role("button", name="Browse").wait_for()
@@ -198,7 +205,7 @@ def _browser(stack: Stack, name: str):
 
 def test_the_stack_is_up_with_every_lifecycle_dag(stack):
     out = stack.output()
-    assert f"Airflow UI    {stack.base}   (login: admin / {PASSWORD})" in out, out
+    assert f"Airflow UI    {stack.base}   (login: admin, bob / {PASSWORD})" in out, out
     # The banner's CLI line is all another shell needs to reach this stack's S3 endpoint.
     [cli] = [
         line.split("CLI", 1)[1].strip() for line in out.splitlines() if line.startswith("  CLI ")
@@ -406,8 +413,9 @@ def _finished(stack: Stack, run_url: str, token: str) -> tuple[str, dict[str, st
 
 def test_a_migration_rejected_over_rest_changes_nothing(stack):
     """The migration waits for a second person before it stops the query, showing the plan
-    and where the backup goes; rejected over REST, the run fails saying so, nothing ran after
-    the approval step, and the checkpoint is byte-identical."""
+    and where the backup goes; the person who triggered it may not answer (Airflow refuses
+    them: the request is assigned to the others); rejected over REST by another, the run fails
+    saying so, nothing ran after the approval step, and the checkpoint is byte-identical."""
     m, token = stack.migration, stack.token()
     checkpoint = Path(m.query().checkpoint)
     before = tree_digest(checkpoint)
@@ -423,12 +431,16 @@ def test_a_migration_rejected_over_rest_changes_nothing(stack):
     assert "`PLAN: migration of user_sessions: json " in body, body
     backup = f"taken after the drain, to s3://backups/{m.root.name}/user_sessions"
     assert f"**Backup:** `{backup}`" in body and "- `undo: " in body, body
-    _request(
-        f"{run_url}/taskInstances/approve_stop/-1/hitlDetails",
-        "PATCH",
-        {"chosen_options": ["Reject"], "params_input": {}},
-        token=token,
+    assert [u["id"] for u in asked["assigned_users"]] == ["bob"], asked
+    answer = f"{run_url}/taskInstances/approve_stop/-1/hitlDetails"
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the triggerer answers
+        _request(answer, "PATCH", {"chosen_options": ["Approve"], "params_input": {}}, token=token)
+    assert refused.value.code == 403, refused.value
+    assert _request(f"{run_url}/taskInstances/approve_stop", token=token)["state"] == (
+        "awaiting_input"
     )
+    reject = {"chosen_options": ["Reject"], "params_input": {}}
+    _request(answer, "PATCH", reject, token=stack.token("bob"))
     state, states = _finished(stack, run_url, token)
     assert state == "failed", states
     assert (states["approve_stop"], states["stop_query"], states["roll_back"]) == (
@@ -438,7 +450,7 @@ def test_a_migration_rejected_over_rest_changes_nothing(stack):
     ), states
     logs = Path(stack.env["AIRFLOW_HOME"]) / "logs"
     [log] = logs.rglob(f"run_id={run['dag_run_id']}/task_id=approve_stop/attempt=1.log")
-    said = "the migration of user_sessions was rejected by admin: nothing changed"
+    said = "the migration of user_sessions was rejected by bob: nothing changed"
     _until(
         "the approval step's log did not say why",
         lambda: said in log.read_text(),
@@ -451,14 +463,15 @@ def test_a_migration_rejected_over_rest_changes_nothing(stack):
 
 def test_rest_api_triggers_the_migration_approved_in_the_browser_and_it_succeeds(stack, spark):
     """Both approvals of the migration (before the stop, before the switch) are given in the
-    UI's required actions; the migration then runs on the Spark cluster."""
+    UI's required actions by another person than the one who triggered it; the migration then
+    runs on the Spark cluster."""
     m, token = stack.migration, stack.token()
     dag_url = f"{stack.base}/api/v2/dags/{DAG}"
     run = _request(
         f"{dag_url}/dagRuns", "POST", {"logical_date": None, "conf": m.conf()}, token=token
     )
     run_url = f"{dag_url}/dagRuns/{run['dag_run_id']}"
-    with _browser(stack, "3-approvals") as page:
+    with _browser(stack, "3-approvals", user="bob") as page:
         for gate, says in [
             ("approve_stop", "stop it, drain its old source"),
             ("approve_switch", "its carried state proven"),

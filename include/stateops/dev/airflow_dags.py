@@ -33,9 +33,9 @@ def api_call(url: str, method: str = "GET", body: dict | None = None, token: str
         return json.loads(response.read() or b"{}")
 
 
-def api_token(base: str, password: str) -> str:
-    """A bearer token for the admin user of the simple auth manager."""
-    login = {"username": "admin", "password": password}
+def api_token(base: str, password: str, user: str = "admin") -> str:
+    """A bearer token for ``user`` of the simple auth manager."""
+    login = {"username": user, "password": password}
     return api_call(f"{base}/auth/token", "POST", login)["access_token"]
 
 
