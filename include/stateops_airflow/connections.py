@@ -47,7 +47,13 @@ def s3_settings(conn_id: str, named_by: str = "the registry") -> S3Settings:
     hook: its credentials (the keys, or those of the role it assumes), its region, its
     endpoint and addressing style. A connection Airflow does not know is refused in one line
     (``named_by``: the registry field that names it)."""
-    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    try:
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    except ImportError:
+        raise StateOpsError(
+            f"connection {conn_id!r} ({named_by}): an aws connection needs Airflow's Amazon "
+            "provider: pip install 'stateops[airflow]' (or apache-airflow-providers-amazon)"
+        ) from None
 
     from stateops.core.s3 import connection_settings
 
