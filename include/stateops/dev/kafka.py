@@ -20,7 +20,7 @@ from stateops.core.errors import StateOpsError
 from stateops.core.registry import PROJECT_ROOT
 from stateops.dev.s3server import free_port
 
-__all__ = ["BROKER_JARS", "Broker", "start_broker"]
+__all__ = ["BROKER_JARS", "Broker", "TlsListener", "start_broker"]
 
 BROKER_JARS = PROJECT_ROOT / "build" / "jars" / "broker"
 # Short-lived test and demo brokers: C1 only and the serial collector start it fastest.
@@ -39,15 +39,33 @@ logger.state.level = warn
 """
 
 
+@dataclass(frozen=True)
+class TlsListener:
+    """A second listener, TLS on 127.0.0.1:``port``: the broker's PKCS#8 key and certificate
+    chain in one PEM file (``keystore``), the CA its clients' certificates are checked against
+    (``truststore``, PEM) when ``client_auth`` is ``required`` (mutual TLS)."""
+
+    port: int
+    keystore: Path
+    truststore: Path
+    client_auth: str = "required"
+
+
 @dataclass
 class Broker:
     proc: subprocess.Popen
     port: int
     root: Path
+    tls: TlsListener | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def tls_bootstrap_servers(self) -> str:
+        assert self.tls is not None, "a broker started without a TLS listener"
+        return f"127.0.0.1:{self.tls.port}"
 
     @property
     def log(self) -> Path:
@@ -64,8 +82,20 @@ class Broker:
                 self.proc.wait()
 
 
-def _properties(root: Path, port: int, controller: int) -> str:
+def _properties(root: Path, port: int, controller: int, tls: TlsListener | None) -> str:
     listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    secured = {}
+    if tls is not None:
+        listeners += f",SSL://127.0.0.1:{tls.port}"
+        protocols += ",SSL:SSL"
+        secured = {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(tls.keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(tls.truststore),
+            "ssl.client.auth": tls.client_auth,
+        }
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -74,7 +104,7 @@ def _properties(root: Path, port: int, controller: int) -> str:
         "advertised.listeners": listeners,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": protocols,
         "log.dirs": str(root / "data"),
         "num.partitions": "1",
         "offsets.topic.replication.factor": "1",
@@ -88,6 +118,7 @@ def _properties(root: Path, port: int, controller: int) -> str:
         # sets retention.ms; it is checked every 5 s (default 5 min), so it acts soon.
         "log.retention.ms": "-1",
         "log.retention.check.interval.ms": "5000",
+        **secured,
     }
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
@@ -104,14 +135,17 @@ def _java(*args: str) -> list[str]:
     return [java, *JVM_OPTIONS, "-cp", f"{BROKER_JARS}/*", *args]
 
 
-def start_broker(root: Path, port: int | None = None, timeout: float = 60) -> Broker:
+def start_broker(
+    root: Path, port: int | None = None, timeout: float = 60, tls: TlsListener | None = None
+) -> Broker:
     """A broker on 127.0.0.1:``port`` (default: a free one) keeping its data under ``root``
-    (formatted on first start, kept across restarts); returns once it answers."""
+    (formatted on first start, kept across restarts), and a TLS listener where ``tls`` says;
+    returns once it answers."""
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     config, log = root / "server.properties", root / "broker.log"
     (root / "log4j2.properties").write_text(_LOG4J.format(log=log))
-    config.write_text(_properties(root, port, free_port()))
+    config.write_text(_properties(root, port, free_port(), tls))
     logging = f"-Dlog4j2.configurationFile={root / 'log4j2.properties'}"
     if not (root / "data" / "meta.properties").exists():
         formatted = subprocess.run(
@@ -132,7 +166,7 @@ def start_broker(root: Path, port: int | None = None, timeout: float = 60) -> Br
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-    broker = Broker(proc, port, root)
+    broker = Broker(proc, port, root, tls)
     _wait_until_it_answers(broker, timeout)
     return broker
 
