@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +124,47 @@ def test_the_wheel_installs_beside_stock_airflow_and_registers_itself(installed)
     assert "stateops" in [p["package_name"] for p in json.loads(providers)], providers
     plugins = run(bin_("airflow"), "plugins", "--output", "json").stdout
     assert [p["name"] for p in json.loads(plugins)].count("stateops_ui") == 1, plugins
+    assert "stateops_ui" in _api_server_plugins(installed), "not in the API server's list"
+
+
+def _api_server_plugins(installed: Installed) -> list[str]:
+    """The plugins the API server of the fresh environment lists (``/api/v2/plugins``)."""
+    from stateops.dev.airflow_dags import api_call, api_token
+    from stateops.dev.s3server import free_port
+
+    port, password = free_port(), "stateops-test-admin"
+    passwords = installed.root / "passwords.json"
+    passwords.write_text(json.dumps({"admin": password}))
+    env = installed.env | {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+    }
+    installed.run(installed.bin("airflow"), "db", "migrate")
+    log = installed.root / "api-server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [installed.bin("airflow"), "api-server", "--port", str(port)],
+            cwd=installed.root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                token = api_token(base, password)
+                break
+            except OSError:
+                assert server.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(2)
+        return [p["name"] for p in api_call(f"{base}/api/v2/plugins", token=token)["plugins"]]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
 
 
 TEAM_REGISTRY = {
