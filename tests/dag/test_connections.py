@@ -107,7 +107,7 @@ def test_a_task_hands_the_connections_of_a_secrets_backend_to_the_library_unprin
 
 @pytest.mark.whole
 def test_a_dag_run_takes_its_s3_from_a_secrets_backend_and_each_query_its_own_compute(
-    s3a, tmp_path
+    s3a, tmp_path, monkeypatch
 ):
     """``airflow dags test stream_start`` of two queries. One's checkpoint is in S3, and the
     registry names the checkpoint store's connection, which only a local-filesystem secrets
@@ -146,6 +146,7 @@ def test_a_dag_run_takes_its_s3_from_a_secrets_backend_and_each_query_its_own_co
     run = _airflow(tmp_path, "dags", "test", "stream_start", env=env)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
+    s3a.set_env(monkeypatch)  # this process reads what Spark wrote, now the run is over
     assert load_checkpoint(url).last_committed_batch == 1  # Spark wrote S3 with those keys
     assert [line for line in log.splitlines() if "spark-submit" in line], "the hook logs it"
     assert S3_SECRET not in log, "a secret in the task log or a spark-submit command line"

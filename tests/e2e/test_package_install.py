@@ -108,7 +108,7 @@ def test_the_wheel_installs_beside_stock_airflow_and_registers_itself(installed)
         " 'py_files': py_files()}))",
     )
     found = json.loads(probe.stdout.strip().splitlines()[-1])
-    assert str(ROOT) not in found["at"] and str(venv) in found["at"], found
+    assert found["at"].startswith(str(venv)), found  # the installed one, not the checkout's
     assert Path(found["job"]).is_file() and str(venv) in found["job"], found
     jar = found["classpath"].get("spark.executor.extraClassPath", "")
     assert jar.endswith("stateops/jars/stateops-checkpoint.jar") and str(venv) in jar, found
@@ -234,8 +234,6 @@ def test_a_project_of_its_own_runs_the_lifecycle_dags_of_its_registry_with_its_c
     }
     airflow = installed.bin("airflow")
     installed.run(airflow, "db", "migrate", **env)
-    listed = installed.run(airflow, "dags", "list", "--output", "json", **env).stdout
-    assert "team_stream_start" in {d["dag_id"] for d in json.loads(listed)}, listed
 
     def dags_test(dag_id: str, *args: str) -> str:
         done = installed.run(airflow, "dags", "test", dag_id, *args, check=False, **env)
