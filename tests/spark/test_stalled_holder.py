@@ -230,10 +230,10 @@ from stateops.control.target import query_target
 from stateops.core.s3 import s3_client, s3_settings
 
 registry, plan = sys.argv[1], json.loads(sys.argv[2])
-target = query_target(registry, plan["query"])
 
 
 def migrate() -> int:
+    target = query_target(registry, plan["query"])  # a refusal of it: one line, as the CLI's
     migrate_planned(target, plan, s3_client(s3_settings()), "local[2]")
     return 0
 
