@@ -19,8 +19,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -29,8 +27,10 @@ from pydantic import (
 
 from stateops.core import fence
 from stateops.core.errors import RegistryError, StateOpsError
-from stateops.core.steps import OVERRIDABLE, SOURCE_FORMATS, safe_run_id
+from stateops.core.model import CONN_ID, DDLSchema, Model, schema_columns, schema_fields
+from stateops.core.steps import OVERRIDABLE, safe_run_id
 from stateops.core.storage import S3Path, location, write_file
+from stateops.kinds import Sink, Source
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -68,96 +68,6 @@ MIN_LEASE_SECONDS = 10
 _Name = Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
 # module:attribute, a class or function of the user's code.
 _FUNCTION_REF = r"^[\w.]+:[A-Za-z_]\w*$"
-
-
-def _ddl(value: str) -> str:
-    schema_columns(value)
-    return value
-
-
-DDLSchema = Annotated[str, AfterValidator(_ddl)]
-"""A DDL schema string (``"a STRING, b TIMESTAMP"``), checked when the registry loads."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-_KAFKA_SECURITY = ("kafka.sasl.", "kafka.security.", "kafka.ssl.")
-# An Airflow connection id: what Airflow's own forms and AIRFLOW_CONN_<ID> variables take.
-_CONN_ID = r"^[A-Za-z0-9_]+$"
-
-
-class Source(_Model):
-    """One input: files in a folder (``format`` json, parquet, csv; ``path``), or Kafka
-    (``format: kafka``; ``topic`` or ``topics``, its records' values encoded as ``encoding``
-    with the columns of ``schema``; ``bootstrap_servers``, default: its Airflow ``connection``'s
-    (default: the registry's ``connections.kafka``) or the environment's,
-    :mod:`stateops.core.kafka`). ``options`` go to Spark's reader as they are
-    (``startingOffsets``, ``maxOffsetsPerTrigger``, ``maxFilesPerTrigger``, ...)."""
-
-    format: Literal[SOURCE_FORMATS]
-    path: str = ""
-    topic: str | None = None
-    topics: list[str] = []
-    bootstrap_servers: str | None = None
-    connection: str | None = Field(None, pattern=_CONN_ID)
-    """A Kafka source's Airflow connection (type kafka: brokers, TLS, SASL); None: the
-    registry's ``connections.kafka``."""
-    encoding: Literal["json"] = "json"
-    schema_: DDLSchema = Field(alias="schema")
-    options: dict[str, str | int | bool] = {}
-
-    @property
-    def kafka(self) -> bool:
-        return self.format == "kafka"
-
-    @property
-    def subscribed(self) -> list[str]:
-        """A Kafka source's topics (``topic`` or ``topics``)."""
-        return [self.topic] if self.topic else list(self.topics)
-
-    @property
-    def where(self) -> str:
-        """Where it reads, as a person reads it: the folder, or ``kafka topic a,b``."""
-        return f"topic {','.join(self.subscribed)}" if self.kafka else self.path
-
-    @property
-    def text(self) -> str:
-        """The source as a person reads it: ``json /landing/x``, ``kafka topic a,b``."""
-        return f"{self.format} {self.where}"
-
-    @property
-    def reader_options(self) -> dict[str, str]:
-        """``options`` as the strings Spark's readers take (streaming and batch alike)."""
-        return {k: str(v) for k, v in self.options.items()}
-
-    @model_validator(mode="after")
-    def _one_place(self) -> Source:
-        if self.kafka:
-            if self.path:
-                raise ValueError("a kafka source reads topics: give topic or topics, not path")
-            if bool(self.topic) == bool(self.topics):
-                raise ValueError("a kafka source names topic (one) or topics (several)")
-            if {"subscribe", "subscribePattern", "assign"} & set(self.options):
-                raise ValueError("give a kafka source's topics as topic or topics, not options")
-            if "kafka.bootstrap.servers" in self.options:
-                raise ValueError("give a kafka source's brokers as bootstrap_servers, not options")
-            secret = [k for k in self.options if k.startswith(_KAFKA_SECURITY)]
-            if secret:
-                # The registry is shown in plans, logs and XCom; credentials are not.
-                raise ValueError(
-                    f"options {', '.join(secret)}: security settings come from the source's "
-                    "Airflow connection (connection, else connections.kafka) or STATEOPS_KAFKA_* "
-                    "variables, never the registry"
-                )
-        elif not self.path:
-            raise ValueError(f"a {self.format} source reads a folder: give its path")
-        elif self.topic or self.topics or self.bootstrap_servers or self.connection:
-            raise ValueError(
-                "topic, topics, bootstrap_servers and connection are for kafka sources"
-            )
-        return self
 
 
 _DURATION = r"\d+ (second|minute|hour|day)s?"
@@ -207,7 +117,7 @@ KEEP_HISTORY = timedelta(days=30)
 READINESS = {"upgrade": timedelta(hours=1)}
 
 
-class Health(_Model):
+class Health(Model):
     """The thresholds of the health rules (`stateops status`, the Streaming state view): the
     registry's top-level ``health:`` for every query, a query's own ``health:`` over it. Unset
     fields take the top level's, then the defaults (:meth:`Registry.health_limits`)."""
@@ -264,7 +174,7 @@ class HealthLimits:
     """The readiness window after a switch, by the operation that switched (none: off)."""
 
 
-class Watermark(_Model):
+class Watermark(Model):
     column: str
     delay: _Duration
 
@@ -273,14 +183,14 @@ class Watermark(_Model):
         return _duration_ms(self.delay)
 
 
-class Processor(_Model):
+class Processor(Model):
     class_: str = Field(alias="class", pattern=_FUNCTION_REF)
     options: dict[str, str | int | float | bool] = {}
     time_mode: Literal["None", "ProcessingTime", "EventTime"] = "None"
     output_mode: Literal["Append", "Update"] = "Append"
 
 
-class Transform(_Model):
+class Transform(Model):
     """The user's own query: ``function(spark, inputs, **options)`` returns the streaming
     DataFrame the sink writes (``inputs``: each source's name -> its streaming DataFrame), with
     whatever stateful operators it applies, and its own watermarks."""
@@ -290,7 +200,7 @@ class Transform(_Model):
     output_mode: Literal["append", "update", "complete"] = "append"
 
 
-class InitialState(_Model):
+class InitialState(Model):
     """What ``handleInitialState`` takes, and how a state export of the query maps onto it."""
 
     schema_: DDLSchema = Field(alias="schema")
@@ -312,7 +222,7 @@ class InitialState(_Model):
     """Keyword arguments of ``mapping``."""
 
 
-class Expiry(_Model):
+class Expiry(Model):
     """No expired state left behind in ``variable`` (a processor's state variable, or a
     built-in operator's store: ``default``) at the validated batch's watermark. Either from a
     session's own times: per key, the latest ``time_column`` plus the timeout (the query
@@ -336,7 +246,7 @@ class Expiry(_Model):
         return self
 
 
-class Expectations(_Model):
+class Expectations(Model):
     """Data-level checks beyond the defaults (keys non-null; one row per key for value state)."""
 
     non_negative: list[str] = []
@@ -346,49 +256,7 @@ class Expectations(_Model):
     """Rows per variable may grow or shrink by at most this factor since the last validation."""
 
 
-class Sink(_Model):
-    """Output written per batch id: a re-run of a batch replaces that batch's folder. Or, with
-    ``format: kafka``, each row a record of ``topic`` (its ``key`` column as the record's key,
-    every column as the JSON value): at least once, a re-run of a batch writes it again."""
-
-    format: Literal["parquet", "json", "kafka"] = "parquet"
-    path: str = ""
-    topic: str | None = None
-    key: str | None = None
-    bootstrap_servers: str | None = None
-    connection: str | None = Field(None, pattern=_CONN_ID)
-    """A Kafka sink's Airflow connection; None: the registry's ``connections.kafka``."""
-    batch_offset: int = Field(0, ge=0)
-
-    @property
-    def kafka(self) -> bool:
-        return self.format == "kafka"
-
-    @property
-    def where(self) -> str:
-        """Where it writes, as a person reads it: the folder, or ``topic T``."""
-        return f"topic {self.topic}" if self.kafka else self.path
-
-    @model_validator(mode="after")
-    def _one_place(self) -> Sink:
-        if self.kafka and (self.path or not self.topic):
-            raise ValueError("a kafka sink writes a topic: give topic, not path")
-        if not self.kafka and (not self.path or self.topic or self.key or self.connection):
-            raise ValueError(
-                f"a {self.format} sink writes a folder: give path (topic, key and connection "
-                "are for kafka sinks)"
-            )
-        return self
-
-    """Batch K of the checkpoint writes ``batch_id=K+batch_offset``: after a migration the new
-    checkpoint starts at batch 0, and its output continues the old one's numbering."""
-
-    def folder_batch(self, batch: int) -> int:
-        """The ``batch_id=`` folder of the checkpoint's batch ``batch``."""
-        return batch + self.batch_offset
-
-
-class Trigger(_Model):
+class Trigger(Model):
     processing_time: str = Field("10 seconds", pattern=r"^\d+ (second|minute|hour)s?$")
     """The interval of continuous runs."""
     drain_limit: str = Field("20 minutes", pattern=r"^\d+ (second|minute|hour)s?$")
@@ -402,7 +270,7 @@ class Trigger(_Model):
         return _duration_ms(self.drain_limit) / 1000
 
 
-class StateStore(_Model):
+class StateStore(Model):
     provider: Literal["rocksdb", "hdfs"] = "rocksdb"
     changelog_checkpointing: bool = True
     min_deltas_for_snapshot: int = Field(10, ge=1)
@@ -438,7 +306,7 @@ def _schedule(value: str) -> str:
 _Schedule = Annotated[str, AfterValidator(_schedule)]
 
 
-class Schedules(_Model):
+class Schedules(Model):
     """A query's own schedules, over the registry's: its lifecycle DAGs of that kind are its
     own (``stream_start__<query>``, ...), on this schedule."""
 
@@ -450,7 +318,7 @@ class Schedules(_Model):
     """Over ``cleanup.schedule``: its cleanups (DAG ``stream_snapshot_cleanup__<query>``)."""
 
 
-class Submit(_Model):
+class Submit(Model):
     """How a query's Spark jobs are launched: ``spark-submit``'s own options, per query, as
     the provider's ``SparkSubmitOperator`` and ``stateops`` pass them
     (:func:`stateops.spark.jobs.submit_args`). Unset: the connection's and Spark's defaults."""
@@ -476,7 +344,7 @@ class Submit(_Model):
     ``spark.kubernetes.namespace``; ``spark_conf`` holds the session's runtime ones."""
 
 
-class Approvers(_Model):
+class Approvers(Model):
     """Who may answer a query's approvals (:mod:`stateops.control.approval`)."""
 
     users: list[str] = []
@@ -486,7 +354,7 @@ class Approvers(_Model):
     """An approval is refused to the person who triggered the run: a second person approves."""
 
 
-class Query(_Model):
+class Query(Model):
     """One managed streaming query."""
 
     name: _Name
@@ -718,7 +586,7 @@ def timetable(schedule: str) -> str | timedelta:
     return _timedelta(schedule) if re.fullmatch(_DURATION, schedule) else schedule
 
 
-class Backups(_Model):
+class Backups(Model):
     """Where scheduled backups go (``<url>/<query>``) and how many are kept."""
 
     url: str = Field("s3://stateops-backups", pattern=r"^s3://[^/\s]+(/\S*)?$")
@@ -734,7 +602,7 @@ class Backups(_Model):
         return f"{self.url.rstrip('/')}/{query}"
 
 
-class Start(_Model):
+class Start(Model):
     """The scheduled runs of every query (DAG stream_start)."""
 
     schedule: _Schedule = "30 minutes"
@@ -747,7 +615,7 @@ class Start(_Model):
         return timetable(self.schedule)
 
 
-class Alerts(_Model):
+class Alerts(Model):
     """The health DAG (stream_health, docs/alerts.md): how often it checks every query, and
     the Airflow notifier a rule's change goes through (None: the task's log only)."""
 
@@ -760,28 +628,28 @@ class Alerts(_Model):
     ``alert.query``, ``alert.rule``, ``alert.state``, ``alert.level``, ``alert.message``)."""
 
 
-class Cleanup(_Model):
+class Cleanup(Model):
     """Scheduled snapshot-group cleanup (DAG stream_snapshot_cleanup)."""
 
     schedule: str = "@daily"
     retain_batches: int = Field(10, ge=1)
 
 
-class Connections(_Model):
+class Connections(Model):
     """The Airflow connections a registry's operations go through, by id (docs/connections.md).
     Where tasks run they are resolved by Airflow (its secrets backend, the AWS hook's role
     assumption); the Spark jobs get what was resolved in their environment, never on their
     command line."""
 
-    checkpoint: str | None = Field(None, pattern=_CONN_ID)
+    checkpoint: str | None = Field(None, pattern=CONN_ID)
     """Type aws: the S3 of the checkpoints, the S3 sinks and the control store. None: the
     deployment's ``STATEOPS_CHECKPOINT_CONN_ID``, else the environment's (``AWS_*``, the
     instance's role)."""
-    kafka: str = Field("kafka_default", pattern=_CONN_ID)
+    kafka: str = Field("kafka_default", pattern=CONN_ID)
     """Type kafka: the brokers of each Kafka source and sink that names no ``connection``."""
 
 
-class Registry(_Model):
+class Registry(Model):
     path: Path
     data_dir: Path
     queries: dict[str, Query]
@@ -1498,31 +1366,3 @@ def _connected(query: Query, kafka: str) -> Query:
             "sink": given(query.sink),
         }
     )
-
-
-def schema_columns(ddl: str) -> list[str]:
-    """Top-level column names of a DDL schema string (``"a STRING, b STRUCT<x: INT>"``)."""
-    return [name for name, _ in schema_fields(ddl)]
-
-
-def schema_fields(ddl: str) -> list[tuple[str, str]]:
-    """Top-level (name, upper-case type) pairs of a DDL schema string."""
-    parts, depth, current = [], 0, []
-    for ch in ddl:
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
-    fields = []
-    for part in parts:
-        m = re.fullmatch(r"\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*:?\s+(\S.*?)\s*", part)
-        if not m or depth != 0:
-            raise ValueError(f"not a DDL schema (expected 'name TYPE, ...'): {ddl!r}")
-        fields.append((m.group(1), " ".join(m.group(2).upper().split())))
-    return fields

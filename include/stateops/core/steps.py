@@ -27,7 +27,6 @@ __all__ = [
     "BOOTSTRAP_STATE",
     "EXPORT",
     "EXPORT_STATE",
-    "FILE_FORMATS",
     "INITIAL_STATE_FORMATS",
     "MIGRATION_STEPS",
     "OVERRIDABLE",
@@ -36,7 +35,6 @@ __all__ = [
     "ROADS",
     "RUN",
     "RUN_QUERY",
-    "SOURCE_FORMATS",
     "UPGRADE_STEPS",
     "VALIDATE",
     "VALIDATE_STATE",
@@ -122,9 +120,6 @@ BACKFILL_STEPS: dict[str, Step] = {
     "validate_state": (VALIDATE_STATE, "new", ["--query", "{query}"]),
 }
 
-# A source's formats (the registry's Source.format): files in a folder, or Kafka topics.
-FILE_FORMATS = ("json", "parquet", "csv")
-SOURCE_FORMATS = (*FILE_FORMATS, "kafka")
 # What a bootstrap reads its initial state from.
 INITIAL_STATE_FORMATS = ("export", "checkpoint", "parquet", "json", "csv")
 # How a carry-over takes the state to a new checkpoint (stateops.ops.transplant.choose_road).

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.errors import RegistryError
-from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query, Registry, Source
 from stateops.core.storage import S3Path, spark_url
 
@@ -35,7 +34,7 @@ __all__ = [
     "data_url",
     "use_s3",
     "clock_driven",
-    "uses_kafka",
+    "connectors",
     "load_function",
     "load_processor",
     "load_transform",
@@ -270,9 +269,10 @@ def load_transform(query: Query) -> Callable[..., Any]:
     return function
 
 
-def uses_kafka(query: Query) -> bool:
-    """Whether the query reads or writes Kafka."""
-    return query.sink.kafka or any(s.kafka for s in query.inputs.values())
+def connectors(query: Query) -> set[str]:
+    """The jars (by a part of their names) Spark needs for the query's sources and sink."""
+    kinds = [s.kind for s in query.inputs.values()] + [query.sink.kind]
+    return {kind.connector for kind in kinds if kind.connector}
 
 
 def check_code(query: Query) -> None:
@@ -280,12 +280,13 @@ def check_code(query: Query) -> None:
     needs: checked without Spark, before a job starts."""
     from stateops.spark.jobs import SPARK_JARS, require_s3_jars, spark_jars
 
-    if uses_kafka(query) and not any("spark-sql-kafka" in jar for jar in spark_jars()):
-        raise RegistryError(
-            f"query {query.name} reads or writes Kafka, and Spark's Kafka connector is not in "
-            f"{SPARK_JARS}: run `make jars` (it fetches it with mvn)"
-        )
-    require_s3_jars([query.checkpoint, query.sink.path], f"query {query.name}")
+    for connector in sorted(connectors(query)):
+        if not any(connector in jar for jar in spark_jars()):
+            raise RegistryError(
+                f"query {query.name} needs Spark's {connector} connector, and it is not in "
+                f"{SPARK_JARS}: run `make jars` (it fetches it with mvn)"
+            )
+    require_s3_jars([query.checkpoint, *query.sink.kind.places(query.sink)], f"query {query.name}")
     if query.transform is not None:
         load_transform(query)
     else:
@@ -293,22 +294,9 @@ def check_code(query: Query) -> None:
 
 
 def read_source(spark: SparkSession, source: Source) -> DataFrame:
-    """A source as a streaming DataFrame, its schema and options applied: a Kafka source's
-    record values decoded into the columns of its schema."""
-    if source.kafka:
-        from pyspark.sql import functions as F
-
-        records = (
-            spark.readStream.format("kafka")
-            .options(**spark_options(kafka_settings(source.bootstrap_servers, source.connection)))
-            .option("subscribe", ",".join(source.subscribed))
-            .options(**source.reader_options)
-            .load()
-        )
-        value = F.from_json(F.col("value").cast("string"), source.schema_)
-        return records.select(value.alias("value")).select("value.*")
-    reader = spark.readStream.format(source.format).schema(source.schema_)
-    return reader.options(**source.reader_options).load(source.path)
+    """A source as a streaming DataFrame of the columns of its schema, its options applied (its
+    kind's reader, :mod:`stateops.kinds`)."""
+    return source.kind.stream(spark, source)
 
 
 def _transformed(spark: SparkSession, query: Query) -> DataFrame:
@@ -372,8 +360,8 @@ def fenced(name: str, check: Callable[[], None]) -> Iterator[None]:
 
 
 def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
-    """Idempotent per batch id for a folder: a re-run of a batch replaces its folder instead of
-    adding to it. A Kafka sink is at least once: a re-run writes the batch's records again.
+    """Batch ``batch_id`` written by the sink's kind (:mod:`stateops.kinds`: how a batch that
+    runs again is written, exactly once or at least once, is the kind's).
 
     The run's lease is checked (:func:`fenced`) before the write and again after it: a batch
     whose lease was lost while it wrote fails before Spark commits it, and whoever holds the
@@ -381,21 +369,8 @@ def write_batch(df: DataFrame, batch_id: int, query: Query) -> None:
     fence = _FENCES.get(query.name, lambda: None)
     fence()
     _WRITING.add(query.name)
-    sink = query.sink
     try:
-        if sink.kafka:
-            from pyspark.sql import functions as F
-
-            record = [F.to_json(F.struct(*df.columns)).alias("value")]
-            if sink.key:
-                record.insert(0, F.col(sink.key).cast("string").alias("key"))
-            df.select(*record).write.format("kafka").options(
-                **spark_options(kafka_settings(sink.bootstrap_servers, sink.connection))
-            ).option("topic", sink.topic).save()
-        else:
-            df.write.mode("overwrite").format(sink.format).save(
-                f"{spark_url(sink.path)}/batch_id={sink.folder_batch(batch_id)}"
-            )
+        query.sink.kind.write(df, batch_id, query.sink)
         fence()
     finally:
         _WRITING.discard(query.name)
@@ -450,8 +425,8 @@ def start_query(
     available-now trigger, or on a processing-time trigger (the query's own, or
     ``processing_time``)."""
     location = checkpoint_url(spark, query.checkpoint)
-    if query.sink.path:  # Spark set to reach a sink in S3 (write_batch names it)
-        data_url(spark, query.sink.path)
+    for place in query.sink.kind.places(query.sink):  # Spark set to reach a sink in S3
+        data_url(spark, place)
     out = frame if frame is not None else query_frame(spark, query, initial_state)
     writer = (
         out.writeStream.queryName(query.name)

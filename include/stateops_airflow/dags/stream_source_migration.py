@@ -86,7 +86,8 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 
 from stateops.core.sources import KAFKA_STARTS
-from stateops.core.steps import MIGRATION_STEPS, SOURCE_FORMATS
+from stateops.core.steps import MIGRATION_STEPS
+from stateops.kinds import SOURCE_FORMATS
 from stateops_airflow.approval import (
     ApprovalGate,
     ask_migration_stop,

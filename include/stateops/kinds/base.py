@@ -1,0 +1,209 @@
+"""The registry's ``source`` and ``sink`` as written (:class:`Source`, :class:`Sink`), what a
+kind of each must do (:class:`SourceKind`, :class:`SinkKind`), and the tables of kinds by their
+spelling (``format``), filled by the kinds' modules as they load (:mod:`stateops.kinds`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import Field, field_validator, model_validator
+
+from stateops.core.model import CONN_ID, DDLSchema, Model
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "SINK_KINDS",
+    "SOURCE_KINDS",
+    "Sink",
+    "SinkKind",
+    "Source",
+    "SourceKind",
+    "register_sink",
+    "register_source",
+]
+
+
+class SourceKind(Protocol):
+    """What the operations ask of a kind of input."""
+
+    name: str
+    """The kind as a person reads it (``files``, ``kafka``)."""
+    fields: tuple[str, ...]
+    """Its own fields of :class:`Source` (beside ``format``, ``schema`` and ``options``)."""
+    connector: str | None
+    """The jar Spark needs to read it, by a part of its name (None: Spark's own)."""
+
+    def check(self, source: Source) -> None:
+        """Refuse what this kind cannot read as written: ValueError, one line."""
+
+    def where(self, source: Source) -> str:
+        """Where it reads, as a person reads it."""
+
+    def places(self, source: Source) -> list[str]:
+        """The storage locations it reads (for Spark to be set to reach them)."""
+
+    def stream(self, spark: SparkSession, source: Source) -> DataFrame:
+        """The source as a streaming DataFrame of the columns of its ``schema``."""
+
+
+class SinkKind(Protocol):
+    """What the operations ask of a kind of output."""
+
+    name: str
+    fields: tuple[str, ...]
+    """Its own fields of :class:`Sink` (beside ``format`` and ``batch_offset``)."""
+    connector: str | None
+
+    def check(self, sink: Sink) -> None: ...
+
+    def where(self, sink: Sink) -> str: ...
+
+    def places(self, sink: Sink) -> list[str]:
+        """The storage locations it writes (for Spark to be set to reach them)."""
+
+    def write(self, df: DataFrame, batch_id: int, sink: Sink) -> None:
+        """Write batch ``batch_id`` of the checkpoint (from ``foreachBatch``)."""
+
+
+# Each kind by the registry's spelling of it (``format``), in the order the kinds registered.
+SOURCE_KINDS: dict[str, SourceKind] = {}
+SINK_KINDS: dict[str, SinkKind] = {}
+
+
+def register_source(kind: SourceKind, *formats: str) -> SourceKind:
+    SOURCE_KINDS.update(dict.fromkeys(formats, kind))
+    return kind
+
+
+def register_sink(kind: SinkKind, *formats: str) -> SinkKind:
+    SINK_KINDS.update(dict.fromkeys(formats, kind))
+    return kind
+
+
+def _spelled(kinds: dict[str, Any], value: str) -> str:
+    if value not in kinds:
+        listed = ", ".join(repr(f) for f in kinds)
+        raise ValueError(f"{value!r} is not a format; one of {listed}")
+    return value
+
+
+def _refuse_foreign(model: Source | Sink, kinds: dict[str, Any], what: str) -> None:
+    """Fields of another kind than ``model``'s given a value, refused naming whose they are."""
+    own = set(kinds[model.format].fields)
+    for kind in dict.fromkeys(kinds.values()):
+        foreign = [f for f in kind.fields if getattr(model, f) and f not in own]
+        if foreign:
+            names = [f for f in kind.fields if f not in own]
+            listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+            verb = "are" if len(names) > 1 else "is"
+            raise ValueError(f"{listed} {verb} for {kind.name} {what}")
+
+
+class Source(Model):
+    """One input, of the kind its ``format`` names (:data:`SOURCE_KINDS`): files in a folder
+    (json, parquet, csv; ``path``), or Kafka (``format: kafka``; ``topic`` or ``topics``, its
+    records' values encoded as ``encoding`` with the columns of ``schema``;
+    ``bootstrap_servers``, default: its Airflow ``connection``'s (default: the registry's
+    ``connections.kafka``) or the environment's, :mod:`stateops.core.kafka`). ``options`` go to
+    Spark's reader as they are (``startingOffsets``, ``maxFilesPerTrigger``, ...)."""
+
+    format: str
+    path: str = ""
+    topic: str | None = None
+    topics: list[str] = []
+    bootstrap_servers: str | None = None
+    connection: str | None = Field(None, pattern=CONN_ID)
+    """A Kafka source's Airflow connection (type kafka: brokers, TLS, SASL); None: the
+    registry's ``connections.kafka``."""
+    encoding: Literal["json"] = "json"
+    schema_: DDLSchema = Field(alias="schema")
+    options: dict[str, str | int | bool] = {}
+
+    @field_validator("format")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        return _spelled(SOURCE_KINDS, value)
+
+    @property
+    def kind(self) -> SourceKind:
+        """What this kind of input is and does."""
+        return SOURCE_KINDS[self.format]
+
+    @property
+    def kafka(self) -> bool:
+        return self.format == "kafka"
+
+    @property
+    def subscribed(self) -> list[str]:
+        """A Kafka source's topics (``topic`` or ``topics``)."""
+        return [self.topic] if self.topic else list(self.topics)
+
+    @property
+    def where(self) -> str:
+        """Where it reads, as a person reads it: the folder, or ``topic a,b``."""
+        return self.kind.where(self)
+
+    @property
+    def text(self) -> str:
+        """The source as a person reads it: ``json /landing/x``, ``kafka topic a,b``."""
+        return f"{self.format} {self.where}"
+
+    @property
+    def reader_options(self) -> dict[str, str]:
+        """``options`` as the strings Spark's readers take (streaming and batch alike)."""
+        return {k: str(v) for k, v in self.options.items()}
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Source:
+        self.kind.check(self)
+        _refuse_foreign(self, SOURCE_KINDS, "sources")
+        return self
+
+
+class Sink(Model):
+    """The output, of the kind its ``format`` names (:data:`SINK_KINDS`): per batch id in a
+    folder (parquet, json; a re-run of a batch replaces that batch's folder), or with ``format:
+    kafka`` each row a record of ``topic`` (its ``key`` column as the record's key, every column
+    as the JSON value; at least once, a re-run of a batch writes it again)."""
+
+    format: str = "parquet"
+    path: str = ""
+    topic: str | None = None
+    key: str | None = None
+    bootstrap_servers: str | None = None
+    connection: str | None = Field(None, pattern=CONN_ID)
+    """A Kafka sink's Airflow connection; None: the registry's ``connections.kafka``."""
+    batch_offset: int = Field(0, ge=0)
+    """Batch K of the checkpoint writes ``batch_id=K+batch_offset``: after a migration the new
+    checkpoint starts at batch 0, and its output continues the old one's numbering."""
+
+    @field_validator("format")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        return _spelled(SINK_KINDS, value)
+
+    @property
+    def kind(self) -> SinkKind:
+        """What this kind of output is and does."""
+        return SINK_KINDS[self.format]
+
+    @property
+    def kafka(self) -> bool:
+        return self.format == "kafka"
+
+    @property
+    def where(self) -> str:
+        """Where it writes, as a person reads it: the folder, or ``topic T``."""
+        return self.kind.where(self)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Sink:
+        self.kind.check(self)
+        _refuse_foreign(self, SINK_KINDS, "sinks")
+        return self
+
+    def folder_batch(self, batch: int) -> int:
+        """The ``batch_id=`` folder of the checkpoint's batch ``batch``."""
+        return batch + self.batch_offset
