@@ -241,8 +241,8 @@ def carry_over_param(title: str, description: str) -> Any:
 
 def inject_fault(context: Any, result: Any = None) -> None:
     """``post_execute`` hook: with ``STATEOPS_FAIL_AFTER=<task id>`` in the environment, that
-    task fails after doing its work (:func:`stateops.control.faults.fail_after`)."""
-    from stateops.control.faults import fail_after
+    task fails after doing its work (:func:`stateops.core.faults.fail_after`)."""
+    from stateops.core.faults import fail_after
 
     one_line_errors(fail_after)(context["ti"].task_id)
 

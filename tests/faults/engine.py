@@ -2,7 +2,7 @@
 a process of its own), SIGKILL it, run it again the same way, and judge what the two left.
 
 A trial kills the run either at a chosen point (``STATEOPS_KILL_AT=NAME:K``, see
-:mod:`stateops.control.faults`: the K-th deletion, upload, download, the restore's stage and swap,
+:mod:`stateops.core.faults`: the K-th deletion, upload, download, the restore's stage and swap,
 ...) or after a random delay. The points come from a control run of the same command, which is also
 what each resumed run must equal. An aimed trial whose run did not die at its point fails (it
 proved nothing); a random delay that outlasted the run is counted and reported ("finished

@@ -177,7 +177,7 @@ def test_a_backup_of_another_query_is_refused_naming_both_ids_unless_allowed(
     assert (record["query_id"], record["replaced_query_id"]) == (other["query_id"], mine)
 
 
-# Where a restore is killed (SIGKILL, at a point of stateops.control.faults).
+# Where a restore is killed (SIGKILL, at a point of stateops.core.faults).
 KILL_POINTS = {
     "downloading": "download:3",  # some files downloaded
     "swapping": "swap:1",  # the verified copy renamed aside, not yet exchanged

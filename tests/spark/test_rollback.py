@@ -274,7 +274,7 @@ def test_killed_at_any_point_a_second_run_finishes_the_job(
     assert len(points) >= 10
     for point in points:
         _fresh(template, work)
-        # Killed (stateops.control.faults) before deletion ``point``, or before moving sink folder
+        # Killed (stateops.core.faults) before deletion ``point``, or before moving sink folder
         # ``point - deletes`` aside.
         at = f"delete:{point}" if point <= deletes else f"move:{point - deletes}"
         killed = run_cli(*argv, env={"STATEOPS_KILL_AT": at})

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 # Reaches point "delete" five times and "audit" once, then says it finished.
 RUN = """
-from stateops.control import faults
+from stateops.core import faults
 for _ in range(5):
     faults.point("delete")
 faults.point("audit")

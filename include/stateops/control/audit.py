@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stateops.control import faults
+from stateops.core import faults
 from stateops.core.storage import S3Path, file_names, location
 
 __all__ = ["append_audit", "audit_dir", "read_audit"]

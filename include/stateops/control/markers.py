@@ -35,10 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stateops.control import faults
 from stateops.control.audit import audit_dir
 from stateops.control.lock import LockInfo
-from stateops.core import fence
+from stateops.core import faults, fence
 from stateops.core.errors import CheckpointError
 from stateops.core.registry import Registry
 from stateops.core.storage import S3Path

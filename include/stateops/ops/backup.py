@@ -27,8 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateops.control import faults
 from stateops.control.audit import append_audit
+from stateops.core import faults
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError, s3_error
 from stateops.core.formats import crc_sidecar

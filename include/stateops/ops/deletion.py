@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from stateops.control import faults
 from stateops.control.audit import append_audit, audit_dir
 from stateops.control.lock import QueryLock
 from stateops.control.markers import rollback_marker
+from stateops.core import faults
 from stateops.core.access import refuse_unwritable
 from stateops.core.checkpoint import Checkpoint
 from stateops.core.errors import CheckpointError

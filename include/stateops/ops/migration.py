@@ -36,7 +36,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from stateops.control.audit import append_audit, audit_dir
-from stateops.control.faults import fail_after
 from stateops.control.lock import (
     QueryLock,
     hold_query,
@@ -64,6 +63,7 @@ from stateops.core.errors import (
     about,
     one_line,
 )
+from stateops.core.faults import fail_after
 from stateops.core.kafka import kafka_settings, topic_partitions
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import (

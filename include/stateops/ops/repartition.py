@@ -32,9 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateops.control import faults
 from stateops.control.audit import append_audit, audit_dir
 from stateops.control.markers import clear_repartition, read_repartition, write_repartition
+from stateops.core import faults
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import CheckpointError, OperationFailed, StateOpsError, one_line
 from stateops.core.formats import EXTRA_KEY_FIELDS

@@ -19,11 +19,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from stateops.control import faults
 from stateops.control.audit import append_audit, read_audit
 from stateops.control.lock import LockInfo, live_lock, read_hold
 from stateops.control.markers import refuse_retired
 from stateops.control.target import Target, checkpoint_target, query_target
+from stateops.core import faults
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError, s3_error
 from stateops.core.files import relocate_checkpoint, schema_url

@@ -22,13 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateops.control import faults
 from stateops.control.markers import (
     clear_repartition,
     clear_rollback,
     write_rollback,
 )
-from stateops.core import fence
+from stateops.core import faults, fence
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.kafka import KafkaDown, offsets_text

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from stateops.control import faults
+from stateops.core import faults
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint, relocated_metadata
