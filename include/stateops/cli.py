@@ -324,6 +324,7 @@ def _backup_first(args: argparse.Namespace, target: Any, operation: str) -> Any:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from stateops.control.lock import new_run_id
     from stateops.control.target import resolve_target
+    from stateops.kinds import Sink
     from stateops.ops.rollback import run_rollback
 
     target = resolve_target(args.checkpoint, args.registry)
@@ -335,7 +336,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         backup=backup,
         dry_run=args.dry_run,
         log=_log if args.json else print,
-        sink=args.sink,
+        sink=Sink(path=args.sink) if args.sink else None,
         rewrite_output=args.rewrite_output,
     )
     if args.json:
@@ -873,7 +874,10 @@ def _deletion_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     _flag(p, "--dry-run", "print the plan, change nothing")
     _flag(p, "--no-backup", "skip the backup (not advised)")
     p.add_argument("--backup-to", help="s3://BUCKET/PREFIX (default: the registry's)")
-    p.add_argument("--sink", help="the sink folder to make consistent (default: the registry's)")
+    p.add_argument(
+        "--sink",
+        help="the sink folder (batch_id=K folders) to make consistent (default: the registry's)",
+    )
     _rewrite_output(p)
     _flag(p, "--json", "the plan as JSON on stdout")
     p.set_defaults(func=cmd_rollback)

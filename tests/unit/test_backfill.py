@@ -11,7 +11,8 @@ import pytest
 
 from stateops.core.errors import RegistryError, StateOpsError
 from stateops.core.registry import load_registry
-from stateops.ops.backfill import diff_output, logic_changes, parse_time, registry_with_overrides
+from stateops.kinds.files import diff_output
+from stateops.ops.backfill import logic_changes, parse_time, registry_with_overrides
 from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit

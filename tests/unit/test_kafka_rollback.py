@@ -56,7 +56,13 @@ PLAN = {
     "delete": {"files": 0, "bytes": 0},
     "keep": {"files": 0, "bytes": 0},
     "kafka": [{"source": 0, "topics": ["t"], "offsets": {"t": {0: 12, 1: 40}}, "reads_again": 9}],
-    "rewrites": {"topic": "out", "first_batch": 5, "since_ms": 1, "records": 6},
+    "rewrites": {
+        "sink": "Kafka topic out",
+        "topic": "out",
+        "first_batch": 5,
+        "since_ms": 1,
+        "records": 6,
+    },
 }
 
 
@@ -65,9 +71,9 @@ def test_the_plan_shows_the_rewind_offsets_and_the_records_written_again():
     assert lines[1].startswith("  batch 4 becomes the last committed batch")
     assert lines[2] == "  source 0 (topic t): rewinds to t[0]=12 t[1]=40; 9 records read again"
     assert lines[3] == (
-        "  sink topic out (Kafka, at least once): reprocessing writes again the 6 records "
-        "batches 5 on wrote (the topic's records stamped from batch 5's start on); confirm "
-        "with --rewrite-output 6"
+        "  sink Kafka topic out (at least once): reprocessing writes again the 6 records "
+        "batches 5 on wrote (those stamped from batch 5's start on); confirm with "
+        "--rewrite-output 6"
     )
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from stateops.control.markers import write_rollback
 from stateops.core.errors import StateOpsError
+from stateops.kinds import Sink
 from stateops.ops.pending import refuse_pending_rollback
-from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
 
 pytestmark = pytest.mark.unit
 
@@ -35,17 +35,23 @@ def test_a_per_batch_sink_moves_later_batches_aside_with_the_sinks_offset(tmp_pa
     for k in (10, 11, 12, 13):
         (tmp_path / f"batch_id={k}").mkdir()
         (tmp_path / f"batch_id={k}" / "part-0.parquet").write_text(str(k))
-    plan = plan_sink_rollback(tmp_path, 1, batch_offset=10)
+    sink = Sink(path=str(tmp_path), batch_offset=10)
+    plan = sink.kind.undo_plan(sink, 1)
     assert plan == {
+        "format": "parquet",
         "path": str(tmp_path),
         "folders": ["batch_id=12", "batch_id=13"],
         "log_entries": [],
         "data_files": [],
     }
-    execute_sink_plan(plan, "rollback-1")
+    sink.kind.set_aside(plan, "rollback-1")
     assert sorted(p.name for p in tmp_path.glob("batch_id=*")) == ["batch_id=10", "batch_id=11"]
     aside = tmp_path / "_rolled_back" / "rollback-1"
     assert (aside / "batch_id=13" / "part-0.parquet").read_text() == "13", "moved, not lost"
+
+
+def _folder(path) -> Sink:
+    return Sink(format="json", path=str(path))
 
 
 def _log(path, files):
@@ -63,10 +69,11 @@ def test_a_file_sink_drops_later_log_entries_and_moves_only_the_files_they_alone
     _log(log / "1", [files[1]])
     _log(log / "2.compact", files[:3])  # a compaction repeats what it folds in
     _log(log / "3", [files[3]])
-    plan = plan_sink_rollback(tmp_path, 1)
+    sink = _folder(tmp_path)
+    plan = sink.kind.undo_plan(sink, 1)
     assert plan["log_entries"] == ["3", "2.compact"], "newest first"
     assert plan["data_files"] == [f"file:{files[2]}", f"file:{files[3]}"]
-    execute_sink_plan(plan, "rollback-1")
+    sink.kind.set_aside(plan, "rollback-1")
     assert sorted(p.name for p in log.iterdir()) == ["0", "1"]
     assert sorted(p.name for p in tmp_path.glob("part-*")) == ["part-0.parquet", "part-1.parquet"]
 
@@ -78,4 +85,14 @@ def test_a_file_sink_compacted_past_the_rollback_point_is_refused(tmp_path):
     _log(log / "10", [tmp_path / "b"])
     refusal = "compacted after batch 5 and the entries before it are gone; the file sink cannot"
     with pytest.raises(StateOpsError, match=refusal):
-        plan_sink_rollback(tmp_path, 5)
+        _folder(tmp_path).kind.undo_plan(_folder(tmp_path), 5)
+
+
+def test_a_kafka_sink_has_nothing_to_set_aside_and_touches_no_folder(tmp_path, monkeypatch):
+    """The topic keeps what a batch wrote: no undo plan, whatever folder the process is in
+    (a migration's roll back once planned one in the working directory for a Kafka sink)."""
+    (tmp_path / "batch_id=7").mkdir()
+    monkeypatch.chdir(tmp_path)
+    sink = Sink(format="kafka", topic="out")
+    assert sink.kind.undo_plan(sink, 1) is None
+    assert (tmp_path / "batch_id=7").is_dir()

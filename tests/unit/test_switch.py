@@ -155,8 +155,6 @@ def test_stateops_queries_shows_where_a_switched_query_runs(tmp_path):
 
 
 def test_a_switch_numbers_the_new_checkpoints_output_after_the_old(tmp_path):
-    from stateops.ops.rollback import plan_sink_rollback
-
     path = write_registry(tmp_path)
     write_switch(
         load_registry(path),
@@ -171,7 +169,7 @@ def test_a_switch_numbers_the_new_checkpoints_output_after_the_old(tmp_path):
     for k in range(12):  # old checkpoint's batches 0-7, the new one's 0-3
         (Path(sink.path) / f"batch_id={k}").mkdir(parents=True)
     # A rollback of the new checkpoint to its batch 1 moves its batches 2 and 3 only.
-    plan = plan_sink_rollback(sink.path, 1, sink.batch_offset)
+    plan = sink.kind.undo_plan(sink, 1)
     assert plan["folders"] == ["batch_id=10", "batch_id=11"]
 
 

@@ -33,7 +33,8 @@ from stateops.core.kafka import (
     parse_offsets,
     topic_partitions,
 )
-from stateops.core.registry import RETENTION_MARGIN, Query, Sink, Source
+from stateops.core.registry import RETENTION_MARGIN, Query, Source
+from stateops.kinds.kafka import records_between, topic_offsets
 
 __all__ = [
     "FILE_START",
@@ -312,30 +313,10 @@ def kafka_source_of(offsets: Offsets, sources: list[Source]) -> Source:
     return Source.model_validate({"format": "kafka", "topics": topics, "schema": "value STRING"})
 
 
-def records_between(before: Offsets | None, after: Offsets) -> int:
-    """How many records lie from ``before`` to ``after`` (two offsets of one source: what the
-    batches between them read); a partition ``before`` lacks counts from 0 (Spark reads a new
-    partition from its beginning)."""
-    before = before or {}
-    return sum(
-        max(0, offset - before.get(topic, {}).get(partition, 0))
-        for topic, parts in after.items()
-        for partition, offset in parts.items()
-    )
-
-
 def kafka_offsets_at(source: Source, at: str | int) -> Offsets:
     """A Kafka source's offsets on the broker: ``earliest``, ``latest``, or at an epoch-ms time
     (per partition the first record stamped at or after it: every record before it is older)."""
     return topic_offsets(source.subscribed, source, at)
-
-
-def topic_offsets(topics: list[str], place: Source | Sink, at: str | int) -> Offsets:
-    """Topics' offsets on the brokers of ``place`` (a Kafka source or sink: its
-    ``bootstrap_servers`` and ``connection``): ``earliest``, ``latest``, or per partition the
-    first record stamped at or after an epoch-ms time."""
-    settings = kafka_settings(place.bootstrap_servers, place.connection)
-    return broker_offsets(settings, topic_partitions(settings, topics), at)
 
 
 def within(offsets: Offsets, limit: Offsets) -> bool:

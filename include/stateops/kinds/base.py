@@ -66,6 +66,48 @@ class SinkKind(Protocol):
     def write(self, df: DataFrame, batch_id: int, sink: Sink) -> None:
         """Write batch ``batch_id`` of the checkpoint (from ``foreachBatch``)."""
 
+    # A rollback of the checkpoint to batch N, and the backfill that reprocesses after it.
+
+    def undo_plan(self, sink: Sink, to_batch: int) -> dict[str, Any] | None:
+        """What sets the output of the batches after ``to_batch`` aside (JSON, with this
+        kind's ``format``; shown in the plan before anything changes). None: this kind's
+        output cannot be undone (see :meth:`rewrites`)."""
+
+    def rewrites(self, sink: Sink, first_batch: int, since_ms: int | None) -> dict | None:
+        """What reprocessing from ``first_batch`` (whose run started at ``since_ms``; None:
+        it never ran) writes again that the sink's readers already got: ``sink`` (as a person
+        reads it), ``first_batch``, ``records``. None: nothing is written twice."""
+
+    def set_aside(self, plan: dict[str, Any], run_id: str) -> None:
+        """Carry out :meth:`undo_plan`'s plan; run again after a kill, it finishes it."""
+
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        """The undo plan as the rollback's plan shows it."""
+
+    def undo_hint(self, plan: dict[str, Any]) -> str:
+        """How to put the output set aside back."""
+
+    def touches(self, plan: dict[str, Any]) -> dict[str, list[Any]]:
+        """What the undo plan moves, deletes and writes (``move``, ``delete``, ``write``), to
+        check the process may before anything changes."""
+
+    def mark(self, sink: Sink) -> object:
+        """What to remember before a reprocessing, for :meth:`compare` (JSON; None: none)."""
+
+    def compare(
+        self,
+        sink: Sink,
+        *,
+        run_id: str,
+        after_batch: int,
+        key_columns: list[str],
+        mark: object,
+        before: dict[str, Any] | None,
+    ) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+        """The backfill's report of what reprocessing the batches after ``after_batch``
+        changed in the output (the rollback's ``run_id``, its :meth:`mark` and its
+        :meth:`rewrites`): its lines, its counts (the audit record's) and all it found."""
+
 
 # Each kind by the registry's spelling of it (``format``), in the order the kinds registered.
 SOURCE_KINDS: dict[str, SourceKind] = {}

@@ -10,15 +10,23 @@ the JSON value): at least once, a batch that runs again writes its records again
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from stateops.core.kafka import kafka_settings, spark_options
+from stateops.core.kafka import (
+    KafkaDown,
+    Offsets,
+    broker_offsets,
+    kafka_settings,
+    parse_offsets,
+    spark_options,
+    topic_partitions,
+)
 from stateops.kinds.base import Sink, Source, register_sink, register_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["KAFKA", "KAFKA_SINK"]
+__all__ = ["KAFKA", "KAFKA_SINK", "records_between", "topic_offsets"]
 
 CONNECTOR = "spark-sql-kafka"
 _SECURITY = ("kafka.sasl.", "kafka.security.", "kafka.ssl.")
@@ -91,6 +99,96 @@ class KafkaSink:
         df.select(*record).write.format("kafka").options(
             **spark_options(kafka_settings(sink.bootstrap_servers, sink.connection))
         ).option("topic", sink.topic).save()
+
+    def undo_plan(self, sink: Sink, to_batch: int) -> None:
+        """Nothing to undo: the topic keeps what a batch wrote (see :meth:`rewrites`)."""
+        return None
+
+    def rewrites(self, sink: Sink, first_batch: int, since_ms: int | None) -> dict[str, Any]:
+        """How many records the batches from ``first_batch`` on wrote to the topic, which a
+        reprocessing writes again: those stamped at or after ``since_ms``, the first of those
+        batches' start (None: none of them ran), the query being the topic's only writer.
+        Raises KafkaDown where the brokers do not answer."""
+        found = {
+            "sink": f"Kafka topic {sink.topic}",
+            "topic": sink.topic,
+            "first_batch": first_batch,
+            "since_ms": None,
+            "records": 0,
+        }
+        if since_ms is None:  # nothing after it: nothing is written again
+            return found
+        at = topic_offsets([sink.topic or ""], sink, since_ms)
+        end = topic_offsets([sink.topic or ""], sink, "latest")
+        found.update(since_ms=since_ms, records=records_between(at, end))
+        return found
+
+    def set_aside(self, plan: dict[str, Any], run_id: str) -> None:
+        raise AssertionError("a kafka sink has no undo plan")  # undo_plan is None
+
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        return []
+
+    def undo_hint(self, plan: dict[str, Any]) -> str:
+        return ""
+
+    def touches(self, plan: dict[str, Any]) -> dict[str, list[Any]]:
+        return {"move": [], "delete": [], "write": []}
+
+    def mark(self, sink: Sink) -> dict[str, dict[str, int]] | None:
+        """The topic's end offsets now, as JSON keeps them: where a reprocessing's records
+        start (None: the broker does not answer; the reprocessing then fails and says so)."""
+        try:
+            end = topic_offsets([sink.topic or ""], sink, "latest")
+        except KafkaDown:
+            return None
+        return {t: {str(p): o for p, o in ps.items()} for t, ps in end.items()}
+
+    def compare(
+        self,
+        sink: Sink,
+        *,
+        run_id: str,
+        after_batch: int,
+        key_columns: list[str],
+        mark: object,
+        before: dict[str, Any] | None,
+    ) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+        """How many records the reprocessing wrote (from ``mark``), against the count the
+        rolled-back batches had written (``before``, their :meth:`rewrites`): the topic keeps
+        both, rows are not compared."""
+        end = topic_offsets([sink.topic or ""], sink, "latest")
+        start = parse_offsets(mark)
+        written = records_between(start, end) if start is not None else None
+        was = (before or {}).get("records", 0)
+        lines = [
+            f"the reprocessing of the batches after {after_batch} wrote "
+            f"{'an unknown number of' if written is None else written} records to Kafka topic "
+            f"{sink.topic}; the rolled-back batches had written {was}, which the topic keeps "
+            "(at least once)"
+        ]
+        output = {"records_written": written, "records_written_before": was}
+        return lines, output, output
+
+
+def records_between(before: Offsets | None, after: Offsets) -> int:
+    """How many records lie from ``before`` to ``after`` (two offsets of one source: what the
+    batches between them read); a partition ``before`` lacks counts from 0 (Spark reads a new
+    partition from its beginning)."""
+    before = before or {}
+    return sum(
+        max(0, offset - before.get(topic, {}).get(partition, 0))
+        for topic, parts in after.items()
+        for partition, offset in parts.items()
+    )
+
+
+def topic_offsets(topics: list[str], place: Source | Sink, at: str | int) -> Offsets:
+    """Topics' offsets on the brokers of ``place`` (a Kafka source or sink: its
+    ``bootstrap_servers`` and ``connection``): ``earliest``, ``latest``, or per partition the
+    first record stamped at or after an epoch-ms time."""
+    settings = kafka_settings(place.bootstrap_servers, place.connection)
+    return broker_offsets(settings, topic_partitions(settings, topics), at)
 
 
 KAFKA = register_source(Kafka(), "kafka")

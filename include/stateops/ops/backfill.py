@@ -12,12 +12,10 @@ runs them in one process (``stateops backfill``).
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
 import tempfile
-from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -34,26 +32,22 @@ from stateops.core.errors import (
     about,
     one_line,
 )
-from stateops.core.kafka import KafkaDown
 from stateops.core.registry import Query, Registry, Source, derived_registry, load_registry
 from stateops.core.sources import (
     file_log_offset,
     kafka_offsets,
     kafka_offsets_at,
     kafka_source_of,
-    records_between,
-    topic_offsets,
     within,
 )
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
-from stateops.core.storage import S3Path, list_files, location, write_file
+from stateops.core.storage import location, write_file
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
 from stateops.ops.deletion import plan_digest
 from stateops.ops.rollback import (
     format_rollback_plan,
     plan_rollback,
-    plan_sink_rollback,
     refuse_unconfirmed_rewrite,
     run_rollback,
 )
@@ -68,7 +62,6 @@ __all__ = [
     "OVERRIDABLE",
     "backfill_point",
     "check_backfill_form",
-    "diff_output",
     "last_batch_before",
     "logic_changes",
     "parse_past_time",
@@ -151,10 +144,7 @@ def plan_backfill(
         log(f"the last batch whose input is older than {input_before.strip()}: {to_batch}")
     plan = plan_rollback(target, to_batch)
     plan.update(
-        sink=None  # a Kafka sink keeps what it got: the plan counts what it gets again
-        if query.sink.kafka
-        else plan_sink_rollback(query.sink.path, to_batch, query.sink.batch_offset),
-        backup_to=target.backup_location(),
+        sink=query.sink.kind.undo_plan(query.sink, to_batch), backup_to=target.backup_location()
     )
     if not dry_run:
         refuse_unconfirmed_rewrite(plan, rewrite_output)
@@ -212,8 +202,6 @@ def rollback_for_backfill(
         operation="backfill",
         backup=backup,
         log=log,
-        sink=None if query.sink.kafka else query.sink.path,
-        sink_batch_offset=query.sink.batch_offset,
         planned=plan.get("digest"),
         rewrite_output=plan.get("rewrite_output"),
     )
@@ -240,19 +228,10 @@ def rollback_for_backfill(
         "backup_id": done["backup_id"],
         "to_batch": plan["to_batch"],
     }
-    if query.sink.kafka:  # where the reprocessing's records start: what the report counts
-        rolled["sink_end"] = _sink_end(query)
+    mark = query.sink.kind.mark(query.sink)  # where the reprocessing's output starts
+    if mark is not None:
+        rolled["sink_end"] = mark
     return rolled
-
-
-def _sink_end(query: Query) -> dict[str, dict[str, int]] | None:
-    """A Kafka sink's end offsets now, as JSON keeps them (None: the broker does not answer;
-    the reprocessing then fails and says so)."""
-    try:
-        end = topic_offsets([query.sink.topic or ""], query.sink, "latest")
-    except KafkaDown:
-        return None
-    return {t: {str(p): o for p, o in ps.items()} for t, ps in end.items()}
 
 
 def _record(plan: dict[str, Any], result: str, **details: Any) -> None:
@@ -277,51 +256,19 @@ def report_backfill(
 ) -> dict[str, Any]:
     """What the reprocessing changed in the output of the batches after the rollback point."""
     query = target.require_query(_REGISTERED)
-    if query.sink.kafka:
-        return _report_kafka(query, plan, rollback, log)
-    old = location(query.sink.path) / "_rolled_back" / rollback["run_id"]
-    after = query.sink.folder_batch(plan["to_batch"])
-    diff = diff_output(query.sink.path, old, after, query.key_columns)
-    keys = ", ".join(query.key_columns) or "whole rows"
-    log(
-        f"{query.name}: batches {diff['batches_before']} -> {diff['batches_after']}: "
-        f"{diff['rows_before']} rows before, {diff['rows_after']} after; "
-        f"{diff['unchanged']} unchanged, {diff['added']} added, {diff['removed']} removed, "
-        f"{diff['changed_keys']} keys changed (by {keys}); the old output is kept in {old}"
+    lines, output, found = query.sink.kind.compare(
+        query.sink,
+        run_id=rollback["run_id"],
+        after_batch=plan["to_batch"],
+        key_columns=query.key_columns,
+        mark=rollback.get("sink_end"),
+        before=plan.get("rewrites"),
     )
-    for line in diff["examples"]:
-        log(f"  changed {line}")
+    log(f"{query.name}: {lines[0]}")
+    for line in lines[1:]:
+        log(line)
     for change in plan.get("changes", []):
         log(f"  reprocessed with {change}")
-    _record(
-        plan,
-        "succeeded",
-        batch_after=load_checkpoint(query.checkpoint).last_committed_batch,
-        backup_id=rollback["backup_id"],
-        output={k: diff[k] for k in _COUNTS},
-    )
-    return {**diff, "changes": plan.get("changes", [])}
-
-
-def _report_kafka(
-    query: Query, plan: dict[str, Any], rollback: dict[str, Any], log: Callable[[str], None]
-) -> dict[str, Any]:
-    """A Kafka sink's report: how many records the reprocessing wrote, against the count the
-    rolled-back batches had written (the topic keeps both: rows are not compared)."""
-    sink = query.sink
-    end = topic_offsets([sink.topic or ""], sink, "latest")
-    start = kafka_offsets(rollback.get("sink_end"))
-    written = records_between(start, end) if start is not None else None
-    before = (plan.get("rewrites") or {}).get("records", 0)
-    log(
-        f"{query.name}: the reprocessing of the batches after {plan['to_batch']} wrote "
-        f"{'an unknown number of' if written is None else written} records to Kafka topic "
-        f"{sink.topic}; the rolled-back batches had written {before}, which the topic keeps "
-        "(at least once)"
-    )
-    for change in plan.get("changes", []):
-        log(f"  reprocessed with {change}")
-    output = {"records_written": written, "records_written_before": before}
     _record(
         plan,
         "succeeded",
@@ -329,10 +276,7 @@ def _report_kafka(
         backup_id=rollback["backup_id"],
         output=output,
     )
-    return {**output, "changes": plan.get("changes", [])}
-
-
-_COUNTS = ("rows_before", "rows_after", "unchanged", "added", "removed", "changed_keys")
+    return {**found, "changes": plan.get("changes", [])}
 
 
 def run_backfill(
@@ -476,94 +420,3 @@ def _merged(base: Any, override: Any) -> Any:
     if isinstance(base, dict) and isinstance(override, dict):
         return {**base, **{k: _merged(base.get(k), v) for k, v in override.items()}}
     return override
-
-
-def diff_output(
-    sink: str | os.PathLike[str],
-    rolled_back: str | os.PathLike[str],
-    after_batch: int,
-    key_columns: list[str],
-) -> dict[str, Any]:
-    """What reprocessing changed: the output moved aside by the rollback (``rolled_back``,
-    its ``batch_id=K`` folders) against the new ``batch_id=K`` folders after ``after_batch``.
-
-    Rows are compared as multisets (batch ids may differ between the runs). A key with rows
-    removed and rows added is *changed* (keys: ``key_columns``; without them a row is its own key,
-    so nothing is changed, only added or removed); other rows are *added* or *removed*.
-    """
-    before = _rows(location(rolled_back), lambda k: True)
-    after = _rows(location(sink), lambda k: k > after_batch)
-    added, removed = after["rows"] - before["rows"], before["rows"] - after["rows"]
-
-    def key(row: tuple) -> tuple:
-        if not key_columns:  # a query without keys: a row is its own key
-            return row
-        values = dict(row)
-        return tuple(values.get(c) for c in key_columns)
-
-    changed = {key(r) for r in added} & {key(r) for r in removed}
-    examples = []
-    for k in sorted(changed, key=repr)[:3]:
-        was = [_text(r) for r in removed if key(r) == k]
-        now = [_text(r) for r in added if key(r) == k]
-        examples.append(f"{dict(zip(key_columns, k, strict=True))}: {was} -> {now}")
-    return {
-        "batches_before": before["batches"],
-        "batches_after": after["batches"],
-        "rows_before": before["rows"].total(),
-        "rows_after": after["rows"].total(),
-        "unchanged": (before["rows"] & after["rows"]).total(),
-        "added": sum(n for r, n in added.items() if key(r) not in changed),
-        "removed": sum(n for r, n in removed.items() if key(r) not in changed),
-        "changed_keys": len(changed),
-        "examples": examples,
-    }
-
-
-def _text(row: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in row)
-
-
-def _rows(folder: Path | S3Path, wanted) -> dict[str, Any]:
-    """The rows of the ``batch_id=K`` folders under ``folder`` (local or in S3) whose K is
-    ``wanted``."""
-    rows: Counter = Counter()
-    files: dict[int, list[str]] = {}
-    listed = isinstance(folder, S3Path) or folder.is_dir()  # S3: a missing prefix lists empty
-    for rel in sorted(list_files(folder)) if listed else []:
-        top, _, name = rel.partition("/")
-        if top.startswith("batch_id=") and "/" not in name:
-            files.setdefault(int(top.split("=", 1)[1]), []).append(rel)
-    batches = sorted(b for b in files if wanted(b))
-    for batch in batches:
-        rows.update(_frozen(r) for r in _read_batch(folder, files[batch]))
-    return {"rows": rows, "batches": batches}
-
-
-def _read_batch(folder: Path | S3Path, rels: list[str]) -> list[dict]:
-    """A batch folder's rows: its Parquet files, else its JSON lines files."""
-    parquet = [rel for rel in rels if rel.endswith(".parquet")]
-    if parquet:
-        import pyarrow.parquet as pq
-
-        return [
-            r
-            for rel in parquet
-            for r in pq.read_table(io.BytesIO((folder / rel).read_bytes())).to_pylist()
-        ]
-    return [
-        json.loads(line)
-        for rel in rels
-        if rel.endswith(".json")
-        for line in (folder / rel).read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
-
-
-def _frozen(value: Any) -> Any:
-    """A hashable copy of a row (dicts as sorted item tuples, lists as tuples)."""
-    if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_frozen(v) for v in value)
-    return value

@@ -40,6 +40,7 @@ from stateops.core.errors import CheckpointError
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.report import format_bytes
 from stateops.core.storage import S3Path, delete_files, in_s3, location
+from stateops.kinds import SINK_KINDS
 
 __all__ = [
     "CATEGORIES",
@@ -284,11 +285,7 @@ def format_plan(plan: dict[str, Any], dry_run: bool, then: str | None = None) ->
             )
         sink = plan.get("sink")
         if sink:
-            lines.append(
-                f"  sink {sink['path']}: move {len(sink['folders'])} batch folders and "
-                f"{len(sink['data_files'])} data files aside (_rolled_back/), drop "
-                f"{len(sink['log_entries'])} _spark_metadata entries"
-            )
+            lines += SINK_KINDS[sink["format"]].plan_lines(sink)
         if not plan.get("backup_to"):
             warning = "WARNING: no backup is taken first (--no-backup)"
             lines.append(f"  \033[31m{warning}\033[0m" if sys.stdout.isatty() else f"  {warning}")
@@ -323,11 +320,7 @@ def _plan_tail(plan: dict[str, Any], deleted: str) -> list[str]:
         backup=f"to {backup_to}, before anything changes",
         undo=f"stateops restore {backup_to}/BACKUP_ID {restore_over(checkpoint)} (the "
         "backup this run prints)"
-        + (
-            f", and the sink's batch folders back from {sink['path']}/_rolled_back/RUN_ID"
-            if sink
-            else ""
-        ),
+        + (f", and {SINK_KINDS[sink['format']].undo_hint(sink)}" if sink else ""),
     )
 
 
@@ -388,10 +381,8 @@ def refuse_unwritable_plan(plan: dict[str, Any], lock: QueryLock) -> None:
     move: list[Path | S3Path] = []
     sink = plan.get("sink")
     if sink:
-        sink_root = location(sink["path"])  # in S3: no file modes, the checks skip it
-        move += [sink_root / name for name in sink["folders"]]
-        move += [Path(uri.removeprefix("file:")) for uri in sink["data_files"]]
-        delete += [sink_root / "_spark_metadata" / name for name in sink["log_entries"]]
-        if sink["folders"] or sink["data_files"]:
-            write.append(sink_root / "_rolled_back" / "x")
+        touched = SINK_KINDS[sink["format"]].touches(sink)
+        move += touched["move"]
+        delete += touched["delete"]
+        write += touched["write"]
     refuse_unwritable(f"{plan['operation']} of {root}", delete=delete, write=write, move=move)

@@ -88,7 +88,7 @@ from stateops.core.steps import MIGRATION_STEPS, fill
 from stateops.core.storage import S3Path, location, write_file
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
-from stateops.ops.rollback import execute_sink_plan, plan_sink_rollback
+from stateops.ops.rollback import set_aside
 from stateops.ops.start import read_summary
 from stateops.ops.transplant import (
     carry_differences,
@@ -1248,15 +1248,13 @@ def roll_back_migration(
         done["moved_aside"] = _set_aside(plan, new, log)
         query = load_registry(registry.path).query(name)  # on the old checkpoint again
         old_last = load_checkpoint(old["checkpoint"]).last_committed_batch
-        sink = plan_sink_rollback(query.sink.path, query.sink.folder_batch(old_last))
         # The output after the old checkpoint's last commit: the new checkpoint's batches, or the
         # old one's batch in flight when a step was lost (its next run writes it again).
-        if sink["folders"]:
-            execute_sink_plan(sink, f"migration-{safe_run_id(plan['run_id'])}")
-            log(
-                f"moved the output after batch {old_last} {sink['folders']} aside to "
-                f"{query.sink.path}/_rolled_back/"
-            )
+        undo = query.sink.kind.undo_plan(query.sink, old_last)
+        if undo is not None:
+            set_aside(undo, f"migration-{safe_run_id(plan['run_id'])}")
+            for line in query.sink.kind.plan_lines(undo):
+                log(f"{name}: the output after batch {old_last} set aside:{line[1:]}")
         clear_carry_over(new)  # it belonged to the moved checkpoint
         if release_hold(_lock_file(target, plan["run_id"]), plan["run_id"]):
             log(f"{name}: hold of run {plan['run_id']} released")

@@ -14,12 +14,8 @@ after a kill resumes.
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.control.markers import (
@@ -27,7 +23,6 @@ from stateops.control.markers import (
     clear_rollback,
     write_rollback,
 )
-from stateops.core import faults, fence
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.kafka import KafkaDown, offsets_text
@@ -38,10 +33,9 @@ from stateops.core.sources import (
     kafka_offsets,
     kafka_source_of,
     records_between,
-    topic_offsets,
     unreadable,
 )
-from stateops.core.storage import S3Path, delete_keys, location
+from stateops.kinds import SINK_KINDS, Sink
 from stateops.ops.deletion import (
     audit_plan,
     deletion_plan,
@@ -60,14 +54,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REWRITE_FLAG",
-    "execute_sink_plan",
     "format_rollback_plan",
     "kafka_rewind",
-    "kafka_rewrites",
     "plan_rollback",
-    "plan_sink_rollback",
     "refuse_unconfirmed_rewrite",
     "run_rollback",
+    "set_aside",
+    "sink_rewrites",
 ]
 
 
@@ -115,7 +108,7 @@ def plan_rollback(target: Target, to_batch: int) -> dict[str, Any]:
     else:
         plan.update(
             kafka=kafka_rewind(cp, target, to_batch),
-            rewrites=kafka_rewrites(cp, target, to_batch),
+            rewrites=sink_rewrites(cp, target, to_batch),
         )
     return plan
 
@@ -169,31 +162,24 @@ def kafka_rewind(
     return rewinds
 
 
-def kafka_rewrites(cp: Checkpoint, target: Target, to_batch: int) -> dict[str, Any] | None:
-    """With a Kafka sink (at least once: Kafka keeps what a batch wrote, and its re-run writes
-    it again), how many records the batches after ``to_batch`` wrote to its topic, which the
-    reprocessing writes again: those stamped at or after the first rolled-back batch's start
-    (``batchTimestampMs`` of ``offsets/<to_batch + 1>``, taken once batch ``to_batch`` had
-    committed, so after its last record), the query being the topic's only writer. None for
-    a folder sink (its batch folders are moved aside and rewritten, nothing doubles)."""
+def sink_rewrites(cp: Checkpoint, target: Target, to_batch: int) -> dict[str, Any] | None:
+    """What reprocessing the batches after ``to_batch`` writes again that the sink's readers
+    already got (its kind's :meth:`rewrites`: a Kafka sink is at least once), from the first
+    rolled-back batch's start (``batchTimestampMs`` of ``offsets/<to_batch + 1>``, taken once
+    batch ``to_batch`` had committed, so after its last output). None: nothing (a folder
+    sink's batches are moved aside and written anew)."""
     query = target.query
-    if query is None or not query.sink.kafka or query.sink.topic is None:
+    if query is None:
         return None
-    sink, first = query.sink, to_batch + 1
-    found = {"topic": sink.topic, "first_batch": first, "since_ms": None, "records": 0}
-    if first not in cp.offsets:  # nothing after it: nothing is written again
-        return found
-    since = cp.offsets[first].timestamp_ms
+    first = to_batch + 1
+    since = cp.offsets[first].timestamp_ms if first in cp.offsets else None
     try:
-        at = topic_offsets([sink.topic], sink, since)
-        end = topic_offsets([sink.topic], sink, "latest")
+        return query.sink.kind.rewrites(query.sink, first, since)
     except KafkaDown as err:
         raise KafkaDown(
-            f"{_refused(cp, to_batch)}: cannot count the records the rolled-back batches wrote "
-            f"to topic {sink.topic}: {err}"
+            f"{_refused(cp, to_batch)}: cannot count the output the rolled-back batches wrote "
+            f"to {query.sink.where}: {err}"
         ) from None
-    found.update(since_ms=since, records=records_between(at, end))
-    return found
 
 
 REWRITE_FLAG = "--rewrite-output"
@@ -210,8 +196,8 @@ def refuse_unconfirmed_rewrite(plan: dict[str, Any], confirmed: int | None) -> N
     given = "" if confirmed is None else f"{REWRITE_FLAG} {confirmed} does not match: "
     raise StateOpsError(
         f"{plan['checkpoint']}: {given}reprocessing writes again the {n} records batches "
-        f"{rewrites['first_batch']} on wrote to Kafka topic {rewrites['topic']} (at least once: "
-        f"its readers get them twice); confirm with {REWRITE_FLAG} {n} (the backfill form: "
+        f"{rewrites['first_batch']} on wrote to {rewrites['sink']} (at least once: its "
+        f"readers get them twice); confirm with {REWRITE_FLAG} {n} (the backfill form: "
         f"rewrite_output {n}); nothing changed"
     )
 
@@ -226,9 +212,9 @@ def _kafka_lines(plan: dict[str, Any]) -> list[str]:
     if rewrites:
         n, first = rewrites["records"], rewrites["first_batch"]
         lines.append(
-            f"  sink topic {rewrites['topic']} (Kafka, at least once): reprocessing writes again "
-            f"the {n} records batches {first} on wrote (the topic's records stamped from batch "
-            f"{first}'s start on)" + (f"; confirm with {REWRITE_FLAG} {n}" if n else "")
+            f"  sink {rewrites['sink']} (at least once): reprocessing writes again the {n} "
+            f"records batches {first} on wrote (those stamped from batch {first}'s start on)"
+            + (f"; confirm with {REWRITE_FLAG} {n}" if n else "")
         )
     return lines
 
@@ -240,123 +226,6 @@ def format_rollback_plan(plan: dict[str, Any], dry_run: bool, then: str | None =
     return "\n".join(lines[:2] + _kafka_lines(plan) + lines[2:])
 
 
-def plan_sink_rollback(
-    sink: str | os.PathLike[str], to_batch: int, batch_offset: int = 0
-) -> dict[str, Any]:
-    """What makes a sink consistent with a rollback to ``to_batch``.
-
-    A per-batch sink (``batch_id=K`` folders, the registered queries' ``foreachBatch``; K is
-    the batch plus the sink's ``batch_offset``) moves the folders of later batches aside.
-    Spark's file sink drops its ``_spark_metadata`` entries after ``to_batch`` and moves the
-    data files only they name aside. Moved aside is
-    ``<sink>/_rolled_back/<run id>/``: readers skip ``_`` folders, and nothing is lost.
-    A sink in S3 is a per-batch sink (its folders are moved object by object).
-    """
-    root = location(sink)
-    if isinstance(root, S3Path):
-        names = root.top_level()
-        if "_spark_metadata" in names:
-            raise StateOpsError(
-                f"{root}: a Spark file sink (its _spark_metadata log) in S3 cannot be rolled "
-                "back by stateops yet; nothing changed: use a per-batch sink (the registry's "
-                "folder sinks) or move the sink's later files aside by hand"
-            )
-        later = [n for n in names if n.startswith("batch_id=")]
-        folders = sorted(n for n in later if int(n.split("=", 1)[1]) > to_batch + batch_offset)
-        return {"path": str(root), "folders": folders, "log_entries": [], "data_files": []}
-    folders = sorted(
-        p.name
-        for p in root.glob("batch_id=*")
-        if int(p.name.split("=", 1)[1]) > to_batch + batch_offset
-    )
-    log_dir = root / "_spark_metadata"
-    entries = {}
-    if log_dir.is_dir():
-        for p in log_dir.iterdir():
-            m = re.fullmatch(r"(\d+)(\.compact)?", p.name)
-            if m:
-                entries[int(m.group(1))] = p.name
-    later = sorted((b for b in entries if b > to_batch), reverse=True)
-    data_files: list[str] = []
-    if later:
-        compacts = [b for b in entries if b <= to_batch and entries[b].endswith(".compact")]
-        start = max(compacts) if compacts else 0
-        kept = [entries.get(b) for b in range(start, to_batch + 1)]
-        if None in kept:
-            raise StateOpsError(
-                f"{log_dir}: compacted after batch {to_batch} and the entries before it are gone; "
-                "the file sink cannot be rolled back to that batch"
-            )
-        named_later = {p for b in later for p in _sink_log_paths(log_dir / entries[b])}
-        named_kept = {p for name in kept for p in _sink_log_paths(log_dir / name)}
-        data_files = sorted(named_later - named_kept)
-    return {
-        "path": str(root),
-        "folders": folders,
-        "log_entries": [entries[b] for b in later],
-        "data_files": data_files,
-    }
-
-
-def _sink_log_paths(path: Path) -> list[str]:
-    paths = []
-    for line in path.read_text(encoding="utf-8").split("\n")[1:]:
-        if line.strip():
-            paths.append(json.loads(line)["path"])
-    return paths
-
-
-def execute_sink_plan(sink: dict[str, Any], run_id: str) -> None:
-    """Move a sink plan's folders and files to ``<sink>/_rolled_back/<run_id>/``."""
-    root = location(sink["path"])
-    aside = root / "_rolled_back" / run_id
-    if isinstance(root, S3Path):
-        for name in sink["folders"]:
-            faults.point("move")
-            fence.guard()
-            _move_s3(root, name, aside)
-        return
-    for name in sink["folders"]:
-        faults.point("move")
-        fence.guard()
-        aside.mkdir(parents=True, exist_ok=True)
-        if (root / name).exists():
-            (root / name).rename(aside / name)
-    for name in sink["log_entries"]:  # newest first, like the checkpoint's logs
-        faults.point("delete")
-        fence.guard()
-        (root / "_spark_metadata" / name).unlink(missing_ok=True)
-    for uri in sink["data_files"]:
-        faults.point("move")
-        fence.guard()
-        src = Path(uri.removeprefix("file:"))
-        if src.exists():
-            dest = aside / src.relative_to(root)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            src.rename(dest)
-
-
-def _move_s3(root: S3Path, folder: str, aside: S3Path) -> None:
-    """``root/folder`` to ``aside/folder`` in S3, which has no rename: each object copied
-    server-side (boto3's managed copy, as a backup's: in parts above its threshold, so an
-    object over CopyObject's 5 GB too), then the originals deleted, S3A's directory markers
-    with them (a kill in between leaves both, never neither; the next run copies again what
-    is left)."""
-    source = root / folder
-    keys = sorted(source._list(source.key + "/", delimiter=False, markers=True)[0])
-    for key in keys:
-        if not key.endswith("/"):
-            dest = aside / folder / key[len(source.key) + 1 :]
-            root._client.call(
-                f"copy s3://{root.bucket}/{key} to {dest}",
-                "copy",
-                Bucket=dest.bucket,
-                Key=dest.key,
-                CopySource={"Bucket": root.bucket, "Key": key},
-            )
-    delete_keys(root, keys)
-
-
 def run_rollback(
     target: Target,
     to_batch: int,
@@ -365,8 +234,7 @@ def run_rollback(
     backup: BackupFirst | None = None,
     dry_run: bool = False,
     log: Callable[[str], None] = print,
-    sink: str | os.PathLike[str] | None = None,
-    sink_batch_offset: int = 0,
+    sink: Sink | None = None,
     planned: str | None = None,
     operation: str = "rollback",
     rewrite_output: int | None = None,
@@ -375,19 +243,19 @@ def run_rollback(
     returns its id; the plan shows where it goes), marker, checkpoint deletions, sink, audit,
     marker removed; then a registered query's ``shuffle_partitions`` follows the checkpoint
     (back to before a repartition). A rerun after a kill resumes.
-    ``sink``: the folder made consistent (default: the registered query's sink, with its
-    ``batch_offset``). The plan it returns names the ``run_id`` (the sink's
+    ``sink``: the sink made consistent (default: the registered query's; its kind's
+    :meth:`undo_plan`). The plan it returns names the ``run_id`` (the sink's
     ``_rolled_back/<run_id>/``) and the ``backup_id``. ``planned``: the :func:`plan_digest` of
     the plan the operator saw (a backfill's); the rollback refuses, changing nothing, if the
     plan made under the lock differs from it. ``rewrite_output``: the count of records a Kafka
     sink gets again that the operator confirmed (:func:`refuse_unconfirmed_rewrite`)."""
     if sink is None and target.query is not None:
-        sink, sink_batch_offset = target.query.sink.path, target.query.sink.batch_offset
+        sink = target.query.sink
     lock = target.lock(operation, run_id)
 
     def plan_all() -> dict[str, Any]:
         plan = plan_rollback(target, to_batch)
-        plan["sink"] = plan_sink_rollback(sink, to_batch, sink_batch_offset) if sink else None
+        plan["sink"] = sink.kind.undo_plan(sink, to_batch) if sink else None
         plan["backup_to"] = backup.to if backup else None
         return plan
 
@@ -417,7 +285,7 @@ def run_rollback(
             write_rollback(target.checkpoint, marker)
         execute_plan(plan, log)
         if plan["sink"]:
-            execute_sink_plan(plan["sink"], run_id)
+            set_aside(plan["sink"], run_id)
         seconds = round(time.time() - started, 1)
         audit_plan(plan, run_id, "succeeded", backup_id=backup_id, seconds=seconds)
         clear_repartition(target.checkpoint)  # a rollback to before an interrupted one finishes it
@@ -433,3 +301,9 @@ def run_rollback(
         + f"; {seconds} s"
     )
     return plan
+
+
+def set_aside(undo: dict[str, Any], run_id: str) -> None:
+    """Carry out a sink's undo plan (its kind's :meth:`undo_plan`): its output after the
+    rollback point set aside under ``run_id``."""
+    SINK_KINDS[undo["format"]].set_aside(undo, run_id)
