@@ -78,6 +78,7 @@ RULES = {
     "retention_close": "WARN",  # health.retention_margin
     "planned": "WARN",  # a batch planned and not committed: the next run finishes it
     "run_retried": "WARN",  # runs failed, fewer than health.failed_runs in a row
+    "malformed": "WARN",  # the last run skipped values that did not parse (malformed: count)
     "backfill": "WARN",  # an unfinished backfill
     "no_commit_yet": "WARN",
     "input_waiting": "WARN",  # health.input_waiting: input not read, nothing committed
@@ -318,9 +319,17 @@ def health(
 
 def _run_findings(run: dict[str, Any] | None, limit: int) -> list[tuple[str, str]]:
     """The last run failed: ``limit`` (health.failed_runs) runs in a row or more, a FAIL;
-    fewer, a WARN that pages no one."""
+    fewer, a WARN that pages no one. It skipped values that did not parse: a WARN."""
+    skipped = []
+    if run and run.get("malformed_records"):
+        n = run["malformed_records"]
+        said = (
+            f"the last run skipped {n} records whose values did not parse as their source's "
+            "schema (malformed: count); fix the producer, or read them raw"
+        )
+        skipped.append(("malformed", said))
     if not run or run["status"] != "failed":
-        return []
+        return skipped
     said, n = run.get("error") or "see its log", run["failed_in_a_row"]
     if limit == 1:
         return [("run_failed", f"the last run failed: {said}")]
@@ -467,6 +476,7 @@ def _last_run(registry: Registry, name: str, limit: int) -> dict[str, Any] | Non
         "uncommitted_batches",
         "checkpoint",
         "error",
+        "malformed_records",
     )
     failed = 0
     if run.get("status") == "failed":  # the latest is written last: the index lists it

@@ -58,7 +58,8 @@ def test_a_connection_where_it_does_not_belong_or_misspelled_is_refused(tmp_path
     raw = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"][file_query.name]
     bad = {file_query.name: {"source": {**raw["source"], "connection": "kafka_eu"}}}
     registry = load_registry(_registry(tmp_path, **bad))
-    assert "connection are for kafka sources" in registry.invalid[file_query.name]
+    said = registry.invalid[file_query.name]
+    assert "source: connection is for kafka sources, not for a json one" in said
     with pytest.raises(RegistryError, match=r"connections\.checkpoint: String should match"):
         load_registry(_registry(tmp_path, {"checkpoint": "aws default"}))
 

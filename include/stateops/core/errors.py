@@ -151,6 +151,14 @@ STATE_OF_OTHER_CODE = (
     "says how to carry the state over"
 )
 
+# Spark's refusal of a value that does not parse (a Kafka source's JSON values, by default).
+MALFORMED = (
+    "a record's value did not parse as its source's schema (Spark's "
+    "MALFORMED_RECORD_IN_PARSING), and the run stopped before committing its batch: fix the "
+    "producer, or give the source malformed: count (such records are then skipped and "
+    "counted) or encoding: raw (the record as it is)"
+)
+
 
 def query_error_line(error: object) -> str:
     """A failed query's error in one line: Spark's first line, and where the failure was in
@@ -161,6 +169,8 @@ def query_error_line(error: object) -> str:
     s3 = spark_s3_error(str(error))
     if s3 is not None:
         return str(s3)
+    if "[MALFORMED_RECORD_IN_PARSING" in str(error):
+        return MALFORMED
     other_code = _STATE_OF_OTHER_CODE.search(str(error))
     if other_code is not None:
         said = str(error)[other_code.start() :].split("\n\n", 1)[0].split("\n=== ", 1)[0]

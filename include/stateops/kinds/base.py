@@ -137,10 +137,11 @@ def _refuse_foreign(model: Source | Sink, kinds: dict[str, Any], what: str) -> N
     for kind in dict.fromkeys(kinds.values()):
         foreign = [f for f in kind.fields if getattr(model, f) and f not in own]
         if foreign:
-            names = [f for f in kind.fields if f not in own]
-            listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
-            verb = "are" if len(names) > 1 else "is"
-            raise ValueError(f"{listed} {verb} for {kind.name} {what}")
+            listed = ", ".join(foreign[:-1]) + f" and {foreign[-1]}" if foreign[1:] else foreign[0]
+            verb = "are" if foreign[1:] else "is"
+            raise ValueError(
+                f"{listed} {verb} for {kind.name} {what}, not for a {model.format} one"
+            )
 
 
 class Source(Model):
@@ -159,7 +160,15 @@ class Source(Model):
     connection: str | None = Field(None, pattern=CONN_ID)
     """A Kafka source's Airflow connection (type kafka: brokers, TLS, SASL); None: the
     registry's ``connections.kafka``."""
-    encoding: Literal["json"] = "json"
+    encoding: Literal["json", "raw"] = "json"
+    """A Kafka source's record values: ``json`` (decoded into the columns of ``schema``), or
+    ``raw``: the record as Spark's Kafka source gives it, ``schema`` choosing its columns
+    (``key``, ``value``, ``topic``, ``partition``, ``offset``, ``timestamp``,
+    ``timestampType``, ``headers``) and their types (``value STRING`` for text, ``value
+    BINARY`` for bytes)."""
+    malformed: Literal["fail", "count"] | None = None
+    """A Kafka source's JSON value that does not parse: ``fail`` the run (the default), or
+    ``count`` it, skip it and go on (the run's summary and ``stateops status`` say how many)."""
     schema_: DDLSchema = Field(alias="schema")
     options: dict[str, str | int | bool] = {}
 

@@ -37,6 +37,11 @@ class Files:
     def check(self, source: Source) -> None:
         if not source.path:
             raise ValueError(f"a {source.format} source reads a folder: give its path")
+        if source.encoding != "json":  # Spark's file readers decode the files by format
+            raise ValueError(
+                f"encoding {source.encoding} is for kafka sources: a {source.format} source's "
+                f"files are read as {source.format}"
+            )
 
     def where(self, source: Source) -> str:
         return source.path

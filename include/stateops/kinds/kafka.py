@@ -21,6 +21,7 @@ from stateops.core.kafka import (
     spark_options,
     topic_partitions,
 )
+from stateops.core.model import schema_fields
 from stateops.kinds.base import Sink, Source, register_sink, register_source
 
 if TYPE_CHECKING:
@@ -30,14 +31,44 @@ __all__ = ["KAFKA", "KAFKA_SINK", "records_between", "topic_offsets"]
 
 CONNECTOR = "spark-sql-kafka"
 _SECURITY = ("kafka.sasl.", "kafka.security.", "kafka.ssl.")
+# The columns of a record as Spark's Kafka source gives it (``encoding: raw``).
+RECORD_COLUMNS = (
+    "key",
+    "value",
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "timestampType",
+    "headers",
+)
+# The run's progress counts the values of a ``malformed: count`` source that did not parse,
+# under this name (Spark's observed metrics: stateops.spark.streaming.progress_summary).
+MALFORMED_METRIC = "stateops_malformed"
+_MALFORMED_COLUMN = "_stateops_malformed"
 
 
 class Kafka:
     name = "kafka"
-    fields = ("topic", "topics", "bootstrap_servers", "connection")
+    fields = ("topic", "topics", "bootstrap_servers", "connection", "malformed")
     connector = CONNECTOR
 
     def check(self, source: Source) -> None:
+        self._check_place(source)
+        columns = [name for name, _ in schema_fields(source.schema_)]
+        if source.encoding == "raw":
+            if source.malformed:
+                raise ValueError("malformed is for json values: a raw record is never parsed")
+            unknown = [c for c in columns if c not in RECORD_COLUMNS]
+            if unknown:
+                raise ValueError(
+                    f"schema {', '.join(unknown)}: a raw record's columns are "
+                    f"{', '.join(RECORD_COLUMNS)} (encoding: json decodes the value instead)"
+                )
+        elif _MALFORMED_COLUMN in columns:
+            raise ValueError(f"schema {_MALFORMED_COLUMN}: the name is stateops' own")
+
+    def _check_place(self, source: Source) -> None:
         if source.path:
             raise ValueError("a kafka source reads topics: give topic or topics, not path")
         if bool(source.topic) == bool(source.topics):
@@ -64,15 +95,32 @@ class Kafka:
     def stream(self, spark: SparkSession, source: Source) -> DataFrame:
         from pyspark.sql import functions as F
 
-        records = (
+        columns = [name for name, _ in schema_fields(source.schema_)]
+        reader = (
             spark.readStream.format("kafka")
             .options(**spark_options(kafka_settings(source.bootstrap_servers, source.connection)))
             .option("subscribe", ",".join(source.subscribed))
-            .options(**source.reader_options)
-            .load()
         )
-        value = F.from_json(F.col("value").cast("string"), source.schema_)
-        return records.select(value.alias("value")).select("value.*")
+        if source.encoding == "raw" and "headers" in columns:
+            reader = reader.option("includeHeaders", "true")
+        records = reader.options(**source.reader_options).load()
+        if source.encoding == "raw":  # the record's columns, cast to the schema's types
+            record = F.struct(*columns).cast(f"STRUCT<{source.schema_}>")
+            return records.select(record.alias("r")).select("r.*")
+        text = F.col("value").cast("string")
+        if source.malformed != "count":  # a value that does not parse fails the batch
+            value = F.from_json(text, source.schema_, {"mode": "FAILFAST"})
+            return records.select(value.alias("v")).select("v.*")
+        value = F.from_json(
+            text,
+            f"{source.schema_}, {_MALFORMED_COLUMN} STRING",
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _MALFORMED_COLUMN},
+        )
+        bad = F.col(f"v.{_MALFORMED_COLUMN}")
+        parsed = records.select(value.alias("v")).observe(
+            MALFORMED_METRIC, F.count(bad).alias("records")
+        )
+        return parsed.where(bad.isNull()).select("v.*").drop(_MALFORMED_COLUMN)
 
 
 class KafkaSink:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stateops.core.errors import RegistryError
 from stateops.core.registry import Query, Registry, Source
 from stateops.core.storage import S3Path, spark_url
+from stateops.kinds.kafka import MALFORMED_METRIC
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -458,8 +459,13 @@ def progress_summary(progress: list[Any]) -> dict[str, Any]:
         for e in events
         if e.get("numInputRows") and "triggerExecution" in e.get("durationMs", {})
     ]
+    observed = [e.get("observedMetrics") or {} for e in events]
     return {
         "input_rows": sum(int(e.get("numInputRows", 0)) for e in events),
+        # the JSON values of malformed: count sources that did not parse, skipped
+        "malformed_records": sum(
+            int((o.get(MALFORMED_METRIC) or {}).get("records", 0)) for o in observed
+        ),
         # the mean time of the batches that read input (idle triggers take next to none)
         "batch_seconds": round(sum(read) / len(read) / 1000, 2) if read else None,
         "state_operators": [

@@ -1,0 +1,111 @@
+"""A topic's values as they are: Spark's own structured_kafka_wordcount as a registered query
+on text values (``encoding: raw``), and JSON values that do not parse, never silently null:
+counted and skipped (``malformed: count``, which the run's summary and the status report), or
+the run fails on them (the default)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateops.core.registry import load_registry
+from tests.conftest import run_cli, write_registry
+from tests.spark.harness import USER_CODE, job_in_session, read_sink, run_in_session
+from tests.spark.test_kafka_queries import T0, kafka_source, visits
+
+pytestmark = pytest.mark.spark
+
+LINES = [
+    "the quick brown fox",
+    "jumps over the lazy dog",
+    "the dog sleeps",
+    "a fox a dog a cat",
+]
+
+
+def _with_query(root: Path, name: str, entry: dict) -> Path:
+    path = write_registry(root)
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"][name] = {
+        "shuffle_partitions": 2,
+        "sink": {"format": "parquet", "path": f"output/{name}"},
+        "checkpoint": f"checkpoints/{name}",
+        **entry,
+    }
+    raw["code_paths"] = [str(USER_CODE)]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_sparks_kafka_wordcount_counts_every_word_of_a_text_topic(spark, kafka, tmp_path):
+    topic = kafka.create_topic("wordcount-lines", partitions=2)
+    kafka.produce(topic, [(None, line, T0 + i) for i, line in enumerate(LINES)])
+    registry = _with_query(
+        tmp_path,
+        "word_counts",
+        {
+            "sources": {
+                "lines": {
+                    "format": "kafka",
+                    "topic": topic,
+                    "encoding": "raw",
+                    "schema": "value STRING",
+                    "options": {"startingOffsets": "earliest", "maxOffsetsPerTrigger": 2},
+                }
+            },
+            "transform": {"function": "wordcount:build", "output_mode": "update"},
+            "key_columns": ["word"],
+        },
+    )
+    summary = run_in_session(spark, registry, "word_counts", "--mode", "available-now")
+    assert summary["input_rows"] == len(LINES) and summary["malformed_records"] == 0
+    counts: dict[str, int] = {}
+    for batch in sorted(output := read_sink(tmp_path / "output" / "word_counts")):
+        counts.update(dict(output[batch]))  # update mode: a word's newest count wins
+    assert len(output) == summary["batches_run"] > 1, "read in several batches"
+    assert counts == Counter(word for line in LINES for word in line.split(" "))
+
+
+def _json_topic(kafka, name: str) -> tuple[str, int]:
+    """A topic of :func:`visits` with text that is not JSON between them: (topic, bad count)."""
+    topic = kafka.create_topic(name, partitions=1)
+    records = visits(12)
+    bad = [("u9", "not json", T0 + 500), ("u9", "{truncated", T0 + 600), ("u9", "[1,", T0 + 700)]
+    kafka.produce(topic, records[:6] + bad + records[6:])
+    return topic, len(bad)
+
+
+def test_json_values_that_do_not_parse_are_counted_skipped_and_reported(spark, kafka, tmp_path):
+    topic, bad = _json_topic(kafka, "visits-malformed-count")
+    source = {**kafka_source(topic), "malformed": "count"}
+    registry = write_registry(tmp_path, with_kafka=True, kafka_visits={"source": source})
+    summary = run_in_session(spark, registry, "kafka_visits", "--mode", "available-now")
+    assert summary["status"] == "succeeded"
+    assert (summary["input_rows"], summary["malformed_records"]) == (12 + bad, bad)
+    rows = [r for batch in read_sink(tmp_path / "output" / "kafka_visits").values() for r in batch]
+    assert {r[0] for r in rows} == {f"u{u}" for u in range(5)}, "no row of a null user"
+    [status] = json.loads(
+        run_cli("--registry", str(registry), "status", "kafka_visits", "--json").stdout
+    )
+    said = [f for f in status["health"]["findings"] if f["rule"] == "malformed"]
+    assert said and said[0]["level"] == "WARN" and f"skipped {bad} records" in said[0]["reason"]
+
+
+def test_by_default_a_json_value_that_does_not_parse_fails_the_run(spark, kafka, tmp_path):
+    topic, _ = _json_topic(kafka, "visits-malformed-fail")
+    registry = write_registry(
+        tmp_path, with_kafka=True, kafka_visits={"source": kafka_source(topic)}
+    )
+    query = load_registry(registry).query("kafka_visits")
+    assert query.source.malformed is None  # the default: fail
+    code, out = job_in_session(
+        spark, "run_query.py", "--registry", str(registry), "--query", "kafka_visits"
+    )
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code != 0 and summary["status"] == "failed"
+    assert summary["error"].startswith("a record's value did not parse as its source's schema")
+    assert summary["last_committed_batch"] is None and summary["malformed_records"] == 0

@@ -1,0 +1,60 @@
+"""The source and sink kinds as the registry spells them (stateops.kinds): each kind refuses
+what it cannot read or write as written, in one line, and the fields of another kind are
+refused naming whose they are."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from stateops.kinds import SINK_FORMATS, SOURCE_FORMATS, Sink, Source
+
+pytestmark = pytest.mark.unit
+
+KAFKA = {"format": "kafka", "topic": "t", "schema": "value STRING"}
+FILES = {"format": "json", "path": "/in", "schema": "a STRING"}
+
+
+def test_each_spelling_names_its_kind():
+    assert SOURCE_FORMATS == ("json", "parquet", "csv", "kafka")
+    assert SINK_FORMATS == ("parquet", "json", "kafka")
+    assert {
+        Source.model_validate({**FILES, "format": f}).kind.name for f in SOURCE_FORMATS[:3]
+    } == {"files"}
+    assert Source.model_validate(KAFKA).kind.name == "kafka"
+    assert Sink.model_validate({"path": "/out"}).kind.name == "folder"
+    with pytest.raises(ValidationError, match="'avro' is not a format; one of 'json', "):
+        Source.model_validate({**FILES, "format": "avro"})
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ({**KAFKA, "encoding": "raw", "schema": "value STRING, size INT"}, "schema size: a raw"),
+        ({**KAFKA, "encoding": "raw", "malformed": "count"}, "malformed is for json values"),
+        ({**KAFKA, "schema": "_stateops_malformed STRING"}, "the name is stateops' own"),
+        ({**FILES, "encoding": "raw"}, "encoding raw is for kafka sources"),
+        ({**FILES, "malformed": "count"}, "error, malformed is for kafka sources, not"),
+        ({**FILES, "topic": "t", "connection": "k"}, "topic and connection are for kafka sources"),
+        ({**KAFKA, "malformed": "skip"}, "malformed"),
+    ],
+    ids=["raw-column", "raw-malformed", "own-column", "files-raw", "files-malformed",
+         "files-topic", "malformed-spelling"],
+)  # fmt: skip
+def test_a_source_refuses_what_its_kind_does_not_read(spec, says):
+    with pytest.raises(ValidationError, match=says):
+        Source.model_validate(spec)
+
+
+def test_a_raw_record_takes_any_of_sparks_record_columns():
+    spec = {**KAFKA, "encoding": "raw"}
+    columns = "key BINARY, value STRING, topic STRING, partition INT, offset BIGINT, timestamp "
+    columns += "TIMESTAMP, timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+    assert Source.model_validate({**spec, "schema": columns}).encoding == "raw"
+
+
+def test_a_sink_refuses_the_fields_of_another_kind():
+    with pytest.raises(ValidationError, match="topic and key are for kafka sinks, not for a"):
+        Sink.model_validate({"path": "/out", "topic": "t", "key": "k"})
+    with pytest.raises(ValidationError, match="a kafka sink writes a topic"):
+        Sink.model_validate({"format": "kafka", "path": "/out", "topic": "t"})
