@@ -419,8 +419,9 @@ def _commit_time(checkpoint: str, batch: int) -> float:
 
 
 def _ends(topic: str) -> dict[int, int]:
-    """The topic's end offset per partition."""
-    return topic_offsets([topic], None, "latest")[topic]
+    """The topic's end offset per partition (on the environment's brokers)."""
+    brokers = SimpleNamespace(bootstrap_servers=None, connection=None)
+    return topic_offsets([topic], brokers, "latest")[topic]
 
 
 def _events(topics: tuple[str, ...]) -> list[dict]:

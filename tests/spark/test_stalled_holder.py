@@ -274,7 +274,9 @@ def test_a_switch_resumed_after_its_roll_back_on_another_host_retires_nothing(
     new = plan["new"]["checkpoint"]
 
     command = [str(Path(sys.executable)), "-c", _MIGRATE, str(a), json.dumps(plan)]
-    with paused_process(command, at=at, trace=tmp_path / "trace") as stalled:
+    # Before its switch host A runs the migration's Spark steps (export, bootstrap,
+    # validation): about 40 s alone, over 2 minutes on 2 cores beside the whole proof.
+    with paused_process(command, at=at, trace=tmp_path / "trace", timeout=600) as stalled:
         points = (tmp_path / "trace").read_text().split()[::3]
         assert points[-1] == at.split(":")[0] and "renamed" in points, points  # transplanted
         assert load_registry(b).query(NAME).checkpoint == (new if switched else old)
