@@ -121,5 +121,7 @@ def _kafka_connections(registry: Registry) -> set[str]:
     found = {registry.connections.kafka}
     for query in registry.queries.values():
         places = [query.sink, *([query.source] if query.source else query.sources.values())]
-        found |= {p.connection for p in places if p.kafka and p.connection}
+        found |= {
+            p.connection for p in places if p.kind.connection_type == "kafka" and p.connection
+        }
     return found

@@ -58,3 +58,10 @@ def test_a_sink_refuses_the_fields_of_another_kind():
         Sink.model_validate({"path": "/out", "topic": "t", "key": "k"})
     with pytest.raises(ValidationError, match="a kafka sink writes a topic"):
         Sink.model_validate({"format": "kafka", "path": "/out", "topic": "t"})
+
+
+def test_a_migrated_kafka_sink_numbers_its_batches_on_as_a_folder_does():
+    """A migration's switch gives any sink the old checkpoint's numbering (batch_offset):
+    it is no kind's own field."""
+    sink = Sink.model_validate({"format": "kafka", "topic": "out", "batch_offset": 8})
+    assert sink.folder_batch(0) == 8

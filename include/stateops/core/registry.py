@@ -476,10 +476,7 @@ class Query(Model):
     def inputs_brief(self) -> dict[str, dict[str, Any]]:
         """Each source by name: its format and folder or topics (what status and ``queries
         --json`` show)."""
-        return {
-            n: {"format": s.format, **({"topics": s.subscribed} if s.kafka else {"path": s.path})}
-            for n, s in self.inputs.items()
-        }
+        return {n: {"format": s.format, **s.kind.brief(s)} for n, s in self.inputs.items()}
 
     @model_validator(mode="after")
     def _one_shape(self) -> Query:
@@ -1351,13 +1348,13 @@ def _resolve_paths(query: Query, data_dir: Path) -> Query:
 
 
 def _connected(query: Query, kafka: str) -> Query:
-    """``query`` with each Kafka source and its Kafka sink given an Airflow connection: its
-    own, else ``kafka`` (the registry's ``connections.kafka``)."""
+    """``query`` with each source and sink whose kind reads through a Kafka connection given
+    one: its own, else ``kafka`` (the registry's ``connections.kafka``)."""
 
-    def given(kind: Any) -> Any:
-        if kind is None or not kind.kafka or kind.connection:
-            return kind
-        return kind.model_copy(update={"connection": kafka})
+    def given(place: Any) -> Any:
+        if place is None or place.kind.connection_type != "kafka" or place.connection:
+            return place
+        return place.model_copy(update={"connection": kafka})
 
     return query.model_copy(
         update={

@@ -34,12 +34,17 @@ class SourceKind(Protocol):
     """Its own fields of :class:`Source` (beside ``format``, ``schema`` and ``options``)."""
     connector: str | None
     """The jar Spark needs to read it, by a part of its name (None: Spark's own)."""
+    connection_type: str | None
+    """The type of Airflow connection it reads through (its ``connection``; None: none)."""
 
     def check(self, source: Source) -> None:
         """Refuse what this kind cannot read as written: ValueError, one line."""
 
     def where(self, source: Source) -> str:
         """Where it reads, as a person reads it."""
+
+    def brief(self, source: Source) -> dict[str, Any]:
+        """Where it reads, as ``stateops queries --json`` and the status show it."""
 
     def places(self, source: Source) -> list[str]:
         """The storage locations it reads (for Spark to be set to reach them)."""
@@ -55,6 +60,7 @@ class SinkKind(Protocol):
     fields: tuple[str, ...]
     """Its own fields of :class:`Sink` (beside ``format`` and ``batch_offset``)."""
     connector: str | None
+    connection_type: str | None
 
     def check(self, sink: Sink) -> None: ...
 

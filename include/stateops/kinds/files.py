@@ -33,6 +33,7 @@ class Files:
     name = "files"
     fields = ("path",)
     connector = None
+    connection_type = None
 
     def check(self, source: Source) -> None:
         if not source.path:
@@ -46,6 +47,9 @@ class Files:
     def where(self, source: Source) -> str:
         return source.path
 
+    def brief(self, source: Source) -> dict[str, Any]:
+        return {"path": source.path}
+
     def places(self, source: Source) -> list[str]:
         return [source.path]
 
@@ -56,8 +60,9 @@ class Files:
 
 class Folder:
     name = "folder"
-    fields = ("path", "batch_offset")
+    fields = ("path",)
     connector = None
+    connection_type = None
 
     def check(self, sink: Sink) -> None:
         if not sink.path:

@@ -52,6 +52,7 @@ class Kafka:
     name = "kafka"
     fields = ("topic", "topics", "bootstrap_servers", "connection", "malformed")
     connector = CONNECTOR
+    connection_type = "kafka"
 
     def check(self, source: Source) -> None:
         self._check_place(source)
@@ -88,6 +89,9 @@ class Kafka:
 
     def where(self, source: Source) -> str:
         return f"topic {','.join(source.subscribed)}"
+
+    def brief(self, source: Source) -> dict[str, Any]:
+        return {"topics": source.subscribed}
 
     def places(self, source: Source) -> list[str]:
         return []
@@ -127,6 +131,7 @@ class KafkaSink:
     name = "kafka"
     fields = ("topic", "key", "bootstrap_servers", "connection")
     connector = CONNECTOR
+    connection_type = "kafka"
 
     def check(self, sink: Sink) -> None:
         if sink.path or not sink.topic:
