@@ -598,8 +598,8 @@ class KafkaBroker:
 
     def produce(self, topic: str, records: list[tuple[str | None, object, int]]) -> None:
         """``(key, value, timestamp_ms)`` records, the value as JSON (a ``str`` or ``bytes``
-        value as it is); a record's partition is its key's (Kafka's default partitioner), all
-        flushed before this returns."""
+        value as it is, None a record without a value: a tombstone); a record's partition is
+        its key's (Kafka's default partitioner), all flushed before this returns."""
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self.bootstrap_servers, "linger.ms": 0})
@@ -608,7 +608,9 @@ class KafkaBroker:
             producer.produce(
                 topic,
                 key=key,
-                value=value if isinstance(value, str | bytes) else json.dumps(value),
+                value=value
+                if value is None or isinstance(value, str | bytes)
+                else json.dumps(value),
                 timestamp=timestamp,
                 on_delivery=lambda err, _msg: err and failed.append(err),
             )

@@ -332,15 +332,12 @@ def _run_findings(run: dict[str, Any] | None, limit: int) -> list[tuple[str, str
         return skipped
     said, n = run.get("error") or "see its log", run["failed_in_a_row"]
     if limit == 1:
-        return [("run_failed", f"the last run failed: {said}")]
+        return [*skipped, ("run_failed", f"the last run failed: {said}")]
     if n >= limit:
-        return [("run_failed", f"the last {n} runs failed (health.failed_runs: {limit}): {said}")]
-    return [
-        (
-            "run_retried",
-            f"the last run failed, {n} in a row (health.failed_runs: {limit} page): {said}",
-        )
-    ]
+        failed = f"the last {n} runs failed (health.failed_runs: {limit}): {said}"
+        return [*skipped, ("run_failed", failed)]
+    retried = f"the last run failed, {n} in a row (health.failed_runs: {limit} page): {said}"
+    return [*skipped, ("run_retried", retried)]
 
 
 def _switch_findings(query: Any, status: dict[str, Any]) -> list[tuple[str, str]]:

@@ -71,10 +71,17 @@ def test_sparks_kafka_wordcount_counts_every_word_of_a_text_topic(spark, kafka, 
 
 
 def _json_topic(kafka, name: str) -> tuple[str, int]:
-    """A topic of :func:`visits` with text that is not JSON between them: (topic, bad count)."""
+    """A topic of :func:`visits` with values between them that are not JSON objects (text, an
+    empty value, a tombstone, JSON's null): (topic, their count)."""
     topic = kafka.create_topic(name, partitions=1)
     records = visits(12)
-    bad = [("u9", "not json", T0 + 500), ("u9", "{truncated", T0 + 600), ("u9", "[1,", T0 + 700)]
+    bad = [
+        ("u9", "not json", T0 + 500),
+        ("u9", "{truncated", T0 + 600),
+        ("u9", "", T0 + 700),
+        ("u9", None, T0 + 800),  # a tombstone
+        ("u9", "null", T0 + 900),
+    ]
     kafka.produce(topic, records[:6] + bad + records[6:])
     return topic, len(bad)
 
@@ -107,5 +114,26 @@ def test_by_default_a_json_value_that_does_not_parse_fails_the_run(spark, kafka,
     )
     summary = json.loads(out.strip().splitlines()[-1])
     assert code != 0 and summary["status"] == "failed"
-    assert summary["error"].startswith("a record's value did not parse as its source's schema")
+    assert summary["error"].startswith("a record did not parse as its source's schema")
     assert summary["last_committed_batch"] is None and summary["malformed_records"] == 0
+
+
+def test_two_counting_sources_of_one_query_are_each_counted(spark, kafka, tmp_path):
+    """Spark refuses one observed metric name on two DataFrames: each source has its own."""
+    (a, bad_a), (b, bad_b) = (_json_topic(kafka, f"visits-malformed-{n}") for n in "ab")
+    source = {"malformed": "count", "schema": "user_id STRING, page STRING"}
+    registry = _with_query(
+        tmp_path,
+        "union_counts",
+        {
+            "sources": {n: {**kafka_source(topic), **source} for n, topic in (("a", a), ("b", b))},
+            "transform": {"function": "union_counts:build", "output_mode": "update"},
+            "key_columns": ["user_id"],
+        },
+    )
+    summary = run_in_session(spark, registry, "union_counts", "--mode", "available-now")
+    assert summary["malformed_records"] == bad_a + bad_b
+    counts: dict[str, int] = {}
+    for batch in sorted(output := read_sink(tmp_path / "output" / "union_counts")):
+        counts.update(dict(output[batch]))
+    assert counts == {f"u{u}": 2 * 12 // 5 + (2 if u < 12 % 5 else 0) for u in range(5)}

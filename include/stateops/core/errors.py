@@ -153,10 +153,10 @@ STATE_OF_OTHER_CODE = (
 
 # Spark's refusal of a value that does not parse (a Kafka source's JSON values, by default).
 MALFORMED = (
-    "a record's value did not parse as its source's schema (Spark's "
-    "MALFORMED_RECORD_IN_PARSING), and the run stopped before committing its batch: fix the "
-    "producer, or give the source malformed: count (such records are then skipped and "
-    "counted) or encoding: raw (the record as it is)"
+    "a record did not parse as its source's schema (Spark's MALFORMED_RECORD_IN_PARSING: for "
+    "a Kafka source, a value that is not JSON of the schema, empty or null), and the run "
+    "stopped before committing its batch: fix the producer; a Kafka source can instead skip "
+    "and count such records (malformed: count) or read them as they are (encoding: raw)"
 )
 
 

@@ -10,6 +10,7 @@ the JSON value): at least once, a batch that runs again writes its records again
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from stateops.core.kafka import (
@@ -43,7 +44,8 @@ RECORD_COLUMNS = (
     "headers",
 )
 # The run's progress counts the values of a ``malformed: count`` source that did not parse,
-# under this name (Spark's observed metrics: stateops.spark.streaming.progress_summary).
+# under names that start so, one per source (Spark's observed metrics:
+# stateops.spark.streaming.progress_summary).
 MALFORMED_METRIC = "stateops_malformed"
 _MALFORMED_COLUMN = "_stateops_malformed"
 
@@ -97,7 +99,6 @@ class Kafka:
         return []
 
     def stream(self, spark: SparkSession, source: Source) -> DataFrame:
-        from pyspark.sql import functions as F
 
         columns = [name for name, _ in schema_fields(source.schema_)]
         reader = (
@@ -107,24 +108,7 @@ class Kafka:
         )
         if source.encoding == "raw" and "headers" in columns:
             reader = reader.option("includeHeaders", "true")
-        records = reader.options(**source.reader_options).load()
-        if source.encoding == "raw":  # the record's columns, cast to the schema's types
-            record = F.struct(*columns).cast(f"STRUCT<{source.schema_}>")
-            return records.select(record.alias("r")).select("r.*")
-        text = F.col("value").cast("string")
-        if source.malformed != "count":  # a value that does not parse fails the batch
-            value = F.from_json(text, source.schema_, {"mode": "FAILFAST"})
-            return records.select(value.alias("v")).select("v.*")
-        value = F.from_json(
-            text,
-            f"{source.schema_}, {_MALFORMED_COLUMN} STRING",
-            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _MALFORMED_COLUMN},
-        )
-        bad = F.col(f"v.{_MALFORMED_COLUMN}")
-        parsed = records.select(value.alias("v")).observe(
-            MALFORMED_METRIC, F.count(bad).alias("records")
-        )
-        return parsed.where(bad.isNull()).select("v.*").drop(_MALFORMED_COLUMN)
+        return decode(reader.options(**source.reader_options).load(), source, streaming=True)
 
 
 class KafkaSink:
@@ -222,6 +206,38 @@ class KafkaSink:
         ]
         output = {"records_written": written, "records_written_before": was}
         return lines, output, output
+
+
+def decode(records: DataFrame, source: Source, *, streaming: bool = False) -> DataFrame:
+    """Kafka records (Spark's Kafka source's columns) as the source's columns: ``raw``, the
+    record's columns cast to the schema's types; ``json``, the value decoded into the schema.
+    A value that does not parse, is empty or is null (a tombstone) is malformed: it fails the
+    batch, or with ``malformed: count`` it is skipped, and a stream counts it in its progress
+    (a metric per source: Spark refuses one name for two). The carry-over proof decodes a
+    batch's records here too, as the query read them."""
+    from pyspark.sql import functions as F
+
+    if source.encoding == "raw":
+        record = F.struct(*[name for name, _ in schema_fields(source.schema_)])
+        return records.select(record.cast(f"STRUCT<{source.schema_}>").alias("r")).select("r.*")
+    text = F.col("value").cast("string")
+    topics = ",".join(source.subscribed)
+    if source.malformed != "count":  # a value that does not parse fails the batch
+        parsed = F.from_json(text, source.schema_, {"mode": "FAILFAST"})
+        said = f"[MALFORMED_RECORD_IN_PARSING] an empty or null value of topic {topics}"
+        value = F.when(parsed.isNull(), F.raise_error(F.lit(said))).otherwise(parsed)
+        return records.select(value.alias("v")).select("v.*")
+    value = F.from_json(
+        text,
+        f"{source.schema_}, {_MALFORMED_COLUMN} STRING",
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _MALFORMED_COLUMN},
+    )
+    parsed = records.select(value.alias("v"))
+    bad = F.col("v").isNull() | F.col(f"v.{_MALFORMED_COLUMN}").isNotNull()
+    if streaming:
+        name = f"{MALFORMED_METRIC}:{topics}:{uuid.uuid4().hex[:8]}"
+        parsed = parsed.observe(name, F.count(F.when(bad, 1)).alias("records"))
+    return parsed.where(~bad).select("v.*").drop(_MALFORMED_COLUMN)
 
 
 def records_between(before: Offsets | None, after: Offsets) -> int:

@@ -484,6 +484,9 @@ def _new_source(
     files."""
     spec = {k: v for k, v in spec.items() if v not in (None, "")}
     spec.setdefault("schema", current.schema_)
+    if current.kind.connection_type == "kafka" and spec.get("topic"):  # a topic's values
+        spec.setdefault("encoding", current.encoding)  # are read as the old topic's were
+        spec.setdefault("malformed", current.malformed)
     given = spec.pop("options", None) or {}
     path = str(spec.get("path", ""))
     inputs = []

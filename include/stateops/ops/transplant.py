@@ -60,6 +60,7 @@ from stateops.core.staging import Staging, occupied, remove_stale_staging
 from stateops.core.steps import ROADS
 from stateops.core.storage import S3Path, copy_to_local, list_files, location, publish
 from stateops.core.times import parse_past_time
+from stateops.kinds import SOURCE_KINDS
 from stateops.ops.repartition import repartition_unsupported
 from stateops.ops.state_schema import (
     KINDS,
@@ -443,9 +444,11 @@ def _moved_source(current: Source, changes: dict[str, str | None]) -> Source:
     belongs to the other kind (its path, or its topics)."""
     given = {k: v for k, v in changes.items() if v}
     raw = current.model_dump(by_alias=True) | given
-    if "format" in given and (given["format"] == "kafka") != current.kafka:
-        drop = ("path",) if given["format"] == "kafka" else ("topic", "topics", "bootstrap_servers")
-        raw = {k: v for k, v in raw.items() if k not in drop or k in given}
+    if "format" in given and given["format"] in SOURCE_KINDS:
+        new = SOURCE_KINDS[given["format"]]
+        if new is not current.kind:  # the old kind's own fields go; an encoding is a topic's
+            drop = {*current.kind.fields, "encoding"} - set(new.fields)
+            raw = {k: v for k, v in raw.items() if k not in drop or k in given}
     try:
         return Source.model_validate(raw)
     except ValidationError as err:

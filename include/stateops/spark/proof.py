@@ -35,6 +35,7 @@ from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query
 from stateops.core.sources import kafka_offsets
 from stateops.core.storage import write_file
+from stateops.kinds.kafka import decode
 from stateops.spark.export import (
     batch_watermarks,
     read_exported,
@@ -122,7 +123,6 @@ def _batch(
     ]
     if not ranges:
         return spark.createDataFrame([], source.schema_), []
-    from pyspark.sql import functions as F
 
     def spec(offsets: dict) -> str:
         # -2: the partition's earliest (Spark's JSON offsets)
@@ -138,8 +138,7 @@ def _batch(
         .option("endingOffsets", spec(end))
         .load()
     )
-    value = F.from_json(F.col("value").cast("string"), source.schema_)  # as read_source decodes
-    return records.select(value.alias("value")).select("value.*"), ranges
+    return decode(records, source), ranges  # as the query read them
 
 
 def _batch_input(spark: SparkSession, query: Query, files: list[str]) -> DataFrame:

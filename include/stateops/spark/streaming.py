@@ -464,7 +464,10 @@ def progress_summary(progress: list[Any]) -> dict[str, Any]:
         "input_rows": sum(int(e.get("numInputRows", 0)) for e in events),
         # the JSON values of malformed: count sources that did not parse, skipped
         "malformed_records": sum(
-            int((o.get(MALFORMED_METRIC) or {}).get("records", 0)) for o in observed
+            int((row or {}).get("records", 0))
+            for o in observed
+            for name, row in o.items()
+            if name.startswith(MALFORMED_METRIC)
         ),
         # the mean time of the batches that read input (idle triggers take next to none)
         "batch_seconds": round(sum(read) / len(read) / 1000, 2) if read else None,
