@@ -99,15 +99,7 @@ class Kafka:
         return []
 
     def stream(self, spark: SparkSession, source: Source) -> DataFrame:
-
-        columns = [name for name, _ in schema_fields(source.schema_)]
-        reader = (
-            spark.readStream.format("kafka")
-            .options(**spark_options(kafka_settings(source.bootstrap_servers, source.connection)))
-            .option("subscribe", ",".join(source.subscribed))
-        )
-        if source.encoding == "raw" and "headers" in columns:
-            reader = reader.option("includeHeaders", "true")
+        reader = spark.readStream.format("kafka").options(**read_options(source))
         return decode(reader.options(**source.reader_options).load(), source, streaming=True)
 
 
@@ -206,6 +198,17 @@ class KafkaSink:
         ]
         output = {"records_written": written, "records_written_before": was}
         return lines, output, output
+
+
+def read_options(source: Source) -> dict[str, str]:
+    """Spark's Kafka reader's options for the source's brokers, topics and record columns
+    (streaming and batch alike; the registry's ``options`` go after them)."""
+    options = spark_options(kafka_settings(source.bootstrap_servers, source.connection))
+    options["subscribe"] = ",".join(source.subscribed)
+    columns = [name for name, _ in schema_fields(source.schema_)]
+    if source.encoding == "raw" and "headers" in columns:
+        options["includeHeaders"] = "true"
+    return options
 
 
 def decode(records: DataFrame, source: Source, *, streaming: bool = False) -> DataFrame:

@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Any
 from stateops.control.audit import audit_dir
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
-from stateops.core.kafka import kafka_settings, spark_options
 from stateops.core.registry import Query
 from stateops.core.sources import kafka_offsets
 from stateops.core.storage import write_file
-from stateops.kinds.kafka import decode
+from stateops.kinds.kafka import decode, read_options
 from stateops.spark.export import (
     batch_watermarks,
     read_exported,
@@ -132,8 +131,7 @@ def _batch(
 
     records = (
         spark.read.format("kafka")
-        .options(**spark_options(kafka_settings(source.bootstrap_servers, source.connection)))
-        .option("subscribe", ",".join(source.subscribed))
+        .options(**read_options(source))
         .option("startingOffsets", spec(start))
         .option("endingOffsets", spec(end))
         .load()
