@@ -45,8 +45,8 @@ import yaml
 
 from stateops.control.audit import read_audit
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
+from stateops.core.kafka import broker_offsets, kafka_settings, topic_partitions
 from stateops.core.registry import load_registry
-from stateops.core.sources import topic_offsets
 from stateops.core.storage import location
 from stateops.dev.airflow_dags import api_call as _request
 from stateops.dev.airflow_dags import api_token
@@ -420,8 +420,8 @@ def _commit_time(checkpoint: str, batch: int) -> float:
 
 def _ends(topic: str) -> dict[int, int]:
     """The topic's end offset per partition (on the environment's brokers)."""
-    brokers = SimpleNamespace(bootstrap_servers=None, connection=None)
-    return topic_offsets([topic], brokers, "latest")[topic]
+    settings = kafka_settings()
+    return broker_offsets(settings, topic_partitions(settings, [topic]), "latest")[topic]
 
 
 def _events(topics: tuple[str, ...]) -> list[dict]:
