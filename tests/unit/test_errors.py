@@ -145,6 +145,10 @@ def test_a_query_that_failed_in_python_code_names_the_python_exception():
         "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in "
         "foreach batch sink: ValueError: no visit for u00007"
     )
+    # the plan Spark appends holds a Kafka source's own refusal of a null value, a literal: the
+    # failure is still the one it is, not a malformed record
+    planned = f"{spark_said}\n=== Streaming Query ===\nraise_error([MALFORMED_RECORD_IN_PARSING] x)"
+    assert query_error_line(planned) == query_error_line(spark_said)
     plain = "[STREAM_FAILED] Query terminated\nwith more lines"
     assert query_error_line(plain) == "[STREAM_FAILED] Query terminated"
 

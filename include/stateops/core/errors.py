@@ -169,7 +169,9 @@ def query_error_line(error: object) -> str:
     s3 = spark_s3_error(str(error))
     if s3 is not None:
         return str(s3)
-    if "[MALFORMED_RECORD_IN_PARSING" in str(error):
+    # the error itself, not the query's plan Spark appends (a Kafka source's own refusal of a
+    # null value is a literal in it: any failure of the query would read as malformed)
+    if "[MALFORMED_RECORD_IN_PARSING" in str(error).split("\n=== Streaming Query ===", 1)[0]:
         return MALFORMED
     other_code = _STATE_OF_OTHER_CODE.search(str(error))
     if other_code is not None:
