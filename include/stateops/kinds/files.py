@@ -22,6 +22,7 @@ from stateops.core import faults, fence
 from stateops.core.errors import StateOpsError
 from stateops.core.storage import S3Path, delete_keys, list_files, location, spark_url
 from stateops.kinds.base import Sink, Source, register_sink, register_source
+from stateops.kinds.rows import COUNTS, diff_rows, frozen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -34,6 +35,7 @@ class Files:
     fields = ("path",)
     connector = None
     connection_type = None
+    session_conf: dict[str, str] = {}
 
     def check(self, source: Source) -> None:
         if not source.path:
@@ -63,6 +65,7 @@ class Folder:
     fields = ("path",)
     connector = None
     connection_type = None
+    session_conf: dict[str, str] = {}
 
     def check(self, sink: Sink) -> None:
         if not sink.path:
@@ -92,7 +95,7 @@ class Folder:
         """Nothing is written twice: a batch that runs again replaces its folder."""
         return None
 
-    def set_aside(self, plan: dict[str, Any], run_id: str) -> None:
+    def set_aside(self, plan: dict[str, Any], run_id: str, submit: object) -> None:
         """Move the plan's folders and files to ``<sink>/_rolled_back/<run_id>/``."""
         _set_aside(plan, run_id)
 
@@ -145,7 +148,7 @@ class Folder:
             f"{diff['changed_keys']} keys changed (by {keys}); the old output is kept in {old}"
         ]
         lines += [f"  changed {line}" for line in diff["examples"]]
-        return lines, {k: diff[k] for k in _COUNTS}, diff
+        return lines, {k: diff[k] for k in COUNTS}, diff
 
 
 def _plan_folder(sink: str, to_batch: int, batch_offset: int) -> dict[str, Any]:
@@ -253,9 +256,6 @@ def _move_s3(root: S3Path, folder: str, aside: S3Path) -> None:
     delete_keys(root, keys)
 
 
-_COUNTS = ("rows_before", "rows_after", "unchanged", "added", "removed", "changed_keys")
-
-
 def diff_output(
     sink: str | Path,
     rolled_back: str | Path | S3Path,
@@ -263,43 +263,15 @@ def diff_output(
     key_columns: list[str],
 ) -> dict[str, Any]:
     """What reprocessing changed: the output moved aside by the rollback (``rolled_back``,
-    its ``batch_id=K`` folders) against the new ``batch_id=K`` folders after ``after_batch``.
-
-    Rows are compared as multisets (batch ids may differ between the runs). A key with rows
-    removed and rows added is *changed* (keys: ``key_columns``; without them a row is its own key,
-    so nothing is changed, only added or removed); other rows are *added* or *removed*.
-    """
+    its ``batch_id=K`` folders) against the new ``batch_id=K`` folders after ``after_batch``
+    (:func:`stateops.kinds.rows.diff_rows`)."""
     before = _rows(location(rolled_back), lambda k: True)
     after = _rows(location(sink), lambda k: k > after_batch)
-    added, removed = after["rows"] - before["rows"], before["rows"] - after["rows"]
-
-    def key(row: tuple) -> tuple:
-        if not key_columns:  # a query without keys: a row is its own key
-            return row
-        values = dict(row)
-        return tuple(values.get(c) for c in key_columns)
-
-    changed = {key(r) for r in added} & {key(r) for r in removed}
-    examples = []
-    for k in sorted(changed, key=repr)[:3]:
-        was = [_text(r) for r in removed if key(r) == k]
-        now = [_text(r) for r in added if key(r) == k]
-        examples.append(f"{dict(zip(key_columns, k, strict=True))}: {was} -> {now}")
     return {
         "batches_before": before["batches"],
         "batches_after": after["batches"],
-        "rows_before": before["rows"].total(),
-        "rows_after": after["rows"].total(),
-        "unchanged": (before["rows"] & after["rows"]).total(),
-        "added": sum(n for r, n in added.items() if key(r) not in changed),
-        "removed": sum(n for r, n in removed.items() if key(r) not in changed),
-        "changed_keys": len(changed),
-        "examples": examples,
+        **diff_rows(before["rows"], after["rows"], key_columns),
     }
-
-
-def _text(row: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in row)
 
 
 def _rows(folder: Path | S3Path, wanted) -> dict[str, Any]:
@@ -314,7 +286,7 @@ def _rows(folder: Path | S3Path, wanted) -> dict[str, Any]:
             files.setdefault(int(top.split("=", 1)[1]), []).append(rel)
     batches = sorted(b for b in files if wanted(b))
     for batch in batches:
-        rows.update(_frozen(r) for r in _read_batch(folder, files[batch]))
+        rows.update(frozen(r) for r in _read_batch(folder, files[batch]))
     return {"rows": rows, "batches": batches}
 
 
@@ -336,15 +308,6 @@ def _read_batch(folder: Path | S3Path, rels: list[str]) -> list[dict]:
         for line in (folder / rel).read_text(encoding="utf-8").splitlines()
         if line.strip()
     ]
-
-
-def _frozen(value: Any) -> Any:
-    """A hashable copy of a row (dicts as sorted item tuples, lists as tuples)."""
-    if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_frozen(v) for v in value)
-    return value
 
 
 FILES = register_source(Files(), "json", "parquet", "csv")
