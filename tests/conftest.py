@@ -394,15 +394,18 @@ def spark():
     from pyspark.sql import SparkSession
 
     from stateops.spark.jobs import spark_classpath_conf, spark_jars
+    from stateops.spark.streaming import connector_conf
 
     builder = SparkSession.builder
-    for key, value in spark_classpath_conf().items():  # Spark on s3a:// (the s3a fixture)
+    # Spark on s3a:// (the s3a fixture), and Delta's SQL as every job's session has it
+    for key, value in {**spark_classpath_conf(), **connector_conf(spark_jars())}.items():
         builder = builder.config(key, value)
     session = (
         builder.master("local[2]")
         .appName("stateops-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.databricks.delta.snapshotPartitions", "2")  # test-sized tables
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "200ms")

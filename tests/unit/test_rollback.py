@@ -12,6 +12,7 @@ from stateops.control.markers import write_rollback
 from stateops.core.errors import StateOpsError
 from stateops.kinds import Sink
 from stateops.ops.pending import refuse_pending_rollback
+from stateops.ops.rollback import set_aside
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +45,7 @@ def test_a_per_batch_sink_moves_later_batches_aside_with_the_sinks_offset(tmp_pa
         "log_entries": [],
         "data_files": [],
     }
-    sink.kind.set_aside(plan, "rollback-1")
+    set_aside(plan, "rollback-1")
     assert sorted(p.name for p in tmp_path.glob("batch_id=*")) == ["batch_id=10", "batch_id=11"]
     aside = tmp_path / "_rolled_back" / "rollback-1"
     assert (aside / "batch_id=13" / "part-0.parquet").read_text() == "13", "moved, not lost"
@@ -73,7 +74,7 @@ def test_a_file_sink_drops_later_log_entries_and_moves_only_the_files_they_alone
     plan = sink.kind.undo_plan(sink, 1)
     assert plan["log_entries"] == ["3", "2.compact"], "newest first"
     assert plan["data_files"] == [f"file:{files[2]}", f"file:{files[3]}"]
-    sink.kind.set_aside(plan, "rollback-1")
+    set_aside(plan, "rollback-1")
     assert sorted(p.name for p in log.iterdir()) == ["0", "1"]
     assert sorted(p.name for p in tmp_path.glob("part-*")) == ["part-0.parquet", "part-1.parquet"]
 

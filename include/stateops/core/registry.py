@@ -1197,7 +1197,7 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
             invalid[str(name)] = str(err)
     code_paths = _code_paths(path, raw.get("code_paths"))
     for query in queries.values():
-        query._code_paths = tuple(code_paths)
+        query._code_paths = query.sink._code_paths = tuple(code_paths)
     return Registry(
         path=path,
         data_dir=data_dir,

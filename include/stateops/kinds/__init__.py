@@ -9,6 +9,8 @@ module here (which registers its spellings), its import below, its tests and its
 - :mod:`stateops.kinds.files`: files in a folder (json, parquet, csv) in; a folder of
   ``batch_id=K`` folders (parquet, json) out.
 - :mod:`stateops.kinds.kafka`: Kafka topics in and out.
+- :mod:`stateops.kinds.delta`: a Delta Lake table out.
+- :mod:`stateops.kinds.function`: the user's own function out (and its undo).
 
 Light on import (the DAG files read the spellings at parse time): Spark and the Kafka client
 are imported where a kind uses them.
@@ -16,7 +18,9 @@ are imported where a kind uses them.
 
 from __future__ import annotations
 
-from stateops.kinds import files, kafka
+from stateops.kinds import files, kafka  # isort: split
+
+from stateops.kinds import delta, function  # after them: in the order people meet them
 from stateops.kinds.base import SINK_KINDS, SOURCE_KINDS, Sink, SinkKind, Source, SourceKind
 
 __all__ = [
@@ -28,7 +32,9 @@ __all__ = [
     "SinkKind",
     "Source",
     "SourceKind",
+    "delta",
     "files",
+    "function",
     "kafka",
 ]
 

@@ -4,13 +4,16 @@ spelling (``format``), filled by the kinds' modules as they load (:mod:`stateops
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from stateops.core.model import CONN_ID, DDLSchema, Model
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
@@ -36,6 +39,9 @@ class SourceKind(Protocol):
     """The jar Spark needs to read it, by a part of its name (None: Spark's own)."""
     connection_type: str | None
     """The type of Airflow connection it reads through (its ``connection``; None: none)."""
+    session_conf: dict[str, str]
+    """Settings a Spark session takes only as it starts, which its connector needs (set on
+    every session where the connector is on Spark's path)."""
 
     def check(self, source: Source) -> None:
         """Refuse what this kind cannot read as written: ValueError, one line."""
@@ -61,6 +67,7 @@ class SinkKind(Protocol):
     """Its own fields of :class:`Sink` (beside ``format`` and ``batch_offset``)."""
     connector: str | None
     connection_type: str | None
+    session_conf: dict[str, str]
 
     def check(self, sink: Sink) -> None: ...
 
@@ -84,8 +91,12 @@ class SinkKind(Protocol):
         it never ran) writes again that the sink's readers already got: ``sink`` (as a person
         reads it), ``first_batch``, ``records``. None: nothing is written twice."""
 
-    def set_aside(self, plan: dict[str, Any], run_id: str) -> None:
-        """Carry out :meth:`undo_plan`'s plan; run again after a kill, it finishes it."""
+    def set_aside(
+        self, plan: dict[str, Any], run_id: str, submit: Callable[[str, list[str]], None]
+    ) -> None:
+        """Carry out :meth:`undo_plan`'s plan; run again after a kill, it finishes it.
+        ``submit(job, args)`` runs a Spark job of the package's ``jobs/`` on this host (for a
+        kind whose undo is Spark's work) and raises, one line, if it fails."""
 
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         """The undo plan as the rollback's plan shows it."""
@@ -223,7 +234,9 @@ class Sink(Model):
     """The output, of the kind its ``format`` names (:data:`SINK_KINDS`): per batch id in a
     folder (parquet, json; a re-run of a batch replaces that batch's folder), or with ``format:
     kafka`` each row a record of ``topic`` (its ``key`` column as the record's key, every column
-    as the JSON value; at least once, a re-run of a batch writes it again)."""
+    as the JSON value; at least once, a re-run of a batch writes it again), or a Delta table
+    (``delta``, ``path``), or the user's own ``function`` (and its ``undo``; ``format:
+    function`` may go unsaid)."""
 
     format: str = "parquet"
     path: str = ""
@@ -232,14 +245,33 @@ class Sink(Model):
     bootstrap_servers: str | None = None
     connection: str | None = Field(None, pattern=CONN_ID)
     """A Kafka sink's Airflow connection; None: the registry's ``connections.kafka``."""
+    function: str | None = None
+    """A function sink's ``module:function``, called with each batch and its id."""
+    undo: str | None = None
+    """A function sink's ``module:function`` that removes what the batches after a given one
+    wrote (a rollback's); None: operations that must undo output refuse the sink."""
     batch_offset: int = Field(0, ge=0)
     """Batch K of the checkpoint writes ``batch_id=K+batch_offset``: after a migration the new
     checkpoint starts at batch 0, and its output continues the old one's numbering."""
+
+    _code_paths: tuple[Path, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _function_unsaid(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("function") and "format" not in data:
+            return {**data, "format": "function"}
+        return data
 
     @field_validator("format")
     @classmethod
     def _known(cls, value: str) -> str:
         return _spelled(SINK_KINDS, value)
+
+    @property
+    def code_paths(self) -> tuple[Path, ...]:
+        """Its registry's ``code_paths`` (where a function sink's functions may live)."""
+        return self._code_paths
 
     @property
     def kind(self) -> SinkKind:

@@ -55,6 +55,7 @@ class Kafka:
     fields = ("topic", "topics", "bootstrap_servers", "connection", "malformed")
     connector = CONNECTOR
     connection_type = "kafka"
+    session_conf: dict[str, str] = {}
 
     def check(self, source: Source) -> None:
         self._check_place(source)
@@ -108,6 +109,7 @@ class KafkaSink:
     fields = ("topic", "key", "bootstrap_servers", "connection")
     connector = CONNECTOR
     connection_type = "kafka"
+    session_conf: dict[str, str] = {}
 
     def check(self, sink: Sink) -> None:
         if sink.path or not sink.topic:
@@ -152,7 +154,7 @@ class KafkaSink:
         found.update(since_ms=since_ms, records=records_between(at, end))
         return found
 
-    def set_aside(self, plan: dict[str, Any], run_id: str) -> None:
+    def set_aside(self, plan: dict[str, Any], run_id: str, submit: object) -> None:
         raise AssertionError("a kafka sink has no undo plan")  # undo_plan is None
 
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:

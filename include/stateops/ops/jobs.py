@@ -42,6 +42,7 @@ __all__ = [
     "BOOTSTRAP_JOB",
     "EXPORT_JOB",
     "REPARTITION_JOB",
+    "UNDO_SINK_JOB",
     "RUN_QUERY_JOB",
     "VALIDATE_JOB",
 ]
@@ -114,6 +115,34 @@ def _export_report(args: Namespace, manifest: dict[str, Any]) -> int:
 
 
 EXPORT_JOB = Job(_export_preflight, _export, _export_report)
+
+
+# -- undo_sink.py ---------------------------------------------------------------------------
+def _undo_sink_preflight(args: Namespace) -> dict[str, Any]:
+    """The plan, of a sink kind whose undo is Spark's work (:mod:`stateops.kinds.delta`)."""
+    try:
+        plan = json.loads(args.plan)
+    except json.JSONDecodeError as err:
+        raise StateOpsError(f"--plan is not JSON ({err}): give the rollback's sink plan") from None
+    if not isinstance(plan, dict) or plan.get("format") != "delta":
+        raise StateOpsError("--plan is not a delta sink's undo plan: give the rollback's one")
+    return plan
+
+
+def _undo_sink(args: Namespace, plan: dict[str, Any]) -> dict[str, Any]:
+    from stateops.kinds.delta import restore
+    from stateops.spark.streaming import data_url, spark_session
+
+    spark = spark_session("stateops-undo-sink")
+    return restore(spark, data_url(spark, plan["path"]), plan, args.run_id)
+
+
+def _undo_sink_report(args: Namespace, done: dict[str, Any]) -> int:
+    print(json.dumps(done))
+    return 0
+
+
+UNDO_SINK_JOB = Job(_undo_sink_preflight, _undo_sink, _undo_sink_report)
 
 
 # -- validate_state.py ----------------------------------------------------------------------

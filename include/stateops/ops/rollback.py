@@ -48,6 +48,7 @@ from stateops.ops.deletion import (
 )
 from stateops.ops.pending import refuse_pending_rollback
 from stateops.ops.repartition import record_partitions
+from stateops.spark.jobs import run_local_job
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
@@ -306,4 +307,4 @@ def run_rollback(
 def set_aside(undo: dict[str, Any], run_id: str) -> None:
     """Carry out a sink's undo plan (its kind's :meth:`undo_plan`): its output after the
     rollback point set aside under ``run_id``."""
-    SINK_KINDS[undo["format"]].set_aside(undo, run_id)
+    SINK_KINDS[undo["format"]].set_aside(undo, run_id, run_local_job)

@@ -39,6 +39,7 @@ __all__ = [
     "py_files",
     "quiesce",
     "require_s3_jars",
+    "run_local_job",
     "require_spark_s3",
     "spark_classpath_conf",
     "spark_s3_locations",
@@ -301,6 +302,22 @@ def spark_submit_command(
         str(job_path(job)),
         *map(str, args),
     ]
+
+
+def run_local_job(job: str, args: list[str]) -> None:
+    """Run Spark job ``job`` (``stateops/jobs/<job>``) with ``args`` on this host, in a local
+    Spark (a rollback's sink undo: small, and where the rollback runs); raises its one line
+    (``error: ...``, else its last line) if it fails."""
+    import subprocess
+
+    preflight_job(job_path(job), args)
+    cmd = spark_submit_command(job, "local[*]", args)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=spark_submit_env())
+    if done.returncode:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        said = [line for line in lines if line.startswith("error: ")]
+        why = said[-1].removeprefix("error: ") if said else (lines[-1] if lines else "no output")
+        raise StateOpsError(f"{job} failed (exit {done.returncode}): {why}")
 
 
 def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

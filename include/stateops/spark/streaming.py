@@ -5,22 +5,22 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import importlib
 import inspect
 import io
 import json
 import os
 import shutil
-import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stateops.core.code import import_ref, on_sys_path
 from stateops.core.errors import RegistryError
 from stateops.core.registry import Query, Registry, Source
 from stateops.core.storage import S3Path, spark_url
+from stateops.kinds import SINK_KINDS, SOURCE_KINDS
 from stateops.kinds.kafka import MALFORMED_METRIC
 
 if TYPE_CHECKING:
@@ -59,7 +59,9 @@ _SESSION_CONF = {
 
 
 def spark_session(app_name: str, master: str | None = None) -> SparkSession:
-    """The session every job uses (UTC, no console progress bars, all progress kept)."""
+    """The session every job uses (UTC, no console progress bars, all progress kept), with
+    the settings the kinds' connectors on Spark's path take as it starts (Delta's SQL
+    extension and catalog: :func:`connector_conf`)."""
     from pyspark.sql import SparkSession
 
     from stateops.spark.jobs import spark_classpath_conf, spark_jars
@@ -69,9 +71,20 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         builder = builder.master(master)
     if spark_jars():  # the same as spark-submit's --jars; what a session in plain Python gets
         builder = builder.config("spark.jars", ",".join(spark_jars()))
-    for key, value in {**spark_classpath_conf(), **_SESSION_CONF}.items():  # the S3 jars
+    conf = {**spark_classpath_conf(), **_SESSION_CONF, **connector_conf(spark_jars())}
+    for key, value in conf.items():  # the S3 jars, the kinds' connectors
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def connector_conf(jars: Sequence[str]) -> dict[str, str]:
+    """The start-time settings of each kind whose connector is among ``jars``."""
+    kinds = {*SOURCE_KINDS.values(), *SINK_KINDS.values()}
+    conf: dict[str, str] = {}
+    for kind in sorted(kinds, key=lambda k: k.name):
+        if kind.connector and any(kind.connector in jar for jar in jars):
+            conf.update(kind.session_conf)
+    return conf
 
 
 # S3 has no rename: Spark's default checkpoint file manager commits each log file by one (a
@@ -160,7 +173,7 @@ def use_code_paths(registry: Registry, spark: SparkSession | None = None) -> Non
     """The registry's ``code_paths`` on ``sys.path`` here (the driver), and with ``spark``,
     each shipped to the executors as a zip (Python workers import the user's functions that
     Spark pickles by reference, such as an ``applyInPandasWithState`` function)."""
-    _on_sys_path(registry.code_paths)
+    on_sys_path(registry.code_paths)
     if spark is None or not registry.code_paths:
         return
     # The Python workers Spark starts on the driver (transformWithState runs a processor's
@@ -193,45 +206,10 @@ def _zipped(folder: Path, into: Path, stem: str) -> Path:
     return zipped
 
 
-def _on_sys_path(folders: Sequence[Path]) -> None:
-    for folder in reversed(folders):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
-
-
 def _imported(query: Query, field: str, ref: str) -> Any:
-    """``module:attribute`` named by the registry's ``field``, imported: the one place that
-    imports the user's code, from the registry's ``code_paths`` first."""
-    _on_sys_path(query.code_paths)
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name != module_name and not module_name.startswith(f"{err.name}."):
-            raise RegistryError(  # the module is there; something it imports is not
-                f"query {query.name}: {ref} fails to load: {err}; install it where the query "
-                "runs, or put its folder in the registry's code_paths"
-            ) from err
-        raise RegistryError(
-            f"query {query.name}: {field} {ref!r} cannot be imported ({err}); is its folder "
-            "in the registry's code_paths?"
-        ) from err
-    except Exception as err:  # the user's module itself fails as it loads (a SyntaxError, ...)
-        raise RegistryError(
-            f"query {query.name}: {ref} fails to load: {type(err).__name__}: {err}"
-        ) from err
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        own = [
-            n
-            for n, v in vars(module).items()
-            if not n.startswith("_") and getattr(v, "__module__", None) == module_name
-        ]
-        raise RegistryError(
-            f"query {query.name}: {field} {ref!r}: {module.__file__} has no {attr!r} (it "
-            f"defines: {', '.join(sorted(own)) or 'no class or function'}); check the name"
-        ) from None
+    """``module:attribute`` named by the query's registry ``field``, imported from its
+    registry's ``code_paths`` first (:func:`stateops.core.code.import_ref`)."""
+    return import_ref(ref, field, f"query {query.name}", query.code_paths)
 
 
 def load_function(query: Query, field: str, ref: str) -> Callable[..., Any]:

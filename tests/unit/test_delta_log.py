@@ -1,0 +1,122 @@
+"""The Delta sink's undo plan, read from a table's log (pure logic over the log's commits;
+the Spark-written tables, the RESTORE and the reprocessing are tests/spark/test_delta_sink.py):
+which version holds the writer's batches up to N, across an earlier undo's RESTORE; a log
+cleaned past it, another writer's rows after it and vacuumed files refused in one line; a
+RESTORE whose new application id was not set is finished."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stateops.core.errors import StateOpsError
+from stateops.kinds import Sink
+
+pytestmark = pytest.mark.unit
+
+
+class Table:
+    """A table's ``_delta_log``, one commit at a time (the actions Delta writes)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "_delta_log").mkdir(parents=True)
+        self.version = -1
+
+    def commit(self, *actions: dict, info: dict | None = None) -> int:
+        self.version += 1
+        lines = [{"commitInfo": {"operation": "WRITE", **(info or {})}}, *actions]
+        path = self.root / "_delta_log" / f"{self.version:020d}.json"
+        path.write_text("".join(json.dumps(a) + "\n" for a in lines))
+        return self.version
+
+    def batch(self, batch: int, app: str = "stateops", rows: int = 2) -> int:
+        name = f"part-{self.version + 1}.parquet"
+        (self.root / name).write_bytes(b"")
+        stats = json.dumps({"numRecords": rows})
+        return self.commit(
+            {"txn": {"appId": app, "version": batch}},
+            {"add": {"path": name, "dataChange": True, "stats": stats}},
+        )
+
+    def undo(self, to: int, run: str) -> None:
+        meta = {"userMetadata": f"stateops undo {run}"}
+        self.commit(info={**meta, "operation": "RESTORE", "operationParameters": {"version": to}})
+        self.commit(info={**meta, "operation": "SET TBLPROPERTIES"})
+
+    def plan(self, to_batch: int) -> dict:
+        sink = Sink(format="delta", path=str(self.root))
+        return sink.kind.undo_plan(sink, to_batch)
+
+
+@pytest.fixture
+def table(tmp_path) -> Table:
+    return Table(tmp_path / "t")
+
+
+def test_the_version_of_batch_n_and_what_its_restore_undoes(table):
+    for b in range(6):
+        table.batch(b)
+    plan = table.plan(2)
+    assert (plan["restore_to"], plan["latest"], plan["batches"], plan["rows"]) == (2, 5, [3, 5], 6)
+    assert plan["others"] == [] and plan["finish"] is False
+    assert table.plan(5)["restore_to"] is None, "nothing after the last batch"
+
+
+def test_an_earlier_undo_is_followed_through_its_restore(table):
+    for b in range(4):
+        table.batch(b)  # versions 0-3
+    table.undo(1, "r1")  # 4: RESTORE to version 1 (batch 1), 5: the new application id
+    table.batch(2, "stateops-r1")  # 6
+    table.batch(3, "stateops-r1")  # 7
+    assert table.plan(2)["restore_to"] == 6
+    assert table.plan(1)["restore_to"] == 5, "the undo's own table: batches up to 1, the new id"
+    assert table.plan(0)["restore_to"] == 0
+
+
+def test_a_log_cleaned_past_the_batch_is_refused(table):
+    for b in range(5):
+        table.batch(b)
+    for v in (0, 1, 2):
+        (table.root / "_delta_log" / f"{v:020d}.json").unlink()
+    assert table.plan(3)["restore_to"] == 3
+    with pytest.raises(StateOpsError, match=r"no longer holds the version after batch 1 ") as err:
+        table.plan(1)
+    assert "\n" not in str(err.value)
+
+
+def test_another_writers_rows_are_refused_and_its_other_commits_shown(table):
+    for b in range(3):
+        table.batch(b)
+    optimize = {"operation": "OPTIMIZE"}
+    table.commit({"add": {"path": "part-1.parquet", "dataChange": False}}, info=optimize)
+    assert table.plan(0)["others"] == ["3 OPTIMIZE"]
+    table.commit({"add": {"path": "theirs.parquet", "dataChange": True}})
+    with pytest.raises(StateOpsError, match=r"version 4 \(WRITE\) was written by another writer"):
+        table.plan(0)
+
+
+def test_files_a_restore_needs_that_were_vacuumed_are_refused(table):
+    for b in range(3):
+        table.batch(b)
+    table.commit(
+        {"remove": {"path": "part-0.parquet", "dataChange": False}},
+        {"add": {"path": "part-9.parquet", "dataChange": False}},
+        info={"operation": "OPTIMIZE"},
+    )
+    assert table.plan(0)["restore_to"] == 0
+    (table.root / "part-0.parquet").unlink()
+    with pytest.raises(StateOpsError, match=r"1 data files of version 0 were vacuumed"):
+        table.plan(0)
+
+
+def test_a_restore_whose_new_application_id_is_not_set_is_finished(table):
+    for b in range(4):
+        table.batch(b)
+    meta = {"userMetadata": "stateops undo r1", "operation": "RESTORE"}
+    table.commit(info={**meta, "operationParameters": {"version": 1}})  # killed before the id
+    plan = table.plan(1)
+    assert (plan["restore_to"], plan["finish"]) == (None, True)
+    assert plan["restore_to"] is None and table.plan(3)["finish"] is True
