@@ -160,6 +160,7 @@ def test_rollback_3_batches_and_reprocess_continue_to_the_untouched_run(spark, r
     assert (report["added"], report["removed"], report["changed_keys"]) == (0, 0, 0)
 
 
+@pytest.mark.whole
 def test_a_backfill_with_a_changed_option_reports_the_rows_it_changed(spark, run, tmp_path):
     registry, checkpoint, table = _copy(run, tmp_path)
     target, lines = query_target(registry, "page_visits"), []
@@ -189,6 +190,7 @@ def test_a_backfill_with_a_changed_option_reports_the_rows_it_changed(spark, run
     assert report["unchanged"] == sum((before & after).values())
 
 
+@pytest.mark.whole
 def test_a_table_another_writer_appended_to_is_refused_changing_nothing(spark, run, tmp_path):
     registry, checkpoint, table = _copy(run, tmp_path)
     spark.createDataFrame([("x", 1, "/p", 1)], "user_id STRING, visits LONG, last_page STRING, "

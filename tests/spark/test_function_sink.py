@@ -22,7 +22,8 @@ from tests.conftest import tree_digest, write_registry
 from tests.spark.harness import USER_CODE, copy_checkpoint, read_state, run_in_session
 from tests.spark.test_kafka_rollback import READS, visits
 
-pytestmark = pytest.mark.spark
+# The whole proof's; the gate's proof of the kind is tests/unit/test_function_sink.py.
+pytestmark = [pytest.mark.spark, pytest.mark.whole]
 
 SINK = {"function": "sqlite_sink:write", "undo": "sqlite_sink:undo"}
 
