@@ -21,14 +21,14 @@ from stateops.core.errors import StateOpsError
 from stateops.core.plans import BackupFirst
 from stateops.kinds.delta import APP_ID_PROPERTY
 from stateops.ops.backfill import plan_backfill, report_backfill, rollback_for_backfill
-from tests.conftest import tree_digest, write_registry
+from tests.conftest import S3A_BUCKET, tree_digest, write_registry
 from tests.spark.harness import copy_checkpoint, job_in_session, read_state, run_in_session
 from tests.spark.test_kafka_rollback import READS, visits
 
 pytestmark = pytest.mark.spark
 
 
-def entry(topic: str, table: Path, **more) -> dict:
+def entry(topic: str, table: Path | str, **more) -> dict:
     """page_visits reading ``topic`` (10 records a batch) and writing the Delta table
     ``table``."""
     source = {
@@ -40,7 +40,7 @@ def entry(topic: str, table: Path, **more) -> dict:
     return {"source": source, "sink": {"format": "delta", "path": str(table)}, **more}
 
 
-def rows(spark, table: Path, version: int | None = None) -> Counter:
+def rows(spark, table: Path | str, version: int | None = None) -> Counter:
     """The table's rows (at ``version``: Delta's time travel), counted."""
     reader = spark.read.format("delta")
     if version is not None:
@@ -207,3 +207,42 @@ def test_a_table_another_writer_appended_to_is_refused_changing_nothing(spark, r
     assert (tree_digest(checkpoint), tree_digest(table)) == before
     assert commits(spark, table)[-1]["operation"] == "WRITE"  # the other writer's, last
     assert APP_ID_PROPERTY not in json.dumps(commits(spark, table)[-1]["parameters"])
+
+
+@pytest.mark.whole
+def test_a_table_and_checkpoint_in_s3_roll_back_and_reprocess_to_the_same_rows(
+    spark, kafka, s3a_env, tmp_path
+):
+    """The same story with the checkpoint and the table in S3 (Spark's S3A, the library's
+    S3 client for the plan, the undo job's Spark on the rollback's host)."""
+    from stateops.core.storage import location
+
+    topic = kafka.create_topic("delta-sink-s3-in", partitions=2, **{"retention.ms": "-1"})
+    prefix = f"s3://{S3A_BUCKET}/delta-{tmp_path.name}"
+    table_url = f"s3a://{S3A_BUCKET}/delta-{tmp_path.name}/table"
+    registry = write_registry(
+        tmp_path,
+        page_visits={
+            **entry(topic, f"{prefix}/table"),
+            "checkpoint": f"{prefix}/checkpoint",
+        },
+    )
+    kafka.produce(topic, visits(30))
+    run_in_session(spark, registry, "page_visits", "--mode", "available-now")
+    k = load_checkpoint(f"{prefix}/checkpoint").last_committed_batch
+    at_k = rows(spark, table_url)
+    kafka.produce(topic, visits(30, start=30))
+    run_in_session(spark, registry, "page_visits", "--mode", "available-now")
+    whole = rows(spark, table_url)
+    target, lines = query_target(registry, "page_visits"), []
+    plan = plan_backfill(target, "backfill-d4", to_batch=k, dry_run=False, log=lines.append)
+    assert "(Delta): RESTORE to version " in lines[0]
+    rolled = rollback_for_backfill(target, plan, backup=BackupFirst(plan["backup_to"], lambda: "b"))
+    assert rows(spark, table_url) == at_k
+    run_in_session(spark, registry, "page_visits", "--mode", "available-now", "--run-id",
+                   plan["run_id"])  # fmt: skip
+    report = report_backfill(target, plan, rolled, log=lines.append)
+    assert rows(spark, table_url) == whole
+    assert report["unchanged"] == sum((whole - at_k).values()) and report["changed_keys"] == 0
+    log = location(f"{prefix}/table") / "_delta_log"
+    assert (log / "00000000000000000000.json").exists()
