@@ -114,6 +114,7 @@ def test_queries_imports_each_querys_code_and_binds_its_options_as_run_does(tmp_
     raw["queries"]["page_counts_too"] = {  # a transform's options, bound to its signature
         **raw["queries"]["page_counts"],
         "checkpoint": "checkpoints/page_counts_too",
+        "sink": {"format": "parquet", "path": "output/page_counts_too"},
         "transform": {"function": counts, "options": {"window": "1 hour", "windows": "1"}},
     }
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -1,8 +1,8 @@
 """The Delta sink's undo plan, read from a table's log (pure logic over the log's commits;
 the Spark-written tables, the RESTORE and the reprocessing are tests/spark/test_delta_sink.py):
 which version holds the writer's batches up to N, across an earlier undo's RESTORE; a log
-cleaned past it, another writer's rows after it and vacuumed files refused in one line; a
-RESTORE whose new application id was not set is finished."""
+cleaned past it, another writer's rows after it and vacuumed files refused in one line; every
+rollback of an existing table sets its writer's new application id."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def test_the_version_of_batch_n_and_what_its_restore_undoes(table):
     for b in range(6):
         table.batch(b)
     plan = table.plan(2)
-    assert (plan["restore_to"], plan["latest"], plan["batches"], plan["rows"]) == (2, 5, [3, 5], 6)
-    assert plan["others"] == [] and plan["finish"] is False
+    assert (plan["restore_to"], plan["latest"], plan["batches"], plan["rows"]) == (2, 5, [2, 5], 6)
+    assert plan["others"] == []
     assert table.plan(5)["restore_to"] is None, "nothing after the last batch"
 
 
@@ -112,11 +112,40 @@ def test_files_a_restore_needs_that_were_vacuumed_are_refused(table):
         table.plan(0)
 
 
-def test_a_restore_whose_new_application_id_is_not_set_is_finished(table):
+def test_every_rollback_of_a_table_gives_its_writer_a_new_id(table):
     for b in range(4):
         table.batch(b)
     meta = {"userMetadata": "stateops undo r1", "operation": "RESTORE"}
     table.commit(info={**meta, "operationParameters": {"version": 1}})  # killed before the id
-    plan = table.plan(1)
-    assert (plan["restore_to"], plan["finish"]) == (None, True)
-    assert plan["restore_to"] is None and table.plan(3)["finish"] is True
+    table.commit(
+        {"add": {"path": "part-1.parquet", "dataChange": False}}, info={"operation": "OPTIMIZE"}
+    )
+    plan = table.plan(1)  # the rollback resumed: nothing left to restore
+    assert plan["restore_to"] is None and plan["latest"] == 5
+    submitted = []
+    sink = Sink(format="delta", path=str(table.root))
+    sink.kind.set_aside(plan, "r1", lambda job, args: submitted.append((job, args[:1])))
+    assert submitted == [("undo_sink.py", ["--plan"])], "the new id is set all the same"
+
+
+def test_a_table_not_written_yet_has_nothing_to_undo(tmp_path):
+    sink = Sink(format="delta", path=str(tmp_path / "none"))
+    plan = sink.kind.undo_plan(sink, 3)
+    assert (plan["restore_to"], plan["latest"]) == (None, None)
+    sink.kind.set_aside(plan, "r1", lambda job, args: pytest.fail("no table: no job"))
+
+
+def test_a_restore_to_a_time_or_absolute_paths_are_read_as_they_are(table, tmp_path):
+    for b in range(3):
+        table.batch(b)
+    elsewhere = tmp_path / "elsewhere.parquet"
+    elsewhere.write_bytes(b"")
+    table.commit(
+        {"remove": {"path": f"file:{elsewhere}", "dataChange": False}},
+        {"add": {"path": "part-9.parquet", "dataChange": False}},
+        info={"operation": "OPTIMIZE"},
+    )
+    assert table.plan(0)["restore_to"] == 0, "file:/ paths are local files"
+    table.commit(info={"operation": "RESTORE", "operationParameters": {"timestamp": "x"}})
+    with pytest.raises(StateOpsError, match="no longer holds the version after batch 0"):
+        table.plan(0)

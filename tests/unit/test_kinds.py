@@ -5,9 +5,12 @@ refused naming whose they are."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from stateops.core.registry import load_registry
 from stateops.kinds import SINK_FORMATS, SOURCE_FORMATS, Sink, Source
+from tests.conftest import write_registry
 
 pytestmark = pytest.mark.unit
 
@@ -65,3 +68,21 @@ def test_a_migrated_kafka_sink_numbers_its_batches_on_as_a_folder_does():
     it is no kind's own field."""
     sink = Sink.model_validate({"format": "kafka", "topic": "out", "batch_offset": 8})
     assert sink.folder_batch(0) == 8
+
+
+def test_two_queries_writing_one_folder_or_table_are_each_refused(tmp_path):
+    path = write_registry(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["queries"]["page_visits_too"] = {
+        **raw["queries"]["page_visits"],
+        "checkpoint": "checkpoints/page_visits_too",
+    }
+    raw["queries"]["page_visits"]["sink"] = {"format": "delta", "path": "tables/visits"}
+    raw["queries"]["page_visits_too"]["sink"] = {"format": "delta", "path": "tables/visits/"}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    registry = load_registry(path)
+    assert "page_visits" not in registry.queries and "page_visits_too" not in registry.queries
+    said = registry.invalid["page_visits_too"]
+    assert said.startswith("query page_visits_too: its delta sink ")
+    assert "is also written by page_visits: " in said and "\n" not in said
+    assert "page_counts" in registry.queries, "the others stand"

@@ -1195,6 +1195,7 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
             queries[name] = _entry(path, data_dir, name, spec, switch, kafka)
         except RegistryError as err:
             invalid[str(name)] = str(err)
+    _refuse_shared_sinks(queries, invalid)
     code_paths = _code_paths(path, raw.get("code_paths"))
     for query in queries.values():
         query._code_paths = query.sink._code_paths = tuple(code_paths)
@@ -1209,6 +1210,26 @@ def load_registry(path: str | os.PathLike[str] | None = None, *, switched: bool 
         derived_from=raw.get("derived_from"),
         **sections,
     )
+
+
+def _refuse_shared_sinks(queries: dict[str, Query], invalid: dict[str, str]) -> None:
+    """Two queries writing one place of a sink kind that is one query's alone (a folder, a
+    Delta table): each is refused (moved to ``invalid``), naming the other."""
+    writers: dict[str, list[str]] = {}
+    for name, query in queries.items():
+        if query.sink.kind.exclusive:
+            for place in query.sink.kind.places(query.sink):
+                writers.setdefault(str(place).rstrip("/"), []).append(name)
+    for place, names in writers.items():
+        for name in names[1:] and names:
+            others = ", ".join(n for n in names if n != name)
+            invalid[name] = (
+                f"query {name}: its {queries[name].sink.format} sink {place} is also written by "
+                f"{others}: a sink's place is one query's to write (its batches, its rollbacks); "
+                "give each query its own"
+            )
+    for name in invalid:
+        queries.pop(name, None)
 
 
 def _sections(path: Path, raw: dict) -> dict[str, Any]:

@@ -68,6 +68,9 @@ class SinkKind(Protocol):
     connector: str | None
     connection_type: str | None
     session_conf: dict[str, str]
+    exclusive: bool
+    """Its place is one query's alone to write (a folder's batch ids, a table's writer id): two
+    queries of a registry writing one place are refused."""
 
     def check(self, sink: Sink) -> None: ...
 

@@ -25,9 +25,9 @@ import re
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.storage import S3Path, list_files, location, spark_url
 from stateops.kinds.base import Sink, register_sink
 from stateops.kinds.rows import COUNTS, diff_rows, frozen
@@ -61,6 +61,7 @@ class DeltaSink:
     connector = CONNECTOR
     connection_type = None
     session_conf = SQL_CONF  # Delta's writer and its SQL (RESTORE, history) need both
+    exclusive = True
 
     def check(self, sink: Sink) -> None:
         if not sink.path:
@@ -87,31 +88,35 @@ class DeltaSink:
 
     def undo_plan(self, sink: Sink, to_batch: int) -> dict[str, Any]:
         """The table version to restore (``restore_to``: the newest version whose table held
-        the writer's batches up to ``to_batch`` and none after) and what that undoes, read
-        from the table's log. ``restore_to`` None: nothing to undo (``finish``: a RESTORE of
-        an interrupted undo is done, its new application id is not set yet)."""
+        the writer's batches up to ``to_batch`` and none after; None: nothing to undo) and
+        what that undoes, read from the table's log back from its newest commit. Whatever it
+        says, an existing table gets a new application id (:meth:`set_aside`)."""
         log = _Log(sink.path)
         plan: dict[str, Any] = {"format": sink.format, "path": str(log.root), "restore_to": None}
         if not log.versions:
-            return {**plan, "latest": None, "finish": False}
-        latest = log.versions[-1]
+            return {**plan, "latest": None}
+        latest, batch = log.versions[-1], sink.folder_batch(to_batch)
         plan["latest"] = latest
-        newest = log.commit(latest).info
-        # a RESTORE of an undo is newest: killed before the new application id was set
-        undo = str(newest.get("userMetadata") or "").startswith(_UNDO)
-        plan["finish"] = undo and newest.get("operation") == "RESTORE"
-        batch = sink.folder_batch(to_batch)
-        last = log.last_batches()
-        if latest in last and last[latest] <= batch:
-            return plan  # nothing of the writer's after the batch
-        kept = [v for v, b in last.items() if b <= batch]
-        if not kept:
+        restore_to = None
+        for version in reversed(log.versions):
+            last = log.last_batch(version)
+            if last is not None and last <= batch:
+                restore_to = version
+                break
+            if last is None or version == log.versions[0] != 0:  # the log stops short of it
+                raise StateOpsError(
+                    f"{log.root}: the table's log no longer holds the version after batch "
+                    f"{to_batch} (its older commits were cleaned up: "
+                    "delta.logRetentionDuration); nothing changed: the table cannot be rolled "
+                    "back that far"
+                )
+        if restore_to is None:
             raise StateOpsError(
-                f"{log.root}: the table's log no longer holds the version after batch "
-                f"{to_batch} (its older commits were cleaned up: delta.logRetentionDuration); "
-                "nothing changed: the table cannot be rolled back that far"
+                f"{log.root}: the table's first version holds batches after {to_batch}; "
+                "nothing changed: roll back to a later batch"
             )
-        restore_to = max(kept)
+        if restore_to == latest:
+            return plan  # nothing of the writer's after the batch
         later = [log.commit(v) for v in log.versions if v > restore_to]
         others = [c for c in later if not c.ours]
         changed = [c for c in others if c.changes_rows]
@@ -123,20 +128,21 @@ class DeltaSink:
                 "undo its rows too; nothing changed: undo it by hand, or roll back to a "
                 "later batch"
             )
-        missing = log.missing_files(restore_to, later)
+        missing = log.missing_files(later)
         if missing:
             raise StateOpsError(
                 f"{log.root}: {len(missing)} data files of version {restore_to} were vacuumed "
                 f"(e.g. {missing[0]}); nothing changed: the table cannot be restored to batch "
                 f"{to_batch}"
             )
+        removed = {r["path"] for c in later for r in c.removes}
+        live = [a for c in later if c.batch is not None for a in c.adds if a["path"] not in removed]
         return {
             **plan,
             "restore_to": restore_to,
-            "batches": [last[restore_to] + 1, last[latest]],
-            "rows": sum(c.rows_added for c in later if c.batch is not None),
+            "batches": [log.last_batch(restore_to), log.last_batch(latest)],
+            "rows": sum(json.loads(a.get("stats") or "{}").get("numRecords", 0) for a in live),
             "others": [f"{c.version} {c.info.get('operation', '')}".strip() for c in others],
-            "finish": False,
         }
 
     def rewrites(self, sink: Sink, first_batch: int, since_ms: int | None) -> None:
@@ -147,25 +153,32 @@ class DeltaSink:
         self, plan: dict[str, Any], run_id: str, submit: Callable[[str, list[str]], None]
     ) -> None:
         """Delta's RESTORE and the writer's new application id, in Spark (the
-        ``undo_sink.py`` job, :func:`restore`); run again after a kill, it finishes it."""
-        if plan["restore_to"] is not None or plan["finish"]:
+        ``undo_sink.py`` job, :func:`restore`); run again after a kill, it finishes it. The
+        new id is set even with nothing to restore: the table cannot say cheaply which batch
+        Delta recorded for the old one (a kill between an earlier RESTORE and its new id, a
+        batch written after its checkpoint was rolled back), and a new id has none."""
+        if plan["latest"] is not None:
             submit("undo_sink.py", ["--plan", json.dumps(plan), "--run-id", run_id])
 
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        if plan["latest"] is None:
+            return [f"  sink {plan['path']} (Delta): no table yet, nothing to undo"]
         if plan["restore_to"] is None:
-            done = "the interrupted undo's new application id set" if plan["finish"] else ""
-            return [f"  sink {plan['path']} (Delta): {done or 'nothing to undo'}"]
-        first, last = plan["batches"]
+            return [f"  sink {plan['path']} (Delta): nothing to undo; a new application id"]
+        first, last = plan["batches"][0] + 1, plan["batches"][1]
         also = f"; also undoes {', '.join(plan['others'])}" if plan["others"] else ""
         return [
             f"  sink {plan['path']} (Delta): RESTORE to version {plan['restore_to']} (of "
-            f"{plan['latest']}), undoing batches {first}..{last} ({plan['rows']} rows){also}"
+            f"{plan['latest']}), undoing batches {first}..{last} ({plan['rows']} rows) and a "
+            f"new application id{also}"
         ]
 
     def undo_hint(self, plan: dict[str, Any]) -> str:
+        if plan["restore_to"] is None:
+            return "nothing of the table's (it keeps its rows; its writer has a new id)"
         return (
-            f"the table back with RESTORE TABLE delta.`{plan['path']}` TO VERSION AS OF "
-            f"{plan['latest']}"
+            f"the table back with RESTORE TABLE delta.`{spark_url(plan['path'])}` TO VERSION "
+            f"AS OF {plan['latest']}"
         )
 
     def touches(self, plan: dict[str, Any]) -> dict[str, list[Path | S3Path]]:
@@ -226,32 +239,38 @@ def _properties(spark: SparkSession, url: str) -> dict[str, str]:
 
 def restore(spark: SparkSession, url: str, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     """Carry out :meth:`DeltaSink.undo_plan`'s ``plan`` (run ``run_id``) on the table at
-        ``url`` (as Spark names it, ``spark`` set to reach it and started with :data:`SQL_CONF`,
-    as every session is where Delta's jar is):
-        RESTORE to its version, then the writer's new application id; each commit says it is the
-        undo's (``userMetadata``). A step done before a kill is not done again; a table written
-        since the plan is refused, nothing changed."""
-    app_id = f"{FIRST_APP_ID}-{run_id}"
+    ``url`` (as Spark names it; ``spark`` set to reach it, and started with :data:`SQL_CONF`
+    as every session is where Delta's jar is): RESTORE to its version, then the writer's new
+    application id; each commit says it is the undo's (``userMetadata``). A step done before
+    a kill is not done again; a table written since the plan is refused, nothing changed."""
+    app_id, mark = f"{FIRST_APP_ID}-{run_id}", _UNDO + run_id
     if _properties(spark, url).get(APP_ID_PROPERTY) == app_id:
         return {"restored": False, "app_id": app_id}
     table = f"delta.`{url}`"
-    newest = spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()
-    restored = newest["operation"] == "RESTORE" and newest["userMetadata"] == _UNDO + run_id
-    if plan["restore_to"] is not None and not restored:
-        if newest["version"] != plan["latest"]:
+    restore = plan["restore_to"] is not None
+    if restore:  # done before a kill? the undo's RESTORE among the commits since the plan
+        since = spark.sql(f"DESCRIBE HISTORY {table}").where(f"version > {int(plan['latest'])}")
+        done = since.where(f"operation = 'RESTORE' AND userMetadata = '{mark}'").count() > 0
+        if not done and since.count():
+            newest = since.agg({"version": "max"}).first()[0]
             raise StateOpsError(
-                f"{plan['path']}: the table was written since the plan (version "
-                f"{newest['version']}, the plan read {plan['latest']}); nothing changed in "
-                "it: plan again"
+                f"{plan['path']}: the table was written since the plan (version {newest}, the "
+                f"plan read {plan['latest']}); nothing changed in it: plan again"
             )
-    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", _UNDO + run_id)
+        restore = not done
+    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", mark)
     try:
-        if plan["restore_to"] is not None and not restored:
+        if restore:
             spark.sql(f"RESTORE TABLE {table} TO VERSION AS OF {int(plan['restore_to'])}")
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{APP_ID_PROPERTY}' = '{app_id}')")
+    except Exception as err:  # Delta's refusal, as a line: the rollback resumes when run again
+        raise StateOpsError(
+            f"{plan['path']}: Delta refused the undo: {query_error_line(err)}; the checkpoint "
+            "is rolled back, and the rollback finishes the table when it runs again"
+        ) from None
     finally:
         spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
-    return {"restored": plan["restore_to"] is not None and not restored, "app_id": app_id}
+    return {"restored": restore, "app_id": app_id}
 
 
 class _Commit:
@@ -277,18 +296,18 @@ class _Commit:
         return self.batch is not None or str(self.info.get("userMetadata", "")).startswith(_UNDO)
 
     @property
+    def restore(self) -> bool:
+        return self.info.get("operation") == "RESTORE"
+
+    @property
     def restored_to(self) -> int | None:
-        if self.info.get("operation") != "RESTORE":
-            return None
-        return int(self.info.get("operationParameters", {}).get("version", -1))
+        """The version a RESTORE restored (None: not said, as for one to a timestamp)."""
+        version = self.info.get("operationParameters", {}).get("version")
+        return int(version) if str(version).isdigit() else None
 
     @property
     def changes_rows(self) -> bool:
         return any(a.get("dataChange", True) for a in self.adds + self.removes)
-
-    @property
-    def rows_added(self) -> int:
-        return sum(json.loads(a.get("stats") or "{}").get("numRecords", 0) for a in self.adds)
 
 
 class _Log:
@@ -300,7 +319,9 @@ class _Log:
         listed = isinstance(self.dir, S3Path) or self.dir.is_dir()
         names = [rel for rel in list_files(self.dir)] if listed else []
         self.versions = sorted(int(m.group(1)) for n in names if (m := _COMMIT.fullmatch(n)))
+        self._present = set(self.versions)
         self._commits: dict[int, _Commit] = {}
+        self._last: dict[int, int | None] = {}
 
     def commit(self, version: int) -> _Commit:
         if version not in self._commits:
@@ -309,30 +330,56 @@ class _Log:
             self._commits[version] = _Commit(version, actions)
         return self._commits[version]
 
-    def last_batches(self) -> dict[int, int]:
-        """The writer's last batch in the table at each version the log can tell: from the
-        oldest commit it holds (the table's first: -1 before it), a RESTORE taking the
-        batch of the version it restored."""
-        known: dict[int, int] = {}
-        last: int | None = -1 if self.versions and self.versions[0] == 0 else None
-        for version in self.versions:
+    def last_batch(self, version: int) -> int | None:
+        """The writer's last batch in the table at ``version`` (-1: none yet), from the log
+        back from it: a batch's commit says it, a RESTORE takes the batch of the version it
+        restored, any other commit its predecessor's. None: the log cannot tell (cleaned up
+        past it, or a RESTORE to a time)."""
+        passed: list[int] = []
+        while True:
+            if version in self._last:
+                found = self._last[version]
+                break
+            if version < 0 or version not in self._present:
+                found = -1 if version < 0 else None
+                break
+            passed.append(version)
             c = self.commit(version)
             if c.batch is not None:
-                last = c.batch
-            elif c.restored_to is not None:
-                last = known.get(c.restored_to)
-            if last is not None:
-                known[version] = last
-        return known
+                found = c.batch
+                break
+            if c.restore:
+                if c.restored_to is None:
+                    found = None
+                    break
+                version = c.restored_to
+            else:
+                version -= 1
+        self._last.update(dict.fromkeys(passed, found))
+        return found
 
-    def missing_files(self, version: int, later: list[_Commit]) -> list[str]:
-        """The data files of ``version``'s table that later commits removed and are gone."""
-        added = {a["path"] for c in later for a in c.adds}
-        needed = sorted({r["path"] for c in later for r in c.removes} - added)
+    def missing_files(self, later: list[_Commit]) -> list[str]:
+        """The data files a RESTORE to the version before ``later`` puts back (in its table,
+        then removed: a path's first action since is a remove, and its last one too) and
+        that are gone."""
+        first: dict[str, str] = {}
+        last: dict[str, str] = {}
+        for c in later:
+            for what, actions in (("add", c.adds), ("remove", c.removes)):
+                for action in actions:
+                    first.setdefault(action["path"], what)
+                    last[action["path"]] = what
+        needed = sorted(p for p in first if first[p] == last[p] == "remove")
         return [p for p in needed if not self._file(p).exists()]
 
-    def _file(self, rel: str) -> Path | S3Path:
-        return location(unquote(rel)) if "://" in rel else self.root / unquote(rel)
+    def _file(self, path: str) -> Path | S3Path:
+        """A data file the log names: relative to the table (URL-encoded), or a URI."""
+        url = urlsplit(path)
+        if url.scheme == "file":
+            return Path(unquote(url.path))
+        if url.scheme:
+            return location(f"s3://{url.netloc}{unquote(url.path)}")
+        return self.root / unquote(path)
 
     def rows(self, commits: list[_Commit], *, removed: bool) -> Counter:
         """The rows of the files ``commits`` removed (else added), partition values with

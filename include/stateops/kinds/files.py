@@ -66,6 +66,7 @@ class Folder:
     connector = None
     connection_type = None
     session_conf: dict[str, str] = {}
+    exclusive = True
 
     def check(self, sink: Sink) -> None:
         if not sink.path:

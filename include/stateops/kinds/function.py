@@ -39,6 +39,7 @@ class FunctionSink:
     connector = None
     connection_type = None
     session_conf: dict[str, str] = {}
+    exclusive = False  # the user's store: its own rules
 
     def check(self, sink: Sink) -> None:
         for field in ("function", "undo"):
@@ -85,7 +86,14 @@ class FunctionSink:
         faults.point("undo")
         fence.guard()
         undo = import_ref(plan["undo"], "sink.undo", "the sink", plan["code_paths"])
-        undo(plan["after_batch"])
+        try:
+            undo(plan["after_batch"])
+        except Exception as err:  # the user's code: its failure as a line, and what follows
+            raise StateOpsError(
+                f"sink undo {plan['undo']}({plan['after_batch']}) failed: "
+                f"{type(err).__name__}: {err}; the checkpoint is rolled back, and the rollback "
+                "calls it again when it runs again"
+            ) from err
 
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         return [f"  sink: {plan['undo']}({plan['after_batch']}) removes the later batches' output"]

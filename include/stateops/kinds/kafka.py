@@ -110,6 +110,7 @@ class KafkaSink:
     connector = CONNECTOR
     connection_type = "kafka"
     session_conf: dict[str, str] = {}
+    exclusive = False  # a topic takes many writers
 
     def check(self, sink: Sink) -> None:
         if sink.path or not sink.topic:
