@@ -149,3 +149,43 @@ def test_a_restore_to_a_time_or_absolute_paths_are_read_as_they_are(table, tmp_p
     table.commit(info={"operation": "RESTORE", "operationParameters": {"timestamp": "x"}})
     with pytest.raises(StateOpsError, match="no longer holds the version after batch 0"):
         table.plan(0)
+
+
+def test_the_backfill_report_compares_the_rows_the_restore_removed_with_the_new_ones(table):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def batch(b: int, app: str, rows: list[tuple[str, int]]) -> str:
+        name = f"b{b}-{app}.parquet"
+        pq.write_table(pa.table({"user": [u for u, _ in rows], "n": [n for _, n in rows]}),
+                       table.root / name)  # fmt: skip
+        table.commit(
+            {"txn": {"appId": app, "version": b}},
+            {"add": {"path": name, "dataChange": True}},
+        )
+        return name
+
+    batch(0, "stateops", [("a", 1)])
+    gone = [batch(1, "stateops", [("a", 2), ("b", 1)]), batch(2, "stateops", [("c", 1)])]
+    meta = {"userMetadata": "stateops undo r1"}
+    table.commit(
+        *({"remove": {"path": p, "dataChange": True}} for p in gone),
+        info={**meta, "operation": "RESTORE", "operationParameters": {"version": 0}},
+    )
+    mark = {"version": table.commit(info={**meta, "operation": "SET TBLPROPERTIES"})}
+    batch(1, "stateops-r1", [("a", 2), ("b", 5)])  # b changed, c gone, d new
+    batch(2, "stateops-r1", [("d", 1)])
+    sink = Sink(format="delta", path=str(table.root))
+    lines, counts, _ = sink.kind.compare(
+        sink, run_id="r1", after_batch=0, key_columns=["user"], mark=mark, before=None
+    )
+    assert counts == {
+        "rows_before": 3,
+        "rows_after": 3,
+        "unchanged": 1,
+        "added": 1,
+        "removed": 1,
+        "changed_keys": 1,
+    }
+    assert lines[0].endswith("the old rows stay readable in the table's versions before 3 "
+                             "(restored to 0)")  # fmt: skip

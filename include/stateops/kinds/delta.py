@@ -203,24 +203,28 @@ class DeltaSink:
         less those it put back) against the rows the reprocessing's commits added since
         ``mark``."""
         log = _Log(sink.path)
-        undo = [
-            c
-            for c in map(log.commit, log.versions)
-            if c.info.get("userMetadata") == _UNDO + run_id and c.info.get("operation") == "RESTORE"
-        ]
-        since = (mark or {}).get("version") if isinstance(mark, dict) else None
+        since = mark.get("version") if isinstance(mark, dict) else None
+        undo: list[_Commit] = []
+        for version in reversed([v for v in log.versions if since is None or v <= since]):
+            c = log.commit(version)  # back from the mark (the rollback's end) to its RESTORE
+            if c.restore and c.info.get("userMetadata") == _UNDO + run_id:
+                undo = [c]
+                break
         after_commits = [log.commit(v) for v in log.versions if since is None or v > since]
         old = log.rows(undo, removed=True) - log.rows(undo, removed=False)
         new = log.rows(after_commits, removed=False) - log.rows(after_commits, removed=True)
         diff = diff_rows(old, new, key_columns)
         keys = ", ".join(key_columns) or "whole rows"
-        restored = undo[0].info.get("operationParameters", {}).get("version") if undo else None
+        kept = (
+            f"the old rows stay readable in the table's versions before {undo[0].version} "
+            f"(restored to {undo[0].restored_to})"
+            if undo
+            else "the rollback restored nothing"
+        )
         lines = [
             f"{diff['rows_before']} rows before, {diff['rows_after']} after; "
             f"{diff['unchanged']} unchanged, {diff['added']} added, {diff['removed']} removed, "
-            f"{diff['changed_keys']} keys changed (by {keys}); the old rows stay readable in "
-            f"the table's versions before {undo[0].version if undo else '?'} (restored to "
-            f"{restored})"
+            f"{diff['changed_keys']} keys changed (by {keys}); {kept}"
         ]
         lines += [f"  changed {line}" for line in diff["examples"]]
         return lines, {k: diff[k] for k in COUNTS}, diff
