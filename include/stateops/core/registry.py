@@ -1221,7 +1221,9 @@ def _refuse_shared_sinks(queries: dict[str, Query], invalid: dict[str, str]) -> 
             for place in query.sink.kind.places(query.sink):
                 writers.setdefault(str(place).rstrip("/"), []).append(name)
     for place, names in writers.items():
-        for name in names[1:] and names:
+        if len(names) < 2:
+            continue
+        for name in names:
             others = ", ".join(n for n in names if n != name)
             invalid[name] = (
                 f"query {name}: its {queries[name].sink.format} sink {place} is also written by "
