@@ -213,6 +213,8 @@ def test_spark_knows_clock_driven_queries_before_they_start(spark, tmp_path):
     raw["queries"]["ticking_visits"] = {
         **raw["queries"]["page_visits"],
         "processor": {**raw["queries"]["page_visits"]["processor"], "time_mode": "ProcessingTime"},
+        "sink": {"format": "parquet", "path": "output/ticking_visits"},  # one writer per sink
+        "checkpoint": "checkpoints/ticking_visits",
     }
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     land(tmp_path / "landing", round_=0, files=1)
