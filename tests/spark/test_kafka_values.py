@@ -1,7 +1,7 @@
 """A topic's values as they are: Spark's own structured_kafka_wordcount as a registered query
-on text values (``encoding: raw``), and JSON values that do not parse, never silently null:
-counted and skipped (``malformed: count``, which the run's summary and the status report), or
-the run fails on them (the default)."""
+on text values (``encoding: raw``), Avro values (``encoding: avro``), and values that do not
+decode, never silently null: counted and skipped (``malformed: count``, which the run's
+summary and the status report), or the run fails on them (the default)."""
 
 from __future__ import annotations
 
@@ -137,3 +137,77 @@ def test_two_counting_sources_of_one_query_are_each_counted(spark, kafka, tmp_pa
     for batch in sorted(output := read_sink(tmp_path / "output" / "union_counts")):
         counts.update(dict(output[batch]))
     assert counts == {f"u{u}": 2 * 12 // 5 + (2 if u < 12 % 5 else 0) for u in range(5)}
+
+
+VISIT_AVRO = {
+    "type": "record",
+    "name": "Visit",
+    "fields": [
+        {"name": "user_id", "type": "string"},
+        {"name": "page", "type": "string"},
+        {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+
+
+def _avro(spark, records: list[tuple[str, dict, int]]) -> list[bytes]:
+    """:func:`visits`' values as Spark's own ``to_avro`` writes them with VISIT_AVRO."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import to_avro
+
+    rows = [(v["user_id"], v["page"], v["event_time"] * 1000) for _, v, _ in records]
+    df = spark.createDataFrame(rows, "user_id STRING, page STRING, ms BIGINT")
+    record = F.struct(
+        F.coalesce("user_id", F.lit("")).alias("user_id"),  # not null, as the schema says
+        F.coalesce("page", F.lit("")).alias("page"),
+        F.coalesce(F.timestamp_millis("ms"), F.timestamp_millis(F.lit(0))).alias("event_time"),
+    )
+    values = df.select(to_avro(record, json.dumps(VISIT_AVRO)).alias("v")).collect()
+    return [bytes(r.v) for r in values]
+
+
+@pytest.mark.whole
+def test_avro_values_read_as_the_same_events_in_json_and_bad_ones_are_counted_or_fail(
+    spark, kafka, tmp_path
+):
+    """The same 12 visits as JSON values and as Avro values (Spark's ``to_avro``), with 3
+    values between them that do not decode (a negative length, a record cut short, a
+    tombstone): counted, the Avro run's output is the JSON run's; not counted, the run fails
+    on them and commits nothing."""
+    events = visits(12)
+    json_topic = kafka.create_topic("visits-as-json", partitions=1)
+    kafka.produce(json_topic, events)
+    values = _avro(spark, events)
+    bad = [
+        ("u9", b"\x01", T0 + 500),  # a string's length, zigzag -1
+        ("u9", values[0][:-2], T0 + 600),  # the time cut short
+        ("u9", None, T0 + 700),  # a tombstone
+    ]
+    good = [(key, value, stamp) for (key, _, stamp), value in zip(events, values, strict=True)]
+    avro_topic = kafka.create_topic("visits-as-avro", partitions=1)
+    kafka.produce(avro_topic, good[:6] + bad + good[6:])
+    one_batch = {"options": {"startingOffsets": "earliest"}}
+    avro = {**kafka_source(avro_topic), **one_batch, "encoding": "avro", "avro_schema": VISIT_AVRO}
+
+    outputs = []
+    for name, source in (
+        ("json", {**kafka_source(json_topic), **one_batch}),
+        ("avro", {**avro, "malformed": "count"}),
+    ):
+        registry = write_registry(tmp_path / name, with_kafka=True, kafka_visits={"source": source})
+        summary = run_in_session(spark, registry, "kafka_visits", "--mode", "available-now")
+        assert summary["status"] == "succeeded", summary
+        outputs.append((summary, read_sink(tmp_path / name / "output" / "kafka_visits")))
+    (json_run, json_rows), (avro_run, avro_rows) = outputs
+    assert (json_run["input_rows"], json_run["malformed_records"]) == (12, 0)
+    assert (avro_run["input_rows"], avro_run["malformed_records"]) == (12 + len(bad), len(bad))
+    assert avro_rows == json_rows and json_rows, "the same rows, batch for batch"
+
+    registry = write_registry(tmp_path / "fail", with_kafka=True, kafka_visits={"source": avro})
+    code, out = job_in_session(
+        spark, "run_query.py", "--registry", str(registry), "--query", "kafka_visits"
+    )
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code != 0 and summary["status"] == "failed"
+    assert summary["error"].startswith("a record did not parse as its source's schema"), summary
+    assert summary["last_committed_batch"] is None

@@ -127,7 +127,7 @@ def test_a_real_endpoint_or_none_makes_a_client_for_it(endpoint, url):
 
 
 def test_a_query_that_failed_in_python_code_names_the_python_exception():
-    from stateops.core.errors import query_error_line
+    from stateops.core.errors import MALFORMED, query_error_line
 
     spark_said = (
         "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in "
@@ -151,6 +151,14 @@ def test_a_query_that_failed_in_python_code_names_the_python_exception():
     assert query_error_line(planned) == query_error_line(spark_said)
     plain = "[STREAM_FAILED] Query terminated\nwith more lines"
     assert query_error_line(plain) == "[STREAM_FAILED] Query terminated"
+    # from_avro's FAILFAST says it without an error class (Spark 4.2's AvroDataToCatalyst)
+    avro = (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted\nCaused by: "
+        "org.apache.spark.SparkException: Malformed records are detected in record parsing. "
+        "Current parse Mode: FAILFAST. To process malformed records as null result, try "
+        "setting the option 'mode' as 'PERMISSIVE'."
+    )
+    assert query_error_line(avro) == MALFORMED
 
 
 def test_spark_s_refusal_of_the_state_for_the_code_names_both_schemas_and_what_to_do():

@@ -4,6 +4,8 @@ refused naming whose they are."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -34,7 +36,7 @@ def test_each_spelling_names_its_kind():
     "spec, says",
     [
         ({**KAFKA, "encoding": "raw", "schema": "value STRING, size INT"}, "schema size: a raw"),
-        ({**KAFKA, "encoding": "raw", "malformed": "count"}, "malformed is for json values"),
+        ({**KAFKA, "encoding": "raw", "malformed": "count"}, "malformed is for json and avro"),
         ({**KAFKA, "schema": "_stateops_malformed STRING"}, "the name is stateops' own"),
         ({**FILES, "encoding": "raw"}, "encoding raw is for kafka sources"),
         ({**FILES, "malformed": "count"}, "error, malformed is for kafka sources, not"),
@@ -54,6 +56,54 @@ def test_a_raw_record_takes_any_of_sparks_record_columns():
     columns = "key BINARY, value STRING, topic STRING, partition INT, offset BIGINT, timestamp "
     columns += "TIMESTAMP, timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
     assert Source.model_validate({**spec, "schema": columns}).encoding == "raw"
+
+
+VISIT = {
+    "type": "record",
+    "name": "Visit",
+    "fields": [
+        {"name": "user", "type": "string"},
+        {"name": "page", "type": ["null", "string"]},
+        {"name": "n", "type": "int"},
+        {"name": "size", "type": "float"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "seq", "type": "long"},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+    ],
+}
+AVRO = {**KAFKA, "encoding": "avro", "avro_schema": VISIT}
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ({**KAFKA, "encoding": "avro"}, "encoding: avro needs avro_schema: the writer's"),
+        ({**KAFKA, "avro_schema": VISIT}, "avro_schema is for Avro values: give encoding: avro"),
+        ({**AVRO, "avro_schema": "{not json"}, r"avro_schema is not JSON \(.*line 1"),
+        ({**AVRO, "avro_schema": '"string"'}, "avro_schema is not a record schema"),
+        ({**AVRO, "schema": "user STRING, city STRING"}, r"schema city: not a field of .*user"),
+        ({**AVRO, "schema": "user INT"}, "schema user INT: the Avro field is string, which reads"),
+        ({**AVRO, "schema": "seq TIMESTAMP"}, "declare it with logicalType timestamp-millis"),
+        ({**AVRO, "schema": "n BOOLEAN"}, "the Avro field is int, which reads as INT or BIGINT"),
+        ({**AVRO, "encoding": "raw"}, "avro_schema is for Avro values"),
+        ({**FILES, "avro_schema": VISIT}, "avro_schema is for kafka sources"),
+    ],
+    ids=["no-schema", "no-encoding", "not-json", "not-record", "not-a-field", "not-its-type",
+         "long-as-time", "int-as-bool", "raw-with-schema", "files"],
+)  # fmt: skip
+def test_an_avro_source_refuses_a_schema_that_does_not_read_its_values(spec, says):
+    with pytest.raises(ValidationError, match=says):
+        Source.model_validate(spec)
+
+
+def test_an_avro_source_takes_its_fields_widened_or_as_text_and_the_avsc_text():
+    columns = "user STRING, page STRING, n BIGINT, size DOUBLE, at TIMESTAMP, seq STRING"
+    source = Source.model_validate({**AVRO, "schema": columns + ", tags ARRAY<STRING>"})
+    assert json.loads(source.avro_schema or "") == VISIT
+    text = Source.model_validate({**AVRO, "avro_schema": json.dumps(VISIT), "schema": "n INT"})
+    assert text.avro_schema == json.dumps(VISIT)
+    assert source.kind.jars(source) == ("spark-sql-kafka", "spark-avro")
+    assert source.kind.jars(Source.model_validate(KAFKA)) == ("spark-sql-kafka",)
 
 
 def test_a_sink_refuses_the_fields_of_another_kind():

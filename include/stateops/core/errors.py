@@ -154,10 +154,13 @@ STATE_OF_OTHER_CODE = (
 # Spark's refusal of a value that does not parse (a Kafka source's JSON values, by default).
 MALFORMED = (
     "a record did not parse as its source's schema (Spark's MALFORMED_RECORD_IN_PARSING: for "
-    "a Kafka source, a value that is not JSON of the schema, empty or null), and the run "
+    "a Kafka source, a value that is not JSON of the schema or Avro of avro_schema, empty or "
+    "null), and the run "
     "stopped before committing its batch: fix the producer; a Kafka source can instead skip "
     "and count such records (malformed: count) or read them as they are (encoding: raw)"
 )
+# How Spark says it: its error class (JSON), and from_avro's FAILFAST, which has none.
+_MALFORMED_SIGNS = ("[MALFORMED_RECORD_IN_PARSING", "Malformed records are detected in record")
 
 
 def query_error_line(error: object) -> str:
@@ -171,7 +174,8 @@ def query_error_line(error: object) -> str:
         return str(s3)
     # the error itself, not the query's plan Spark appends (a Kafka source's own refusal of a
     # null value is a literal in it: any failure of the query would read as malformed)
-    if "[MALFORMED_RECORD_IN_PARSING" in str(error).split("\n=== Streaming Query ===", 1)[0]:
+    said = str(error).split("\n=== Streaming Query ===", 1)[0]
+    if any(sign in said for sign in _MALFORMED_SIGNS):
         return MALFORMED
     other_code = _STATE_OF_OTHER_CODE.search(str(error))
     if other_code is not None:

@@ -4,6 +4,7 @@ spelling (``format``), filled by the kinds' modules as they load (:mod:`stateops
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -45,6 +46,10 @@ class SourceKind(Protocol):
 
     def check(self, source: Source) -> None:
         """Refuse what this kind cannot read as written: ValueError, one line."""
+
+    def jars(self, source: Source) -> tuple[str, ...]:
+        """The jars Spark needs to read it, by a part of their names (its connector and what
+        this source's values need)."""
 
     def where(self, source: Source) -> str:
         """Where it reads, as a person reads it."""
@@ -180,15 +185,20 @@ class Source(Model):
     connection: str | None = Field(None, pattern=CONN_ID)
     """A Kafka source's Airflow connection (type kafka: brokers, TLS, SASL); None: the
     registry's ``connections.kafka``."""
-    encoding: Literal["json", "raw"] = "json"
-    """A Kafka source's record values: ``json`` (decoded into the columns of ``schema``), or
-    ``raw``: the record as Spark's Kafka source gives it, ``schema`` choosing its columns
-    (``key``, ``value``, ``topic``, ``partition``, ``offset``, ``timestamp``,
-    ``timestampType``, ``headers``) and their types (``value STRING`` for text, ``value
-    BINARY`` for bytes)."""
+    encoding: Literal["json", "raw", "avro"] = "json"
+    """A Kafka source's record values: ``json`` (decoded into the columns of ``schema``),
+    ``avro`` (decoded with the writer's ``avro_schema``, ``schema`` choosing the record's
+    fields and their types), or ``raw``: the record as Spark's Kafka source gives it,
+    ``schema`` choosing its columns (``key``, ``value``, ``topic``, ``partition``,
+    ``offset``, ``timestamp``, ``timestampType``, ``headers``) and their types (``value
+    STRING`` for text, ``value BINARY`` for bytes)."""
+    avro_schema: str | None = None
+    """A Kafka source's writer's Avro schema (``encoding: avro``): the ``.avsc`` text, or the
+    same as a YAML mapping."""
     malformed: Literal["fail", "count"] | None = None
-    """A Kafka source's JSON value that does not parse: ``fail`` the run (the default), or
-    ``count`` it, skip it and go on (the run's summary and ``stateops status`` say how many)."""
+    """A Kafka source's JSON or Avro value that does not decode (or a tombstone): ``fail`` the
+    run (the default), or ``count`` it, skip it and go on (the run's summary and ``stateops
+    status`` say how many)."""
     schema_: DDLSchema = Field(alias="schema")
     options: dict[str, str | int | bool] = {}
 
@@ -196,6 +206,12 @@ class Source(Model):
     @classmethod
     def _known(cls, value: str) -> str:
         return _spelled(SOURCE_KINDS, value)
+
+    @field_validator("avro_schema", mode="before")
+    @classmethod
+    def _avro_text(cls, value: Any) -> Any:
+        """A schema written as a YAML mapping, as the ``.avsc`` text Spark takes."""
+        return json.dumps(value) if isinstance(value, dict) else value
 
     @property
     def kind(self) -> SourceKind:

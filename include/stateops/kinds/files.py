@@ -46,6 +46,9 @@ class Files:
                 f"files are read as {source.format}"
             )
 
+    def jars(self, source: Source) -> tuple[str, ...]:
+        return ()  # Spark's own readers
+
     def where(self, source: Source) -> str:
         return source.path
 

@@ -10,6 +10,9 @@ the JSON value): at least once, a batch that runs again writes its records again
 
 from __future__ import annotations
 
+import functools
+import json
+import operator
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +29,12 @@ from stateops.core.model import schema_fields
 from stateops.kinds.base import Sink, Source, register_sink, register_source
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = ["KAFKA", "KAFKA_SINK", "records_between", "topic_offsets"]
 
 CONNECTOR = "spark-sql-kafka"
+AVRO = "spark-avro"  # Avro's functions (from_avro)
 _SECURITY = ("kafka.sasl.", "kafka.security.", "kafka.ssl.")
 # The columns of a record as Spark's Kafka source gives it (``encoding: raw``).
 RECORD_COLUMNS = (
@@ -52,7 +56,7 @@ _MALFORMED_COLUMN = "_stateops_malformed"
 
 class Kafka:
     name = "kafka"
-    fields = ("topic", "topics", "bootstrap_servers", "connection", "malformed")
+    fields = ("topic", "topics", "bootstrap_servers", "connection", "avro_schema", "malformed")
     connector = CONNECTOR
     connection_type = "kafka"
     session_conf: dict[str, str] = {}
@@ -60,17 +64,27 @@ class Kafka:
     def check(self, source: Source) -> None:
         self._check_place(source)
         columns = [name for name, _ in schema_fields(source.schema_)]
+        if source.avro_schema and source.encoding != "avro":
+            raise ValueError("avro_schema is for Avro values: give encoding: avro with it")
         if source.encoding == "raw":
             if source.malformed:
-                raise ValueError("malformed is for json values: a raw record is never parsed")
+                raise ValueError(
+                    "malformed is for json and avro values: a raw record is never decoded"
+                )
             unknown = [c for c in columns if c not in RECORD_COLUMNS]
             if unknown:
                 raise ValueError(
                     f"schema {', '.join(unknown)}: a raw record's columns are "
                     f"{', '.join(RECORD_COLUMNS)} (encoding: json decodes the value instead)"
                 )
+        elif source.encoding == "avro":
+            _check_avro(source)
         elif _MALFORMED_COLUMN in columns:
             raise ValueError(f"schema {_MALFORMED_COLUMN}: the name is stateops' own")
+
+    def jars(self, source: Source) -> tuple[str, ...]:
+        """The connector, and Avro's functions for Avro values."""
+        return (CONNECTOR, AVRO) if source.encoding == "avro" else (CONNECTOR,)
 
     def _check_place(self, source: Source) -> None:
         if source.path:
@@ -223,27 +237,132 @@ def decode(records: DataFrame, source: Source, *, streaming: bool = False) -> Da
     batch's records here too, as the query read them."""
     from pyspark.sql import functions as F
 
+    columns = schema_fields(source.schema_)
     if source.encoding == "raw":
-        record = F.struct(*[name for name, _ in schema_fields(source.schema_)])
+        record = F.struct(*[name for name, _ in columns])
         return records.select(record.cast(f"STRUCT<{source.schema_}>").alias("r")).select("r.*")
-    text = F.col("value").cast("string")
-    topics = ",".join(source.subscribed)
-    if source.malformed != "count":  # a value that does not parse fails the batch
-        parsed = F.from_json(text, source.schema_, {"mode": "FAILFAST"})
-        said = f"[MALFORMED_RECORD_IN_PARSING] an empty or null value of topic {topics}"
-        value = F.when(parsed.isNull(), F.raise_error(F.lit(said))).otherwise(parsed)
-        return records.select(value.alias("v")).select("v.*")
-    value = F.from_json(
-        text,
-        f"{source.schema_}, {_MALFORMED_COLUMN} STRING",
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _MALFORMED_COLUMN},
-    )
+    counting = source.malformed == "count"
+    if source.encoding == "avro":
+        value, bad = _from_avro(source, counting)
+        picked = [F.col(f"v.{name}").cast(kind).alias(name) for name, kind in columns]
+    elif counting:
+        value = F.from_json(
+            F.col("value").cast("string"),
+            f"{source.schema_}, {_MALFORMED_COLUMN} STRING",
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _MALFORMED_COLUMN},
+        )
+        bad = F.col("v").isNull() | F.col(f"v.{_MALFORMED_COLUMN}").isNotNull()
+        picked = [F.col(f"v.{name}") for name, _ in columns]
+    else:
+        value = F.from_json(F.col("value").cast("string"), source.schema_, {"mode": "FAILFAST"})
+        bad = F.col("v").isNull()
+        picked = [F.col(f"v.{name}") for name, _ in columns]
     parsed = records.select(value.alias("v"))
-    bad = F.col("v").isNull() | F.col(f"v.{_MALFORMED_COLUMN}").isNotNull()
+    topics = ",".join(source.subscribed)
+    if not counting:  # a value that does not decode fails the batch; an empty one too
+        said = f"[MALFORMED_RECORD_IN_PARSING] an empty or null value of topic {topics}"
+        guarded = F.when(bad, F.raise_error(F.lit(said))).otherwise(F.col("v"))
+        return parsed.select(guarded.alias("v")).select(*picked)
     if streaming:
         name = f"{MALFORMED_METRIC}:{topics}:{uuid.uuid4().hex[:8]}"
         parsed = parsed.observe(name, F.count(F.when(bad, 1)).alias("records"))
-    return parsed.where(~bad).select("v.*").drop(_MALFORMED_COLUMN)
+    return parsed.where(~bad).select(*picked)
+
+
+def _from_avro(source: Source, counting: bool) -> tuple[Column, Column]:
+    """The value decoded with the writer's schema (Spark's ``from_avro``), and what makes a
+    record malformed: a null value (a tombstone) and, when counting, a value Spark could not
+    decode, which its PERMISSIVE mode gives as a record of nulls (not as null), so a record
+    whose every field is null counts as malformed then."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    mode = "PERMISSIVE" if counting else "FAILFAST"
+    value = from_avro(F.col("value"), source.avro_schema or "", {"mode": mode})
+    bad = F.col("v").isNull()
+    if counting:
+        fields = [F.col(f"v.{name}").isNull() for name in avro_fields(source.avro_schema or "")]
+        bad = bad | functools.reduce(operator.and_, fields)
+    return value, bad
+
+
+# Spark's type of each Avro type (by its logicalType where it has one) and the types a
+# ``schema`` may declare it as beside that: widenings and text.
+_AVRO_TYPES: dict[str, tuple[str, ...]] = {
+    "boolean": ("BOOLEAN",),
+    "int": ("INT", "BIGINT", "DOUBLE"),
+    "long": ("BIGINT",),
+    "float": ("FLOAT", "DOUBLE"),
+    "double": ("DOUBLE",),
+    "string": ("STRING",),
+    "enum": ("STRING",),
+    "bytes": ("BINARY",),
+    "fixed": ("BINARY",),
+    "date": ("DATE",),
+    "timestamp-millis": ("TIMESTAMP",),
+    "timestamp-micros": ("TIMESTAMP",),
+    "local-timestamp-millis": ("TIMESTAMP_NTZ",),
+    "local-timestamp-micros": ("TIMESTAMP_NTZ",),
+}
+
+
+def avro_fields(text: str) -> dict[str, Any]:
+    """The fields of an Avro record schema (the ``.avsc`` text) by name, each its type as
+    written; ValueError, one line, for text that is not a record schema."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"avro_schema is not JSON ({err.msg}, line {err.lineno} column {err.colno}): give "
+            "the writer's .avsc text, or the same as a mapping"
+        ) from None
+    fields = schema.get("fields") if isinstance(schema, dict) else None
+    if not isinstance(schema, dict) or schema.get("type") != "record" or not fields:
+        raise ValueError(
+            'avro_schema is not a record schema ({"type": "record", "name": ..., "fields": '
+            "[...]}): a value's columns are its record's fields"
+        )
+    return {f["name"]: f.get("type") for f in fields if isinstance(f, dict) and "name" in f}
+
+
+def avro_type(written: Any) -> str | None:
+    """An Avro field's type as :data:`_AVRO_TYPES` names it (its logicalType where it has
+    one; a union with null, its other member); None: a type Spark reads as a struct, array
+    or map, or a union of several, which Spark's cast checks at run time."""
+    if isinstance(written, list):
+        others = [t for t in written if t != "null"]
+        return avro_type(others[0]) if len(others) == 1 else None
+    if isinstance(written, dict):
+        return written.get("logicalType") or avro_type(written.get("type"))
+    return written if isinstance(written, str) else None
+
+
+def _check_avro(source: Source) -> None:
+    """An Avro source's columns are fields of its writer's record, declared as types Spark's
+    cast reads them as (a widening or text)."""
+    if not source.avro_schema:
+        raise ValueError("encoding: avro needs avro_schema: the writer's schema (.avsc)")
+    fields = avro_fields(source.avro_schema)
+    for name, declared in schema_fields(source.schema_):
+        if name not in fields:
+            raise ValueError(
+                f"schema {name}: not a field of avro_schema's record (its fields: "
+                f"{', '.join(fields)})"
+            )
+        written = avro_type(fields[name])
+        allowed = _AVRO_TYPES.get(written or "")
+        if allowed is None or declared == "STRING" or declared in allowed:
+            continue
+        if written in ("long", "int") and declared in ("TIMESTAMP", "TIMESTAMP_NTZ", "DATE"):
+            raise ValueError(
+                f"schema {name} {declared}: the Avro field is a {written}; declare it with "
+                "logicalType timestamp-millis (or date) in avro_schema, or as BIGINT "
+                "(Spark would read the number as seconds)"
+            )
+        raise ValueError(
+            f"schema {name} {declared}: the Avro field is {written}, which reads as "
+            f"{' or '.join(allowed)} (or STRING)"
+        )
 
 
 def records_between(before: Offsets | None, after: Offsets) -> int:

@@ -487,6 +487,7 @@ def _new_source(
     if current.kind.connection_type == "kafka" and spec.get("topic"):  # a topic's values
         spec.setdefault("encoding", current.encoding)  # are read as the old topic's were
         spec.setdefault("malformed", current.malformed)
+        spec.setdefault("avro_schema", current.avro_schema)
     given = spec.pop("options", None) or {}
     path = str(spec.get("path", ""))
     inputs = []

@@ -250,8 +250,8 @@ def load_transform(query: Query) -> Callable[..., Any]:
 
 def connectors(query: Query) -> set[str]:
     """The jars (by a part of their names) Spark needs for the query's sources and sink."""
-    kinds = [s.kind for s in query.inputs.values()] + [query.sink.kind]
-    return {kind.connector for kind in kinds if kind.connector}
+    jars = {jar for source in query.inputs.values() for jar in source.kind.jars(source)}
+    return jars | ({query.sink.kind.connector} if query.sink.kind.connector else set())
 
 
 def check_code(query: Query) -> None:
