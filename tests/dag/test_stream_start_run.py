@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -272,6 +273,43 @@ def test_airflow_dags_test_stream_snapshot_cleanup(spark, tmp_path):
 def test_airflow_dags_test_stream_backfill_with_changed_logic(spark, tmp_path, s3):
     """Dry run changes nothing; then roll back to the input before a time, reprocess with a
     smaller max_pages, and report what changed."""
+    _dag_backfill(spark, tmp_path, s3)
+
+
+@pytest.mark.whole  # the CLI's backfill alone: tests/spark/test_backfill_run.py
+def test_stateops_backfill_gives_the_state_output_and_report_of_the_dags(spark, tmp_path, s3):
+    """The same backfill through `stateops backfill`, on the same events in another folder:
+    the same state, output and report as the stream_backfill DAG's."""
+    query, new_rows, log = _dag_backfill(spark, tmp_path, s3)
+    overrides = {"processor": {"options": {"max_pages": 2}}}
+    cli_path = write_registry(tmp_path / "cli")
+    raw = yaml.safe_load(cli_path.read_text())
+    raw["backups"] = {"url": "s3://backups/backfill-cli", "conn_id": "aws_default"}
+    cli_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cli_query = load_registry(cli_path).query("page_visits")
+    land(tmp_path / "cli" / "landing", round_=0, files=5)
+    run_in_session(spark, cli_path, "page_visits")
+    cutoff = load_checkpoint(cli_query.checkpoint).input_files(2)[0]["timestamp"] / 1000
+    cli_when = datetime.fromtimestamp(cutoff, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    args = ["--input-before", cli_when, "--overrides", json.dumps(overrides)]
+    cli = run_cli(
+        "--registry", str(cli_path), "backfill", "page_visits", *args, env=s3.env(), timeout=600
+    )
+    cli_log = cli.stdout + cli.stderr
+    assert cli.returncode == 0, cli_log[-5000:]
+    assert f"the last batch whose input is older than {cli_when}: 1" in cli_log
+    assert read_sink(Path(cli_query.sink.path)) == new_rows
+    assert read_state(spark, cli_query.checkpoint, READS) == read_state(
+        spark, query.checkpoint, READS
+    )
+    report = re.search(r"batches .* keys changed", log)
+    assert report and report.group(0) in cli_log, cli_log[-3000:]
+    assert "OK: state of page_visits" in cli_log and S3_SECRET not in cli_log
+
+
+def _dag_backfill(spark, tmp_path: Path, s3) -> tuple[Any, dict, str]:
+    """stream_backfill of page_visits with a smaller max_pages, a dry run first: (the query,
+    its output after, the run's log)."""
     path = write_registry(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["backups"] = {"url": "s3://backups/backfill", "conn_id": "aws_default"}
@@ -334,28 +372,4 @@ def test_airflow_dags_test_stream_backfill_with_changed_logic(spark, tmp_path, s
     assert int(m.group(2)) == len(reprocessed) and int(m.group(3)) > 0
     assert "validate_state" in log and S3_SECRET not in log
 
-    # The same backfill through `stateops backfill`, on the same events in another folder:
-    # the same state, output and report.
-    cli_path = write_registry(tmp_path / "cli")
-    raw = yaml.safe_load(cli_path.read_text())
-    raw["backups"] = {"url": "s3://backups/backfill-cli", "conn_id": "aws_default"}
-    cli_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    cli_query = load_registry(cli_path).query("page_visits")
-    land(tmp_path / "cli" / "landing", round_=0, files=5)
-    run_in_session(spark, cli_path, "page_visits")
-    cutoff = load_checkpoint(cli_query.checkpoint).input_files(2)[0]["timestamp"] / 1000
-    cli_when = datetime.fromtimestamp(cutoff, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    args = ["--input-before", cli_when, "--overrides", json.dumps(overrides)]
-    cli = run_cli(
-        "--registry", str(cli_path), "backfill", "page_visits", *args, env=s3.env(), timeout=600
-    )
-    cli_log = cli.stdout + cli.stderr
-    assert cli.returncode == 0, cli_log[-5000:]
-    assert f"the last batch whose input is older than {cli_when}: 1" in cli_log
-    assert read_sink(Path(cli_query.sink.path)) == new_rows
-    assert read_state(spark, cli_query.checkpoint, READS) == read_state(
-        spark, query.checkpoint, READS
-    )
-    report = re.search(r"batches .* keys changed", log)
-    assert report and report.group(0) in cli_log, cli_log[-3000:]
-    assert "OK: state of page_visits" in cli_log and S3_SECRET not in cli_log
+    return query, new_rows, log

@@ -343,6 +343,7 @@ def test_bootstrap_from_a_checkpoint_transplants_it_and_repartitions_where_the_c
     assert _counts(spark, load_registry(new).query("page_visits").checkpoint) == expected
 
 
+@pytest.mark.whole  # a fault story
 def test_a_start_killed_while_spark_repartitions_the_transplant_repartitions_again(
     spark, tmp_path, old
 ):

@@ -125,6 +125,7 @@ def test_each_batch_is_one_delta_commit_of_the_writers_application_id(spark, run
     assert len(writes) == run.k + 4
 
 
+@pytest.mark.whole  # the gate: a folder sink's rollback (test_rollback), this sink's commits
 def test_rollback_3_batches_and_reprocess_continue_to_the_untouched_run(spark, run, tmp_path):
     registry, checkpoint, table = _copy(run, tmp_path)
     target, lines = query_target(registry, "page_visits"), []

@@ -153,6 +153,7 @@ def _assert_held(m: Migration, aside: list[str]) -> None:
     preflight_job(*preflight)
 
 
+@pytest.mark.whole  # the gate: a migration on local disk (test_migration_run)
 def test_an_s3_checkpoint_migrates_to_s3_by_transplant_and_its_failures_roll_back(
     spark, s3a, whole, tmp_path, monkeypatch
 ):

@@ -320,6 +320,7 @@ def _views_per_page(spark, old_checkpoint: str, new_checkpoint: str) -> None:
     assert actual == expected
 
 
+@pytest.mark.whole  # the gate: the stream_code_upgrade DAG's failure (tests/dag)
 def test_a_failed_upgrade_rolls_back_and_the_old_code_runs_on(
     spark, s3, old_default, tmp_path, monkeypatch
 ):
