@@ -59,6 +59,7 @@ from tests.e2e.test_fleet import (  # noqa: E402
 from tests.spark.upgrading import PER_PAGE  # noqa: E402
 
 from stateops.core.checkpoint import load_checkpoint  # noqa: E402
+from stateops.core.kafka import parse_offsets  # noqa: E402
 from stateops.dev.s3server import free_port  # noqa: E402
 
 OUT = ROOT / "build" / "bench-fleet.json"
@@ -182,7 +183,7 @@ def _read_all(d: Fleet) -> bool:
     """The query's last committed batch has read its topic to the end."""
     topic = d.query().source.subscribed[0]
     cp = load_checkpoint(d.query().checkpoint)
-    return cp.kafka_offsets(cp.last_committed_batch)[0] == {topic: _ends(topic)}
+    return parse_offsets(cp.entry(cp.last_committed_batch, 0)) == {topic: _ends(topic)}
 
 
 def _read_to_end(d: Fleet, proc: subprocess.Popen) -> None:

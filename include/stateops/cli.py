@@ -34,10 +34,11 @@ from stateops.core.registry import (
     use_connections,
 )
 from stateops.core.report import checkpoint_report, format_report
-from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import BOOTSTRAP, Step, fill
 from stateops.core.verify import format_findings, verify_checkpoint
 from stateops.dev.sampledata import DATASETS, generate_events, generate_initial_pages
+from stateops.kinds import SOURCE_FORMATS
+from stateops.kinds.kafka import KAFKA
 from stateops.ops.bootstrap import FORMATS, format_bootstrap_plan, plan_bootstrap
 from stateops.ops.transplant import ROADS
 from stateops.spark.jobs import (
@@ -975,7 +976,7 @@ def _carry_over_commands(sub: Any, s3_conn: argparse.ArgumentParser) -> None:
     _brokers_arg(p, "--source-bootstrap-servers")
     p.add_argument(
         "--source-start",
-        choices=KAFKA_STARTS,
+        choices=KAFKA.starts,
         help="where a new Kafka source starts: at the offsets of --cutover TIME, the topic's "
         "beginning (earliest) or its end now (latest)",
     )
@@ -1007,19 +1008,19 @@ def _migrate_command(sub: Any, s3_conn: argparse.ArgumentParser, accept: str) ->
     p.add_argument("--source", help="which of the query's sources moves (default: its only one)")
     p.add_argument(
         "--new-source-path",
-        help="a file source's folder (relative to the registry's data_dir)",
+        help="a file source's folder or a Delta table (relative to the registry's data_dir)",
     )
     p.add_argument(
         "--new-source-format",
-        metavar="json|parquet|csv|kafka",
-        help="default: kafka with --new-source-topic, else the format of the files in the new "
-        "source's folder (by their first bytes)",
+        metavar="|".join(SOURCE_FORMATS),
+        help="default: kafka with --new-source-topic, delta for a folder that holds a Delta "
+        "table, else the format of the files in the new source's folder (by their first bytes)",
     )
     p.add_argument("--new-source-topic", help="a Kafka source's topic")
     _brokers_arg(p, "--new-source-bootstrap-servers")
     p.add_argument(
         "--new-source-start",
-        choices=KAFKA_STARTS,
+        choices=KAFKA.starts,
         default="cutover",
         help="where the new checkpoint starts a Kafka source: at the offsets of the cutover "
         "time (the drain's end with --cutover drain; default), the topic's beginning "

@@ -15,7 +15,6 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from stateops.control.audit import audit_dir, read_audit
@@ -25,12 +24,11 @@ from stateops.control.markers import read_rollback
 from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, interrupted_batch, load_checkpoint
 from stateops.core.errors import StateOpsError, one_line
-from stateops.core.kafka import Offsets
 from stateops.core.registry import HealthLimits, Query, Registry
 from stateops.core.report import checkpoint_report, format_bytes
-from stateops.core.sources import kafka_lag, retention
 from stateops.core.storage import location
 from stateops.core.times import format_span
+from stateops.kinds import Source, source_kind
 from stateops.ops.backup import describe_drill, list_backups
 from stateops.ops.readiness import readiness
 from stateops.ops.start import failed_in_a_row
@@ -91,13 +89,6 @@ RULES = {
 WORK_IN_PROGRESS = frozenset({"held", "planned", "backfill", "no_commit_yet", "run_retried"})
 
 
-def _retention_close(share: float) -> str:
-    return (
-        f"the broker's earliest retained offset is close to the committed one (within "
-        f"{share:.0%} of the records it retains; the next deleted segment may pass it)"
-    )
-
-
 def query_status(
     registry: Registry,
     name: str,
@@ -131,10 +122,10 @@ def query_status(
             status["errors"].append(f"checkpoint: {err}")
     limits = registry.health_limits(query)
     try:
-        status["kafka"] = _kafka_part(status, query, cp, limits.retention_margin)
+        status["positions"] = _positions(status, query, cp, limits.retention_margin)
     except StateOpsError as err:  # an unreadable sources/<i>/0: the rest is still shown
-        status["kafka"] = []
-        status["errors"].append(f"kafka: {err}")
+        status["positions"] = []
+        status["errors"].append(f"sources: {err}")
     status["last_run"] = _last_run(registry, name, limits.failed_runs)
     records = _history(query.checkpoint)
     cleanups = [r for r in records if r["operation"] == "cleanup"]
@@ -201,7 +192,7 @@ def _readiness_part(
             status["last_run"],
             status["last_committed_batch"],
             datetime.fromtimestamp(since, UTC) if since else None,
-            _unread_before(query, cp, status["kafka"]),
+            _unread_before(query, cp, status["positions"]),
             datetime.now(UTC),
         )
     except (StateOpsError, OSError, ValueError, KeyError, TypeError) as err:
@@ -219,7 +210,7 @@ def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str,
         "committed_at": None,
         "operators": [],
         "code": [],  # the deployed code against the checkpoint's state: Change, as dicts
-        "kafka": [],
+        "positions": [],
         "last_run": None,
         "last_cleanup": None,
         "backups": [],
@@ -279,8 +270,8 @@ def health(
             )
         )
     state = _lock_findings(registry, query.name, found)
-    for part in status.get("kafka", []):
-        found += _kafka_findings(query.name, part, limits)
+    for part in status.get("positions", []):
+        found += source_kind(part["kind"]).findings(query.name, part, limits)
     if cp is not None and cp.uncommitted_batches and state != "held":
         found.append(("planned", _planned(query, cp, status["last_run"])))
     if status["unfinished_backfill"]:
@@ -299,7 +290,7 @@ def health(
         found += [("input_waiting", r) for r in _waiting_input(query, cp, now, limits)]
         found += [
             ("input_waiting", r)
-            for r in _records_waiting(query.name, status["kafka"], committed, now, limits)
+            for r in _records_waiting(query.name, status["positions"], committed, now, limits)
         ]
     if listed and status["last_committed_batch"] is not None:
         schedule = registry.schedule("backup", query)
@@ -512,77 +503,41 @@ def code_fit(query: Any, changes: list[Change]) -> list[str]:
     ]
 
 
-def _lost(part: dict[str, Any]) -> str:
-    return (
-        f"kafka {part['source']}: retention passed the offsets committed by batch "
-        f"{part['committed_batch']}: {', '.join(part['lost'])} were deleted unread; a restart "
-        "loses them (Spark stops on them unless failOnDataLoss is false, then skips them)"
-    )
-
-
-def _kafka_part(
+def _positions(
     status: dict[str, Any], query: Any, cp: Checkpoint | None, close: float
 ) -> list[dict[str, Any]]:
-    """Per Kafka source: its committed offsets (the last committed batch's; before any, those
-    it started at), the broker's end and earliest offsets, the lag and the retention margin
-    (``close``: the share of the retained records that is close to their earliest).
-    A broker that does not answer is one error naming its bootstrap servers; the rest of the
-    status is still read."""
+    """Per source that has one (:meth:`SourceKind.position`): where the checkpoint's entry for
+    it (the last committed batch's; before any, the one it started at) stands against its
+    input, its lag and what its kind finds (``close``: the share of the retained input that is
+    close to its earliest). Servers that do not answer are one error naming them; the rest of
+    the status is still read."""
     parts = []
     for name, source in query.inputs.items():
-        if not source.kafka:
-            continue
         batch = cp.last_committed_batch if cp is not None else None
-        committed = _committed(cp, batch, source.subscribed)
-        part: dict[str, Any] = {
-            "source": name,
-            "topics": source.subscribed,
-            "committed_batch": batch,
-            "committed": committed,
-            "end": None,
-            "earliest": None,
-            "lag": None,
-            "lag_total": None,
-            "margin": None,
-            "lost": [],
-            "close": [],
-            "ahead": [],
-        }
-        parts.append(part)
-        if committed is None:
-            continue
+        raw = _committed(cp, batch, source)
         try:
-            lag = kafka_lag(source, committed)
+            part = source.kind.position(source, raw, close)
         except StateOpsError as err:
-            status["errors"].append(f"kafka {name}: {err}")
-            continue
-        kept = retention(lag, close)
-        part.update(
-            end=lag.end,
-            earliest=lag.earliest,
-            lag=lag.per_partition,
-            lag_total=lag.total,
-            margin=lag.margin,
-            lost=[f"{m}" for m in kept.lost],
-            close=kept.close,
-            ahead=kept.ahead,
-        )
+            status["errors"].append(f"{source.kind.name} {name}: {err}")
+            part = source.kind.position(source, None, close)
+            if part is not None:
+                part.update(committed=raw, said="lag unknown (the error below)")
+        if part is not None:
+            parts.append({"source": name, "committed_batch": batch, **part})
     return parts
 
 
-def _committed(cp: Checkpoint | None, batch: int | None, topics: list[str]) -> Offsets | None:
-    """The offsets of the checkpoint's Kafka source that reads ``topics`` as of committed
-    ``batch``; None when it has none yet, or no one entry reads exactly those topics (the
-    checkpoint's sources follow Spark's plan, not the registry's order: a guess could show
-    another source's offsets)."""
+def _committed(cp: Checkpoint | None, batch: int | None, source: Source) -> object | None:
+    """The checkpoint's entry for ``source`` as of committed ``batch`` (before any, the one it
+    started at); None when it has none yet, or no one entry is ``source``'s (the checkpoint's
+    sources follow Spark's plan, not the registry's order: a guess could show another
+    source's)."""
     if cp is None:
         return None
-    if batch is None:
-        found = {i: cp.initial_offsets(i) for i in cp.kafka_sources()}
-        found = {i: o for i, o in found.items() if o is not None}
-    else:
-        found = cp.kafka_offsets(batch)
-    same = [o for o in found.values() if set(o) == set(topics)]
+    kind = source.kind
+    indexes = [i for i, k in cp.source_kinds().items() if k is kind]
+    found = [cp.started(i) if batch is None else cp.entry(batch, i) for i in indexes]
+    same = [raw for raw in found if raw is not None and kind.matches(source, raw)]
     return same[0] if len(same) == 1 else None
 
 
@@ -664,44 +619,6 @@ def unfinished_backfill(
     )
 
 
-def _kafka_findings(name: str, part: dict[str, Any], limits: HealthLimits) -> list[tuple[str, str]]:
-    """A Kafka source's findings (:func:`_kafka_part`'s ``part``), each with its rule:
-    retention passed, or is about to pass, its committed offsets; the offsets are past the
-    topic's end; it is further behind than its limit."""
-    found = []
-    if part["lost"]:
-        found.append(("retention_passed", _lost(part)))
-    if part["ahead"]:
-        found.append(
-            (
-                "offsets_ahead",
-                f"kafka {part['source']}: the offsets committed by batch "
-                f"{part['committed_batch']} are past the broker's end "
-                f"({', '.join(part['ahead'])}): the topic was recreated or truncated; a restart "
-                "fails, or skips records; restore a backup or migrate to the topic as it is",
-            )
-        )
-    if part["close"]:
-        close = _retention_close(limits.retention_margin)
-        found.append(
-            (
-                "retention_close",
-                f"kafka {part['source']}: {close}: " + "; ".join(part["close"]),
-            )
-        )
-    if limits.lag_records and (part["lag_total"] or 0) > limits.lag_records:
-        found.append(
-            (
-                "lag",
-                f"kafka {part['source']}: {part['lag_total']} records behind the end of "
-                f"{', '.join(part['topics'])}, more than health.lag_records "
-                f"({limits.lag_records}): the query does not keep up or is not run; stateops "
-                f"status {name} shows each partition, stateops run {name} reads them",
-            )
-        )
-    return found
-
-
 def _waiting_input(query: Any, cp: Checkpoint, now: datetime, limits: HealthLimits) -> list[str]:
     """Input files landed more than ``limits.input_waiting`` ago and not read yet, per file
     source."""
@@ -721,30 +638,22 @@ def _waiting_input(query: Any, cp: Checkpoint, now: datetime, limits: HealthLimi
 
 
 def _unread_files(query: Any, cp: Checkpoint) -> Iterator[tuple[str, list[float]]]:
-    """Per local file source: the mtimes of the files in its folder the query has not read."""
+    """Per source whose kind knows when its input landed (local files): the times of the
+    input the query has not read."""
     for i, (name, source) in enumerate(query.inputs.items()):
-        folder = Path(source.path)
-        if source.kafka or "://" in source.path or not folder.is_dir():
-            continue
-        seen = cp.seen_files(i)
-        yield (
-            name,
-            [
-                f.stat().st_mtime
-                for f in folder.iterdir()
-                if f.is_file() and not f.name.startswith((".", "_")) and str(f) not in seen
-            ],
-        )
+        waiting = source.kind.waiting(source, cp, i)
+        if waiting is not None:
+            yield name, waiting
 
 
 def _unread_before(
-    query: Any, cp: Checkpoint | None, kafka: list[dict[str, Any]]
+    query: Any, cp: Checkpoint | None, positions: list[dict[str, Any]]
 ) -> Callable[[datetime], bool]:
     """Whether input the query has not read was there before a time: files landed before it,
-    or (their times unknown) records of a Kafka source behind its topics' end."""
+    or (their times unknown) input of a source behind its end (its lag)."""
 
     def before(when: datetime) -> bool:
-        if any(part["lag_total"] for part in kafka):
+        if any(part["lag_total"] for part in positions):
             return True
         limit = when.timestamp()
         return cp is not None and any(
@@ -757,12 +666,13 @@ def _unread_before(
 def _records_waiting(
     name: str, parts: list[dict[str, Any]], committed: datetime, now: datetime, limits: HealthLimits
 ) -> list[str]:
-    """Per Kafka source with records to read: none committed for longer than
+    """Per source with input to read (its lag): none committed for longer than
     ``limits.input_waiting`` (the query is stalled, or not run)."""
     if now - committed <= limits.input_waiting:
         return []
     return [
-        f"kafka {part['source']}: {part['lag_total']} records waiting and no batch committed "
+        f"{part['kind']} {part['source']}: {part['lag_total']} {part['lag_unit']} waiting and "
+        "no batch committed "
         f"for {format_span(now - committed)} (allowed: {format_span(limits.input_waiting)}, "
         f"health.input_waiting): the query is stalled or not run; stateops run {name} reads "
         "them"
@@ -876,25 +786,15 @@ def describe_cleanup(c: dict[str, Any] | None) -> str:
     )
 
 
-def _kafka_lines(s: dict[str, Any]) -> list[str]:
+def _position_lines(s: dict[str, Any]) -> list[str]:
+    """Per source with a position: where it reads, its lag, and its kind's table."""
     lines = []
-    for part in s.get("kafka", []):
-        head = f"  kafka {part['source']:<9} topic {','.join(part['topics'])}"
-        if part["committed"] is None:
-            lines.append(f"{head}, no offsets yet")
-            continue
-        if part["lag"] is None:
-            lines.append(f"{head}, lag unknown (the error below)")
-            continue
-        lines.append(f"{head}, lag {part['lag_total']} records")
-        for topic, parts in part["lag"].items():
-            for p, lag in parts.items():
-                committed = part["committed"].get(topic, {}).get(p, 0)
-                lines.append(
-                    f"    {topic}[{p}]  committed {committed}  end {part['end'][topic][p]}  "
-                    f"lag {lag}  earliest {part['earliest'][topic][p]}  "
-                    f"margin {part['margin'][topic][p]}"
-                )
+    for part in s.get("positions", []):
+        lines.append(f"  {part['kind']} {part['source']:<9} {part['where']}, {part['said']}")
+        table = part.get("table") or {"columns": [], "rows": []}
+        for first, *rest in table["rows"]:
+            named = zip(table["columns"][1:], rest, strict=True)
+            lines.append("    " + "  ".join([str(first), *(f"{c} {v}" for c, v in named)]))
     return lines
 
 
@@ -916,7 +816,7 @@ def format_status(status: dict[str, Any]) -> str:
             f"  readiness       {ready['operation']} of run {ready['run_id']}: its runs watched "
             f"until {ready['until']} (a failure switches it back)"
         )
-    lines += _kafka_lines(s)
+    lines += _position_lines(s)
     for op in s["operators"]:
         rows = (
             f"{op['state_rows']} rows (batch {op['rows_as_of_batch']})"

@@ -146,34 +146,20 @@ def _history(s: dict[str, Any]) -> str:
     return charts or "<p>not enough points yet (its runs and health checks record them)</p>"
 
 
-def _kafka(s: dict[str, Any]) -> str:
-    """Per Kafka source: each partition's committed, end and earliest offsets, lag and
-    retention margin (negative: records deleted unread), as `stateops status` shows them."""
+def _positions(s: dict[str, Any]) -> str:
+    """Per source with a position: where it reads, its lag and its kind's table (a topic's:
+    each partition's committed, end and earliest offsets, lag and retention margin, negative
+    where records were deleted unread), as `stateops status` shows them."""
     html = ""
-    for part in s.get("kafka", []):
-        head = f"<h4>{_e(part['source'])}: topic {_e(','.join(part['topics']))}"
-        if part["committed"] is None:
-            html += f"{head}</h4><p>no offsets yet</p>"
+    for part in s.get("positions", []):
+        head = f"<h4>{_e(part['source'])}: {_e(part['where'])}"
+        table = part.get("table")
+        if table is None:
+            css = ' class="error"' if part["committed"] is not None else ""
+            html += f"{head}</h4><p{css}>{_e(part['said'])}</p>"
             continue
-        if part["lag"] is None:
-            html += f'{head}</h4><p class="error">lag unknown (the error above)</p>'
-            continue
-        html += f"{head}, lag {part['lag_total']} records</h4>" + _rows(
-            ["partition", "committed", "end", "lag", "earliest", "margin"],
-            [
-                [
-                    f"{topic}[{p}]",
-                    part["committed"].get(topic, {}).get(p, 0),
-                    part["end"][topic][p],
-                    lag,
-                    part["earliest"][topic][p],
-                    part["margin"][topic][p],
-                ]
-                for topic, parts in part["lag"].items()
-                for p, lag in parts.items()
-            ],
-        )
-    return f"<h3>Kafka</h3>{html}" if html else ""
+        html += f"{head}, {_e(part['said'])}</h4>" + _rows(table["columns"], table["rows"])
+    return f"<h3>Sources</h3>{html}" if html else ""
 
 
 def _query_card(s: dict[str, Any]) -> str:
@@ -245,7 +231,7 @@ def _query_card(s: dict[str, Any]) -> str:
         f'<section id="query-{_e(s["query"])}"><h2>{_e(s["query"])}</h2>{verdict}{errors}'
         + links
         + _rows([], facts)
-        + _kafka(s)
+        + _positions(s)
         + f"<h3>State</h3>{operators or '<p>no state yet</p>'}"
         + f"<h3>Over time</h3>{_history(s)}"
         + "<h3>Backups</h3>"

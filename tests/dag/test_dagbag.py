@@ -289,6 +289,7 @@ def test_stream_source_migration_form_order_and_roll_back(dagbag):
         "parquet",
         "csv",
         "kafka",
+        "delta",
     ]
     assert params["new_source_format"] == "auto"
     assert params.get_param("new_source_start").schema["enum"] == ["cutover", "earliest", "latest"]

@@ -45,7 +45,7 @@ import yaml
 
 from stateops.control.audit import read_audit
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
-from stateops.core.kafka import broker_offsets, kafka_settings, topic_partitions
+from stateops.core.kafka import broker_offsets, kafka_settings, parse_offsets, topic_partitions
 from stateops.core.registry import load_registry
 from stateops.core.storage import location
 from stateops.dev.airflow_dags import api_call as _request
@@ -439,7 +439,7 @@ def assert_exact(fleet: Fleet, spark, topics: tuple[str, ...] = (TOPIC,)) -> int
     query = fleet.query()
     cp = load_checkpoint(query.checkpoint)
     last = cp.last_committed_batch
-    [committed] = cp.kafka_offsets(last).values()  # read up to, by the last batch
+    committed = parse_offsets(cp.entry(last, 0))  # read up to, by the last batch
     assert committed == {topics[-1]: _ends(topics[-1])}, committed
     visits = collections.Counter(event["user_id"] for event in _events(topics))
     state = {user: n for (user,), n in state_values(spark, query.checkpoint, "count").items()}
@@ -547,7 +547,9 @@ def test_a_migration_on_w1_stops_the_continuous_query_and_the_next_run_on_w2_run
         _until(
             "the continuous run did not read the old topic to its end",
             lambda: (
-                (cp := load_checkpoint(old.checkpoint)).kafka_offsets(cp.last_committed_batch)[0]
+                parse_offsets(
+                    (cp := load_checkpoint(old.checkpoint)).entry(cp.last_committed_batch, 0)
+                )
                 == {TOPIC: _ends(TOPIC)}
             ),
             600,
@@ -691,7 +693,7 @@ def test_a_spark_worker_lost_in_a_run_and_the_scheduled_cleanup_beside_it_lose_n
 
 def _records_read(cp: Checkpoint, batch: int) -> int:
     """How many records of its topic the query of ``cp`` had read once ``batch`` ended."""
-    [offsets] = cp.kafka_offsets(batch).values()
+    offsets = parse_offsets(cp.entry(batch, 0)) or {}
     return sum(o for partitions in offsets.values() for o in partitions.values())
 
 
@@ -881,7 +883,7 @@ def test_a_code_upgrade_approved_over_rest_rewrites_on_w1_and_w2_runs_the_new_co
     state, tasks = fleet.finished(run_url, "stream_start, after the upgrade (w2)")
     assert state == "success" and {t["hostname"] for t in tasks.values()} == {"w2"}, tasks
     cp = load_checkpoint(new.checkpoint)
-    [committed] = cp.kafka_offsets(cp.last_committed_batch).values()
+    committed = parse_offsets(cp.entry(cp.last_committed_batch, 0))
     assert committed == {NEW_TOPIC: _ends(NEW_TOPIC)}, committed
     views = {}  # (user, page) -> views, from the new code's rows (3 columns), the last wins
     for _, rows in sorted(read_sink(location(new.sink.path)).items()):

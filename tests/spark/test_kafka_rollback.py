@@ -142,10 +142,11 @@ def test_rollback_3_batches_and_reprocess_continue_to_the_untouched_run(
     plan = plan_backfill(target, "backfill-b1", to_batch=run.k, dry_run=False, log=lines.append)
     # offsets/k: where the first run's last batch had read to, the input topic's end then
     rewound = {run.in_topic: run.input_at_k}
-    assert plan["kafka"] == [
+    assert plan["rewinds"] == [
         {
             "source": 0,
-            "topics": [run.in_topic],
+            "where": f"topic {run.in_topic}",
+            "line": f"rewinds to {offsets_text(rewound)}; 30 records read again",
             "offsets": rewound,
             "reads_again": 30,
             "missing": "",
@@ -212,7 +213,7 @@ def test_a_kafka_sink_rewrite_is_confirmed_and_the_backfill_window_reads_record_
     # The backfill: the same figure, the same refusal, the window of a time on record stamps.
     target = query_target(registry, "page_visits")
     plan = plan_backfill(target, "b-1", to_batch=run.k, dry_run=True, log=lambda _: None)
-    assert plan["rewrites"]["records"] == n and plan["kafka"][0]["offsets"] == {
+    assert plan["rewrites"]["records"] == n and plan["rewinds"][0]["offsets"] == {
         run.in_topic: run.input_at_k
     }
     with pytest.raises(StateOpsError, match=f"confirm with --rewrite-output {n} "):
@@ -266,13 +267,14 @@ def test_a_rollback_past_retention_is_refused_in_one_line(kafka, run, monkeypatc
     )
     refused = run_cli(*args, "--rewrite-output", "1")
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
-    assert "refused, nothing changed: the broker no longer holds records" in refused.stderr
+    lost = f"refused, nothing changed: topic {run.in_topic} no longer holds what the query"
+    assert lost in refused.stderr
     for missing in gone:
         assert missing in refused.stderr
     assert tree_digest(run.checkpoint) == before
 
     target = query_target(run.registry, "page_visits")
-    with pytest.raises(StateOpsError, match="the broker no longer holds records") as err:
+    with pytest.raises(StateOpsError, match=f"topic {run.in_topic} no longer holds what") as err:
         plan_backfill(target, "b-2", to_batch=run.k - 1, dry_run=True, log=lambda _: None)
     assert all(missing in str(err.value) for missing in gone)
     # the stream_backfill DAG's plan step: the same refusal, in one line

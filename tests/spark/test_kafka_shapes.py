@@ -29,9 +29,9 @@ from stateops.control.target import query_target
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import StateOpsError
 from stateops.core.files import relocate_checkpoint
+from stateops.core.kafka import parse_offsets
 from stateops.core.registry import load_registry
 from stateops.core.report import checkpoint_report
-from stateops.core.sources import kafka_offsets
 from stateops.ops.backup import backup_checkpoint
 from stateops.ops.cleanup import run_cleanup
 from stateops.ops.repartition import run_repartition
@@ -173,8 +173,8 @@ def offsets_match_progress(story: Story) -> list[int]:
         for i, source in enumerate(progress["sources"]):
             spark_says = source["endOffset"]
             if "Kafka" in source["description"]:
-                ours = kafka_offsets(entry[i])
-                assert ours == kafka_offsets(spark_says) and ours, (batch, i, entry[i], spark_says)
+                ours = parse_offsets(entry[i])
+                assert ours == parse_offsets(spark_says) and ours, (batch, i, entry[i], spark_says)
                 read.append(sum(ours[story.topic].values()))
             else:  # the join's folder
                 assert entry[i] == spark_says, (batch, i, entry[i], spark_says)
@@ -197,8 +197,8 @@ def test_cleanup_leaves_the_state_of_the_untouched_query(story: Story):
 def test_a_lost_checkpoint_restored_from_its_backup_holds_the_untouched_state(story: Story):
     manifest, plan = story.done["restore"]
     # the broker was asked whether it still holds what the restored checkpoint reads next
-    assert plan["kafka_retained"] == "yes", plan
-    assert "Kafka: the broker still holds every record" in format_restore_plan(plan)
+    assert plan["input_retained"] == "yes", plan
+    assert "input: still held from the backup's offsets on" in format_restore_plan(plan)
     assert manifest["batch_id"] == max(p["batchId"] for p in story.progress), manifest
     assert story.after["restore"] == story.control
 
@@ -236,7 +236,7 @@ def test_the_approval_steps_ask_about_a_kafka_query_as_about_any(story: Story, s
     )
     request = ApprovalRequest(asks, "replace it", format_restore_plan(restore, dry_run=False), "b")
     assert restore["backup"]["backup_id"] in request.body("nothing changes")
-    assert "Kafka: the broker still holds" in request.body("nothing changes")
+    assert "input: still held from the backup's" in request.body("nothing changes")
 
 
 # Format v2 (RocksDB, ``checkpoint_format: 2``) on a topic, and the checkpoint on S3.
@@ -286,7 +286,7 @@ def test_format_v2_on_a_topic_runs_and_every_operation_works_or_refuses(v2: Stor
 
 def test_a_kafka_checkpoint_on_s3_is_inspected_backed_up_and_restored(v2: Story):
     local, remote, report = v2.done["s3"]
-    assert remote == local and any(kafka_offsets(e.source_offsets[0]) for e in remote.values())
+    assert remote == local and any(parse_offsets(e.source_offsets[0]) for e in remote.values())
     assert report["checkpoint"].startswith("s3://") and report["format_version"] == 2
     # the backup taken from S3 restored the state (compared above) and went on (below)
     assert v2.continued["touched"] == v2.continued["control"]
@@ -298,7 +298,7 @@ def test_a_restore_whose_offsets_the_broker_no_longer_holds_is_refused_in_one_li
     """Run last: retention passes the offsets the v2 backup resumes at, on one partition."""
     name, manifest = v2.name, v2.done["restore"]
     checkpoint = Path(load_registry(v2.touched).query(name).checkpoint)
-    resumes = kafka_offsets(v2.inspected.offsets[manifest["batch_id"]].source_offsets[0])
+    resumes = parse_offsets(v2.inspected.offsets[manifest["batch_id"]].source_offsets[0])
     partition, offset = sorted(resumes[v2.topic].items())[0]
     kafka.delete_records(v2.topic, {partition: offset + 1})
     before = tree_digest(checkpoint)

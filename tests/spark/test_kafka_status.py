@@ -14,6 +14,7 @@ import pytest
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.formats import hadoop_crc
+from stateops.core.kafka import parse_offsets
 from stateops.core.registry import load_registry
 from stateops.core.report import checkpoint_report, format_report
 from stateops.core.verify import verify_checkpoint
@@ -98,15 +99,16 @@ def test_inspect_shows_each_batch_offsets_as_spark_reported_them(written):
     spark_said = written["batches"]
     assert len(spark_said) == 3 and max(cp.commits) == max(spark_said), spark_said
     report = checkpoint_report(cp)
-    [kafka] = report["kafka"]
-    assert kafka["source"] == 0
-    assert kafka["batches"] == {b: end for b, (_, end) in spark_said.items()}
+    [kafka] = report["progress"]
+    assert (kafka["source"], kafka["kind"]) == (0, "kafka")
+    batches = {b: parse_offsets(raw) for b, raw in kafka["batches"].items()}
+    assert batches == {b: end for b, (_, end) in spark_said.items()}
     # sources/0/0: where the query started the topic (earliest; Spark's progress of batch 0
     # reports no start offsets)
     assert kafka["initial"] == {written["topic"]: {0: 0, 1: 0}}
 
     proc = run_cli("inspect", str(written["checkpoint"]), "--json", check=True)
-    assert json.loads(proc.stdout)["kafka"] == json.loads(json.dumps(report["kafka"]))
+    assert json.loads(proc.stdout)["progress"] == json.loads(json.dumps(report["progress"]))
     text = format_report(report)
     topic = written["topic"]
     assert f"kafka 0     started at {topic}[0]=0 {topic}[1]=0" in text, text
@@ -123,7 +125,7 @@ def test_status_lag_is_the_broker_end_minus_the_committed_offsets(written, kafka
     assert sum(expected.values()) == 7
 
     status = query_status(load_registry(written["registry"]), "page_visits")
-    [part] = status["kafka"]
+    [part] = status["positions"]
     assert part["committed"] == {topic: committed}
     assert part["lag"] == {topic: expected} and part["lag_total"] == 7
     assert part["end"] == {topic: end} and not status["errors"]
@@ -157,7 +159,7 @@ def test_status_fails_once_retention_passed_a_committed_offset(written, kafka, t
     assert status["health"]["verdict"] == "FAIL", status["health"]
     [lost] = [r for r in status["health"]["reasons"] if "retention passed" in r]
     assert f"{topic}[0] offsets {committed[0]}..{committed[0] + 1} were deleted" in lost, lost
-    assert status["kafka"][0]["margin"][topic][0] == -2
+    assert status["positions"][0]["margin"][topic][0] == -2
     proc = run_cli("status", "page_visits", "--registry", str(written["registry"]), "--no-backups")
     assert proc.returncode == 1 and "FAIL" in proc.stdout.splitlines()[0], proc.stdout
     assert tree_digest(written["checkpoint"]) == before, "status writes nothing"

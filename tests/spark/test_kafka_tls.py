@@ -14,7 +14,7 @@ import pytest
 
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import StateOpsError
-from stateops.core.kafka import kafka_settings, topic_partitions
+from stateops.core.kafka import kafka_settings, parse_offsets, topic_partitions
 from stateops.dev.kafka import TlsListener, start_broker
 from stateops.dev.s3server import free_port
 from tests.conftest import KafkaBroker, spark_submit_run_query, write_registry
@@ -109,5 +109,5 @@ def test_a_source_reads_a_topic_over_mutual_tls_through_its_connection(
     run = spark_submit_run_query(registry, "page_visits", "--mode", "available-now")
     assert run.returncode == 0, run.stderr[-4000:]
     checkpoint = load_checkpoint(tmp_path / "checkpoints" / "page_visits")
-    offsets = checkpoint.kafka_offsets(checkpoint.last_committed_batch)
-    assert sum(offsets[0][topic].values()) == 20, offsets  # every record, read over TLS
+    offsets = parse_offsets(checkpoint.entry(checkpoint.last_committed_batch, 0)) or {}
+    assert sum(offsets[topic].values()) == 20, offsets  # every record, read over TLS

@@ -158,10 +158,11 @@ def test_a_kafka_source_behind_more_than_its_lag_limit_fails_naming_it(tmp_path)
     registry = load_registry(path)
     query = registry.query("page_visits")
     status = query_status(registry, "page_visits")
-    part = {"source": "source", "topics": ["visits"], "lag_total": 100, "lost": [], "ahead": []}
-    status["kafka"] = [part | {"close": []}]
+    part = {"source": "source", "kind": "kafka", "topics": ["visits"], "lag_total": 100}
+    part |= {"lag_unit": "records", "lost": [], "ahead": []}
+    status["positions"] = [part | {"close": []}]
     assert health(registry, query, status, None, listed=False)["verdict"] == "WARN"  # no commit
-    status["kafka"] = [part | {"close": [], "lag_total": 101}]
+    status["positions"] = [part | {"close": [], "lag_total": 101}]
     verdict = health(registry, query, status, None, listed=False)
     assert verdict["verdict"] == "FAIL" and verdict["findings"][0]["rule"] == "lag"
     assert verdict["reasons"][0] == (

@@ -63,7 +63,11 @@ def test_a_run_point_takes_sparks_state_figures_and_a_check_point_the_status_fig
     # a run that failed before its first batch has no state figures: none, not 0
     assert run_point({"operation": "run", "status": "failed"}, NOW)["state_rows"] is None
     status = {
-        "kafka": [{"lag_total": 30}, {"lag_total": 12}, {"lag_total": None}],
+        "positions": [
+            {"lag_total": 30, "lag_unit": "records"},
+            {"lag_total": 12, "lag_unit": "records"},
+            {"lag_total": None, "lag_unit": "records"},
+        ],
         "committed_at": (NOW - timedelta(minutes=10)).isoformat(),
         "last_committed_batch": 7,
         "operators": [{"bytes": 100}, {"bytes": 50}],
@@ -78,9 +82,9 @@ def test_a_run_point_takes_sparks_state_figures_and_a_check_point_the_status_fig
         "waiting_seconds": 600,
         "checkpoint_bytes": 150,
     }
-    caught_up = status | {"kafka": [{"lag_total": 0}]}
+    caught_up = status | {"positions": [{"lag_total": 0, "lag_unit": "records"}]}
     assert check_point(caught_up, NOW)["waiting_seconds"] == 0
-    files = status | {"kafka": []}  # no Kafka source: no lag, not 0
+    files = status | {"positions": []}  # no Kafka source: no lag, not 0
     assert (check_point(files, NOW)["lag_records"], check_point(files, NOW)["waiting_seconds"]) == (
         None,
         None,
@@ -160,7 +164,7 @@ def test_status_fires_state_growth_from_the_recorded_runs_and_history_prints_the
     for i, rows in enumerate((100, 300, 500)):
         at = now - timedelta(hours=2) + timedelta(hours=i)
         record(registry, "page_visits", run_point(_run(f"r{i}", rows), at))
-    check = {"kafka": [], "committed_at": None, "last_committed_batch": 7,
+    check = {"positions": [], "committed_at": None, "last_committed_batch": 7,
              "operators": [{"bytes": 2048}], "health": {"verdict": "WARN"}}  # fmt: skip
     record(registry, "page_visits", check_point(check, now))
     found = query_status(registry, "page_visits")["health"]["findings"]

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from stateops.core.sources import Lag, is_file_entry, kafka_initial_offsets, retention
+from stateops.kinds import kind_at
+from stateops.kinds.files import FILES
+from stateops.kinds.kafka import KAFKA, Lag, retention
 
 pytestmark = pytest.mark.unit
 
 
 def test_initial_offsets_are_read_past_the_nul_byte_and_the_version():
     text = '\x00v1\n{"visits":{"1":7,"0":12}}'
-    assert kafka_initial_offsets(text) == {"visits": {1: 7, 0: 12}}
+    assert KAFKA.initial(text) == {"visits": {1: 7, 0: 12}}
 
 
 @pytest.mark.parametrize(
@@ -25,12 +27,14 @@ def test_initial_offsets_are_read_past_the_nul_byte_and_the_version():
     ],
 )
 def test_anything_else_is_not_initial_offsets(text):
-    assert kafka_initial_offsets(text) is None
+    assert KAFKA.initial(text) is None and FILES.initial(text) is None
 
 
-def test_a_file_entry_is_one_with_a_log_offset():
-    assert is_file_entry({"logOffset": 3}) and not is_file_entry({"t": {"0": 3}})
-    assert not is_file_entry(None)
+def test_each_entry_is_claimed_by_its_kind_alone():
+    assert FILES.claims({"logOffset": 3}) and not FILES.claims({"t": {"0": 3}})
+    assert KAFKA.claims({"t": {"0": 3}}) and not KAFKA.claims({"logOffset": 3})
+    assert kind_at({"logOffset": 3}) is FILES and kind_at({"t": {"0": 3}}) is KAFKA
+    assert kind_at(None) is None and kind_at({"sourceVersion": 1}) is None
 
 
 def lag(committed: int, earliest: int, end: int) -> Lag:
@@ -38,7 +42,7 @@ def lag(committed: int, earliest: int, end: int) -> Lag:
 
 
 def test_retention_past_a_committed_offset_is_lost_records_named_by_range():
-    kept = retention(lag(committed=10, earliest=14, end=40))
+    kept = retention(lag(committed=10, earliest=14, end=40), 0.1)
     assert [str(m) for m in kept.lost] == ["t[0] offsets 10..13"] and not kept.close
 
 
@@ -55,13 +59,13 @@ def test_retention_past_a_committed_offset_is_lost_records_named_by_range():
 def test_retention_close_to_a_committed_offset_is_under_a_tenth_of_what_is_retained(
     committed, earliest, end, close
 ):
-    kept = retention(lag(committed, earliest, end))
+    kept = retention(lag(committed, earliest, end), 0.1)
     assert not kept.lost and bool(kept.close) is close, kept
 
 
 def test_how_close_is_close_is_the_querys_retention_margin():
     """health.retention_margin: 3 of 30 retained records is close under a 20% margin."""
-    assert not retention(lag(13, 10, 40)).close
-    assert retention(lag(13, 10, 40), share=0.2).close == [
+    assert not retention(lag(13, 10, 40), 0.1).close
+    assert retention(lag(13, 10, 40), 0.2).close == [
         "t[0] committed offset 13 is 3 records ahead of the earliest retained 10 (30 retained)"
     ]

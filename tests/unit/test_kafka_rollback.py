@@ -9,7 +9,8 @@ import pytest
 
 from stateops.core.errors import StateOpsError
 from stateops.core.registry import Source
-from stateops.core.sources import kafka_entries, kafka_source_of, records_between, within
+from stateops.kinds import source_at
+from stateops.kinds.kafka import KAFKA, records_between, within
 from stateops.ops.rollback import format_rollback_plan, refuse_unconfirmed_rewrite
 
 pytestmark = pytest.mark.unit
@@ -32,19 +33,20 @@ def test_within_is_every_partition_at_or_before_the_limit():
     assert within({"b": {0: 0}}, limit)
 
 
-def test_an_offsets_entry_names_its_kafka_sources_by_index_and_topics():
-    entries = kafka_entries([{"logOffset": 3}, {"t": {"0": 4, "1": 2}}, None])
-    assert entries == {1: {"t": {0: 4, 1: 2}}}
+def test_an_offsets_entry_is_matched_to_the_registered_source_of_its_topics():
     files = Source.model_validate({"format": "json", "path": "/x", "schema": "a STRING"})
     mine = Source.model_validate(
         {"format": "kafka", "topics": ["u", "t"], "bootstrap_servers": "h:1", "schema": "a INT"}
     )
-    assert kafka_source_of({"t": {0: 1}, "u": {0: 1}}, [files, mine]) is mine
+    assert source_at({"t": {"0": 1}, "u": {"0": 1}}, [files, mine]) is mine
     # a checkpoint no registered query owns: the same topics, on the default brokers
-    stand_in = kafka_source_of({"t": {0: 1}}, [files, mine])
+    stand_in = source_at({"t": {"0": 1}}, [files, mine])
     assert stand_in.subscribed == ["t"] and stand_in.bootstrap_servers is None
+    assert source_at({"logOffset": 3}, [files, mine]) is None  # a folder's names none
+    assert source_at(None, [files, mine]) is None
 
 
+TOPIC = Source.model_validate({"format": "kafka", "topic": "t", "schema": "a INT"})
 PLAN = {
     "operation": "rollback",
     "checkpoint": "/c",
@@ -55,7 +57,9 @@ PLAN = {
     "by_category": {},
     "delete": {"files": 0, "bytes": 0},
     "keep": {"files": 0, "bytes": 0},
-    "kafka": [{"source": 0, "topics": ["t"], "offsets": {"t": {0: 12, 1: 40}}, "reads_again": 9}],
+    "rewinds": [
+        {"source": 0, **KAFKA.rewind(TOPIC, {"t": {"0": 12, "1": 40}}, {"t": {"0": 21, "1": 40}})}
+    ],
     "rewrites": {
         "sink": "Kafka topic out",
         "topic": "out",

@@ -1,5 +1,5 @@
 """Where Kafka settings come from, how Spark gets them, and that a secret is never shown;
-the offsets arithmetic of core/sources (lag, retention margin, offsets that go back)."""
+the offsets arithmetic of the Kafka kind (lag, retention margin, offsets that go back)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from stateops.core.errors import StateOpsError
 from stateops.core.kafka import kafka_settings, offsets_text, parse_offsets, spark_options
-from stateops.core.sources import Lag, offsets_backwards
+from stateops.kinds.kafka import Lag, offsets_backwards
 
 pytestmark = pytest.mark.unit
 
@@ -127,13 +127,13 @@ def test_a_registry_kafka_source_keeps_its_topics_brokers_and_secrets_out_of_opt
 
 
 def test_a_committed_offset_past_the_brokers_end_is_named():
-    from stateops.core.sources import retention
+    from stateops.kinds.kafka import retention
 
     lag = Lag(
         committed={"t": {0: 40, 1: 3}}, end={"t": {0: 12, 1: 3}}, earliest={"t": {0: 0, 1: 0}}
     )
-    assert retention(lag).ahead == ["t[0] committed 40, end 12"]
-    assert retention(Lag({"t": {0: 3}}, {"t": {0: 5}}, {"t": {0: 0}})).ahead == []
+    assert retention(lag, 0.1).ahead == ["t[0] committed 40, end 12"]
+    assert retention(Lag({"t": {0: 3}}, {"t": {0: 5}}, {"t": {0: 0}}), 0.1).ahead == []
 
 
 def _connection(monkeypatch, conn_id: str, extra: dict) -> None:

@@ -21,7 +21,7 @@ FILES = {"format": "json", "path": "/in", "schema": "a STRING"}
 
 
 def test_each_spelling_names_its_kind():
-    assert SOURCE_FORMATS == ("json", "parquet", "csv", "kafka")
+    assert SOURCE_FORMATS == ("json", "parquet", "csv", "kafka", "delta")
     assert SINK_FORMATS == ("parquet", "json", "kafka", "delta", "function")
     assert {
         Source.model_validate({**FILES, "format": f}).kind.name for f in SOURCE_FORMATS[:3]

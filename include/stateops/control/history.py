@@ -82,7 +82,11 @@ RUN_FIGURES = ("state_rows", "state_bytes", "input_rows", "batch_seconds")
 def check_point(status: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
     """The point of a health check: what :func:`stateops.status.query_status` read."""
     now = now or datetime.now(UTC)
-    lags = [p["lag_total"] for p in status["kafka"] if p["lag_total"] is not None]
+    lags = [
+        p["lag_total"]
+        for p in status["positions"]
+        if p["lag_total"] is not None and p["lag_unit"] == "records"
+    ]
     lag = sum(lags) if lags else None
     committed = status["committed_at"]
     waiting = None

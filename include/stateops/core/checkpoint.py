@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateops.core import sources as source_kind
 from stateops.core.errors import CheckpointError, NotACheckpointError
 from stateops.core.formats import (
     OffsetEntry,
@@ -45,8 +44,9 @@ from stateops.core.formats import (
     read_text,
     schema_file_refs,
 )
-from stateops.core.kafka import Offsets
 from stateops.core.storage import S3Path, file_names, location, prefetch, walk
+from stateops.kinds import SOURCE_KINDS, SourceKind, kind_at
+from stateops.kinds.files import log_offset
 
 __all__ = [
     "Checkpoint",
@@ -412,9 +412,9 @@ class Checkpoint:
         sources (rate, Kafka), whose logs are keyed by batch id."""
         offsets = self.offsets[batch].source_offsets
         offset = offsets[source] if source < len(offsets) else None
-        log_offset = source_kind.file_log_offset(offset)
-        if log_offset is not None:
-            return log_offset
+        found = log_offset(offset)
+        if found is not None:
+            return found
         if offset is None and source < len(offsets) and self._file_source(source):
             # "-": the source had no offset yet (Spark writes it for a source without data in
             # the first batches; a carried-over batch 0 reads no input): nothing read so far.
@@ -428,36 +428,45 @@ class Checkpoint:
             for e in self.offsets.values()
             if source < len(e.source_offsets)
         ]
-        return all(o is None or source_kind.is_file_entry(o) for o in seen)
+        return all(o is None or log_offset(o) is not None for o in seen)
 
-    def kafka_offsets(self, batch: int) -> dict[int, Offsets]:
-        """Source index -> the Kafka offsets ``offsets/<batch>`` records for it (topic ->
-        partition -> next offset: where the batch after it starts); only Kafka sources."""
+    def entry(self, batch: int, source: int) -> object | None:
+        """Source ``source``'s entry in ``offsets/<batch>`` (JSON; None: none)."""
         entry = self.offsets.get(batch)
-        found = {}
-        for i, raw in enumerate(entry.source_offsets if entry else []):
-            offsets = source_kind.kafka_offsets(raw)
-            if offsets is not None:
-                found[i] = offsets
-        return found
+        found = entry.source_offsets if entry else []
+        return found[source] if source < len(found) else None
 
-    def kafka_sources(self) -> list[int]:
-        """The indexes of the sources that are Kafka's: an offsets entry, or an initial
-        offsets file, says so."""
-        found = {i for b in self.offsets for i in self.kafka_offsets(b)}
-        # Before its first batch is planned, only the initial offsets file says so (a file
-        # source's own log is not read for this once a batch shows what it is).
-        others = [int(n) for n in self.sources if n.isdigit() and int(n) not in found]
-        others = [i for i in others if not (self.offsets and self._file_source(i))]
-        return sorted(found | {i for i in others if self.initial_offsets(i) is not None})
+    def source_kinds(self) -> dict[int, SourceKind]:
+        """The kind of each source the checkpoint's entries show (:func:`kind_at`), or, before
+        its first batch is planned, that its ``sources/<i>/0`` shows (a kind that writes its
+        start there); by the source's index."""
+        found: dict[int, SourceKind] = {}
+        for batch in sorted(self.offsets):
+            for i, raw in enumerate(self.offsets[batch].source_offsets):
+                kind = kind_at(raw)
+                if kind is not None:
+                    found[i] = kind
+        for name in self.sources:
+            if name.isdigit() and int(name) not in found:
+                i = int(name)
+                if self.offsets and self._file_source(i):
+                    continue  # a file source's own log is not read for this
+                kind = next((k for k in _starting_kinds() if self._initial(i, k) is not None), None)
+                if kind is not None:
+                    found[i] = kind
+        return dict(sorted(found.items()))
 
-    def initial_offsets(self, source: int) -> Offsets | None:
-        """The offsets Kafka source ``source`` started at (``sources/<source>/0``); None for
-        another source, or when the file is gone."""
+    def started(self, source: int) -> object | None:
+        """The entry source ``source`` started at (its ``sources/<source>/0``, where its kind
+        writes its start); None for another source, or when the file is gone."""
+        kind = self.source_kinds().get(source)
+        return None if kind is None else self._initial(source, kind)
+
+    def _initial(self, source: int, kind: SourceKind) -> object | None:
         rel = self.sources.get(str(source), {}).get(0)
         if rel is None or rel.endswith(".compact"):
             return None
-        return source_kind.kafka_initial_offsets(read_text(self.root / rel))
+        return kind.initial(read_text(self.root / rel))
 
     def _log_offset(self, batch: int, source: int) -> int:
         if batch not in self.offsets:
@@ -789,3 +798,8 @@ def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> Operator
         metadata_files=metadata_files,
         schema_files=schema_files,
     )
+
+
+def _starting_kinds() -> list[SourceKind]:
+    """The kinds that write a new source's start into ``sources/<i>/0``."""
+    return [k for k in dict.fromkeys(SOURCE_KINDS.values()) if k.positioned]

@@ -25,6 +25,7 @@ __all__ = [
     "PathError",
     "RegistryError",
     "StateOpsError",
+    "Unreachable",
     "as_domain_error",
     "domain_errors",
     "one_line",
@@ -42,6 +43,11 @@ class OperationFailed(StateOpsError):
     """The input was good and the operation failed after its plan held (a Spark job, a proof);
     the message says what was undone and how to go on. The CLI exits 1, as for a failed Spark
     job (2 is for refusals: bad input, nothing changed)."""
+
+
+class Unreachable(StateOpsError):
+    """A source's or sink's servers did not answer (a Kafka broker, ...): what was asked of
+    them is unknown, not refused."""
 
 
 class CheckpointError(StateOpsError):

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import StateOpsError, Unreachable
 
 __all__ = [
     "CONNECTION",
@@ -53,7 +53,7 @@ Offsets = dict[str, dict[int, int]]
 """topic -> partition -> offset (in a checkpoint: the next offset to read)."""
 
 
-class KafkaDown(StateOpsError):
+class KafkaDown(Unreachable):
     """The brokers did not answer."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stateops.core.checkpoint import Checkpoint, OperatorState
-from stateops.core.kafka import offsets_text
+from stateops.kinds import source_kind
 
 __all__ = ["checkpoint_report", "format_bytes", "format_report", "group_id"]
 
@@ -41,25 +41,25 @@ def checkpoint_report(cp: Checkpoint, min_deltas_for_snapshot: int = 10) -> dict
             }
             for name, log in sorted(cp.sources.items())
         ],
-        "kafka": _kafka(cp),
+        "progress": _progress(cp),
         "operators": [_operator(cp, op, last, min_deltas_for_snapshot) for op in cp.operators],
         "file_count": len(cp.sizes),
         "total_bytes": cp.total_bytes,
     }
 
 
-def _kafka(cp: Checkpoint) -> list[dict[str, Any]]:
-    """Per Kafka source: the offsets it started at and, per batch in the log, the offsets the
-    batch read up to (topic -> partition -> next offset)."""
+def _progress(cp: Checkpoint) -> list[dict[str, Any]]:
+    """Per source whose start the checkpoint holds (a topic: :attr:`SourceKind.positioned`):
+    the entry it started at and, per batch in the log, the entry the batch read up to."""
     return [
         {
             "source": i,
-            "initial": cp.initial_offsets(i),
-            "batches": {
-                b: offsets[i] for b in sorted(cp.offsets) if i in (offsets := cp.kafka_offsets(b))
-            },
+            "kind": kind.name,
+            "initial": cp.started(i),
+            "batches": {b: raw for b in sorted(cp.offsets) if kind.claims(raw := cp.entry(b, i))},
         }
-        for i in cp.kafka_sources()
+        for i, kind in cp.source_kinds().items()
+        if kind.positioned
     ]
 
 
@@ -162,16 +162,15 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     return ["  " + line for line in lines]
 
 
-def _kafka_lines(src: dict[str, Any]) -> list[str]:
+def _progress_lines(src: dict[str, Any]) -> list[str]:
+    kind = source_kind(src["kind"])
     initial = src["initial"]
     lines = [
-        f"kafka {src['source']}     started at "
-        + (offsets_text(initial) if initial else f"? (sources/{src['source']}/0 is gone)")
+        f"{kind.name} {src['source']}     started at "
+        + (kind.entry_text(initial) if initial else f"? (sources/{src['source']}/0 is gone)")
     ]
     width = max((len(str(b)) for b in src["batches"]), default=1)
-    lines += [
-        f"  batch {b:>{width}}  {offsets_text(offsets)}" for b, offsets in src["batches"].items()
-    ]
+    lines += [f"  batch {b:>{width}}  {kind.entry_text(raw)}" for b, raw in src["batches"].items()]
     return lines
 
 
@@ -203,8 +202,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"source {src['source']}    {src['entries']} log entries "
             f"({src['min_entry']}..{src['max_entry']}), compacted at {src['compacted'] or 'none'}"
         )
-    for src in report.get("kafka", []):
-        lines += _kafka_lines(src)
+    for src in report.get("progress", []):
+        lines += _progress_lines(src)
     lines.append(f"files       {report['file_count']} files, {format_bytes(report['total_bytes'])}")
     lines.append("")
     if not report["operators"]:

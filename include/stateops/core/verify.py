@@ -23,7 +23,6 @@ from typing import Any
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, NotACheckpointError
 from stateops.core.formats import crc_sidecar, hadoop_crc, spark_temp_file
-from stateops.core.sources import offsets_backwards
 from stateops.core.storage import S3Path, location
 
 __all__ = [
@@ -80,7 +79,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         findings = [Finding("error", "", str(err))]
         return _result(root, None, findings)
     findings = _chain_findings(cp) + _restart_findings(cp) + _version_findings(cp)
-    findings += _kafka_findings(cp) + _checksum_findings(cp)
+    findings += _progress_findings(cp) + _checksum_findings(cp)
     return _result(root, cp.last_committed_batch, findings)
 
 
@@ -139,27 +138,30 @@ def _chain_findings(cp: Checkpoint) -> list[Finding]:
     return findings
 
 
-def _kafka_findings(cp: Checkpoint) -> list[Finding]:
-    """A Kafka source's offsets that go back, or lose a partition, from one batch to the next
-    (and from where it started to batch 0): a restart would read records again, or skip a
-    partition's records for good. Spark never writes either."""
+def _progress_findings(cp: Checkpoint) -> list[Finding]:
+    """A source's entries that go back from one batch to the next (and from where it started
+    to batch 0), as its kind says (a topic's offsets that go back, or lose a partition): a
+    restart would read input again, or skip some for good. Spark never writes either."""
     findings = []
     try:
-        kafka = {i: cp.initial_offsets(i) for i in cp.kafka_sources()}
+        kinds = cp.source_kinds()
+        started = {i: cp.started(i) for i in kinds}
     except CheckpointError as err:  # an unreadable initial offsets file
         return [Finding("error", "", str(err))]
-    for i, initial in kafka.items():
-        before, previous = initial, f"its initial offsets (sources/{i}/0)"
+    for i, kind in kinds.items():
+        before, previous = started[i], f"its initial offsets (sources/{i}/0)"
         for batch in sorted(cp.offsets):
-            after = cp.kafka_offsets(batch).get(i)
-            if after is None:
+            after = cp.entry(batch, i)
+            if not kind.claims(after):
                 continue
-            if before is not None:  # across a gap too: offsets only go forward
+            if before is not None:  # across a gap too: input is only read forward
                 findings += [
                     Finding(
-                        "error", f"offsets/{batch}", f"Kafka source {i}: {wrong} since {previous}"
+                        "error",
+                        f"offsets/{batch}",
+                        f"{kind.name.capitalize()} source {i}: {wrong} since {previous}",
                     )
-                    for wrong in offsets_backwards(before, after)
+                    for wrong in kind.goes_back(before, after)
                 ]
             before, previous = after, f"batch {batch}"
     return findings

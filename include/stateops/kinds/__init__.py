@@ -18,6 +18,8 @@ are imported where a kind uses them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from stateops.kinds import files, kafka  # isort: split
 
 from stateops.kinds import delta, function  # after them: in the order people meet them
@@ -36,8 +38,32 @@ __all__ = [
     "files",
     "function",
     "kafka",
+    "kind_at",
+    "source_at",
+    "source_kind",
 ]
 
 # The registry's spellings, in the order the kinds registered.
 SOURCE_FORMATS = tuple(SOURCE_KINDS)
 SINK_FORMATS = tuple(SINK_KINDS)
+
+
+def kind_at(raw: object) -> SourceKind | None:
+    """The kind whose offsets entry ``raw`` is (a checkpoint's entries name no kind: each
+    kind knows its own by its shape); None: no kind's ("-", a source without one yet)."""
+    return next((k for k in dict.fromkeys(SOURCE_KINDS.values()) if k.claims(raw)), None)
+
+
+def source_kind(name: str) -> SourceKind:
+    """The source kind named ``name`` (:attr:`SourceKind.name`, as the reports keep it)."""
+    return next(k for k in SOURCE_KINDS.values() if k.name == name)
+
+
+def source_at(raw: object, sources: Iterable[Source]) -> Source | None:
+    """The source among ``sources`` (a query's inputs) that entry ``raw`` reads, else the
+    kind's stand-in for it (:meth:`SourceKind.stand_in`); None: neither says."""
+    kind = kind_at(raw)
+    if kind is None:
+        return None
+    found = [s for s in sources if s.kind is kind and kind.matches(s, raw)]
+    return found[0] if found else kind.stand_in(raw)

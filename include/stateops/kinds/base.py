@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from stateops.core.errors import StateOpsError
 from stateops.core.model import CONN_ID, DDLSchema, Model
+from stateops.core.times import parse_past_time
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
+    "Checkpoint",
     "SINK_KINDS",
     "SOURCE_KINDS",
     "Sink",
@@ -26,6 +29,7 @@ __all__ = [
     "SourceKind",
     "register_sink",
     "register_source",
+    "start_at",
 ]
 
 
@@ -63,6 +67,160 @@ class SourceKind(Protocol):
     def stream(self, spark: SparkSession, source: Source) -> DataFrame:
         """The source as a streaming DataFrame of the columns of its ``schema``."""
 
+    # What it is to the operations.
+    positioned: bool
+    """A new checkpoint must be told where it starts (:meth:`start_entry`, written into the
+    checkpoint by :meth:`initial_log`)."""
+    cuts_at_time: bool
+    """A migration's cutover run stops it at a time (else it reads it to its end)."""
+    expires: bool
+    """Its input can be deleted under a checkpoint (:meth:`unreadable` asks)."""
+    starts: tuple[str, ...]
+    """Where a migration may start a new source of this kind (empty: at its beginning)."""
+    kept: tuple[str, ...]
+    """The fields a new place of this kind keeps from the old one of the same kind."""
+    replay: tuple[str, str, str]
+    """How a query rebuilds its state from its first input: what must still hold it, the
+    option to give, what it reads first."""
+
+    # What it reads of a checkpoint: its entries in ``offsets/N`` (``raw``, JSON), by their
+    # shape, which names no kind.
+
+    def claims(self, raw: object) -> bool:
+        """Whether an offsets entry is this kind's."""
+
+    def matches(self, source: Source, raw: object) -> bool:
+        """Whether the registered ``source`` (of this kind) is what the entry reads (the
+        checkpoint's sources follow Spark's plan, not the registry's order)."""
+
+    def goes_on(self, source: Source, cp: Checkpoint, batch: int, index: int) -> bool:
+        """Whether the registered ``source`` (of this kind) reads on from source ``index`` of
+        ``cp`` as of ``batch`` (a carried-over checkpoint keeps its entry)."""
+
+    def stand_in(self, raw: object) -> Source | None:
+        """The source an entry reads when no registered one matches it (a checkpoint named
+        by its path); None: the entry does not say."""
+
+    def initial(self, text: str) -> object | None:
+        """The entry a source's ``sources/<i>/0`` holds where this kind writes its start
+        there; None: not one."""
+
+    def initial_log(self, entry: str) -> str | None:
+        """``sources/<i>/0`` of a new checkpoint that starts it at ``entry``; None: none."""
+
+    def start_entry(self, source: Source, at: str | int | None) -> str:
+        """The entry a new checkpoint starts ``source`` at: one of :attr:`starts` or an
+        epoch-ms time (a cutover). Refused in one line where that input is gone."""
+
+    def start_of(self, source: Source, query: str) -> str:
+        """The entry where Spark would start ``source`` on a new checkpoint, by its options."""
+
+    def unreadable(self, source: Source, raw: object) -> str:
+        """What a restart from the entry would no longer find, one line (empty: all there)."""
+
+    def rewind(self, source: Source, raw: object, newest: object) -> dict[str, Any] | None:
+        """A rollback to the batch of entry ``raw`` (the newest batch's: ``newest``): its
+        ``where``, its plan's ``line`` and what is read again; None: nothing to say."""
+
+    def older(
+        self,
+        cp: Checkpoint,
+        batch: int,
+        index: int,
+        source: Source | None,
+        limit_ms: float,
+        memo: dict[str, Any],
+    ) -> bool:
+        """Whether all that source ``index`` read up to ``batch`` is older than ``limit_ms``
+        (a backfill's ``--input-before``; ``memo`` keeps answers across batches)."""
+
+    def unread(self, source: Source, raw: object) -> str:
+        """Why a drained source is not at its end, one line (empty: it is)."""
+
+    def goes_back(self, before: object, after: object) -> list[str]:
+        """What goes wrong from one batch's entry to the next's (empty: sound)."""
+
+    def entry_text(self, raw: object) -> str:
+        """An entry as a person reads it (``stateops inspect``)."""
+
+    def require(self, source: Source) -> None:
+        """Refuse, in one line, a source a run cannot read (a topic that does not exist)."""
+
+    def batch_read(
+        self, spark: SparkSession, source: Source, cp: Checkpoint, batch: int, index: int
+    ) -> tuple[DataFrame, list[str]]:
+        """What batch ``batch`` read from source ``index`` of ``cp``, read again as the query
+        read it (the carry-over's proof), and where it came from, as a person reads it
+        (empty: nothing)."""
+
+    # A migration to a new place of this kind (the form's new_source_<place>).
+    place: str
+    """The :class:`Source` field that names its place (``path``, ``topic``)."""
+    noun: str
+    """Its place as a person says it (``folder``, ``topic``)."""
+    carried: tuple[str, ...]
+    """The options a source of another format of this kind keeps as they are."""
+
+    def recognizes(self, source: dict[str, Any]) -> bool:
+        """Whether a new place given without a format is of this kind (a folder that holds a
+        Delta table); the first kind whose place is given otherwise."""
+
+    def inputs(self, source: dict[str, Any], options: dict[str, Any]) -> list[Any]:
+        """What the new place holds now, read once for :meth:`auto_format`,
+        :meth:`check_new` and :meth:`check_input` (a folder's files)."""
+
+    def auto_format(self, source: dict[str, Any], inputs: list[Any]) -> str:
+        """The format of a new place given without one."""
+
+    def check_new(
+        self,
+        current: Source,
+        source: Source,
+        *,
+        query: str,
+        others: dict[str, Source],
+        inputs: list[Any],
+        start: str,
+        cutover: str,
+    ) -> int:
+        """Refuse, in one line, a new place the query cannot run on; how much it holds."""
+
+    def check_input(self, source: Source, inputs: list[Any]) -> None:
+        """Refuse input that is not of the new source's schema, after its schema's check."""
+
+    def starting(self, source: Source, entry: str) -> Source:
+        """``source`` set to start at ``entry`` by its own option, for a road where Spark
+        starts it on a new checkpoint."""
+
+    # Its part of `stateops status`.
+
+    def position(self, source: Source, raw: object, close: float) -> dict[str, Any] | None:
+        """Where the checkpoint's entry (None: none yet) stands against the input: ``kind``,
+        ``where``, ``lag_total`` and ``lag_unit``, ``said`` (a line), ``table``
+        (``columns``, ``rows``: None) and what :meth:`findings` reads. None: nothing to show."""
+
+    def findings(self, query: str, part: dict[str, Any], limits: Any) -> list[tuple[str, str]]:
+        """The health findings (rule, reason) of :meth:`position`'s part."""
+
+    def waiting(self, source: Source, cp: Checkpoint, index: int) -> list[float] | None:
+        """The times input landed that the checkpoint (its source ``index``) has not read;
+        None: not known this way."""
+
+
+class Checkpoint(Protocol):
+    """What a kind reads of a checkpoint (:class:`stateops.core.checkpoint.Checkpoint`)."""
+
+    root: Any
+    offsets: dict[int, Any]
+
+    def entry(self, batch: int, source: int) -> object | None: ...
+
+    def started(self, source: int) -> object | None: ...
+
+    def input_files(self, batch: int, source: int = 0) -> list[dict]: ...
+
+    def seen_files(self, source: int = 0) -> set[str]: ...
+
 
 class SinkKind(Protocol):
     """What the operations ask of a kind of output."""
@@ -78,6 +236,9 @@ class SinkKind(Protocol):
     queries of a registry writing one place are refused."""
 
     def check(self, sink: Sink) -> None: ...
+
+    def require(self, sink: Sink) -> None:
+        """Refuse, in one line, a sink a run cannot write (a topic that does not exist)."""
 
     def where(self, sink: Sink) -> str: ...
 
@@ -147,6 +308,25 @@ def register_source(kind: SourceKind, *formats: str) -> SourceKind:
 def register_sink(kind: SinkKind, *formats: str) -> SinkKind:
     SINK_KINDS.update(dict.fromkeys(formats, kind))
     return kind
+
+
+def start_at(source: Source, start: str | None, cutover: str | None) -> str | int:
+    """Where a new source that is told where it starts (:attr:`SourceKind.positioned`) begins,
+    as its kind's :meth:`SourceKind.start_entry` takes it: one of its
+    :attr:`SourceKind.starts` (``cutover`` by default), the cutover as epoch ms (``cutover``:
+    a past time)."""
+    start = start or "cutover"
+    starts = source.kind.starts
+    if start not in starts:
+        raise StateOpsError(f"source start {start!r}: choose one of {', '.join(starts)}")
+    if start != "cutover":
+        return start
+    if not cutover or cutover == "drain":
+        raise StateOpsError(
+            f"{source.where} starting at the cutover needs the cutover's time (--cutover "
+            "TIME); or start it at " + " or ".join(x for x in starts if x != "cutover")
+        )
+    return int(parse_past_time(cutover, "cutover").timestamp() * 1000)
 
 
 def _spelled(kinds: dict[str, Any], value: str) -> str:

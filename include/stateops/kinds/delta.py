@@ -1,5 +1,10 @@
-"""A Delta Lake table out (``format: delta``, ``path``: a folder, local or in S3), written
-by Delta's own writer from Spark's ``foreachBatch``.
+"""A Delta Lake table in and out (``format: delta``, ``path``: a folder, local or in S3).
+
+In: Delta's own streaming source (:class:`DeltaSource`). Its entry in a checkpoint names the
+table's id and a version; the lag is in versions; a version whose commit the log cleaned up,
+or whose data files VACUUM deleted, is input a restart can no longer read.
+
+Out: written by Delta's own writer from Spark's ``foreachBatch``.
 
 Exactly once: each batch is appended in one Delta transaction that records the writer's
 application id and the batch (Delta's idempotent writes, ``txnAppId`` and ``txnVersion``): a
@@ -27,9 +32,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from stateops.core.errors import StateOpsError, query_error_line
+from stateops.core.errors import StateOpsError, about, query_error_line
+from stateops.core.model import schema_fields
 from stateops.core.storage import S3Path, list_files, location, spark_url
-from stateops.kinds.base import Sink, register_sink
+from stateops.core.times import parse_time
+from stateops.kinds.base import (
+    Checkpoint,
+    Sink,
+    Source,
+    register_sink,
+    register_source,
+    start_at,
+)
 from stateops.kinds.rows import COUNTS, diff_rows, frozen
 
 if TYPE_CHECKING:
@@ -37,7 +51,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["APP_ID_PROPERTY", "DELTA", "SQL_CONF", "restore"]
+__all__ = ["APP_ID_PROPERTY", "DELTA", "DELTA_SOURCE", "SQL_CONF", "restore"]
 
 CONNECTOR = "delta-spark"
 # The table property that names the application id the writer's transactions record; absent:
@@ -66,6 +80,9 @@ class DeltaSink:
     def check(self, sink: Sink) -> None:
         if not sink.path:
             raise ValueError("a delta sink writes a table: give its path (a folder)")
+
+    def require(self, sink: Sink) -> None:
+        return None  # nothing to ask before a run: its place is made as it writes
 
     def where(self, sink: Sink) -> str:
         return sink.path
@@ -287,6 +304,7 @@ class _Commit:
         self.txn = [a["txn"] for a in actions if "txn" in a]
         self.adds = [a["add"] for a in actions if "add" in a]
         self.removes = [a["remove"] for a in actions if "remove" in a]
+        self.actions = actions
 
     @property
     def batch(self) -> int | None:
@@ -362,6 +380,34 @@ class _Log:
         self._last.update(dict.fromkeys(passed, found))
         return found
 
+    def timestamp(self, version: int) -> int:
+        """When ``version`` was committed, epoch ms (its commitInfo; else its file's time)."""
+        stamp = self.commit(version).info.get("timestamp")
+        if stamp is not None:
+            return int(stamp)
+        return int((self.dir / f"{version:020d}.json").stat().st_mtime * 1000)
+
+    def table_id(self) -> str | None:
+        """The table's id (its metaData action's), from the oldest commit that holds one;
+        None: no commit the log still holds says it."""
+        for version in self.versions:
+            meta = [a["metaData"] for a in self.commit(version).actions if "metaData" in a]
+            if meta:
+                return str(meta[0].get("id"))
+        return None
+
+    def columns(self) -> list[str] | None:
+        """The table's columns, as its newest metaData action says (None: none held)."""
+        for version in reversed(self.versions):
+            meta = [a["metaData"] for a in self.commit(version).actions if "metaData" in a]
+            if meta:
+                schema = json.loads(meta[0].get("schemaString") or "{}")
+                return [f["name"] for f in schema.get("fields", [])]
+        return None
+
+    def file(self, path: str) -> Path | S3Path:
+        return self._file(path)
+
     def missing_files(self, later: list[_Commit]) -> list[str]:
         """The data files a RESTORE to the version before ``later`` puts back (in its table,
         then removed: a path's first action since is a remove, and its last one too) and
@@ -399,4 +445,433 @@ class _Log:
         return rows
 
 
+# A Delta source's entry (Delta's DeltaSourceOffset): the table's id, the version and the
+# index of the last file read in it, the base index (-1, or -100 from its version 3 on: none
+# of the version read yet) or the end index (all of it read).
+_BASE = (-1, -100)
+_END = 2**63 - 1
+
+
+def _position(raw: object) -> tuple[int, int, bool] | None:
+    """(version, index, in the initial snapshot) of a Delta source's entry; None: not one."""
+    if not isinstance(raw, dict) or not {"reservoirId", "reservoirVersion"} <= set(raw):
+        return None
+    return (
+        int(raw["reservoirVersion"]),
+        int(raw.get("index", -1)),
+        bool(raw.get("isStartingVersion")),
+    )
+
+
+def _next(raw: object) -> int:
+    """The first version of the table whose changes the entry has not read in full."""
+    at = _position(raw)
+    if at is None:
+        return 0
+    version, index, _ = at
+    return version + 1 if index == _END else version
+
+
+class DeltaSource:
+    """A Delta table read as a stream (Delta's own streaming source): its entry names the
+    table's id and a version; a new checkpoint starts at a version (its beginning, its end
+    now, or the first version committed at or after a time); its input can be removed under a
+    checkpoint (the log's old commits cleaned up, the data files vacuumed), which a restart
+    would fail on; its lag is in versions."""
+
+    name = "delta"
+    fields = ("path",)
+    connector = CONNECTOR
+    connection_type = None
+    session_conf = SQL_CONF
+    positioned = True
+    cuts_at_time = False  # a cutover run reads the table to its end; the time starts the next
+    expires = True  # VACUUM and the log's cleanup remove versions under a checkpoint
+    starts = ("cutover", "earliest", "latest")
+    kept = ()
+    carried = ()
+    place = "path"
+    noun = "table"
+    replay = (
+        "with its table still holding every version from the first (a version whose files "
+        "were vacuumed, or whose commit was cleaned up, is not replayed, and the rebuilt state "
+        "would differ)",
+        ", `startingVersion: 0`",
+        "version",
+    )
+
+    def check(self, source: Source) -> None:
+        if not source.path:
+            raise ValueError("a delta source reads a table: give its path (a folder)")
+        if source.encoding != "json":
+            raise ValueError(f"encoding {source.encoding} is for kafka sources, not a table")
+
+    def jars(self, source: Source) -> tuple[str, ...]:
+        return (CONNECTOR,)
+
+    def where(self, source: Source) -> str:
+        return source.path
+
+    def brief(self, source: Source) -> dict[str, Any]:
+        return {"path": source.path}
+
+    def places(self, source: Source) -> list[str]:
+        return [source.path]
+
+    def stream(self, spark: SparkSession, source: Source) -> DataFrame:
+        """The table's changes as Delta's streaming source reads them, the columns of
+        ``schema`` picked and cast."""
+        reader = spark.readStream.format("delta").options(**source.reader_options)
+        return _picked(reader.load(spark_url(source.path)), source)
+
+    # --- its entry in a checkpoint
+
+    def claims(self, raw: object) -> bool:
+        return _position(raw) is not None
+
+    def matches(self, source: Source, raw: object) -> bool:
+        """The entry is of the registered ``source``'s table (its id)."""
+        return self.claims(raw) and str(raw["reservoirId"]) == _Log(source.path).table_id()  # type: ignore[index]
+
+    def goes_on(self, source: Source, cp: Checkpoint, batch: int, index: int) -> bool:
+        return self.matches(source, cp.entry(batch, index))
+
+    def stand_in(self, raw: object) -> None:
+        return None  # the entry names a table's id, not where it is
+
+    def initial(self, text: str) -> None:
+        return None
+
+    def initial_log(self, entry: str) -> None:
+        return None  # its start is the entry in offsets/ alone
+
+    def start_entry(self, source: Source, at: str | int | None) -> str:
+        """The entry that starts a new checkpoint at a version of the table: ``earliest``
+        (version 0), ``latest`` (the next version written) or the first version committed at
+        or after an epoch-ms time. Refused in one line where the log no longer holds it."""
+        log = _Log(source.path)
+        if not log.versions:
+            raise StateOpsError(f"{source.path} holds no Delta table (no commit in _delta_log)")
+        if at is None:
+            raise StateOpsError(
+                f"table {source.path}: say where the new checkpoint starts it: a cutover time, "
+                "its end (latest) or its beginning (earliest)"
+            )
+        if at == "latest":
+            version = log.versions[-1] + 1
+        elif at == "earliest":
+            version = 0
+        else:
+            version = next((v for v in log.versions if log.timestamp(v) >= int(at)), None)
+            version = log.versions[-1] + 1 if version is None else version
+        if version < log.versions[0]:
+            raise StateOpsError(
+                f"table {source.path}: its log no longer holds version {version} (versions "
+                f"before {log.versions[0]} were cleaned up: delta.logRetentionDuration); start "
+                "at a later time, or at its end (latest)"
+            )
+        if isinstance(at, int) and version == log.versions[0] > 0:
+            raise StateOpsError(
+                f"the cutover is no longer in the log of table {source.path}: versions before "
+                f"{version} were cleaned up, and some may have been committed after the "
+                "cutover; choose a later cutover, or its end (latest)"
+            )
+        return _entry(log, version)
+
+    def start_of(self, source: Source, query: str) -> str:
+        """Where Delta would start the table on a new checkpoint: ``startingVersion`` (a
+        version, or latest), else ``startingTimestamp``, else a snapshot of it as it is now
+        (its latest version, read whole first)."""
+        options = {k.lower(): str(v) for k, v in source.options.items()}
+        given = options.get("startingversion")
+        if given is not None:
+            if given == "latest":
+                return self.start_entry(source, "latest")
+            if not given.isdigit():
+                raise StateOpsError(
+                    f"query {query}: startingVersion {given!r} is not a version or latest"
+                )
+            return _entry(_Log(source.path), int(given))
+        if "startingtimestamp" in options:
+            at = int(
+                parse_time(options["startingtimestamp"], "startingTimestamp").timestamp() * 1000
+            )
+            return self.start_entry(source, at)
+        log = _Log(source.path)
+        if not log.versions:
+            raise StateOpsError(f"{source.path} holds no Delta table (no commit in _delta_log)")
+        return _entry(log, log.versions[-1], snapshot=True)
+
+    def starting(self, source: Source, entry: str) -> Source:
+        """``source`` set to start at ``entry``'s version by ``startingVersion`` (a start
+        time given before gives way to it)."""
+        at = _position(json.loads(entry))
+        options = {k: v for k, v in source.options.items() if k.lower() != "startingtimestamp"}
+        if at is not None and not at[2]:
+            options["startingVersion"] = at[0]
+        return source.model_copy(update={"options": options})
+
+    def unreadable(self, source: Source, raw: object) -> str:
+        """What a restart from the entry would no longer find in the table, one line (empty:
+        all there): versions the log no longer holds, data files vacuumed."""
+        log = _Log(source.path)
+        first = _next(raw)
+        if not log.versions:
+            return f"table {source.path} is gone (no commit in _delta_log)"
+        if first < log.versions[0]:
+            return (
+                f"its log no longer holds versions {first}..{log.versions[0] - 1} (cleaned up: "
+                "delta.logRetentionDuration)"
+            )
+        gone = [
+            (v, a["path"])
+            for v in log.versions
+            if v >= first
+            for a in log.commit(v).adds
+            if not log.file(a["path"]).exists()
+        ]
+        if gone:
+            return (
+                f"the data files of versions {gone[0][0]} on were vacuumed ({len(gone)} files, "
+                f"e.g. {gone[0][1]})"
+            )
+        return ""
+
+    def rewind(self, source: Source, raw: object, newest: object) -> dict[str, Any]:
+        again = max(0, _next(newest) - _next(raw)) if newest is not None else 0
+        return {
+            "where": f"table {source.path}",
+            "line": f"rewinds to version {_next(raw)}; {again} versions read again",
+            "reads_again": again,
+            "version": _next(raw),
+        }
+
+    def older(
+        self,
+        cp: Checkpoint,
+        batch: int,
+        index: int,
+        source: Source | None,
+        limit_ms: float,
+        memo: dict[str, Any],
+    ) -> bool:
+        """Whether every version batch ``batch`` and those before it read was committed
+        before ``limit_ms``."""
+        if source is None:
+            raise StateOpsError(
+                f"{cp.root}: source {index} reads a Delta table no registered source names, so "
+                "its versions' times are unknown; roll back to a batch id instead"
+            )
+        raw = cp.entry(batch, index)
+        at = _position(raw)
+        last = _next(raw) - 1 if at is None or at[1] in _BASE else at[0]
+        if last < 0:
+            return True
+        log = memo.setdefault("log", _Log(source.path))
+        return last in log.versions and log.timestamp(last) < limit_ms
+
+    def unread(self, source: Source, raw: object) -> str:
+        log = _Log(source.path)
+        latest = log.versions[-1] if log.versions else -1
+        first = _next(raw)
+        if first > latest:
+            return ""
+        return (
+            f"{latest - first + 1} versions left unread on the old table after the drain "
+            f"(versions {first}..{latest}); stop its writers (or let them switch to the new "
+            "source), then migrate again"
+        )
+
+    def goes_back(self, before: object, after: object) -> list[str]:
+        was, now = _position(before), _position(after)
+        if was is None or now is None:
+            return []
+        if before["reservoirId"] != after["reservoirId"]:  # type: ignore[index]
+            return [
+                f"the table's id changes from {before['reservoirId']} to {after['reservoirId']}"
+            ]  # type: ignore[index]
+        if (now[0], now[1]) < (was[0], was[1]):
+            return [f"version {was[0]} index {was[1]} goes back to version {now[0]} index {now[1]}"]
+        return []
+
+    def entry_text(self, raw: object) -> str:
+        at = _position(raw)
+        if at is None:
+            return "?"
+        version, index, snapshot = at
+        where = "start" if index in _BASE else "end" if index == _END else f"file {index}"
+        return f"version {version} {where}" + (" (snapshot)" if snapshot else "")
+
+    def require(self, source: Source) -> None:
+        if not _Log(source.path).versions:
+            raise StateOpsError(
+                f"table {source.path} holds no Delta table (no commit in _delta_log): create it, "
+                "or fix the source's path"
+            )
+
+    def batch_read(
+        self, spark: SparkSession, source: Source, cp: Checkpoint, batch: int, index: int
+    ) -> tuple[DataFrame, list[str]]:
+        """The rows of the versions batch ``batch`` read from source ``index`` (the data
+        files those versions added), and the versions (``table@v``). Refused where the batch
+        began or ended inside a version (the proof reads whole versions)."""
+        end = cp.entry(batch, index)
+        earlier = (cp.entry(b, index) for b in range(batch - 1, -1, -1) if b in cp.offsets)
+        start = next((e for e in earlier if self.claims(e)), None)
+        for raw in (start, end):
+            at = _position(raw)
+            if at is not None and (at[2] or at[1] not in (*_BASE, _END)):
+                raise StateOpsError(
+                    f"batch {batch} of {cp.root} began or ended inside version {at[0]} of table "
+                    f"{source.path}: the proof reads whole versions (read whole versions: no "
+                    "maxFilesPerTrigger)"
+                )
+        log = _Log(source.path)
+        versions = [v for v in log.versions if _next(start) <= v < _next(end)]
+        files = [spark_url(str(log.file(a["path"]))) for v in versions for a in log.commit(v).adds]
+        if not files:
+            return spark.createDataFrame([], source.schema_), []
+        return _picked(spark.read.parquet(*files), source), [f"{source.path}@{v}" for v in versions]
+
+    # --- a migration to a new table
+
+    def recognizes(self, source: dict[str, Any]) -> bool:
+        return bool(source.get("path")) and bool(_Log(str(source["path"])).versions)
+
+    def inputs(self, source: dict[str, Any], options: dict[str, Any]) -> list[Any]:
+        return []
+
+    def auto_format(self, source: dict[str, Any], inputs: list[Any]) -> str:
+        return "delta"
+
+    def check_new(
+        self,
+        current: Source,
+        source: Source,
+        *,
+        query: str,
+        others: dict[str, Source],
+        inputs: list[Any],
+        start: str,
+        cutover: str,
+    ) -> int:
+        """Refuse a new table the query cannot run on: the current one, a folder that holds
+        no Delta table, a start its log no longer holds; the number of its versions."""
+        if current.kind is self and current.path == source.path:
+            raise StateOpsError(f"the new source is {query}'s current source: nothing to migrate")
+        log = _Log(source.path)
+        if not log.versions:
+            raise StateOpsError(
+                f"new source path {source.path} holds no Delta table (no commit in "
+                "_delta_log): write the table first, or give its path"
+            )
+        with about("new_source_start"):
+            if start not in self.starts:
+                raise StateOpsError(f"{start!r}: choose one of {', '.join(self.starts)}")
+            if start != "cutover" or cutover != "drain":
+                self.start_entry(source, start_at(source, start, cutover))
+        return len(log.versions)
+
+    def check_input(self, source: Source, inputs: list[Any]) -> None:
+        """The table has every column of the new source's schema."""
+        columns = _Log(source.path).columns()
+        for column, _ in schema_fields(source.schema_):
+            if columns is not None and column not in columns:
+                raise StateOpsError(
+                    f"new_source_schema: table {source.path} has no column {column!r} (its "
+                    f"columns: {', '.join(columns)})"
+                )
+
+    # --- its part of `stateops status`
+
+    def position(self, source: Source, raw: object, close: float) -> dict[str, Any]:
+        """Where the entry stands in the table: the next version to read, the latest, the
+        lag in versions; what the table no longer holds; a table recreated since."""
+        part: dict[str, Any] = {
+            "kind": self.name,
+            "where": f"table {source.path}",
+            "committed": raw,
+            "lag_unit": "versions",
+            "lag_total": None,
+            "said": "no version read yet",
+            "table": None,
+            "lost": [],
+            "close": [],
+            "ahead": [],
+        }
+        if raw is None:
+            return part
+        log = _Log(source.path)
+        latest = log.versions[-1] if log.versions else -1
+        first = _next(raw)
+        lag = max(0, latest - first + 1)
+        lost = self.unreadable(source, raw)
+        ahead = [f"next version {first}, the table's latest {latest}"] if first > latest + 1 else []
+        part.update(
+            lag_total=lag,
+            next_version=first,
+            latest_version=latest,
+            lost=[lost] if lost else [],
+            ahead=ahead,
+            said=f"lag {lag} versions (next version {first}, latest {latest})",
+            table={
+                "columns": ["table", "next version", "latest version", "lag"],
+                "rows": [[source.path, first, latest, lag]],
+            },
+        )
+        return part
+
+    def findings(self, query: str, part: dict[str, Any], limits: Any) -> list[tuple[str, str]]:
+        head = f"delta {part['source']}"
+        found = []
+        if part["lost"]:
+            found.append(
+                (
+                    "retention_passed",
+                    f"{head}: {part['where']} no longer holds what the checkpoint has not read "
+                    f"(batch {part['committed_batch']}): {'; '.join(part['lost'])}; a restart "
+                    "fails on it",
+                )
+            )
+        if part["ahead"]:
+            found.append(
+                (
+                    "offsets_ahead",
+                    f"{head}: the version committed by batch {part['committed_batch']} is past "
+                    f"the table's ({', '.join(part['ahead'])}): it was recreated or restored; "
+                    "restore a backup or migrate to the table as it is",
+                )
+            )
+        return found
+
+    def waiting(self, source: Source, cp: Checkpoint, index: int) -> None:
+        return None  # its lag says what waits
+
+
+def _entry(log: _Log, version: int, *, snapshot: bool = False) -> str:
+    """A Delta source's entry that starts at ``version`` (nothing of it read yet)."""
+    table_id = log.table_id()
+    if table_id is None:
+        raise StateOpsError(
+            f"{log.root}: its log holds no metaData action (cleaned up): its id is unknown"
+        )
+    return json.dumps(
+        {
+            "sourceVersion": 1,
+            "reservoirId": table_id,
+            "reservoirVersion": version,
+            "index": -1,
+            "isStartingVersion": snapshot,
+        }
+    )
+
+
+def _picked(df: DataFrame, source: Source) -> DataFrame:
+    """The columns of the source's ``schema``, cast to its types."""
+    from pyspark.sql import functions as F
+
+    return df.select(*[F.col(n).cast(t).alias(n) for n, t in schema_fields(source.schema_)])
+
+
 DELTA = register_sink(DeltaSink(), "delta")
+DELTA_SOURCE = register_source(DeltaSource(), "delta")

@@ -13,29 +13,56 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateops.core import faults, fence
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import StateOpsError, about
+from stateops.core.model import schema_fields
 from stateops.core.storage import S3Path, delete_keys, list_files, location, spark_url
-from stateops.kinds.base import Sink, Source, register_sink, register_source
+from stateops.kinds.base import Checkpoint, Sink, Source, register_sink, register_source
 from stateops.kinds.rows import COUNTS, diff_rows, frozen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FILES", "FOLDER"]
+__all__ = ["FILES", "FILE_START", "FOLDER", "files_format", "input_files", "log_offset"]
+
+
+# A file source that has read nothing: -1 is "before the first" entry of its (empty) log.
+FILE_START = '{"logOffset":-1}'
+
+
+def log_offset(raw: object) -> int | None:
+    """A file source's ``logOffset`` in an offsets entry; None where ``raw`` is not one."""
+    if isinstance(raw, dict) and "logOffset" in raw:
+        return int(raw["logOffset"])
+    return None
 
 
 class Files:
+    """Spark's file source: its entry ``{"logOffset": K}`` counts its own log's entries, which
+    name the files each batch read; its files stay readable while they are in the folder (no
+    broker to ask), and what waits is the files in the folder its log does not name."""
+
     name = "files"
     fields = ("path",)
     connector = None
     connection_type = None
     session_conf: dict[str, str] = {}
+    positioned = False  # a new checkpoint reads every file its (empty) log does not name
+    cuts_at_time = True  # a cutover run reads the files modified before the cutover
+    expires = False
+    starts = ()
+    place_field = "new_source_path"
+    kept = ()
+    replay = ("with every input file still in its source folder", "", "file")
+    place = "path"  # the migration form's new_source_path
+    noun = "folder"
+    carried = ("maxFilesPerTrigger", "maxBytesPerTrigger", "maxFileAge", "latestFirst")
 
     def check(self, source: Source) -> None:
         if not source.path:
@@ -54,6 +81,163 @@ class Files:
 
     def brief(self, source: Source) -> dict[str, Any]:
         return {"path": source.path}
+
+    # --- its entry in a checkpoint: {"logOffset": K}
+
+    def claims(self, raw: object) -> bool:
+        return log_offset(raw) is not None
+
+    def matches(self, source: Source, raw: object) -> bool:
+        return False  # the entry names no folder (the transplant matches the files it read)
+
+    def goes_on(self, source: Source, cp: Checkpoint, batch: int, index: int) -> bool:
+        """``source`` reads on from source ``index`` of ``cp``: that is a file source (its
+        entry in ``batch`` a ``logOffset``, or none yet) whose every logged file lies in
+        ``source``'s folder."""
+        raw = cp.entry(batch, index)
+        if raw is not None and not self.claims(raw):
+            return False
+        seen = [Path(f) for f in cp.seen_files(index)]
+        return bool(seen) and all(f.is_relative_to(source.path) for f in seen)
+
+    def stand_in(self, raw: object) -> None:
+        return None
+
+    def initial(self, text: str) -> None:
+        return None  # its sources/<i>/0 is its own log's first entry, not a start
+
+    def initial_log(self, entry: str) -> None:
+        return None  # its log starts empty
+
+    def start_entry(self, source: Source, at: str | int | None) -> str:
+        return FILE_START  # before its first file: it reads every file its log does not name
+
+    def start_of(self, source: Source, query: str) -> str:
+        return FILE_START
+
+    def unreadable(self, source: Source, raw: object) -> str:
+        return ""  # not tracked: a file read again is still in the folder, or the run says so
+
+    def rewind(self, source: Source, raw: object, newest: object) -> None:
+        return None  # its log is rolled back with the checkpoint; the plan lists the files
+
+    def older(
+        self,
+        cp: Checkpoint,
+        batch: int,
+        index: int,
+        source: Source | None,
+        limit_ms: float,
+        memo: dict[str, Any],
+    ) -> bool:
+        """Whether every file batch ``batch`` read was modified before ``limit_ms`` (as the
+        file source logged their times)."""
+        return all(f["timestamp"] < limit_ms for f in cp.input_files(batch, index))
+
+    def unread(self, source: Source, raw: object) -> str:
+        return ""  # a drain reads every file of the folder
+
+    def goes_back(self, before: object, after: object) -> list[str]:
+        return []  # its log is checked with the checkpoint's files
+
+    def entry_text(self, raw: object) -> str:
+        return f"logOffset {log_offset(raw)}"
+
+    def require(self, source: Source) -> None:
+        return None
+
+    def batch_read(
+        self, spark: SparkSession, source: Source, cp: Checkpoint, batch: int, index: int
+    ) -> tuple[DataFrame, list[str]]:
+        """The files batch ``batch`` read from source ``index`` (as its log names them), read
+        again with the source's format, schema and options."""
+        files = [f["path"] for f in cp.input_files(batch, index)]
+        if not files:
+            return spark.createDataFrame([], source.schema_), []
+        reader = spark.read.format(source.format).schema(source.schema_)
+        return reader.options(**source.reader_options).load(files), files
+
+    # --- a migration to a new folder
+
+    def recognizes(self, source: dict[str, Any]) -> bool:
+        return False  # any folder: the kind a folder is when no other kind knows it
+
+    def inputs(self, source: dict[str, Any], options: dict[str, Any]) -> list[Any]:
+        """The files Spark would read in the new source's local folder, each with the format
+        its first bytes tell (:func:`input_files`; none in S3)."""
+        path = str(source.get("path") or "")
+        return input_files(Path(path), options) if path and "://" not in path else []
+
+    def auto_format(self, source: dict[str, Any], inputs: list[Any]) -> str:
+        """The format of the files in the new folder (``parquet`` while there are none)."""
+        return files_format(Path(str(source.get("path") or "")), inputs)
+
+    def check_new(
+        self,
+        current: Source,
+        source: Source,
+        *,
+        query: str,
+        others: dict[str, Source],
+        inputs: list[Any],
+        start: str,
+        cutover: str,
+    ) -> int:
+        """Refuse a new folder the query cannot run on (``others``: the query's other
+        sources; ``inputs``: :meth:`inputs`): the number of its input files."""
+        folder = Path(source.path)
+        if not folder.is_dir():
+            raise StateOpsError(
+                f"new source path {folder} does not exist or is not a folder: create it and "
+                "land the new source's input there, then trigger again"
+            )
+        if source.format == current.format and source.path == current.path:
+            raise StateOpsError(f"the new source is {query}'s current source: nothing to migrate")
+        for other, kept in others.items():
+            there = Path(kept.path)
+            if kept.path and (
+                folder == there or there in folder.parents or folder in there.parents
+            ):
+                raise StateOpsError(
+                    f"new source folder {folder} overlaps the folder of {query}'s source "
+                    f"{other} ({there}): land the new source's input in a folder of its own"
+                )
+        files = sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_")))
+        if not files:
+            raise StateOpsError(
+                f"new source folder {folder} has no input yet: land its first files (the "
+                "carry-over is proven on the new source's first batch), then trigger again"
+            )
+        with about("new_source_format"):
+            _check_format(source, inputs)
+        return files
+
+    def check_input(self, source: Source, inputs: list[Any]) -> None:
+        """Parquet files carry their schema: the first one must have the declared columns."""
+        _check_files(source, inputs)
+
+    def starting(self, source: Source, entry: str) -> Source:
+        return source  # it starts before its first file, whatever its options
+
+    def position(self, source: Source, raw: object, close: float) -> None:
+        return None  # what waits is said by :meth:`waiting`
+
+    def findings(self, query: str, part: dict[str, Any], limits: Any) -> list[tuple[str, str]]:
+        return []
+
+    def waiting(self, source: Source, cp: Checkpoint, index: int) -> list[float] | None:
+        """The modification times of the files in a local folder that the checkpoint's log
+        (of its source ``index``) does not name; None for a folder in S3 (not listed for
+        this)."""
+        folder = Path(source.path)
+        if "://" in source.path or not folder.is_dir():
+            return None
+        seen = cp.seen_files(index)
+        return [
+            f.stat().st_mtime
+            for f in folder.iterdir()
+            if f.is_file() and not f.name.startswith((".", "_")) and str(f) not in seen
+        ]
 
     def places(self, source: Source) -> list[str]:
         return [source.path]
@@ -74,6 +258,9 @@ class Folder:
     def check(self, sink: Sink) -> None:
         if not sink.path:
             raise ValueError(f"a {sink.format} sink writes a folder: give its path")
+
+    def require(self, sink: Sink) -> None:
+        return None  # nothing to ask before a run: its place is made as it writes
 
     def where(self, sink: Sink) -> str:
         return sink.path
@@ -316,3 +503,132 @@ def _read_batch(folder: Path | S3Path, rels: list[str]) -> list[dict]:
 
 FILES = register_source(Files(), "json", "parquet", "csv")
 FOLDER = register_sink(Folder(), "parquet", "json")
+
+
+_ARROW_TYPES = {
+    "string": "STRING",
+    "large_string": "STRING",
+    "bool": "BOOLEAN",
+    "int32": "INT",
+    "int64": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "date32[day]": "DATE",
+}
+
+
+# How a file's first bytes tell its format: Parquet starts (and ends) with PAR1; a JSON lines
+# record starts with '{' (a JSON document with '[' too); other text is read as CSV.
+_PARQUET_MAGIC = b"PAR1"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _file_format(path: Path) -> str | None:
+    """``parquet``, ``json`` or ``csv`` by the first bytes of ``path`` (of a gzip file, by its
+    content: Spark's text readers decompress it), or None where they do not tell (an empty
+    file, another binary format or compression)."""
+    with path.open("rb") as f:
+        head = f.read(4096)
+        if head.startswith(_PARQUET_MAGIC):  # and a whole file, not one still being written
+            f.seek(max(f.seek(0, os.SEEK_END) - 4, 4))
+            return "parquet" if f.read(4) == _PARQUET_MAGIC else None
+    if head.startswith(_GZIP_MAGIC):
+        import gzip
+        import zlib
+
+        try:
+            with gzip.open(path, "rb") as f:
+                head = f.read(4096)
+        except (OSError, EOFError, zlib.error):
+            return None
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text or b"\x00" in text:
+        return None
+    return "json" if text[:1] in (b"{", b"[") else "csv"
+
+
+def input_files(folder: Path, options: dict[str, Any]) -> list[tuple[Path, str | None]]:
+    """The files Spark's file source would read in ``folder`` (names starting with ``.`` or
+    ``_`` left out, ``pathGlobFilter`` applied), each with the format its first bytes tell;
+    refused when the filter leaves none of its files."""
+    import fnmatch
+
+    if not folder.is_dir():
+        return []
+    glob = next((str(v) for k, v in options.items() if k.lower() == "pathglobfilter"), "*")
+    patterns = _glob_alternatives(glob)
+    files = [
+        p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+        and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)
+    ]
+    kept = [p for p in files if any(fnmatch.fnmatch(p.name, g) for g in patterns)]
+    if files and not kept:
+        with about("new_source_options"):
+            raise StateOpsError(
+                f"pathGlobFilter {glob!r} matches none of the {len(files)} files in {folder} "
+                f"(e.g. {files[0].name}): fix the filter, or land files it matches"
+            )
+    return [(p, _file_format(p)) for p in kept]
+
+
+def _glob_alternatives(glob: str) -> list[str]:
+    """Hadoop's glob alternatives (``*.{json,jsonl}``) as patterns ``fnmatch`` takes."""
+    found = re.search(r"\{([^{}]*)\}", glob)
+    if found is None:
+        return [glob]
+    head, tail = glob[: found.start()], glob[found.end() :]
+    return [g for alt in found.group(1).split(",") for g in _glob_alternatives(head + alt + tail)]
+
+
+def files_format(folder: Path, files: list[tuple[Path, str | None]]) -> str:
+    """The format of the input files in ``folder`` (``files``: :func:`input_files`), for a
+    new source given without one; ``parquet`` while there are none (the folder's checks then
+    say what to do)."""
+    kinds = {kind: path for path, kind in reversed(files) if kind is not None}
+    with about("new_source_format"):
+        if len(kinds) > 1:
+            found = " and ".join(
+                f"{kind} files ({path.name})" for kind, path in sorted(kinds.items())
+            )
+            raise StateOpsError(
+                f"{folder} holds {found}: land one format in the new source's folder"
+            )
+        if not kinds and any(path.stat().st_size for path, _ in files):
+            raise StateOpsError(
+                f"the files in {folder} ({files[0][0].name}, ...) are not parquet, JSON or CSV "
+                "by their first bytes: give the new source's format (--new-source-format)"
+            )
+    return next(iter(kinds), "parquet")
+
+
+def _check_format(source: Source, files: list[tuple[Path, str | None]]) -> None:
+    """Every input file in the new source's folder (``files``: :func:`input_files`) is in its
+    format, as far as its first bytes tell: Spark would otherwise fail at the first batch,
+    after the old query was stopped and drained."""
+    for path, kind in files:
+        if kind is not None and kind != source.format:
+            raise StateOpsError(
+                f"{path} is a {kind} file, but the new source's format is {source.format}: "
+                f"give the format of its files (--new-source-format {kind}), or land only "
+                f"{source.format} files there"
+            )
+
+
+def _check_files(source: Source, files: list[tuple[Path, str | None]]) -> None:
+    """Parquet files carry their schema: the first one must have the declared columns."""
+    if source.format != "parquet":
+        return
+    import pyarrow.parquet as pq
+
+    first = next((path for path, kind in files if kind == "parquet"), None)
+    if first is None:
+        return
+    found = {f.name: _ARROW_TYPES.get(str(f.type), str(f.type)) for f in pq.read_schema(first)}
+    for column, kind in schema_fields(source.schema_):
+        have = found.get(column)
+        if have is None:
+            raise StateOpsError(f"{first}: no column {column!r} (the new source schema has it)")
+        if have != kind and not (kind == "TIMESTAMP" and have.startswith("timestamp")):
+            raise StateOpsError(f"{first}: column {column!r} is {have}, not {kind}")

@@ -49,6 +49,9 @@ class FunctionSink:
         if not sink.function:
             raise ValueError("a function sink names its function: module:function")
 
+    def require(self, sink: Sink) -> None:
+        return None  # nothing to ask before a run: its place is made as it writes
+
     def where(self, sink: Sink) -> str:
         return f"function {sink.function}"
 

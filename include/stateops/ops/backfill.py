@@ -13,7 +13,6 @@ runs them in one process (``stateops backfill``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -33,17 +32,11 @@ from stateops.core.errors import (
     one_line,
 )
 from stateops.core.registry import Query, Registry, Source, derived_registry, load_registry
-from stateops.core.sources import (
-    file_log_offset,
-    kafka_offsets,
-    kafka_offsets_at,
-    kafka_source_of,
-    within,
-)
 from stateops.core.steps import BACKFILL_STEPS, OVERRIDABLE, fill
 from stateops.core.storage import location, write_file
 from stateops.core.times import parse_past_time, parse_time  # re-exported: older callers
 from stateops.core.verify import require_sound
+from stateops.kinds import kind_at, source_at
 from stateops.ops.deletion import plan_digest
 from stateops.ops.rollback import (
     format_rollback_plan,
@@ -177,7 +170,7 @@ def plan_backfill(
         "changes": changes,
         "logic": reprocessed.logic,
         "backup_to": plan["backup_to"],
-        "kafka": plan["kafka"],
+        "rewinds": plan["rewinds"],
         "rewrites": plan["rewrites"],
         "rewrite_output": rewrite_output,
         "text": text,
@@ -358,25 +351,21 @@ def _older(
     cp: Checkpoint, batch: int, limit_ms: float, sources: list[Source], limits: dict[int, Any]
 ) -> bool:
     """Whether every source's input up to ``batch`` is older than ``limit_ms``: each source's
-    kind says how (:mod:`stateops.core.sources`)."""
+    kind says how (``limits``: what it keeps across batches, by source)."""
     if batch not in cp.offsets:
         raise CheckpointError(f"{cp.root}: offsets/{batch} is gone: its input is unknown")
     for index, raw in enumerate(cp.offsets[batch].source_offsets):
-        offsets = kafka_offsets(raw)
-        if offsets is not None:
-            if index not in limits:
-                source = kafka_source_of(offsets, sources)
-                limits[index] = kafka_offsets_at(source, math.ceil(limit_ms))
-            if not within(offsets, limits[index]):
-                return False
-        elif file_log_offset(raw) is not None:
-            if any(f["timestamp"] >= limit_ms for f in cp.input_files(batch, index)):
-                return False
-        elif raw is not None:  # "-": the source read nothing yet
+        if raw is None:  # "-": the source read nothing yet
+            continue
+        kind = kind_at(raw)
+        if kind is None:
             raise StateOpsError(
-                f"{cp.root}: source {index} is neither a file nor a Kafka source, so its input "
-                "has no times; roll back to a batch id instead"
+                f"{cp.root}: source {index} is of no kind stateops knows, so its input has no "
+                "times; roll back to a batch id instead"
             )
+        source = source_at(raw, sources)
+        if not kind.older(cp, batch, index, source, limit_ms, limits.setdefault(index, {})):
+            return False
     return True
 
 

@@ -21,10 +21,8 @@ from stateops.control.markers import write_carry_over
 from stateops.control.target import Target, query_target
 from stateops.core.checkpoint import load_checkpoint
 from stateops.core.errors import CheckpointError, RegistryError, StateOpsError
-from stateops.core.kafka import parse_offsets
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Query, Registry
-from stateops.core.sources import cutover_entry
 from stateops.core.staging import has_entries
 from stateops.core.steps import INITIAL_STATE_FORMATS
 from stateops.core.storage import S3Path, location
@@ -369,26 +367,15 @@ def preflight_bootstrap(
     return target, plan
 
 
-def _kafka_start(query: Query) -> str | None:
-    """Where the transplant starts a Kafka input read anew: where Spark would start it on a new
-    checkpoint, its registered ``startingOffsets`` (``earliest``, ``latest``, Spark's default,
-    or exact offsets as JSON), as exact offsets written into the checkpoint (Spark reads
-    ``startingOffsets`` only without them). None: no Kafka input."""
-    topics = [s for s in query.inputs.values() if s.kafka]
-    if len(topics) != 1:
+def _told_start(query: Query) -> str | None:
+    """Where the transplant starts an input read anew that must be told where (a topic):
+    where Spark would start it on a new checkpoint, by its registered options (a topic's
+    ``startingOffsets``), as the entry written into the checkpoint (Spark reads those options
+    only without one: :meth:`SourceKind.start_of`). None: no such input."""
+    told = [s for s in query.inputs.values() if s.kind.positioned]
+    if len(told) != 1:
         return None
-    source = topics[0]
-    given = next(
-        (str(v) for k, v in source.options.items() if k.lower() == "startingoffsets"), "latest"
-    )
-    if given in ("earliest", "latest"):
-        return cutover_entry(source, given)
-    if parse_offsets(given) is None:
-        raise StateOpsError(
-            f"query {query.name}: startingOffsets {given!r} is not earliest, latest or offsets "
-            'as JSON ({"topic": {"0": 12}})'
-        )
-    return given
+    return told[0].kind.start_of(told[0], query.name)
 
 
 def run_bootstrap(
@@ -408,7 +395,7 @@ def run_bootstrap(
     if plan["road"] == "transplant":
         with target.lock("bootstrap", run_id):
             old, new = plan["initial_state"], plan["checkpoint"]
-            result = transplant_checkpoint(old, new, query, start=_kafka_start(query), log=log)
+            result = transplant_checkpoint(old, new, query, start=_told_start(query), log=log)
             mark_transplant(result)
     else:
         prepare = partial(prepare_bootstrap, registry=registry, plan=plan)

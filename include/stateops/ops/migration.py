@@ -64,7 +64,6 @@ from stateops.core.errors import (
     one_line,
 )
 from stateops.core.faults import fail_after
-from stateops.core.kafka import kafka_settings, topic_partitions
 from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import (
     Query,
@@ -76,18 +75,13 @@ from stateops.core.registry import (
     schema_fields,
     write_switch,
 )
-from stateops.core.sources import (
-    KAFKA_STARTS,
-    cutover_entry,
-    goes_on,
-    kafka_offsets,
-    unread_after_drain,
-)
 from stateops.core.staging import occupied
 from stateops.core.steps import MIGRATION_STEPS, fill
 from stateops.core.storage import S3Path, location, write_file
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
+from stateops.kinds import SOURCE_KINDS
+from stateops.kinds.base import start_at
 from stateops.ops.rollback import set_aside
 from stateops.ops.start import read_summary
 from stateops.ops.transplant import (
@@ -95,7 +89,6 @@ from stateops.ops.transplant import (
     choose_road,
     refuse_differences,
     repartition_from,
-    start_at,
     transplant_checkpoint,
     transplant_refusals,
 )
@@ -134,16 +127,6 @@ _ACCEPT = "trigger again with accept_differences on"
 INITIAL_STATE_ROAD = ("export", "validate_export", "bootstrap")
 
 # Parquet column types as the registry's DDL names them (for the preflight's file check).
-_ARROW_TYPES = {
-    "string": "STRING",
-    "large_string": "STRING",
-    "bool": "BOOLEAN",
-    "int32": "INT",
-    "int64": "BIGINT",
-    "float": "FLOAT",
-    "double": "DOUBLE",
-    "date32[day]": "DATE",
-}
 
 
 def _now() -> str:
@@ -245,8 +228,9 @@ def plan_migration(
 
 
 def _start(source: Source, spec: dict[str, Any]) -> str | None:
-    """Where a new Kafka source starts (the form's ``new_source_start``); None for files."""
-    return str(spec.get("start") or "cutover") if source.kafka else None
+    """Where a new source that is told where it starts begins (the form's
+    ``new_source_start``); None for one that is not (a folder)."""
+    return str(spec.get("start") or "cutover") if source.kind.positioned else None
 
 
 def check_migration_form(target: Target, conf: dict[str, Any]) -> None:
@@ -301,46 +285,28 @@ def _form_checks(
                     f"a cutover time reads one source up to it; {query.name} reads "
                     f"{len(query.inputs)}: choose cutover drain"
                 )
-    if source.kafka:
-        files = _check_new_topic(query, source_name, source, start, cutover)
-    else:
-        with about("new_source_path"):
-            files = _check_new_source(query, source_name, source, inputs)
-    with about("new_checkpoint"):
-        new = _new_checkpoint(registry, query, new_checkpoint)
-    return query, source_name, source, cutover, files, new
-
-
-def _check_new_topic(
-    query: Query, source_name: str, source: Source, start: str, cutover: str
-) -> int:
-    """Refuse a new Kafka source the query cannot run on: the current one, a topic that does
-    not exist, a broker that does not answer, a start (``new_source_start``) the topic no
-    longer retains; the number of its partitions. With ``cutover`` drain, the start at the
-    cutover is the drain's end, checked then (:func:`settle_migration`)."""
     current = query.inputs[source_name]
-    if current.kafka and (set(current.subscribed), current.bootstrap_servers) == (
-        set(source.subscribed),
-        source.bootstrap_servers,
-    ):
-        raise StateOpsError(f"the new source is {query.name}'s current source: nothing to migrate")
-    with about("new_source_topic"):
-        partitions = topic_partitions(
-            kafka_settings(source.bootstrap_servers, source.connection), source.subscribed
+    with about(f"new_source_{source.kind.place}"):
+        files = source.kind.check_new(
+            current,
+            source,
+            query=query.name,
+            others={n: s for n, s in query.inputs.items() if n != source_name},
+            inputs=inputs,
+            start=start,
+            cutover=cutover,
         )
-    with about("new_source_start"):
-        if start not in KAFKA_STARTS:
-            raise StateOpsError(f"{start!r}: choose one of {', '.join(KAFKA_STARTS)}")
-        if start != "cutover" or cutover != "drain":
-            cutover_entry(source, start_at(start, cutover))  # refuses what is no longer retained
     with about("new_source_schema"):
         _check_schema(query, current, source)
+    source.kind.check_input(source, inputs)
     try:
         Query.model_validate(query.with_input(source_name, source).model_dump(by_alias=True))
     except ValidationError as err:
         message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
         raise StateOpsError(f"new source: {message}") from None
-    return sum(len(ps) for ps in partitions.values())
+    with about("new_checkpoint"):
+        new = _new_checkpoint(registry, query, new_checkpoint)
+    return query, source_name, source, cutover, files, new
 
 
 _NO_EXPORT = (
@@ -370,49 +336,6 @@ def _refuse_immovable(query: Query, carry_over: str) -> None:
             f"carry_over initial_state is for processors (handleInitialState); {query.name} "
             "is a transform, whose state moves by transplant: choose auto or transplant"
         )
-
-
-def _check_new_source(
-    query: Query, source_name: str, source: Source, inputs: list[tuple[Path, str | None]]
-) -> int:
-    """Refuse a new source for ``source_name`` the query cannot run on (``inputs``: its input
-    files, :func:`_input_files`); the number of its input files."""
-    folder = Path(source.path)
-    if not folder.is_dir():
-        raise StateOpsError(
-            f"new source path {folder} does not exist or is not a folder: create it and land "
-            "the new source's input there, then trigger again"
-        )
-    current = query.inputs[source_name]
-    if source.format == current.format and source.path == current.path:
-        raise StateOpsError(f"the new source is {query.name}'s current source: nothing to migrate")
-    for other, kept in query.inputs.items():
-        there = Path(kept.path)
-        if other != source_name and (
-            folder == there or there in folder.parents or folder in there.parents
-        ):
-            raise StateOpsError(
-                f"new source folder {folder} overlaps the folder of {query.name}'s source "
-                f"{other} ({there}): land the new source's input in a folder of its own"
-            )
-    files = sum(1 for p in folder.iterdir() if not p.name.startswith((".", "_")))
-    if not files:
-        raise StateOpsError(
-            f"new source folder {folder} has no input yet: land its first files (the carry-over "
-            "is proven on the new source's first batch), then trigger again"
-        )
-    with about("new_source_format"):
-        _check_format(source, inputs)
-    with about("new_source_schema"):
-        _check_schema(query, current, source)
-    _check_files(source, inputs)
-    try:
-        Query.model_validate(query.with_input(source_name, source).model_dump(by_alias=True))
-    except ValidationError as err:
-        first = err.errors()[0]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise StateOpsError(f"new source: {message}") from None
-    return files
 
 
 def _new_checkpoint(registry: Registry, query: Query, new_checkpoint: str) -> Path | S3Path:
@@ -479,43 +402,39 @@ def _planned_query(query: Query, plan: dict[str, Any]) -> Query:
 def _new_source(
     registry: Registry, current: Source, spec: dict[str, Any]
 ) -> tuple[Source, list[tuple[Path, str | None]]]:
-    """The new source as the form (or the CLI) gives it, and its input files
-    (:func:`_input_files`, read once); without a format (or ``auto``), the format of those
-    files."""
+    """The new source as the form (or the CLI) gives it, and its input (its kind's
+    :meth:`SourceKind.inputs`, read once: a folder's files); without a format (or ``auto``),
+    the kind whose place is given (a folder: the format of its files)."""
     spec = {k: v for k, v in spec.items() if v not in (None, "")}
     spec.setdefault("schema", current.schema_)
-    if current.kind.connection_type == "kafka" and spec.get("topic"):  # a topic's values
-        spec.setdefault("encoding", current.encoding)  # are read as the old topic's were
-        spec.setdefault("malformed", current.malformed)
-        spec.setdefault("avro_schema", current.avro_schema)
     given = spec.pop("options", None) or {}
-    path = str(spec.get("path", ""))
-    inputs = []
-    if path:
-        spec["path"] = registry.data_path(path)
-    if path and "://" not in path:
-        inputs = _input_files(Path(spec["path"]), given)
-    if spec.get("format", "auto") == "auto":
-        spec["format"] = (
-            _files_format(Path(spec["path"]), inputs)
-            if path
-            else "kafka"
-            if spec.get("topic")
-            else "parquet"
-        )
-    if spec["format"] == "kafka" and path:
+    if str(spec.get("path") or "").strip():  # a folder or table, by the registry's rules
+        spec["path"] = registry.data_path(str(spec["path"]))
+    kinds = list(dict.fromkeys(SOURCE_KINDS.values()))
+    placed = [k for k in kinds if spec.get(k.place)]
+    fmt = spec.get("format", "auto")
+    known = next((k for k in placed if k.recognizes(spec)), placed[0] if placed else kinds[0])
+    kind = SOURCE_KINDS.get(fmt) or known
+    inputs = kind.inputs(spec, given)
+    if fmt == "auto":
+        spec["format"] = fmt = kind.auto_format(spec, inputs)
+    for other in placed:
+        if other.place != kind.place:
+            raise StateOpsError(
+                f"new_source_{other.place}: a {fmt} source reads a {kind.noun}, not a "
+                f"{other.noun}: give new_source_{kind.place} and leave the {other.noun} empty"
+            )
+    if not str(spec.get(kind.place) or "").strip():
         raise StateOpsError(
-            "new_source_path: a kafka source reads a topic, not a folder: give "
-            "new_source_topic (--new-source-topic) and leave the folder empty"
+            f"new_source_{kind.place}: empty: a {fmt} source reads a {kind.noun}: give the "
+            f"new source's {kind.noun} (--new-source-{kind.place})"
         )
-    if spec["format"] != "kafka" and not path.strip():
-        raise StateOpsError(
-            f"new_source_path: empty: a {spec['format']} source reads a folder: give the new "
-            "source's folder (--new-source-path)"
-        )
+    if kind is current.kind:  # a new place of the same kind reads as the old one did
+        for field in kind.kept:
+            spec.setdefault(field, getattr(current, field))
     spec["options"] = carried_options(current, spec["format"]) | given
     if inputs and spec["options"] != given:  # a glob carried from the old source
-        inputs = _input_files(Path(spec["path"]), spec["options"])
+        inputs = kind.inputs(spec, spec["options"])
     try:
         return Source.model_validate(spec), inputs
     except ValidationError as err:
@@ -539,123 +458,6 @@ def _check_schema(query: Query, current: Source, source: Source) -> None:
                 f"new source column {column!r} is {new[column]}, but {query.name} reads it as "
                 f"{kind}: convert it, or declare it {kind}"
             )
-
-
-# How a file's first bytes tell its format: Parquet starts (and ends) with PAR1; a JSON lines
-# record starts with '{' (a JSON document with '[' too); other text is read as CSV.
-_PARQUET_MAGIC = b"PAR1"
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _file_format(path: Path) -> str | None:
-    """``parquet``, ``json`` or ``csv`` by the first bytes of ``path`` (of a gzip file, by its
-    content: Spark's text readers decompress it), or None where they do not tell (an empty
-    file, another binary format or compression)."""
-    with path.open("rb") as f:
-        head = f.read(4096)
-        if head.startswith(_PARQUET_MAGIC):  # and a whole file, not one still being written
-            f.seek(max(f.seek(0, os.SEEK_END) - 4, 4))
-            return "parquet" if f.read(4) == _PARQUET_MAGIC else None
-    if head.startswith(_GZIP_MAGIC):
-        import gzip
-        import zlib
-
-        try:
-            with gzip.open(path, "rb") as f:
-                head = f.read(4096)
-        except (OSError, EOFError, zlib.error):
-            return None
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not text or b"\x00" in text:
-        return None
-    return "json" if text[:1] in (b"{", b"[") else "csv"
-
-
-def _input_files(folder: Path, options: dict[str, Any]) -> list[tuple[Path, str | None]]:
-    """The files Spark's file source would read in ``folder`` (names starting with ``.`` or
-    ``_`` left out, ``pathGlobFilter`` applied), each with the format its first bytes tell;
-    refused when the filter leaves none of its files."""
-    import fnmatch
-
-    if not folder.is_dir():
-        return []
-    glob = next((str(v) for k, v in options.items() if k.lower() == "pathglobfilter"), "*")
-    patterns = _glob_alternatives(glob)
-    files = [
-        p
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-        and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)
-    ]
-    kept = [p for p in files if any(fnmatch.fnmatch(p.name, g) for g in patterns)]
-    if files and not kept:
-        with about("new_source_options"):
-            raise StateOpsError(
-                f"pathGlobFilter {glob!r} matches none of the {len(files)} files in {folder} "
-                f"(e.g. {files[0].name}): fix the filter, or land files it matches"
-            )
-    return [(p, _file_format(p)) for p in kept]
-
-
-def _glob_alternatives(glob: str) -> list[str]:
-    """Hadoop's glob alternatives (``*.{json,jsonl}``) as patterns ``fnmatch`` takes."""
-    found = re.search(r"\{([^{}]*)\}", glob)
-    if found is None:
-        return [glob]
-    head, tail = glob[: found.start()], glob[found.end() :]
-    return [g for alt in found.group(1).split(",") for g in _glob_alternatives(head + alt + tail)]
-
-
-def _files_format(folder: Path, files: list[tuple[Path, str | None]]) -> str:
-    """The format of the input files in ``folder`` (``files``: :func:`_input_files`), for a
-    new source given without one; ``parquet`` while there are none (the folder's checks then
-    say what to do)."""
-    kinds = {kind: path for path, kind in reversed(files) if kind is not None}
-    with about("new_source_format"):
-        if len(kinds) > 1:
-            found = " and ".join(
-                f"{kind} files ({path.name})" for kind, path in sorted(kinds.items())
-            )
-            raise StateOpsError(
-                f"{folder} holds {found}: land one format in the new source's folder"
-            )
-        if not kinds and any(path.stat().st_size for path, _ in files):
-            raise StateOpsError(
-                f"the files in {folder} ({files[0][0].name}, ...) are not parquet, JSON or CSV "
-                "by their first bytes: give the new source's format (--new-source-format)"
-            )
-    return next(iter(kinds), "parquet")
-
-
-def _check_format(source: Source, files: list[tuple[Path, str | None]]) -> None:
-    """Every input file in the new source's folder (``files``: :func:`_input_files`) is in its
-    format, as far as its first bytes tell: Spark would otherwise fail at the first batch,
-    after the old query was stopped and drained."""
-    for path, kind in files:
-        if kind is not None and kind != source.format:
-            raise StateOpsError(
-                f"{path} is a {kind} file, but the new source's format is {source.format}: "
-                f"give the format of its files (--new-source-format {kind}), or land only "
-                f"{source.format} files there"
-            )
-
-
-def _check_files(source: Source, files: list[tuple[Path, str | None]]) -> None:
-    """Parquet files carry their schema: the first one must have the declared columns."""
-    if source.format != "parquet":
-        return
-    import pyarrow.parquet as pq
-
-    first = next((path for path, kind in files if kind == "parquet"), None)
-    if first is None:
-        return
-    found = {f.name: _ARROW_TYPES.get(str(f.type), str(f.type)) for f in pq.read_schema(first)}
-    for column, kind in schema_fields(source.schema_):
-        have = found.get(column)
-        if have is None:
-            raise StateOpsError(f"{first}: no column {column!r} (the new source schema has it)")
-        if have != kind and not (kind == "TIMESTAMP" and have.startswith("timestamp")):
-            raise StateOpsError(f"{first}: column {column!r} is {have}, not {kind}")
 
 
 def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
@@ -688,10 +490,6 @@ def format_migration_plan(plan: dict[str, Any], dry_run: bool) -> str:
     )
 
 
-# The options a file source of another format takes as they are: how much a batch reads.
-_FILE_LIMITS = ("maxFilesPerTrigger", "maxBytesPerTrigger", "maxFileAge", "latestFirst")
-
-
 def carried_options(current: Source, new_format: str) -> dict[str, Any]:
     """The current source's options the new source of ``new_format`` keeps (the form's own
     options are added over them): all of them in the same format, but where a topic starts
@@ -700,9 +498,9 @@ def carried_options(current: Source, new_format: str) -> dict[str, Any]:
     format's)."""
     if new_format == current.format:
         return {k: v for k, v in current.options.items() if not k.startswith("starting")}
-    if current.kafka or new_format == "kafka":
+    if SOURCE_KINDS[new_format] is not current.kind:
         return {}
-    return {k: v for k, v in current.options.items() if k in _FILE_LIMITS}
+    return {k: v for k, v in current.options.items() if k in current.kind.carried}
 
 
 def _where(source: dict[str, Any]) -> str:
@@ -881,26 +679,26 @@ def derive_registry(registry: Registry, plan: dict[str, Any], runs_as: Query, of
 
 
 def _refuse_unread(old: Source, cp: Checkpoint, last: int | None) -> None:
-    """Refuse, after the drain, an old Kafka source with records its checkpoint has not read
-    (:func:`stateops.core.sources.unread_after_drain`): they would be lost."""
-    if not old.kafka or last is None:
+    """Refuse, after the drain, an old source its checkpoint has not read to its end (its
+    kind's :meth:`SourceKind.unread`: records left on a topic), which would be lost."""
+    if last is None:
         return
-    raw = next((o for o in cp.offsets[last].source_offsets if goes_on(old, o)), None)
-    committed = kafka_offsets(raw) or {}
-    unread = unread_after_drain(old, committed)
+    entries = cp.offsets[last].source_offsets
+    raw = next((o for o in entries if old.kind.claims(o) and old.kind.matches(old, o)), None)
+    unread = old.kind.unread(old, raw)
     if unread:
         raise StateOpsError(f"{cp.root}: {unread}")
 
 
 def _started(runs_as: Query, plan: dict[str, Any]) -> tuple[Query, str | None]:
     """The new query with its new Kafka source's start (None for a file source): the offsets
-    entry at the plan's start (:func:`stateops.core.sources.cutover_entry`; the topic's end
+    entry at the plan's start (:meth:`SourceKind.start_entry`; the topic's end
     at the drain's end where the cutover is ``drain``), also as the source's
     ``startingOffsets``, which Spark reads on the first start of the initialState road's
     empty checkpoint (the transplant writes the entry into the checkpoint itself)."""
     name, start = plan["source_name"], plan["new"].get("start")
     source = runs_as.inputs[name]
-    if not source.kafka:
+    if not source.kind.positioned:
         return runs_as, None
     cutover = plan["cutover"]
     if start in (None, "cutover") and cutover == "drain":
@@ -908,10 +706,9 @@ def _started(runs_as: Query, plan: dict[str, Any]) -> tuple[Query, str | None]:
         # emptied would refuse as no longer retained).
         at: str | int = "latest"
     else:
-        at = start_at(start, cutover)
-    entry = cutover_entry(source, at)
-    options = {**source.options, "startingOffsets": entry}
-    return runs_as.with_input(name, source.model_copy(update={"options": options})), entry
+        at = start_at(source, start, cutover)
+    entry = source.kind.start_entry(source, at)
+    return runs_as.with_input(name, source.kind.starting(source, entry)), entry
 
 
 def backup_for_migration(

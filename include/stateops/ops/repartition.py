@@ -42,6 +42,7 @@ from stateops.core.plans import BackupFirst, plan_head, plan_tail
 from stateops.core.registry import Query, Registry, write_partitions
 from stateops.core.storage import S3Path, location
 from stateops.core.verify import error_summary, verify_checkpoint
+from stateops.kinds.files import FILES
 
 if TYPE_CHECKING:
     from stateops.control.target import Target
@@ -175,15 +176,10 @@ def repartition_unsupported(cp: Checkpoint, query: Query | None = None) -> str |
 def _replay(also: str, query: Query | None) -> str:
     """The one road to another partition count where Spark's repartition cannot go: for
     ``query``'s sources (a topic or a folder; None: not known, a folder's is said)."""
-    if query is not None and any(source.kafka for source in query.inputs.values()):
-        held, start, first = (
-            "with its topics still holding every record from the first (a record that "
-            "retention deleted is not replayed, and the rebuilt state would differ)",
-            ", `startingOffsets: earliest`",
-            "record",
-        )
-    else:
-        held, start, first = "with every input file still in its source folder", "", "file"
+    kinds = [source.kind for source in query.inputs.values()] if query is not None else []
+    # a source whose input expires says what must still be there; none known: a folder's
+    kind = next((k for k in kinds if k.expires), kinds[0] if kinds else FILES)
+    held, start, first = kind.replay
     return (
         f"replay the source instead: {held}, give the query in the registry a new "
         f"`checkpoint` folder, a new `sink.path` and the `shuffle_partitions` you "

@@ -25,15 +25,14 @@ from stateops.control.markers import refuse_retired
 from stateops.control.target import Target, checkpoint_target, query_target
 from stateops.core import faults
 from stateops.core.checkpoint import load_checkpoint
-from stateops.core.errors import StateOpsError, s3_error
+from stateops.core.errors import StateOpsError, Unreachable, s3_error
 from stateops.core.files import relocate_checkpoint, schema_url
 from stateops.core.formats import crc_sidecar, hadoop_crc
-from stateops.core.kafka import KafkaDown
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Registry
 from stateops.core.report import format_bytes
 from stateops.core.s3 import S3Location, names_a_url, parse_s3_url
-from stateops.core.sources import kafka_unreadable, offsets_entry_sources
+from stateops.core.sources import offsets_entry_sources, unreadable_from
 from stateops.core.staging import Staging, has_entries, remove_stale_staging, stale_staging
 from stateops.core.storage import S3Path, list_files, location, publish, safe_relative_path
 from stateops.core.verify import verify_checkpoint
@@ -243,20 +242,21 @@ def _plan(
         raise StateOpsError(
             f"{target}: not empty; restore into a new folder, or pass --replace to move it aside"
         )
-    plan["kafka_retained"] = _kafka_retained(owner, manifest, loc, client)
+    plan["input_retained"] = _input_retained(owner, manifest, loc, client)
     return plan, manifest
 
 
-def _kafka_retained(owner: Target, manifest: dict[str, Any], loc: S3Location, client: Any) -> str:
-    """Whether the broker still holds every record a restart from the backup reads (from its
-    batch's offsets on): the checkpoint is the only record of a Kafka query's progress, and a
-    restart from offsets retention has passed fails (``failOnDataLoss``) or skips them. Refused
-    in one line; a broker that does not answer is said, not refused (a restore is what one
-    does when things are down). ``none``: the target's query reads no topic (or no query owns
-    the target: nothing says which broker)."""
+def _input_retained(owner: Target, manifest: dict[str, Any], loc: S3Location, client: Any) -> str:
+    """Whether the inputs whose input expires (a topic's retention) still hold all a restart
+    from the backup reads (from its batch's offsets on): the checkpoint is the only record of
+    such a query's progress, and a restart from offsets retention has passed fails
+    (``failOnDataLoss``) or skips them. Refused in one line; servers that do not answer are
+    said, not refused (a restore is what one does when things are down). ``none``: the
+    target's query reads no such input (or no query owns the target: nothing says where)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    sources = [s for s in owner.query.inputs.values() if s.kafka] if owner.query else []
+    inputs = owner.query.inputs.values() if owner.query else []
+    sources = [s for s in inputs if s.kind.expires]
     rel = f"offsets/{manifest['batch_id']}"
     entry = next((f for f in manifest["files"] if f["path"] == rel), None)
     if not sources or entry is None:
@@ -267,14 +267,14 @@ def _kafka_retained(owner: Target, manifest: dict[str, Any], loc: S3Location, cl
     except (BotoCoreError, ClientError) as err:
         raise s3_error(err, f"read {rel} of backup {manifest['backup_id']}") from None
     try:
-        gone = kafka_unreadable(sources, entries)
-    except KafkaDown as err:
+        gone = unreadable_from(sources, entries)
+    except Unreachable as err:
         return f"not checked: {err}"
     if gone:
         raise StateOpsError(
-            f"backup {manifest['backup_id']} resumes at Kafka offsets the broker no longer "
-            f"holds ({gone}): a restart would fail or skip them; nothing was restored; "
-            "restore a newer backup"
+            f"backup {manifest['backup_id']} resumes at offsets its input no longer holds "
+            f"({gone}): a restart would fail or skip them; nothing was restored; restore a "
+            "newer backup"
         )
     return "yes"
 
@@ -354,12 +354,12 @@ def format_restore_plan(plan: dict[str, Any], *, dry_run: bool = True, color: bo
             f"  {plan['lock']['query']} is locked by {plan['lock']['held_by']}: "
             "the restore is refused until that operation ends"
         )
-    retained = plan.get("kafka_retained", "none")
+    retained = plan.get("input_retained", "none")
     if retained != "none":
         lines.append(
-            "  Kafka: the broker still holds every record from the backup's offsets on"
+            "  input: still held from the backup's offsets on (a topic's records)"
             if retained == "yes"
-            else f"  Kafka: whether the broker still holds the backup's offsets was {retained}"
+            else f"  input: whether it is still held from the backup's offsets was {retained}"
         )
     if plan["stale_staging"]:
         lines.append(

@@ -24,18 +24,10 @@ from stateops.control.markers import (
     write_rollback,
 )
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
-from stateops.core.errors import CheckpointError, StateOpsError
-from stateops.core.kafka import KafkaDown, offsets_text
+from stateops.core.errors import CheckpointError, StateOpsError, Unreachable
 from stateops.core.plans import BackupFirst
 from stateops.core.report import format_bytes
-from stateops.core.sources import (
-    kafka_entries,
-    kafka_offsets,
-    kafka_source_of,
-    records_between,
-    unreadable,
-)
-from stateops.kinds import SINK_KINDS, Sink
+from stateops.kinds import SINK_KINDS, Sink, source_at
 from stateops.ops.deletion import (
     audit_plan,
     deletion_plan,
@@ -56,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REWRITE_FLAG",
     "format_rollback_plan",
-    "kafka_rewind",
+    "source_rewinds",
     "plan_rollback",
     "refuse_unconfirmed_rewrite",
     "run_rollback",
@@ -105,10 +97,10 @@ def plan_rollback(target: Target, to_batch: int) -> dict[str, Any]:
         cp, "rollback", delete, keep, to_batch=to_batch, resumes=pending, partitions=changed
     )
     if pending:  # decided and half done: what the broker holds now cannot stop its finish
-        plan.update(kafka=kafka_rewind(cp, target, to_batch, refuse=False), rewrites=None)
+        plan.update(rewinds=source_rewinds(cp, target, to_batch, refuse=False), rewrites=None)
     else:
         plan.update(
-            kafka=kafka_rewind(cp, target, to_batch),
+            rewinds=source_rewinds(cp, target, to_batch),
             rewrites=sink_rewrites(cp, target, to_batch),
         )
     return plan
@@ -118,48 +110,44 @@ def _refused(cp: Checkpoint, to_batch: int) -> str:
     return f"{cp.root}: rollback to batch {to_batch} refused, nothing changed"
 
 
-def kafka_rewind(
+def source_rewinds(
     cp: Checkpoint, target: Target, to_batch: int, *, refuse: bool = True
 ) -> list[dict[str, Any]]:
-    """Per Kafka source of the checkpoint: the offsets a rollback to ``to_batch`` rewinds it to
-    (``offsets/<to_batch>``, where the next batch starts reading) and how many records the
-    batches after it read (read again). Refused in one line, changing nothing, where the
-    broker no longer holds records from those offsets on (the restart would fail, or skip
-    them), or does not answer. Without ``refuse`` (a rollback a kill interrupted: its marker
-    holds the query until it finishes) that is said in ``missing`` instead."""
+    """Per source of the checkpoint whose kind has something to say of it: where a rollback to
+    ``to_batch`` rewinds it (``offsets/<to_batch>``, where the next batch starts reading) and
+    what the batches after it read (read again). Refused in one line, changing nothing, where
+    its input from there on is gone (a topic's retention: the restart would fail, or skip
+    it), or its servers do not answer. Without ``refuse`` (a rollback a kill interrupted: its
+    marker holds the query until it finishes) that is said in ``missing`` instead."""
     entry = cp.offsets.get(to_batch)
     if entry is None:
         return []
     inputs = list(target.query.inputs.values()) if target.query is not None else []
     newest = cp.offsets[max(cp.offsets)].source_offsets
     rewinds = []
-    for index, offsets in kafka_entries(entry.source_offsets).items():
-        source = kafka_source_of(offsets, inputs)
+    for index, raw in enumerate(entry.source_offsets):
+        source = source_at(raw, inputs)
+        if source is None:
+            continue
+        rewind = source.kind.rewind(source, raw, newest[index] if index < len(newest) else None)
+        if rewind is None:
+            continue
         try:
-            missing = unreadable(source, offsets)
-        except KafkaDown as err:
+            missing = source.kind.unreadable(source, raw)
+        except Unreachable as err:
             if not refuse:
                 missing = f"not checked: {err}"
             else:
-                raise KafkaDown(
-                    f"{_refused(cp, to_batch)}: cannot check that the broker still holds "
-                    f"{source.where} from batch {to_batch}'s offsets on: {err}"
+                raise type(err)(
+                    f"{_refused(cp, to_batch)}: cannot check that {source.where} still holds "
+                    f"what the query would read again from batch {to_batch}'s offsets on: {err}"
                 ) from None
         if missing and refuse:
             raise CheckpointError(
-                f"{_refused(cp, to_batch)}: the broker no longer holds records the query would "
+                f"{_refused(cp, to_batch)}: {source.where} no longer holds what the query would "
                 f"read again: {missing}; roll back to a later batch"
             )
-        then = kafka_offsets(newest[index]) if index < len(newest) else None
-        rewinds.append(
-            {
-                "source": index,
-                "topics": source.subscribed,
-                "offsets": offsets,
-                "reads_again": records_between(offsets, then or offsets),
-                "missing": missing,
-            }
-        )
+        rewinds.append({"source": index, **rewind, "missing": missing})
     return rewinds
 
 
@@ -176,8 +164,8 @@ def sink_rewrites(cp: Checkpoint, target: Target, to_batch: int) -> dict[str, An
     since = cp.offsets[first].timestamp_ms if first in cp.offsets else None
     try:
         return query.sink.kind.rewrites(query.sink, first, since)
-    except KafkaDown as err:
-        raise KafkaDown(
+    except Unreachable as err:
+        raise type(err)(
             f"{_refused(cp, to_batch)}: cannot count the output the rolled-back batches wrote "
             f"to {query.sink.where}: {err}"
         ) from None
@@ -203,11 +191,9 @@ def refuse_unconfirmed_rewrite(plan: dict[str, Any], confirmed: int | None) -> N
     )
 
 
-def _kafka_lines(plan: dict[str, Any]) -> list[str]:
+def _rewind_lines(plan: dict[str, Any]) -> list[str]:
     lines = [
-        f"  source {r['source']} (topic {','.join(r['topics'])}): rewinds to "
-        f"{offsets_text(r['offsets'])}; {r['reads_again']} records read again"
-        for r in plan.get("kafka") or []
+        f"  source {r['source']} ({r['where']}): {r['line']}" for r in plan.get("rewinds") or []
     ]
     rewrites = plan.get("rewrites")
     if rewrites:
@@ -224,7 +210,7 @@ def format_rollback_plan(plan: dict[str, Any], dry_run: bool, then: str | None =
     """:func:`stateops.ops.deletion.format_plan` with, after the rollback point, where each
     Kafka source rewinds to and what a Kafka sink gets again."""
     lines = format_plan(plan, dry_run=dry_run, then=then).split("\n")
-    return "\n".join(lines[:2] + _kafka_lines(plan) + lines[2:])
+    return "\n".join(lines[:2] + _rewind_lines(plan) + lines[2:])
 
 
 def run_rollback(

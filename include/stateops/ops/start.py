@@ -402,9 +402,9 @@ def _begin(
     first = 0 if before is None else before + 1
     started = time.time()
     until_batch, pending = None, None
-    if cutover is not None and any(source.kafka for source in query.inputs.values()):
+    if cutover is not None and not all(s.kind.cuts_at_time for s in query.inputs.values()):
         # A topic has no files to pick by time: the cutover run reads it to its end (the
-        # migration then refuses records left unread), and the time starts the new source.
+        # migration then refuses input left unread), and the time starts the new source.
         print(
             f"{query.name}: {query.inputs_text} read to its end (the cutover time "
             f"{cutover.isoformat()} starts the new source)",

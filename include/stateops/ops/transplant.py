@@ -48,19 +48,11 @@ from stateops.core.formats import crc_sidecar, hadoop_crc
 from stateops.core.plans import plan_head, plan_tail
 from stateops.core.registry import Query, Source
 from stateops.core.report import format_bytes
-from stateops.core.sources import (
-    FILE_START,
-    KAFKA_STARTS,
-    cutover_entry,
-    goes_on,
-    initial_log,
-    kafka_offsets,
-)
 from stateops.core.staging import Staging, occupied, remove_stale_staging
 from stateops.core.steps import ROADS
 from stateops.core.storage import S3Path, copy_to_local, list_files, location, publish
-from stateops.core.times import parse_past_time
-from stateops.kinds import SOURCE_KINDS
+from stateops.kinds import SOURCE_KINDS, kind_at
+from stateops.kinds.base import start_at
 from stateops.ops.repartition import repartition_unsupported
 from stateops.ops.state_schema import (
     KINDS,
@@ -198,11 +190,12 @@ def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[dict[int, s
     anew = [name for name in inputs if name not in kept]
     if len(fresh) == len(anew) == 1:
         return {fresh[0]: anew[0]}, reasons
-    moved_kafka = [name for name in anew if inputs[name].kafka]
-    if moved_kafka:
+    told = [name for name in anew if inputs[name].kind.positioned]
+    if told:
         reasons.append(
-            f"Kafka input {', '.join(moved_kafka)} starts anew along with other sources, and "
-            "which old source each replaces is unknown: move one source at a time"
+            f"input {', '.join(told)} ({inputs[told[0]].where}) starts anew along with other "
+            "sources where it is told, and which old source each replaces is unknown: move "
+            "one source at a time"
         )
     return {i: "" for i in fresh}, reasons
 
@@ -210,29 +203,29 @@ def fresh_sources(cp: Checkpoint, query: Query, batch: int) -> tuple[dict[int, s
 def _owners(
     cp: Checkpoint, query: Query, batch: int, i: int, reasons: list[str]
 ) -> list[str] | None:
-    """The inputs of ``query`` that go on from old source ``i`` (None: it is neither a file
-    nor a Kafka source, said in ``reasons``)."""
-    raw = cp.offsets[batch].source_offsets[i]
-    if kafka_offsets(raw) is not None:
-        return [name for name, source in query.inputs.items() if goes_on(source, raw)]
-    if cp.file_log_offset(batch, i) is None:
-        reasons.append(f"source {i} of the old checkpoint is neither a file nor a Kafka source")
+    """The inputs of ``query`` that go on from old source ``i``, as their kinds say (None: the
+    old source is of no kind stateops knows, said in ``reasons``)."""
+    if kind_at(cp.entry(batch, i)) is None and cp.file_log_offset(batch, i) is None:
+        reasons.append(f"source {i} of the old checkpoint is of no kind stateops knows")
         return None
-    seen = [Path(f) for f in cp.seen_files(i)]
     return [
-        name
-        for name, source in query.inputs.items()
-        if not source.kafka and seen and all(f.is_relative_to(source.path) for f in seen)
+        name for name, source in query.inputs.items() if source.kind.goes_on(source, cp, batch, i)
     ]
 
 
 def _starts(query: Query, fresh: dict[int, str], start: str | None) -> dict[int, str]:
-    """Each source read anew -> the offsets entry it starts at: a file source before its first
-    file, a Kafka source at ``start`` (:func:`stateops.core.sources.cutover_entry`)."""
+    """Each source read anew -> the entry it starts at: a source whose kind is told where it
+    starts (a topic) at ``start`` (:meth:`SourceKind.start_entry`), any other at its
+    beginning (a folder: before its first file). An unnamed one (several moved at once:
+    refused unless none is told where) starts as the query's sources that are not."""
     starts = {}
     for i, name in fresh.items():
-        source = query.inputs.get(name)
-        if source is not None and source.kafka:
+        source = query.inputs.get(name) or next(
+            (s for s in query.inputs.values() if not s.kind.positioned), None
+        )
+        if source is None:
+            continue
+        if source.kind.positioned:
             if not start:
                 raise TransplantRefused(
                     f"say where the new checkpoint starts {source.where}: a cutover time, its "
@@ -240,7 +233,7 @@ def _starts(query: Query, fresh: dict[int, str], start: str | None) -> dict[int,
                 )
             starts[i] = start
         else:
-            starts[i] = FILE_START
+            starts[i] = source.kind.start_entry(source, None)
     return starts
 
 
@@ -418,8 +411,8 @@ def run_transplant(
     # A topic the query goes on reading (unchanged) needs no start: its offsets are copied.
     goes_on_reading = moved_source == owner.inputs[moved] and not (source_start or cutover)
     start = (
-        cutover_entry(moved_source, start_at(source_start, cutover))
-        if moved_source.kafka and not goes_on_reading
+        moved_source.kind.start_entry(moved_source, start_at(moved_source, source_start, cutover))
+        if moved_source.kind.positioned and not goes_on_reading
         else None
     )
     new = str(location(new).resolve())
@@ -456,23 +449,6 @@ def _moved_source(current: Source, changes: dict[str, str | None]) -> Source:
         raise StateOpsError(f"new source: {message}") from None
 
 
-def start_at(start: str | None, cutover: str | None) -> str | int:
-    """Where a new Kafka source starts (:data:`stateops.core.sources.KAFKA_STARTS`) as
-    :func:`stateops.core.sources.cutover_entry` takes it: ``earliest``, ``latest``, or the
-    cutover's epoch ms (``cutover``: a past time)."""
-    start = start or "cutover"
-    if start not in KAFKA_STARTS:
-        raise StateOpsError(f"source start {start!r}: choose one of {', '.join(KAFKA_STARTS)}")
-    if start != "cutover":
-        return start
-    if not cutover or cutover == "drain":
-        raise StateOpsError(
-            "a Kafka source starting at the cutover needs the cutover's time (--cutover TIME); "
-            "or start it at earliest or latest"
-        )
-    return int(parse_past_time(cutover, "cutover").timestamp() * 1000)
-
-
 def transplant_checkpoint(
     old: str | os.PathLike[str],
     new: str | os.PathLike[str],
@@ -491,7 +467,7 @@ def transplant_checkpoint(
     absent. Run again after a kill, it removes the staging folders of killed runs, and finds a
     ``new`` that already holds exactly this transplant (killed after its rename, or run twice)
     complete: ``already_transplanted``, and its query id is kept. ``start``: the offsets entry a
-    Kafka input read anew starts at (:func:`stateops.core.sources.cutover_entry`), written into
+    Kafka input read anew starts at (:meth:`SourceKind.start_entry`), written into
     ``offsets/`` and its ``sources/<i>/0``."""
     started = time.monotonic()
     cp, new, batch, fresh, done = _check_transplant(old, new, query, batch, start)
@@ -655,7 +631,8 @@ def _log_entries(cp: Checkpoint, batch: int, fresh: dict[int, str]) -> dict[str,
         if b in cp.commits:
             entries[f"commits/{b}"] = (cp.root / f"commits/{b}").read_text("utf-8")
     for i, entry in fresh.items():
-        initial = initial_log(entry)
+        kind = kind_at(json.loads(entry))
+        initial = kind.initial_log(entry) if kind is not None else None
         if initial is not None:  # Spark reads startingOffsets only where this is absent
             entries[f"sources/{i}/0"] = initial
     return entries

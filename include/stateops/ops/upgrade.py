@@ -310,11 +310,11 @@ def refuse_what_a_run_refuses(query: Query) -> None:
     its code that does not load, a topic that does not exist or a broker that does not answer,
     code that does not fit its state. A plan that changes the checkpoint for a run to follow
     (a backfill's) refuses them before its first change."""
-    from stateops.core.sources import require_topics
+    from stateops.core.sources import require_inputs
     from stateops.spark.streaming import check_code
 
     check_code(query)
-    require_topics(query)
+    require_inputs(query)
     refuse_incompatible_code(query)
 
 

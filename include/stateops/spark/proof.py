@@ -32,9 +32,7 @@ from stateops.control.audit import audit_dir
 from stateops.core.checkpoint import Checkpoint, load_checkpoint
 from stateops.core.errors import CheckpointError, StateOpsError
 from stateops.core.registry import Query
-from stateops.core.sources import kafka_offsets
 from stateops.core.storage import write_file
-from stateops.kinds.kafka import decode, read_options
 from stateops.spark.export import (
     batch_watermarks,
     read_exported,
@@ -93,58 +91,14 @@ def simulate_query(
 def _batch(
     spark: SparkSession, query: Query, cp: Checkpoint, batch: int, image: bool = False
 ) -> tuple[DataFrame, list]:
-    """What ``batch`` read: its input and the input files (for a Kafka source, the ranges of
-    records per partition, ``topic[p] a..b``; empty: it read nothing). An ``image`` batch
-    (:mod:`stateops.ops.carry`) reads nothing, whatever its offsets hold (an upgrade's: the
-    old query's positions)."""
+    """What ``batch`` read, as its source's kind reads it again: its input and where it came
+    from (input files; a topic's ranges of records, ``topic[p] a..b``; empty: nothing). An
+    ``image`` batch (:mod:`stateops.ops.carry`) reads nothing, whatever its offsets hold (an
+    upgrade's: the old query's positions)."""
     source = query.source
     if image:
         return spark.createDataFrame([], source.schema_), []
-    if not source.kafka:
-        files = [f["path"] for f in cp.input_files(batch)]
-        return _batch_input(spark, query, files), files
-    end = kafka_offsets(cp.offsets[batch].source_offsets[0]) or {}
-    # Where the batch started: the last earlier batch with offsets (a bootstrap's batch 0 reads
-    # no input and has none), else the initial offsets the source logged.
-    earlier = (
-        kafka_offsets(cp.offsets[b].source_offsets[0])
-        for b in range(batch - 1, -1, -1)
-        if b in cp.offsets
-    )
-    start = next((o for o in earlier if o is not None), None)
-    if start is None:
-        start = cp.initial_offsets(0) or {}
-    ranges = [
-        f"{t}[{p}] {start.get(t, {}).get(p, 0)}..{o - 1}"
-        for t, ps in end.items()
-        for p, o in ps.items()
-        if o > start.get(t, {}).get(p, 0)
-    ]
-    if not ranges:
-        return spark.createDataFrame([], source.schema_), []
-
-    def spec(offsets: dict) -> str:
-        # -2: the partition's earliest (Spark's JSON offsets)
-        return json.dumps(
-            {t: {str(p): offsets.get(t, {}).get(p, -2) for p in ps} for t, ps in end.items()}
-        )
-
-    records = (
-        spark.read.format("kafka")
-        .options(**read_options(source))
-        .option("startingOffsets", spec(start))
-        .option("endingOffsets", spec(end))
-        .load()
-    )
-    return decode(records, source), ranges  # as the query read them
-
-
-def _batch_input(spark: SparkSession, query: Query, files: list[str]) -> DataFrame:
-    source = query.source
-    if not files:
-        return spark.createDataFrame([], source.schema_)
-    reader = spark.read.format(source.format).schema(source.schema_)
-    return reader.options(**source.reader_options).load(files)
+    return source.kind.batch_read(spark, source, cp, batch, 0)
 
 
 def _sample(df: DataFrame, keys: list[Column], modulus: int) -> DataFrame:

@@ -85,9 +85,9 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from stateops.core.sources import KAFKA_STARTS
 from stateops.core.steps import MIGRATION_STEPS
 from stateops.kinds import SOURCE_FORMATS
+from stateops.kinds.kafka import KAFKA
 from stateops_airflow.approval import (
     ApprovalGate,
     ask_migration_stop,
@@ -140,18 +140,20 @@ def build(r: Rendering):
                 type="string",
                 enum=["auto", *SOURCE_FORMATS],
                 title="New source: format",
-                description="kafka: a topic (fill the Kafka fields below). A file format: the "
-                "new input's files (fill the folder). auto: the format of the files in its folder "
-                "(Parquet, JSON lines or CSV, by their first bytes). The preflight refuses files "
-                "of another format than this one.",
+                description="kafka: a topic (fill the Kafka fields below). delta: a Delta "
+                "table (fill the folder with the table's path). A file format: the new input's "
+                "files (fill the folder). auto: kafka for a topic, delta for a folder that holds "
+                "a Delta table, else the format of the files in its folder (Parquet, JSON lines "
+                "or CSV, by their first bytes). The preflight refuses files of another format "
+                "than this one.",
             ),
             "new_source_path": Param(
                 None,
                 type=["null", "string"],
-                title="New source: folder (file formats)",
-                description="For a file source only: where the new input lands (relative to the "
-                "registry's data_dir, or absolute). Events after the cutover belong here. Empty "
-                "for kafka.",
+                title="New source: folder (file formats) or table (delta)",
+                description="For a file source: where the new input lands; for a Delta table: "
+                "its path (relative to the registry's data_dir, or absolute). Events after the "
+                "cutover belong here. Empty for kafka.",
             ),
             "new_source_topic": Param(
                 None,
@@ -170,13 +172,13 @@ def build(r: Rendering):
             "new_source_start": Param(
                 "cutover",
                 type="string",
-                enum=list(KAFKA_STARTS),
-                title="New source: start (kafka)",
-                description="For a kafka source only: the new checkpoint starts the topic at "
-                "exact offsets per partition, written into it: cutover: the first record stamped "
-                "at or after the cutover time (with cutover drain: the drain's end); earliest: "
-                "the topic's beginning; latest: its end. Refused if the topic no longer retains "
-                "that start.",
+                enum=list(KAFKA.starts),
+                title="New source: start (kafka, delta)",
+                description="For a topic or a Delta table: where the new checkpoint starts it, "
+                "written into it (a topic's offsets per partition, a table's version): cutover: "
+                "the first record stamped (the first version committed) at or after the "
+                "cutover time (with cutover drain: the drain's end); earliest: its beginning; "
+                "latest: its end. Refused if it no longer holds that start.",
             ),
             "new_source_schema": Param(
                 None,
