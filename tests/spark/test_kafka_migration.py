@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -206,6 +207,44 @@ def test_folder_to_topic_equals_one_topic_restarted_at_the_cutover(spark, kafka,
 
     assert lineage["carry_over"] == "transplant"
     assert load_registry(path).query(NAME).source.topic == topic
+    assert state_and_output(spark, path) == control
+
+
+@pytest.mark.whole
+def test_a_topic_migrates_to_a_delta_table_at_a_cutover_every_event_once(
+    spark, tmp_path, control, old_read
+):
+    """The new source is a Delta table Spark wrote: a version committed before the cutover
+    (the stale events: read, they would count twice), then the visits stamped at the cutover
+    and the rest, each a version committed after it. The transplant starts the table at the
+    first version committed at or after the cutover; state and output equal the control's."""
+    path = old_on_topic(old_read, tmp_path)
+    table = tmp_path / "tables" / "visits"
+
+    def commit(records: list) -> None:
+        rows = [(v["user_id"], v["page"], v["event_time"]) for _, v, _ in records]
+        df = spark.createDataFrame(rows, "user_id STRING, page STRING, seconds BIGINT")
+        df = df.selectExpr("user_id", "page", "timestamp_seconds(seconds) AS event_time")
+        df.coalesce(1).write.format("delta").mode("append").save(str(table))
+
+    commit(STALE)
+    time.sleep(1.5)  # a table's cutover is when its versions were committed
+    cutover = datetime.now(UTC)
+    time.sleep(1.5)
+    commit(NEW[:5])
+    commit(NEW[5:])
+
+    lineage = migrate(
+        spark, path, {"format": "delta", "path": str(table)}, "transplant", cutover.isoformat()
+    )
+
+    assert lineage["carry_over"] == "transplant"
+    query = load_registry(path).query(NAME)
+    assert (query.source.format, query.source.path) == ("delta", str(table))
+    new = load_checkpoint(query.checkpoint)
+    first = min(b for b in new.offsets if b in new.commits and b + 1 in new.offsets)
+    start = new.offsets[first].source_offsets[0]
+    assert (start["reservoirVersion"], start["index"]) == (1, -1), start
     assert state_and_output(spark, path) == control
 
 

@@ -82,7 +82,7 @@ BAD = [
         "page_visits",
         _source(format="avro"),
         "",
-        r"^new_source_format: 'avro' is not a format; one of 'json', 'parquet', 'csv', 'kafka'$",
+        r"^new_source_format: 'avro' is not a format; one of 'json', 'parquet', 'csv', 'kafka', 'delta'$",
     ),
     (
         "page_visits",

@@ -498,7 +498,7 @@ def carried_options(current: Source, new_format: str) -> dict[str, Any]:
     format's)."""
     if new_format == current.format:
         return {k: v for k, v in current.options.items() if not k.startswith("starting")}
-    if SOURCE_KINDS[new_format] is not current.kind:
+    if SOURCE_KINDS.get(new_format) is not current.kind:
         return {}
     return {k: v for k, v in current.options.items() if k in current.kind.carried}
 
