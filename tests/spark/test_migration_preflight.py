@@ -82,7 +82,8 @@ BAD = [
         "page_visits",
         _source(format="avro"),
         "",
-        r"^new_source_format: 'avro' is not a format; one of 'json', 'parquet', 'csv', 'kafka', 'delta'$",
+        r"^new_source_format: 'avro' is not a format; one of 'json', 'parquet', 'csv', "
+        r"'kafka', 'delta'$",
     ),
     (
         "page_visits",
