@@ -70,7 +70,7 @@ wait_until kafka 60 grep -q "^Kafka broker" "$RUN/kafka.log"
 # The registry's Kafka queries read their topics: sample page views into each new one.
 for topic in $(python -c 'from stateops.core.registry import load_registry
 print(*sorted({t for q in load_registry().queries.values() for s in q.inputs.values()
-               if s.kafka for t in s.subscribed}))'); do
+               for t in s.subscribed}))'); do
   python -m stateops.dev.sampledata --topic "$topic" --users 40 --if-missing | sed 's/^/  /'
 done
 

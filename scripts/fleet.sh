@@ -215,7 +215,7 @@ queries="$(python -m stateops.dev.fleet registry "$STATEOPS_HOME/registry.yaml" 
 echo "Registry $STATEOPS_REGISTRY: $queries, state in s3://$BUCKET/"
 for topic in $(python -c 'from stateops.core.registry import load_registry
 print(*sorted({t for q in load_registry().queries.values() for s in q.inputs.values()
-               if s.kafka for t in s.subscribed}))'); do
+               for t in s.subscribed}))'); do
   python -m stateops.dev.sampledata --topic "$topic" --users 40 --if-missing | sed 's/^/  /'
 done
 

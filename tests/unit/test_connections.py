@@ -30,7 +30,7 @@ def _registry(tmp_path, connections=None, **overrides):
 
 
 def _kafka_query(registry):
-    return next(q for q in registry.queries.values() if q.source and q.source.kafka)
+    return next(q for q in registry.queries.values() if q.source and q.source.format == "kafka")
 
 
 def test_each_kafka_source_and_sink_has_a_connection_its_own_or_the_registry_s(tmp_path):
@@ -38,9 +38,9 @@ def test_each_kafka_source_and_sink_has_a_connection_its_own_or_the_registry_s(t
     assert registry.connections.checkpoint is None
     query = _kafka_query(registry)
     assert query.source.connection == "kafka_default"
-    files = [q for q in registry.queries.values() if q.source and not q.source.kafka]
+    files = [q for q in registry.queries.values() if q.source and q.source.format != "kafka"]
     assert files and all(q.source.connection is None for q in files)
-    assert all(q.sink.connection is None for q in files if not q.sink.kafka)
+    assert all(q.sink.connection is None for q in files if q.sink.format != "kafka")
 
     name = query.name
     raw_source = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"][name]["source"]
@@ -54,7 +54,9 @@ def test_each_kafka_source_and_sink_has_a_connection_its_own_or_the_registry_s(t
 
 def test_a_connection_where_it_does_not_belong_or_misspelled_is_refused(tmp_path):
     registry = load_registry(_registry(tmp_path))
-    file_query = next(q for q in registry.queries.values() if q.source and not q.source.kafka)
+    file_query = next(
+        q for q in registry.queries.values() if q.source and q.source.format != "kafka"
+    )
     raw = yaml.safe_load((ROOT / "registry.yaml").read_text())["queries"][file_query.name]
     bad = {file_query.name: {"source": {**raw["source"], "connection": "kafka_eu"}}}
     registry = load_registry(_registry(tmp_path, **bad))

@@ -15,7 +15,11 @@ def test_the_fleets_registry_keeps_every_querys_state_and_leases_in_its_bucket(t
     dest = tmp_path / "registry.yaml"
     names = fleet_registry(ROOT / "registry.yaml", dest, "fleet-bucket")
     registry = load_registry(dest, switched=False)
-    kafka = [n for n, q in load_registry(ROOT / "registry.yaml").queries.items() if q.source.kafka]
+    kafka = [
+        n
+        for n, q in load_registry(ROOT / "registry.yaml").queries.items()
+        if q.source.format == "kafka"
+    ]
     assert names == kafka == list(registry.queries) and names
     assert registry.control == "s3://fleet-bucket/control"
     assert registry.backups.url == "s3://fleet-bucket/backups"

@@ -123,7 +123,7 @@ def test_a_registry_kafka_source_keeps_its_topics_brokers_and_secrets_out_of_opt
     spec = {"format": "kafka", "topic": "t", "schema": "a STRING"}
     with pytest.raises(ValidationError, match=says):
         Source.model_validate(spec | {"options": options})
-    assert Source.model_validate(spec | {"options": {"kafka.max.poll.records": 5}}).kafka
+    assert Source.model_validate(spec | {"options": {"kafka.max.poll.records": 5}}).subscribed
 
 
 def test_a_committed_offset_past_the_brokers_end_is_named():

@@ -399,10 +399,6 @@ class Source(Model):
         return SOURCE_KINDS[self.format]
 
     @property
-    def kafka(self) -> bool:
-        return self.format == "kafka"
-
-    @property
     def subscribed(self) -> list[str]:
         """A Kafka source's topics (``topic`` or ``topics``)."""
         return [self.topic] if self.topic else list(self.topics)
@@ -476,10 +472,6 @@ class Sink(Model):
     def kind(self) -> SinkKind:
         """What this kind of output is and does."""
         return SINK_KINDS[self.format]
-
-    @property
-    def kafka(self) -> bool:
-        return self.format == "kafka"
 
     @property
     def where(self) -> str:
