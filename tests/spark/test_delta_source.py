@@ -51,7 +51,9 @@ def test_the_lag_is_exact_in_versions_and_a_rollback_past_a_vacuumed_version_is_
                 "format": "delta",
                 "path": str(source),
                 "schema": SCHEMA,
-                "options": {"maxFilesPerTrigger": 1},
+                # its changes version by version (without startingVersion Delta reads a
+                # snapshot of the table first)
+                "options": {"startingVersion": 0, "maxFilesPerTrigger": 1},
             },
             "sink": {"format": "delta", "path": str(sink)},
         },

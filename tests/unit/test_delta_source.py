@@ -90,9 +90,18 @@ def test_the_lag_is_in_versions_and_a_vacuumed_or_cleaned_version_is_said(table)
     assert part["said"] == "lag 2 versions (next version 2, latest 3)"
     end = DELTA_SOURCE.position(source, _at(3, 2**63 - 1), 0.1)
     assert (end["lag_total"], end["next_version"]) == (0, 4)
+    # after the last (only) file of version 1, as Delta's source says it: version 2 is next
+    assert DELTA_SOURCE.position(source, _at(1, 0), 0.1)["next_version"] == 2
+    # inside the initial snapshot of version 3 (its 3 files), then at its last file
+    snapshot = {"isStartingVersion": True}
+    assert DELTA_SOURCE.position(source, _at(3, 1, **snapshot), 0.1)["next_version"] == 3
+    assert DELTA_SOURCE.position(source, _at(3, 2, **snapshot), 0.1)["next_version"] == 4
     (table.root / "part-3.parquet").unlink()
     assert DELTA_SOURCE.unreadable(source, _at(2)) == (
         "the data files of versions 3 on were vacuumed (1 files, e.g. part-3.parquet)"
+    )
+    assert DELTA_SOURCE.unreadable(source, _at(3, 0, isStartingVersion=True)) == (
+        "the data files of its snapshot of version 3 were vacuumed (1 files, e.g. part-3.parquet)"
     )
     assert DELTA_SOURCE.unreadable(source, _at(4)) == ""
     (table.root / "_delta_log" / f"{0:020d}.json").unlink()

@@ -463,13 +463,43 @@ def _position(raw: object) -> tuple[int, int, bool] | None:
     )
 
 
-def _next(raw: object) -> int:
-    """The first version of the table whose changes the entry has not read in full."""
+def _next(raw: object, log: _Log) -> int:
+    """The first version of the table whose changes the entry has not read in full: after the
+    last file of a version (its end index, or the index of its last added file) the next one;
+    inside a version, or inside the initial snapshot of a version, that version."""
     at = _position(raw)
     if at is None:
         return 0
-    version, index, _ = at
-    return version + 1 if index == _END else version
+    version, index, snapshot = at
+    if index == _END:
+        return version + 1
+    if index in _BASE:
+        return version
+    files = len(_snapshot(log, version)) if snapshot else len(_added(log, version))
+    return version + 1 if index >= files - 1 else version
+
+
+def _added(log: _Log, version: int) -> list[dict[str, Any]]:
+    """The data files ``version`` added, in the order Delta's source indexes them."""
+    if version not in log.versions:
+        return []
+    return [a for a in log.commit(version).adds if a.get("dataChange", True)]
+
+
+def _snapshot(log: _Log, version: int) -> list[str]:
+    """The data files of the table at ``version`` (its log replayed from version 0; empty
+    where the log no longer starts there)."""
+    if not log.versions or log.versions[0] != 0:
+        return []
+    files: dict[str, None] = {}
+    for v in log.versions:
+        if v > version:
+            break
+        for a in log.commit(v).removes:
+            files.pop(a["path"], None)
+        for a in log.commit(v).adds:
+            files[a["path"]] = None
+    return list(files)
 
 
 class DeltaSource:
@@ -510,7 +540,7 @@ class DeltaSource:
         return (CONNECTOR,)
 
     def where(self, source: Source) -> str:
-        return source.path
+        return f"table {source.path}"
 
     def brief(self, source: Source) -> dict[str, Any]:
         return {"path": source.path}
@@ -613,9 +643,10 @@ class DeltaSource:
 
     def unreadable(self, source: Source, raw: object) -> str:
         """What a restart from the entry would no longer find in the table, one line (empty:
-        all there): versions the log no longer holds, data files vacuumed."""
+        all there): versions the log no longer holds, data files vacuumed (of the versions
+        from the entry on, and of the snapshot it was reading)."""
         log = _Log(source.path)
-        first = _next(raw)
+        first = _next(raw, log)
         if not log.versions:
             return f"table {source.path} is gone (no commit in _delta_log)"
         if first < log.versions[0]:
@@ -623,27 +654,38 @@ class DeltaSource:
                 f"its log no longer holds versions {first}..{log.versions[0] - 1} (cleaned up: "
                 "delta.logRetentionDuration)"
             )
-        gone = [
+        at = _position(raw)
+        if at is not None and at[2] and first == at[0]:  # inside its initial snapshot
+            gone = [p for p in _snapshot(log, at[0]) if not log.file(p).exists()]
+            if gone:
+                return (
+                    f"the data files of its snapshot of version {at[0]} were vacuumed "
+                    f"({len(gone)} files, e.g. {gone[0]})"
+                )
+            first += 1
+        gone_files = [
             (v, a["path"])
             for v in log.versions
             if v >= first
             for a in log.commit(v).adds
             if not log.file(a["path"]).exists()
         ]
-        if gone:
+        if gone_files:
             return (
-                f"the data files of versions {gone[0][0]} on were vacuumed ({len(gone)} files, "
-                f"e.g. {gone[0][1]})"
+                f"the data files of versions {gone_files[0][0]} on were vacuumed "
+                f"({len(gone_files)} files, e.g. {gone_files[0][1]})"
             )
         return ""
 
     def rewind(self, source: Source, raw: object, newest: object) -> dict[str, Any]:
-        again = max(0, _next(newest) - _next(raw)) if newest is not None else 0
+        log = _Log(source.path)
+        to = _next(raw, log)
+        again = max(0, _next(newest, log) - to) if newest is not None else 0
         return {
-            "where": f"table {source.path}",
-            "line": f"rewinds to version {_next(raw)}; {again} versions read again",
+            "where": self.where(source),
+            "line": f"rewinds to version {to}; {again} versions read again",
             "reads_again": again,
-            "version": _next(raw),
+            "version": to,
         }
 
     def older(
@@ -663,17 +705,17 @@ class DeltaSource:
                 "its versions' times are unknown; roll back to a batch id instead"
             )
         raw = cp.entry(batch, index)
+        log = memo.setdefault("log", _Log(source.path))
         at = _position(raw)
-        last = _next(raw) - 1 if at is None or at[1] in _BASE else at[0]
+        last = _next(raw, log) - 1 if at is None or at[1] in _BASE else at[0]
         if last < 0:
             return True
-        log = memo.setdefault("log", _Log(source.path))
         return last in log.versions and log.timestamp(last) < limit_ms
 
     def unread(self, source: Source, raw: object) -> str:
         log = _Log(source.path)
         latest = log.versions[-1] if log.versions else -1
-        first = _next(raw)
+        first = _next(raw, log)
         if first > latest:
             return ""
         return (
@@ -718,16 +760,17 @@ class DeltaSource:
         end = cp.entry(batch, index)
         earlier = (cp.entry(b, index) for b in range(batch - 1, -1, -1) if b in cp.offsets)
         start = next((e for e in earlier if self.claims(e)), None)
+        log = _Log(source.path)
         for raw in (start, end):
             at = _position(raw)
-            if at is not None and (at[2] or at[1] not in (*_BASE, _END)):
+            inside = at is not None and at[1] not in _BASE and _next(raw, log) == at[0]
+            if at is not None and (at[2] or inside):
                 raise StateOpsError(
                     f"batch {batch} of {cp.root} began or ended inside version {at[0]} of table "
                     f"{source.path}: the proof reads whole versions (read whole versions: no "
                     "maxFilesPerTrigger)"
                 )
-        log = _Log(source.path)
-        versions = [v for v in log.versions if _next(start) <= v < _next(end)]
+        versions = [v for v in log.versions if _next(start, log) <= v < _next(end, log)]
         files = [spark_url(str(log.file(a["path"]))) for v in versions for a in log.commit(v).adds]
         if not files:
             return spark.createDataFrame([], source.schema_), []
@@ -789,7 +832,7 @@ class DeltaSource:
         lag in versions; what the table no longer holds; a table recreated since."""
         part: dict[str, Any] = {
             "kind": self.name,
-            "where": f"table {source.path}",
+            "where": self.where(source),
             "committed": raw,
             "lag_unit": "versions",
             "lag_total": None,
@@ -803,7 +846,7 @@ class DeltaSource:
             return part
         log = _Log(source.path)
         latest = log.versions[-1] if log.versions else -1
-        first = _next(raw)
+        first = _next(raw, log)
         lag = max(0, latest - first + 1)
         lost = self.unreadable(source, raw)
         ahead = [f"next version {first}, the table's latest {latest}"] if first > latest + 1 else []
