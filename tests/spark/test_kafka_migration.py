@@ -220,24 +220,55 @@ def test_a_topic_migrates_to_a_delta_table_at_a_cutover_every_event_once(
     first version committed at or after the cutover; state and output equal the control's."""
     path = old_on_topic(old_read, tmp_path)
     table = tmp_path / "tables" / "visits"
+    cutover = _stale_then_new(spark, table)
+    _migrate_to_table(spark, path, table, cutover)
+    assert state_and_output(spark, path) == control
 
-    def commit(records: list) -> None:
-        rows = [(v["user_id"], v["page"], v["event_time"]) for _, v, _ in records]
-        df = spark.createDataFrame(rows, "user_id STRING, page STRING, seconds BIGINT")
-        df = df.selectExpr("user_id", "page", "timestamp_seconds(seconds) AS event_time")
-        df.coalesce(1).write.format("delta").mode("append").save(str(table))
 
-    commit(STALE)
+@pytest.mark.whole
+def test_a_delta_table_migrates_to_another_at_a_cutover_every_event_once(spark, tmp_path, control):
+    """Delta to Delta: the old query read a table (the events before the cutover, one
+    version); the new table as above. The old table is read to its end, the new one started
+    at the first version committed at or after the cutover; state and output equal the
+    control's."""
+    old_table, table = tmp_path / "tables" / "old", tmp_path / "tables" / "new"
+    _commit(spark, old_table, OLD)
+    path = registry(
+        tmp_path,
+        {"format": "delta", "path": str(old_table), "schema": SCHEMA,
+         "options": {"startingVersion": 0}},
+    )  # fmt: skip
+    run_in_session(spark, path, NAME)
+    cutover = _stale_then_new(spark, table)
+    _migrate_to_table(spark, path, table, cutover)
+    assert state_and_output(spark, path) == control
+
+
+def _commit(spark, table: Path, records: list) -> None:
+    """``records`` (:func:`visit`'s) as one version of the Delta table ``table``."""
+    rows = [(v["user_id"], v["page"], v["event_time"]) for _, v, _ in records]
+    df = spark.createDataFrame(rows, "user_id STRING, page STRING, seconds BIGINT")
+    df = df.selectExpr("user_id", "page", "timestamp_seconds(seconds) AS event_time")
+    df.coalesce(1).write.format("delta").mode("append").save(str(table))
+
+
+def _stale_then_new(spark, table: Path) -> datetime:
+    """A version of STALE committed before the returned cutover, then NEW's visits stamped
+    at the cutover and the rest, a version each, committed after it."""
+    _commit(spark, table, STALE)
     time.sleep(1.5)  # a table's cutover is when its versions were committed
     cutover = datetime.now(UTC)
     time.sleep(1.5)
-    commit(NEW[:5])
-    commit(NEW[5:])
+    _commit(spark, table, NEW[:5])
+    _commit(spark, table, NEW[5:])
+    return cutover
 
+
+def _migrate_to_table(spark, path: Path, table: Path, cutover: datetime) -> None:
+    """The transplant to ``table`` at ``cutover``: the new checkpoint starts it at version 1."""
     lineage = migrate(
         spark, path, {"format": "delta", "path": str(table)}, "transplant", cutover.isoformat()
     )
-
     assert lineage["carry_over"] == "transplant"
     query = load_registry(path).query(NAME)
     assert (query.source.format, query.source.path) == ("delta", str(table))
@@ -245,7 +276,6 @@ def test_a_topic_migrates_to_a_delta_table_at_a_cutover_every_event_once(
     first = min(b for b in new.offsets if b in new.commits and b + 1 in new.offsets)
     start = new.offsets[first].source_offsets[0]
     assert (start["reservoirVersion"], start["index"]) == (1, -1), start
-    assert state_and_output(spark, path) == control
 
 
 @pytest.mark.whole
