@@ -517,11 +517,11 @@ def _positions(
         raw = _committed(cp, batch, source)
         try:
             part = source.kind.position(source, raw, close)
-        except StateOpsError as err:
+        except (StateOpsError, OSError, ValueError) as err:  # its log or servers unreadable
             status["errors"].append(f"{source.kind.name} {name}: {err}")
             part = source.kind.position(source, None, close)
             if part is not None:
-                part.update(committed=raw, said="lag unknown (the error below)")
+                part.update(committed=raw, said="lag unknown (see the status's errors)")
         if part is not None:
             parts.append({"source": name, "committed_batch": batch, **part})
     return parts

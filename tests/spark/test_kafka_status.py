@@ -245,7 +245,9 @@ def test_status_with_the_broker_down_is_one_line_and_the_rest_is_shown(written, 
     out = proc.stdout
     last = max(written["batches"])
     assert f"  last committed  batch {last} at " in out and "  operator 0 " in out, out
-    assert "  kafka source    topic a-status-visits, lag unknown (the error below)" in out, out
+    assert (
+        "  kafka source    topic a-status-visits, lag unknown (see the status's errors)" in out
+    ), out
     [error] = [line for line in out.splitlines() if line.startswith("  error: ")]
     assert error.startswith(f"  error: kafka source: Kafka at {dead} does not answer"), error
 

@@ -97,7 +97,7 @@ def test_an_avro_source_refuses_a_schema_that_does_not_read_its_values(spec, say
 
 
 def test_an_avro_source_takes_its_fields_widened_or_as_text_and_the_avsc_text():
-    columns = "user STRING, page STRING, n BIGINT, size DOUBLE, at TIMESTAMP, seq STRING"
+    columns = "user STRING, page STRING, n LONG, size DOUBLE, at TIMESTAMP, seq STRING"
     source = Source.model_validate({**AVRO, "schema": columns + ", tags ARRAY<STRING>"})
     assert json.loads(source.avro_schema or "") == VISIT
     text = Source.model_validate({**AVRO, "avro_schema": json.dumps(VISIT), "schema": "n INT"})

@@ -214,6 +214,7 @@ class Checkpoint:
         self.operators = operators
         self._zip_references: dict[str, list[str]] = {}
         self._state_ids: dict[int, dict[tuple[int, int, str], str]] = {}
+        self._kinds: dict[int, SourceKind] | None = None
 
     @property
     def last_committed_batch(self) -> int | None:
@@ -439,7 +440,9 @@ class Checkpoint:
     def source_kinds(self) -> dict[int, SourceKind]:
         """The kind of each source the checkpoint's entries show (:func:`kind_at`), or, before
         its first batch is planned, that its ``sources/<i>/0`` shows (a kind that writes its
-        start there); by the source's index."""
+        start there); by the source's index (read once: a loaded checkpoint is a snapshot)."""
+        if self._kinds is not None:
+            return self._kinds
         found: dict[int, SourceKind] = {}
         for batch in sorted(self.offsets):
             for i, raw in enumerate(self.offsets[batch].source_offsets):
@@ -454,7 +457,8 @@ class Checkpoint:
                 kind = next((k for k in _starting_kinds() if self._initial(i, k) is not None), None)
                 if kind is not None:
                     found[i] = kind
-        return dict(sorted(found.items()))
+        self._kinds = dict(sorted(found.items()))
+        return self._kinds
 
     def started(self, source: int) -> object | None:
         """The entry source ``source`` started at (its ``sources/<source>/0``, where its kind
@@ -802,4 +806,4 @@ def _operator(root: Path, op_id: int, op_dirs: dict[str, list[str]]) -> Operator
 
 def _starting_kinds() -> list[SourceKind]:
     """The kinds that write a new source's start into ``sources/<i>/0``."""
-    return [k for k in dict.fromkeys(SOURCE_KINDS.values()) if k.positioned]
+    return [k for k in dict.fromkeys(SOURCE_KINDS.values()) if k.logs_start]

@@ -165,10 +165,11 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
 def _progress_lines(src: dict[str, Any]) -> list[str]:
     kind = source_kind(src["kind"])
     initial = src["initial"]
-    lines = [
-        f"{kind.name} {src['source']}     started at "
-        + (kind.entry_text(initial) if initial else f"? (sources/{src['source']}/0 is gone)")
-    ]
+    lines = [f"{kind.name} {src['source']}"]
+    if kind.logs_start:  # its start is in sources/<i>/0
+        lines[0] += "     started at " + (
+            kind.entry_text(initial) if initial else f"? (sources/{src['source']}/0 is gone)"
+        )
     width = max((len(str(b)) for b in src["batches"]), default=1)
     lines += [f"  batch {b:>{width}}  {kind.entry_text(raw)}" for b, raw in src["batches"].items()]
     return lines

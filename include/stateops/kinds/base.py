@@ -71,6 +71,8 @@ class SourceKind(Protocol):
     positioned: bool
     """A new checkpoint must be told where it starts (:meth:`start_entry`, written into the
     checkpoint by :meth:`initial_log`)."""
+    logs_start: bool
+    """Its start is written into ``sources/<i>/0`` (:meth:`initial_log`; a topic's)."""
     cuts_at_time: bool
     """A migration's cutover run stops it at a time (else it reads it to its end)."""
     expires: bool

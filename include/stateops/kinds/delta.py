@@ -61,6 +61,7 @@ FIRST_APP_ID = "stateops"
 # A commit of the undo (its RESTORE and its property) says so in its commitInfo.userMetadata.
 _UNDO = "stateops undo "
 _COMMIT = re.compile(r"(\d{20})\.json")
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet")
 
 # What a session needs for Delta's SQL (RESTORE, DESCRIBE HISTORY, ALTER TABLE), set as it starts.
 SQL_CONF = {
@@ -341,6 +342,10 @@ class _Log:
         listed = isinstance(self.dir, S3Path) or self.dir.is_dir()
         names = [rel for rel in list_files(self.dir)] if listed else []
         self.versions = sorted(int(m.group(1)) for n in names if (m := _COMMIT.fullmatch(n)))
+        self.checkpoints: dict[int, list[str]] = {}  # Delta's own checkpoints of the log
+        for n in sorted(names):
+            if m := _CHECKPOINT.fullmatch(n):
+                self.checkpoints.setdefault(int(m.group(1)), []).append(n)
         self._present = set(self.versions)
         self._commits: dict[int, _Commit] = {}
         self._last: dict[int, int | None] = {}
@@ -387,23 +392,46 @@ class _Log:
             return int(stamp)
         return int((self.dir / f"{version:020d}.json").stat().st_mtime * 1000)
 
-    def table_id(self) -> str | None:
-        """The table's id (its metaData action's), from the oldest commit that holds one;
-        None: no commit the log still holds says it."""
-        for version in self.versions:
-            meta = [a["metaData"] for a in self.commit(version).actions if "metaData" in a]
-            if meta:
-                return str(meta[0].get("id"))
-        return None
+    def checkpoint(self, version: int) -> list[dict[str, Any]]:
+        """The actions of Delta's checkpoint of ``version`` (its Parquet parts), as the JSON
+        commits hold them (a map as a dict)."""
+        import pyarrow.parquet as pq
 
-    def columns(self) -> list[str] | None:
-        """The table's columns, as its newest metaData action says (None: none held)."""
+        actions = []
+        for name in self.checkpoints.get(version, []):
+            table = pq.read_table(io.BytesIO((self.dir / name).read_bytes()))
+            for row in table.to_pylist():
+                for kind, action in row.items():
+                    if action is not None:
+                        actions.append({kind: _plain(action)})
+        return actions
+
+    def metadata(self) -> dict[str, Any] | None:
+        """The table's newest metaData action: from the newest commit that holds one, else
+        from the newest of Delta's checkpoints (the log's cleanup removes the early commits);
+        None: neither holds one."""
         for version in reversed(self.versions):
             meta = [a["metaData"] for a in self.commit(version).actions if "metaData" in a]
             if meta:
-                schema = json.loads(meta[0].get("schemaString") or "{}")
-                return [f["name"] for f in schema.get("fields", [])]
+                return meta[0]
+        for version in sorted(self.checkpoints, reverse=True):
+            meta = [a["metaData"] for a in self.checkpoint(version) if "metaData" in a]
+            if meta:
+                return meta[0]
         return None
+
+    def table_id(self) -> str | None:
+        """The table's id (None: the log says it nowhere)."""
+        meta = self.metadata()
+        return None if meta is None else str(meta.get("id"))
+
+    def columns(self) -> list[str] | None:
+        """The table's columns, as its newest metaData says (None: the log says it nowhere)."""
+        meta = self.metadata()
+        if meta is None:
+            return None
+        schema = json.loads(meta.get("schemaString") or "{}")
+        return [f["name"] for f in schema.get("fields", [])]
 
     def file(self, path: str) -> Path | S3Path:
         return self._file(path)
@@ -475,8 +503,22 @@ def _next(raw: object, log: _Log) -> int:
         return version + 1
     if index in _BASE:
         return version
-    files = len(_snapshot(log, version)) if snapshot else len(_added(log, version))
-    return version + 1 if index >= files - 1 else version
+    files = _snapshot(log, version) if snapshot else _added(log, version)
+    if files is None:  # a snapshot the log cannot tell: not read in full
+        return version
+    return version + 1 if index >= len(files) - 1 else version
+
+
+def _order(index: int) -> int:
+    """An entry's index in the order Delta reads a version: its base (written -1, or -100),
+    its schema change's (-20, -19), its files, its end."""
+    return -100 if index in _BASE else index
+
+
+def _waiting(log: _Log, first: int) -> list[int]:
+    """The versions from ``first`` on that add data (what the stream reads: a commit that adds
+    none, an OPTIMIZE's or a VACUUM's, leaves nothing to read)."""
+    return [v for v in log.versions if v >= first and _added(log, v)]
 
 
 def _added(log: _Log, version: int) -> list[dict[str, Any]]:
@@ -486,20 +528,35 @@ def _added(log: _Log, version: int) -> list[dict[str, Any]]:
     return [a for a in log.commit(version).adds if a.get("dataChange", True)]
 
 
-def _snapshot(log: _Log, version: int) -> list[str]:
-    """The data files of the table at ``version`` (its log replayed from version 0; empty
-    where the log no longer starts there)."""
-    if not log.versions or log.versions[0] != 0:
-        return []
-    files: dict[str, None] = {}
-    for v in log.versions:
-        if v > version:
-            break
+def _snapshot(log: _Log, version: int) -> list[str] | None:
+    """The data files of the table at ``version``: its log replayed from version 0, or from
+    Delta's newest checkpoint at or before it; None where the log holds neither."""
+    base = max((c for c in log.checkpoints if c <= version), default=None)
+    start = 0 if log.versions and log.versions[0] == 0 else None
+    if base is not None and (start is None or base > start):
+        files = dict.fromkeys(a["add"]["path"] for a in log.checkpoint(base) if "add" in a)
+        start = base + 1
+    elif start is None:
+        return None
+    else:
+        files = {}
+    for v in range(start, version + 1):
+        if v not in log.versions:
+            return None  # a gap: the log cannot tell
         for a in log.commit(v).removes:
             files.pop(a["path"], None)
         for a in log.commit(v).adds:
             files[a["path"]] = None
     return list(files)
+
+
+def _plain(value: Any) -> Any:
+    """A checkpoint's action as JSON holds it: Parquet's maps (lists of pairs) as dicts."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list) and all(isinstance(x, tuple) and len(x) == 2 for x in value):
+        return {k: _plain(v) for k, v in value}
+    return value
 
 
 class DeltaSource:
@@ -515,6 +572,7 @@ class DeltaSource:
     connection_type = None
     session_conf = SQL_CONF
     positioned = True
+    logs_start = False  # its start is its first entry in offsets/
     cuts_at_time = False  # a cutover run reads the table to its end; the time starts the next
     expires = True  # VACUUM and the log's cleanup remove versions under a checkpoint
     starts = ("cutover", "earliest", "latest")
@@ -656,7 +714,7 @@ class DeltaSource:
             )
         at = _position(raw)
         if at is not None and at[2] and first == at[0]:  # inside its initial snapshot
-            gone = [p for p in _snapshot(log, at[0]) if not log.file(p).exists()]
+            gone = [p for p in _snapshot(log, at[0]) or [] if not log.file(p).exists()]
             if gone:
                 return (
                     f"the data files of its snapshot of version {at[0]} were vacuumed "
@@ -667,7 +725,7 @@ class DeltaSource:
             (v, a["path"])
             for v in log.versions
             if v >= first
-            for a in log.commit(v).adds
+            for a in _added(log, v)  # what the stream reads: data changes only
             if not log.file(a["path"]).exists()
         ]
         if gone_files:
@@ -705,7 +763,9 @@ class DeltaSource:
                 "its versions' times are unknown; roll back to a batch id instead"
             )
         raw = cp.entry(batch, index)
-        log = memo.setdefault("log", _Log(source.path))
+        if "log" not in memo:
+            memo["log"] = _Log(source.path)
+        log = memo["log"]
         at = _position(raw)
         last = _next(raw, log) - 1 if at is None or at[1] in _BASE else at[0]
         if last < 0:
@@ -714,13 +774,12 @@ class DeltaSource:
 
     def unread(self, source: Source, raw: object) -> str:
         log = _Log(source.path)
-        latest = log.versions[-1] if log.versions else -1
-        first = _next(raw, log)
-        if first > latest:
+        left = _waiting(log, _next(raw, log))
+        if not left:
             return ""
         return (
-            f"{latest - first + 1} versions left unread on the old table after the drain "
-            f"(versions {first}..{latest}); stop its writers (or let them switch to the new "
+            f"{len(left)} versions left unread on the old table after the drain "
+            f"(versions {left[0]}..{left[-1]}); stop its writers (or let them switch to the new "
             "source), then migrate again"
         )
 
@@ -732,7 +791,7 @@ class DeltaSource:
             return [
                 f"the table's id changes from {before['reservoirId']} to {after['reservoirId']}"
             ]  # type: ignore[index]
-        if (now[0], now[1]) < (was[0], was[1]):
+        if (now[0], _order(now[1])) < (was[0], _order(was[1])):
             return [f"version {was[0]} index {was[1]} goes back to version {now[0]} index {now[1]}"]
         return []
 
@@ -741,7 +800,15 @@ class DeltaSource:
         if at is None:
             return "?"
         version, index, snapshot = at
-        where = "start" if index in _BASE else "end" if index == _END else f"file {index}"
+        where = (
+            "start"
+            if index in _BASE
+            else "end"
+            if index == _END
+            else "schema change"
+            if index in (-20, -19)
+            else f"file {index}"
+        )
         return f"version {version} {where}" + (" (snapshot)" if snapshot else "")
 
     def require(self, source: Source) -> None:
@@ -755,26 +822,41 @@ class DeltaSource:
         self, spark: SparkSession, source: Source, cp: Checkpoint, batch: int, index: int
     ) -> tuple[DataFrame, list[str]]:
         """The rows of the versions batch ``batch`` read from source ``index`` (the data
-        files those versions added), and the versions (``table@v``). Refused where the batch
-        began or ended inside a version (the proof reads whole versions)."""
+        files those versions added, with their partition values), and the versions
+        (``table@v``). Where no earlier batch read the table, it started where the source's
+        ``startingVersion`` says (a migration's road sets it). Refused where the batch began
+        or ended inside a version, or read a snapshot (the proof reads whole versions)."""
         end = cp.entry(batch, index)
         earlier = (cp.entry(b, index) for b in range(batch - 1, -1, -1) if b in cp.offsets)
         start = next((e for e in earlier if self.claims(e)), None)
         log = _Log(source.path)
+        if start is None:
+            given = {k.lower(): str(v) for k, v in source.options.items()}
+            if not given.get("startingversion", "").isdigit():
+                raise StateOpsError(
+                    f"batch {batch} of {cp.root} is the first to read table {source.path} and "
+                    "the source gives no startingVersion: Delta read a snapshot of it, which "
+                    "the proof does not read again; start the table at a version"
+                )
+            first = int(given["startingversion"])
+        else:
+            first = _next(start, log)
         for raw in (start, end):
             at = _position(raw)
             inside = at is not None and at[1] not in _BASE and _next(raw, log) == at[0]
             if at is not None and (at[2] or inside):
                 raise StateOpsError(
                     f"batch {batch} of {cp.root} began or ended inside version {at[0]} of table "
-                    f"{source.path}: the proof reads whole versions (read whole versions: no "
-                    "maxFilesPerTrigger)"
+                    f"{source.path}"
+                    + (" (its initial snapshot: give startingVersion)" if at[2] else "")
+                    + ": the proof reads whole versions (no maxFilesPerTrigger smaller than a "
+                    "version)"
                 )
-        versions = [v for v in log.versions if _next(start, log) <= v < _next(end, log)]
-        files = [spark_url(str(log.file(a["path"]))) for v in versions for a in log.commit(v).adds]
-        if not files:
+        versions = [v for v in log.versions if first <= v < _next(end, log)]
+        added = [a for v in versions for a in _added(log, v)]
+        if not added:
             return spark.createDataFrame([], source.schema_), []
-        return _picked(spark.read.parquet(*files), source), [f"{source.path}@{v}" for v in versions]
+        return _read_files(spark, log, added, source), [f"{source.path}@{v}" for v in versions]
 
     # --- a migration to a new table
 
@@ -847,7 +929,7 @@ class DeltaSource:
         log = _Log(source.path)
         latest = log.versions[-1] if log.versions else -1
         first = _next(raw, log)
-        lag = max(0, latest - first + 1)
+        lag = len(_waiting(log, first))
         lost = self.unreadable(source, raw)
         ahead = [f"next version {first}, the table's latest {latest}"] if first > latest + 1 else []
         part.update(
@@ -907,6 +989,28 @@ def _entry(log: _Log, version: int, *, snapshot: bool = False) -> str:
             "isStartingVersion": snapshot,
         }
     )
+
+
+def _read_files(
+    spark: SparkSession, log: _Log, added: list[dict[str, Any]], source: Source
+) -> DataFrame:
+    """The rows of the data files ``added`` (their add actions), each file's partition values
+    as columns, the source's columns picked."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    groups: dict[tuple, list[str]] = {}
+    for a in added:
+        parts = tuple(sorted((a.get("partitionValues") or {}).items()))
+        groups.setdefault(parts, []).append(spark_url(str(log.file(a["path"]))))
+    frames = []
+    for parts, files in groups.items():
+        df = spark.read.parquet(*files)
+        for name, value in parts:
+            df = df.withColumn(name, F.lit(value))
+        frames.append(_picked(df, source))
+    return reduce(lambda a, b: a.unionByName(b), frames)
 
 
 def _picked(df: DataFrame, source: Source) -> DataFrame:

@@ -54,10 +54,10 @@ class Files:
     connection_type = None
     session_conf: dict[str, str] = {}
     positioned = False  # a new checkpoint reads every file its (empty) log does not name
+    logs_start = False
     cuts_at_time = True  # a cutover run reads the files modified before the cutover
     expires = False
     starts = ()
-    place_field = "new_source_path"
     kept = ()
     replay = ("with every input file still in its source folder", "", "file")
     place = "path"  # the migration form's new_source_path

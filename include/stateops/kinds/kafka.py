@@ -90,6 +90,7 @@ class Kafka:
     # for at its beginning, whatever startingOffsets says, so the start is written into the
     # checkpoint (its initial offsets file).
     positioned = True
+    logs_start = True
     cuts_at_time = False  # no files to pick by time: a cutover run reads a topic to its end
     expires = True  # retention deletes records under a checkpoint's offsets
     starts = ("cutover", "earliest", "latest")  # where a new topic starts in a migration
@@ -401,7 +402,9 @@ class Kafka:
             "committed": committed,
             "lag_unit": "records",
             "lag_total": None,
-            "said": "no offsets yet" if committed is None else "lag unknown (the error below)",
+            "said": "no offsets yet"
+            if committed is None
+            else "lag unknown (see the status's errors)",
             "table": None,
             "lost": [],
             "close": [],
@@ -692,6 +695,17 @@ _AVRO_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Spark's other spellings of a type, as schema_fields keeps them (upper case).
+_SPARK_ALIASES = {
+    "LONG": "BIGINT",
+    "INTEGER": "INT",
+    "SHORT": "SMALLINT",
+    "BYTE": "TINYINT",
+    "REAL": "FLOAT",
+    "DEC": "DECIMAL",
+}
+
+
 def avro_fields(text: str) -> dict[str, Any]:
     """The fields of an Avro record schema (the ``.avsc`` text) by name, each its type as
     written; ValueError, one line, for text that is not a record schema."""
@@ -729,7 +743,8 @@ def _check_avro(source: Source) -> None:
     if not source.avro_schema:
         raise ValueError("encoding: avro needs avro_schema: the writer's schema (.avsc)")
     fields = avro_fields(source.avro_schema)
-    for name, declared in schema_fields(source.schema_):
+    for name, written_as in schema_fields(source.schema_):
+        declared = _SPARK_ALIASES.get(written_as, written_as)
         if name not in fields:
             raise ValueError(
                 f"schema {name}: not a field of avro_schema's record (its fields: "
@@ -739,11 +754,16 @@ def _check_avro(source: Source) -> None:
         allowed = _AVRO_TYPES.get(written or "")
         if allowed is None or declared == "STRING" or declared in allowed:
             continue
-        if written in ("long", "int") and declared in ("TIMESTAMP", "TIMESTAMP_NTZ", "DATE"):
+        if written in ("long", "int") and declared in ("TIMESTAMP", "TIMESTAMP_NTZ"):
             raise ValueError(
                 f"schema {name} {declared}: the Avro field is a {written}; declare it with "
-                "logicalType timestamp-millis (or date) in avro_schema, or as BIGINT "
-                "(Spark would read the number as seconds)"
+                "logicalType timestamp-millis in avro_schema, or as BIGINT (Spark would read "
+                "the number as seconds)"
+            )
+        if written in ("long", "int") and declared == "DATE":
+            raise ValueError(
+                f"schema {name} DATE: the Avro field is a {written}; declare it with "
+                "logicalType date in avro_schema, or as a number"
             )
         raise ValueError(
             f"schema {name} {declared}: the Avro field is {written}, which reads as "

@@ -126,8 +126,6 @@ _ACCEPT = "trigger again with accept_differences on"
 # The initialState road's steps (the transplant road's: transplant, first_batch).
 INITIAL_STATE_ROAD = ("export", "validate_export", "bootstrap")
 
-# Parquet column types as the registry's DDL names them (for the preflight's file check).
-
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
@@ -422,7 +420,8 @@ def _new_source(
         if other.place != kind.place:
             raise StateOpsError(
                 f"new_source_{other.place}: a {fmt} source reads a {kind.noun}, not a "
-                f"{other.noun}: give new_source_{kind.place} and leave the {other.noun} empty"
+                f"{other.noun}: give new_source_{kind.place} (--new-source-{kind.place}) and "
+                f"leave the {other.noun} empty"
             )
     if not str(spec.get(kind.place) or "").strip():
         raise StateOpsError(

@@ -129,11 +129,10 @@ def source_rewinds(
         source = source_at(raw, inputs)
         if source is None:
             continue
-        rewind = source.kind.rewind(source, raw, newest[index] if index < len(newest) else None)
-        if rewind is None:
-            continue
         try:
-            missing = source.kind.unreadable(source, raw)
+            then = newest[index] if index < len(newest) else None
+            rewind = source.kind.rewind(source, raw, then)
+            missing = source.kind.unreadable(source, raw) if rewind is not None else ""
         except Unreachable as err:
             if not refuse:
                 missing = f"not checked: {err}"
@@ -142,6 +141,9 @@ def source_rewinds(
                     f"{_refused(cp, to_batch)}: cannot check that {source.where} still holds "
                     f"what the query would read again from batch {to_batch}'s offsets on: {err}"
                 ) from None
+            rewind = {"where": source.where, "line": "not read: its servers did not answer"}
+        if rewind is None:
+            continue
         if missing and refuse:
             raise CheckpointError(
                 f"{_refused(cp, to_batch)}: {source.where} no longer holds what the query would "
