@@ -125,3 +125,28 @@ def test_the_rewind_the_drains_leftovers_and_an_entry_that_goes_back(table):
 def test_the_registry_refuses_a_table_source_without_a_path():
     with pytest.raises(ValueError, match="a delta source reads a table: give its path"):
         Source.model_validate({"format": "delta", "schema": "a STRING"})
+
+
+def test_once_the_early_commits_are_cleaned_up_the_table_is_read_from_deltas_checkpoint(table):
+    """The log's cleanup removes the commits before Delta's newest checkpoint: the table's id,
+    columns and snapshot are read from the checkpoint's Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = {"id": TABLE_ID, "schemaString": json.dumps(_schema("user", "page", "city"))}
+    adds = [{"path": f"part-{v}.parquet", "dataChange": False} for v in (1, 2)]
+    rows = [{"metaData": meta, "add": None}] + [{"metaData": None, "add": a} for a in adds]
+    log = table.root / "_delta_log"
+    pq.write_table(pa.Table.from_pylist(rows), log / f"{2:020d}.checkpoint.parquet")
+    for v in (0, 1, 2):
+        (log / f"{v:020d}.json").unlink()
+    source = _source(table)
+    assert source_at(_at(3), [source]) is source  # the id, from the checkpoint
+    assert DELTA_SOURCE.position(source, _at(3), 0.1)["lag_total"] == 1
+    snapshot = {"isStartingVersion": True}  # the snapshot of 3: the checkpoint's 2 files + 1
+    assert DELTA_SOURCE.position(source, _at(3, 1, **snapshot), 0.1)["next_version"] == 3
+    assert DELTA_SOURCE.position(source, _at(3, 2, **snapshot), 0.1)["next_version"] == 4
+    (table.root / "part-1.parquet").unlink()
+    assert "snapshot of version 3 were vacuumed" in DELTA_SOURCE.unreadable(
+        source, _at(3, 0, **snapshot)
+    )
