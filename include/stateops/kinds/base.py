@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from stateops.core.errors import StateOpsError
+from stateops.core.errors import StateOpsError, about
 from stateops.core.model import CONN_ID, DDLSchema, Model
 from stateops.core.times import parse_past_time
 
@@ -27,6 +27,7 @@ __all__ = [
     "SinkKind",
     "Source",
     "SourceKind",
+    "check_start",
     "register_sink",
     "register_source",
     "start_at",
@@ -329,6 +330,17 @@ def start_at(source: Source, start: str | None, cutover: str | None) -> str | in
             "TIME); or start it at " + " or ".join(x for x in starts if x != "cutover")
         )
     return int(parse_past_time(cutover, "cutover").timestamp() * 1000)
+
+
+def check_start(source: Source, start: str, cutover: str) -> None:
+    """A migration's ``new_source_start`` for a new source told where it starts: one of its
+    kind's starts, and one its input still holds (with ``cutover`` drain, the start at the
+    cutover is the drain's end, checked then)."""
+    with about("new_source_start"):
+        if start not in source.kind.starts:
+            raise StateOpsError(f"{start!r}: choose one of {', '.join(source.kind.starts)}")
+        if start != "cutover" or cutover != "drain":  # refuses what is no longer held
+            source.kind.start_entry(source, start_at(source, start, cutover))
 
 
 def _spelled(kinds: dict[str, Any], value: str) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from stateops.core.errors import StateOpsError, about, query_error_line
+from stateops.core.errors import StateOpsError, query_error_line
 from stateops.core.model import schema_fields
 from stateops.core.storage import S3Path, list_files, location, spark_url
 from stateops.core.times import parse_time
@@ -40,9 +40,9 @@ from stateops.kinds.base import (
     Checkpoint,
     Sink,
     Source,
+    check_start,
     register_sink,
     register_source,
-    start_at,
 )
 from stateops.kinds.rows import COUNTS, diff_rows, frozen
 
@@ -890,11 +890,7 @@ class DeltaSource:
                 f"new source path {source.path} holds no Delta table (no commit in "
                 "_delta_log): write the table first, or give its path"
             )
-        with about("new_source_start"):
-            if start not in self.starts:
-                raise StateOpsError(f"{start!r}: choose one of {', '.join(self.starts)}")
-            if start != "cutover" or cutover != "drain":
-                self.start_entry(source, start_at(source, start, cutover))
+        check_start(source, start, cutover)
         return len(log.versions)
 
     def check_input(self, source: Source, inputs: list[Any]) -> None:

@@ -35,9 +35,9 @@ from stateops.kinds.base import (
     Checkpoint,
     Sink,
     Source,
+    check_start,
     register_sink,
     register_source,
-    start_at,
 )
 
 if TYPE_CHECKING:
@@ -372,11 +372,7 @@ class Kafka:
             raise StateOpsError(f"the new source is {query}'s current source: nothing to migrate")
         with about("new_source_topic"):
             _, partitions = _brokers(source)
-        with about("new_source_start"):
-            if start not in self.starts:
-                raise StateOpsError(f"{start!r}: choose one of {', '.join(self.starts)}")
-            if start != "cutover" or cutover != "drain":  # refuses what is no longer retained
-                self.start_entry(source, start_at(source, start, cutover))
+        check_start(source, start, cutover)
         return sum(len(ps) for ps in partitions.values())
 
     def check_input(self, source: Source, inputs: list[Any]) -> None:
