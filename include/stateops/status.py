@@ -68,6 +68,7 @@ RULES = {
     "validation_failed": "FAIL",
     "retention_passed": "FAIL",  # Kafka records deleted unread
     "offsets_ahead": "FAIL",  # committed offsets past the topic's end
+    "source_changed": "FAIL",  # the checkpoint read another place than the registry names
     "lag": "FAIL",  # health.lag_records
     "refused": "FAIL",  # never committed, and a run refuses to start it
     "unreadable": "WARN",  # a part of the status could not be read (a broker, the backups)
@@ -211,6 +212,7 @@ def _status(name: str, sources: dict, inputs: str, checkpoint: str) -> dict[str,
         "operators": [],
         "code": [],  # the deployed code against the checkpoint's state: Change, as dicts
         "positions": [],
+        "changed_under": [],  # a source's place that changed under the checkpoint
         "last_run": None,
         "last_cleanup": None,
         "backups": [],
@@ -272,6 +274,16 @@ def health(
     state = _lock_findings(registry, query.name, found)
     for part in status.get("positions", []):
         found += source_kind(part["kind"]).findings(query.name, part, limits)
+    for changed in status.get("changed_under", []):
+        found.append(
+            (
+                "source_changed",
+                f"source {changed['source']}: the checkpoint read another place than "
+                f"{changed['where']} (its entry: {changed['entry']}): the place was recreated, "
+                "or the registry names another than the checkpoint read; a restart fails or "
+                "reads from elsewhere: restore the place, or migrate the query to it",
+            )
+        )
     if cp is not None and cp.uncommitted_batches and state != "held":
         found.append(("planned", _planned(query, cp, status["last_run"])))
     if status["unfinished_backfill"]:
@@ -514,7 +526,7 @@ def _positions(
     parts = []
     for name, source in query.inputs.items():
         batch = cp.last_committed_batch if cp is not None else None
-        raw = _committed(cp, batch, source)
+        raw, stranger = _committed(cp, batch, source, query)
         try:
             part = source.kind.position(source, raw, close)
         except (StateOpsError, OSError, ValueError) as err:  # its log or servers unreadable
@@ -524,21 +536,32 @@ def _positions(
                 part.update(committed=raw, said="lag unknown (see the status's errors)")
         if part is not None:
             parts.append({"source": name, "committed_batch": batch, **part})
+        if stranger is not None:  # shown whatever the kind's position says
+            status["changed_under"].append(
+                {"source": name, "where": source.where, "entry": source.kind.entry_text(stranger)}
+            )
     return parts
 
 
-def _committed(cp: Checkpoint | None, batch: int | None, source: Source) -> object | None:
+def _committed(
+    cp: Checkpoint | None, batch: int | None, source: Source, query: Any
+) -> tuple[object | None, object | None]:
     """The checkpoint's entry for ``source`` as of committed ``batch`` (before any, the one it
-    started at); None when it has none yet, or no one entry is ``source``'s (the checkpoint's
+    started at): None when it has none yet, or no one entry is ``source``'s (the checkpoint's
     sources follow Spark's plan, not the registry's order: a guess could show another
-    source's)."""
+    source's). And the entry the checkpoint holds of ``source``'s kind that is not
+    ``source``'s, where the query reads no other source of that kind: its place changed under
+    the checkpoint (a table recreated, a topic renamed in the registry); else None."""
     if cp is None:
-        return None
+        return None, None
     kind = source.kind
     indexes = [i for i, k in cp.source_kinds().items() if k is kind]
     found = [cp.started(i) if batch is None else cp.entry(batch, i) for i in indexes]
-    same = [raw for raw in found if raw is not None and kind.matches(source, raw)]
-    return same[0] if len(same) == 1 else None
+    found = [raw for raw in found if raw is not None]
+    same = [raw for raw in found if kind.matches(source, raw)]
+    alone = sum(1 for s in query.inputs.values() if s.kind is kind) == 1
+    stranger = found[0] if not same and alone and len(found) == 1 else None
+    return (same[0] if len(same) == 1 else None), stranger
 
 
 def _planned_batch(name: str, batch: int, last: int | None) -> str:

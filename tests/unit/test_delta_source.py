@@ -150,3 +150,30 @@ def test_once_the_early_commits_are_cleaned_up_the_table_is_read_from_deltas_che
     assert "snapshot of version 3 were vacuumed" in DELTA_SOURCE.unreadable(
         source, _at(3, 0, **snapshot)
     )
+
+
+def test_a_table_recreated_under_the_checkpoint_fails_the_status_naming_it(table, tmp_path):
+    """The checkpoint read a table whose id is not the registered table's any more (dropped
+    and written anew at its path): the status says so, a FAIL, not "no version read yet"."""
+    from stateops.core.registry import load_registry
+    from stateops.status import query_status
+    from tests.conftest import write_registry
+
+    checkpoint = tmp_path / "checkpoints" / "page_visits"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "metadata").write_text('{"id":"q-1"}')
+    entry = {**_at(2), "reservoirId": "the-table-dropped-since"}
+    (checkpoint / "offsets" / "0").write_text(
+        'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n' + json.dumps(entry)
+    )
+    (checkpoint / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    schema = "user_id STRING, page STRING, event_time TIMESTAMP"  # page_visits' columns
+    source = {"format": "delta", "path": str(table.root), "schema": schema}
+    registry = load_registry(write_registry(tmp_path, page_visits={"source": source}))
+    status = query_status(registry, "page_visits")
+    assert status["changed_under"] == [
+        {"source": "source", "where": f"table {table.root}", "entry": "version 2 start"}
+    ]
+    [found] = [f for f in status["health"]["findings"] if f["rule"] == "source_changed"]
+    assert found["level"] == "FAIL" and f"another place than table {table.root}" in found["reason"]
