@@ -274,16 +274,7 @@ def health(
     state = _lock_findings(registry, query.name, found)
     for part in status.get("positions", []):
         found += source_kind(part["kind"]).findings(query.name, part, limits)
-    for changed in status.get("changed_under", []):
-        found.append(
-            (
-                "source_changed",
-                f"source {changed['source']}: the checkpoint read another place than "
-                f"{changed['where']} (its entry: {changed['entry']}): the place was recreated, "
-                "or the registry names another than the checkpoint read; a restart fails or "
-                "reads from elsewhere: restore the place, or migrate the query to it",
-            )
-        )
+    found += [("source_changed", _changed(c)) for c in status.get("changed_under", [])]
     if cp is not None and cp.uncommitted_batches and state != "held":
         found.append(("planned", _planned(query, cp, status["last_run"])))
     if status["unfinished_backfill"]:
@@ -318,6 +309,15 @@ def health(
         else:
             found += [("state_growth", r) for r in growth(query.name, points, limits, now)]
     return _verdict(found)
+
+
+def _changed(changed: dict[str, Any]) -> str:
+    return (
+        f"source {changed['source']}: the checkpoint read another place than "
+        f"{changed['where']} (its entry: {changed['entry']}): the place was recreated, or the "
+        "registry names another than the checkpoint read; a restart fails or reads from "
+        "elsewhere: restore the place, or migrate the query to it"
+    )
 
 
 def _run_findings(run: dict[str, Any] | None, limit: int) -> list[tuple[str, str]]:
@@ -558,9 +558,11 @@ def _committed(
     indexes = [i for i, k in cp.source_kinds().items() if k is kind]
     found = [cp.started(i) if batch is None else cp.entry(batch, i) for i in indexes]
     found = [raw for raw in found if raw is not None]
-    same = [raw for raw in found if kind.matches(source, raw)]
+    said = [(raw, kind.matches(source, raw)) for raw in found]
+    same = [raw for raw, match in said if match]
     alone = sum(1 for s in query.inputs.values() if s.kind is kind) == 1
-    stranger = found[0] if not same and alone and len(found) == 1 else None
+    other = [raw for raw, match in said if match is False]  # its entry names another place
+    stranger = other[0] if not same and alone and len(found) == len(other) == 1 else None
     return (same[0] if len(same) == 1 else None), stranger
 
 

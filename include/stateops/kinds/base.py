@@ -92,9 +92,10 @@ class SourceKind(Protocol):
     def claims(self, raw: object) -> bool:
         """Whether an offsets entry is this kind's."""
 
-    def matches(self, source: Source, raw: object) -> bool:
+    def matches(self, source: Source, raw: object) -> bool | None:
         """Whether the registered ``source`` (of this kind) is what the entry reads (the
-        checkpoint's sources follow Spark's plan, not the registry's order)."""
+        checkpoint's sources follow Spark's plan, not the registry's order); None: the entry
+        does not say where it reads (a folder's)."""
 
     def goes_on(self, source: Source, cp: Checkpoint, batch: int, index: int) -> bool:
         """Whether the registered ``source`` (of this kind) reads on from source ``index`` of

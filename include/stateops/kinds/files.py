@@ -87,8 +87,8 @@ class Files:
     def claims(self, raw: object) -> bool:
         return log_offset(raw) is not None
 
-    def matches(self, source: Source, raw: object) -> bool:
-        return False  # the entry names no folder (the transplant matches the files it read)
+    def matches(self, source: Source, raw: object) -> None:
+        return None  # the entry names no folder (the transplant matches the files it read)
 
     def goes_on(self, source: Source, cp: Checkpoint, batch: int, index: int) -> bool:
         """``source`` reads on from source ``index`` of ``cp``: that is a file source (its
