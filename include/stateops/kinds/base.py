@@ -165,6 +165,9 @@ class SourceKind(Protocol):
     carried: tuple[str, ...]
     """The options a source of another format of this kind keeps as they are."""
 
+    def same_place(self, a: Source, b: Source) -> bool:
+        """Whether two sources of this kind read one place (a migration to it moves nothing)."""
+
     def recognizes(self, source: dict[str, Any]) -> bool:
         """Whether a new place given without a format is of this kind (a folder that holds a
         Delta table); the first kind whose place is given otherwise."""
@@ -177,17 +180,10 @@ class SourceKind(Protocol):
         """The format of a new place given without one."""
 
     def check_new(
-        self,
-        current: Source,
-        source: Source,
-        *,
-        query: str,
-        others: dict[str, Source],
-        inputs: list[Any],
-        start: str,
-        cutover: str,
+        self, source: Source, *, query: str, others: dict[str, Source], inputs: list[Any]
     ) -> int:
-        """Refuse, in one line, a new place the query cannot run on; how much it holds."""
+        """Refuse, in one line, a new place the query cannot run on (the current one and a
+        start are the migration's to check); how much it holds."""
 
     def check_input(self, source: Source, inputs: list[Any]) -> None:
         """Refuse input that is not of the new source's schema, after its schema's check."""

@@ -40,7 +40,6 @@ from stateops.kinds.base import (
     Checkpoint,
     Sink,
     Source,
-    check_start,
     register_sink,
     register_source,
 )
@@ -407,18 +406,19 @@ class _Log:
         return actions
 
     def metadata(self) -> dict[str, Any] | None:
-        """The table's newest metaData action: from the newest commit that holds one, else
-        from the newest of Delta's checkpoints (the log's cleanup removes the early commits);
+        """The table's newest metaData action: from the commits after Delta's newest checkpoint
+        of the log, else from that checkpoint (which holds it as of its version; the log's
+        cleanup removes the commits before it), so at most the commits since it are read;
         None: neither holds one."""
+        newest = max(self.checkpoints, default=-1)  # it holds the metaData as of its version
         for version in reversed(self.versions):
+            if version <= newest:
+                break
             meta = [a["metaData"] for a in self.commit(version).actions if "metaData" in a]
             if meta:
                 return meta[0]
-        for version in sorted(self.checkpoints, reverse=True):
-            meta = [a["metaData"] for a in self.checkpoint(version) if "metaData" in a]
-            if meta:
-                return meta[0]
-        return None
+        meta = [a["metaData"] for a in self.checkpoint(newest) if "metaData" in a]
+        return meta[0] if meta else None
 
     def table_id(self) -> str | None:
         """The table's id (None: the log says it nowhere)."""
@@ -703,37 +703,7 @@ class DeltaSource:
         """What a restart from the entry would no longer find in the table, one line (empty:
         all there): versions the log no longer holds, data files vacuumed (of the versions
         from the entry on, and of the snapshot it was reading)."""
-        log = _Log(source.path)
-        first = _next(raw, log)
-        if not log.versions:
-            return f"table {source.path} is gone (no commit in _delta_log)"
-        if first < log.versions[0]:
-            return (
-                f"its log no longer holds versions {first}..{log.versions[0] - 1} (cleaned up: "
-                "delta.logRetentionDuration)"
-            )
-        at = _position(raw)
-        if at is not None and at[2] and first == at[0]:  # inside its initial snapshot
-            gone = [p for p in _snapshot(log, at[0]) or [] if not log.file(p).exists()]
-            if gone:
-                return (
-                    f"the data files of its snapshot of version {at[0]} were vacuumed "
-                    f"({len(gone)} files, e.g. {gone[0]})"
-                )
-            first += 1
-        gone_files = [
-            (v, a["path"])
-            for v in log.versions
-            if v >= first
-            for a in _added(log, v)  # what the stream reads: data changes only
-            if not log.file(a["path"]).exists()
-        ]
-        if gone_files:
-            return (
-                f"the data files of versions {gone_files[0][0]} on were vacuumed "
-                f"({len(gone_files)} files, e.g. {gone_files[0][1]})"
-            )
-        return ""
+        return _lost(_Log(source.path), raw, source.path)
 
     def rewind(self, source: Source, raw: object, newest: object) -> dict[str, Any]:
         log = _Log(source.path)
@@ -860,6 +830,9 @@ class DeltaSource:
 
     # --- a migration to a new table
 
+    def same_place(self, a: Source, b: Source) -> bool:
+        return a.path == b.path
+
     def recognizes(self, source: dict[str, Any]) -> bool:
         return bool(source.get("path")) and bool(_Log(str(source["path"])).versions)
 
@@ -870,27 +843,16 @@ class DeltaSource:
         return "delta"
 
     def check_new(
-        self,
-        current: Source,
-        source: Source,
-        *,
-        query: str,
-        others: dict[str, Source],
-        inputs: list[Any],
-        start: str,
-        cutover: str,
+        self, source: Source, *, query: str, others: dict[str, Source], inputs: list[Any]
     ) -> int:
-        """Refuse a new table the query cannot run on: the current one, a folder that holds
-        no Delta table, a start its log no longer holds; the number of its versions."""
-        if current.kind is self and current.path == source.path:
-            raise StateOpsError(f"the new source is {query}'s current source: nothing to migrate")
+        """Refuse a new table the query cannot run on: a folder that holds no Delta table;
+        the number of its versions."""
         log = _Log(source.path)
         if not log.versions:
             raise StateOpsError(
                 f"new source path {source.path} holds no Delta table (no commit in "
                 "_delta_log): write the table first, or give its path"
             )
-        check_start(source, start, cutover)
         return len(log.versions)
 
     def check_input(self, source: Source, inputs: list[Any]) -> None:
@@ -926,7 +888,7 @@ class DeltaSource:
         latest = log.versions[-1] if log.versions else -1
         first = _next(raw, log)
         lag = len(_waiting(log, first))
-        lost = self.unreadable(source, raw)
+        lost = _lost(log, raw, source.path)  # on the log read once here
         ahead = [f"next version {first}, the table's latest {latest}"] if first > latest + 1 else []
         part.update(
             lag_total=lag,
@@ -967,6 +929,40 @@ class DeltaSource:
 
     def waiting(self, source: Source, cp: Checkpoint, index: int) -> None:
         return None  # its lag says what waits
+
+
+def _lost(log: _Log, raw: object, path: str) -> str:
+    """:meth:`DeltaSource.unreadable` of the table at ``path`` on its log ``log``."""
+    first = _next(raw, log)
+    if not log.versions:
+        return f"table {path} is gone (no commit in _delta_log)"
+    if first < log.versions[0]:
+        return (
+            f"its log no longer holds versions {first}..{log.versions[0] - 1} (cleaned up: "
+            "delta.logRetentionDuration)"
+        )
+    at = _position(raw)
+    if at is not None and at[2] and first == at[0]:  # inside its initial snapshot
+        gone = [p for p in _snapshot(log, at[0]) or [] if not log.file(p).exists()]
+        if gone:
+            return (
+                f"the data files of its snapshot of version {at[0]} were vacuumed "
+                f"({len(gone)} files, e.g. {gone[0]})"
+            )
+        first += 1
+    gone_files = [
+        (v, a["path"])
+        for v in log.versions
+        if v >= first
+        for a in _added(log, v)  # what the stream reads: data changes only
+        if not log.file(a["path"]).exists()
+    ]
+    if gone_files:
+        return (
+            f"the data files of versions {gone_files[0][0]} on were vacuumed "
+            f"({len(gone_files)} files, e.g. {gone_files[0][1]})"
+        )
+    return ""
 
 
 def _entry(log: _Log, version: int, *, snapshot: bool = False) -> str:

@@ -29,7 +29,7 @@ from stateops.kinds.rows import COUNTS, diff_rows, frozen
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FILES", "FILE_START", "FOLDER", "files_format", "input_files", "log_offset"]
+__all__ = ["FILES", "FILE_START", "FOLDER", "files_format", "folder_files", "log_offset"]
 
 
 # A file source that has read nothing: -1 is "before the first" entry of its (empty) log.
@@ -159,29 +159,24 @@ class Files:
 
     # --- a migration to a new folder
 
+    def same_place(self, a: Source, b: Source) -> bool:
+        return (a.format, a.path) == (b.format, b.path)
+
     def recognizes(self, source: dict[str, Any]) -> bool:
         return False  # any folder: the kind a folder is when no other kind knows it
 
     def inputs(self, source: dict[str, Any], options: dict[str, Any]) -> list[Any]:
         """The files Spark would read in the new source's local folder, each with the format
-        its first bytes tell (:func:`input_files`; none in S3)."""
+        its first bytes tell (:func:`folder_files`; none in S3)."""
         path = str(source.get("path") or "")
-        return input_files(Path(path), options) if path and "://" not in path else []
+        return folder_files(Path(path), options) if path and "://" not in path else []
 
     def auto_format(self, source: dict[str, Any], inputs: list[Any]) -> str:
         """The format of the files in the new folder (``parquet`` while there are none)."""
         return files_format(Path(str(source.get("path") or "")), inputs)
 
     def check_new(
-        self,
-        current: Source,
-        source: Source,
-        *,
-        query: str,
-        others: dict[str, Source],
-        inputs: list[Any],
-        start: str,
-        cutover: str,
+        self, source: Source, *, query: str, others: dict[str, Source], inputs: list[Any]
     ) -> int:
         """Refuse a new folder the query cannot run on (``others``: the query's other
         sources; ``inputs``: :meth:`inputs`): the number of its input files."""
@@ -191,8 +186,6 @@ class Files:
                 f"new source path {folder} does not exist or is not a folder: create it and "
                 "land the new source's input there, then trigger again"
             )
-        if source.format == current.format and source.path == current.path:
-            raise StateOpsError(f"the new source is {query}'s current source: nothing to migrate")
         for other, kept in others.items():
             there = Path(kept.path)
             if kept.path and (
@@ -547,7 +540,7 @@ def _file_format(path: Path) -> str | None:
     return "json" if text[:1] in (b"{", b"[") else "csv"
 
 
-def input_files(folder: Path, options: dict[str, Any]) -> list[tuple[Path, str | None]]:
+def folder_files(folder: Path, options: dict[str, Any]) -> list[tuple[Path, str | None]]:
     """The files Spark's file source would read in ``folder`` (names starting with ``.`` or
     ``_`` left out, ``pathGlobFilter`` applied), each with the format its first bytes tell;
     refused when the filter leaves none of its files."""
@@ -583,7 +576,7 @@ def _glob_alternatives(glob: str) -> list[str]:
 
 
 def files_format(folder: Path, files: list[tuple[Path, str | None]]) -> str:
-    """The format of the input files in ``folder`` (``files``: :func:`input_files`), for a
+    """The format of the input files in ``folder`` (``files``: :func:`folder_files`), for a
     new source given without one; ``parquet`` while there are none (the folder's checks then
     say what to do)."""
     kinds = {kind: path for path, kind in reversed(files) if kind is not None}
@@ -604,7 +597,7 @@ def files_format(folder: Path, files: list[tuple[Path, str | None]]) -> str:
 
 
 def _check_format(source: Source, files: list[tuple[Path, str | None]]) -> None:
-    """Every input file in the new source's folder (``files``: :func:`input_files`) is in its
+    """Every input file in the new source's folder (``files``: :func:`folder_files`) is in its
     format, as far as its first bytes tell: Spark would otherwise fail at the first batch,
     after the old query was stopped and drained."""
     for path, kind in files:

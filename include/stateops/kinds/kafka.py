@@ -35,7 +35,6 @@ from stateops.kinds.base import (
     Checkpoint,
     Sink,
     Source,
-    check_start,
     register_sink,
     register_source,
 )
@@ -341,6 +340,9 @@ class Kafka:
 
     # --- a migration to a new topic
 
+    def same_place(self, a: Source, b: Source) -> bool:
+        return (set(a.subscribed), a.bootstrap_servers) == (set(b.subscribed), b.bootstrap_servers)
+
     def recognizes(self, source: dict[str, Any]) -> bool:
         return bool(source.get("topic"))
 
@@ -351,28 +353,12 @@ class Kafka:
         return "kafka"
 
     def check_new(
-        self,
-        current: Source,
-        source: Source,
-        *,
-        query: str,
-        others: dict[str, Source],
-        inputs: list[Any],
-        start: str,
-        cutover: str,
+        self, source: Source, *, query: str, others: dict[str, Source], inputs: list[Any]
     ) -> int:
-        """Refuse a new topic the query cannot run on: the current one, a topic that does not
-        exist, brokers that do not answer, a start (``new_source_start``) the topic no longer
-        retains; the number of its partitions. With ``cutover`` drain, the start at the
-        cutover is the drain's end, checked then."""
-        if current.kind is self and (set(current.subscribed), current.bootstrap_servers) == (
-            set(source.subscribed),
-            source.bootstrap_servers,
-        ):
-            raise StateOpsError(f"the new source is {query}'s current source: nothing to migrate")
+        """Refuse a new topic the query cannot run on: a topic that does not exist, brokers
+        that do not answer; the number of its partitions."""
         with about("new_source_topic"):
             _, partitions = _brokers(source)
-        check_start(source, start, cutover)
         return sum(len(ps) for ps in partitions.values())
 
     def check_input(self, source: Source, inputs: list[Any]) -> None:

@@ -81,7 +81,7 @@ from stateops.core.storage import S3Path, location, write_file
 from stateops.core.times import parse_past_time
 from stateops.core.verify import error_summary, verify_checkpoint
 from stateops.kinds import SOURCE_KINDS
-from stateops.kinds.base import start_at
+from stateops.kinds.base import check_start, start_at
 from stateops.ops.rollback import set_aside
 from stateops.ops.start import read_summary
 from stateops.ops.transplant import (
@@ -284,16 +284,16 @@ def _form_checks(
                     f"{len(query.inputs)}: choose cutover drain"
                 )
     current = query.inputs[source_name]
-    with about(f"new_source_{source.kind.place}"):
-        files = source.kind.check_new(
-            current,
-            source,
-            query=query.name,
-            others={n: s for n, s in query.inputs.items() if n != source_name},
-            inputs=inputs,
-            start=start,
-            cutover=cutover,
-        )
+    kind = source.kind
+    with about(f"new_source_{kind.place}"):
+        if kind is current.kind and kind.same_place(current, source):
+            raise StateOpsError(
+                f"the new source is {query.name}'s current source: nothing to migrate"
+            )
+        others = {n: s for n, s in query.inputs.items() if n != source_name}
+        files = kind.check_new(source, query=query.name, others=others, inputs=inputs)
+        if kind.positioned:  # where it starts: a start it still holds
+            check_start(source, start, cutover)
     with about("new_source_schema"):
         _check_schema(query, current, source)
     source.kind.check_input(source, inputs)
